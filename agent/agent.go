@@ -1,0 +1,250 @@
+// Package agent is the pool-host side of gpupool: it registers the host's
+// GPUs with the brokers and keeps a heartbeat stream open, over which the
+// broker sends the leases this host must enforce and those it must tear
+// down.
+//
+// This agent runs no workloads yet: enforcing a lease means remembering
+// it, and tearing one down means forgetting it and confirming that to the
+// broker.
+package agent
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"regexp"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/backoff"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/gpupool/gpupool/agent/device"
+	"github.com/gpupool/gpupool/client"
+	gpupoolv1 "github.com/gpupool/gpupool/proto/gpupool/v1"
+)
+
+// Timing of the agent's connection to the brokers.
+const (
+	// DefaultHeartbeatInterval is used when the broker names none.
+	DefaultHeartbeatInterval = time.Second
+	// maxRetryDelay caps the wait between two attempts to reach a broker.
+	maxRetryDelay = 2 * time.Second
+	// registerTimeout bounds one Register attempt.
+	registerTimeout = 5 * time.Second
+)
+
+// Config describes the host an Agent offers and the brokers it reports to.
+type Config struct {
+	// Brokers are the gRPC addresses of the broker servers; any of them
+	// will do.
+	Brokers []string
+	// HostID names this host, stable across restarts.
+	HostID string
+	// Address is the data-plane address (host:port) advertised to lease
+	// holders; it may be empty while there is no data plane.
+	Address string
+	Labels  map[string]string
+	// CPUMillicores and MemoryMiB are the host CPU and memory offered to
+	// workloads the data plane starts; 0 offers none.
+	CPUMillicores, MemoryMiB int64
+	// Backend discovers the GPUs. The caller closes it after Run returns.
+	Backend device.Backend
+	// Version is the agent version reported to the broker.
+	Version string
+	// Logger receives state changes; nil discards them.
+	Logger *slog.Logger
+}
+
+// validHostID is what a host id may look like: it shows up in CLI tables,
+// metrics labels and lease slices.
+var validHostID = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,252}$`)
+
+// CheckHostID says why id cannot name a host, or returns nil. The error
+// names the value and what is allowed, without saying where it came from.
+func CheckHostID(id string) error {
+	if !validHostID.MatchString(id) {
+		return fmt.Errorf("%q: must be 1 to 253 letters, digits, '.', '-' or '_', starting with a letter or digit", id)
+	}
+	return nil
+}
+
+func (c *Config) validate() error {
+	switch {
+	case len(c.Brokers) == 0:
+		return errors.New("agent: no broker address: give one or more, e.g. 127.0.0.1:7641")
+	case CheckHostID(c.HostID) != nil:
+		return fmt.Errorf("agent: host id %w", CheckHostID(c.HostID))
+	case c.Backend == nil:
+		return errors.New("agent: no device backend")
+	case c.CPUMillicores < 0:
+		return fmt.Errorf("agent: host CPU %d millicores: must be 0 or more", c.CPUMillicores)
+	case c.MemoryMiB < 0:
+		return fmt.Errorf("agent: host memory %d MiB: must be 0 or more", c.MemoryMiB)
+	}
+	for k := range c.Labels {
+		if k == "" {
+			return errors.New("agent: label with an empty key: want key=value")
+		}
+	}
+	return nil
+}
+
+// Agent registers one host with the brokers and follows its assignments.
+type Agent struct {
+	cfg Config
+	log *slog.Logger
+
+	// leases is written only by Run's goroutine and read by Assignments.
+	leases assignments
+}
+
+// New validates cfg and returns an agent ready to Run.
+func New(cfg Config) (*Agent, error) {
+	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+	log := cfg.Logger
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	return &Agent{cfg: cfg, log: log.With("host", cfg.HostID)}, nil
+}
+
+// Assignments returns a copy of the leases the broker last asked this
+// host to enforce, sorted by lease id.
+func (a *Agent) Assignments() []*gpupoolv1.Assignment { return a.leases.enforced() }
+
+// Run discovers the host's GPUs, registers them and heartbeats until ctx
+// ends, then returns nil. It survives brokers going away: it reconnects
+// forever, waiting at most maxRetryDelay between attempts, and registers
+// again when a broker no longer knows the host (NotFound). It returns an
+// error only when it cannot start: the backend fails to list the GPUs.
+// Run must not be called twice.
+func (a *Agent) Run(ctx context.Context) error {
+	devices, err := a.cfg.Backend.Devices()
+	if err != nil {
+		return fmt.Errorf("agent: list GPUs with the %s backend: %w", a.cfg.Backend.Name(), err)
+	}
+	host := &gpupoolv1.Host{
+		Id:            a.cfg.HostID,
+		Address:       a.cfg.Address,
+		Labels:        a.cfg.Labels,
+		AgentVersion:  a.cfg.Version,
+		Devices:       devices,
+		Backend:       a.cfg.Backend.Name(),
+		BackendNote:   a.cfg.Backend.Note(),
+		CpuMillicores: a.cfg.CPUMillicores,
+		MemoryMib:     a.cfg.MemoryMiB,
+	}
+	for _, d := range devices {
+		d.HostId = a.cfg.HostID
+	}
+	attrs := []any{"brokers", a.cfg.Brokers, "backend", host.Backend, "gpus", len(devices)}
+	if host.BackendNote != "" {
+		attrs = append(attrs, "note", host.BackendNote)
+	}
+	a.log.Info("agent starting", attrs...)
+
+	c, err := client.Dial(a.cfg.Brokers, grpc.WithConnectParams(grpc.ConnectParams{
+		Backoff:           backoff.Config{BaseDelay: 100 * time.Millisecond, Multiplier: 1.6, Jitter: 0.2, MaxDelay: maxRetryDelay},
+		MinConnectTimeout: 5 * time.Second,
+	}))
+	if err != nil {
+		return fmt.Errorf("agent: %w", err)
+	}
+	defer c.Close()
+
+	var (
+		retry = newRetryDelay(100*time.Millisecond, maxRetryDelay)
+		conn  connState
+		reg   *gpupoolv1.RegisterResponse // nil: (re)register first
+	)
+	for ctx.Err() == nil {
+		if reg == nil {
+			reg, err = a.register(ctx, c.Agent, host)
+			if err != nil {
+				conn.lost(a.log, "register failed", err, retry.peek())
+				sleep(ctx, retry.next())
+				continue
+			}
+		}
+		progressed, err := a.heartbeat(ctx, c.Agent, reg, &conn)
+		if ctx.Err() != nil {
+			break
+		}
+		if progressed {
+			retry.reset()
+		}
+		if status.Code(err) == codes.NotFound {
+			a.log.Warn("broker does not know this host; registering again", "err", err)
+			reg = nil
+		} else {
+			conn.lost(a.log, "connection to brokers lost", err, retry.peek())
+		}
+		sleep(ctx, retry.next())
+	}
+	a.log.Info("agent stopped")
+	return nil
+}
+
+// register makes one attempt to register host.
+func (a *Agent) register(ctx context.Context, ac gpupoolv1.AgentServiceClient, host *gpupoolv1.Host) (*gpupoolv1.RegisterResponse, error) {
+	ctx, cancel := context.WithTimeout(ctx, registerTimeout)
+	defer cancel()
+	resp, err := ac.Register(ctx, &gpupoolv1.RegisterRequest{Host: host})
+	if err != nil {
+		return nil, err
+	}
+	a.log.Info("registered", "gpus", len(host.GetDevices()),
+		"heartbeat_interval", heartbeatInterval(resp.GetHeartbeatIntervalMs()),
+		"heartbeat_ttl", time.Duration(resp.GetHeartbeatTtlMs())*time.Millisecond)
+	return resp, nil
+}
+
+// heartbeatInterval turns the broker's interval into a duration, or the
+// default when the broker names none.
+func heartbeatInterval(ms int64) time.Duration {
+	if ms <= 0 {
+		return DefaultHeartbeatInterval
+	}
+	return time.Duration(ms) * time.Millisecond
+}
+
+// connState tracks whether the agent is connected, so that it logs
+// changes and not every failed attempt.
+type connState struct {
+	down      bool
+	downSince time.Time
+}
+
+// lost records a failed attempt: logged as a warning the first time,
+// at debug level while the agent stays disconnected.
+func (s *connState) lost(log *slog.Logger, msg string, err error, retryIn time.Duration) {
+	if s.down {
+		log.Debug(msg, "err", err, "retry_in", retryIn)
+		return
+	}
+	s.down, s.downSince = true, time.Now()
+	log.Warn(msg, "err", err, "retry_in", retryIn)
+}
+
+// up records a working heartbeat stream.
+func (s *connState) up(log *slog.Logger) {
+	if s.down {
+		log.Info("connection to brokers restored", "after", time.Since(s.downSince).Round(time.Millisecond))
+	}
+	s.down = false
+}
+
+// sleep waits d or until ctx ends.
+func sleep(ctx context.Context, d time.Duration) {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+	case <-t.C:
+	}
+}

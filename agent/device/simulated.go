@@ -1,0 +1,216 @@
+package device
+
+import (
+	"errors"
+	"fmt"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+
+	"github.com/NVIDIA/go-nvml/pkg/nvml"
+	"github.com/NVIDIA/go-nvml/pkg/nvml/mock/gpus"
+	"github.com/NVIDIA/go-nvml/pkg/nvml/mock/server"
+	"github.com/google/uuid"
+
+	gpupoolv1 "github.com/gpupool/gpupool/proto/gpupool/v1"
+)
+
+// MaxSimCount is the largest N of one NxMODEL part of a simulation spec.
+const MaxSimCount = 64
+
+// nvlinkDomain is how many GPUs of a group share one NVSwitch fabric, as
+// in a DGX.
+const nvlinkDomain = 8
+
+// simModels maps the models a spec may name to the go-nvml mock GPU that
+// simulates them. Names are those real NVML reports for the part.
+var simModels = map[string]gpus.Config{
+	"A100-40GB": withName(gpus.A100_SXM4_40GB, "NVIDIA A100-SXM4-40GB"), // the mock calls it "Mock NVIDIA A100-SXM4-40GB"
+	"A100-80GB": gpus.A100_SXM4_80GB,
+	"H100-80GB": gpus.H100_SXM5_80GB,
+}
+
+func withName(c gpus.Config, name string) gpus.Config {
+	c.Name = name
+	return c
+}
+
+// SimModels lists the models a simulation spec may name, sorted.
+func SimModels() []string {
+	out := make([]string, 0, len(simModels))
+	for m := range simModels {
+		out = append(out, m)
+	}
+	slices.Sort(out)
+	return out
+}
+
+// SimGroup is one NxMODEL part of a simulation spec.
+type SimGroup struct {
+	Count int    // 1..MaxSimCount
+	Model string // one of SimModels, in its canonical spelling
+}
+
+// ParseSpec parses a simulation spec: comma-separated NxMODEL parts such
+// as "8xA100-80GB" or "4xA100-80GB,4xH100-80GB". Models are matched
+// without regard to case. An error names the offending part and what is
+// allowed, e.g. `"0xA100-80GB": count 0 must be between 1 and 64`.
+func ParseSpec(spec string) ([]SimGroup, error) {
+	if strings.TrimSpace(spec) == "" {
+		return nil, fmt.Errorf("%q: want NxMODEL[,NxMODEL...], e.g. 8xA100-80GB", spec)
+	}
+	var out []SimGroup
+	for part := range strings.SplitSeq(spec, ",") {
+		part = strings.TrimSpace(part)
+		x := strings.IndexAny(part, "xX")
+		if x <= 0 || x == len(part)-1 {
+			return nil, fmt.Errorf("%q: want NxMODEL, e.g. 8xA100-80GB", part)
+		}
+		n, model := part[:x], part[x+1:]
+		count, err := strconv.Atoi(n)
+		if err != nil {
+			return nil, fmt.Errorf("%q: count %q is not a number", part, n)
+		}
+		if count < 1 || count > MaxSimCount {
+			return nil, fmt.Errorf("%q: count %d must be between 1 and %d", part, count, MaxSimCount)
+		}
+		i := slices.IndexFunc(SimModels(), func(m string) bool { return strings.EqualFold(m, model) })
+		if i < 0 {
+			return nil, fmt.Errorf("%q: model %q: must be one of %s", part, model, strings.Join(SimModels(), ", "))
+		}
+		out = append(out, SimGroup{Count: count, Model: SimModels()[i]})
+	}
+	return out, nil
+}
+
+// NewSimulated returns a backend of simulated GPUs described by spec (see
+// ParseSpec), built on go-nvml's mock servers. The host looks like a row
+// of DGX boards:
+//   - UUIDs derive from hostID and the device index, so they are the same
+//     on every run for the same host and differ between hosts;
+//   - GPUs of the same spec part are NVLink peers in groups of 8;
+//   - consecutive pairs of GPUs share a PCIe root (pcie-0, pcie-1, ...);
+//   - the first half of the GPUs is on NUMA node 0, the rest on node 1.
+func NewSimulated(spec, hostID string) (Backend, error) {
+	groups, err := ParseSpec(spec)
+	if err != nil {
+		return nil, err
+	}
+	if hostID == "" {
+		return nil, errors.New("device: simulated GPUs need a host id: their UUIDs derive from it")
+	}
+	var (
+		configs []gpus.Config
+		domains []int // NVLink domain of each device
+	)
+	for g, grp := range groups {
+		for k := range grp.Count {
+			configs = append(configs, simModels[grp.Model])
+			domains = append(domains, g*(MaxSimCount/nvlinkDomain)+k/nvlinkDomain)
+		}
+	}
+	srv, err := server.New(
+		server.WithGPUs(configs...),
+		server.WithDriverVersion("550.54.15"),
+		server.WithNVMLVersion("12.550.54.15"),
+		server.WithCUDADriverVersion(12040),
+	)
+	if err != nil {
+		return nil, fmt.Errorf("device: build mock NVML server: %w", err)
+	}
+
+	index := make(map[nvml.Device]int, len(srv.Devices))
+	for i, h := range srv.Devices {
+		index[h] = i
+	}
+	total := len(srv.Devices)
+	numa := func(i int) int { return i / ((total + 1) / 2) }
+	for i, h := range srv.Devices {
+		d := h.(*server.Device)
+		d.UUID = simUUID(hostID, i)
+		d.PciBusID = fmt.Sprintf("%08X:%02X:00.0", i/32, 0x07+(i%32)*8)
+		pci := nvml.PciInfo{Domain: uint32(i / 32), Bus: uint32(0x07 + (i%32)*8), PciDeviceId: d.Config.PciDeviceId}
+		copyCString(pci.BusId[:], d.PciBusID)
+		copyCString(pci.BusIdLegacy[:], d.PciBusID[4:])
+		d.GetPciInfoFunc = func() (nvml.PciInfo, nvml.Return) { return pci, nvml.SUCCESS }
+		d.GetNumaNodeIdFunc = func() (int, nvml.Return) { return numa(i), nvml.SUCCESS }
+		// Like real NVML on a full (non-MIG) GPU.
+		d.GetAttributesFunc = func() (nvml.DeviceAttributes, nvml.Return) {
+			return nvml.DeviceAttributes{}, nvml.ERROR_NOT_SUPPORTED
+		}
+		d.GetP2PStatusFunc = func(other nvml.Device, caps nvml.GpuP2PCapsIndex) (nvml.GpuP2PStatus, nvml.Return) {
+			j, ok := index[other]
+			if !ok {
+				return nvml.P2P_STATUS_UNKNOWN, nvml.ERROR_INVALID_ARGUMENT
+			}
+			if caps == nvml.P2P_CAPS_INDEX_NVLINK && (i == j || domains[i] != domains[j]) {
+				return nvml.P2P_STATUS_NOT_SUPPORTED, nvml.SUCCESS
+			}
+			return nvml.P2P_STATUS_OK, nvml.SUCCESS
+		}
+		d.GetTopologyCommonAncestorFunc = func(other nvml.Device) (nvml.GpuTopologyLevel, nvml.Return) {
+			j, ok := index[other]
+			switch {
+			case !ok:
+				return 0, nvml.ERROR_INVALID_ARGUMENT
+			case i == j:
+				return nvml.TOPOLOGY_INTERNAL, nvml.SUCCESS
+			case i/2 == j/2:
+				return nvml.TOPOLOGY_MULTIPLE, nvml.SUCCESS
+			case numa(i) == numa(j):
+				return nvml.TOPOLOGY_NODE, nvml.SUCCESS
+			default:
+				return nvml.TOPOLOGY_SYSTEM, nvml.SUCCESS
+			}
+		}
+	}
+	if ret := srv.Init(); ret != nvml.SUCCESS {
+		return nil, fmt.Errorf("device: init mock NVML: %w", ret)
+	}
+	return &simBackend{lib: srv}, nil
+}
+
+// simUUID is the stable UUID of device i of host hostID.
+func simUUID(hostID string, i int) string {
+	return "GPU-" + uuid.NewSHA1(uuid.NameSpaceURL, []byte("gpupool-sim://"+hostID+"/gpu/"+strconv.Itoa(i))).String()
+}
+
+func copyCString(dst []int8, s string) {
+	for i := 0; i < len(s) && i < len(dst)-1; i++ {
+		dst[i] = int8(s[i])
+	}
+}
+
+type simBackend struct {
+	lib nvml.Interface
+
+	mu     sync.Mutex
+	closed bool // guarded by mu
+}
+
+func (b *simBackend) Name() string { return "simulated" }
+
+func (b *simBackend) Devices() ([]*gpupoolv1.Device, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.closed {
+		return nil, ErrClosed
+	}
+	return enumerate(b.lib)
+}
+
+func (b *simBackend) Note() string { return "" }
+
+func (b *simBackend) Close() error {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.closed {
+		return nil
+	}
+	b.closed = true
+	if ret := b.lib.Shutdown(); ret != nvml.SUCCESS {
+		return fmt.Errorf("device: mock NVML shutdown: %w", ret)
+	}
+	return nil
+}

@@ -1,0 +1,197 @@
+package broker
+
+import (
+	"context"
+	"regexp"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	gpupoolv1 "github.com/gpupool/gpupool/proto/gpupool/v1"
+)
+
+// agentService implements AgentService.
+type agentService struct {
+	gpupoolv1.UnimplementedAgentServiceServer
+	s *Server
+}
+
+var hostIDRE = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$`)
+
+func validateHost(h *gpupoolv1.Host) error {
+	if h == nil {
+		return status.Error(codes.InvalidArgument, "host: is required")
+	}
+	if !hostIDRE.MatchString(h.Id) {
+		return status.Errorf(codes.InvalidArgument, "host.id %q: must be 1-63 letters, digits, '.', '_' or '-', starting with a letter or digit", h.Id)
+	}
+	seen := map[string]bool{}
+	for i, d := range h.Devices {
+		switch {
+		case d.Uuid == "":
+			return status.Errorf(codes.InvalidArgument, "host.devices[%d].uuid: is required", i)
+		case seen[d.Uuid]:
+			return status.Errorf(codes.InvalidArgument, "host.devices[%d].uuid %q: reported twice", i, d.Uuid)
+		case d.MemoryMib < 1:
+			return status.Errorf(codes.InvalidArgument, "host.devices[%d].memory_mib %d: must be at least 1", i, d.MemoryMib)
+		case d.Model == "":
+			return status.Errorf(codes.InvalidArgument, "host.devices[%d].model: is required", i)
+		}
+		seen[d.Uuid] = true
+	}
+	if h.CpuMillicores < 0 || h.MemoryMib < 0 {
+		return status.Errorf(codes.InvalidArgument, "host.cpu_millicores %d, host.memory_mib %d: must be 0 or more", h.CpuMillicores, h.MemoryMib)
+	}
+	return nil
+}
+
+func (e agentService) Register(ctx context.Context, req *gpupoolv1.RegisterRequest) (*gpupoolv1.RegisterResponse, error) {
+	if err := validateHost(req.Host); err != nil {
+		return nil, err
+	}
+	if conn, fctx, err := e.s.leaderConn(ctx); err != nil {
+		return nil, err
+	} else if conn != nil {
+		return gpupoolv1.NewAgentServiceClient(conn).Register(fctx, req)
+	}
+	host := req.Host
+	if _, err := e.s.apply(&gpupoolv1.RegisterHostCommand{Host: host, Devices: host.Devices, NowMs: e.s.nowMs()}); err != nil {
+		return nil, toStatus(err)
+	}
+	if ls := e.s.currentLeader(); ls != nil {
+		e.s.sawHeartbeat(ls, host.Id)
+	}
+	e.s.log.Info("host registered", "host", host.Id, "gpus", len(host.Devices), "backend", host.Backend)
+	return &gpupoolv1.RegisterResponse{
+		HostId:              host.Id,
+		HeartbeatIntervalMs: e.s.cfg.HeartbeatInterval.Milliseconds(),
+		HeartbeatTtlMs:      e.s.cfg.HeartbeatTTL.Milliseconds(),
+	}, nil
+}
+
+// sawHeartbeat re-arms a host's heartbeat deadline on the leader.
+func (s *Server) sawHeartbeat(ls *leaderState, hostID string) {
+	ls.heartbeat.Reset(hostID, s.cfg.HeartbeatTTL)
+	ls.mu.Lock()
+	ls.lastSeen[hostID] = s.cfg.Clock.Now()
+	ls.mu.Unlock()
+}
+
+// Heartbeat runs on the leader; followers proxy the stream. Every
+// response carries the host's full assignment list, sent after each
+// heartbeat and whenever a lease on the host changes.
+func (e agentService) Heartbeat(stream grpc.BidiStreamingServer[gpupoolv1.HeartbeatRequest, gpupoolv1.HeartbeatResponse]) error {
+	ctx := stream.Context()
+	if conn, fctx, err := e.s.leaderConn(ctx); err != nil {
+		return err
+	} else if conn != nil {
+		out, err := gpupoolv1.NewAgentServiceClient(conn).Heartbeat(fctx)
+		if err != nil {
+			return err
+		}
+		return proxyBidi(stream, out)
+	}
+	ls := e.s.currentLeader()
+	if ls == nil {
+		return status.Error(codes.Unavailable, "leader is still starting; retry")
+	}
+	events, cancel := e.s.fsm.Subscribe()
+	defer cancel()
+	reqs := recvAll(stream)
+	hostID := ""
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-ls.stopCh:
+			return status.Error(codes.Unavailable, ErrLeadershipLost.Error())
+		case r, ok := <-reqs:
+			if !ok {
+				return nil
+			}
+			if r.err != nil {
+				return r.err
+			}
+			if hostID == "" {
+				hostID = r.msg.HostId
+			} else if r.msg.HostId != hostID {
+				return status.Errorf(codes.InvalidArgument, "host_id %q: this stream belongs to host %q", r.msg.HostId, hostID)
+			}
+			if err := e.s.heartbeat(ls, r.msg); err != nil {
+				return err
+			}
+			if err := stream.Send(e.s.assignments(hostID)); err != nil {
+				return err
+			}
+		case ev, ok := <-events:
+			if !ok {
+				return status.Error(codes.Unavailable, "heartbeat stream fell behind; reconnect")
+			}
+			if hostID == "" || !concernsHost(ev.Lease, hostID) {
+				continue
+			}
+			if err := stream.Send(e.s.assignments(hostID)); err != nil {
+				return err
+			}
+		}
+	}
+}
+
+func concernsHost(l *gpupoolv1.Lease, hostID string) bool {
+	if l == nil {
+		return false
+	}
+	for _, s := range l.Slices {
+		if s.Host == hostID {
+			return true
+		}
+	}
+	return false
+}
+
+// heartbeat handles one heartbeat on the leader.
+func (s *Server) heartbeat(ls *leaderState, req *gpupoolv1.HeartbeatRequest) error {
+	st := s.fsm.State()
+	h := st.Host(req.HostId)
+	if h == nil {
+		return status.Errorf(codes.NotFound, "host %q: not registered; register first", req.HostId)
+	}
+	s.sawHeartbeat(ls, h.Id)
+	if h.Status == gpupoolv1.HostStatus_HOST_STATUS_DOWN {
+		if _, err := s.apply(&gpupoolv1.SetHostStatusCommand{
+			HostId: h.Id, Status: gpupoolv1.HostStatus_HOST_STATUS_READY, NowMs: s.nowMs(), Reason: "heartbeats resumed",
+		}); err != nil {
+			return toStatus(err)
+		}
+		s.log.Info("host back: heartbeats resumed", "host", h.Id)
+	}
+	for _, id := range req.TornDown {
+		l := st.Lease(id)
+		if l == nil || l.State != gpupoolv1.LeaseState_LEASE_STATE_RELEASING {
+			continue
+		}
+		s.confirmTeardown(ls, h.Id, l)
+	}
+	return nil
+}
+
+// assignments lists what a host must enforce and what it must tear down.
+func (s *Server) assignments(hostID string) *gpupoolv1.HeartbeatResponse {
+	resp := &gpupoolv1.HeartbeatResponse{HeartbeatIntervalMs: s.cfg.HeartbeatInterval.Milliseconds()}
+	for _, l := range s.fsm.State().HostLeases(hostID) {
+		a := &gpupoolv1.Assignment{LeaseId: l.Id, FencingToken: l.FencingToken, State: l.State, Tenant: l.Tenant, Holder: l.Holder}
+		for _, sl := range l.Slices {
+			if sl.Host == hostID {
+				a.Slices = append(a.Slices, sl)
+			}
+		}
+		switch l.State {
+		case gpupoolv1.LeaseState_LEASE_STATE_GRANTED:
+			resp.Enforce = append(resp.Enforce, a)
+		case gpupoolv1.LeaseState_LEASE_STATE_RELEASING:
+			resp.Teardown = append(resp.Teardown, a)
+		}
+	}
+	return resp
+}

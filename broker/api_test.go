@@ -1,0 +1,317 @@
+package broker
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/gpupool/gpupool/client"
+	"github.com/gpupool/gpupool/internal/clock"
+	gpupoolv1 "github.com/gpupool/gpupool/proto/gpupool/v1"
+)
+
+// testServer is one in-process broker that forms a single-server cluster.
+type testServer struct {
+	s     *Server
+	c     *client.Client
+	clock *clock.Fake
+}
+
+func startServer(t *testing.T) *testServer {
+	t.Helper()
+	fake := clock.NewFake(time.Unix(1_700_000_000, 0))
+	s, err := New(Config{
+		DataDir: t.TempDir(), BindAddr: "127.0.0.1:0", RaftBindAddr: "127.0.0.1:0", BootstrapExpect: 1,
+		Clock: fake, HeartbeatInterval: time.Second, HeartbeatTTL: 5 * time.Second, LockDelay: 10 * time.Second,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Shutdown() })
+	c, err := client.Dial([]string{s.Addr()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	waitFor(t, "leadership", func() bool { return s.currentLeader() != nil })
+	return &testServer{s: s, c: c, clock: fake}
+}
+
+// waitFor polls cond until it holds or 20 s pass.
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+func ctx(t *testing.T) context.Context {
+	c, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	t.Cleanup(cancel)
+	return c
+}
+
+func (ts *testServer) registerHost(t *testing.T, id string, gpus int, memMiB int64) {
+	t.Helper()
+	h := &gpupoolv1.Host{Id: id, Address: "127.0.0.1:1", CpuMillicores: 64000, MemoryMib: 256 << 10}
+	for i := range gpus {
+		h.Devices = append(h.Devices, &gpupoolv1.Device{
+			Uuid: fmt.Sprintf("GPU-%s-%d", id, i), Index: int32(i), Model: "A100-SXM4-80GB", MemoryMib: memMiB,
+		})
+	}
+	if _, err := ts.c.Agent.Register(ctx(t), &gpupoolv1.RegisterRequest{Host: h}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func slice(mem int64, compute int32) *gpupoolv1.LeaseRequest {
+	return &gpupoolv1.LeaseRequest{Count: 1, MemoryMib: mem, ComputePercent: compute, TtlMs: 60_000}
+}
+
+func TestAcquireRejectsBadInputNamingTheField(t *testing.T) {
+	ts := startServer(t)
+	ts.registerHost(t, "h1", 2, 81920)
+	mod := func(f func(r *gpupoolv1.LeaseRequest)) *gpupoolv1.LeaseRequest {
+		r := slice(1024, 10)
+		f(r)
+		return r
+	}
+	tests := []struct {
+		name string
+		req  *gpupoolv1.LeaseRequest
+		code codes.Code
+		want string // in the message
+	}{
+		{"a missing request", nil, codes.InvalidArgument, "request"},
+		{"memory 0", mod(func(r *gpupoolv1.LeaseRequest) { r.MemoryMib = 0 }), codes.InvalidArgument, "memory_mib 0"},
+		{"compute 0", mod(func(r *gpupoolv1.LeaseRequest) { r.ComputePercent = 0 }), codes.InvalidArgument, "compute_percent 0: must be between 1 and 100"},
+		{"compute over 100", mod(func(r *gpupoolv1.LeaseRequest) { r.ComputePercent = 101 }), codes.InvalidArgument, "compute_percent 101"},
+		{"count 0", mod(func(r *gpupoolv1.LeaseRequest) { r.Count = 0 }), codes.InvalidArgument, "count 0: must be between 1 and"},
+		{"exclusive with memory", mod(func(r *gpupoolv1.LeaseRequest) { r.Exclusive = true }), codes.InvalidArgument, "exclusive true: cannot be combined"},
+		{"ttl under a second", mod(func(r *gpupoolv1.LeaseRequest) { r.TtlMs = 500 }), codes.InvalidArgument, "ttl_ms 500: must be between 1000"},
+		{"ttl over a day", mod(func(r *gpupoolv1.LeaseRequest) { r.TtlMs = 25 * 3600 * 1000 }), codes.InvalidArgument, "ttl_ms 90000000"},
+		{"an unknown model", mod(func(r *gpupoolv1.LeaseRequest) { r.Constraints = &gpupoolv1.Constraints{Model: "H200*"} }), codes.InvalidArgument, `constraints.model "H200*": matches no GPU in the pool; models: A100-SXM4-80GB`},
+		{"a bad model glob", mod(func(r *gpupoolv1.LeaseRequest) { r.Constraints = &gpupoolv1.Constraints{Model: "A100["} }), codes.InvalidArgument, "constraints.model"},
+		{"an unknown host", mod(func(r *gpupoolv1.LeaseRequest) { r.Constraints = &gpupoolv1.Constraints{Host: "nope"} }), codes.InvalidArgument, `constraints.host "nope"`},
+		{"a bad tenant", mod(func(r *gpupoolv1.LeaseRequest) { r.Tenant = "Bad Tenant" }), codes.InvalidArgument, "tenant"},
+		{"a negative priority", mod(func(r *gpupoolv1.LeaseRequest) { r.Priority = -1 }), codes.InvalidArgument, "priority -1"},
+		{"an unknown topology", mod(func(r *gpupoolv1.LeaseRequest) { r.Topology = 42 }), codes.InvalidArgument, "topology 42"},
+		{"more memory than any GPU", mod(func(r *gpupoolv1.LeaseRequest) { r.MemoryMib = 90000 }), codes.FailedPrecondition, "90000"},
+		{"more whole GPUs than the pool has", &gpupoolv1.LeaseRequest{Count: 3, Exclusive: true, TtlMs: 60_000}, codes.FailedPrecondition, "can never fit"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			_, err := ts.c.Lease.Acquire(ctx(t), &gpupoolv1.AcquireRequest{Request: tt.req})
+			st, _ := status.FromError(err)
+			if st.Code() != tt.code || !strings.Contains(st.Message(), tt.want) {
+				t.Fatalf("got %v %q, want %v containing %q", st.Code(), st.Message(), tt.code, tt.want)
+			}
+		})
+	}
+	// Nothing was half-applied.
+	l, err := ts.c.Lease.List(ctx(t), &gpupoolv1.ListLeasesRequest{IncludeEnded: true})
+	if err != nil || len(l.Leases) != 0 {
+		t.Fatalf("after bad requests: got %d leases (err %v), want 0", len(l.GetLeases()), err)
+	}
+}
+
+func TestOtherCallsRejectBadInput(t *testing.T) {
+	ts := startServer(t)
+	tests := []struct {
+		name string
+		call func() error
+		code codes.Code
+	}{
+		{"release of an unknown lease", func() error {
+			_, err := ts.c.Lease.Release(ctx(t), &gpupoolv1.ReleaseRequest{LeaseId: "l-nope"})
+			return err
+		}, codes.NotFound},
+		{"release without an id", func() error {
+			_, err := ts.c.Lease.Release(ctx(t), &gpupoolv1.ReleaseRequest{})
+			return err
+		}, codes.InvalidArgument},
+		{"get of an unknown lease", func() error {
+			_, err := ts.c.Lease.Get(ctx(t), &gpupoolv1.GetLeaseRequest{LeaseId: "l-nope"})
+			return err
+		}, codes.NotFound},
+		{"list with an unknown state", func() error {
+			_, err := ts.c.Lease.List(ctx(t), &gpupoolv1.ListLeasesRequest{States: []gpupoolv1.LeaseState{99}})
+			return err
+		}, codes.InvalidArgument},
+		{"get of an unknown host", func() error {
+			_, err := ts.c.Pool.GetHost(ctx(t), &gpupoolv1.GetHostRequest{HostId: "nope"})
+			return err
+		}, codes.NotFound},
+		{"register with a bad host id", func() error {
+			_, err := ts.c.Agent.Register(ctx(t), &gpupoolv1.RegisterRequest{Host: &gpupoolv1.Host{Id: "bad host"}})
+			return err
+		}, codes.InvalidArgument},
+		{"register with a device without memory", func() error {
+			_, err := ts.c.Agent.Register(ctx(t), &gpupoolv1.RegisterRequest{Host: &gpupoolv1.Host{Id: "h", Devices: []*gpupoolv1.Device{{Uuid: "GPU-1", Model: "X"}}}})
+			return err
+		}, codes.InvalidArgument},
+		{"remove of an unknown peer", func() error {
+			_, err := ts.c.Operator.RemovePeer(ctx(t), &gpupoolv1.RemovePeerRequest{Id: "nope"})
+			return err
+		}, codes.NotFound},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			if got := status.Code(tt.call()); got != tt.code {
+				t.Fatalf("got %v, want %v", got, tt.code)
+			}
+		})
+	}
+}
+
+func TestAcquireGrantsUntilFullThenExhausted(t *testing.T) {
+	ts := startServer(t)
+	ts.registerHost(t, "h1", 1, 81920)
+	var ids []string
+	for i := range 4 {
+		r := slice(20480, 25)
+		r.RequestId = fmt.Sprintf("req-%d", i)
+		resp, err := ts.c.Lease.Acquire(ctx(t), &gpupoolv1.AcquireRequest{Request: r})
+		if err != nil {
+			t.Fatalf("acquire %d: %v", i, err)
+		}
+		ids = append(ids, resp.Lease.Id)
+		if resp.Lease.FencingToken == 0 || resp.Lease.State != gpupoolv1.LeaseState_LEASE_STATE_GRANTED {
+			t.Fatalf("acquire %d: got state %v fencing %d", i, resp.Lease.State, resp.Lease.FencingToken)
+		}
+	}
+	_, err := ts.c.Lease.Acquire(ctx(t), &gpupoolv1.AcquireRequest{Request: slice(1024, 1)})
+	if status.Code(err) != codes.ResourceExhausted {
+		t.Fatalf("a fifth slice on a full GPU: got %v, want ResourceExhausted", err)
+	}
+	// A retry with the same request id returns the same lease.
+	r := slice(20480, 25)
+	r.RequestId = "req-0"
+	resp, err := ts.c.Lease.Acquire(ctx(t), &gpupoolv1.AcquireRequest{Request: r})
+	if err != nil || resp.Lease.Id != ids[0] || !resp.Existing {
+		t.Fatalf("retry: got %v existing=%t err %v, want %s", resp.GetLease().GetId(), resp.GetExisting(), err, ids[0])
+	}
+	// The same request id for a different request is refused.
+	r.MemoryMib = 1024
+	if _, err := ts.c.Lease.Acquire(ctx(t), &gpupoolv1.AcquireRequest{Request: r}); status.Code(err) != codes.AlreadyExists {
+		t.Fatalf("reused request id: got %v, want AlreadyExists", err)
+	}
+}
+
+func TestHostWithoutHeartbeatsGoesDownAndItsLeasesAreLostThenFreed(t *testing.T) {
+	ts := startServer(t)
+	ts.registerHost(t, "h1", 1, 81920)
+	resp, err := ts.c.Lease.Acquire(ctx(t), &gpupoolv1.AcquireRequest{Request: slice(8192, 10)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	id := resp.Lease.Id
+	ts.clock.Advance(6 * time.Second) // past the 5 s heartbeat TTL
+	waitFor(t, "host down", func() bool {
+		return ts.s.fsm.State().Host("h1").Status == gpupoolv1.HostStatus_HOST_STATUS_DOWN
+	})
+	l := ts.s.fsm.State().Lease(id)
+	if l.State != gpupoolv1.LeaseState_LEASE_STATE_RELEASING || !l.Lost || l.EndState != gpupoolv1.LeaseState_LEASE_STATE_REVOKED {
+		t.Fatalf("lease on the down host: got %v lost=%t end=%v", l.State, l.Lost, l.EndState)
+	}
+	if got := ts.s.fsm.State().Device("GPU-h1-0").AllocatedMemoryMib; got != 8192 {
+		t.Fatalf("capacity freed before the lock-delay: allocated %d, want 8192", got)
+	}
+	waitFor(t, "lock-delay armed", func() bool {
+		_, ok := ts.s.currentLeader().lockDelay.Deadline(id)
+		return ok
+	})
+	ts.clock.Advance(11 * time.Second) // past the 10 s lock-delay
+	waitFor(t, "capacity freed", func() bool {
+		return ts.s.fsm.State().Lease(id).State == gpupoolv1.LeaseState_LEASE_STATE_REVOKED
+	})
+	if got := ts.s.fsm.State().Device("GPU-h1-0").AllocatedMemoryMib; got != 0 {
+		t.Fatalf("after the lock-delay: allocated %d, want 0", got)
+	}
+}
+
+func TestLeaseExpiresWithoutKeepAliveAndNotWithIt(t *testing.T) {
+	ts := startServer(t)
+	ts.registerHost(t, "h1", 1, 81920)
+	a, err := ts.c.Lease.Acquire(ctx(t), &gpupoolv1.AcquireRequest{Request: slice(1024, 5)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := ts.c.Lease.Acquire(ctx(t), &gpupoolv1.AcquireRequest{Request: slice(1024, 5)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Keep the host alive and renew only b, in steps shorter than the TTL.
+	hb, err := ts.c.Agent.Heartbeat(ctx(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ka, err := ts.c.Lease.KeepAlive(ctx(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	tick := func() { // 4 s pass and the host heartbeats (its TTL is 5 s)
+		ts.clock.Advance(4 * time.Second)
+		if err := hb.Send(&gpupoolv1.HeartbeatRequest{HostId: "h1"}); err != nil {
+			t.Fatal(err)
+		}
+		want := ts.clock.Now().Add(5 * time.Second)
+		waitFor(t, "heartbeat handled", func() bool {
+			d, ok := ts.s.currentLeader().heartbeat.Deadline("h1")
+			return ok && d.Equal(want)
+		})
+	}
+	go func() { // drain assignment pushes
+		for {
+			if _, err := hb.Recv(); err != nil {
+				return
+			}
+		}
+	}()
+	for range 3 {
+		tick()
+		if err := ka.Send(&gpupoolv1.KeepAliveRequest{LeaseId: b.Lease.Id}); err != nil {
+			t.Fatal(err)
+		}
+		for {
+			r, err := ka.Recv()
+			if err != nil {
+				t.Fatal(err)
+			}
+			if r.Event == nil {
+				if r.TtlMs != 60_000 || r.Error != "" {
+					t.Fatalf("renewal: got ttl %d error %q", r.TtlMs, r.Error)
+				}
+				break
+			}
+		}
+	}
+	for range 13 {
+		tick() // at 64 s, a (60 s TTL, never renewed) expired; b (renewed at 12 s) did not
+	}
+	waitFor(t, "a expires", func() bool {
+		return ts.s.fsm.State().Lease(a.Lease.Id).State == gpupoolv1.LeaseState_LEASE_STATE_RELEASING
+	})
+	if got := ts.s.fsm.State().Lease(b.Lease.Id).State; got != gpupoolv1.LeaseState_LEASE_STATE_GRANTED {
+		t.Fatalf("renewed lease: got %v (%s), want GRANTED", got, ts.s.fsm.State().Lease(b.Lease.Id).Reason)
+	}
+	// The agent confirms teardown; only then is the capacity freed.
+	if err := hb.Send(&gpupoolv1.HeartbeatRequest{HostId: "h1", TornDown: []string{a.Lease.Id}}); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "a freed", func() bool {
+		return ts.s.fsm.State().Lease(a.Lease.Id).State == gpupoolv1.LeaseState_LEASE_STATE_EXPIRED
+	})
+	if got := ts.s.fsm.State().Device("GPU-h1-0").AllocatedMemoryMib; got != 1024 {
+		t.Fatalf("after a's teardown: allocated %d, want b's 1024", got)
+	}
+}

@@ -1,0 +1,188 @@
+package broker
+
+import (
+	"context"
+	"errors"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/hashicorp/raft"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
+
+	gpupoolv1 "github.com/gpupool/gpupool/proto/gpupool/v1"
+)
+
+// clustered reports whether this server has a Raft configuration: it
+// bootstrapped, joined, or restarted from a data dir that had one.
+func (s *Server) clustered() bool {
+	f := s.raft.GetConfiguration()
+	return f.Error() == nil && len(f.Configuration().Servers) > 0
+}
+
+func (s *Server) selfInfo() *gpupoolv1.ServerInfoResponse {
+	info := &gpupoolv1.ServerInfoResponse{
+		Id:          s.cfg.NodeID,
+		RaftAddress: string(s.transport.LocalAddr()),
+		RpcAddress:  s.Addr(),
+		Clustered:   s.clustered(),
+	}
+	if _, id := s.raft.LeaderWithID(); id != "" {
+		info.LeaderId = string(id)
+		info.LeaderRpcAddress = s.rpcAddrOf(string(id))
+	}
+	return info
+}
+
+// formCluster bootstraps a new cluster once --bootstrap-expect servers
+// know of each other, or joins an existing one through any --join server.
+// It returns once this server is part of a cluster.
+func (s *Server) formCluster() {
+	for !s.clustered() {
+		infos := map[string]*gpupoolv1.ServerInfoResponse{s.cfg.NodeID: s.selfInfo()}
+		for _, addr := range s.cfg.Join {
+			if addr == s.Addr() || addr == s.cfg.BindAddr {
+				continue
+			}
+			info, err := s.askInfo(addr)
+			if err != nil {
+				s.log.Debug("waiting for server", "addr", addr, "err", err)
+				continue
+			}
+			s.rememberPeer(info)
+			if info.Clustered && info.LeaderId != "" {
+				if err := s.joinVia(addr); err != nil {
+					s.log.Warn("join failed; retrying", "via", addr, "err", err)
+					continue
+				}
+				s.log.Info("joined cluster", "via", addr, "leader", info.LeaderId)
+				return
+			}
+			if !info.Clustered {
+				infos[info.Id] = info
+			}
+		}
+		if s.cfg.BootstrapExpect > 0 && len(infos) >= s.cfg.BootstrapExpect {
+			var conf raft.Configuration
+			for _, id := range sortedKeys(infos) {
+				conf.Servers = append(conf.Servers, raft.Server{
+					Suffrage: raft.Voter, ID: raft.ServerID(id), Address: raft.ServerAddress(infos[id].RaftAddress),
+				})
+			}
+			err := s.raft.BootstrapCluster(conf).Error()
+			if err != nil && !errors.Is(err, raft.ErrCantBootstrap) {
+				s.log.Error("bootstrap failed", "err", err)
+			} else {
+				s.log.Info("bootstrapped cluster", "servers", strings.Join(sortedKeys(infos), ","))
+				return
+			}
+		}
+		select {
+		case <-s.shutdownCh:
+			return
+		case <-time.After(300 * time.Millisecond):
+		}
+	}
+}
+
+func sortedKeys[V any](m map[string]V) []string {
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	slices.Sort(keys)
+	return keys
+}
+
+func (s *Server) rememberPeer(info *gpupoolv1.ServerInfoResponse) {
+	s.peerMu.Lock()
+	defer s.peerMu.Unlock()
+	s.peers[info.Id] = info
+}
+
+func (s *Server) askInfo(addr string) (*gpupoolv1.ServerInfoResponse, error) {
+	conn, err := s.connTo(addr)
+	if err != nil {
+		return nil, err
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	return gpupoolv1.NewClusterServiceClient(conn).ServerInfo(ctx, &gpupoolv1.ServerInfoRequest{})
+}
+
+func (s *Server) joinVia(addr string) error {
+	conn, err := s.connTo(addr)
+	if err != nil {
+		return err
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	_, err = gpupoolv1.NewClusterServiceClient(conn).Join(ctx, &gpupoolv1.JoinRequest{
+		Id: s.cfg.NodeID, RaftAddress: string(s.transport.LocalAddr()), RpcAddress: s.Addr(),
+	})
+	return err
+}
+
+// connTo returns a cached connection to another server.
+func (s *Server) connTo(addr string) (*grpc.ClientConn, error) {
+	s.connMu.Lock()
+	defer s.connMu.Unlock()
+	if c, ok := s.conns[addr]; ok {
+		return c, nil
+	}
+	c, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		return nil, err
+	}
+	s.conns[addr] = c
+	return c, nil
+}
+
+// rpcAddrOf returns a server's gRPC address from the replicated state, or
+// from what this server learned while forming the cluster.
+func (s *Server) rpcAddrOf(id string) string {
+	if id == s.cfg.NodeID {
+		return s.Addr()
+	}
+	if srv := s.fsm.State().Server(id); srv != nil {
+		return srv.RpcAddress
+	}
+	s.peerMu.Lock()
+	defer s.peerMu.Unlock()
+	if p, ok := s.peers[id]; ok {
+		return p.RpcAddress
+	}
+	return ""
+}
+
+// clusterService implements the servers' own ClusterService.
+type clusterService struct {
+	gpupoolv1.UnimplementedClusterServiceServer
+	s *Server
+}
+
+func (c clusterService) ServerInfo(context.Context, *gpupoolv1.ServerInfoRequest) (*gpupoolv1.ServerInfoResponse, error) {
+	return c.s.selfInfo(), nil
+}
+
+func (c clusterService) Join(ctx context.Context, req *gpupoolv1.JoinRequest) (*gpupoolv1.JoinResponse, error) {
+	if req.Id == "" || req.RaftAddress == "" || req.RpcAddress == "" {
+		return nil, status.Error(codes.InvalidArgument, "join: id, raft_address and rpc_address are required")
+	}
+	if conn, fctx, err := c.s.leaderConn(ctx); err != nil {
+		return nil, err
+	} else if conn != nil {
+		return gpupoolv1.NewClusterServiceClient(conn).Join(fctx, req)
+	}
+	if err := c.s.raft.AddVoter(raft.ServerID(req.Id), raft.ServerAddress(req.RaftAddress), 0, 0).Error(); err != nil {
+		return nil, toStatus(raftError(err))
+	}
+	if _, err := c.s.apply(&gpupoolv1.UpsertServerCommand{Id: req.Id, RpcAddress: req.RpcAddress, RaftAddress: req.RaftAddress}); err != nil {
+		return nil, toStatus(err)
+	}
+	c.s.log.Info("server joined", "id", req.Id, "raft", req.RaftAddress, "rpc", req.RpcAddress)
+	return &gpupoolv1.JoinResponse{}, nil
+}

@@ -1,0 +1,118 @@
+package broker
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
+)
+
+// forwardedKey marks a call one server forwarded to another, so that a
+// call never bounces between servers that disagree about the leader.
+const forwardedKey = "gpupool-forwarded"
+
+// leaderConn decides where a write (or a consistent read) runs. It returns
+// a nil conn when this server is the leader and should serve the call
+// itself; otherwise a connection to the leader and the context to forward
+// the call with. With no known leader it returns Unavailable, which
+// clients retry.
+func (s *Server) leaderConn(ctx context.Context) (*grpc.ClientConn, context.Context, error) {
+	if s.IsLeader() {
+		return nil, ctx, nil
+	}
+	if md, ok := metadata.FromIncomingContext(ctx); ok && len(md.Get(forwardedKey)) > 0 {
+		return nil, nil, status.Error(codes.Unavailable, fmt.Sprintf("server %s was forwarded a call but is not the leader; retry", s.cfg.NodeID))
+	}
+	_, id := s.raft.LeaderWithID()
+	if id == "" {
+		return nil, nil, status.Error(codes.Unavailable, ErrNoLeader.Error())
+	}
+	addr := s.rpcAddrOf(string(id))
+	if addr == "" {
+		return nil, nil, status.Errorf(codes.Unavailable, "leader %s has no known address yet; retry", id)
+	}
+	conn, err := s.connTo(addr)
+	if err != nil {
+		return nil, nil, status.Errorf(codes.Unavailable, "connect to leader %s at %s: %v", id, addr, err)
+	}
+	out := metadata.AppendToOutgoingContext(ctx, forwardedKey, s.cfg.NodeID)
+	return conn, out, nil
+}
+
+// readConn is leaderConn for reads: stale reads are served locally. A
+// consistent read on the leader first confirms it still leads, so it never
+// answers from a deposed leader's state.
+func (s *Server) readConn(ctx context.Context, stale bool) (*grpc.ClientConn, context.Context, error) {
+	if stale {
+		return nil, ctx, nil
+	}
+	conn, fctx, err := s.leaderConn(ctx)
+	if err != nil || conn != nil {
+		return conn, fctx, err
+	}
+	if err := s.raft.VerifyLeader().Error(); err != nil {
+		return nil, nil, toStatus(raftError(err))
+	}
+	return nil, ctx, nil
+}
+
+// proxyBidi pipes a bidi stream to the same method on the leader until
+// either side ends. Errors from the leader reach the caller unchanged.
+func proxyBidi[Req, Resp any](in grpc.BidiStreamingServer[Req, Resp], out grpc.BidiStreamingClient[Req, Resp]) error {
+	errc := make(chan error, 1)
+	go func() {
+		for {
+			m, err := in.Recv()
+			if err != nil {
+				out.CloseSend()
+				if errors.Is(err, io.EOF) {
+					return
+				}
+				errc <- err
+				return
+			}
+			if err := out.Send(m); err != nil {
+				// The receive side below reports the leader's error.
+				return
+			}
+		}
+	}()
+	for {
+		m, err := out.Recv()
+		if errors.Is(err, io.EOF) {
+			return nil
+		}
+		if err != nil {
+			select {
+			case e := <-errc:
+				return e
+			default:
+			}
+			return err
+		}
+		if err := in.Send(m); err != nil {
+			return err
+		}
+	}
+}
+
+// proxyServerStream copies a server stream from the leader to the caller.
+func proxyServerStream[Resp any](in grpc.ServerStreamingServer[Resp], out grpc.ServerStreamingClient[Resp]) error {
+	for {
+		m, err := out.Recv()
+		if errors.Is(err, io.EOF) {
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+		if err := in.Send(m); err != nil {
+			return err
+		}
+	}
+}

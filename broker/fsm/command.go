@@ -1,0 +1,100 @@
+package fsm
+
+import (
+	"errors"
+	"fmt"
+
+	"google.golang.org/protobuf/proto"
+
+	gpupoolv1 "github.com/gpupool/gpupool/proto/gpupool/v1"
+)
+
+// MessageType identifies a command in the Raft log. The numbers are
+// append-only: never renumber or reuse one, because logs and snapshots
+// outlive binaries.
+type MessageType uint8
+
+const (
+	UpsertServerType  MessageType = 1
+	RegisterHostType  MessageType = 2
+	SetHostStatusType MessageType = 3
+	GrantLeaseType    MessageType = 4
+	EndLeaseType      MessageType = 5
+	FreeLeaseType     MessageType = 6
+)
+
+// IgnoreUnknownTypeFlag marks a command that servers which do not know its
+// type may skip. Set it on new command types that older servers can safely
+// ignore (for example, purely informational ones).
+const IgnoreUnknownTypeFlag MessageType = 128
+
+// ErrUnknownCommand is returned by Decode for a type this binary does not know.
+var ErrUnknownCommand = errors.New("fsm: unknown command type")
+
+func newMessage(t MessageType) proto.Message {
+	switch t {
+	case UpsertServerType:
+		return &gpupoolv1.UpsertServerCommand{}
+	case RegisterHostType:
+		return &gpupoolv1.RegisterHostCommand{}
+	case SetHostStatusType:
+		return &gpupoolv1.SetHostStatusCommand{}
+	case GrantLeaseType:
+		return &gpupoolv1.GrantLeaseCommand{}
+	case EndLeaseType:
+		return &gpupoolv1.EndLeaseCommand{}
+	case FreeLeaseType:
+		return &gpupoolv1.FreeLeaseCommand{}
+	}
+	return nil
+}
+
+// TypeOf returns the message type of a command message.
+func TypeOf(m proto.Message) (MessageType, error) {
+	switch m.(type) {
+	case *gpupoolv1.UpsertServerCommand:
+		return UpsertServerType, nil
+	case *gpupoolv1.RegisterHostCommand:
+		return RegisterHostType, nil
+	case *gpupoolv1.SetHostStatusCommand:
+		return SetHostStatusType, nil
+	case *gpupoolv1.GrantLeaseCommand:
+		return GrantLeaseType, nil
+	case *gpupoolv1.EndLeaseCommand:
+		return EndLeaseType, nil
+	case *gpupoolv1.FreeLeaseCommand:
+		return FreeLeaseType, nil
+	}
+	return 0, fmt.Errorf("fsm: %T is not a command", m)
+}
+
+// Encode returns a log entry: one type byte, then the message.
+func Encode(m proto.Message) ([]byte, error) {
+	t, err := TypeOf(m)
+	if err != nil {
+		return nil, err
+	}
+	b, err := proto.MarshalOptions{Deterministic: true}.Marshal(m)
+	if err != nil {
+		return nil, fmt.Errorf("fsm: encode %T: %w", m, err)
+	}
+	return append([]byte{byte(t)}, b...), nil
+}
+
+// Decode parses a log entry. For an unknown type it returns the type and
+// ErrUnknownCommand; the caller decides, from IgnoreUnknownTypeFlag,
+// whether that is fatal.
+func Decode(b []byte) (MessageType, proto.Message, error) {
+	if len(b) == 0 {
+		return 0, nil, errors.New("fsm: empty log entry")
+	}
+	t := MessageType(b[0])
+	m := newMessage(t &^ IgnoreUnknownTypeFlag)
+	if m == nil {
+		return t, nil, fmt.Errorf("%w %d", ErrUnknownCommand, t)
+	}
+	if err := proto.Unmarshal(b[1:], m); err != nil {
+		return t, nil, fmt.Errorf("fsm: decode command type %d: %w", t, err)
+	}
+	return t, m, nil
+}

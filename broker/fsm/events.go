@@ -1,0 +1,71 @@
+package fsm
+
+import (
+	"sync"
+
+	gpupoolv1 "github.com/gpupool/gpupool/proto/gpupool/v1"
+)
+
+// Event is one change the FSM applied, published after the change commits.
+type Event struct {
+	Index uint64
+	// Exactly one of Lease and Host is set, unless Reset is.
+	Lease *gpupoolv1.Lease
+	Type  gpupoolv1.LeaseEventType
+	Host  *gpupoolv1.Host
+	// Reset means the whole state was replaced (snapshot restore):
+	// subscribers must re-read everything.
+	Reset bool
+}
+
+// subscriberBuffer is how many events a subscriber may lag before it is
+// dropped. A dropped subscriber sees its channel closed and must re-read.
+const subscriberBuffer = 4096
+
+type publisher struct {
+	mu   sync.Mutex
+	subs map[chan Event]struct{} // guarded by mu
+}
+
+// Subscribe returns a channel of events applied from now on and a cancel
+// function. The channel is closed when the subscriber falls more than a few
+// thousand events behind, or on cancel.
+func (f *FSM) Subscribe() (<-chan Event, func()) {
+	p := &f.pub
+	ch := make(chan Event, subscriberBuffer)
+	p.mu.Lock()
+	if p.subs == nil {
+		p.subs = map[chan Event]struct{}{}
+	}
+	p.subs[ch] = struct{}{}
+	p.mu.Unlock()
+	return ch, func() {
+		p.mu.Lock()
+		defer p.mu.Unlock()
+		if _, ok := p.subs[ch]; ok {
+			delete(p.subs, ch)
+			close(ch)
+		}
+	}
+}
+
+func (p *publisher) publish(evs []Event) {
+	if len(evs) == 0 {
+		return
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for ch := range p.subs {
+		for _, e := range evs {
+			select {
+			case ch <- e:
+			default:
+				delete(p.subs, ch)
+				close(ch)
+			}
+			if _, ok := p.subs[ch]; !ok {
+				break
+			}
+		}
+	}
+}

@@ -1,0 +1,419 @@
+// Package fsm is the broker's deterministic state machine: it applies
+// Raft log commands to the state store.
+//
+// Apply is a pure function of the current state and the command: no
+// clocks, no randomness, no I/O. Times and ids are stamped by the RPC
+// handler before the command enters the log. Apply, Snapshot and Restore
+// are always called from raft's FSM goroutine.
+package fsm
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+
+	"github.com/hashicorp/raft"
+	"google.golang.org/protobuf/proto"
+
+	"github.com/gpupool/gpupool/broker/placement"
+	"github.com/gpupool/gpupool/broker/state"
+	gpupoolv1 "github.com/gpupool/gpupool/proto/gpupool/v1"
+)
+
+var (
+	// ErrNotFound wraps lookups of an unknown lease or host.
+	ErrNotFound = errors.New("not found")
+	// ErrInvalid wraps a command that is malformed; it changes nothing.
+	ErrInvalid = errors.New("invalid command")
+)
+
+// ConflictError is a grant that no longer fits the state it is applied to:
+// something changed between placement and Apply.
+type ConflictError struct{ Reason string }
+
+func (e *ConflictError) Error() string { return "grant no longer fits: " + e.Reason }
+
+// Result is what Apply returns for every command.
+type Result struct {
+	Lease *gpupoolv1.Lease
+	Host  *gpupoolv1.Host
+	// Existing is set when a grant matched an earlier one by request id.
+	Existing bool
+	Err      error
+}
+
+// FSM implements raft.FSM over a state store.
+type FSM struct {
+	store *state.Store
+	log   *slog.Logger
+	pub   publisher
+}
+
+// New returns an FSM over an empty store.
+func New(logger *slog.Logger) *FSM {
+	if logger == nil {
+		logger = slog.New(slog.DiscardHandler)
+	}
+	return &FSM{store: state.New(), log: logger}
+}
+
+// State returns a consistent read view of the current state.
+func (f *FSM) State() *state.Reader { return f.store.Read() }
+
+// Apply applies one log entry and returns a *Result.
+func (f *FSM) Apply(l *raft.Log) any {
+	if l.Type != raft.LogCommand {
+		return &Result{}
+	}
+	t, msg, err := Decode(l.Data)
+	if errors.Is(err, ErrUnknownCommand) && t&IgnoreUnknownTypeFlag != 0 {
+		f.log.Warn("skipping unknown ignorable command; upgrade this server", "type", t, "index", l.Index)
+		return &Result{}
+	}
+	if err != nil {
+		// A command this binary cannot read would make this server's state
+		// diverge from its peers'. Stop rather than serve wrong answers.
+		panic(fmt.Sprintf("fsm: log index %d: %v: this server is older than the cluster; upgrade it", l.Index, err))
+	}
+	return f.apply(l.Index, msg)
+}
+
+// apply runs one decoded command in a write transaction.
+func (f *FSM) apply(index uint64, msg proto.Message) *Result {
+	w := f.store.Write()
+	var res *Result
+	var evs []Event
+	switch c := msg.(type) {
+	case *gpupoolv1.UpsertServerCommand:
+		w.PutServer(c)
+		res = &Result{}
+	case *gpupoolv1.RegisterHostCommand:
+		res, evs = applyRegisterHost(w, index, c)
+	case *gpupoolv1.SetHostStatusCommand:
+		res, evs = applySetHostStatus(w, index, c)
+	case *gpupoolv1.GrantLeaseCommand:
+		res, evs = applyGrantLease(w, index, c)
+	case *gpupoolv1.EndLeaseCommand:
+		res, evs = applyEndLease(w, index, c)
+	case *gpupoolv1.FreeLeaseCommand:
+		res, evs = applyFreeLease(w, index, c)
+	default:
+		res = &Result{Err: fmt.Errorf("%w: %T", ErrInvalid, msg)}
+	}
+	if res.Err != nil {
+		w.Abort()
+		return res
+	}
+	w.Commit(index)
+	for i := range evs {
+		evs[i].Index = index
+	}
+	f.pub.publish(evs)
+	return res
+}
+
+func clone[T proto.Message](m T) T { return proto.Clone(m).(T) }
+
+func applyRegisterHost(w *state.Writer, index uint64, c *gpupoolv1.RegisterHostCommand) (*Result, []Event) {
+	if c.GetHost().GetId() == "" {
+		return &Result{Err: fmt.Errorf("%w: host id is empty", ErrInvalid)}, nil
+	}
+	h := clone(c.Host)
+	h.Devices = nil
+	old := w.Host(h.Id)
+	if old == nil {
+		h.RegisteredAtMs = c.NowMs
+		h.Status = gpupoolv1.HostStatus_HOST_STATUS_READY
+		h.Eligible = true
+		h.StatusChangedAtMs = c.NowMs
+		h.StatusReason = "registered"
+		h.AllocatedCpuMillicores, h.AllocatedMemoryMib = 0, 0
+	} else {
+		h.RegisteredAtMs = old.RegisteredAtMs
+		h.Eligible = old.Eligible
+		h.AllocatedCpuMillicores = old.AllocatedCpuMillicores
+		h.AllocatedMemoryMib = old.AllocatedMemoryMib
+		h.Status, h.StatusReason, h.StatusChangedAtMs = old.Status, old.StatusReason, old.StatusChangedAtMs
+		switch old.Status {
+		case gpupoolv1.HostStatus_HOST_STATUS_DRAINING, gpupoolv1.HostStatus_HOST_STATUS_DRAINED:
+		case gpupoolv1.HostStatus_HOST_STATUS_READY:
+		default:
+			h.Status = gpupoolv1.HostStatus_HOST_STATUS_READY
+			h.StatusReason = "agent registered again"
+			h.StatusChangedAtMs = c.NowMs
+		}
+	}
+	h.LastHeartbeatAgeMs = 0
+	reported := map[string]bool{}
+	for _, d := range c.Devices {
+		if d.GetUuid() == "" {
+			return &Result{Err: fmt.Errorf("%w: host %s: a device has no uuid", ErrInvalid, h.Id)}, nil
+		}
+		if reported[d.Uuid] {
+			return &Result{Err: fmt.Errorf("%w: host %s: device %s reported twice", ErrInvalid, h.Id, d.Uuid)}, nil
+		}
+		reported[d.Uuid] = true
+		nd := clone(d)
+		nd.HostId = h.Id
+		if nd.Health == gpupoolv1.DeviceHealth_DEVICE_HEALTH_UNSPECIFIED {
+			nd.Health = gpupoolv1.DeviceHealth_DEVICE_HEALTH_HEALTHY
+		}
+		nd.AllocatedMemoryMib, nd.AllocatedComputePercent, nd.AllocatedExclusive, nd.LeaseCount = 0, 0, false, 0
+		if od := w.Device(d.Uuid); od != nil {
+			if od.HostId != h.Id {
+				return &Result{Err: fmt.Errorf("%w: device %s is already registered by host %s", ErrInvalid, d.Uuid, od.HostId)}, nil
+			}
+			nd.AllocatedMemoryMib, nd.AllocatedComputePercent = od.AllocatedMemoryMib, od.AllocatedComputePercent
+			nd.AllocatedExclusive, nd.LeaseCount = od.AllocatedExclusive, od.LeaseCount
+		}
+		w.PutDevice(nd)
+	}
+	for _, od := range w.HostDevices(h.Id) {
+		if reported[od.Uuid] {
+			continue
+		}
+		if od.LeaseCount == 0 {
+			w.DeleteDevice(od)
+			continue
+		}
+		// Leases still hold it: keep it, but take no new ones.
+		nd := clone(od)
+		nd.Health = gpupoolv1.DeviceHealth_DEVICE_HEALTH_UNHEALTHY
+		w.PutDevice(nd)
+	}
+	w.PutHost(h)
+	return &Result{Host: h}, []Event{{Host: h}}
+}
+
+func applySetHostStatus(w *state.Writer, index uint64, c *gpupoolv1.SetHostStatusCommand) (*Result, []Event) {
+	old := w.Host(c.HostId)
+	if old == nil {
+		return &Result{Err: fmt.Errorf("host %q: %w", c.HostId, ErrNotFound)}, nil
+	}
+	if old.Status == c.Status {
+		return &Result{Host: old}, nil
+	}
+	h := clone(old)
+	h.Status, h.StatusReason, h.StatusChangedAtMs = c.Status, c.Reason, c.NowMs
+	w.PutHost(h)
+	evs := []Event{{Host: h}}
+	if c.Status == gpupoolv1.HostStatus_HOST_STATUS_DOWN {
+		for _, l := range w.HostLeases(h.Id) {
+			if l.State != gpupoolv1.LeaseState_LEASE_STATE_GRANTED && l.State != gpupoolv1.LeaseState_LEASE_STATE_PENDING {
+				continue
+			}
+			nl := endLease(l, index, gpupoolv1.LeaseState_LEASE_STATE_REVOKED,
+				fmt.Sprintf("host %s down: %s", h.Id, c.Reason), c.NowMs)
+			nl.Lost = true
+			w.PutLease(nl)
+			evs = append(evs, Event{Lease: nl, Type: gpupoolv1.LeaseEventType_LEASE_EVENT_TYPE_LOST})
+		}
+	}
+	return &Result{Host: h}, evs
+}
+
+func applyGrantLease(w *state.Writer, index uint64, c *gpupoolv1.GrantLeaseCommand) (*Result, []Event) {
+	l := clone(c.GetLease())
+	if l.GetId() == "" || len(l.Slices) == 0 {
+		return &Result{Err: fmt.Errorf("%w: grant without lease id or slices", ErrInvalid)}, nil
+	}
+	if ex := w.LeaseByRequest(l.Tenant, l.RequestId); ex != nil {
+		return &Result{Lease: ex, Existing: true}, nil
+	}
+	if w.Lease(l.Id) != nil {
+		return &Result{Err: fmt.Errorf("%w: lease id %s already exists", ErrInvalid, l.Id)}, nil
+	}
+	devs := map[string]*gpupoolv1.Device{}
+	hosts := map[string]*gpupoolv1.Host{}
+	var order []string
+	for _, s := range l.Slices {
+		h := hosts[s.Host]
+		if h == nil {
+			old := w.Host(s.Host)
+			if old == nil {
+				return conflict("host %s is not registered", s.Host)
+			}
+			if old.Status != gpupoolv1.HostStatus_HOST_STATUS_READY || !old.Eligible {
+				return conflict("host %s is %s and eligible=%t", s.Host, hostStatusName(old.Status), old.Eligible)
+			}
+			h = clone(old)
+			hosts[s.Host] = h
+		}
+		d := devs[s.Device]
+		if d == nil {
+			old := w.Device(s.Device)
+			if old == nil || old.HostId != s.Host {
+				return conflict("device %s is not on host %s", s.Device, s.Host)
+			}
+			if old.Health == gpupoolv1.DeviceHealth_DEVICE_HEALTH_UNHEALTHY {
+				return conflict("device %s on host %s is unhealthy", s.Device, s.Host)
+			}
+			d = clone(old)
+			devs[s.Device] = d
+			order = append(order, s.Device)
+		}
+		if err := placement.CheckSlice(d, s); err != nil {
+			return conflict("%v", err)
+		}
+		placement.Allocate(d, s)
+	}
+	if l.HostCpuMillicores > 0 || l.HostMemoryMib > 0 {
+		if len(hosts) != 1 {
+			return conflict("host cpu and memory need every slice on one host, got %d hosts", len(hosts))
+		}
+		for _, h := range hosts {
+			if free := h.CpuMillicores - h.AllocatedCpuMillicores; l.HostCpuMillicores > free {
+				return conflict("host %s: %d millicores requested, %d free", h.Id, l.HostCpuMillicores, free)
+			}
+			if free := h.MemoryMib - h.AllocatedMemoryMib; l.HostMemoryMib > free {
+				return conflict("host %s: %d MiB host memory requested, %d free", h.Id, l.HostMemoryMib, free)
+			}
+			h.AllocatedCpuMillicores += l.HostCpuMillicores
+			h.AllocatedMemoryMib += l.HostMemoryMib
+			w.PutHost(h)
+		}
+	}
+	for _, id := range order {
+		w.PutDevice(devs[id])
+	}
+	l.State = gpupoolv1.LeaseState_LEASE_STATE_GRANTED
+	l.FencingToken = index
+	l.CreateIndex, l.ModifyIndex = index, index
+	l.StateChangedAtMs = l.CreatedAtMs
+	l.Reason = "granted"
+	w.PutLease(l)
+	return &Result{Lease: l}, []Event{{Lease: l, Type: gpupoolv1.LeaseEventType_LEASE_EVENT_TYPE_GRANTED}}
+}
+
+func conflict(format string, a ...any) (*Result, []Event) {
+	return &Result{Err: &ConflictError{Reason: fmt.Sprintf(format, a...)}}, nil
+}
+
+func hostStatusName(s gpupoolv1.HostStatus) string {
+	switch s {
+	case gpupoolv1.HostStatus_HOST_STATUS_READY:
+		return "ready"
+	case gpupoolv1.HostStatus_HOST_STATUS_DRAINING:
+		return "draining"
+	case gpupoolv1.HostStatus_HOST_STATUS_DRAINED:
+		return "drained"
+	case gpupoolv1.HostStatus_HOST_STATUS_DOWN:
+		return "down"
+	}
+	return "unknown"
+}
+
+// endLease returns a copy of l moved to RELEASING on its way to end.
+func endLease(l *gpupoolv1.Lease, index uint64, end gpupoolv1.LeaseState, reason string, nowMs int64) *gpupoolv1.Lease {
+	nl := clone(l)
+	nl.State = gpupoolv1.LeaseState_LEASE_STATE_RELEASING
+	nl.EndState = end
+	nl.Reason = reason
+	nl.StateChangedAtMs = nowMs
+	nl.ModifyIndex = index
+	nl.ExpiresAtMs = 0
+	return nl
+}
+
+func applyEndLease(w *state.Writer, index uint64, c *gpupoolv1.EndLeaseCommand) (*Result, []Event) {
+	switch c.EndState {
+	case gpupoolv1.LeaseState_LEASE_STATE_RELEASED, gpupoolv1.LeaseState_LEASE_STATE_EXPIRED, gpupoolv1.LeaseState_LEASE_STATE_REVOKED:
+	default:
+		return &Result{Err: fmt.Errorf("%w: end state %v", ErrInvalid, c.EndState)}, nil
+	}
+	l := w.Lease(c.LeaseId)
+	if l == nil {
+		return &Result{Err: fmt.Errorf("lease %q: %w", c.LeaseId, ErrNotFound)}, nil
+	}
+	if l.State != gpupoolv1.LeaseState_LEASE_STATE_GRANTED && l.State != gpupoolv1.LeaseState_LEASE_STATE_PENDING {
+		// Already ending or ended: ending is idempotent.
+		return &Result{Lease: l}, nil
+	}
+	nl := endLease(l, index, c.EndState, c.Reason, c.NowMs)
+	nl.Lost = c.Lost
+	w.PutLease(nl)
+	return &Result{Lease: nl}, []Event{{Lease: nl, Type: gpupoolv1.LeaseEventType_LEASE_EVENT_TYPE_RELEASING}}
+}
+
+func applyFreeLease(w *state.Writer, index uint64, c *gpupoolv1.FreeLeaseCommand) (*Result, []Event) {
+	l := w.Lease(c.LeaseId)
+	if l == nil {
+		return &Result{Err: fmt.Errorf("lease %q: %w", c.LeaseId, ErrNotFound)}, nil
+	}
+	if l.State != gpupoolv1.LeaseState_LEASE_STATE_RELEASING {
+		return &Result{Lease: l}, nil
+	}
+	devs := map[string]*gpupoolv1.Device{}
+	var order []string
+	for _, s := range l.Slices {
+		d := devs[s.Device]
+		if d == nil {
+			old := w.Device(s.Device)
+			if old == nil {
+				continue // devices that hold leases are never deleted; be safe anyway
+			}
+			d = clone(old)
+			devs[s.Device] = d
+			order = append(order, s.Device)
+		}
+		placement.Free(d, s)
+	}
+	for _, id := range order {
+		w.PutDevice(devs[id])
+	}
+	if l.HostCpuMillicores > 0 || l.HostMemoryMib > 0 {
+		for _, hid := range state.LeaseHosts(l) {
+			if old := w.Host(hid); old != nil {
+				h := clone(old)
+				h.AllocatedCpuMillicores = max(0, h.AllocatedCpuMillicores-l.HostCpuMillicores)
+				h.AllocatedMemoryMib = max(0, h.AllocatedMemoryMib-l.HostMemoryMib)
+				w.PutHost(h)
+			}
+		}
+	}
+	nl := clone(l)
+	nl.State = l.EndState
+	if c.Reason != "" {
+		nl.Reason = l.Reason + "; " + c.Reason
+	}
+	nl.StateChangedAtMs = c.NowMs
+	nl.ModifyIndex = index
+	w.PutLease(nl)
+	return &Result{Lease: nl}, []Event{{Lease: nl, Type: gpupoolv1.LeaseEventType_LEASE_EVENT_TYPE_ENDED}}
+}
+
+// Snapshot captures the state for raft. The returned snapshot is immutable.
+func (f *FSM) Snapshot() (raft.FSMSnapshot, error) {
+	b, err := f.store.Read().Encode()
+	if err != nil {
+		return nil, err
+	}
+	return &snapshot{data: b}, nil
+}
+
+// Restore replaces the state with a snapshot written by Persist.
+func (f *FSM) Restore(rc io.ReadCloser) error {
+	defer rc.Close()
+	b, err := io.ReadAll(rc)
+	if err != nil {
+		return fmt.Errorf("fsm: read snapshot: %w", err)
+	}
+	if err := f.store.Restore(b); err != nil {
+		return err
+	}
+	f.pub.publish([]Event{{Reset: true, Index: f.store.Read().Index()}})
+	return nil
+}
+
+type snapshot struct{ data []byte }
+
+func (s *snapshot) Persist(sink raft.SnapshotSink) error {
+	if _, err := sink.Write(s.data); err != nil {
+		sink.Cancel()
+		return fmt.Errorf("fsm: write snapshot: %w", err)
+	}
+	return sink.Close()
+}
+
+func (s *snapshot) Release() {}

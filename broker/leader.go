@@ -1,0 +1,287 @@
+package broker
+
+import (
+	"fmt"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/gpupool/gpupool/broker/fsm"
+	"github.com/gpupool/gpupool/broker/lease"
+	"github.com/gpupool/gpupool/broker/state"
+	gpupoolv1 "github.com/gpupool/gpupool/proto/gpupool/v1"
+)
+
+// leaderState is what only the leader keeps, in memory: lease TTLs, host
+// heartbeats and lock-delays, and teardown confirmations. Nothing here is
+// replicated; a new leader rebuilds it from the state, re-arming every
+// timer at its full duration (a lease never expires early; late is allowed).
+type leaderState struct {
+	stopCh    chan struct{}
+	ttl       *lease.Timers // lease id → expiry
+	heartbeat *lease.Timers // host id → down
+	lockDelay *lease.Timers // lease id → free without confirmation
+
+	mu        sync.Mutex
+	lastSeen  map[string]time.Time       // guarded by mu; host → last heartbeat
+	confirmed map[string]map[string]bool // guarded by mu; lease → hosts that confirmed teardown
+}
+
+// monitorLeadership starts and stops the leader's duties as raft reports
+// leadership changes.
+func (s *Server) monitorLeadership() {
+	var stop func()
+	for {
+		select {
+		case isLeader := <-s.notifyCh:
+			switch {
+			case isLeader && stop == nil:
+				stop = s.startLeading()
+			case !isLeader && stop != nil:
+				stop()
+				stop = nil
+			}
+		case <-s.shutdownCh:
+			if stop != nil {
+				stop()
+			}
+			return
+		}
+	}
+}
+
+// startLeading begins the leader's duties and returns the function that
+// ends them.
+func (s *Server) startLeading() func() {
+	ls := &leaderState{
+		stopCh:    make(chan struct{}),
+		lastSeen:  map[string]time.Time{},
+		confirmed: map[string]map[string]bool{},
+	}
+	ls.ttl = lease.NewTimers(s.cfg.Clock, s.expireLease)
+	ls.heartbeat = lease.NewTimers(s.cfg.Clock, s.hostMissedHeartbeats)
+	ls.lockDelay = lease.NewTimers(s.cfg.Clock, s.lockDelayPassed)
+	events, cancel := s.fsm.Subscribe()
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		s.lead(ls, events)
+	}()
+	return func() {
+		close(ls.stopCh)
+		cancel()
+		<-done
+		s.leaderMu.Lock()
+		s.leader = nil
+		s.leaderMu.Unlock()
+		ls.ttl.StopAll()
+		ls.heartbeat.StopAll()
+		ls.lockDelay.StopAll()
+		s.log.Info("lost leadership", "id", s.cfg.NodeID)
+	}
+}
+
+func (s *Server) lead(ls *leaderState, events <-chan fsm.Event) {
+	// Everything committed by earlier leaders is applied after the barrier.
+	if err := s.raft.Barrier(0).Error(); err != nil {
+		s.log.Warn("leader barrier failed", "err", err)
+		return
+	}
+	s.upsertServers()
+	s.armAll(ls)
+	s.leaderMu.Lock()
+	s.leader = ls
+	s.leaderMu.Unlock()
+	s.log.Info("became leader", "id", s.cfg.NodeID, "index", s.fsm.State().Index())
+	for {
+		select {
+		case <-ls.stopCh:
+			return
+		case ev, ok := <-events:
+			if !ok {
+				// Fell behind: re-read everything and carry on.
+				var cancel func()
+				events, cancel = s.fsm.Subscribe()
+				defer cancel()
+				s.armAll(ls)
+				continue
+			}
+			s.react(ls, ev)
+		}
+	}
+}
+
+// currentLeader returns the leader state, or nil when this server is not
+// (yet) acting as leader.
+func (s *Server) currentLeader() *leaderState {
+	s.leaderMu.Lock()
+	defer s.leaderMu.Unlock()
+	return s.leader
+}
+
+// upsertServers records every configured server's gRPC address in the
+// state, so followers can forward to whichever becomes leader.
+func (s *Server) upsertServers() {
+	f := s.raft.GetConfiguration()
+	if f.Error() != nil {
+		return
+	}
+	st := s.fsm.State()
+	for _, srv := range f.Configuration().Servers {
+		id := string(srv.ID)
+		rpc := s.rpcAddrOf(id)
+		if rpc == "" {
+			continue
+		}
+		cur := st.Server(id)
+		if cur != nil && cur.RpcAddress == rpc && cur.RaftAddress == string(srv.Address) {
+			continue
+		}
+		if _, err := s.apply(&gpupoolv1.UpsertServerCommand{Id: id, RpcAddress: rpc, RaftAddress: string(srv.Address)}); err != nil {
+			s.log.Warn("record server address", "id", id, "err", err)
+		}
+	}
+}
+
+// armAll sets every timer from the state, at full duration.
+func (s *Server) armAll(ls *leaderState) {
+	st := s.fsm.State()
+	for _, h := range st.Hosts() {
+		s.reactHost(ls, st, h)
+	}
+	for _, l := range st.Leases() {
+		s.reactLease(ls, st, l)
+	}
+}
+
+func (s *Server) react(ls *leaderState, ev fsm.Event) {
+	st := s.fsm.State()
+	switch {
+	case ev.Reset:
+		ls.ttl.StopAll()
+		ls.lockDelay.StopAll()
+		s.armAll(ls)
+	case ev.Host != nil:
+		s.reactHost(ls, st, ev.Host)
+	case ev.Lease != nil:
+		s.reactLease(ls, st, ev.Lease)
+	}
+}
+
+func (s *Server) reactHost(ls *leaderState, st *state.Reader, h *gpupoolv1.Host) {
+	if h.Status == gpupoolv1.HostStatus_HOST_STATUS_DOWN {
+		ls.heartbeat.Stop(h.Id)
+		for _, l := range st.HostLeases(h.Id) {
+			s.reactLease(ls, st, l)
+		}
+		return
+	}
+	if _, ok := ls.heartbeat.Deadline(h.Id); !ok {
+		ls.heartbeat.Reset(h.Id, s.cfg.HeartbeatTTL)
+	}
+}
+
+func (s *Server) reactLease(ls *leaderState, st *state.Reader, l *gpupoolv1.Lease) {
+	switch l.State {
+	case gpupoolv1.LeaseState_LEASE_STATE_GRANTED:
+		if _, ok := ls.ttl.Deadline(l.Id); !ok {
+			ls.ttl.Reset(l.Id, time.Duration(l.TtlMs)*time.Millisecond)
+		}
+	case gpupoolv1.LeaseState_LEASE_STATE_RELEASING:
+		ls.ttl.Stop(l.Id)
+		if _, ok := ls.lockDelay.Deadline(l.Id); !ok && anyHostDown(st, l) {
+			ls.lockDelay.Reset(l.Id, s.cfg.LockDelay)
+		}
+	default:
+		ls.ttl.Stop(l.Id)
+		ls.lockDelay.Stop(l.Id)
+		ls.mu.Lock()
+		delete(ls.confirmed, l.Id)
+		ls.mu.Unlock()
+	}
+}
+
+// anyHostDown reports whether a host of the lease is down or gone, so
+// its agent cannot confirm teardown.
+func anyHostDown(st *state.Reader, l *gpupoolv1.Lease) bool {
+	for _, id := range state.LeaseHosts(l) {
+		h := st.Host(id)
+		if h == nil || h.Status == gpupoolv1.HostStatus_HOST_STATUS_DOWN {
+			return true
+		}
+	}
+	return false
+}
+
+func (s *Server) nowMs() int64 { return s.cfg.Clock.Now().UnixMilli() }
+
+func (s *Server) expireLease(id string) {
+	l := s.fsm.State().Lease(id)
+	if l == nil || l.State != gpupoolv1.LeaseState_LEASE_STATE_GRANTED {
+		return
+	}
+	_, err := s.apply(&gpupoolv1.EndLeaseCommand{
+		LeaseId: id, EndState: gpupoolv1.LeaseState_LEASE_STATE_EXPIRED, NowMs: s.nowMs(),
+		Reason: fmt.Sprintf("not renewed within its TTL of %s", time.Duration(l.TtlMs)*time.Millisecond),
+	})
+	s.logTimerErr("expire lease", id, err)
+}
+
+func (s *Server) hostMissedHeartbeats(id string) {
+	_, err := s.apply(&gpupoolv1.SetHostStatusCommand{
+		HostId: id, Status: gpupoolv1.HostStatus_HOST_STATUS_DOWN, NowMs: s.nowMs(),
+		Reason: fmt.Sprintf("no heartbeat for %s", s.cfg.HeartbeatTTL),
+	})
+	s.logTimerErr("mark host down", id, err)
+	if err == nil {
+		s.log.Warn("host down: heartbeats stopped", "host", id, "ttl", s.cfg.HeartbeatTTL)
+	}
+}
+
+func (s *Server) lockDelayPassed(id string) {
+	_, err := s.apply(&gpupoolv1.FreeLeaseCommand{
+		LeaseId: id, NowMs: s.nowMs(),
+		Reason: fmt.Sprintf("capacity freed after the lock-delay of %s: the agent could not confirm teardown", s.cfg.LockDelay),
+	})
+	s.logTimerErr("free lease after lock-delay", id, err)
+}
+
+func (s *Server) logTimerErr(what, id string, err error) {
+	if err != nil {
+		// Usually leadership moved; the new leader re-arms its own timers.
+		s.log.Debug(what+" failed", "id", id, "err", err)
+	}
+}
+
+// confirmTeardown records that host stopped lease's workloads and frees
+// the lease once every host of it has. It reports whether the lease was
+// freed.
+func (s *Server) confirmTeardown(ls *leaderState, hostID string, l *gpupoolv1.Lease) bool {
+	hosts := state.LeaseHosts(l)
+	if !slices.Contains(hosts, hostID) {
+		return false
+	}
+	ls.mu.Lock()
+	set := ls.confirmed[l.Id]
+	if set == nil {
+		set = map[string]bool{}
+		ls.confirmed[l.Id] = set
+	}
+	set[hostID] = true
+	all := true
+	for _, h := range hosts {
+		all = all && set[h]
+	}
+	ls.mu.Unlock()
+	if !all {
+		return false
+	}
+	_, err := s.apply(&gpupoolv1.FreeLeaseCommand{
+		LeaseId: l.Id, NowMs: s.nowMs(), Reason: "agent confirmed teardown",
+	})
+	if err != nil {
+		s.log.Debug("free lease after teardown", "lease", l.Id, "err", err)
+		return false
+	}
+	return true
+}

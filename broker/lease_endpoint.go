@@ -1,0 +1,373 @@
+package broker
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"path"
+	"slices"
+	"strings"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
+
+	"github.com/gpupool/gpupool/broker/lease"
+	"github.com/gpupool/gpupool/broker/placement"
+	"github.com/gpupool/gpupool/broker/state"
+	gpupoolv1 "github.com/gpupool/gpupool/proto/gpupool/v1"
+)
+
+// leaseService implements LeaseService.
+type leaseService struct {
+	gpupoolv1.UnimplementedLeaseServiceServer
+	s *Server
+}
+
+func (e leaseService) Acquire(ctx context.Context, req *gpupoolv1.AcquireRequest) (*gpupoolv1.AcquireResponse, error) {
+	r := req.GetRequest()
+	if err := lease.Validate(r); err != nil {
+		return nil, toStatus(err)
+	}
+	if conn, fctx, err := e.s.leaderConn(ctx); err != nil {
+		return nil, err
+	} else if conn != nil {
+		return gpupoolv1.NewLeaseServiceClient(conn).Acquire(fctx, req)
+	}
+	resp, err := e.s.acquire(r)
+	return resp, toStatus(err)
+}
+
+// acquire places and grants a lease on the leader.
+func (s *Server) acquire(r *gpupoolv1.LeaseRequest) (*gpupoolv1.AcquireResponse, error) {
+	r = proto.Clone(r).(*gpupoolv1.LeaseRequest)
+	if r.Tenant == "" {
+		r.Tenant = lease.DefaultTenant
+	}
+	if r.Class == gpupoolv1.LeaseClass_LEASE_CLASS_UNSPECIFIED {
+		r.Class = gpupoolv1.LeaseClass_LEASE_CLASS_GUARANTEED
+	}
+	s.placeMu.Lock()
+	defer s.placeMu.Unlock()
+	st := s.fsm.State()
+	if ex := st.LeaseByRequest(r.Tenant, r.RequestId); ex != nil {
+		if !proto.Equal(ex.Request, r) {
+			return nil, status.Errorf(codes.AlreadyExists, "request_id %q: already used by lease %s for a different request; use a new request_id", r.RequestId, ex.Id)
+		}
+		return &gpupoolv1.AcquireResponse{Lease: s.withExpiry(ex), Existing: true}, nil
+	}
+	hosts := st.HostsWithDevices()
+	if err := checkAgainstPool(r, hosts); err != nil {
+		return nil, err
+	}
+	slices, err := placement.Place(hosts, r, s.cfg.Policy)
+	if err != nil {
+		return nil, err
+	}
+	now := s.nowMs()
+	l := &gpupoolv1.Lease{
+		Id:                "l-" + randomHex(8),
+		Tenant:            r.Tenant,
+		Holder:            r.Holder,
+		Request:           r,
+		Slices:            slices,
+		Class:             r.Class,
+		Priority:          r.Priority,
+		TtlMs:             r.TtlMs,
+		CreatedAtMs:       now,
+		RequestId:         r.RequestId,
+		HostCpuMillicores: r.HostCpuMillicores,
+		HostMemoryMib:     r.HostMemoryMib,
+	}
+	res, err := s.apply(&gpupoolv1.GrantLeaseCommand{Lease: l})
+	if err != nil {
+		return nil, err
+	}
+	if ls := s.currentLeader(); ls != nil && !res.Existing {
+		ls.ttl.Reset(res.Lease.Id, lease.TTL(r))
+	}
+	return &gpupoolv1.AcquireResponse{Lease: s.withExpiry(res.Lease), Existing: res.Existing}, nil
+}
+
+// checkAgainstPool rejects constraints that name things the pool does not
+// have at all: a model glob no device matches, an unknown host.
+func checkAgainstPool(r *gpupoolv1.LeaseRequest, hosts []*gpupoolv1.Host) error {
+	c := r.GetConstraints()
+	if c == nil {
+		return nil
+	}
+	if c.Host != "" && !slices.ContainsFunc(hosts, func(h *gpupoolv1.Host) bool { return h.Id == c.Host }) {
+		return &lease.FieldError{Field: "constraints.host", Value: fmt.Sprintf("%q", c.Host), Allowed: "no such host; see 'gpupool host ls'"}
+	}
+	if c.Model == "" {
+		return nil
+	}
+	models := map[string]bool{}
+	for _, h := range hosts {
+		for _, d := range h.Devices {
+			if ok, _ := path.Match(c.Model, d.Model); ok {
+				return nil
+			}
+			models[d.Model] = true
+		}
+	}
+	known := sortedKeys(models)
+	if len(known) == 0 {
+		known = []string{"none: no host has registered GPUs"}
+	}
+	return &lease.FieldError{Field: "constraints.model", Value: fmt.Sprintf("%q", c.Model), Allowed: "matches no GPU in the pool; models: " + strings.Join(known, ", ")}
+}
+
+// withExpiry returns l with ExpiresAtMs filled from the leader's timer, if
+// this server leads.
+func (s *Server) withExpiry(l *gpupoolv1.Lease) *gpupoolv1.Lease {
+	ls := s.currentLeader()
+	if ls == nil || l == nil {
+		return l
+	}
+	if d, ok := ls.ttl.Deadline(l.Id); ok {
+		l = proto.Clone(l).(*gpupoolv1.Lease)
+		l.ExpiresAtMs = d.UnixMilli()
+	}
+	return l
+}
+
+func (e leaseService) Release(ctx context.Context, req *gpupoolv1.ReleaseRequest) (*gpupoolv1.ReleaseResponse, error) {
+	if req.LeaseId == "" {
+		return nil, status.Error(codes.InvalidArgument, "lease_id: is required")
+	}
+	if conn, fctx, err := e.s.leaderConn(ctx); err != nil {
+		return nil, err
+	} else if conn != nil {
+		return gpupoolv1.NewLeaseServiceClient(conn).Release(fctx, req)
+	}
+	reason := "released by the holder"
+	if req.Reason != "" {
+		reason += ": " + req.Reason
+	}
+	res, err := e.s.apply(&gpupoolv1.EndLeaseCommand{
+		LeaseId: req.LeaseId, EndState: gpupoolv1.LeaseState_LEASE_STATE_RELEASED, Reason: reason, NowMs: e.s.nowMs(),
+	})
+	if err != nil {
+		return nil, toStatus(err)
+	}
+	return &gpupoolv1.ReleaseResponse{Lease: res.Lease}, nil
+}
+
+func (e leaseService) Get(ctx context.Context, req *gpupoolv1.GetLeaseRequest) (*gpupoolv1.GetLeaseResponse, error) {
+	if req.LeaseId == "" {
+		return nil, status.Error(codes.InvalidArgument, "lease_id: is required")
+	}
+	if conn, fctx, err := e.s.readConn(ctx, req.Stale); err != nil {
+		return nil, err
+	} else if conn != nil {
+		return gpupoolv1.NewLeaseServiceClient(conn).Get(fctx, req)
+	}
+	l := e.s.fsm.State().Lease(req.LeaseId)
+	if l == nil {
+		return nil, status.Errorf(codes.NotFound, "lease %q: not found", req.LeaseId)
+	}
+	return &gpupoolv1.GetLeaseResponse{Lease: e.s.withExpiry(l)}, nil
+}
+
+// ended reports whether a lease state is final.
+func ended(s gpupoolv1.LeaseState) bool {
+	switch s {
+	case gpupoolv1.LeaseState_LEASE_STATE_RELEASED, gpupoolv1.LeaseState_LEASE_STATE_EXPIRED, gpupoolv1.LeaseState_LEASE_STATE_REVOKED:
+		return true
+	}
+	return false
+}
+
+func leaseMatches(l *gpupoolv1.Lease, req *gpupoolv1.ListLeasesRequest) bool {
+	if req.Tenant != "" && l.Tenant != req.Tenant {
+		return false
+	}
+	if req.Host != "" && !slices.Contains(state.LeaseHosts(l), req.Host) {
+		return false
+	}
+	if len(req.States) > 0 {
+		return slices.Contains(req.States, l.State)
+	}
+	return req.IncludeEnded || !ended(l.State)
+}
+
+func (e leaseService) List(ctx context.Context, req *gpupoolv1.ListLeasesRequest) (*gpupoolv1.ListLeasesResponse, error) {
+	for _, st := range req.States {
+		if _, ok := gpupoolv1.LeaseState_name[int32(st)]; !ok || st == gpupoolv1.LeaseState_LEASE_STATE_UNSPECIFIED {
+			return nil, status.Errorf(codes.InvalidArgument, "states %d: must be one of pending, granted, releasing, released, expired, revoked", st)
+		}
+	}
+	if conn, fctx, err := e.s.readConn(ctx, req.Stale); err != nil {
+		return nil, err
+	} else if conn != nil {
+		return gpupoolv1.NewLeaseServiceClient(conn).List(fctx, req)
+	}
+	st := e.s.fsm.State()
+	resp := &gpupoolv1.ListLeasesResponse{Index: st.Index()}
+	candidates := st.Leases()
+	if req.Host != "" {
+		candidates = st.HostLeases(req.Host)
+	}
+	for _, l := range candidates {
+		if leaseMatches(l, req) {
+			resp.Leases = append(resp.Leases, e.s.withExpiry(l))
+		}
+	}
+	return resp, nil
+}
+
+// Watch is served from this server's own state: every server applies the
+// same log, so any of them can stream its changes.
+func (e leaseService) Watch(req *gpupoolv1.WatchLeasesRequest, stream grpc.ServerStreamingServer[gpupoolv1.LeaseEvent]) error {
+	events, cancel := e.s.fsm.Subscribe()
+	defer cancel()
+	match := func(l *gpupoolv1.Lease) bool {
+		return (req.Tenant == "" || l.Tenant == req.Tenant) && (req.LeaseId == "" || l.Id == req.LeaseId)
+	}
+	sendAll := func() (uint64, error) {
+		st := e.s.fsm.State()
+		for _, l := range st.Leases() {
+			if ended(l.State) || !match(l) {
+				continue
+			}
+			ev := &gpupoolv1.LeaseEvent{Type: gpupoolv1.LeaseEventType_LEASE_EVENT_TYPE_SNAPSHOT, Lease: l, Index: l.ModifyIndex}
+			if err := stream.Send(ev); err != nil {
+				return 0, err
+			}
+		}
+		return st.Index(), nil
+	}
+	since, err := sendAll()
+	if err != nil {
+		return err
+	}
+	for {
+		select {
+		case <-stream.Context().Done():
+			return nil
+		case <-e.s.shutdownCh:
+			return status.Error(codes.Unavailable, "server shutting down")
+		case ev, ok := <-events:
+			if !ok {
+				return status.Error(codes.ResourceExhausted, "watch fell too far behind; watch again")
+			}
+			if ev.Reset {
+				if since, err = sendAll(); err != nil {
+					return err
+				}
+				continue
+			}
+			if ev.Lease == nil || ev.Index <= since || !match(ev.Lease) {
+				continue
+			}
+			if err := stream.Send(&gpupoolv1.LeaseEvent{Type: ev.Type, Lease: ev.Lease, Index: ev.Index, Message: ev.Lease.Reason}); err != nil {
+				return err
+			}
+		}
+	}
+}
+
+// KeepAlive renews leases on the leader; followers proxy the stream.
+func (e leaseService) KeepAlive(stream grpc.BidiStreamingServer[gpupoolv1.KeepAliveRequest, gpupoolv1.KeepAliveResponse]) error {
+	ctx := stream.Context()
+	if conn, fctx, err := e.s.leaderConn(ctx); err != nil {
+		return err
+	} else if conn != nil {
+		out, err := gpupoolv1.NewLeaseServiceClient(conn).KeepAlive(fctx)
+		if err != nil {
+			return err
+		}
+		return proxyBidi(stream, out)
+	}
+	ls := e.s.currentLeader()
+	if ls == nil {
+		return status.Error(codes.Unavailable, "leader is still starting; retry")
+	}
+	events, cancel := e.s.fsm.Subscribe()
+	defer cancel()
+	reqs := recvAll(stream)
+	watched := map[string]bool{}
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-ls.stopCh:
+			return status.Error(codes.Unavailable, ErrLeadershipLost.Error())
+		case r, ok := <-reqs:
+			if !ok {
+				return nil
+			}
+			if r.err != nil {
+				return r.err
+			}
+			watched[r.msg.LeaseId] = true
+			if err := stream.Send(e.s.renew(ls, r.msg.LeaseId)); err != nil {
+				return err
+			}
+		case ev, ok := <-events:
+			if !ok {
+				return status.Error(codes.Unavailable, "keepalive stream fell behind; reconnect")
+			}
+			if ev.Lease == nil || !watched[ev.Lease.Id] || ev.Type == gpupoolv1.LeaseEventType_LEASE_EVENT_TYPE_GRANTED {
+				continue
+			}
+			msg := &gpupoolv1.KeepAliveResponse{
+				LeaseId: ev.Lease.Id, State: ev.Lease.State,
+				Event: &gpupoolv1.LeaseEvent{Type: ev.Type, Lease: ev.Lease, Index: ev.Index, Message: ev.Lease.Reason},
+			}
+			if err := stream.Send(msg); err != nil {
+				return err
+			}
+		}
+	}
+}
+
+// renew resets a granted lease's TTL on the leader.
+func (s *Server) renew(ls *leaderState, id string) *gpupoolv1.KeepAliveResponse {
+	l := s.fsm.State().Lease(id)
+	if l == nil {
+		return &gpupoolv1.KeepAliveResponse{LeaseId: id, Error: fmt.Sprintf("lease %q: not found", id)}
+	}
+	if l.State != gpupoolv1.LeaseState_LEASE_STATE_GRANTED {
+		return &gpupoolv1.KeepAliveResponse{LeaseId: id, State: l.State, Error: fmt.Sprintf("lease %s is %s and cannot be renewed: %s", id, stateName(l.State), l.Reason)}
+	}
+	ttl := time.Duration(l.TtlMs) * time.Millisecond
+	ls.ttl.Reset(id, ttl)
+	return &gpupoolv1.KeepAliveResponse{LeaseId: id, State: l.State, TtlMs: l.TtlMs}
+}
+
+func stateName(s gpupoolv1.LeaseState) string {
+	return strings.ToLower(strings.TrimPrefix(s.String(), "LEASE_STATE_"))
+}
+
+type recvResult[T any] struct {
+	msg *T
+	err error
+}
+
+// recvAll reads a stream in the background; the channel closes at EOF.
+func recvAll[Req, Resp any](stream grpc.BidiStreamingServer[Req, Resp]) <-chan recvResult[Req] {
+	ch := make(chan recvResult[Req])
+	go func() {
+		defer close(ch)
+		for {
+			m, err := stream.Recv()
+			if errors.Is(err, io.EOF) {
+				return
+			}
+			select {
+			case ch <- recvResult[Req]{msg: m, err: err}:
+			case <-stream.Context().Done():
+				return
+			}
+			if err != nil {
+				return
+			}
+		}
+	}()
+	return ch
+}

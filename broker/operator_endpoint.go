@@ -1,0 +1,225 @@
+package broker
+
+import (
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"strings"
+	"time"
+
+	"github.com/hashicorp/raft"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
+
+	gpupoolv1 "github.com/gpupool/gpupool/proto/gpupool/v1"
+)
+
+// operatorService implements OperatorService.
+type operatorService struct {
+	gpupoolv1.UnimplementedOperatorServiceServer
+	s *Server
+}
+
+func (e operatorService) RaftPeers(ctx context.Context, _ *gpupoolv1.RaftPeersRequest) (*gpupoolv1.RaftPeersResponse, error) {
+	f := e.s.raft.GetConfiguration()
+	if err := f.Error(); err != nil {
+		return nil, toStatus(raftError(err))
+	}
+	_, leader := e.s.raft.LeaderWithID()
+	resp := &gpupoolv1.RaftPeersResponse{LeaderId: string(leader), AppliedIndex: e.s.raft.AppliedIndex()}
+	stats := e.s.raft.Stats()
+	fmt.Sscan(stats["term"], &resp.Term)
+	fmt.Sscan(stats["commit_index"], &resp.CommitIndex)
+	for _, srv := range f.Configuration().Servers {
+		resp.Peers = append(resp.Peers, &gpupoolv1.RaftPeer{
+			Id:          string(srv.ID),
+			RaftAddress: string(srv.Address),
+			RpcAddress:  e.s.rpcAddrOf(string(srv.ID)),
+			Leader:      srv.ID == leader,
+			Voter:       srv.Suffrage == raft.Voter,
+		})
+	}
+	return resp, nil
+}
+
+func (e operatorService) RemovePeer(ctx context.Context, req *gpupoolv1.RemovePeerRequest) (*gpupoolv1.RemovePeerResponse, error) {
+	if req.Id == "" {
+		return nil, status.Error(codes.InvalidArgument, "id: is required; see 'gpupool operator raft peers'")
+	}
+	if conn, fctx, err := e.s.leaderConn(ctx); err != nil {
+		return nil, err
+	} else if conn != nil {
+		return gpupoolv1.NewOperatorServiceClient(conn).RemovePeer(fctx, req)
+	}
+	f := e.s.raft.GetConfiguration()
+	if err := f.Error(); err != nil {
+		return nil, toStatus(raftError(err))
+	}
+	var ids []string
+	found := false
+	for _, srv := range f.Configuration().Servers {
+		ids = append(ids, string(srv.ID))
+		found = found || string(srv.ID) == req.Id
+	}
+	if !found {
+		return nil, status.Errorf(codes.NotFound, "peer %q: not in the configuration; peers are %s", req.Id, strings.Join(ids, ", "))
+	}
+	if err := e.s.raft.RemoveServer(raft.ServerID(req.Id), 0, 0).Error(); err != nil {
+		return nil, toStatus(raftError(err))
+	}
+	return &gpupoolv1.RemovePeerResponse{}, nil
+}
+
+func (e operatorService) TransferLeadership(ctx context.Context, req *gpupoolv1.TransferLeadershipRequest) (*gpupoolv1.TransferLeadershipResponse, error) {
+	if conn, fctx, err := e.s.leaderConn(ctx); err != nil {
+		return nil, err
+	} else if conn != nil {
+		return gpupoolv1.NewOperatorServiceClient(conn).TransferLeadership(fctx, req)
+	}
+	var f raft.Future
+	if req.ToId == "" {
+		f = e.s.raft.LeadershipTransfer()
+	} else {
+		addr := ""
+		for _, srv := range e.s.raft.GetConfiguration().Configuration().Servers {
+			if string(srv.ID) == req.ToId {
+				addr = string(srv.Address)
+			}
+		}
+		if addr == "" {
+			return nil, status.Errorf(codes.NotFound, "to_id %q: no such peer; see 'gpupool operator raft peers'", req.ToId)
+		}
+		f = e.s.raft.LeadershipTransferToServer(raft.ServerID(req.ToId), raft.ServerAddress(addr))
+	}
+	if err := f.Error(); err != nil {
+		return nil, toStatus(raftError(err))
+	}
+	_, id := e.s.raft.LeaderWithID()
+	return &gpupoolv1.TransferLeadershipResponse{LeaderId: string(id)}, nil
+}
+
+// Snapshot files start with one header line, then the encoded state.
+const snapshotMagic = "gpupool-snapshot v1"
+
+const snapshotChunk = 256 << 10
+
+// SnapshotSave streams the leader's state after a barrier, so the
+// snapshot holds every write acknowledged before the call.
+func (e operatorService) SnapshotSave(req *gpupoolv1.SnapshotSaveRequest, stream grpc.ServerStreamingServer[gpupoolv1.SnapshotChunk]) error {
+	if conn, fctx, err := e.s.leaderConn(stream.Context()); err != nil {
+		return err
+	} else if conn != nil {
+		out, err := gpupoolv1.NewOperatorServiceClient(conn).SnapshotSave(fctx, req)
+		if err != nil {
+			return err
+		}
+		return proxyServerStream(stream, out)
+	}
+	if err := e.s.raft.Barrier(10 * time.Second).Error(); err != nil {
+		return toStatus(raftError(err))
+	}
+	data, err := e.s.fsm.State().Encode()
+	if err != nil {
+		return toStatus(err)
+	}
+	sum := sha256.Sum256(data)
+	header := fmt.Sprintf("%s index=%d size=%d sha256=%s\n", snapshotMagic, e.s.fsm.State().Index(), len(data), hex.EncodeToString(sum[:]))
+	all := append([]byte(header), data...)
+	for len(all) > 0 {
+		n := min(len(all), snapshotChunk)
+		if err := stream.Send(&gpupoolv1.SnapshotChunk{Data: all[:n]}); err != nil {
+			return err
+		}
+		all = all[n:]
+	}
+	return nil
+}
+
+// parseSnapshot checks a snapshot file and returns its encoded state.
+func parseSnapshot(b []byte) ([]byte, error) {
+	line, data, ok := bytes.Cut(b, []byte("\n"))
+	if !ok || !bytes.HasPrefix(line, []byte(snapshotMagic+" ")) {
+		return nil, errors.New("not a gpupool snapshot (missing header); make one with 'gpupool operator snapshot save'")
+	}
+	var index uint64
+	var size int
+	var sum string
+	if _, err := fmt.Sscanf(string(line[len(snapshotMagic)+1:]), "index=%d size=%d sha256=%s", &index, &size, &sum); err != nil {
+		return nil, fmt.Errorf("snapshot header %q: %v", line, err)
+	}
+	if len(data) != size {
+		return nil, fmt.Errorf("snapshot is truncated or padded: header says %d bytes, found %d", size, len(data))
+	}
+	got := sha256.Sum256(data)
+	if hex.EncodeToString(got[:]) != sum {
+		return nil, errors.New("snapshot checksum mismatch: the file is damaged")
+	}
+	var st gpupoolv1.StateSnapshot
+	if err := proto.Unmarshal(data, &st); err != nil {
+		return nil, fmt.Errorf("snapshot body does not decode: %v", err)
+	}
+	return data, nil
+}
+
+// SnapshotRestore replaces the cluster state with a saved snapshot.
+func (e operatorService) SnapshotRestore(stream grpc.ClientStreamingServer[gpupoolv1.SnapshotChunk, gpupoolv1.SnapshotRestoreResponse]) error {
+	var buf bytes.Buffer
+	for {
+		c, err := stream.Recv()
+		if errors.Is(err, io.EOF) {
+			break
+		}
+		if err != nil {
+			return err
+		}
+		buf.Write(c.Data)
+		if buf.Len() > 1<<30 {
+			return status.Error(codes.InvalidArgument, "snapshot: larger than 1 GiB")
+		}
+	}
+	data, err := parseSnapshot(buf.Bytes())
+	if err != nil {
+		return status.Error(codes.InvalidArgument, "snapshot: "+err.Error())
+	}
+	if conn, fctx, err := e.s.leaderConn(stream.Context()); err != nil {
+		return err
+	} else if conn != nil {
+		out, err := gpupoolv1.NewOperatorServiceClient(conn).SnapshotRestore(fctx)
+		if err != nil {
+			return err
+		}
+		raw := buf.Bytes()
+		for len(raw) > 0 {
+			n := min(len(raw), snapshotChunk)
+			if err := out.Send(&gpupoolv1.SnapshotChunk{Data: raw[:n]}); err != nil {
+				return err
+			}
+			raw = raw[n:]
+		}
+		resp, err := out.CloseAndRecv()
+		if err != nil {
+			return err
+		}
+		return stream.SendAndClose(resp)
+	}
+	meta := &raft.SnapshotMeta{Version: raft.SnapshotVersionMax, Size: int64(len(data))}
+	if err := e.s.raft.Restore(meta, bytes.NewReader(data), time.Minute); err != nil {
+		return toStatus(raftError(err))
+	}
+	e.s.log.Warn("state restored from snapshot", "index", e.s.raft.AppliedIndex())
+	return stream.SendAndClose(&gpupoolv1.SnapshotRestoreResponse{Index: e.s.raft.AppliedIndex()})
+}
+
+func (s *Server) registerServices() {
+	gpupoolv1.RegisterLeaseServiceServer(s.grpc, leaseService{s: s})
+	gpupoolv1.RegisterPoolServiceServer(s.grpc, poolService{s: s})
+	gpupoolv1.RegisterAgentServiceServer(s.grpc, agentService{s: s})
+	gpupoolv1.RegisterOperatorServiceServer(s.grpc, operatorService{s: s})
+	gpupoolv1.RegisterClusterServiceServer(s.grpc, clusterService{s: s})
+}

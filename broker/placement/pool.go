@@ -1,0 +1,360 @@
+package placement
+
+import (
+	"cmp"
+	"math"
+	"slices"
+	"strings"
+
+	gpupoolv1 "github.com/gpupool/gpupool/proto/gpupool/v1"
+)
+
+// pool is the part of the pool a request can use under one view: the hosts that pass the host
+// constraints and have at least one candidate, and the candidates, the devices that match the
+// device constraints and fit at least one slice. A host's candidates are contiguous.
+//
+// The free fields are working state for one trial placement; reset restores them.
+type pool struct {
+	rq    *request
+	v     view
+	hosts []hostState
+	cands []cand
+
+	// Scratch reused across trials, so a search allocates per call, not per host.
+	picks, best, order []int
+}
+
+type hostState struct {
+	h      *gpupoolv1.Host
+	lo, hi int  // its candidates: cands[lo:hi]
+	roomy  bool // has the host CPU and memory the request asks for
+	// Free GPU memory over all its usable devices: how empty the host is.
+	freeMem, baseFree int64
+}
+
+type cand struct {
+	d    *gpupoolv1.Device
+	host int32 // index into pool.hosts
+	idle bool  // nothing was allocated on it before this request
+	// Free capacity after the slices taken in the current trial.
+	freeMem, baseMem         int64
+	freeCompute, baseCompute int32
+	taken                    int32 // slices taken in the current trial
+}
+
+func newPool(hosts []*gpupoolv1.Host, rq *request, v view) *pool {
+	ndev := 0
+	for _, h := range hosts {
+		ndev += len(h.GetDevices())
+	}
+	// One allocation each, sized for the whole pool: growing them costs more than the slack.
+	p := &pool{rq: rq, v: v, hosts: make([]hostState, 0, len(hosts)), cands: make([]cand, 0, ndev)}
+	for _, h := range hosts {
+		if h == nil || !v.hostUsable(h) || !rq.hostMatches(h) {
+			continue
+		}
+		hs := hostState{h: h, lo: len(p.cands), roomy: rq.hostRoomy(v, h)}
+		for _, d := range h.GetDevices() {
+			if d == nil || !v.deviceUsable(d) {
+				continue
+			}
+			hs.freeMem += v.freeMem(d)
+			if !rq.deviceMatches(d) || !rq.fitsOne(v, d) {
+				continue
+			}
+			mem, compute := v.freeMem(d), v.freeCompute(d)
+			p.cands = append(p.cands, cand{
+				d: d, host: int32(len(p.hosts)), idle: v.idle(d),
+				freeMem: mem, baseMem: mem, freeCompute: compute, baseCompute: compute,
+			})
+		}
+		if len(p.cands) == hs.lo {
+			continue
+		}
+		hs.hi, hs.baseFree = len(p.cands), hs.freeMem
+		p.hosts = append(p.hosts, hs)
+	}
+	return p
+}
+
+// slots is how many more slices of the request fit on c in the current trial.
+func (p *pool) slots(c *cand) int64 {
+	if p.rq.distinct {
+		if c.taken > 0 {
+			return 0
+		}
+		return 1 // every candidate fits one slice
+	}
+	return min(c.freeMem/p.rq.mem, int64(c.freeCompute/p.rq.compute))
+}
+
+// take puts one more slice on candidate i in the current trial.
+func (p *pool) take(i int) {
+	c := &p.cands[i]
+	m := p.rq.sliceMem(c.d)
+	c.taken++
+	c.freeMem -= m
+	c.freeCompute -= p.rq.sliceCompute()
+	p.hosts[c.host].freeMem -= m
+}
+
+// reset undoes every take on hs's candidates.
+func (p *pool) reset(hs *hostState) {
+	for i := hs.lo; i < hs.hi; i++ {
+		c := &p.cands[i]
+		c.freeMem, c.freeCompute, c.taken = c.baseMem, c.baseCompute, 0
+	}
+	hs.freeMem = hs.baseFree
+}
+
+// cmp orders candidates i and j by how good the next slice is on each, best first.
+//
+// binpack: a device already in use before an idle one; then the least free memory after the
+// slice, the least free compute after it, the least free GPU memory on its host after it.
+// spread: the most free memory after the slice, the most free compute, the most free host.
+// Ties break by host id, then device index, then device uuid.
+func (p *pool) cmp(i, j int) int {
+	a, b := &p.cands[i], &p.cands[j]
+	ma, mb := a.freeMem-p.rq.sliceMem(a.d), b.freeMem-p.rq.sliceMem(b.d)
+	ha, hb := p.hosts[a.host].freeMem-p.rq.sliceMem(a.d), p.hosts[b.host].freeMem-p.rq.sliceMem(b.d)
+	var c int
+	if p.rq.binpack {
+		fa, fb := a.idle && a.taken == 0, b.idle && b.taken == 0
+		c = cmpBool(fa, fb)
+		c = cmp.Or(c, cmp.Compare(ma, mb), cmp.Compare(a.freeCompute, b.freeCompute), cmp.Compare(ha, hb))
+	} else {
+		c = cmp.Or(cmp.Compare(mb, ma), cmp.Compare(b.freeCompute, a.freeCompute), cmp.Compare(hb, ha))
+	}
+	if c != 0 {
+		return c
+	}
+	return cmp.Or(
+		strings.Compare(p.hosts[a.host].h.GetId(), p.hosts[b.host].h.GetId()),
+		cmp.Compare(a.d.GetIndex(), b.d.GetIndex()),
+		strings.Compare(a.d.GetUuid(), b.d.GetUuid()),
+	)
+}
+
+// cmpBool orders false before true.
+func cmpBool(a, b bool) int {
+	switch {
+	case a == b:
+		return 0
+	case a:
+		return 1
+	}
+	return -1
+}
+
+// capacity is how many slices of the request candidates lo..hi can take, counting only those
+// under PCIe root when root is not empty. It stops counting at limit.
+func (p *pool) capacity(lo, hi int, root string, limit int64) int64 {
+	var n int64
+	for i := lo; i < hi && n < limit; i++ {
+		c := &p.cands[i]
+		if root == "" || c.d.GetPcieRoot() == root {
+			n += p.slots(c)
+		}
+	}
+	return n
+}
+
+// hostCapacity is how many slices of the request one host can take under its topology,
+// counting up to limit.
+func (p *pool) hostCapacity(hs *hostState, limit int64) int64 {
+	switch p.rq.topo {
+	case gpupoolv1.Topology_TOPOLOGY_SAME_NVLINK:
+		for n := min(int64(hs.hi-hs.lo), limit); n > 0; n-- {
+			if p.clique(hs, int(n)) != nil {
+				p.reset(hs)
+				return n
+			}
+		}
+		return 0
+	case gpupoolv1.Topology_TOPOLOGY_SAME_PCIE_ROOT:
+		var most int64
+		for i := hs.lo; i < hs.hi; i++ {
+			if root := p.cands[i].d.GetPcieRoot(); p.firstOfRoot(hs, i) {
+				most = max(most, p.capacity(hs.lo, hs.hi, root, limit))
+			}
+		}
+		return most
+	}
+	return p.capacity(hs.lo, hs.hi, "", limit)
+}
+
+// firstOfRoot reports whether candidate i is the first of hs under a non-empty PCIe root.
+func (p *pool) firstOfRoot(hs *hostState, i int) bool {
+	root := p.cands[i].d.GetPcieRoot()
+	if root == "" {
+		return false
+	}
+	for j := hs.lo; j < i; j++ {
+		if p.cands[j].d.GetPcieRoot() == root {
+			return false
+		}
+	}
+	return true
+}
+
+// search returns the candidates the request's slices go on (one entry per slice), or nil when
+// the request does not fit.
+func (p *pool) search() []int {
+	n := p.rq.count
+	if !p.rq.oneHost {
+		if p.capacity(0, len(p.cands), "", int64(n)) < int64(n) {
+			return nil
+		}
+		return p.greedy(0, len(p.cands), "", n)
+	}
+	var best score
+	found := false
+	try := func(hs *hostState, root string, picks []int) {
+		if picks != nil {
+			if s := p.score(hs, root); !found || p.better(s, best) {
+				best, found = s, true
+				p.best = append(p.best[:0], picks...)
+			}
+		}
+		p.reset(hs)
+	}
+	for h := range p.hosts {
+		hs := &p.hosts[h]
+		if !hs.roomy {
+			continue
+		}
+		switch p.rq.topo {
+		case gpupoolv1.Topology_TOPOLOGY_SAME_NVLINK:
+			try(hs, "", p.clique(hs, n))
+		case gpupoolv1.Topology_TOPOLOGY_SAME_PCIE_ROOT:
+			for i := hs.lo; i < hs.hi; i++ {
+				if p.firstOfRoot(hs, i) {
+					root := p.cands[i].d.GetPcieRoot()
+					try(hs, root, p.greedy(hs.lo, hs.hi, root, n))
+				}
+			}
+		default:
+			try(hs, "", p.greedy(hs.lo, hs.hi, "", n))
+		}
+	}
+	if !found {
+		return nil
+	}
+	return p.best
+}
+
+// greedy takes n slices one at a time among candidates lo..hi (under root, when not empty),
+// each on the best candidate with room. It returns the picks, or nil when they do not fit; the
+// takes stay in place until reset.
+func (p *pool) greedy(lo, hi int, root string, n int) []int {
+	if p.capacity(lo, hi, root, int64(n)) < int64(n) {
+		return nil
+	}
+	p.picks = p.picks[:0]
+	for range n {
+		best := -1
+		for i := lo; i < hi; i++ {
+			c := &p.cands[i]
+			if (root != "" && c.d.GetPcieRoot() != root) || p.slots(c) == 0 {
+				continue
+			}
+			if best < 0 || p.cmp(i, best) < 0 {
+				best = i
+			}
+		}
+		p.take(best) // capacity guarantees one
+		p.picks = append(p.picks, best)
+	}
+	return p.picks
+}
+
+// clique takes n distinct candidates of hs that are all NVLink peers of each other, the first
+// such set in policy order. It returns the picks, or nil when there is none.
+func (p *pool) clique(hs *hostState, n int) []int {
+	p.order = p.order[:0]
+	for i := hs.lo; i < hs.hi; i++ {
+		p.order = append(p.order, i)
+	}
+	slices.SortFunc(p.order, p.cmp)
+	p.picks = p.picks[:0]
+	if !p.extendClique(0, n) {
+		return nil
+	}
+	for _, i := range p.picks {
+		p.take(i)
+	}
+	return p.picks
+}
+
+// extendClique grows p.picks to n candidates from p.order[from:], depth first.
+func (p *pool) extendClique(from, n int) bool {
+	if len(p.picks) == n {
+		return true
+	}
+	for k := from; len(p.picks)+len(p.order)-k >= n; k++ {
+		i := p.order[k]
+		if !p.peersOfAll(i) {
+			continue
+		}
+		p.picks = append(p.picks, i)
+		if p.extendClique(k+1, n) {
+			return true
+		}
+		p.picks = p.picks[:len(p.picks)-1]
+	}
+	return false
+}
+
+// peersOfAll reports whether candidate i has an NVLink to every pick, in both directions.
+func (p *pool) peersOfAll(i int) bool {
+	d := p.cands[i].d
+	for _, j := range p.picks {
+		e := p.cands[j].d
+		if !slices.Contains(d.GetNvlinkPeers(), e.GetUuid()) || !slices.Contains(e.GetNvlinkPeers(), d.GetUuid()) {
+			return false
+		}
+	}
+	return true
+}
+
+// score rates a trial placement on one host (and PCIe root) when all slices share a host.
+type score struct {
+	opened     int   // idle devices the trial puts a slice on
+	devMem     int64 // free memory left on the devices it uses
+	devCompute int64 // free compute left on the devices it uses
+	hostMem    int64 // free GPU memory left on the host
+	host, root string
+}
+
+func (p *pool) score(hs *hostState, root string) score {
+	s := score{hostMem: hs.freeMem, host: hs.h.GetId(), root: root}
+	for i := hs.lo; i < hs.hi; i++ {
+		if c := &p.cands[i]; c.taken > 0 {
+			if c.idle {
+				s.opened++
+			}
+			s.devMem += c.freeMem
+			s.devCompute += int64(c.freeCompute)
+		}
+	}
+	return s
+}
+
+// better reports whether s beats t. binpack: fewest idle GPUs opened, then the least free
+// memory and compute left on the devices used, then the fullest host. spread: the most free
+// memory and compute left on the devices used, then the emptiest host. Ties break by host id,
+// then PCIe root.
+func (p *pool) better(s, t score) bool {
+	var c int
+	if p.rq.binpack {
+		c = cmp.Or(cmp.Compare(s.opened, t.opened), cmp.Compare(s.devMem, t.devMem),
+			cmp.Compare(s.devCompute, t.devCompute), cmp.Compare(s.hostMem, t.hostMem))
+	} else {
+		c = cmp.Or(cmp.Compare(t.devMem, s.devMem), cmp.Compare(t.devCompute, s.devCompute),
+			cmp.Compare(t.hostMem, s.hostMem))
+	}
+	return cmp.Or(c, strings.Compare(s.host, t.host), strings.Compare(s.root, t.root)) < 0
+}
+
+// noLimit counts capacity to the end.
+const noLimit = math.MaxInt64

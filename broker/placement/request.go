@@ -1,0 +1,215 @@
+package placement
+
+import (
+	"fmt"
+	"path"
+
+	gpupoolv1 "github.com/gpupool/gpupool/proto/gpupool/v1"
+)
+
+// request is a validated LeaseRequest with the rules that follow from it spelled out.
+type request struct {
+	count     int
+	exclusive bool
+	mem       int64 // per slice; 0 when exclusive
+	compute   int32 // per slice; 0 when exclusive
+	hostCPU   int64 // per lease, on the one host
+	hostMem   int64 // per lease, on the one host
+	topo      gpupoolv1.Topology
+	cons      *gpupoolv1.Constraints // never nil
+	binpack   bool
+
+	// oneHost: every slice on one host. distinct: every slice on its own device.
+	oneHost, distinct bool
+
+	// lastModel and lastModelOK memoize the model glob: hosts rarely mix models.
+	lastModel   string
+	lastModelOK bool
+}
+
+// newRequest validates req. It returns a reason when req can never be placed whatever the pool.
+func newRequest(req *gpupoolv1.LeaseRequest, policy string) (*request, string) {
+	rq := &request{
+		count:     int(req.GetCount()),
+		exclusive: req.GetExclusive(),
+		hostCPU:   req.GetHostCpuMillicores(),
+		hostMem:   req.GetHostMemoryMib(),
+		topo:      req.GetTopology(),
+		cons:      req.GetConstraints(),
+		binpack:   policy == Binpack,
+	}
+	if rq.cons == nil {
+		rq.cons = &gpupoolv1.Constraints{}
+	}
+	if !rq.exclusive {
+		rq.mem, rq.compute = req.GetMemoryMib(), req.GetComputePercent()
+	}
+	switch {
+	case rq.count < 1:
+		return nil, fmt.Sprintf("count %d: must be at least 1", rq.count)
+	case !rq.exclusive && rq.mem < 1:
+		return nil, fmt.Sprintf("memory %d MiB: must be at least 1 (or ask for exclusive GPUs)", rq.mem)
+	case !rq.exclusive && (rq.compute < 1 || rq.compute > 100):
+		return nil, fmt.Sprintf("compute %d%%: must be between 1 and 100", rq.compute)
+	case rq.hostCPU < 0:
+		return nil, fmt.Sprintf("host cpu %d millicores: must not be negative", rq.hostCPU)
+	case rq.hostMem < 0:
+		return nil, fmt.Sprintf("host memory %d MiB: must not be negative", rq.hostMem)
+	case topologyName(rq.topo) == "":
+		return nil, fmt.Sprintf("topology %d: unknown", rq.topo)
+	}
+	if _, err := path.Match(rq.cons.GetModel(), ""); err != nil {
+		return nil, fmt.Sprintf("model %q: not a valid glob pattern", rq.cons.GetModel())
+	}
+	rq.oneHost = rq.hostCPU > 0 || rq.hostMem > 0 || rq.topo == gpupoolv1.Topology_TOPOLOGY_SAME_HOST ||
+		rq.topo == gpupoolv1.Topology_TOPOLOGY_SAME_NVLINK || rq.topo == gpupoolv1.Topology_TOPOLOGY_SAME_PCIE_ROOT
+	rq.distinct = rq.exclusive || (rq.topo != gpupoolv1.Topology_TOPOLOGY_UNSPECIFIED &&
+		rq.topo != gpupoolv1.Topology_TOPOLOGY_SAME_HOST)
+	return rq, ""
+}
+
+// topologyName is the CLI spelling of t, "" for an unknown value.
+func topologyName(t gpupoolv1.Topology) string {
+	switch t {
+	case gpupoolv1.Topology_TOPOLOGY_UNSPECIFIED:
+		return "any"
+	case gpupoolv1.Topology_TOPOLOGY_SAME_HOST:
+		return "same-host"
+	case gpupoolv1.Topology_TOPOLOGY_DISTINCT_GPUS:
+		return "distinct-gpus"
+	case gpupoolv1.Topology_TOPOLOGY_SAME_NVLINK:
+		return "same-nvlink"
+	case gpupoolv1.Topology_TOPOLOGY_SAME_PCIE_ROOT:
+		return "same-pcie-root"
+	}
+	return ""
+}
+
+// hostRes reports whether the request asks for host CPU or memory.
+func (rq *request) hostRes() bool { return rq.hostCPU > 0 || rq.hostMem > 0 }
+
+// sharing reports whether two slices of the request may share a device.
+func (rq *request) sharing() bool { return !rq.distinct }
+
+// sliceMem is the memory one slice takes on d.
+func (rq *request) sliceMem(d *gpupoolv1.Device) int64 {
+	if rq.exclusive {
+		return d.GetMemoryMib()
+	}
+	return rq.mem
+}
+
+// sliceCompute is the compute one slice takes.
+func (rq *request) sliceCompute() int32 {
+	if rq.exclusive {
+		return 100
+	}
+	return rq.compute
+}
+
+// hostMatches reports whether h passes the host and label constraints.
+func (rq *request) hostMatches(h *gpupoolv1.Host) bool {
+	if want := rq.cons.GetHost(); want != "" && h.GetId() != want {
+		return false
+	}
+	labels := h.GetLabels()
+	for k, v := range rq.cons.GetLabels() {
+		if got, ok := labels[k]; !ok || got != v {
+			return false
+		}
+	}
+	return true
+}
+
+// deviceMatches reports whether d passes the model and minimum-memory constraints.
+func (rq *request) deviceMatches(d *gpupoolv1.Device) bool {
+	if d.GetMemoryMib() < rq.cons.GetMinMemoryMib() {
+		return false
+	}
+	glob := rq.cons.GetModel()
+	if glob == "" {
+		return true
+	}
+	if m := d.GetModel(); m != rq.lastModel || rq.lastModel == "" {
+		ok, _ := path.Match(glob, m) // the pattern was validated in newRequest
+		rq.lastModel, rq.lastModelOK = m, ok
+	}
+	return rq.lastModelOK
+}
+
+// view selects how the pool is read.
+type view int
+
+const (
+	// viewNow reads the pool as it is.
+	viewNow view = iota
+	// viewEmpty reads the pool as if every lease were released and every host and GPU were up:
+	// what can never fit does not fit here.
+	viewEmpty
+)
+
+func (v view) hostUsable(h *gpupoolv1.Host) bool {
+	return v == viewEmpty || (h.GetStatus() == gpupoolv1.HostStatus_HOST_STATUS_READY && h.GetEligible())
+}
+
+func (v view) deviceUsable(d *gpupoolv1.Device) bool {
+	return v == viewEmpty || d.GetHealth() != gpupoolv1.DeviceHealth_DEVICE_HEALTH_UNHEALTHY
+}
+
+// idle reports whether nothing is allocated on d.
+func (v view) idle(d *gpupoolv1.Device) bool {
+	return v == viewEmpty || (d.GetLeaseCount() == 0 && !d.GetAllocatedExclusive() &&
+		d.GetAllocatedMemoryMib() == 0 && d.GetAllocatedComputePercent() == 0)
+}
+
+func (v view) heldExclusive(d *gpupoolv1.Device) bool {
+	return v == viewNow && d.GetAllocatedExclusive()
+}
+
+func (v view) freeMem(d *gpupoolv1.Device) int64 {
+	if v == viewEmpty {
+		return d.GetMemoryMib()
+	}
+	if d.GetAllocatedExclusive() {
+		return 0
+	}
+	return max(0, d.GetMemoryMib()-d.GetAllocatedMemoryMib())
+}
+
+func (v view) freeCompute(d *gpupoolv1.Device) int32 {
+	if v == viewEmpty {
+		return 100
+	}
+	if d.GetAllocatedExclusive() {
+		return 0
+	}
+	return max(0, 100-d.GetAllocatedComputePercent())
+}
+
+func (v view) hostFreeCPU(h *gpupoolv1.Host) int64 {
+	if v == viewEmpty {
+		return h.GetCpuMillicores()
+	}
+	return h.GetCpuMillicores() - h.GetAllocatedCpuMillicores()
+}
+
+func (v view) hostFreeMem(h *gpupoolv1.Host) int64 {
+	if v == viewEmpty {
+		return h.GetMemoryMib()
+	}
+	return h.GetMemoryMib() - h.GetAllocatedMemoryMib()
+}
+
+// fitsOne reports whether one slice of rq fits on d under v.
+func (rq *request) fitsOne(v view, d *gpupoolv1.Device) bool {
+	if rq.exclusive {
+		return v.idle(d)
+	}
+	return !v.heldExclusive(d) && v.freeMem(d) >= rq.mem && v.freeCompute(d) >= rq.compute
+}
+
+// hostRoomy reports whether h has the host CPU and memory rq asks for under v.
+func (rq *request) hostRoomy(v view, h *gpupoolv1.Host) bool {
+	return (rq.hostCPU == 0 || v.hostFreeCPU(h) >= rq.hostCPU) &&
+		(rq.hostMem == 0 || v.hostFreeMem(h) >= rq.hostMem)
+}

@@ -1,0 +1,156 @@
+package broker
+
+import (
+	"context"
+	"path"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
+
+	gpupoolv1 "github.com/gpupool/gpupool/proto/gpupool/v1"
+)
+
+// poolService implements PoolService.
+type poolService struct {
+	gpupoolv1.UnimplementedPoolServiceServer
+	s *Server
+}
+
+// withHeartbeatAge returns a copy of h with the leader's heartbeat age,
+// or -1 when this server does not lead.
+func (s *Server) withHeartbeatAge(h *gpupoolv1.Host) *gpupoolv1.Host {
+	h = proto.Clone(h).(*gpupoolv1.Host)
+	h.LastHeartbeatAgeMs = -1
+	if ls := s.currentLeader(); ls != nil {
+		ls.mu.Lock()
+		if t, ok := ls.lastSeen[h.Id]; ok {
+			h.LastHeartbeatAgeMs = s.cfg.Clock.Now().Sub(t).Milliseconds()
+		}
+		ls.mu.Unlock()
+	}
+	return h
+}
+
+func (e poolService) ListHosts(ctx context.Context, req *gpupoolv1.ListHostsRequest) (*gpupoolv1.ListHostsResponse, error) {
+	if conn, fctx, err := e.s.readConn(ctx, req.Stale); err != nil {
+		return nil, err
+	} else if conn != nil {
+		return gpupoolv1.NewPoolServiceClient(conn).ListHosts(fctx, req)
+	}
+	resp := &gpupoolv1.ListHostsResponse{}
+	for _, h := range e.s.fsm.State().HostsWithDevices() {
+		resp.Hosts = append(resp.Hosts, e.s.withHeartbeatAge(h))
+	}
+	return resp, nil
+}
+
+func (e poolService) GetHost(ctx context.Context, req *gpupoolv1.GetHostRequest) (*gpupoolv1.GetHostResponse, error) {
+	if req.HostId == "" {
+		return nil, status.Error(codes.InvalidArgument, "host_id: is required")
+	}
+	if conn, fctx, err := e.s.readConn(ctx, req.Stale); err != nil {
+		return nil, err
+	} else if conn != nil {
+		return gpupoolv1.NewPoolServiceClient(conn).GetHost(fctx, req)
+	}
+	st := e.s.fsm.State()
+	h := st.Host(req.HostId)
+	if h == nil {
+		return nil, status.Errorf(codes.NotFound, "host %q: not found; see 'gpupool host ls'", req.HostId)
+	}
+	h = e.s.withHeartbeatAge(h)
+	h.Devices = st.HostDevices(h.Id)
+	resp := &gpupoolv1.GetHostResponse{Host: h}
+	for _, l := range st.HostLeases(h.Id) {
+		if !ended(l.State) {
+			resp.Leases = append(resp.Leases, e.s.withExpiry(l))
+		}
+	}
+	return resp, nil
+}
+
+func (e poolService) ListDevices(ctx context.Context, req *gpupoolv1.ListDevicesRequest) (*gpupoolv1.ListDevicesResponse, error) {
+	if _, err := path.Match(req.Model, ""); err != nil {
+		return nil, status.Errorf(codes.InvalidArgument, "model %q: must be a valid glob such as A100*", req.Model)
+	}
+	if conn, fctx, err := e.s.readConn(ctx, req.Stale); err != nil {
+		return nil, err
+	} else if conn != nil {
+		return gpupoolv1.NewPoolServiceClient(conn).ListDevices(fctx, req)
+	}
+	st := e.s.fsm.State()
+	devs := st.Devices()
+	if req.HostId != "" {
+		devs = st.HostDevices(req.HostId)
+	}
+	resp := &gpupoolv1.ListDevicesResponse{}
+	for _, d := range devs {
+		if ok, _ := path.Match(req.Model, d.Model); req.Model == "" || ok {
+			resp.Devices = append(resp.Devices, d)
+		}
+	}
+	return resp, nil
+}
+
+func (e poolService) Status(ctx context.Context, req *gpupoolv1.StatusRequest) (*gpupoolv1.StatusResponse, error) {
+	if conn, fctx, err := e.s.readConn(ctx, req.Stale); err != nil {
+		return nil, err
+	} else if conn != nil {
+		return gpupoolv1.NewPoolServiceClient(conn).Status(fctx, req)
+	}
+	st := e.s.fsm.State()
+	resp := &gpupoolv1.StatusResponse{LeasesByState: map[string]int32{}, AppliedIndex: st.Index(), ServerId: e.s.cfg.NodeID}
+	if addr, id := e.s.raft.LeaderWithID(); id != "" {
+		resp.LeaderId = string(id)
+		resp.LeaderAddress = e.s.rpcAddrOf(string(id))
+		_ = addr
+	}
+	models := map[string]*gpupoolv1.ModelCapacity{}
+	for _, h := range st.HostsWithDevices() {
+		resp.Hosts++
+		switch h.Status {
+		case gpupoolv1.HostStatus_HOST_STATUS_READY:
+			resp.HostsReady++
+		case gpupoolv1.HostStatus_HOST_STATUS_DOWN:
+			resp.HostsDown++
+		}
+		if !h.Eligible {
+			resp.HostsIneligible++
+		}
+		usable := h.Status == gpupoolv1.HostStatus_HOST_STATUS_READY && h.Eligible
+		for _, d := range h.Devices {
+			resp.Gpus++
+			resp.MemoryMib += d.MemoryMib
+			resp.AllocatedMemoryMib += d.AllocatedMemoryMib
+			resp.ComputePercent += 100
+			resp.AllocatedComputePercent += int64(d.AllocatedComputePercent)
+			if !usable || d.Health == gpupoolv1.DeviceHealth_DEVICE_HEALTH_UNHEALTHY {
+				continue
+			}
+			m := models[d.Model]
+			if m == nil {
+				m = &gpupoolv1.ModelCapacity{Model: d.Model}
+				models[d.Model] = m
+			}
+			m.Gpus++
+			if d.LeaseCount == 0 {
+				m.FreeGpus++
+			}
+			m.MemoryMib += d.MemoryMib
+			m.AllocatedMemoryMib += d.AllocatedMemoryMib
+			m.ComputePercent += 100
+			m.AllocatedComputePercent += int64(d.AllocatedComputePercent)
+			if free := d.MemoryMib - d.AllocatedMemoryMib; !d.AllocatedExclusive && free > m.LargestFreeMemoryMib {
+				m.LargestFreeMemoryMib = free
+			}
+		}
+	}
+	for _, k := range sortedKeys(models) {
+		resp.Models = append(resp.Models, models[k])
+	}
+	for _, l := range st.Leases() {
+		resp.LeasesByState[stateName(l.State)]++
+	}
+	return resp, nil
+}

@@ -1,0 +1,370 @@
+// Package broker is the gpupool server: Raft replication, the FSM, the
+// leader's timers, placement, and the gRPC services.
+package broker
+
+import (
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"log/slog"
+	"net"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+	"github.com/hashicorp/raft"
+	raftboltdb "github.com/hashicorp/raft-boltdb/v2"
+	"go.etcd.io/bbolt"
+	"google.golang.org/grpc"
+	"google.golang.org/protobuf/proto"
+
+	"github.com/gpupool/gpupool/broker/fsm"
+	"github.com/gpupool/gpupool/broker/placement"
+	"github.com/gpupool/gpupool/internal/clock"
+	gpupoolv1 "github.com/gpupool/gpupool/proto/gpupool/v1"
+)
+
+// Config configures one broker server.
+type Config struct {
+	// NodeID names the server in the Raft configuration. Empty: the id
+	// stored in the data dir, or a new one on first start.
+	NodeID string
+	// DataDir holds the Raft log (bbolt), snapshots and the node id.
+	DataDir string
+	// BindAddr is the gRPC address; RaftBindAddr the Raft transport's
+	// (empty: BindAddr's port + 1).
+	BindAddr     string
+	RaftBindAddr string
+	// BootstrapExpect is how many servers form a new cluster; 0 means this
+	// server only joins an existing one.
+	BootstrapExpect int
+	// Join lists other servers' gRPC addresses.
+	Join []string
+	// Policy is the placement policy (placement.Binpack by default).
+	Policy string
+
+	HeartbeatInterval time.Duration // how often agents heartbeat
+	HeartbeatTTL      time.Duration // a host is down after this long without one
+	LockDelay         time.Duration // capacity on a down host is freed after this long
+
+	Clock  clock.Clock
+	Logger *slog.Logger
+	// RaftLogOutput receives raft's own log (default: discarded below warn).
+	RaftLogOutput io.Writer
+}
+
+// Defaults for Config's durations.
+const (
+	DefaultHeartbeatInterval = 2 * time.Second
+	DefaultHeartbeatTTL      = 10 * time.Second
+	DefaultLockDelay         = 15 * time.Second
+)
+
+func (c *Config) setDefaults() error {
+	if c.DataDir == "" {
+		return errors.New("broker: --data-dir is required")
+	}
+	if c.BindAddr == "" {
+		return errors.New("broker: --bind is required")
+	}
+	if c.RaftBindAddr == "" {
+		host, port, err := net.SplitHostPort(c.BindAddr)
+		if err != nil {
+			return fmt.Errorf("broker: --bind %q: %w", c.BindAddr, err)
+		}
+		p, err := strconv.Atoi(port)
+		if err != nil || p == 0 {
+			return fmt.Errorf("broker: --bind %q: needs an explicit port when --raft-bind is not set", c.BindAddr)
+		}
+		c.RaftBindAddr = net.JoinHostPort(host, strconv.Itoa(p+1))
+	}
+	if c.BootstrapExpect < 0 {
+		return fmt.Errorf("broker: --bootstrap-expect %d: must be 0 (join only) or more", c.BootstrapExpect)
+	}
+	if c.BootstrapExpect == 0 && len(c.Join) == 0 {
+		return errors.New("broker: set --bootstrap-expect N to form a new cluster, or --join to join one")
+	}
+	if c.Policy == "" {
+		c.Policy = placement.Binpack
+	}
+	if !validPolicy(c.Policy) {
+		return fmt.Errorf("broker: --policy %q: must be one of %s", c.Policy, strings.Join(placement.Policies, ", "))
+	}
+	if c.HeartbeatInterval <= 0 {
+		c.HeartbeatInterval = DefaultHeartbeatInterval
+	}
+	if c.HeartbeatTTL <= 0 {
+		c.HeartbeatTTL = DefaultHeartbeatTTL
+	}
+	if c.HeartbeatTTL <= c.HeartbeatInterval {
+		return fmt.Errorf("broker: --heartbeat-ttl %s: must be longer than the heartbeat interval %s", c.HeartbeatTTL, c.HeartbeatInterval)
+	}
+	if c.LockDelay <= 0 {
+		c.LockDelay = DefaultLockDelay
+	}
+	if c.Clock == nil {
+		c.Clock = clock.Real
+	}
+	if c.Logger == nil {
+		c.Logger = slog.New(slog.DiscardHandler)
+	}
+	if c.RaftLogOutput == nil {
+		c.RaftLogOutput = io.Discard
+	}
+	return nil
+}
+
+func validPolicy(p string) bool {
+	for _, q := range placement.Policies {
+		if p == q {
+			return true
+		}
+	}
+	return false
+}
+
+// Server is one broker server.
+type Server struct {
+	cfg  Config
+	log  *slog.Logger
+	fsm  *fsm.FSM
+	raft *raft.Raft
+
+	store     *raftboltdb.BoltStore
+	transport *raft.NetworkTransport
+	grpc      *grpc.Server
+	listener  net.Listener
+	notifyCh  chan bool
+
+	// placeMu serialises placement and grant on the leader, so that two
+	// acquires never pick the same free capacity.
+	placeMu sync.Mutex
+
+	leaderMu sync.Mutex
+	leader   *leaderState // guarded by leaderMu; nil unless leader
+
+	connMu sync.Mutex
+	conns  map[string]*grpc.ClientConn // guarded by connMu; to other servers
+
+	peerMu sync.Mutex
+	peers  map[string]*gpupoolv1.ServerInfoResponse // guarded by peerMu; learned while forming
+
+	shutdownOnce sync.Once
+	shutdownCh   chan struct{}
+	wg           sync.WaitGroup
+}
+
+// ErrDataDir wraps problems with the data dir that stop the server.
+var ErrDataDir = errors.New("data dir")
+
+const (
+	nodeIDFile = "node-id"
+	raftDir    = "raft"
+	raftDBFile = "raft.db"
+)
+
+// New opens the data dir and starts Raft and the gRPC listener. The
+// server serves until Shutdown.
+func New(cfg Config) (*Server, error) {
+	if err := cfg.setDefaults(); err != nil {
+		return nil, err
+	}
+	s := &Server{
+		cfg:        cfg,
+		log:        cfg.Logger,
+		fsm:        fsm.New(cfg.Logger),
+		conns:      map[string]*grpc.ClientConn{},
+		peers:      map[string]*gpupoolv1.ServerInfoResponse{},
+		shutdownCh: make(chan struct{}),
+		notifyCh:   make(chan bool, 16),
+	}
+	if err := s.openRaft(); err != nil {
+		s.closeStores()
+		return nil, err
+	}
+	lis, err := net.Listen("tcp", cfg.BindAddr)
+	if err != nil {
+		s.raft.Shutdown().Error()
+		s.closeStores()
+		return nil, fmt.Errorf("broker: listen on --bind %s: %w", cfg.BindAddr, err)
+	}
+	s.listener = lis
+	s.grpc = grpc.NewServer()
+	s.registerServices()
+	s.goFunc(func() { _ = s.grpc.Serve(lis) })
+	s.goFunc(s.monitorLeadership)
+	s.goFunc(s.formCluster)
+	s.log.Info("broker started", "id", s.cfg.NodeID, "rpc", s.Addr(), "raft", s.cfg.RaftBindAddr, "data_dir", s.cfg.DataDir)
+	return s, nil
+}
+
+func (s *Server) goFunc(f func()) {
+	s.wg.Add(1)
+	go func() {
+		defer s.wg.Done()
+		f()
+	}()
+}
+
+// Addr is the gRPC address the server listens on.
+func (s *Server) Addr() string { return s.listener.Addr().String() }
+
+// ID is the server's Raft id.
+func (s *Server) ID() string { return s.cfg.NodeID }
+
+// IsLeader reports whether this server is the Raft leader now.
+func (s *Server) IsLeader() bool { return s.raft.State() == raft.Leader }
+
+// openRaft prepares the data dir and starts raft on it.
+func (s *Server) openRaft() error {
+	dir := s.cfg.DataDir
+	rdir := filepath.Join(dir, raftDir)
+	dbPath := filepath.Join(rdir, raftDBFile)
+	idPath := filepath.Join(dir, nodeIDFile)
+
+	storedID, err := os.ReadFile(idPath)
+	hadState := err == nil
+	if err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return fmt.Errorf("broker: %w %s: read %s: %v", ErrDataDir, dir, nodeIDFile, err)
+	}
+	_, dbErr := os.Stat(dbPath)
+	if hadState && errors.Is(dbErr, fs.ErrNotExist) {
+		return fmt.Errorf("broker: %w %s: it belongs to server %q but %s is missing; refusing to start empty (restore the file, or use a new data dir to join as a new server)",
+			ErrDataDir, dir, strings.TrimSpace(string(storedID)), filepath.Join(raftDir, raftDBFile))
+	}
+	if err := os.MkdirAll(rdir, 0o700); err != nil {
+		return fmt.Errorf("broker: %w %s: %v", ErrDataDir, dir, err)
+	}
+	switch id := strings.TrimSpace(string(storedID)); {
+	case hadState && s.cfg.NodeID != "" && s.cfg.NodeID != id:
+		return fmt.Errorf("broker: %w %s belongs to server %q, not --node-id %q", ErrDataDir, dir, id, s.cfg.NodeID)
+	case hadState:
+		s.cfg.NodeID = id
+	default:
+		if s.cfg.NodeID == "" {
+			s.cfg.NodeID = "broker-" + randomHex(4)
+		}
+		if err := writeFileSync(idPath, []byte(s.cfg.NodeID+"\n")); err != nil {
+			return fmt.Errorf("broker: %w %s: %v", ErrDataDir, dir, err)
+		}
+	}
+
+	store, err := raftboltdb.New(raftboltdb.Options{
+		Path:        dbPath,
+		BoltOptions: &bbolt.Options{Timeout: time.Second},
+	})
+	if errors.Is(err, bbolt.ErrTimeout) {
+		return fmt.Errorf("broker: %w %s: %s is locked by another process (is another broker using this data dir?)", ErrDataDir, dir, dbPath)
+	}
+	if err != nil {
+		return fmt.Errorf("broker: %w %s: cannot open %s: %v; the file is damaged or not a gpupool Raft log: restore it from a snapshot or move it aside", ErrDataDir, dir, dbPath, err)
+	}
+	s.store = store
+	snaps, err := raft.NewFileSnapshotStore(rdir, 3, s.cfg.RaftLogOutput)
+	if err != nil {
+		return fmt.Errorf("broker: %w %s: snapshots: %v", ErrDataDir, dir, err)
+	}
+	addr, err := net.ResolveTCPAddr("tcp", s.cfg.RaftBindAddr)
+	if err != nil {
+		return fmt.Errorf("broker: --raft-bind %q: %w", s.cfg.RaftBindAddr, err)
+	}
+	var advertise net.Addr = addr
+	if addr.Port == 0 {
+		advertise = nil // tests bind :0; advertise what the kernel chose
+	}
+	trans, err := raft.NewTCPTransport(s.cfg.RaftBindAddr, advertise, 3, 10*time.Second, s.cfg.RaftLogOutput)
+	if err != nil {
+		return fmt.Errorf("broker: listen on --raft-bind %s: %w", s.cfg.RaftBindAddr, err)
+	}
+	s.transport = trans
+
+	conf := raft.DefaultConfig()
+	conf.LocalID = raft.ServerID(s.cfg.NodeID)
+	conf.NotifyCh = s.notifyCh
+	conf.Logger = hclog.New(&hclog.LoggerOptions{Name: "raft", Level: hclog.Warn, Output: s.cfg.RaftLogOutput})
+	r, err := raft.NewRaft(conf, s.fsm, store, store, snaps, trans)
+	if err != nil {
+		return fmt.Errorf("broker: %w %s: start raft: %v", ErrDataDir, dir, err)
+	}
+	s.raft = r
+	return nil
+}
+
+func (s *Server) closeStores() {
+	if s.transport != nil {
+		s.transport.Close()
+	}
+	if s.store != nil {
+		s.store.Close()
+	}
+}
+
+// Shutdown stops serving, steps down and closes the data dir. Safe to
+// call more than once.
+func (s *Server) Shutdown() error {
+	var err error
+	s.shutdownOnce.Do(func() {
+		close(s.shutdownCh)
+		s.grpc.Stop()
+		err = s.raft.Shutdown().Error()
+		s.wg.Wait()
+		s.connMu.Lock()
+		for _, c := range s.conns {
+			c.Close()
+		}
+		s.connMu.Unlock()
+		s.closeStores()
+	})
+	return err
+}
+
+func randomHex(n int) string {
+	b := make([]byte, n)
+	if _, err := rand.Read(b); err != nil {
+		panic(err)
+	}
+	return hex.EncodeToString(b)
+}
+
+func writeFileSync(path string, b []byte) error {
+	f, err := os.OpenFile(path, os.O_CREATE|os.O_WRONLY|os.O_TRUNC, 0o600)
+	if err != nil {
+		return err
+	}
+	if _, err := f.Write(b); err != nil {
+		f.Close()
+		return err
+	}
+	if err := f.Sync(); err != nil {
+		f.Close()
+		return err
+	}
+	return f.Close()
+}
+
+// applyTimeout bounds how long a command may wait to be enqueued.
+const applyTimeout = 10 * time.Second
+
+// apply submits a command to the log, waits until it is applied here, and
+// returns its result; the error is the result's error, or a raft error
+// (not leader, leadership lost) mapped to Unavailable. Only the leader
+// calls it.
+func (s *Server) apply(cmd proto.Message) (*fsm.Result, error) {
+	b, err := fsm.Encode(cmd)
+	if err != nil {
+		return nil, err
+	}
+	f := s.raft.Apply(b, applyTimeout)
+	if err := f.Error(); err != nil {
+		return nil, raftError(err)
+	}
+	res := f.Response().(*fsm.Result)
+	return res, res.Err
+}

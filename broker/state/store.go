@@ -1,0 +1,242 @@
+package state
+
+import (
+	"cmp"
+	"fmt"
+	"slices"
+	"sync/atomic"
+
+	"github.com/hashicorp/go-memdb"
+	"google.golang.org/protobuf/proto"
+
+	gpupoolv1 "github.com/gpupool/gpupool/proto/gpupool/v1"
+)
+
+// Store holds the state. Reads may run concurrently with one writer.
+type Store struct {
+	db atomic.Pointer[memdb.MemDB] // swapped whole by Restore
+}
+
+// New returns an empty store.
+func New() *Store {
+	db, err := memdb.NewMemDB(schema())
+	if err != nil {
+		// The schema is static; an error here is a programming mistake.
+		panic(fmt.Sprintf("state: bad schema: %v", err))
+	}
+	s := &Store{}
+	s.db.Store(db)
+	return s
+}
+
+// Read returns a consistent read-only view of the state as of now.
+func (s *Store) Read() *Reader {
+	return &Reader{txn: s.db.Load().Txn(false)}
+}
+
+// Write starts the one write transaction. Call Commit or Abort.
+func (s *Store) Write() *Writer {
+	return &Writer{Reader{txn: s.db.Load().Txn(true)}}
+}
+
+// Reader is a snapshot-consistent view of the state.
+type Reader struct {
+	txn *memdb.Txn
+}
+
+func first[T any](r *Reader, table, index string, args ...any) *T {
+	obj, err := r.txn.First(table, index, args...)
+	if err != nil {
+		panic(fmt.Sprintf("state: %s.%s: %v", table, index, err))
+	}
+	if obj == nil {
+		return nil
+	}
+	return obj.(*T)
+}
+
+func all[T any](r *Reader, table, index string, args ...any) []*T {
+	it, err := r.txn.Get(table, index, args...)
+	if err != nil {
+		panic(fmt.Sprintf("state: %s.%s: %v", table, index, err))
+	}
+	var out []*T
+	for obj := it.Next(); obj != nil; obj = it.Next() {
+		out = append(out, obj.(*T))
+	}
+	return out
+}
+
+// Index returns the Raft index of the last applied write.
+func (r *Reader) Index() uint64 {
+	if m := first[metaEntry](r, tableMeta, indexID, metaApplied); m != nil {
+		return m.Value
+	}
+	return 0
+}
+
+// Servers returns the broker servers, by id.
+func (r *Reader) Servers() []*gpupoolv1.UpsertServerCommand {
+	return all[gpupoolv1.UpsertServerCommand](r, tableServers, indexID)
+}
+
+// Server returns one broker server, or nil.
+func (r *Reader) Server(id string) *gpupoolv1.UpsertServerCommand {
+	return first[gpupoolv1.UpsertServerCommand](r, tableServers, indexID, id)
+}
+
+// Host returns a host (without devices), or nil.
+func (r *Reader) Host(id string) *gpupoolv1.Host {
+	return first[gpupoolv1.Host](r, tableHosts, indexID, id)
+}
+
+// Hosts returns every host (without devices), by id.
+func (r *Reader) Hosts() []*gpupoolv1.Host {
+	return all[gpupoolv1.Host](r, tableHosts, indexID)
+}
+
+// Device returns a device, or nil.
+func (r *Reader) Device(uuid string) *gpupoolv1.Device {
+	return first[gpupoolv1.Device](r, tableDevices, indexID, uuid)
+}
+
+// Devices returns every device, by uuid.
+func (r *Reader) Devices() []*gpupoolv1.Device {
+	return all[gpupoolv1.Device](r, tableDevices, indexID)
+}
+
+// HostDevices returns a host's devices, by index.
+func (r *Reader) HostDevices(hostID string) []*gpupoolv1.Device {
+	devs := all[gpupoolv1.Device](r, tableDevices, indexHost, hostID)
+	sortDevices(devs)
+	return devs
+}
+
+// HostsWithDevices returns every host with its devices filled in, as
+// placement wants them. The hosts are copies; the devices are shared and
+// must not be modified.
+func (r *Reader) HostsWithDevices() []*gpupoolv1.Host {
+	hosts := r.Hosts()
+	byHost := map[string][]*gpupoolv1.Device{}
+	for _, d := range r.Devices() {
+		byHost[d.HostId] = append(byHost[d.HostId], d)
+	}
+	out := make([]*gpupoolv1.Host, len(hosts))
+	for i, h := range hosts {
+		c := proto.Clone(h).(*gpupoolv1.Host)
+		c.Devices = byHost[h.Id]
+		sortDevices(c.Devices)
+		out[i] = c
+	}
+	return out
+}
+
+// Lease returns a lease, or nil.
+func (r *Reader) Lease(id string) *gpupoolv1.Lease {
+	return first[gpupoolv1.Lease](r, tableLeases, indexID, id)
+}
+
+// Leases returns every lease, by id.
+func (r *Reader) Leases() []*gpupoolv1.Lease {
+	return all[gpupoolv1.Lease](r, tableLeases, indexID)
+}
+
+// HostLeases returns the leases with a slice on the host, by id.
+func (r *Reader) HostLeases(hostID string) []*gpupoolv1.Lease {
+	return all[gpupoolv1.Lease](r, tableLeases, indexHost, hostID)
+}
+
+// LeaseByRequest returns the lease a tenant acquired with requestID, or nil.
+func (r *Reader) LeaseByRequest(tenant, requestID string) *gpupoolv1.Lease {
+	if requestID == "" {
+		return nil
+	}
+	return first[gpupoolv1.Lease](r, tableLeases, indexRequest, tenant, requestID)
+}
+
+// Writer is the single write transaction.
+type Writer struct {
+	Reader
+}
+
+func (w *Writer) insert(table string, obj any) {
+	if err := w.txn.Insert(table, obj); err != nil {
+		panic(fmt.Sprintf("state: insert into %s: %v", table, err))
+	}
+}
+
+// PutServer inserts or replaces a server.
+func (w *Writer) PutServer(s *gpupoolv1.UpsertServerCommand) { w.insert(tableServers, s) }
+
+// PutHost inserts or replaces a host. Its Devices field must be empty.
+func (w *Writer) PutHost(h *gpupoolv1.Host) { w.insert(tableHosts, h) }
+
+// PutDevice inserts or replaces a device.
+func (w *Writer) PutDevice(d *gpupoolv1.Device) { w.insert(tableDevices, d) }
+
+// DeleteDevice removes a device.
+func (w *Writer) DeleteDevice(d *gpupoolv1.Device) {
+	if err := w.txn.Delete(tableDevices, d); err != nil {
+		panic(fmt.Sprintf("state: delete device %s: %v", d.Uuid, err))
+	}
+}
+
+// PutLease inserts or replaces a lease.
+func (w *Writer) PutLease(l *gpupoolv1.Lease) { w.insert(tableLeases, l) }
+
+// Commit makes the writes visible and records index as the applied index.
+func (w *Writer) Commit(index uint64) {
+	w.insert(tableMeta, &metaEntry{Key: metaApplied, Value: index})
+	w.txn.Commit()
+}
+
+// Abort drops the writes.
+func (w *Writer) Abort() { w.txn.Abort() }
+
+// Encode returns the whole state as deterministic bytes: the same state
+// always gives the same bytes.
+func (r *Reader) Encode() ([]byte, error) {
+	snap := &gpupoolv1.StateSnapshot{
+		Servers: r.Servers(),
+		Hosts:   r.Hosts(),
+		Devices: r.Devices(),
+		Leases:  r.Leases(),
+		Index:   r.Index(),
+	}
+	return proto.MarshalOptions{Deterministic: true}.Marshal(snap)
+}
+
+// Restore replaces the whole state with an encoded snapshot.
+func (s *Store) Restore(b []byte) error {
+	var snap gpupoolv1.StateSnapshot
+	if err := proto.Unmarshal(b, &snap); err != nil {
+		return fmt.Errorf("state: decode snapshot: %w", err)
+	}
+	db, err := memdb.NewMemDB(schema())
+	if err != nil {
+		return err
+	}
+	txn := db.Txn(true)
+	w := &Writer{Reader{txn: txn}}
+	for _, v := range snap.Servers {
+		w.PutServer(v)
+	}
+	for _, v := range snap.Hosts {
+		w.PutHost(v)
+	}
+	for _, v := range snap.Devices {
+		w.PutDevice(v)
+	}
+	for _, v := range snap.Leases {
+		w.PutLease(v)
+	}
+	w.Commit(snap.Index)
+	s.db.Store(db)
+	return nil
+}
+
+func sortDevices(devs []*gpupoolv1.Device) {
+	slices.SortFunc(devs, func(a, b *gpupoolv1.Device) int {
+		return cmp.Or(cmp.Compare(a.Index, b.Index), cmp.Compare(a.Uuid, b.Uuid))
+	})
+}

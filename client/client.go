@@ -1,0 +1,111 @@
+// Package client is the Go SDK for gpupool brokers.
+//
+// Any broker server accepts any call: followers forward writes and
+// consistent reads to the leader. The client therefore spreads calls over
+// every address it is given and retries calls that fail with Unavailable
+// (a server down, or an election in progress) until the call's deadline.
+package client
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/resolver"
+	"google.golang.org/grpc/resolver/manual"
+	"google.golang.org/grpc/status"
+
+	gpupoolv1 "github.com/gpupool/gpupool/proto/gpupool/v1"
+)
+
+// DefaultAddrs are the broker addresses `gpupool dev` listens on.
+var DefaultAddrs = []string{"127.0.0.1:7641", "127.0.0.1:7643", "127.0.0.1:7645"}
+
+// ErrNoAddrs is returned by Dial when it is given no broker address.
+var ErrNoAddrs = errors.New("client: no broker address given")
+
+// Client holds one connection spread over all broker servers.
+type Client struct {
+	conn *grpc.ClientConn
+
+	Lease    gpupoolv1.LeaseServiceClient
+	Pool     gpupoolv1.PoolServiceClient
+	Agent    gpupoolv1.AgentServiceClient
+	Operator gpupoolv1.OperatorServiceClient
+}
+
+// ParseAddrs splits a comma-separated address list, dropping blanks.
+func ParseAddrs(s string) []string {
+	var out []string
+	for _, a := range strings.Split(s, ",") {
+		if a = strings.TrimSpace(a); a != "" {
+			out = append(out, a)
+		}
+	}
+	return out
+}
+
+// Dial connects to the brokers at addrs. It does not wait for any of them
+// to answer: the first call does.
+func Dial(addrs []string, opts ...grpc.DialOption) (*Client, error) {
+	if len(addrs) == 0 {
+		return nil, ErrNoAddrs
+	}
+	r := manual.NewBuilderWithScheme("gpupool")
+	state := resolver.State{}
+	for _, a := range addrs {
+		state.Addresses = append(state.Addresses, resolver.Address{Addr: a})
+	}
+	r.InitialState(state)
+	base := []grpc.DialOption{
+		grpc.WithResolvers(r),
+		grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithDefaultServiceConfig(`{"loadBalancingConfig":[{"round_robin":{}}]}`),
+		grpc.WithChainUnaryInterceptor(RetryUnavailable),
+	}
+	conn, err := grpc.NewClient(r.Scheme()+":///brokers", append(base, opts...)...)
+	if err != nil {
+		return nil, fmt.Errorf("client: dial %s: %w", strings.Join(addrs, ","), err)
+	}
+	return &Client{
+		conn:     conn,
+		Lease:    gpupoolv1.NewLeaseServiceClient(conn),
+		Pool:     gpupoolv1.NewPoolServiceClient(conn),
+		Agent:    gpupoolv1.NewAgentServiceClient(conn),
+		Operator: gpupoolv1.NewOperatorServiceClient(conn),
+	}, nil
+}
+
+// Conn is the underlying connection, for services the Client does not wrap.
+func (c *Client) Conn() *grpc.ClientConn { return c.conn }
+
+// Close closes the connection.
+func (c *Client) Close() error { return c.conn.Close() }
+
+// RetryUnavailable retries a unary call that failed with Unavailable, with
+// backoff, until the call's context ends. Callers that need a bound set a
+// deadline. Every other outcome is returned as is.
+func RetryUnavailable(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
+	backoff := 50 * time.Millisecond
+	for {
+		err := invoker(ctx, method, req, reply, cc, opts...)
+		if status.Code(err) != codes.Unavailable {
+			return err
+		}
+		t := time.NewTimer(backoff)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return err
+		case <-t.C:
+		}
+		if backoff < time.Second {
+			backoff *= 2
+		}
+	}
+}

@@ -1,0 +1,156 @@
+package main
+
+import (
+	"os"
+	"runtime/debug"
+	"strings"
+
+	"github.com/spf13/cobra"
+
+	"github.com/gpupool/gpupool/agent"
+	"github.com/gpupool/gpupool/agent/device"
+	"github.com/gpupool/gpupool/client"
+)
+
+// machineIDFile names this host for --host-id's default.
+var machineIDFile = "/etc/machine-id"
+
+type agentOpts struct {
+	brokers    string
+	simulate   string
+	hostID     string
+	address    string
+	labels     []string
+	cpu        int64
+	hostMemory int64
+	logLevel   string
+}
+
+func newAgentCmd() *cobra.Command {
+	var o agentOpts
+	cmd := &cobra.Command{
+		Use:   "agent --broker ADDR[,ADDR] [--simulate SPEC] [--host-id ID] [--label k=v]...",
+		Short: "Run the pool-host agent: register this host's GPUs and heartbeat",
+		Long: `Run the agent of one pool host. It finds the host's GPUs, registers them with
+the brokers and keeps a heartbeat stream open, over which the broker sends the
+leases this host must enforce and those it must tear down. It reconnects by
+itself when brokers restart or the leader changes, and runs until SIGINT or
+SIGTERM.
+
+GPUs come from NVML (libnvidia-ml.so.1). On a host without the library the
+agent still registers, with no GPUs, and says why. --simulate replaces NVML by
+simulated GPUs (go-nvml mock servers): SPEC is NxMODEL[,NxMODEL...], N from 1
+to 64, MODEL one of ` + strings.Join(device.SimModels(), ", ") + `. Simulated GPUs of one part
+share NVLink in groups of 8, pairs share a PCIe root, and their UUIDs derive
+from --host-id, so they are the same after a restart.
+
+--broker defaults to $GPUPOOL_ADDR, else --addr. --host-id defaults to the
+first 12 characters of /etc/machine-id, else the hostname.`,
+		Example: `  # offer this host's GPUs to a cluster
+  gpupool agent --broker 10.0.0.1:7641,10.0.0.2:7641,10.0.0.3:7641 --label zone=eu-1a
+
+  # a simulated DGX A100 for a local 'gpupool dev' cluster
+  gpupool agent --simulate 8xA100-80GB --host-id sim-1
+
+  # a simulated mixed host that also offers host CPU and memory
+  gpupool agent --simulate 4xA100-80GB,4xH100-80GB --host-id sim-2 --cpu 32000 --host-memory 131072`,
+		Args: noArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error { return runAgent(cmd, o) },
+	}
+	f := cmd.Flags()
+	f.StringVar(&o.brokers, "broker", "", "broker addresses, comma-separated (default $GPUPOOL_ADDR, else --addr)")
+	f.StringVar(&o.simulate, "simulate", "", "simulate GPUs instead of using NVML, e.g. 8xA100-80GB or 4xA100-80GB,4xH100-80GB")
+	f.StringVar(&o.hostID, "host-id", "", "stable id of this host (default: /etc/machine-id's first 12 characters, else the hostname)")
+	f.StringVar(&o.address, "address", "", "data-plane address (HOST:PORT) advertised to lease holders")
+	f.StringArrayVar(&o.labels, "label", nil, "host label as key=value; repeat for more")
+	f.Int64Var(&o.cpu, "cpu", 0, "host CPU offered to workloads, in millicores (0 offers none)")
+	f.Int64Var(&o.hostMemory, "host-memory", 0, "host memory offered to workloads, in MiB (0 offers none)")
+	f.StringVar(&o.logLevel, "log-level", "info", "log level: debug, info, warn or error")
+	return cmd
+}
+
+func runAgent(cmd *cobra.Command, o agentOpts) error {
+	logger, err := newLogger(o.logLevel)
+	if err != nil {
+		return err
+	}
+	brokers := o.brokers
+	if !cmd.Flags().Changed("broker") {
+		if brokers = os.Getenv("GPUPOOL_ADDR"); brokers == "" {
+			brokers = global.addr
+		}
+	}
+	addrs := client.ParseAddrs(brokers)
+	if len(addrs) == 0 {
+		return usagef("--broker is empty: give one or more broker addresses, e.g. 127.0.0.1:7641")
+	}
+	labels, err := parseLabelFlag("label", o.labels)
+	if err != nil {
+		return err
+	}
+	hostID := o.hostID
+	if hostID == "" {
+		if hostID, err = defaultHostID(); err != nil {
+			return err
+		}
+	}
+
+	if err := agent.CheckHostID(hostID); err != nil {
+		return usagef("--host-id %v", err)
+	}
+	if o.cpu < 0 {
+		return usagef("--cpu %d: must be 0 or more millicores", o.cpu)
+	}
+	if o.hostMemory < 0 {
+		return usagef("--host-memory %d: must be 0 or more MiB", o.hostMemory)
+	}
+
+	var backend device.Backend
+	if cmd.Flags().Changed("simulate") {
+		if backend, err = device.NewSimulated(o.simulate, hostID); err != nil {
+			return usagef("--simulate %v", err)
+		}
+	} else {
+		backend = device.NewNVML()
+	}
+	defer backend.Close()
+
+	a, err := agent.New(agent.Config{
+		Brokers:       addrs,
+		HostID:        hostID,
+		Address:       o.address,
+		Labels:        labels,
+		CPUMillicores: o.cpu,
+		MemoryMiB:     o.hostMemory,
+		Backend:       backend,
+		Version:       agentVersion(),
+		Logger:        logger,
+	})
+	if err != nil {
+		return usagef("%v", err)
+	}
+	return a.Run(cmd.Context())
+}
+
+// defaultHostID is the first 12 characters of the machine id, else the
+// hostname.
+func defaultHostID() (string, error) {
+	if b, err := os.ReadFile(machineIDFile); err == nil {
+		if id := strings.TrimSpace(string(b)); len(id) >= 12 {
+			return id[:12], nil
+		}
+	}
+	name, err := os.Hostname()
+	if err != nil || name == "" {
+		return "", usagef("cannot name this host from %s or its hostname (%v): give --host-id", machineIDFile, err)
+	}
+	return name, nil
+}
+
+// agentVersion is the module version the binary was built from.
+func agentVersion() string {
+	if bi, ok := debug.ReadBuildInfo(); ok && bi.Main.Version != "" {
+		return bi.Main.Version
+	}
+	return "(devel)"
+}

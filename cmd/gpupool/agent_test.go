@@ -1,0 +1,56 @@
+package main
+
+import (
+	"os"
+	"path/filepath"
+	"testing"
+)
+
+func TestAgentCommandRefusesBadInput(t *testing.T) {
+	sim := []string{"agent", "--broker", "127.0.0.1:1", "--host-id", "sim-1", "--simulate", "8xA100-80GB"}
+	with := func(extra ...string) []string { return append(append([]string{}, sim...), extra...) }
+	checkUsageErrors(t, []usageCase{
+		{"a label without =", with("--label", "foo"), []string{`--label "foo"`, "key=value"}},
+		{"a label without a key", with("--label", "=x"), []string{`--label "=x"`, "key=value"}},
+		{"a zero count of simulated GPUs", []string{"agent", "--broker", "127.0.0.1:1", "--simulate", "0xA100-80GB"}, []string{`--simulate "0xA100-80GB"`, "count 0 must be between 1 and 64"}},
+		{"an unknown simulated model", []string{"agent", "--broker", "127.0.0.1:1", "--simulate", "8xB200"}, []string{`model "B200"`, "A100-40GB, A100-80GB, H100-80GB"}},
+		{"an empty simulation spec", []string{"agent", "--broker", "127.0.0.1:1", "--simulate", ""}, []string{`--simulate ""`, "NxMODEL"}},
+		{"a host id with a space", with("--host-id", "gpu 7"), []string{`--host-id "gpu 7"`, "letters, digits"}},
+		{"negative host CPU", with("--cpu", "-5"), []string{"--cpu -5", "0 or more"}},
+		{"negative host memory", with("--host-memory", "-1"), []string{"--host-memory -1", "0 or more"}},
+		{"an empty broker list", []string{"agent", "--broker", " , ", "--simulate", "1xA100-80GB"}, []string{"--broker is empty"}},
+		{"a positional argument", with("extra"), []string{"takes no arguments", `"extra"`}},
+	})
+}
+
+func TestDefaultHostIDIsTheStartOfTheMachineID(t *testing.T) {
+	for _, tc := range []struct {
+		name      string
+		machineID string // "" leaves no file
+		want      string // "" means the hostname
+	}{
+		{"a machine id gives its first 12 characters", "3d1219c7c4c54f0e8a7b1c2d3e4f5a6b\n", "3d1219c7c4c5"},
+		{"a short machine id falls back to the hostname", "abc\n", ""},
+		{"no machine id falls back to the hostname", "", ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			path := filepath.Join(t.TempDir(), "machine-id")
+			if tc.machineID != "" {
+				if err := os.WriteFile(path, []byte(tc.machineID), 0o644); err != nil {
+					t.Fatal(err)
+				}
+			}
+			old := machineIDFile
+			machineIDFile = path
+			t.Cleanup(func() { machineIDFile = old })
+
+			want := tc.want
+			if want == "" {
+				want, _ = os.Hostname()
+			}
+			if got, err := defaultHostID(); err != nil || got != want {
+				t.Errorf("defaultHostID() = %q, %v; want %q", got, err, want)
+			}
+		})
+	}
+}

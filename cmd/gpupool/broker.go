@@ -1,0 +1,108 @@
+package main
+
+import (
+	"fmt"
+	"log/slog"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/gpupool/gpupool/broker"
+	"github.com/gpupool/gpupool/broker/placement"
+	"github.com/gpupool/gpupool/client"
+)
+
+func newBrokerCmd() *cobra.Command {
+	var (
+		cfg      broker.Config
+		join     string
+		logLevel string
+		raftLog  bool
+	)
+	cmd := &cobra.Command{
+		Use:   "broker --data-dir DIR --bind ADDR (--bootstrap-expect N | --join ADDR,...)",
+		Short: "Run one broker server of a Raft-replicated cluster",
+		Long: `Run one broker server. Three or five servers form a cluster: each one keeps
+the Raft log (bbolt, fsync on) and snapshots in --data-dir, serves gRPC on
+--bind and replicates on --raft-bind (default: --bind's port + 1).
+
+A new cluster forms once --bootstrap-expect servers can reach each other
+through --join. A server restarted on its data dir rejoins by itself; a server
+with an empty data dir and only --join joins a running cluster.`,
+		Example: `  # a 3-server cluster on one machine
+  gpupool broker --data-dir /var/lib/gpupool/b1 --bind 127.0.0.1:7641 --bootstrap-expect 3 --join 127.0.0.1:7643,127.0.0.1:7645
+  gpupool broker --data-dir /var/lib/gpupool/b2 --bind 127.0.0.1:7643 --bootstrap-expect 3 --join 127.0.0.1:7641,127.0.0.1:7645
+  gpupool broker --data-dir /var/lib/gpupool/b3 --bind 127.0.0.1:7645 --bootstrap-expect 3 --join 127.0.0.1:7641,127.0.0.1:7643
+
+  # a single server for experiments
+  gpupool broker --data-dir /tmp/gp --bind 127.0.0.1:7641 --bootstrap-expect 1`,
+		Args: noArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			logger, err := newLogger(logLevel)
+			if err != nil {
+				return err
+			}
+			cfg.Join = client.ParseAddrs(join)
+			if cfg.DataDir == "" {
+				return usagef("--data-dir is required: the directory that keeps this server's Raft log and snapshots")
+			}
+			if cfg.BootstrapExpect == 0 && len(cfg.Join) == 0 {
+				return usagef("give --bootstrap-expect N to form a new cluster of N servers, or --join ADDR,... to join a running one")
+			}
+			cfg.Logger = logger
+			if raftLog {
+				cfg.RaftLogOutput = os.Stderr
+			}
+			s, err := broker.New(cfg)
+			if err != nil {
+				return err
+			}
+			fmt.Fprintf(cmd.ErrOrStderr(), "broker %s serving gRPC on %s, raft on %s, data in %s\n", s.ID(), s.Addr(), cfg.RaftBindAddr, cfg.DataDir)
+			<-cmd.Context().Done()
+			logger.Info("shutting down", "id", s.ID())
+			return s.Shutdown()
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&cfg.DataDir, "data-dir", "", "directory for the Raft log, snapshots and node id (created on first start)")
+	f.StringVar(&cfg.BindAddr, "bind", "127.0.0.1:7641", "gRPC listen address")
+	f.StringVar(&cfg.RaftBindAddr, "raft-bind", "", "Raft listen address (default: --bind's port + 1)")
+	f.IntVar(&cfg.BootstrapExpect, "bootstrap-expect", 0, "form a new cluster once this many servers know each other")
+	f.StringVar(&join, "join", "", "other servers' gRPC addresses, comma-separated")
+	f.StringVar(&cfg.NodeID, "node-id", "", "server id (default: the one stored in --data-dir, or a new random one)")
+	f.StringVar(&cfg.Policy, "policy", placement.Binpack, "placement policy: "+strings.Join(placement.Policies, ", "))
+	f.DurationVar(&cfg.HeartbeatInterval, "heartbeat-interval", broker.DefaultHeartbeatInterval, "how often agents heartbeat")
+	f.DurationVar(&cfg.HeartbeatTTL, "heartbeat-ttl", broker.DefaultHeartbeatTTL, "a host without heartbeats for this long goes down")
+	f.DurationVar(&cfg.LockDelay, "lock-delay", broker.DefaultLockDelay, "how long a down host's leases keep their capacity before it is freed")
+	f.StringVar(&logLevel, "log-level", "info", "log level: debug, info, warn or error")
+	f.BoolVar(&raftLog, "raft-log", false, "also print raft's own warnings")
+	return cmd
+}
+
+// noArgs rejects positional arguments with a usage error.
+func noArgs(cmd *cobra.Command, args []string) error {
+	if len(args) > 0 {
+		return usagef("%s takes no arguments, got %q (flags start with --)", cmd.CommandPath(), strings.Join(args, " "))
+	}
+	return nil
+}
+
+// newLogger returns a text logger on stderr at the named level.
+func newLogger(level string) (*slog.Logger, error) {
+	var l slog.Level
+	if err := l.UnmarshalText([]byte(level)); err != nil {
+		return nil, usagef("--log-level %q: must be debug, info, warn or error", level)
+	}
+	h := slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{
+		Level: l,
+		ReplaceAttr: func(_ []string, a slog.Attr) slog.Attr {
+			if a.Key == slog.TimeKey {
+				return slog.String(slog.TimeKey, a.Value.Time().Format(time.TimeOnly+".000"))
+			}
+			return a
+		},
+	})
+	return slog.New(h), nil
+}

@@ -1,0 +1,116 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"os"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/spf13/cobra"
+	"google.golang.org/protobuf/encoding/protojson"
+	"google.golang.org/protobuf/proto"
+
+	"github.com/gpupool/gpupool/client"
+)
+
+// globalOpts are the flags every client command shares.
+type globalOpts struct {
+	addr    string
+	output  string
+	timeout time.Duration
+}
+
+var global globalOpts
+
+func addGlobalFlags(root *cobra.Command) {
+	def := os.Getenv("GPUPOOL_ADDR")
+	if def == "" {
+		def = strings.Join(client.DefaultAddrs, ",")
+	}
+	pf := root.PersistentFlags()
+	pf.StringVar(&global.addr, "addr", def, "broker addresses, comma-separated (env GPUPOOL_ADDR)")
+	pf.StringVarP(&global.output, "output", "o", "table", "output format: table or json")
+	pf.DurationVar(&global.timeout, "timeout", 30*time.Second, "how long to wait for the brokers")
+}
+
+// checkOutput validates -o; commands call it before doing anything.
+func checkOutput() error {
+	switch global.output {
+	case "table", "json":
+		return nil
+	}
+	return usagef("--output %q: must be table or json", global.output)
+}
+
+// dial connects to the brokers named by --addr.
+func dial() (*client.Client, error) {
+	if err := checkOutput(); err != nil {
+		return nil, err
+	}
+	addrs := client.ParseAddrs(global.addr)
+	if len(addrs) == 0 {
+		return nil, usagef("--addr is empty: give one or more broker addresses, e.g. 127.0.0.1:7641")
+	}
+	return client.Dial(addrs)
+}
+
+// callCtx bounds one call by --timeout.
+func callCtx(cmd *cobra.Command) (context.Context, context.CancelFunc) {
+	return context.WithTimeout(cmd.Context(), global.timeout)
+}
+
+var jsonOpts = protojson.MarshalOptions{UseProtoNames: true, EmitUnpopulated: true, Multiline: true, Indent: "  "}
+
+// printJSON prints a protobuf message as protojson with the .proto field
+// names (fencing_token, memory_mib), the names other tools rely on.
+func printJSON(w io.Writer, m proto.Message) error {
+	b, err := jsonOpts.Marshal(m)
+	if err != nil {
+		return err
+	}
+	// Re-indent through encoding/json so the output is stable: protojson
+	// randomises whitespace on purpose.
+	var v any
+	if err := json.Unmarshal(b, &v); err != nil {
+		return err
+	}
+	out, err := json.MarshalIndent(v, "", "  ")
+	if err != nil {
+		return err
+	}
+	_, err = fmt.Fprintln(w, string(out))
+	return err
+}
+
+// table writes aligned columns; call flush when done.
+type table struct{ tw *tabwriter.Writer }
+
+func newTable(w io.Writer, header ...string) *table {
+	t := &table{tw: tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)}
+	t.row(toAny(header)...)
+	return t
+}
+
+func toAny(s []string) []any {
+	out := make([]any, len(s))
+	for i, v := range s {
+		out[i] = v
+	}
+	return out
+}
+
+func (t *table) row(cols ...any) {
+	for i, c := range cols {
+		if i > 0 {
+			fmt.Fprint(t.tw, "\t")
+		}
+		fmt.Fprint(t.tw, c)
+	}
+	fmt.Fprintln(t.tw)
+}
+
+func (t *table) flush() error { return t.tw.Flush() }

@@ -1,0 +1,211 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"slices"
+	"sort"
+	"strings"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/gpupool/gpupool/client"
+	"github.com/gpupool/gpupool/internal/quantity"
+	gpupoolv1 "github.com/gpupool/gpupool/proto/gpupool/v1"
+)
+
+func newHostCmd() *cobra.Command {
+	return newGroupCmd(&cobra.Command{
+		Use:   "host",
+		Short: "Inspect the pool hosts and their GPUs",
+		Long: `Pool hosts run 'gpupool agent', which registers their GPUs with the brokers
+and heartbeats. A host is ready, draining, drained or down; only eligible
+hosts take new leases.`,
+		Example: `  gpupool host ls
+  gpupool host get gpu-node-3`,
+	},
+		newHostListCmd(),
+		newHostGetCmd(),
+	)
+}
+
+func newHostListCmd() *cobra.Command {
+	var stale bool
+	cmd := &cobra.Command{
+		Use:     "ls",
+		Aliases: []string{"list"},
+		Short:   "List pool hosts with their GPUs, allocation and heartbeat",
+		Long: `Ls lists every registered pool host. MEMORY and COMPUTE are allocated/total
+over the host's GPUs; LEASES counts the slices placed on them. HEARTBEAT is
+how long ago the leader last heard the host ("-" when the answering server
+does not know, e.g. with --stale on a follower).`,
+		Example: `  gpupool host ls
+  gpupool host ls --stale -o json`,
+		Args: exactArgs(0),
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			return withClient(cmd, func(ctx context.Context, c *client.Client) error {
+				resp, err := c.Pool.ListHosts(ctx, &gpupoolv1.ListHostsRequest{Stale: stale})
+				if err != nil {
+					return err
+				}
+				return render(cmd.OutOrStdout(), resp, func(w io.Writer) error { return printHosts(w, resp.GetHosts()) })
+			})
+		},
+	}
+	addStaleFlag(cmd, &stale)
+	return cmd
+}
+
+func newHostGetCmd() *cobra.Command {
+	var stale bool
+	cmd := &cobra.Command{
+		Use:   "get HOST_ID",
+		Short: "Show one pool host: status, GPUs and the leases on it",
+		Long:  `Get shows a pool host, each of its GPUs with what is allocated on it, and the leases holding slices there.`,
+		Example: `  gpupool host get gpu-node-3
+  gpupool host get gpu-node-3 -o json`,
+		Args: exactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			return withClient(cmd, func(ctx context.Context, c *client.Client) error {
+				resp, err := c.Pool.GetHost(ctx, &gpupoolv1.GetHostRequest{HostId: args[0], Stale: stale})
+				if err != nil {
+					return err
+				}
+				return render(cmd.OutOrStdout(), resp, func(w io.Writer) error { return printHostDetail(w, resp, time.Now()) })
+			})
+		},
+	}
+	addStaleFlag(cmd, &stale)
+	return cmd
+}
+
+// hostTotals sums a host's devices.
+type hostTotals struct {
+	gpus, unhealthy          int
+	models                   []string // distinct, sorted
+	memory, allocMemory      int64
+	allocCompute, sliceCount int64
+}
+
+func sumHost(h *gpupoolv1.Host) hostTotals {
+	var t hostTotals
+	for _, d := range h.GetDevices() {
+		t.gpus++
+		if d.GetHealth() == gpupoolv1.DeviceHealth_DEVICE_HEALTH_UNHEALTHY {
+			t.unhealthy++
+		}
+		if !slices.Contains(t.models, d.GetModel()) {
+			t.models = append(t.models, d.GetModel())
+		}
+		t.memory += d.GetMemoryMib()
+		t.allocMemory += d.GetAllocatedMemoryMib()
+		t.allocCompute += int64(d.GetAllocatedComputePercent())
+		t.sliceCount += int64(d.GetLeaseCount())
+	}
+	sort.Strings(t.models)
+	return t
+}
+
+// heartbeatAge formats Host.last_heartbeat_age_ms: "-" when unknown (-1).
+func heartbeatAge(ms int64) string {
+	if ms < 0 {
+		return "-"
+	}
+	return humanDuration(time.Duration(ms) * time.Millisecond)
+}
+
+// yesNo formats a bool for a table cell.
+func yesNo(b bool) string {
+	if b {
+		return "yes"
+	}
+	return "no"
+}
+
+// gpuCount is "4", or "4 (1 unhealthy)".
+func (t hostTotals) gpuCount() string {
+	if t.unhealthy > 0 {
+		return fmt.Sprintf("%d (%d unhealthy)", t.gpus, t.unhealthy)
+	}
+	return fmt.Sprint(t.gpus)
+}
+
+// printHosts prints one row per host.
+func printHosts(w io.Writer, hosts []*gpupoolv1.Host) error {
+	t := newTable(w, "HOST", "STATUS", "ELIGIBLE", "GPUS", "MODELS", "MEMORY", "COMPUTE", "LEASES", "HEARTBEAT", "ADDRESS")
+	for _, h := range hosts {
+		s := sumHost(h)
+		t.row(h.GetId(), enumLabel(h.GetStatus()), yesNo(h.GetEligible()), s.gpuCount(),
+			orDash(strings.Join(s.models, ",")),
+			quantity.FormatMiB(s.allocMemory)+"/"+quantity.FormatMiB(s.memory),
+			fmt.Sprintf("%d%%/%d%%", s.allocCompute, 100*s.gpus),
+			s.sliceCount, heartbeatAge(h.GetLastHeartbeatAgeMs()), orDash(h.GetAddress()))
+	}
+	return t.flush()
+}
+
+// printHostDetail prints a host, a table of its devices and a table of the
+// leases on it.
+func printHostDetail(w io.Writer, resp *gpupoolv1.GetHostResponse, now time.Time) error {
+	h := resp.GetHost()
+	kv := newTable(w, "HOST", h.GetId())
+	status := enumLabel(h.GetStatus())
+	if h.GetStatusReason() != "" {
+		status += " (" + h.GetStatusReason() + ")"
+	}
+	kv.row("STATUS", status)
+	kv.row("ELIGIBLE", yesNo(h.GetEligible()))
+	kv.row("ADDRESS", orDash(h.GetAddress()))
+	kv.row("HEARTBEAT", heartbeatAge(h.GetLastHeartbeatAgeMs()))
+	kv.row("AGENT", orDash(h.GetAgentVersion()))
+	backend := orDash(h.GetBackend())
+	if h.GetBackendNote() != "" {
+		backend += " (" + h.GetBackendNote() + ")"
+	}
+	kv.row("BACKEND", backend)
+	kv.row("LABELS", formatLabels(h.GetLabels()))
+	if h.GetCpuMillicores() != 0 || h.GetMemoryMib() != 0 {
+		kv.row("HOST CPU", fmt.Sprintf("%dm/%dm", h.GetAllocatedCpuMillicores(), h.GetCpuMillicores()))
+		kv.row("HOST MEMORY", quantity.FormatMiB(h.GetAllocatedMemoryMib())+"/"+quantity.FormatMiB(h.GetMemoryMib()))
+	}
+	if h.GetRegisteredAtMs() > 0 {
+		kv.row("REGISTERED", ageSince(now, h.GetRegisteredAtMs())+" ago")
+	}
+	if err := kv.flush(); err != nil {
+		return err
+	}
+	fmt.Fprintln(w)
+	dt := newTable(w, "INDEX", "DEVICE", "MODEL", "HEALTH", "MEMORY", "COMPUTE", "EXCLUSIVE", "LEASES")
+	for _, d := range h.GetDevices() {
+		dt.row(d.GetIndex(), d.GetUuid(), orDash(d.GetModel()), enumLabel(d.GetHealth()),
+			quantity.FormatMiB(d.GetAllocatedMemoryMib())+"/"+quantity.FormatMiB(d.GetMemoryMib()),
+			fmt.Sprintf("%d%%", d.GetAllocatedComputePercent()), yesNo(d.GetAllocatedExclusive()), d.GetLeaseCount())
+	}
+	if err := dt.flush(); err != nil {
+		return err
+	}
+	fmt.Fprintln(w)
+	if len(resp.GetLeases()) == 0 {
+		_, err := fmt.Fprintln(w, "no leases on this host")
+		return err
+	}
+	return printLeases(w, resp.GetLeases(), now)
+}
+
+// formatLabels is "k1=v1,k2=v2" in key order, or "-".
+func formatLabels(labels map[string]string) string {
+	if len(labels) == 0 {
+		return "-"
+	}
+	keys := make([]string, 0, len(labels))
+	for k := range labels {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	for i, k := range keys {
+		keys[i] = k + "=" + labels[k]
+	}
+	return strings.Join(keys, ",")
+}

@@ -1,0 +1,779 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/spf13/cobra"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/gpupool/gpupool/client"
+	gpupoolv1 "github.com/gpupool/gpupool/proto/gpupool/v1"
+)
+
+func newLeaseCmd() *cobra.Command {
+	return newGroupCmd(&cobra.Command{
+		Use:   "lease",
+		Short: "Acquire, renew, inspect and release leases on GPUs and GPU slices",
+		Long: `A lease holds whole GPUs (--exclusive) or fractional slices of GPUs (memory MiB
+plus compute %) on one or more pool hosts for as long as it is renewed. Its
+fencing token (the Raft index of the grant) lets agents refuse stale holders.
+
+A lease lives for its TTL unless renewed: keep it alive with 'gpupool lease
+keepalive', end it with 'gpupool lease release'.`,
+		Example: `  gpupool lease acquire --memory 20GiB --compute 25 --ttl 10m
+  gpupool lease keepalive l-42
+  gpupool lease ls --tenant team-a
+  gpupool lease release l-42`,
+	},
+		newLeaseAcquireCmd(),
+		newLeaseKeepAliveCmd(),
+		newLeaseGetCmd(),
+		newLeaseListCmd(),
+		newLeaseReleaseCmd(),
+	)
+}
+
+// acquireFlags are the flags of 'lease acquire', as typed.
+type acquireFlags struct {
+	gpus       int32
+	memory     string
+	compute    string
+	exclusive  bool
+	model      string
+	minMemory  string
+	host       string
+	labels     []string
+	topology   string
+	ttl        time.Duration
+	tenant     string
+	holder     string
+	requestID  string
+	class      string
+	priority   int32
+	hostCPU    int64
+	hostMemory string
+}
+
+const (
+	minLeaseTTL = time.Second
+	maxLeaseTTL = 24 * time.Hour
+)
+
+// newRequestID makes the idempotency key of an acquire that was given none.
+var newRequestID = uuid.NewString
+
+// defaultHolder is "$USER@$HOSTNAME", the holder a lease acquired from a
+// shell names.
+func defaultHolder() string {
+	user := os.Getenv("USER")
+	if user == "" {
+		user = "unknown"
+	}
+	host, err := os.Hostname()
+	if err != nil || host == "" {
+		host = os.Getenv("HOSTNAME")
+	}
+	if host == "" {
+		host = "localhost"
+	}
+	return user + "@" + host
+}
+
+func (f *acquireFlags) register(cmd *cobra.Command) {
+	fs := cmd.Flags()
+	fs.Int32Var(&f.gpus, "gpus", 1, "how many GPUs (or slices, one per GPU)")
+	fs.StringVar(&f.memory, "memory", "", "GPU memory per slice: 20GiB, 512MiB, or a plain number of MiB")
+	fs.StringVar(&f.compute, "compute", "", "compute per slice in percent of one GPU's SMs, 1-100 (a ceiling, not a reservation)")
+	fs.BoolVar(&f.exclusive, "exclusive", false, "lease whole GPUs instead of slices")
+	fs.StringVar(&f.model, "model", "", `only GPUs whose model matches this shell glob, e.g. "A100*"`)
+	fs.StringVar(&f.minMemory, "min-memory", "", "only GPUs with at least this much memory in total, e.g. 40GiB")
+	fs.StringVar(&f.host, "host", "", "only this pool host (exact host ID)")
+	fs.StringArrayVar(&f.labels, "label", nil, "only hosts with this label, key=value (repeatable)")
+	fs.StringVar(&f.topology, "topology", "", "how the GPUs relate: "+strings.Join(enumLabels[gpupoolv1.Topology](), ", ")+" (default: no constraint)")
+	fs.DurationVar(&f.ttl, "ttl", 5*time.Minute, "how long the lease lives without renewal, 1s to 24h")
+	fs.StringVar(&f.tenant, "tenant", "default", "tenant whose quota the lease counts against")
+	fs.StringVar(&f.holder, "holder", defaultHolder(), "who holds the lease (free-form: job name, pod UID)")
+	fs.StringVar(&f.requestID, "request-id", "", "idempotency key: acquiring again with the same tenant and key returns the same lease (default: a new UUID)")
+	fs.StringVar(&f.class, "class", "guaranteed", "lease class: "+strings.Join(enumLabels[gpupoolv1.LeaseClass](), ", "))
+	fs.Int32Var(&f.priority, "priority", 0, "priority among leases of the same class (higher wins)")
+	fs.Int64Var(&f.hostCPU, "host-cpu", 0, "host CPU on the pool host for a workload started there, in millicores (1000 = one CPU)")
+	fs.StringVar(&f.hostMemory, "host-memory", "", "host memory on the pool host for a workload started there, e.g. 16GiB")
+}
+
+// leaseRequest checks the flags and builds the request they describe.
+// Every mistake is a usage error naming the flag and what is allowed.
+func (f *acquireFlags) leaseRequest() (*gpupoolv1.LeaseRequest, error) {
+	if f.gpus < 1 {
+		return nil, usagef("--gpus %d: must be at least 1", f.gpus)
+	}
+	req := &gpupoolv1.LeaseRequest{
+		Count:       f.gpus,
+		Exclusive:   f.exclusive,
+		Constraints: &gpupoolv1.Constraints{Model: f.model, Host: f.host},
+		TtlMs:       f.ttl.Milliseconds(),
+		RequestId:   f.requestID,
+		Tenant:      f.tenant,
+		Holder:      f.holder,
+		Priority:    f.priority,
+	}
+	slice := f.memory != "" || f.compute != ""
+	switch {
+	case f.exclusive && slice:
+		return nil, usagef("--exclusive leases whole GPUs and cannot be combined with --memory or --compute: drop --exclusive for a fractional slice, or drop --memory and --compute for whole GPUs")
+	case !f.exclusive && !slice:
+		return nil, usagef("say what each GPU should give: --exclusive for whole GPUs, or --memory and --compute for a fractional slice (e.g. --memory 20GiB --compute 25)")
+	case slice && f.memory == "":
+		return nil, usagef("--compute needs --memory: a fractional slice has both (e.g. --memory 20GiB --compute %s)", f.compute)
+	case slice && f.compute == "":
+		return nil, usagef("--memory needs --compute: a fractional slice has both (e.g. --memory %s --compute 25)", f.memory)
+	case slice:
+		var err error
+		if req.MemoryMib, err = parseMemoryFlag("memory", f.memory, 1); err != nil {
+			return nil, err
+		}
+		if req.ComputePercent, err = parsePercentFlag("compute", f.compute); err != nil {
+			return nil, err
+		}
+	}
+	if f.minMemory != "" {
+		n, err := parseMemoryFlag("min-memory", f.minMemory, 0)
+		if err != nil {
+			return nil, err
+		}
+		req.Constraints.MinMemoryMib = n
+	}
+	labels, err := parseLabelFlag("label", f.labels)
+	if err != nil {
+		return nil, err
+	}
+	req.Constraints.Labels = labels
+	if f.topology != "" {
+		if req.Topology, err = parseEnumFlag[gpupoolv1.Topology]("topology", f.topology); err != nil {
+			return nil, err
+		}
+	}
+	if f.ttl < minLeaseTTL || f.ttl > maxLeaseTTL {
+		return nil, usagef("--ttl %s: must be between %s and %s", f.ttl, minLeaseTTL, maxLeaseTTL)
+	}
+	if strings.TrimSpace(f.tenant) == "" {
+		return nil, usagef("--tenant is empty: name the tenant whose quota the lease counts against, e.g. --tenant default")
+	}
+	if req.Class, err = parseEnumFlag[gpupoolv1.LeaseClass]("class", f.class); err != nil {
+		return nil, err
+	}
+	if f.hostCPU < 0 {
+		return nil, usagef("--host-cpu %d: must not be negative (millicores: 1000 = one CPU)", f.hostCPU)
+	}
+	req.HostCpuMillicores = f.hostCPU
+	if f.hostMemory != "" {
+		if req.HostMemoryMib, err = parseMemoryFlag("host-memory", f.hostMemory, 0); err != nil {
+			return nil, err
+		}
+	}
+	if req.RequestId == "" {
+		// A key of our own makes the client's retries of this one
+		// acquire idempotent.
+		req.RequestId = newRequestID()
+	}
+	return req, nil
+}
+
+func newLeaseAcquireCmd() *cobra.Command {
+	var f acquireFlags
+	cmd := &cobra.Command{
+		Use:   "acquire (--memory SIZE --compute PERCENT | --exclusive) [flags]",
+		Short: "Lease whole GPUs or fractional GPU slices",
+		Long: `Acquire places and grants a lease, or fails at once: it never waits for
+capacity. Ask either for whole GPUs (--exclusive) or for a slice of each GPU:
+--memory (binary units: 20GiB, 512MiB; a plain number is MiB) and --compute
+(percent of one GPU's SMs, 1-100; a ceiling, not a reservation).
+
+The lease lives for --ttl unless renewed with 'gpupool lease keepalive'.
+Acquire is idempotent on (--tenant, --request-id): when no --request-id is
+given a fresh one is made, so the client's own retries never grant twice;
+give your own to make re-running the command safe.
+
+The broker refuses a request that can never fit the pool (exit 1) and one
+that does not fit now (exit 1); a malformed one exits 2.`,
+		Example: `  # A quarter of one GPU with 20 GiB of its memory, for 10 minutes
+  gpupool lease acquire --memory 20GiB --compute 25 --ttl 10m
+
+  # Two whole A100s joined by NVLink
+  gpupool lease acquire --gpus 2 --exclusive --model 'A100*' --topology same-nvlink
+
+  # A preemptible slice on hosts labelled zone=eu-1, as JSON
+  gpupool lease acquire --memory 8Gi --compute 10 --class preemptible --label zone=eu-1 -o json`,
+		Args: exactArgs(0),
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			req, err := f.leaseRequest()
+			if err != nil {
+				return err
+			}
+			return withClient(cmd, func(ctx context.Context, c *client.Client) error {
+				resp, err := c.Lease.Acquire(ctx, &gpupoolv1.AcquireRequest{Request: req})
+				if err != nil {
+					return err
+				}
+				if resp.GetExisting() && global.output != "json" {
+					fmt.Fprintf(cmd.ErrOrStderr(), "request id %s matched lease %s granted earlier; showing it\n", req.GetRequestId(), resp.GetLease().GetId())
+				}
+				return render(cmd.OutOrStdout(), resp.GetLease(), func(w io.Writer) error { return printLease(w, resp.GetLease()) })
+			})
+		},
+	}
+	f.register(cmd)
+	return cmd
+}
+
+func newLeaseGetCmd() *cobra.Command {
+	var stale bool
+	cmd := &cobra.Command{
+		Use:   "get LEASE_ID",
+		Short: "Show one lease: state, fencing token, TTL and slices",
+		Long:  `Get shows one lease with every slice it holds. NotFound (exit 1) for an unknown lease.`,
+		Example: `  gpupool lease get l-42
+  gpupool lease get l-42 -o json`,
+		Args: exactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			return withClient(cmd, func(ctx context.Context, c *client.Client) error {
+				resp, err := c.Lease.Get(ctx, &gpupoolv1.GetLeaseRequest{LeaseId: args[0], Stale: stale})
+				if err != nil {
+					return err
+				}
+				return render(cmd.OutOrStdout(), resp.GetLease(), func(w io.Writer) error { return printLease(w, resp.GetLease()) })
+			})
+		},
+	}
+	addStaleFlag(cmd, &stale)
+	return cmd
+}
+
+// listFlags are the flags of 'lease ls'.
+type listFlags struct {
+	tenant string
+	host   string
+	states []string
+	all    bool
+	stale  bool
+}
+
+// listRequest checks the flags and builds the request they describe.
+func (f *listFlags) listRequest() (*gpupoolv1.ListLeasesRequest, error) {
+	req := &gpupoolv1.ListLeasesRequest{Tenant: f.tenant, Host: f.host, IncludeEnded: f.all, Stale: f.stale}
+	for _, s := range f.states {
+		st, err := parseEnumFlag[gpupoolv1.LeaseState]("state", s)
+		if err != nil {
+			return nil, err
+		}
+		req.States = append(req.States, st)
+	}
+	return req, nil
+}
+
+func newLeaseListCmd() *cobra.Command {
+	var f listFlags
+	cmd := &cobra.Command{
+		Use:     "ls",
+		Aliases: []string{"list"},
+		Short:   "List leases",
+		Long: `Ls lists leases, newest last. By default it shows every lease that has not
+ended (pending, granted, releasing); --all adds released, expired and revoked
+ones, and --state picks states explicitly.`,
+		Example: `  gpupool lease ls
+  gpupool lease ls --tenant team-a --host gpu-node-3
+  gpupool lease ls --state releasing,expired
+  gpupool lease ls --all -o json`,
+		Args: exactArgs(0),
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			req, err := f.listRequest()
+			if err != nil {
+				return err
+			}
+			return withClient(cmd, func(ctx context.Context, c *client.Client) error {
+				resp, err := c.Lease.List(ctx, req)
+				if err != nil {
+					return err
+				}
+				return render(cmd.OutOrStdout(), resp, func(w io.Writer) error { return printLeases(w, resp.GetLeases(), time.Now()) })
+			})
+		},
+	}
+	fs := cmd.Flags()
+	fs.StringVar(&f.tenant, "tenant", "", "only this tenant's leases")
+	fs.StringVar(&f.host, "host", "", "only leases with a slice on this pool host")
+	fs.StringSliceVar(&f.states, "state", nil, "only leases in these states, comma-separated: "+strings.Join(enumLabels[gpupoolv1.LeaseState](), ", "))
+	fs.BoolVar(&f.all, "all", false, "include ended leases (released, expired, revoked)")
+	addStaleFlag(cmd, &f.stale)
+	return cmd
+}
+
+func newLeaseReleaseCmd() *cobra.Command {
+	var reason string
+	cmd := &cobra.Command{
+		Use:   "release LEASE_ID",
+		Short: "End a lease",
+		Long: `Release ends a lease at once: its holder is no longer entitled to anything.
+The lease stays "releasing" until the agent confirms its workload is gone (or
+a lock-delay passes), and only then is its capacity free for others.`,
+		Example: `  gpupool lease release l-42
+  gpupool lease release l-42 --reason "job finished"`,
+		Args: exactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			return withClient(cmd, func(ctx context.Context, c *client.Client) error {
+				resp, err := c.Lease.Release(ctx, &gpupoolv1.ReleaseRequest{LeaseId: args[0], Reason: reason})
+				if err != nil {
+					return err
+				}
+				return render(cmd.OutOrStdout(), resp.GetLease(), func(w io.Writer) error {
+					_, err := fmt.Fprintf(w, "released %s: now %s (capacity is freed once the agent confirms teardown)\n",
+						args[0], leaseStateText(resp.GetLease()))
+					return err
+				})
+			})
+		},
+	}
+	cmd.Flags().StringVar(&reason, "reason", "", "why the lease ends, recorded on the lease")
+	return cmd
+}
+
+// Renewal pacing of 'lease keepalive'.
+const (
+	// minRenewEvery bounds how often a lease is renewed when the pace
+	// comes from its TTL.
+	minRenewEvery = 500 * time.Millisecond
+	// minInterval is the smallest --interval accepted.
+	minInterval = 100 * time.Millisecond
+	// maxReconnectWait caps the wait between reconnect attempts.
+	maxReconnectWait = 2 * time.Second
+)
+
+func newLeaseKeepAliveCmd() *cobra.Command {
+	var (
+		once     bool
+		interval time.Duration
+	)
+	cmd := &cobra.Command{
+		Use:   "keepalive LEASE_ID...",
+		Short: "Renew leases until interrupted, riding out broker failover",
+		Long: `Keepalive renews the given leases over one stream to the brokers, each at a
+third of its TTL (at most every 500ms) unless --interval says otherwise, and
+prints every renewal and every event about the leases (lost host, revocation).
+
+When the stream breaks (a broker restarts, a leader changes) keepalive
+reconnects to any broker and carries on; Ctrl-C stops it and exits 0. A lease
+that can no longer be renewed (released, expired, unknown) is dropped; when
+none is left keepalive exits 1.
+
+--once renews every lease once and exits 1 if any renewal failed, within
+--timeout.`,
+		Example: `  gpupool lease keepalive l-42
+  gpupool lease keepalive l-42 l-43 --interval 10s
+  gpupool lease keepalive l-42 --once
+  gpupool lease keepalive l-42 -o json`,
+		Args: minArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if once && cmd.Flags().Changed("interval") {
+				return usagef("--interval paces repeated renewals and has no meaning with --once: drop one of them")
+			}
+			if cmd.Flags().Changed("interval") && interval < minInterval {
+				return usagef("--interval %s: must be at least %s (or leave it out to renew at a third of each lease's TTL)", interval, minInterval)
+			}
+			c, err := dial()
+			if err != nil {
+				return err
+			}
+			defer c.Close()
+			ctx := cmd.Context()
+			if once {
+				var cancel context.CancelFunc
+				ctx, cancel = callCtx(cmd)
+				defer cancel()
+			}
+			k := &keepAliver{
+				renewals: newRenewals(args, interval, once),
+				open: func(ctx context.Context) (keepAliveStream, error) {
+					return c.Lease.KeepAlive(ctx)
+				},
+				print:  keepAlivePrinter(cmd.OutOrStdout()),
+				stderr: cmd.ErrOrStderr(),
+			}
+			return k.run(ctx)
+		},
+	}
+	fs := cmd.Flags()
+	fs.BoolVar(&once, "once", false, "renew every lease once and exit")
+	fs.DurationVar(&interval, "interval", 0, "renew every lease this often (default: a third of its TTL, at most every 500ms)")
+	return cmd
+}
+
+// keepAlivePrinter prints keepalive answers as JSON under -o json and as
+// one line each otherwise.
+func keepAlivePrinter(w io.Writer) func(*gpupoolv1.KeepAliveResponse) error {
+	if global.output == "json" {
+		return func(r *gpupoolv1.KeepAliveResponse) error { return printJSON(w, r) }
+	}
+	return func(r *gpupoolv1.KeepAliveResponse) error {
+		_, err := fmt.Fprintln(w, keepAliveLine(r))
+		return err
+	}
+}
+
+// keepAliveLine describes one keepalive answer: "renewed l-1: ttl 10m0s",
+// "not renewed l-1: lease l-1 not found" or "event l-1: lost: host h1 is
+// down".
+func keepAliveLine(r *gpupoolv1.KeepAliveResponse) string {
+	if ev := r.GetEvent(); ev != nil {
+		id := r.GetLeaseId()
+		if id == "" {
+			id = ev.GetLease().GetId()
+		}
+		line := fmt.Sprintf("event %s: %s", id, enumLabel(ev.GetType()))
+		if ev.GetMessage() != "" {
+			line += ": " + ev.GetMessage()
+		}
+		return line
+	}
+	if why := renewalFailure(r); why != "" {
+		return fmt.Sprintf("not renewed %s: %s", r.GetLeaseId(), why)
+	}
+	return fmt.Sprintf("renewed %s: ttl %s", r.GetLeaseId(), formatMillis(r.GetTtlMs()))
+}
+
+// renewalFailure says why a renewal answer is not a successful renewal, or
+// "" when it is one.
+func renewalFailure(r *gpupoolv1.KeepAliveResponse) string {
+	switch {
+	case r.GetError() != "":
+		return r.GetError()
+	case r.GetState() != gpupoolv1.LeaseState_LEASE_STATE_GRANTED:
+		return fmt.Sprintf("lease is %s, not granted", enumLabel(r.GetState()))
+	}
+	return ""
+}
+
+// renewals is the schedule of 'lease keepalive': which leases are still
+// being renewed, when each is due next, and which could not be renewed.
+// It does no I/O and reads no clock, so it is tested with plain times.
+type renewals struct {
+	ids      []string      // the leases, in the order given, without repeats
+	interval time.Duration // fixed pace; 0 paces each lease at a third of its TTL
+	once     bool          // renew each lease once, then drop it
+
+	active map[string]bool      // leases still to renew
+	next   map[string]time.Time // when an active lease is due; zero while waiting for an answer
+	failed map[string]string    // lease → why it could not be renewed
+}
+
+func newRenewals(ids []string, interval time.Duration, once bool) *renewals {
+	r := &renewals{interval: interval, once: once,
+		active: map[string]bool{}, next: map[string]time.Time{}, failed: map[string]string{}}
+	for _, id := range ids {
+		if !r.active[id] {
+			r.ids = append(r.ids, id)
+			r.active[id] = true
+		}
+	}
+	return r
+}
+
+// due lists the active leases to renew at now, in the order given; all
+// lists every active lease, as on a new stream.
+func (r *renewals) due(now time.Time, all bool) []string {
+	var out []string
+	for _, id := range r.ids {
+		if !r.active[id] {
+			continue
+		}
+		if at := r.next[id]; all || !at.IsZero() && !at.After(now) {
+			out = append(out, id)
+		}
+	}
+	return out
+}
+
+// sent records that a renewal of id went out at now.
+func (r *renewals) sent(id string, now time.Time) {
+	if r.interval > 0 && !r.once {
+		r.next[id] = now.Add(r.interval)
+	} else {
+		r.next[id] = time.Time{} // due again once answered
+	}
+}
+
+// answer records an answer received at now. Answers about leases not
+// being renewed are ignored.
+func (r *renewals) answer(resp *gpupoolv1.KeepAliveResponse, now time.Time) {
+	if ev := resp.GetEvent(); ev != nil {
+		id := resp.GetLeaseId()
+		if id == "" {
+			id = ev.GetLease().GetId()
+		}
+		if r.active[id] && ev.GetType() == gpupoolv1.LeaseEventType_LEASE_EVENT_TYPE_ENDED {
+			r.drop(id, "lease ended: "+orDash(ev.GetMessage()))
+		}
+		return
+	}
+	id := resp.GetLeaseId()
+	if !r.active[id] {
+		return
+	}
+	if why := renewalFailure(resp); why != "" {
+		r.drop(id, why)
+		return
+	}
+	switch {
+	case r.once:
+		r.drop(id, "")
+	case r.interval == 0:
+		r.next[id] = now.Add(max(time.Duration(resp.GetTtlMs())*time.Millisecond/3, minRenewEvery))
+	}
+}
+
+// drop stops renewing id; a non-empty why records a failure.
+func (r *renewals) drop(id, why string) {
+	delete(r.active, id)
+	delete(r.next, id)
+	if why != "" {
+		r.failed[id] = why
+	}
+}
+
+// wake is the earliest time a lease is due, if any is scheduled.
+func (r *renewals) wake() (time.Time, bool) {
+	var first time.Time
+	for id := range r.active {
+		if at := r.next[id]; !at.IsZero() && (first.IsZero() || at.Before(first)) {
+			first = at
+		}
+	}
+	return first, !first.IsZero()
+}
+
+// done reports whether no lease is left to renew.
+func (r *renewals) done() bool { return len(r.active) == 0 }
+
+// err summarises the failures, in the order the leases were given; nil
+// when every renewal succeeded.
+func (r *renewals) err() error {
+	var msgs []string
+	for _, id := range r.ids {
+		if why, ok := r.failed[id]; ok {
+			msgs = append(msgs, id+": "+why)
+		}
+	}
+	if len(msgs) == 0 {
+		return nil
+	}
+	return fmt.Errorf("%d of %d leases not renewed: %s", len(msgs), len(r.ids), strings.Join(msgs, "; "))
+}
+
+// pending lists the leases still active, in the order given.
+func (r *renewals) pending() []string {
+	var out []string
+	for _, id := range r.ids {
+		if r.active[id] {
+			out = append(out, id)
+		}
+	}
+	return out
+}
+
+// keepAliveStream is the client side of LeaseService.KeepAlive.
+type keepAliveStream interface {
+	Send(*gpupoolv1.KeepAliveRequest) error
+	Recv() (*gpupoolv1.KeepAliveResponse, error)
+	CloseSend() error
+}
+
+// keepAliver runs 'lease keepalive': it drives renewals over a stream and
+// opens a new stream whenever one breaks, until ctx ends or no lease is
+// left to renew.
+type keepAliver struct {
+	renewals *renewals
+	open     func(context.Context) (keepAliveStream, error)
+	print    func(*gpupoolv1.KeepAliveResponse) error
+	stderr   io.Writer
+
+	// now and wait default to the wall clock; tests replace them.
+	now  func() time.Time
+	wait func(ctx context.Context, d time.Duration) error
+	// firstWait is the first pause before reconnecting; it doubles up to
+	// maxReconnectWait. Zero means 50ms.
+	firstWait time.Duration
+}
+
+// run renews until ctx ends (nil: the user stopped it, unless --once was
+// still waiting for answers) or no lease is left (the renewal failures, if
+// any). A stream error that retrying cannot fix is returned as is.
+func (k *keepAliver) run(ctx context.Context) error {
+	if k.now == nil {
+		k.now = time.Now
+	}
+	if k.wait == nil {
+		k.wait = sleepCtx
+	}
+	first := k.firstWait
+	if first == 0 {
+		first = 50 * time.Millisecond
+	}
+	pause := first
+	lastLogged := ""
+	for {
+		answered, err := k.session(ctx)
+		switch {
+		case ctx.Err() != nil && k.renewals.once && !k.renewals.done():
+			return fmt.Errorf("no answer for %s before --timeout: %v", strings.Join(k.renewals.pending(), ", "), ctx.Err())
+		case ctx.Err() != nil:
+			return nil
+		case err == nil:
+			return k.renewals.err()
+		case !retryableStreamError(err):
+			return err
+		}
+		if answered {
+			pause, lastLogged = first, ""
+		}
+		// Say it once per outage, not once per attempt.
+		if msg := brokenStreamText(err); msg != lastLogged {
+			fmt.Fprintf(k.stderr, "keepalive stream broke: %s; reconnecting…\n", msg)
+			lastLogged = msg
+		}
+		if k.wait(ctx, pause) != nil {
+			continue // the top of the loop sorts out why ctx ended
+		}
+		pause = min(2*pause, maxReconnectWait)
+	}
+}
+
+// session runs one stream. It returns nil once no lease is left to renew,
+// or the error that ended the stream; answered tells whether the stream
+// carried any answer.
+func (k *keepAliver) session(ctx context.Context) (answered bool, err error) {
+	r := k.renewals
+	if r.done() {
+		return false, nil
+	}
+	if err := ctx.Err(); err != nil {
+		return false, err
+	}
+	sctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	st, err := k.open(sctx)
+	if err != nil {
+		return false, err
+	}
+	recv := make(chan received)
+	go func() {
+		for {
+			resp, err := st.Recv()
+			select {
+			case recv <- received{resp, err}:
+			case <-sctx.Done():
+				return
+			}
+			if err != nil {
+				return
+			}
+		}
+	}()
+	send := func(ids []string) error {
+		for _, id := range ids {
+			if err := st.Send(&gpupoolv1.KeepAliveRequest{LeaseId: id}); err != nil {
+				return streamError(err)
+			}
+			r.sent(id, k.now())
+		}
+		return nil
+	}
+	if err := send(r.due(k.now(), true)); err != nil {
+		return false, err
+	}
+	for !r.done() {
+		if err := k.step(ctx, recv, send, &answered); err != nil {
+			return answered, err
+		}
+	}
+	st.CloseSend()
+	return answered, nil
+}
+
+// received is one result of Recv on a keepalive stream.
+type received struct {
+	resp *gpupoolv1.KeepAliveResponse
+	err  error
+}
+
+// step waits for the next answer or the next due renewal and handles it.
+func (k *keepAliver) step(ctx context.Context, recv <-chan received, send func([]string) error, answered *bool) error {
+	r := k.renewals
+	var timer <-chan time.Time
+	if at, ok := r.wake(); ok {
+		t := time.NewTimer(at.Sub(k.now()))
+		defer t.Stop()
+		timer = t.C
+	}
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case m := <-recv:
+		if m.err != nil {
+			return streamError(m.err)
+		}
+		*answered = true
+		if err := k.print(m.resp); err != nil {
+			return err
+		}
+		r.answer(m.resp, k.now())
+		return nil
+	case <-timer:
+		return send(r.due(k.now(), false))
+	}
+}
+
+// streamError names a stream's clean end, which io.EOF does not.
+func streamError(err error) error {
+	if err == io.EOF {
+		return errors.New("the broker closed the stream")
+	}
+	return err
+}
+
+// retryableStreamError reports whether a new stream may succeed where err
+// ended the last one: anything but a refusal that another broker would
+// repeat.
+func retryableStreamError(err error) bool {
+	switch status.Code(err) {
+	case codes.InvalidArgument, codes.Unimplemented, codes.PermissionDenied, codes.Unauthenticated:
+		return false
+	}
+	return true
+}
+
+// brokenStreamText describes why a stream broke: the broker's own words
+// and the gRPC code.
+func brokenStreamText(err error) string {
+	if st, ok := status.FromError(err); ok {
+		return fmt.Sprintf("%s (%s)", st.Message(), st.Code())
+	}
+	return err.Error()
+}
+
+// sleepCtx waits for d or until ctx ends.
+func sleepCtx(ctx context.Context, d time.Duration) error {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-t.C:
+		return nil
+	}
+}

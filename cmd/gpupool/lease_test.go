@@ -1,0 +1,522 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"io"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/spf13/cobra"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/encoding/prototext"
+	"google.golang.org/protobuf/proto"
+
+	gpupoolv1 "github.com/gpupool/gpupool/proto/gpupool/v1"
+)
+
+func TestLeaseCommandsRefuseBadInput(t *testing.T) {
+	slice := []string{"lease", "acquire", "--memory", "20GiB", "--compute", "25"}
+	with := func(extra ...string) []string { return append(append([]string{}, slice...), extra...) }
+	checkUsageErrors(t, []usageCase{
+		{"acquire with --exclusive and --memory", []string{"lease", "acquire", "--exclusive", "--memory", "20GiB"}, []string{"--exclusive", "--memory", "--compute"}},
+		{"acquire with --exclusive and --compute", []string{"lease", "acquire", "--exclusive", "--compute", "25"}, []string{"--exclusive", "--compute"}},
+		{"acquire with neither form explains both", []string{"lease", "acquire"}, []string{"--exclusive for whole GPUs", "--memory and --compute", "--memory 20GiB --compute 25"}},
+		{"acquire with --memory alone", []string{"lease", "acquire", "--memory", "20GiB"}, []string{"--memory needs --compute"}},
+		{"acquire with --compute alone", []string{"lease", "acquire", "--compute", "25"}, []string{"--compute needs --memory"}},
+		{"acquire with no GPUs", with("--gpus", "0"), []string{"--gpus 0", "at least 1"}},
+		{"acquire with negative GPUs", with("--gpus", "-2"), []string{"--gpus -2", "at least 1"}},
+		{"acquire with decimal GB", []string{"lease", "acquire", "--memory", "20GB", "--compute", "25"}, []string{`--memory "20GB"`, "decimal", "GiB"}},
+		{"acquire with zero memory", []string{"lease", "acquire", "--memory", "0", "--compute", "25"}, []string{`--memory "0"`, "at least 1 MiB"}},
+		{"acquire with a fraction of a MiB", []string{"lease", "acquire", "--memory", "0.0001GiB", "--compute", "25"}, []string{`--memory "0.0001GiB"`, "whole number of MiB"}},
+		{"acquire with zero compute", []string{"lease", "acquire", "--memory", "1GiB", "--compute", "0"}, []string{`--compute "0"`, "1 to 100"}},
+		{"acquire with compute over 100", []string{"lease", "acquire", "--memory", "1GiB", "--compute", "150%"}, []string{`--compute "150%"`, "1 to 100"}},
+		{"acquire with fractional compute", []string{"lease", "acquire", "--memory", "1GiB", "--compute", "12.5"}, []string{`--compute "12.5"`, "whole percent"}},
+		{"acquire with an unknown topology", with("--topology", "same-rack"), []string{`--topology "same-rack"`, "same-host, distinct-gpus, same-nvlink, same-pcie-root"}},
+		{"acquire with an unknown class", with("--class", "besteffort"), []string{`--class "besteffort"`, "guaranteed, preemptible"}},
+		{"acquire with a TTL under a second", with("--ttl", "500ms"), []string{"--ttl 500ms", "between 1s and 24h0m0s"}},
+		{"acquire with a TTL over a day", with("--ttl", "25h"), []string{"--ttl 25h0m0s", "between 1s and 24h0m0s"}},
+		{"acquire with a label missing =", with("--label", "gpu"), []string{`--label "gpu"`, "key=value"}},
+		{"acquire with a label missing its key", with("--label", "=x"), []string{`--label "=x"`, "key=value"}},
+		{"acquire with two values for one label", with("--label", "zone=a", "--label", "zone=b"), []string{`--label "zone=b"`, `"zone"`, `already given as "a"`}},
+		{"acquire with an empty tenant", with("--tenant", ""), []string{"--tenant is empty"}},
+		{"acquire with negative host CPU", with("--host-cpu", "-1"), []string{"--host-cpu -1", "negative", "millicores"}},
+		{"acquire with decimal host memory", with("--host-memory", "16GB"), []string{`--host-memory "16GB"`, "GiB"}},
+		{"acquire with negative min memory", with("--min-memory", "-1GiB"), []string{`--min-memory "-1GiB"`, "negative"}},
+		{"acquire with a positional argument", with("extra"), []string{"accepts 0 arg(s)", "usage: gpupool lease acquire"}},
+		{"acquire with an unknown flag", with("--gpu", "2"), []string{"--gpu"}},
+		{"acquire with a non-number for --gpus", with("--gpus", "two"), []string{"--gpus"}},
+		{"acquire with a bad --ttl", with("--ttl", "5"), []string{"--ttl"}},
+		{"keepalive without a lease", []string{"lease", "keepalive"}, []string{"requires at least 1 arg(s)", "LEASE_ID..."}},
+		{"keepalive --once with --interval", []string{"lease", "keepalive", "l-1", "--once", "--interval", "5s"}, []string{"--interval", "--once"}},
+		{"keepalive with a tiny --interval", []string{"lease", "keepalive", "l-1", "--interval", "1ms"}, []string{"--interval 1ms", "at least 100ms"}},
+		{"keepalive with a bad -o", []string{"lease", "keepalive", "l-1", "-o", "yaml"}, []string{`--output "yaml"`, "table or json"}},
+		{"get without a lease", []string{"lease", "get"}, []string{"accepts 1 arg(s), received 0", "gpupool lease get LEASE_ID"}},
+		{"get with two leases", []string{"lease", "get", "l-1", "l-2"}, []string{"accepts 1 arg(s), received 2"}},
+		{"get with a bad -o", []string{"lease", "get", "l-1", "-o", "yaml"}, []string{`--output "yaml"`, "table or json"}},
+		{"ls with an unknown state", []string{"lease", "ls", "--state", "granted,bogus"}, []string{`--state "bogus"`, "pending, granted, releasing, released, expired, revoked"}},
+		{"ls with a positional argument", []string{"lease", "ls", "l-1"}, []string{"accepts 0 arg(s)"}},
+		{"release without a lease", []string{"lease", "release"}, []string{"accepts 1 arg(s), received 0", "gpupool lease release LEASE_ID"}},
+	})
+}
+
+// parseAcquire parses args as 'lease acquire' flags and builds the request.
+func parseAcquire(t *testing.T, args ...string) (*gpupoolv1.LeaseRequest, error) {
+	t.Helper()
+	var f acquireFlags
+	cmd := &cobra.Command{}
+	f.register(cmd)
+	if err := cmd.ParseFlags(args); err != nil {
+		t.Fatalf("parse %v: %v", args, err)
+	}
+	return f.leaseRequest()
+}
+
+func TestAcquireBuildsTheRequest(t *testing.T) {
+	prev := newRequestID
+	newRequestID = func() string { return "generated-id" }
+	t.Cleanup(func() { newRequestID = prev })
+
+	tests := []struct {
+		name string
+		args []string
+		want *gpupoolv1.LeaseRequest
+	}{
+		{
+			name: "a slice gets the defaults and a generated request id",
+			args: []string{"--memory", "20GiB", "--compute", "25%", "--holder", "me@box"},
+			want: &gpupoolv1.LeaseRequest{
+				Count: 1, MemoryMib: 20480, ComputePercent: 25, TtlMs: 300000,
+				RequestId: "generated-id", Tenant: "default", Holder: "me@box",
+				Class: gpupoolv1.LeaseClass_LEASE_CLASS_GUARANTEED, Constraints: &gpupoolv1.Constraints{},
+			},
+		},
+		{
+			name: "whole GPUs with every constraint",
+			args: []string{"--gpus", "2", "--exclusive", "--model", "A100*", "--min-memory", "40Gi", "--host", "h1",
+				"--label", "zone=eu-1", "--label", "rack=r2", "--topology", "same-nvlink", "--ttl", "90s",
+				"--tenant", "team-a", "--holder", "job-7", "--request-id", "req-1", "--class", "preemptible",
+				"--priority", "5", "--host-cpu", "2000", "--host-memory", "16GiB"},
+			want: &gpupoolv1.LeaseRequest{
+				Count: 2, Exclusive: true, TtlMs: 90000, RequestId: "req-1", Tenant: "team-a", Holder: "job-7",
+				Class: gpupoolv1.LeaseClass_LEASE_CLASS_PREEMPTIBLE, Priority: 5, Topology: gpupoolv1.Topology_TOPOLOGY_SAME_NVLINK,
+				HostCpuMillicores: 2000, HostMemoryMib: 16384,
+				Constraints: &gpupoolv1.Constraints{Model: "A100*", MinMemoryMib: 40960, Host: "h1",
+					Labels: map[string]string{"zone": "eu-1", "rack": "r2"}},
+			},
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			got, err := parseAcquire(t, tt.args...)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !proto.Equal(got, tt.want) {
+				t.Errorf("got  %v\nwant %v", prototext.Format(got), prototext.Format(tt.want))
+			}
+		})
+	}
+}
+
+func TestAcquireMakesAFreshRequestIDEachTime(t *testing.T) {
+	a, err := parseAcquire(t, "--exclusive")
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := parseAcquire(t, "--exclusive")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if a.GetRequestId() == "" || a.GetRequestId() == b.GetRequestId() {
+		t.Errorf("request ids %q and %q, want two different non-empty ones", a.GetRequestId(), b.GetRequestId())
+	}
+}
+
+func TestAcquireHolderDefaultsToUserAtHost(t *testing.T) {
+	t.Setenv("USER", "alice")
+	req, err := parseAcquire(t, "--exclusive")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.HasPrefix(req.GetHolder(), "alice@") || len(req.GetHolder()) == len("alice@") {
+		t.Errorf("holder %q, want alice@HOSTNAME", req.GetHolder())
+	}
+}
+
+func TestListRequest(t *testing.T) {
+	f := listFlags{tenant: "t", host: "h", states: []string{"granted", "RELEASING"}, all: true, stale: true}
+	got, err := f.listRequest()
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := &gpupoolv1.ListLeasesRequest{Tenant: "t", Host: "h", IncludeEnded: true, Stale: true,
+		States: []gpupoolv1.LeaseState{gpupoolv1.LeaseState_LEASE_STATE_GRANTED, gpupoolv1.LeaseState_LEASE_STATE_RELEASING}}
+	if !proto.Equal(got, want) {
+		t.Errorf("got %v, want %v", got, want)
+	}
+}
+
+// sampleLease is a granted lease with a fractional slice and a whole GPU.
+func sampleLease() *gpupoolv1.Lease {
+	return &gpupoolv1.Lease{
+		Id: "l-123", Tenant: "team-a", Holder: "alice@box", State: gpupoolv1.LeaseState_LEASE_STATE_GRANTED,
+		FencingToken: 42, TtlMs: 600000, Class: gpupoolv1.LeaseClass_LEASE_CLASS_GUARANTEED, RequestId: "req-1",
+		CreatedAtMs: time.Date(2026, 1, 1, 12, 0, 0, 0, time.UTC).UnixMilli(),
+		Slices: []*gpupoolv1.Slice{
+			{Host: "host-1", Device: "GPU-aaaa", DeviceIndex: 0, Model: "A100-SXM4-80GB", MemoryMib: 20480, ComputePercent: 25},
+			{Host: "host-1", Device: "GPU-bbbb", DeviceIndex: 3, Model: "A100-SXM4-80GB", MemoryMib: 81920, Exclusive: true},
+		},
+	}
+}
+
+func TestPrintLeaseTable(t *testing.T) {
+	var buf bytes.Buffer
+	if err := printLease(&buf, sampleLease()); err != nil {
+		t.Fatal(err)
+	}
+	out := buf.String()
+	for _, want := range []string{
+		"LEASE          l-123", "STATE          granted", "FENCING TOKEN  42", "TTL            10m0s",
+		"HOLDER         alice@box", "REQUEST ID     req-1",
+		"HOST    DEVICE    INDEX  MODEL           MEMORY  COMPUTE",
+		"host-1  GPU-aaaa  0      A100-SXM4-80GB  20 GiB  25%",
+		"host-1  GPU-bbbb  3      A100-SXM4-80GB  80 GiB  exclusive",
+	} {
+		if !strings.Contains(out, want) {
+			t.Errorf("printLease output lacks %q:\n%s", want, out)
+		}
+	}
+}
+
+func TestPrintLeaseJSONIsTheLeaseWithProtoFieldNames(t *testing.T) {
+	setOutput(t, "json")
+	var buf bytes.Buffer
+	l := sampleLease()
+	if err := render(&buf, l, func(io.Writer) error { t.Error("printed a table under -o json"); return nil }); err != nil {
+		t.Fatal(err)
+	}
+	var got map[string]any
+	if err := json.Unmarshal(buf.Bytes(), &got); err != nil {
+		t.Fatalf("output is not JSON: %v\n%s", err, buf.String())
+	}
+	for _, k := range []string{"id", "state", "fencing_token", "slices"} {
+		if _, ok := got[k]; !ok {
+			t.Errorf("JSON lacks %q: %s", k, buf.String())
+		}
+	}
+	if got["id"] != "l-123" || got["state"] != "LEASE_STATE_GRANTED" || got["fencing_token"] != "42" {
+		t.Errorf("id, state, fencing_token = %v, %v, %v; want l-123, LEASE_STATE_GRANTED, \"42\"", got["id"], got["state"], got["fencing_token"])
+	}
+	slices, _ := got["slices"].([]any)
+	if len(slices) != 2 {
+		t.Fatalf("slices = %v, want 2 of them", got["slices"])
+	}
+	first, _ := slices[0].(map[string]any)
+	for k, want := range map[string]any{"host": "host-1", "device": "GPU-aaaa", "memory_mib": "20480", "compute_percent": 25.0} {
+		if first[k] != want {
+			t.Errorf("slices[0].%s = %#v, want %#v", k, first[k], want)
+		}
+	}
+}
+
+func TestPrintLeases(t *testing.T) {
+	now := time.Date(2026, 1, 1, 12, 5, 0, 0, time.UTC)
+	releasing := sampleLease()
+	releasing.Id, releasing.State, releasing.EndState, releasing.Lost = "l-124", gpupoolv1.LeaseState_LEASE_STATE_RELEASING, gpupoolv1.LeaseState_LEASE_STATE_EXPIRED, true
+	releasing.Slices = releasing.Slices[:1]
+	var buf bytes.Buffer
+	if err := printLeases(&buf, []*gpupoolv1.Lease{sampleLease(), releasing}, now); err != nil {
+		t.Fatal(err)
+	}
+	lines := strings.Split(strings.TrimSpace(buf.String()), "\n")
+	if len(lines) != 3 {
+		t.Fatalf("got %d lines, want a header and 2 rows:\n%s", len(lines), buf.String())
+	}
+	for i, want := range [][]string{
+		{"ID", "TENANT", "HOLDER", "STATE", "SLICES", "FENCING", "AGE"},
+		{"l-123", "team-a", "alice@box", "granted", "host-1/0 20GiB 25%, host-1/3 exclusive", "42", "5m"},
+		{"l-124", "releasing→expired (lost)", "host-1/0 20GiB 25%"},
+	} {
+		for _, w := range want {
+			if !strings.Contains(lines[i], w) {
+				t.Errorf("line %d = %q, want it to contain %q", i, lines[i], w)
+			}
+		}
+	}
+}
+
+func TestKeepAliveLine(t *testing.T) {
+	tests := []struct {
+		name string
+		in   *gpupoolv1.KeepAliveResponse
+		want string
+	}{
+		{"a renewal", &gpupoolv1.KeepAliveResponse{LeaseId: "l-123", TtlMs: 600000, State: gpupoolv1.LeaseState_LEASE_STATE_GRANTED}, "renewed l-123: ttl 10m0s"},
+		{"an error", &gpupoolv1.KeepAliveResponse{LeaseId: "l-9", Error: "lease l-9 not found"}, "not renewed l-9: lease l-9 not found"},
+		{"a lease no longer granted", &gpupoolv1.KeepAliveResponse{LeaseId: "l-9", State: gpupoolv1.LeaseState_LEASE_STATE_EXPIRED}, "not renewed l-9: lease is expired, not granted"},
+		{"an event", &gpupoolv1.KeepAliveResponse{Event: &gpupoolv1.LeaseEvent{Type: gpupoolv1.LeaseEventType_LEASE_EVENT_TYPE_LOST,
+			Lease: &gpupoolv1.Lease{Id: "l-5"}, Message: "host h1 is down"}}, "event l-5: lost: host h1 is down"},
+	}
+	for _, tt := range tests {
+		if got := keepAliveLine(tt.in); got != tt.want {
+			t.Errorf("%s: got %q, want %q", tt.name, got, tt.want)
+		}
+	}
+}
+
+func granted(id string, ttl time.Duration) *gpupoolv1.KeepAliveResponse {
+	return &gpupoolv1.KeepAliveResponse{LeaseId: id, TtlMs: ttl.Milliseconds(), State: gpupoolv1.LeaseState_LEASE_STATE_GRANTED}
+}
+
+func TestRenewalsPaceEachLeaseAtAThirdOfItsTTL(t *testing.T) {
+	t0 := time.Unix(1000, 0)
+	r := newRenewals([]string{"l-1", "l-2", "l-1"}, 0, false)
+	if got := r.due(t0, true); strings.Join(got, ",") != "l-1,l-2" {
+		t.Fatalf("first send = %v, want l-1,l-2 (repeats dropped)", got)
+	}
+	r.sent("l-1", t0)
+	r.sent("l-2", t0)
+	if _, ok := r.wake(); ok {
+		t.Errorf("wake is set before any answer; want renewals to wait for the TTL")
+	}
+	r.answer(granted("l-1", 30*time.Second), t0)
+	r.answer(granted("l-2", 900*time.Millisecond), t0)
+	if at, _ := r.wake(); !at.Equal(t0.Add(minRenewEvery)) {
+		t.Errorf("wake = %v, want t0+500ms (a third of 900ms is under the minimum)", at.Sub(t0))
+	}
+	if got := r.due(t0.Add(time.Second), false); strings.Join(got, ",") != "l-2" {
+		t.Errorf("due at t0+1s = %v, want l-2", got)
+	}
+	if got := r.due(t0.Add(10*time.Second), false); strings.Join(got, ",") != "l-1,l-2" {
+		t.Errorf("due at t0+10s = %v, want l-1,l-2", got)
+	}
+	r.answer(&gpupoolv1.KeepAliveResponse{LeaseId: "l-2", Error: "lease l-2 not found"}, t0)
+	r.answer(granted("l-other", time.Second), t0)
+	if r.done() || strings.Join(r.pending(), ",") != "l-1" {
+		t.Errorf("pending = %v, want l-1 only", r.pending())
+	}
+	r.answer(&gpupoolv1.KeepAliveResponse{Event: &gpupoolv1.LeaseEvent{Type: gpupoolv1.LeaseEventType_LEASE_EVENT_TYPE_ENDED,
+		Lease: &gpupoolv1.Lease{Id: "l-1"}, Message: "revoked"}}, t0)
+	if !r.done() {
+		t.Errorf("an ended lease is still renewed")
+	}
+	if err := r.err(); err == nil || !strings.Contains(err.Error(), "2 of 2 leases not renewed: l-1: lease ended: revoked; l-2: lease l-2 not found") {
+		t.Errorf("err = %v, want both failures in order", err)
+	}
+}
+
+func TestRenewalsAtAFixedInterval(t *testing.T) {
+	t0 := time.Unix(1000, 0)
+	r := newRenewals([]string{"l-1"}, 10*time.Second, false)
+	r.sent("l-1", t0)
+	if at, ok := r.wake(); !ok || !at.Equal(t0.Add(10*time.Second)) {
+		t.Errorf("wake = %v, %v; want t0+10s even before an answer", at, ok)
+	}
+	r.answer(granted("l-1", time.Hour), t0.Add(time.Second))
+	if at, _ := r.wake(); !at.Equal(t0.Add(10 * time.Second)) {
+		t.Errorf("an answer moved the fixed schedule to %v", at.Sub(t0))
+	}
+}
+
+func TestRenewalsOnceDropsEachLeaseWhenAnswered(t *testing.T) {
+	r := newRenewals([]string{"l-1", "l-2"}, 0, true)
+	r.answer(granted("l-1", time.Minute), time.Time{})
+	if r.done() {
+		t.Fatal("done before l-2 was answered")
+	}
+	r.answer(granted("l-2", time.Minute), time.Time{})
+	if !r.done() || r.err() != nil {
+		t.Errorf("done = %v, err = %v; want done with no error", r.done(), r.err())
+	}
+}
+
+// fakeStream answers each Send with whatever reply returns for the lease.
+type fakeStream struct {
+	ctx     context.Context
+	reply   func(id string) []received
+	sent    []string
+	replies chan received
+}
+
+func (s *fakeStream) Send(r *gpupoolv1.KeepAliveRequest) error {
+	s.sent = append(s.sent, r.GetLeaseId())
+	for _, m := range s.reply(r.GetLeaseId()) {
+		s.replies <- m
+	}
+	return nil
+}
+
+func (s *fakeStream) Recv() (*gpupoolv1.KeepAliveResponse, error) {
+	select {
+	case m := <-s.replies:
+		return m.resp, m.err
+	case <-s.ctx.Done():
+		return nil, status.FromContextError(s.ctx.Err()).Err()
+	}
+}
+
+func (s *fakeStream) CloseSend() error { return nil }
+
+// fakeBroker hands out one scripted stream per KeepAlive call.
+type fakeBroker struct {
+	scripts []func(id string) []received
+	streams []*fakeStream
+	openErr error
+}
+
+func (b *fakeBroker) open(ctx context.Context) (keepAliveStream, error) {
+	if b.openErr != nil {
+		return nil, b.openErr
+	}
+	if len(b.streams) >= len(b.scripts) {
+		return nil, errors.New("fakeBroker: no script left for another stream")
+	}
+	s := &fakeStream{ctx: ctx, reply: b.scripts[len(b.streams)], replies: make(chan received, 16)}
+	b.streams = append(b.streams, s)
+	return s, nil
+}
+
+func newTestKeepAliver(b *fakeBroker, r *renewals) (*keepAliver, *bytes.Buffer, *bytes.Buffer) {
+	var out, errOut bytes.Buffer
+	var waits []time.Duration
+	k := &keepAliver{
+		renewals: r, open: b.open, print: keepAlivePrinter(&out), stderr: &errOut,
+		wait: func(_ context.Context, d time.Duration) error { waits = append(waits, d); return nil },
+	}
+	return k, &out, &errOut
+}
+
+func unavailable(string) []received {
+	return []received{{err: status.Error(codes.Unavailable, "leader lost")}}
+}
+
+func TestKeepAliveOnceRenewsEveryLease(t *testing.T) {
+	setOutput(t, "table")
+	b := &fakeBroker{scripts: []func(string) []received{
+		func(id string) []received { return []received{{resp: granted(id, 10*time.Minute)}} },
+	}}
+	k, out, _ := newTestKeepAliver(b, newRenewals([]string{"l-1", "l-2"}, 0, true))
+	if err := k.run(context.Background()); err != nil {
+		t.Fatalf("run: %v", err)
+	}
+	if got, want := out.String(), "renewed l-1: ttl 10m0s\nrenewed l-2: ttl 10m0s\n"; got != want {
+		t.Errorf("stdout %q, want %q", got, want)
+	}
+}
+
+func TestKeepAliveOnceFailsWhenARenewalFails(t *testing.T) {
+	setOutput(t, "table")
+	b := &fakeBroker{scripts: []func(string) []received{
+		func(id string) []received {
+			if id == "l-2" {
+				return []received{{resp: &gpupoolv1.KeepAliveResponse{LeaseId: id, Error: "lease l-2 not found"}}}
+			}
+			return []received{{resp: granted(id, time.Minute)}}
+		},
+	}}
+	k, out, _ := newTestKeepAliver(b, newRenewals([]string{"l-1", "l-2"}, 0, true))
+	err := k.run(context.Background())
+	if err == nil || !strings.Contains(err.Error(), "l-2: lease l-2 not found") {
+		t.Errorf("run = %v, want the failure of l-2", err)
+	}
+	if !strings.Contains(out.String(), "not renewed l-2: lease l-2 not found") {
+		t.Errorf("stdout %q lacks the failed renewal", out.String())
+	}
+}
+
+func TestKeepAliveReconnectsAfterTheStreamBreaks(t *testing.T) {
+	setOutput(t, "table")
+	b := &fakeBroker{scripts: []func(string) []received{
+		unavailable,
+		unavailable,
+		func(id string) []received { return []received{{resp: granted(id, time.Minute)}} },
+	}}
+	k, out, errOut := newTestKeepAliver(b, newRenewals([]string{"l-1"}, 0, true))
+	if err := k.run(context.Background()); err != nil {
+		t.Fatalf("run: %v", err)
+	}
+	if len(b.streams) != 3 {
+		t.Errorf("opened %d streams, want 3", len(b.streams))
+	}
+	if got := strings.Count(errOut.String(), "reconnecting…"); got != 1 {
+		t.Errorf("stderr %q: said reconnecting %d times, want once per outage", errOut.String(), got)
+	}
+	if out.String() != "renewed l-1: ttl 1m0s\n" {
+		t.Errorf("stdout %q, want the renewal", out.String())
+	}
+}
+
+func TestKeepAliveCarriesOnAcrossFailoverUntilNoLeaseIsLeft(t *testing.T) {
+	setOutput(t, "table")
+	b := &fakeBroker{scripts: []func(string) []received{
+		func(id string) []received {
+			return []received{{resp: granted(id, 30*time.Second)}, {err: status.Error(codes.Unavailable, "server shutting down")}}
+		},
+		func(id string) []received {
+			return []received{{resp: &gpupoolv1.KeepAliveResponse{LeaseId: id, State: gpupoolv1.LeaseState_LEASE_STATE_EXPIRED}}}
+		},
+	}}
+	k, out, errOut := newTestKeepAliver(b, newRenewals([]string{"l-1"}, 0, false))
+	err := k.run(context.Background())
+	if err == nil || !strings.Contains(err.Error(), "l-1: lease is expired") {
+		t.Errorf("run = %v, want the expiry of l-1", err)
+	}
+	if !strings.Contains(errOut.String(), "server shutting down (Unavailable); reconnecting…") {
+		t.Errorf("stderr %q, want a reconnect notice", errOut.String())
+	}
+	if want := "renewed l-1: ttl 30s\nnot renewed l-1: lease is expired, not granted\n"; out.String() != want {
+		t.Errorf("stdout %q, want %q", out.String(), want)
+	}
+}
+
+func TestKeepAliveStopsCleanlyWhenCancelled(t *testing.T) {
+	setOutput(t, "json")
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	sends, printed := 0, 0
+	b := &fakeBroker{scripts: []func(string) []received{
+		func(id string) []received {
+			// Renewed at a fixed 1ms pace; Ctrl-C once a renewal was
+			// printed and the timer sent another one.
+			if sends++; sends >= 2 && printed >= 1 {
+				cancel()
+				return nil
+			}
+			return []received{{resp: granted(id, time.Minute)}}
+		},
+	}}
+	k, out, _ := newTestKeepAliver(b, newRenewals([]string{"l-1"}, time.Millisecond, false))
+	print := k.print
+	k.print = func(r *gpupoolv1.KeepAliveResponse) error { printed++; return print(r) }
+	if err := k.run(ctx); err != nil {
+		t.Errorf("run after cancel = %v, want nil (Ctrl-C exits 0)", err)
+	}
+	if !strings.Contains(out.String(), `"lease_id": "l-1"`) || !strings.Contains(out.String(), `"ttl_ms": "60000"`) {
+		t.Errorf("stdout %q, want the KeepAliveResponse as JSON", out.String())
+	}
+}
+
+func TestKeepAliveGivesUpOnErrorsRetryingCannotFix(t *testing.T) {
+	b := &fakeBroker{openErr: status.Error(codes.Unimplemented, "unknown service")}
+	k, _, _ := newTestKeepAliver(b, newRenewals([]string{"l-1"}, 0, false))
+	if err := k.run(context.Background()); status.Code(err) != codes.Unimplemented {
+		t.Errorf("run = %v, want Unimplemented", err)
+	}
+}
+
+func TestKeepAliveOnceReportsLeasesLeftUnanswered(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	b := &fakeBroker{scripts: []func(string) []received{
+		func(string) []received { cancel(); return nil },
+	}}
+	k, _, _ := newTestKeepAliver(b, newRenewals([]string{"l-1"}, 0, true))
+	err := k.run(ctx)
+	if err == nil || !strings.Contains(err.Error(), "no answer for l-1") {
+		t.Errorf("run = %v, want an error naming l-1", err)
+	}
+}

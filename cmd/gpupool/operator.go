@@ -1,0 +1,390 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+
+	"github.com/mattn/go-isatty"
+	"github.com/spf13/cobra"
+	"google.golang.org/grpc/metadata"
+
+	"github.com/gpupool/gpupool/client"
+	gpupoolv1 "github.com/gpupool/gpupool/proto/gpupool/v1"
+)
+
+// snapshotIndexTrailer is the gRPC trailer in which a broker may report
+// the Raft index a saved snapshot was taken at.
+const snapshotIndexTrailer = "gpupool-snapshot-index"
+
+// snapshotChunkSize is how much of a snapshot file goes in one message,
+// well below gRPC's default 4 MiB limit.
+const snapshotChunkSize = 1 << 20
+
+func newOperatorCmd() *cobra.Command {
+	return newGroupCmd(&cobra.Command{
+		Use:   "operator",
+		Short: "Manage the broker cluster: Raft membership, leadership, snapshots",
+		Long: `Operator commands act on the broker cluster itself rather than on the pool:
+list and remove Raft peers, move leadership, and save or restore a snapshot
+of the whole state (hosts, devices, leases).`,
+		Example: `  gpupool operator raft peers
+  gpupool operator raft transfer-leadership --to broker-2
+  gpupool operator snapshot save backup.snap
+  gpupool operator snapshot restore backup.snap`,
+	},
+		newGroupCmd(&cobra.Command{
+			Use:   "raft",
+			Short: "Inspect and change the Raft configuration of the brokers",
+			Long:  `Raft commands list the broker servers that replicate the state, remove a dead one, and move leadership.`,
+			Example: `  gpupool operator raft peers
+  gpupool operator raft remove-peer broker-3`,
+		},
+			newRaftPeersCmd(),
+			newRaftRemovePeerCmd(),
+			newRaftTransferLeadershipCmd(),
+		),
+		newGroupCmd(&cobra.Command{
+			Use:   "snapshot",
+			Short: "Save or restore a snapshot of the whole cluster state",
+			Long:  `A snapshot holds the whole replicated state at one Raft index: hosts, devices, leases, quotas.`,
+			Example: `  gpupool operator snapshot save backup.snap
+  gpupool operator snapshot restore backup.snap --yes`,
+		},
+			newSnapshotSaveCmd(),
+			newSnapshotRestoreCmd(),
+		),
+	)
+}
+
+func newRaftPeersCmd() *cobra.Command {
+	return &cobra.Command{
+		Use:   "peers",
+		Short: "List the broker servers in the Raft configuration",
+		Long: `Peers lists every server in the Raft configuration, which one leads, and
+which ones vote. A healthy cluster has an odd number of voters (3 or 5).`,
+		Example: `  gpupool operator raft peers
+  gpupool operator raft peers -o json`,
+		Args: exactArgs(0),
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			return withClient(cmd, func(ctx context.Context, c *client.Client) error {
+				resp, err := c.Operator.RaftPeers(ctx, &gpupoolv1.RaftPeersRequest{})
+				if err != nil {
+					return err
+				}
+				return render(cmd.OutOrStdout(), resp, func(w io.Writer) error { return printRaftPeers(w, resp) })
+			})
+		},
+	}
+}
+
+// printRaftPeers prints one row per Raft peer.
+func printRaftPeers(w io.Writer, resp *gpupoolv1.RaftPeersResponse) error {
+	t := newTable(w, "ID", "RAFT ADDRESS", "RPC ADDRESS", "ROLE", "VOTER")
+	for _, p := range resp.GetPeers() {
+		role := "follower"
+		if p.GetLeader() {
+			role = "leader"
+		}
+		t.row(p.GetId(), orDash(p.GetRaftAddress()), orDash(p.GetRpcAddress()), role, yesNo(p.GetVoter()))
+	}
+	return t.flush()
+}
+
+func newRaftRemovePeerCmd() *cobra.Command {
+	return &cobra.Command{
+		Use:   "remove-peer SERVER_ID",
+		Short: "Remove a broker server from the Raft configuration",
+		Long: `Remove-peer takes a server out of the Raft configuration, typically one that
+died for good, so the rest can keep a quorum. The server ID is the one
+'gpupool operator raft peers' shows.`,
+		Example: `  gpupool operator raft remove-peer broker-3`,
+		Args:    exactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			return withClient(cmd, func(ctx context.Context, c *client.Client) error {
+				resp, err := c.Operator.RemovePeer(ctx, &gpupoolv1.RemovePeerRequest{Id: args[0]})
+				if err != nil {
+					return err
+				}
+				return render(cmd.OutOrStdout(), resp, func(w io.Writer) error {
+					_, err := fmt.Fprintf(w, "removed %s from the raft configuration\n", args[0])
+					return err
+				})
+			})
+		},
+	}
+}
+
+func newRaftTransferLeadershipCmd() *cobra.Command {
+	var to string
+	cmd := &cobra.Command{
+		Use:   "transfer-leadership [--to SERVER_ID]",
+		Short: "Move Raft leadership to another broker server",
+		Long: `Transfer-leadership asks the leader to hand over to --to, or, without it, to
+the most up-to-date follower, e.g. before restarting the leader's machine.`,
+		Example: `  gpupool operator raft transfer-leadership
+  gpupool operator raft transfer-leadership --to broker-2`,
+		Args: exactArgs(0),
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if cmd.Flags().Changed("to") && strings.TrimSpace(to) == "" {
+				return usagef("--to is empty: give a server ID from 'gpupool operator raft peers', or leave --to out to let raft choose")
+			}
+			return withClient(cmd, func(ctx context.Context, c *client.Client) error {
+				resp, err := c.Operator.TransferLeadership(ctx, &gpupoolv1.TransferLeadershipRequest{ToId: to})
+				if err != nil {
+					return err
+				}
+				return render(cmd.OutOrStdout(), resp, func(w io.Writer) error {
+					_, err := fmt.Fprintf(w, "leadership moved to %s\n", orDash(resp.GetLeaderId()))
+					return err
+				})
+			})
+		},
+	}
+	cmd.Flags().StringVar(&to, "to", "", "server ID of the new leader (default: the most up-to-date follower)")
+	return cmd
+}
+
+// checkSnapshotTarget checks up front that path can become a file.
+func checkSnapshotTarget(path string) error {
+	if fi, err := os.Stat(path); err == nil && fi.IsDir() {
+		return usagef("FILE %q is a directory: name the snapshot file to write, e.g. %s", path, filepath.Join(path, "gpupool.snap"))
+	}
+	dir := filepath.Dir(path)
+	if fi, err := os.Stat(dir); err != nil || !fi.IsDir() {
+		return usagef("FILE %q: directory %q does not exist", path, dir)
+	}
+	return nil
+}
+
+// snapshotSaved is what 'snapshot save -o json' prints.
+type snapshotSaved struct {
+	File  string `json:"file"`
+	Bytes int64  `json:"bytes"`
+	Index uint64 `json:"index,omitempty"`
+}
+
+func newSnapshotSaveCmd() *cobra.Command {
+	return &cobra.Command{
+		Use:   "save FILE",
+		Short: "Save a snapshot of the whole cluster state to FILE",
+		Long: `Save streams a point-in-time snapshot of the replicated state into FILE. The
+file appears only once complete (written to a temporary file beside it, then
+renamed), so an interrupted save never leaves a truncated snapshot behind.
+Raise --timeout for a large state.`,
+		Example: `  gpupool operator snapshot save backup.snap
+  gpupool operator snapshot save /var/backups/gpupool-$(date +%F).snap --timeout 5m`,
+		Args: exactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			path := args[0]
+			if err := checkSnapshotTarget(path); err != nil {
+				return err
+			}
+			return withClient(cmd, func(ctx context.Context, c *client.Client) error {
+				stream, err := c.Operator.SnapshotSave(ctx, &gpupoolv1.SnapshotSaveRequest{})
+				if err != nil {
+					return err
+				}
+				n, err := receiveSnapshot(stream.Recv, path)
+				if err != nil {
+					return err
+				}
+				saved := snapshotSaved{File: path, Bytes: n, Index: trailerIndex(stream.Trailer())}
+				return printSnapshotSaved(cmd.OutOrStdout(), saved)
+			})
+		},
+	}
+}
+
+// trailerIndex reads the snapshot index trailer, 0 when absent.
+func trailerIndex(md metadata.MD) uint64 {
+	for _, v := range md.Get(snapshotIndexTrailer) {
+		if n, err := strconv.ParseUint(v, 10, 64); err == nil {
+			return n
+		}
+	}
+	return 0
+}
+
+func printSnapshotSaved(w io.Writer, s snapshotSaved) error {
+	if global.output == "json" {
+		b, err := json.MarshalIndent(s, "", "  ")
+		if err != nil {
+			return err
+		}
+		_, err = fmt.Fprintln(w, string(b))
+		return err
+	}
+	line := fmt.Sprintf("saved %d bytes to %s", s.Bytes, s.File)
+	if s.Index != 0 {
+		line += fmt.Sprintf(" (raft index %d)", s.Index)
+	}
+	_, err := fmt.Fprintln(w, line)
+	return err
+}
+
+// receiveSnapshot writes the chunks recv yields until io.EOF into path,
+// atomically: into a temporary file in the same directory, synced and then
+// renamed over path. On any error path is left as it was and the temporary
+// file is removed. It returns the bytes written.
+func receiveSnapshot(recv func() (*gpupoolv1.SnapshotChunk, error), path string) (n int64, err error) {
+	tmp, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".tmp-*")
+	if err != nil {
+		return 0, err
+	}
+	defer func() {
+		if err != nil {
+			tmp.Close()
+			os.Remove(tmp.Name())
+		}
+	}()
+	for {
+		chunk, err := recv()
+		if err == io.EOF {
+			break
+		}
+		if err != nil {
+			return n, err
+		}
+		m, err := tmp.Write(chunk.GetData())
+		n += int64(m)
+		if err != nil {
+			return n, err
+		}
+	}
+	if n == 0 {
+		return 0, errors.New("the broker sent an empty snapshot; nothing saved")
+	}
+	if err := tmp.Sync(); err != nil {
+		return n, err
+	}
+	if err := tmp.Close(); err != nil {
+		return n, err
+	}
+	return n, os.Rename(tmp.Name(), path)
+}
+
+// sendSnapshot sends the contents of r in chunks and returns the bytes
+// sent.
+func sendSnapshot(r io.Reader, send func(*gpupoolv1.SnapshotChunk) error) (int64, error) {
+	buf := make([]byte, snapshotChunkSize)
+	var n int64
+	for {
+		m, err := io.ReadFull(r, buf)
+		if m > 0 {
+			if err := send(&gpupoolv1.SnapshotChunk{Data: append([]byte(nil), buf[:m]...)}); err != nil {
+				return n, err
+			}
+			n += int64(m)
+		}
+		if err == io.EOF || err == io.ErrUnexpectedEOF {
+			return n, nil
+		}
+		if err != nil {
+			return n, err
+		}
+	}
+}
+
+// stdinIsTerminal reports whether r is an interactive terminal, where a
+// prompt can be answered. Tests replace it.
+var stdinIsTerminal = func(r io.Reader) bool {
+	f, ok := r.(*os.File)
+	return ok && (isatty.IsTerminal(f.Fd()) || isatty.IsCygwinTerminal(f.Fd()))
+}
+
+// confirm asks question on out and reads the answer from in: true only
+// for y or yes.
+func confirm(in io.Reader, out io.Writer, question string) (bool, error) {
+	fmt.Fprintf(out, "%s [y/N]: ", question)
+	line, err := bufio.NewReader(in).ReadString('\n')
+	if err != nil && err != io.EOF {
+		return false, err
+	}
+	switch strings.ToLower(strings.TrimSpace(line)) {
+	case "y", "yes":
+		return true, nil
+	}
+	return false, nil
+}
+
+func newSnapshotRestoreCmd() *cobra.Command {
+	var yes bool
+	cmd := &cobra.Command{
+		Use:   "restore FILE [--yes]",
+		Short: "Replace the whole cluster state with a saved snapshot",
+		Long: `Restore replaces the whole replicated state (hosts, devices, leases, quotas)
+with the snapshot in FILE, on every broker. Everything that happened since
+the snapshot was saved is lost: leases granted since are forgotten.
+
+Restore asks for confirmation on the terminal; give --yes to skip the
+question (required when stdin is not a terminal, e.g. in scripts).`,
+		Example: `  gpupool operator snapshot restore backup.snap
+  gpupool operator snapshot restore backup.snap --yes`,
+		Args: exactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			path := args[0]
+			if err := checkOutput(); err != nil {
+				return err
+			}
+			fi, err := os.Stat(path)
+			if err != nil {
+				var pe *os.PathError
+				if errors.As(err, &pe) {
+					err = pe.Err
+				}
+				return usagef("FILE %q: %v; name a snapshot file written by 'gpupool operator snapshot save'", path, err)
+			}
+			if fi.IsDir() {
+				return usagef("FILE %q is a directory: name a snapshot file written by 'gpupool operator snapshot save'", path)
+			}
+			if !yes {
+				if !stdinIsTerminal(cmd.InOrStdin()) {
+					return usagef("restore replaces the whole cluster state and needs confirmation: stdin is not a terminal, so pass --yes")
+				}
+				ok, err := confirm(cmd.InOrStdin(), cmd.ErrOrStderr(), fmt.Sprintf(
+					"Replace the whole cluster state with %s (%d bytes)? Everything since the snapshot is lost.", path, fi.Size()))
+				if err != nil {
+					return err
+				}
+				if !ok {
+					return errors.New("restore cancelled; the cluster state is unchanged")
+				}
+			}
+			f, err := os.Open(path)
+			if err != nil {
+				return err
+			}
+			defer f.Close()
+			return withClient(cmd, func(ctx context.Context, c *client.Client) error {
+				stream, err := c.Operator.SnapshotRestore(ctx)
+				if err != nil {
+					return err
+				}
+				n, err := sendSnapshot(f, stream.Send)
+				if err != nil && err != io.EOF {
+					return err
+				}
+				// On io.EOF from Send the broker ended the stream; its
+				// reason comes from CloseAndRecv.
+				resp, err := stream.CloseAndRecv()
+				if err != nil {
+					return err
+				}
+				return render(cmd.OutOrStdout(), resp, func(w io.Writer) error {
+					_, err := fmt.Fprintf(w, "restored %s (%d bytes): the cluster state is now at raft index %d\n", path, n, resp.GetIndex())
+					return err
+				})
+			})
+		},
+	}
+	cmd.Flags().BoolVarP(&yes, "yes", "y", false, "restore without asking for confirmation")
+	return cmd
+}

@@ -1,0 +1,437 @@
+// Package cluster_test runs real clusters of built gpupool binaries: three
+// broker processes on 127.0.0.x ports and simulated agents, then kills,
+// restarts and checks them.
+package cluster_test
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/gpupool/gpupool/client"
+	gpupoolv1 "github.com/gpupool/gpupool/proto/gpupool/v1"
+)
+
+var binary string
+
+func TestMain(m *testing.M) {
+	dir, err := os.MkdirTemp("", "gpupool-cluster-test-")
+	if err != nil {
+		panic(err)
+	}
+	binary = filepath.Join(dir, "gpupool")
+	out, err := exec.Command("go", "build", "-o", binary, "github.com/gpupool/gpupool/cmd/gpupool").CombinedOutput()
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "build gpupool: %v\n%s", err, out)
+		os.Exit(1)
+	}
+	code := m.Run()
+	os.RemoveAll(dir)
+	os.Exit(code)
+}
+
+// freePort asks the kernel for a free port on ip.
+func freePort(t *testing.T, ip string) string {
+	t.Helper()
+	l, err := net.Listen("tcp", net.JoinHostPort(ip, "0"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().String()
+}
+
+// proc is one gpupool child process.
+type proc struct {
+	name string
+	args []string
+	log  *os.File
+	cmd  *exec.Cmd
+	done chan struct{}
+}
+
+func (p *proc) start(t *testing.T) {
+	t.Helper()
+	p.cmd = exec.Command(binary, p.args...)
+	p.cmd.Stdout, p.cmd.Stderr = p.log, p.log
+	p.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	if err := p.cmd.Start(); err != nil {
+		t.Fatalf("start %s: %v", p.name, err)
+	}
+	p.done = make(chan struct{})
+	go func(cmd *exec.Cmd, done chan struct{}) {
+		cmd.Wait()
+		close(done)
+	}(p.cmd, p.done)
+}
+
+func (p *proc) signal(t *testing.T, sig syscall.Signal) {
+	t.Helper()
+	p.cmd.Process.Signal(sig)
+	select {
+	case <-p.done:
+	case <-time.After(20 * time.Second):
+		p.cmd.Process.Kill()
+		<-p.done
+		t.Errorf("%s did not stop on %v within 20s", p.name, sig)
+	}
+}
+
+func (p *proc) running() bool {
+	select {
+	case <-p.done:
+		return false
+	default:
+		return p.done != nil
+	}
+}
+
+// cluster is three brokers and some agents.
+type cluster struct {
+	t       *testing.T
+	dir     string
+	brokers []*proc
+	agents  []*proc
+	addrs   []string
+	c       *client.Client
+}
+
+func newCluster(t *testing.T, agents int) *cluster {
+	t.Helper()
+	cl := &cluster{t: t, dir: t.TempDir()}
+	var raftAddrs []string
+	for i := range 3 {
+		ip := fmt.Sprintf("127.0.0.%d", i+2)
+		cl.addrs = append(cl.addrs, freePort(t, ip))
+		raftAddrs = append(raftAddrs, freePort(t, ip))
+	}
+	for i := range 3 {
+		var join []string
+		for j, a := range cl.addrs {
+			if j != i {
+				join = append(join, a)
+			}
+		}
+		cl.brokers = append(cl.brokers, cl.newProc(fmt.Sprintf("broker-%d", i+1),
+			"broker", "--node-id", fmt.Sprintf("broker-%d", i+1), "--data-dir", filepath.Join(cl.dir, fmt.Sprintf("broker-%d", i+1)),
+			"--bind", cl.addrs[i], "--raft-bind", raftAddrs[i], "--bootstrap-expect", "3", "--join", strings.Join(join, ","),
+			"--heartbeat-interval", "500ms", "--heartbeat-ttl", "5s", "--log-level", "debug"))
+	}
+	for i := range agents {
+		cl.agents = append(cl.agents, cl.newProc(fmt.Sprintf("host-%d", i+1),
+			"agent", "--broker", strings.Join(cl.addrs, ","), "--simulate", "8xA100-80GB", "--host-id", fmt.Sprintf("host-%d", i+1)))
+	}
+	for _, p := range append(cl.brokers, cl.agents...) {
+		p.start(t)
+	}
+	t.Cleanup(func() {
+		for _, p := range append(cl.agents, cl.brokers...) {
+			if p.running() {
+				p.cmd.Process.Kill()
+				<-p.done
+			}
+		}
+		if t.Failed() {
+			for _, p := range append(cl.brokers, cl.agents...) {
+				b, _ := os.ReadFile(p.log.Name())
+				t.Logf("---- %s log (last 4 KiB) ----\n%s", p.name, tail(b, 4096))
+			}
+		}
+	})
+	c, err := client.Dial(cl.addrs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	cl.c = c
+	cl.waitForHosts(agents)
+	return cl
+}
+
+func tail(b []byte, n int) []byte {
+	if len(b) > n {
+		return b[len(b)-n:]
+	}
+	return b
+}
+
+func (cl *cluster) newProc(name string, args ...string) *proc {
+	f, err := os.Create(filepath.Join(cl.dir, name+".log"))
+	if err != nil {
+		cl.t.Fatal(err)
+	}
+	cl.t.Cleanup(func() { f.Close() })
+	return &proc{name: name, args: args, log: f}
+}
+
+func ctxFor(t *testing.T, d time.Duration) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), d)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+// eventually polls f until it returns nil or the deadline passes.
+func eventually(t *testing.T, what string, d time.Duration, f func() error) {
+	t.Helper()
+	deadline := time.Now().Add(d)
+	for {
+		err := f()
+		if err == nil {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %s waiting for %s: %v", d, what, err)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+func (cl *cluster) waitForHosts(n int) {
+	cl.t.Helper()
+	eventually(cl.t, fmt.Sprintf("%d ready hosts", n), 60*time.Second, func() error {
+		st, err := cl.c.Pool.Status(ctxFor(cl.t, 5*time.Second), &gpupoolv1.StatusRequest{})
+		if err != nil {
+			return err
+		}
+		if int(st.HostsReady) < n {
+			return fmt.Errorf("%d ready", st.HostsReady)
+		}
+		return nil
+	})
+}
+
+// leader returns the index of the leading broker.
+func (cl *cluster) leader() int {
+	cl.t.Helper()
+	var idx int
+	eventually(cl.t, "a leader", 30*time.Second, func() error {
+		resp, err := cl.c.Operator.RaftPeers(ctxFor(cl.t, 5*time.Second), &gpupoolv1.RaftPeersRequest{})
+		if err != nil {
+			return err
+		}
+		for i := range cl.brokers {
+			if resp.LeaderId == fmt.Sprintf("broker-%d", i+1) && cl.brokers[i].running() {
+				idx = i
+				return nil
+			}
+		}
+		return fmt.Errorf("leader %q is not a running broker", resp.LeaderId)
+	})
+	return idx
+}
+
+func fractional(mem int64, compute int32, reqID string) *gpupoolv1.AcquireRequest {
+	return &gpupoolv1.AcquireRequest{Request: &gpupoolv1.LeaseRequest{
+		Count: 1, MemoryMib: mem, ComputePercent: compute, TtlMs: 10 * 60 * 1000, RequestId: reqID, Holder: "cluster-test",
+	}}
+}
+
+// checkNoOvercommit sums every holding lease's slices per device and
+// compares them with each device's capacity and recorded allocation.
+func checkNoOvercommit(t *testing.T, leases []*gpupoolv1.Lease, devices []*gpupoolv1.Device) {
+	t.Helper()
+	mem := map[string]int64{}
+	compute := map[string]int32{}
+	for _, l := range leases {
+		if l.State != gpupoolv1.LeaseState_LEASE_STATE_GRANTED && l.State != gpupoolv1.LeaseState_LEASE_STATE_RELEASING {
+			continue
+		}
+		for _, s := range l.Slices {
+			mem[s.Device] += s.MemoryMib
+			compute[s.Device] += s.ComputePercent
+		}
+	}
+	for _, d := range devices {
+		if mem[d.Uuid] > d.MemoryMib || compute[d.Uuid] > 100 {
+			t.Errorf("device %s over-committed: %d/%d MiB, %d%% compute", d.Uuid, mem[d.Uuid], d.MemoryMib, compute[d.Uuid])
+		}
+		if mem[d.Uuid] != d.AllocatedMemoryMib || compute[d.Uuid] != d.AllocatedComputePercent {
+			t.Errorf("device %s: leases hold %d MiB/%d%%, device records %d MiB/%d%%", d.Uuid, mem[d.Uuid], compute[d.Uuid], d.AllocatedMemoryMib, d.AllocatedComputePercent)
+		}
+	}
+}
+
+func (cl *cluster) listAll(stale bool, c *client.Client) []*gpupoolv1.Lease {
+	cl.t.Helper()
+	if c == nil {
+		c = cl.c
+	}
+	resp, err := c.Lease.List(ctxFor(cl.t, 20*time.Second), &gpupoolv1.ListLeasesRequest{IncludeEnded: true, Stale: stale})
+	if err != nil {
+		cl.t.Fatal(err)
+	}
+	return resp.Leases
+}
+
+func (cl *cluster) devices() []*gpupoolv1.Device {
+	cl.t.Helper()
+	resp, err := cl.c.Pool.ListDevices(ctxFor(cl.t, 20*time.Second), &gpupoolv1.ListDevicesRequest{})
+	if err != nil {
+		cl.t.Fatal(err)
+	}
+	return resp.Devices
+}
+
+func TestClusterKeepsEveryAcknowledgedLeaseThroughLeaderKillRestartAndFullRestart(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts real processes")
+	}
+	cl := newCluster(t, 2) // 16 GPUs of 80 GiB
+
+	// 200 leases of 4 GiB and 5 %: 20 fit per GPU, 320 in the pool.
+	acked := map[string]*gpupoolv1.Lease{}
+	var mu sync.Mutex
+	var wg sync.WaitGroup
+	errs := make(chan error, 200)
+	for w := range 8 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := w; i < 200; i += 8 {
+				resp, err := cl.c.Lease.Acquire(ctxFor(t, 30*time.Second), fractional(4096, 5, fmt.Sprintf("req-%d", i)))
+				if err != nil {
+					errs <- fmt.Errorf("acquire %d: %w", i, err)
+					continue
+				}
+				mu.Lock()
+				acked[resp.Lease.Id] = resp.Lease
+				mu.Unlock()
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Fatal(err)
+	}
+	if len(acked) != 200 {
+		t.Fatalf("got %d distinct leases, want 200", len(acked))
+	}
+	checkNoOvercommit(t, cl.listAll(false, nil), cl.devices())
+
+	// kill -9 the leader.
+	old := cl.leader()
+	killedAt := time.Now()
+	cl.brokers[old].cmd.Process.Kill()
+	<-cl.brokers[old].done
+	var firstAcquire time.Duration
+	eventually(t, "an acquire after the leader kill", 30*time.Second, func() error {
+		_, err := cl.c.Lease.Acquire(ctxFor(t, 5*time.Second), fractional(1024, 1, "after-kill"))
+		if err == nil {
+			firstAcquire = time.Since(killedAt)
+		}
+		return err
+	})
+	newLeader := cl.leader()
+	t.Logf("leader broker-%d killed; broker-%d leads; first acquire succeeded %s after the kill", old+1, newLeader+1, firstAcquire.Round(time.Millisecond))
+	if newLeader == old {
+		t.Fatalf("the killed broker-%d still leads", old+1)
+	}
+
+	after := cl.listAll(false, nil)
+	byID := map[string]*gpupoolv1.Lease{}
+	for _, l := range after {
+		byID[l.Id] = l
+	}
+	for id, want := range acked {
+		got := byID[id]
+		if got == nil {
+			t.Fatalf("acknowledged lease %s is gone after the leader kill", id)
+		}
+		if got.State != gpupoolv1.LeaseState_LEASE_STATE_GRANTED || got.FencingToken != want.FencingToken {
+			t.Fatalf("lease %s: got %v fencing %d, want GRANTED fencing %d", id, got.State, got.FencingToken, want.FencingToken)
+		}
+	}
+	checkNoOvercommit(t, after, cl.devices())
+
+	// A lease acquired before the kill can still be renewed.
+	var some string
+	for id := range acked {
+		some = id
+		break
+	}
+	ka, err := cl.c.Lease.KeepAlive(ctxFor(t, 20*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := ka.Send(&gpupoolv1.KeepAliveRequest{LeaseId: some}); err != nil {
+		t.Fatal(err)
+	}
+	if r, err := ka.Recv(); err != nil || r.Error != "" || r.TtlMs == 0 {
+		t.Fatalf("renew %s after failover: got %v (err %v)", some, r, err)
+	}
+	ka.CloseSend()
+
+	// The killed server restarts from its data dir and catches up.
+	cl.brokers[old].start(t)
+	direct, err := client.Dial([]string{cl.addrs[old]})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer direct.Close()
+	eventually(t, "the restarted server to catch up", 30*time.Second, func() error {
+		resp, err := direct.Lease.List(ctxFor(t, 5*time.Second), &gpupoolv1.ListLeasesRequest{IncludeEnded: true, Stale: true})
+		if err != nil {
+			return err
+		}
+		if len(resp.Leases) != len(after) {
+			return fmt.Errorf("has %d leases, want %d", len(resp.Leases), len(after))
+		}
+		return nil
+	})
+
+	// Stop all three and start them again: the state is intact.
+	before := cl.listAll(false, nil)
+	for _, b := range cl.brokers {
+		b.signal(t, syscall.SIGTERM)
+	}
+	for _, b := range cl.brokers {
+		b.start(t)
+	}
+	cl.leader()
+	again := cl.listAll(false, nil)
+	if len(again) != len(before) {
+		t.Fatalf("after a full restart: %d leases, want %d", len(again), len(before))
+	}
+	for i := range before {
+		if before[i].Id != again[i].Id || before[i].State != again[i].State || before[i].FencingToken != again[i].FencingToken {
+			t.Fatalf("after a full restart, lease %d differs: %v vs %v", i, again[i], before[i])
+		}
+	}
+	checkNoOvercommit(t, again, cl.devices())
+}
+
+func TestBrokerRefusesACorruptDataDir(t *testing.T) {
+	dir := t.TempDir()
+	if err := os.MkdirAll(filepath.Join(dir, "raft"), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	os.WriteFile(filepath.Join(dir, "node-id"), []byte("broker-x\n"), 0o600)
+	os.WriteFile(filepath.Join(dir, "raft", "raft.db"), bytes.Repeat([]byte("garbage!"), 1024), 0o600)
+	tests := []struct {
+		name  string
+		setup func()
+		want  string
+	}{
+		{"a raft.db that is not a bolt file", func() {}, "damaged or not a gpupool Raft log"},
+		{"a data dir whose raft.db went missing", func() { os.Remove(filepath.Join(dir, "raft", "raft.db")) }, "refusing to start empty"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			tt.setup()
+			out, err := exec.Command(binary, "broker", "--data-dir", dir, "--bind", freePort(t, "127.0.0.1"), "--bootstrap-expect", "1").CombinedOutput()
+			if err == nil || !strings.Contains(string(out), tt.want) {
+				t.Fatalf("got err %v, output %q; want a failure mentioning %q", err, out, tt.want)
+			}
+		})
+	}
+}
