@@ -4,6 +4,8 @@ GO    ?= go
 BIN   := $(CURDIR)/bin
 TOOLS := $(CURDIR)/.bin
 PROTO_FILES := $(wildcard proto/gpupool/v1/*.proto)
+# go-nvml's cgo prints deprecation warnings on every fresh build; they are not ours.
+export CGO_CFLAGS ?= -O2 -g -Wno-deprecated-declarations
 PKG_RACE := ./broker/... ./agent/... ./client/... ./internal/...
 
 .PHONY: all build test dev proto proto-check lint bench tools clean test-unit test-cluster
@@ -42,15 +44,18 @@ proto: tools ## regenerate the Go code from proto/
 # Fails when the committed generated code is not what the .proto files and
 # the pinned plugins produce. The protoc version comment is ignored.
 proto-check: tools
-	@tmp=$$(mktemp -d); trap 'rm -rf $$tmp' EXIT; \
+	@tmp=$$(mktemp -d); trap 'rm -rf $$tmp' EXIT; stale=0; \
 	PATH=$(TOOLS):$$PATH protoc -I proto \
 	  --go_out=$$tmp --go_opt=module=github.com/gpupool/gpupool \
 	  --go-grpc_out=$$tmp --go-grpc_opt=module=github.com/gpupool/gpupool \
-	  $(PROTO_FILES) && \
-	if ! diff -r -I '^// \(- \)\?protoc ' $$tmp/proto proto >/dev/null; then \
-	  diff -r -I '^// \(- \)\?protoc ' $$tmp/proto proto | head -40; \
-	  echo "proto-check: generated code is stale; run 'make proto' and commit the result"; exit 1; \
-	fi; echo "proto-check: generated code is up to date"
+	  $(PROTO_FILES) || exit 1; \
+	for f in $$(cd $$tmp && find proto -name '*.go'); do \
+	  diff -u -I '^// \(- \)\?protoc ' $$tmp/$$f $$f | head -20 || true; \
+	  diff -q -I '^// \(- \)\?protoc ' $$tmp/$$f $$f >/dev/null 2>&1 || stale=1; \
+	done; \
+	for f in $$(find proto -name '*.pb.go'); do [ -f $$tmp/$$f ] || { echo "$$f has no .proto source"; stale=1; }; done; \
+	if [ $$stale = 1 ]; then echo "proto-check: generated code is stale; run 'make proto' and commit the result"; exit 1; fi; \
+	echo "proto-check: generated code is up to date"
 
 lint: ## gofmt + go vet
 	@out=$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go') | grep -v '\.pb\.go$$' || true); \

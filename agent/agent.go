@@ -221,8 +221,19 @@ type connState struct {
 }
 
 // lost records a failed attempt: logged as a warning the first time,
-// at debug level while the agent stays disconnected.
+// at debug level while the agent stays disconnected. A broker refusing
+// the agent (anything but a connection or timeout failure) is logged as
+// an error every time: it will not go away by itself.
 func (s *connState) lost(log *slog.Logger, msg string, err error, retryIn time.Duration) {
+	switch status.Code(err) {
+	case codes.Unavailable, codes.DeadlineExceeded, codes.Canceled, codes.Aborted:
+	default:
+		log.Error(msg, "err", err, "retry_in", retryIn)
+		if !s.down {
+			s.down, s.downSince = true, time.Now()
+		}
+		return
+	}
 	if s.down {
 		log.Debug(msg, "err", err, "retry_in", retryIn)
 		return

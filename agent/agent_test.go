@@ -36,6 +36,8 @@ type fakeBroker struct {
 	heartbeats    []*gpupoolv1.HeartbeatRequest // guarded by mu
 	streams       int                           // heartbeat streams opened; guarded by mu
 	notFound      int                           // streams refused with NotFound; guarded by mu
+	refuse        int                           // registrations still to refuse; guarded by mu
+	refused       int                           // registrations refused; guarded by mu
 	enforce       []*gpupoolv1.Assignment       // guarded by mu
 	teardown      []*gpupoolv1.Assignment       // guarded by mu
 	version       int                           // bumped by setAssignments; guarded by mu
@@ -63,6 +65,12 @@ func (f *fakeBroker) notifyLocked() {
 func (f *fakeBroker) Register(_ context.Context, req *gpupoolv1.RegisterRequest) (*gpupoolv1.RegisterResponse, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
+	if f.refuse > 0 {
+		f.refuse--
+		f.refused++
+		f.notifyLocked()
+		return nil, status.Error(codes.InvalidArgument, "fake broker: refused")
+	}
 	f.registrations = append(f.registrations, req)
 	f.hosts[req.GetHost().GetId()] = true
 	f.notifyLocked()
@@ -472,6 +480,16 @@ func TestAgentKeepsTryingToRegisterUntilABrokerListens(t *testing.T) {
 	serveFake(t, f, addr)
 	f.waitFor(t, "the host registered and heartbeats", func() bool {
 		return len(f.registrations) == 1 && len(f.heartbeats) >= 1
+	})
+}
+
+func TestAgentRetriesARefusedRegistration(t *testing.T) {
+	f := newFakeBroker(10 * time.Millisecond)
+	f.refuse = 2
+	addr, _ := serveFake(t, f, "127.0.0.1:0")
+	startAgent(t, testConfig(t, addr))
+	f.waitFor(t, "the host registered after two refusals and heartbeats", func() bool {
+		return f.refused == 2 && len(f.registrations) == 1 && len(f.heartbeats) >= 1
 	})
 }
 

@@ -49,7 +49,7 @@ func testLog() []proto.Message {
 		grant("l-5", "h1", 0, 20480, 25),
 		&gpupoolv1.SetHostStatusCommand{HostId: "h2", Status: gpupoolv1.HostStatus_HOST_STATUS_DOWN, Reason: "no heartbeat", NowMs: 4000},
 		grant("l-6", "h2", 0, 1024, 10), // host down: refused
-		host("h1", 1),                    // device 1 disappears (free), device 0 stays
+		host("h1", 1),                   // device 1 disappears (free), device 0 stays
 	}
 }
 

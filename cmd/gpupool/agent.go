@@ -1,7 +1,9 @@
 package main
 
 import (
+	"fmt"
 	"os"
+	"runtime"
 	"runtime/debug"
 	"strings"
 
@@ -63,8 +65,8 @@ first 12 characters of /etc/machine-id, else the hostname.`,
 	f.StringVar(&o.hostID, "host-id", "", "stable id of this host (default: /etc/machine-id's first 12 characters, else the hostname)")
 	f.StringVar(&o.address, "address", "", "data-plane address (HOST:PORT) advertised to lease holders")
 	f.StringArrayVar(&o.labels, "label", nil, "host label as key=value; repeat for more")
-	f.Int64Var(&o.cpu, "cpu", 0, "host CPU offered to workloads, in millicores (0 offers none)")
-	f.Int64Var(&o.hostMemory, "host-memory", 0, "host memory offered to workloads, in MiB (0 offers none)")
+	f.Int64Var(&o.cpu, "cpu", -1, "host CPU offered to workloads, in millicores (default: all of this machine's; 0 offers none)")
+	f.Int64Var(&o.hostMemory, "host-memory", -1, "host memory offered to workloads, in MiB (default: all of this machine's; 0 offers none)")
 	f.StringVar(&o.logLevel, "log-level", "info", "log level: debug, info, warn or error")
 	return cmd
 }
@@ -98,11 +100,17 @@ func runAgent(cmd *cobra.Command, o agentOpts) error {
 	if err := agent.CheckHostID(hostID); err != nil {
 		return usagef("--host-id %v", err)
 	}
-	if o.cpu < 0 {
+	if o.cpu < -1 || (o.cpu == -1 && cmd.Flags().Changed("cpu")) {
 		return usagef("--cpu %d: must be 0 or more millicores", o.cpu)
 	}
-	if o.hostMemory < 0 {
+	if o.hostMemory < -1 || (o.hostMemory == -1 && cmd.Flags().Changed("host-memory")) {
 		return usagef("--host-memory %d: must be 0 or more MiB", o.hostMemory)
+	}
+	if o.cpu == -1 {
+		o.cpu = int64(runtime.NumCPU()) * 1000
+	}
+	if o.hostMemory == -1 {
+		o.hostMemory = machineMemoryMiB()
 	}
 
 	var backend device.Backend
@@ -153,4 +161,20 @@ func agentVersion() string {
 		return bi.Main.Version
 	}
 	return "(devel)"
+}
+
+// machineMemoryMiB reads MemTotal from /proc/meminfo; 0 if it cannot.
+func machineMemoryMiB() int64 {
+	b, err := os.ReadFile("/proc/meminfo")
+	if err != nil {
+		return 0
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if rest, ok := strings.CutPrefix(line, "MemTotal:"); ok {
+			var kib int64
+			fmt.Sscan(strings.TrimSpace(strings.TrimSuffix(strings.TrimSpace(rest), "kB")), &kib)
+			return kib / 1024
+		}
+	}
+	return 0
 }

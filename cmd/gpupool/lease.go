@@ -364,8 +364,9 @@ func newLeaseKeepAliveCmd() *cobra.Command {
 		Use:   "keepalive LEASE_ID...",
 		Short: "Renew leases until interrupted, riding out broker failover",
 		Long: `Keepalive renews the given leases over one stream to the brokers, each at a
-third of its TTL (at most every 500ms) unless --interval says otherwise, and
-prints every renewal and every event about the leases (lost host, revocation).
+third of its TTL (but no more often than every 500ms) unless --interval says
+otherwise, and prints every renewal and every event about the leases (lost
+host, revocation).
 
 When the stream breaks (a broker restarts, a leader changes) keepalive
 reconnects to any broker and carries on; Ctrl-C stops it and exits 0. A lease
@@ -410,7 +411,7 @@ none is left keepalive exits 1.
 	}
 	fs := cmd.Flags()
 	fs.BoolVar(&once, "once", false, "renew every lease once and exit")
-	fs.DurationVar(&interval, "interval", 0, "renew every lease this often (default: a third of its TTL, at most every 500ms)")
+	fs.DurationVar(&interval, "interval", 0, "renew every lease this often (default: a third of its TTL, but no more often than every 500ms)")
 	return cmd
 }
 

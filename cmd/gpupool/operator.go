@@ -142,7 +142,11 @@ the most up-to-date follower, e.g. before restarting the leader's machine.`,
 					return err
 				}
 				return render(cmd.OutOrStdout(), resp, func(w io.Writer) error {
-					_, err := fmt.Fprintf(w, "leadership moved to %s\n", orDash(resp.GetLeaderId()))
+					msg := "leadership moved to " + resp.GetLeaderId()
+					if resp.GetLeaderId() == "" {
+						msg = "leadership transfer started; see 'gpupool operator raft peers' for the new leader"
+					}
+					_, err := fmt.Fprintln(w, msg)
 					return err
 				})
 			})
