@@ -101,11 +101,13 @@ func proxyBidi[Req, Resp any](in grpc.BidiStreamingServer[Req, Resp], out grpc.B
 	}
 }
 
-// proxyServerStream copies a server stream from the leader to the caller.
+// proxyServerStream copies a server stream, and its trailer, from the
+// leader to the caller.
 func proxyServerStream[Resp any](in grpc.ServerStreamingServer[Resp], out grpc.ServerStreamingClient[Resp]) error {
 	for {
 		m, err := out.Recv()
 		if errors.Is(err, io.EOF) {
+			in.SetTrailer(out.Trailer())
 			return nil
 		}
 		if err != nil {

@@ -8,12 +8,14 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"strconv"
 	"strings"
 	"time"
 
 	"github.com/hashicorp/raft"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 
@@ -109,6 +111,9 @@ const snapshotMagic = "gpupool-snapshot v1"
 
 const snapshotChunk = 256 << 10
 
+// snapshotIndexTrailer carries a saved snapshot's Raft index.
+const snapshotIndexTrailer = "gpupool-snapshot-index"
+
 // SnapshotSave streams the leader's state after a barrier, so the
 // snapshot holds every write acknowledged before the call.
 func (e operatorService) SnapshotSave(req *gpupoolv1.SnapshotSaveRequest, stream grpc.ServerStreamingServer[gpupoolv1.SnapshotChunk]) error {
@@ -128,8 +133,10 @@ func (e operatorService) SnapshotSave(req *gpupoolv1.SnapshotSaveRequest, stream
 	if err != nil {
 		return toStatus(err)
 	}
+	index := e.s.fsm.State().Index()
+	stream.SetTrailer(metadata.Pairs(snapshotIndexTrailer, strconv.FormatUint(index, 10)))
 	sum := sha256.Sum256(data)
-	header := fmt.Sprintf("%s index=%d size=%d sha256=%s\n", snapshotMagic, e.s.fsm.State().Index(), len(data), hex.EncodeToString(sum[:]))
+	header := fmt.Sprintf("%s index=%d size=%d sha256=%s\n", snapshotMagic, index, len(data), hex.EncodeToString(sum[:]))
 	all := append([]byte(header), data...)
 	for len(all) > 0 {
 		n := min(len(all), snapshotChunk)

@@ -3,7 +3,6 @@ package main
 import (
 	"bufio"
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -11,6 +10,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strconv"
 	"strings"
 	"sync"
@@ -318,11 +318,11 @@ func runDemo(ctx context.Context, out, errOut io.Writer, addr string) error {
 	if _, err := step("status"); err != nil {
 		return err
 	}
-	js, err := step("lease", "acquire", "--memory", "20GiB", "--compute", "25", "--ttl", "10m", "--holder", "dev-demo", "-o", "json")
+	table, err := step("lease", "acquire", "--memory", "20GiB", "--compute", "25", "--ttl", "10m", "--holder", "dev-demo")
 	if err != nil {
 		return err
 	}
-	id := jsonField(js, "id")
+	id := leaseIDRE.FindString(table)
 	if id == "" {
 		return errors.New("dev demo: acquire printed no lease id")
 	}
@@ -335,12 +335,5 @@ func runDemo(ctx context.Context, out, errOut io.Writer, addr string) error {
 	return ctx.Err()
 }
 
-// jsonField pulls a top-level string field out of printJSON's output.
-func jsonField(js, key string) string {
-	var m map[string]any
-	if err := json.Unmarshal([]byte(js), &m); err != nil {
-		return ""
-	}
-	v, _ := m[key].(string)
-	return v
-}
+// leaseIDRE finds a lease id in a command's output.
+var leaseIDRE = regexp.MustCompile(`\bl-[0-9a-f]{16}\b`)

@@ -38,7 +38,7 @@ func newHostListCmd() *cobra.Command {
 		Aliases: []string{"list"},
 		Short:   "List pool hosts with their GPUs, allocation and heartbeat",
 		Long: `Ls lists every registered pool host. MEMORY and COMPUTE are allocated/total
-over the host's GPUs; LEASES counts the slices placed on them. HEARTBEAT is
+over the host's GPUs; SLICES counts the lease slices placed on them. HEARTBEAT is
 how long ago the leader last heard the host ("-" when the answering server
 does not know, e.g. with --stale on a follower).`,
 		Example: `  gpupool host ls
@@ -134,7 +134,7 @@ func (t hostTotals) gpuCount() string {
 
 // printHosts prints one row per host.
 func printHosts(w io.Writer, hosts []*gpupoolv1.Host) error {
-	t := newTable(w, "HOST", "STATUS", "ELIGIBLE", "GPUS", "MODELS", "MEMORY", "COMPUTE", "LEASES", "HEARTBEAT", "ADDRESS")
+	t := newTable(w, "HOST", "STATUS", "ELIGIBLE", "GPUS", "MODELS", "MEMORY", "COMPUTE", "SLICES", "HEARTBEAT", "ADDRESS")
 	for _, h := range hosts {
 		s := sumHost(h)
 		t.row(h.GetId(), enumLabel(h.GetStatus()), yesNo(h.GetEligible()), s.gpuCount(),
@@ -177,7 +177,7 @@ func printHostDetail(w io.Writer, resp *gpupoolv1.GetHostResponse, now time.Time
 		return err
 	}
 	fmt.Fprintln(w)
-	dt := newTable(w, "INDEX", "DEVICE", "MODEL", "HEALTH", "MEMORY", "COMPUTE", "EXCLUSIVE", "LEASES")
+	dt := newTable(w, "INDEX", "DEVICE", "MODEL", "HEALTH", "MEMORY", "COMPUTE", "EXCLUSIVE", "SLICES")
 	for _, d := range h.GetDevices() {
 		dt.row(d.GetIndex(), d.GetUuid(), orDash(d.GetModel()), enumLabel(d.GetHealth()),
 			quantity.FormatMiB(d.GetAllocatedMemoryMib())+"/"+quantity.FormatMiB(d.GetMemoryMib()),

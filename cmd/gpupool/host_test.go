@@ -43,7 +43,7 @@ func TestPrintHosts(t *testing.T) {
 		t.Fatalf("got %d lines, want a header and 2 rows:\n%s", len(lines), buf.String())
 	}
 	for i, want := range [][]string{
-		{"HOST", "STATUS", "ELIGIBLE", "GPUS", "MODELS", "MEMORY", "COMPUTE", "LEASES", "HEARTBEAT", "ADDRESS"},
+		{"HOST", "STATUS", "ELIGIBLE", "GPUS", "MODELS", "MEMORY", "COMPUTE", "SLICES", "HEARTBEAT", "ADDRESS"},
 		{"host-1", "ready", "yes", "2 (1 unhealthy)", "A100-SXM4-80GB", "20 GiB/160 GiB", "25%/200%", "1", "1s", "10.0.0.7:7650"},
 		{"host-2", "down", "no", "0 MiB/0 MiB", "-"},
 	} {
@@ -68,7 +68,7 @@ func TestPrintHostDetail(t *testing.T) {
 	out := buf.String()
 	for _, want := range []string{
 		"HOST       host-1", "STATUS     ready", "LABELS     rack=r2,zone=eu-1", "BACKEND    simulated",
-		"INDEX  DEVICE    MODEL           HEALTH     MEMORY         COMPUTE  EXCLUSIVE  LEASES",
+		"INDEX  DEVICE    MODEL           HEALTH     MEMORY         COMPUTE  EXCLUSIVE  SLICES",
 		"0      GPU-aaaa  A100-SXM4-80GB  healthy    20 GiB/80 GiB  25%      no         1",
 		"1      GPU-bbbb  A100-SXM4-80GB  unhealthy  0 MiB/80 GiB   0%       no         0",
 		"l-123", "host-1/0 20GiB 25%",

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"sort"
+	"strconv"
 	"strings"
 
 	"github.com/spf13/cobra"
@@ -42,12 +43,13 @@ biggest --memory a new slice of that model can get.`,
 	return cmd
 }
 
-// percentOf is part/total as a whole percentage, 0 when total is 0.
-func percentOf(part, total int64) int64 {
+// percentOf is part/total as a percentage with one decimal ("0.8%"),
+// "0%" when total is 0.
+func percentOf(part, total int64) string {
 	if total <= 0 {
-		return 0
+		return "0%"
 	}
-	return part * 100 / total
+	return strconv.FormatFloat(float64(part)*100/float64(total), 'f', 1, 64) + "%"
 }
 
 // printStatus prints the pool totals, then one row per GPU model.
@@ -60,9 +62,9 @@ func printStatus(w io.Writer, s *gpupoolv1.StatusResponse) error {
 	kv.row("ANSWERED BY", fmt.Sprintf("%s at index %d", orDash(s.GetServerId()), s.GetAppliedIndex()))
 	kv.row("HOSTS", fmt.Sprintf("%d (%d ready, %d down, %d ineligible)", s.GetHosts(), s.GetHostsReady(), s.GetHostsDown(), s.GetHostsIneligible()))
 	kv.row("GPUS", s.GetGpus())
-	kv.row("MEMORY", fmt.Sprintf("%s of %s allocated (%d%%)", quantity.FormatMiB(s.GetAllocatedMemoryMib()),
+	kv.row("MEMORY", fmt.Sprintf("%s of %s allocated (%s)", quantity.FormatMiB(s.GetAllocatedMemoryMib()),
 		quantity.FormatMiB(s.GetMemoryMib()), percentOf(s.GetAllocatedMemoryMib(), s.GetMemoryMib())))
-	kv.row("COMPUTE", fmt.Sprintf("%d%% of %d%% allocated (%d%%)", s.GetAllocatedComputePercent(),
+	kv.row("COMPUTE", fmt.Sprintf("%d%% of %d%% allocated (%s)", s.GetAllocatedComputePercent(),
 		s.GetComputePercent(), percentOf(s.GetAllocatedComputePercent(), s.GetComputePercent())))
 	kv.row("LEASES", leasesByState(s.GetLeasesByState()))
 	if err := kv.flush(); err != nil {
