@@ -8,6 +8,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/gpupool/gpupool/broker/fsm"
 	gpupoolv1 "github.com/gpupool/gpupool/proto/gpupool/v1"
 )
 
@@ -82,60 +83,28 @@ func (s *Server) sawHeartbeat(ls *leaderState, hostID string) {
 // response carries the host's full assignment list, sent after each
 // heartbeat and whenever a lease on the host changes.
 func (e agentService) Heartbeat(stream grpc.BidiStreamingServer[gpupoolv1.HeartbeatRequest, gpupoolv1.HeartbeatResponse]) error {
-	ctx := stream.Context()
-	if conn, fctx, err := e.s.leaderConn(ctx); err != nil {
-		return err
-	} else if conn != nil {
-		out, err := gpupoolv1.NewAgentServiceClient(conn).Heartbeat(fctx)
-		if err != nil {
-			return err
-		}
-		return proxyBidi(stream, out)
-	}
-	ls := e.s.currentLeader()
-	if ls == nil {
-		return status.Error(codes.Unavailable, "leader is still starting; retry")
-	}
-	events, cancel := e.s.fsm.Subscribe()
-	defer cancel()
-	reqs := recvAll(stream)
 	hostID := ""
-	for {
-		select {
-		case <-ctx.Done():
-			return nil
-		case <-ls.stopCh:
-			return status.Error(codes.Unavailable, ErrLeadershipLost.Error())
-		case r, ok := <-reqs:
-			if !ok {
+	return serveOnLeader(e.s, stream,
+		func(conn *grpc.ClientConn, ctx context.Context) (grpc.BidiStreamingClient[gpupoolv1.HeartbeatRequest, gpupoolv1.HeartbeatResponse], error) {
+			return gpupoolv1.NewAgentServiceClient(conn).Heartbeat(ctx)
+		},
+		func(ls *leaderState, r *gpupoolv1.HeartbeatRequest) error {
+			if hostID == "" {
+				hostID = r.HostId
+			} else if r.HostId != hostID {
+				return status.Errorf(codes.InvalidArgument, "host_id %q: this stream belongs to host %q", r.HostId, hostID)
+			}
+			if err := e.s.heartbeat(ls, r); err != nil {
+				return err
+			}
+			return stream.Send(e.s.assignments(hostID))
+		},
+		func(ev fsm.Event) error {
+			if hostID == "" || !concernsHost(ev.Lease, hostID) {
 				return nil
 			}
-			if r.err != nil {
-				return r.err
-			}
-			if hostID == "" {
-				hostID = r.msg.HostId
-			} else if r.msg.HostId != hostID {
-				return status.Errorf(codes.InvalidArgument, "host_id %q: this stream belongs to host %q", r.msg.HostId, hostID)
-			}
-			if err := e.s.heartbeat(ls, r.msg); err != nil {
-				return err
-			}
-			if err := stream.Send(e.s.assignments(hostID)); err != nil {
-				return err
-			}
-		case ev, ok := <-events:
-			if !ok {
-				return status.Error(codes.Unavailable, "heartbeat stream fell behind; reconnect")
-			}
-			if hostID == "" || !concernsHost(ev.Lease, hostID) {
-				continue
-			}
-			if err := stream.Send(e.s.assignments(hostID)); err != nil {
-				return err
-			}
-		}
-	}
+			return stream.Send(e.s.assignments(hostID))
+		})
 }
 
 func concernsHost(l *gpupoolv1.Lease, hostID string) bool {

@@ -15,6 +15,7 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/gpupool/gpupool/broker/fsm"
 	"github.com/gpupool/gpupool/broker/lease"
 	"github.com/gpupool/gpupool/broker/placement"
 	"github.com/gpupool/gpupool/broker/state"
@@ -273,24 +274,52 @@ func (e leaseService) Watch(req *gpupoolv1.WatchLeasesRequest, stream grpc.Serve
 
 // KeepAlive renews leases on the leader; followers proxy the stream.
 func (e leaseService) KeepAlive(stream grpc.BidiStreamingServer[gpupoolv1.KeepAliveRequest, gpupoolv1.KeepAliveResponse]) error {
+	watched := map[string]bool{}
+	return serveOnLeader(e.s, stream,
+		func(conn *grpc.ClientConn, ctx context.Context) (grpc.BidiStreamingClient[gpupoolv1.KeepAliveRequest, gpupoolv1.KeepAliveResponse], error) {
+			return gpupoolv1.NewLeaseServiceClient(conn).KeepAlive(ctx)
+		},
+		func(ls *leaderState, r *gpupoolv1.KeepAliveRequest) error {
+			watched[r.LeaseId] = true
+			return stream.Send(e.s.renew(ls, r.LeaseId))
+		},
+		func(ev fsm.Event) error {
+			if ev.Lease == nil || !watched[ev.Lease.Id] || ev.Type == gpupoolv1.LeaseEventType_LEASE_EVENT_TYPE_GRANTED {
+				return nil
+			}
+			return stream.Send(&gpupoolv1.KeepAliveResponse{
+				LeaseId: ev.Lease.Id, State: ev.Lease.State,
+				Event: &gpupoolv1.LeaseEvent{Type: ev.Type, Lease: ev.Lease, Index: ev.Index, Message: ev.Lease.Reason},
+			})
+		})
+}
+
+// serveOnLeader runs a bidi stream whose work needs the leader's memory.
+// On a follower it proxies the stream to the leader through open. On the
+// leader it calls onRecv for every request and onEvent for every applied
+// change, one at a time, until the caller leaves or leadership ends
+// (Unavailable, so clients reconnect to the new leader).
+func serveOnLeader[Req, Resp any](s *Server, stream grpc.BidiStreamingServer[Req, Resp],
+	open func(*grpc.ClientConn, context.Context) (grpc.BidiStreamingClient[Req, Resp], error),
+	onRecv func(*leaderState, *Req) error, onEvent func(fsm.Event) error,
+) error {
 	ctx := stream.Context()
-	if conn, fctx, err := e.s.leaderConn(ctx); err != nil {
+	if conn, fctx, err := s.leaderConn(ctx); err != nil {
 		return err
 	} else if conn != nil {
-		out, err := gpupoolv1.NewLeaseServiceClient(conn).KeepAlive(fctx)
+		out, err := open(conn, fctx)
 		if err != nil {
 			return err
 		}
 		return proxyBidi(stream, out)
 	}
-	ls := e.s.currentLeader()
+	ls := s.currentLeader()
 	if ls == nil {
 		return status.Error(codes.Unavailable, "leader is still starting; retry")
 	}
-	events, cancel := e.s.fsm.Subscribe()
+	events, cancel := s.fsm.Subscribe()
 	defer cancel()
 	reqs := recvAll(stream)
-	watched := map[string]bool{}
 	for {
 		select {
 		case <-ctx.Done():
@@ -304,22 +333,14 @@ func (e leaseService) KeepAlive(stream grpc.BidiStreamingServer[gpupoolv1.KeepAl
 			if r.err != nil {
 				return r.err
 			}
-			watched[r.msg.LeaseId] = true
-			if err := stream.Send(e.s.renew(ls, r.msg.LeaseId)); err != nil {
+			if err := onRecv(ls, r.msg); err != nil {
 				return err
 			}
 		case ev, ok := <-events:
 			if !ok {
-				return status.Error(codes.Unavailable, "keepalive stream fell behind; reconnect")
+				return status.Error(codes.Unavailable, "stream fell behind the leader's changes; reconnect")
 			}
-			if ev.Lease == nil || !watched[ev.Lease.Id] || ev.Type == gpupoolv1.LeaseEventType_LEASE_EVENT_TYPE_GRANTED {
-				continue
-			}
-			msg := &gpupoolv1.KeepAliveResponse{
-				LeaseId: ev.Lease.Id, State: ev.Lease.State,
-				Event: &gpupoolv1.LeaseEvent{Type: ev.Type, Lease: ev.Lease, Index: ev.Index, Message: ev.Lease.Reason},
-			}
-			if err := stream.Send(msg); err != nil {
+			if err := onEvent(ev); err != nil {
 				return err
 			}
 		}
