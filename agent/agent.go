@@ -14,6 +14,7 @@ import (
 	"fmt"
 	"log/slog"
 	"regexp"
+	"sync/atomic"
 	"time"
 
 	"google.golang.org/grpc"
@@ -99,6 +100,8 @@ type Agent struct {
 
 	// leases is written only by Run's goroutine and read by Assignments.
 	leases assignments
+	// connected is true while a heartbeat stream to the brokers works.
+	connected atomic.Bool
 }
 
 // New validates cfg and returns an agent ready to Run.
@@ -159,7 +162,7 @@ func (a *Agent) Run(ctx context.Context) error {
 
 	var (
 		retry = newRetryDelay(100*time.Millisecond, maxRetryDelay)
-		conn  connState
+		conn  = connState{flag: &a.connected}
 		reg   *gpupoolv1.RegisterResponse // nil: (re)register first
 	)
 	for ctx.Err() == nil {
@@ -218,6 +221,7 @@ func heartbeatInterval(ms int64) time.Duration {
 type connState struct {
 	down      bool
 	downSince time.Time
+	flag      *atomic.Bool // mirrors !down for metrics
 }
 
 // lost records a failed attempt: logged as a warning the first time,
@@ -231,6 +235,7 @@ func (s *connState) lost(log *slog.Logger, msg string, err error, retryIn time.D
 		log.Error(msg, "err", err, "retry_in", retryIn)
 		if !s.down {
 			s.down, s.downSince = true, time.Now()
+			s.setFlag()
 		}
 		return
 	}
@@ -239,6 +244,7 @@ func (s *connState) lost(log *slog.Logger, msg string, err error, retryIn time.D
 		return
 	}
 	s.down, s.downSince = true, time.Now()
+	s.setFlag()
 	log.Warn(msg, "err", err, "retry_in", retryIn)
 }
 
@@ -248,6 +254,13 @@ func (s *connState) up(log *slog.Logger) {
 		log.Info("connection to brokers restored", "after", time.Since(s.downSince).Round(time.Millisecond))
 	}
 	s.down = false
+	s.setFlag()
+}
+
+func (s *connState) setFlag() {
+	if s.flag != nil {
+		s.flag.Store(!s.down)
+	}
 }
 
 // sleep waits d or until ctx ends.

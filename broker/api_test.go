@@ -205,6 +205,46 @@ func TestAcquireGrantsUntilFullThenExhausted(t *testing.T) {
 	if _, err := ts.c.Lease.Acquire(ctx(t), &gpupoolv1.AcquireRequest{Request: r}); status.Code(err) != codes.AlreadyExists {
 		t.Fatalf("reused request id: got %v, want AlreadyExists", err)
 	}
+	// The metrics agree.
+	for _, m := range []struct {
+		name, label, value string
+		want               float64
+	}{
+		{"gpupool_leases", "state", "granted", 4},
+		{"gpupool_gpu_memory_mib", "kind", "allocated", 4 * 20480},
+		{"gpupool_acquire_total", "code", "OK", 5},
+		{"gpupool_acquire_total", "code", "ResourceExhausted", 1},
+	} {
+		if got := metricValue(t, ts.s, m.name, m.label, m.value); got != m.want {
+			t.Errorf("%s{%s=%q}: got %v, want %v", m.name, m.label, m.value, got, m.want)
+		}
+	}
+}
+
+// metricValue gathers the server's metrics and returns the one sample of
+// name whose label has value, or -1.
+func metricValue(t *testing.T, s *Server, name, label, value string) float64 {
+	t.Helper()
+	families, err := s.Metrics().Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range families {
+		if f.GetName() != name {
+			continue
+		}
+		for _, m := range f.GetMetric() {
+			for _, l := range m.GetLabel() {
+				if l.GetName() == label && l.GetValue() == value {
+					if m.GetCounter() != nil {
+						return m.GetCounter().GetValue()
+					}
+					return m.GetGauge().GetValue()
+				}
+			}
+		}
+	}
+	return -1
 }
 
 func TestHostWithoutHeartbeatsGoesDownAndItsLeasesAreLostThenFreed(t *testing.T) {

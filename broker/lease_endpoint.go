@@ -38,8 +38,11 @@ func (e leaseService) Acquire(ctx context.Context, req *gpupoolv1.AcquireRequest
 	} else if conn != nil {
 		return gpupoolv1.NewLeaseServiceClient(conn).Acquire(fctx, req)
 	}
+	start := time.Now()
 	resp, err := e.s.acquire(r)
-	return resp, toStatus(err)
+	err = toStatus(err)
+	e.s.metrics.observeAcquire(start, err)
+	return resp, err
 }
 
 // acquire places and grants a lease on the leader.

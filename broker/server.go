@@ -156,6 +156,8 @@ type Server struct {
 	peerMu sync.Mutex
 	peers  map[string]*gpupoolv1.ServerInfoResponse // guarded by peerMu; learned while forming
 
+	metrics *metrics
+
 	shutdownOnce sync.Once
 	shutdownCh   chan struct{}
 	wg           sync.WaitGroup
@@ -185,6 +187,7 @@ func New(cfg Config) (*Server, error) {
 		shutdownCh: make(chan struct{}),
 		notifyCh:   make(chan bool, 16),
 	}
+	s.metrics = newMetrics(s)
 	if err := s.openRaft(); err != nil {
 		s.closeStores()
 		return nil, err

@@ -7,6 +7,8 @@ import (
 	"runtime/debug"
 	"strings"
 
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/spf13/cobra"
 
 	"github.com/gpupool/gpupool/agent"
@@ -18,6 +20,7 @@ import (
 var machineIDFile = "/etc/machine-id"
 
 type agentOpts struct {
+	metrics    string
 	brokers    string
 	simulate   string
 	hostID     string
@@ -68,6 +71,7 @@ first 12 characters of /etc/machine-id, else the hostname.`,
 	f.Int64Var(&o.cpu, "cpu", -1, "host CPU offered to workloads, in millicores (default: all of this machine's; 0 offers none)")
 	f.Int64Var(&o.hostMemory, "host-memory", -1, "host memory offered to workloads, in MiB (default: all of this machine's; 0 offers none)")
 	f.StringVar(&o.logLevel, "log-level", "info", "log level: debug, info, warn or error")
+	f.StringVar(&o.metrics, "metrics-bind", "", "serve Prometheus metrics at http://ADDR/metrics; empty serves none")
 	return cmd
 }
 
@@ -136,6 +140,11 @@ func runAgent(cmd *cobra.Command, o agentOpts) error {
 	})
 	if err != nil {
 		return usagef("%v", err)
+	}
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(a.Collector(), collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	if err := serveMetrics(cmd.Context(), o.metrics, reg, logger); err != nil {
+		return err
 	}
 	return a.Run(cmd.Context())
 }

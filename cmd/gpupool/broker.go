@@ -20,6 +20,7 @@ func newBrokerCmd() *cobra.Command {
 		join     string
 		logLevel string
 		raftLog  bool
+		metrics  string
 	)
 	cmd := &cobra.Command{
 		Use:   "broker --data-dir DIR --bind ADDR (--bootstrap-expect N | --join ADDR,...)",
@@ -59,6 +60,10 @@ with an empty data dir and only --join joins a running cluster.`,
 			if err != nil {
 				return err
 			}
+			if err := serveMetrics(cmd.Context(), metrics, s.Metrics(), logger); err != nil {
+				s.Shutdown()
+				return err
+			}
 			fmt.Fprintf(cmd.ErrOrStderr(), "broker %s serving gRPC on %s, raft on %s, data in %s\n", s.ID(), s.Addr(), cfg.RaftBindAddr, cfg.DataDir)
 			<-cmd.Context().Done()
 			logger.Info("shutting down", "id", s.ID())
@@ -78,6 +83,7 @@ with an empty data dir and only --join joins a running cluster.`,
 	f.DurationVar(&cfg.LockDelay, "lock-delay", broker.DefaultLockDelay, "how long a down host's leases keep their capacity before it is freed")
 	f.StringVar(&logLevel, "log-level", "info", "log level: debug, info, warn or error")
 	f.BoolVar(&raftLog, "raft-log", false, "also print raft's own warnings")
+	f.StringVar(&metrics, "metrics-bind", "", "serve Prometheus metrics at http://ADDR/metrics (e.g. 127.0.0.1:9641); empty serves none")
 	return cmd
 }
 

@@ -57,7 +57,7 @@ the cluster fail over; Ctrl-C stops everything and deletes the data dirs
 	f.IntVar(&o.brokers, "brokers", 3, "broker servers to run (1, 3 or 5)")
 	f.IntVar(&o.hosts, "hosts", 4, "simulated pool hosts to run (0-64)")
 	f.StringVar(&o.simulate, "simulate", "8xA100-80GB", "GPUs of each simulated host, as for 'gpupool agent --simulate'")
-	f.IntVar(&o.basePort, "base-port", 7641, "first broker's gRPC port; broker i uses base+2i (gRPC) and base+2i+1 (Raft), agents base+100+i")
+	f.IntVar(&o.basePort, "base-port", 7641, "first broker's gRPC port; broker i uses base+2i (gRPC), base+2i+1 (Raft) and base+50+i (metrics), agents base+100+i")
 	f.StringVar(&o.dataDir, "data-dir", "", "where the brokers keep their data (default: a new temporary directory)")
 	f.BoolVar(&o.keep, "keep", false, "keep the data dir on exit")
 	f.BoolVar(&o.demo, "demo", false, "once the pool is up, acquire a lease, show it in 'gpupool status', and release it")
@@ -133,7 +133,8 @@ func runDev(cmd *cobra.Command, o devOpts) error {
 			}
 		}
 		args := []string{"broker", "--node-id", fmt.Sprintf("broker-%d", i+1), "--data-dir", filepath.Join(dir, fmt.Sprintf("broker-%d", i+1)),
-			"--bind", a, "--bootstrap-expect", strconv.Itoa(o.brokers), "--heartbeat-interval", "1s", "--heartbeat-ttl", "5s", "--lock-delay", "10s"}
+			"--bind", a, "--bootstrap-expect", strconv.Itoa(o.brokers), "--heartbeat-interval", "1s", "--heartbeat-ttl", "5s", "--lock-delay", "10s",
+			"--metrics-bind", net.JoinHostPort(o.ip, strconv.Itoa(o.basePort+50+i))}
 		if len(join) > 0 {
 			args = append(args, "--join", strings.Join(join, ","))
 		}
@@ -157,7 +158,8 @@ func runDev(cmd *cobra.Command, o devOpts) error {
 
 	fmt.Fprintf(out, "\ngpupool dev: a local pool for trying things out. NOT FOR PRODUCTION: no TLS, no authentication.\n\n")
 	for i, c := range children[:o.brokers] {
-		fmt.Fprintf(out, "  %-9s pid %-7d gRPC %s  raft %s:%d  data %s\n", c.name, c.cmd.Process.Pid, addrs[i], o.ip, o.basePort+2*i+1, filepath.Join(dir, c.name))
+		fmt.Fprintf(out, "  %-9s pid %-7d gRPC %s  raft %s:%d  metrics http://%s:%d/metrics  data %s\n",
+			c.name, c.cmd.Process.Pid, addrs[i], o.ip, o.basePort+2*i+1, o.ip, o.basePort+50+i, filepath.Join(dir, c.name))
 	}
 	for _, c := range children[o.brokers:] {
 		fmt.Fprintf(out, "  %-9s pid %-7d agent, %s simulated\n", c.name, c.cmd.Process.Pid, o.simulate)
