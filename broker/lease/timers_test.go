@@ -1,0 +1,99 @@
+package lease
+
+import (
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/gpupool/gpupool/internal/clock"
+)
+
+type fired struct {
+	mu   sync.Mutex
+	keys []string
+}
+
+func (f *fired) add(k string) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.keys = append(f.keys, k)
+}
+
+func (f *fired) got() []string {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return append([]string(nil), f.keys...)
+}
+
+func TestTimers(t *testing.T) {
+	tests := []struct {
+		name string
+		run  func(ts *Timers, c *clock.Fake)
+		want []string
+	}{
+		{"a deadline fires once when it passes", func(ts *Timers, c *clock.Fake) {
+			ts.Reset("a", 10*time.Second)
+			c.Advance(10 * time.Second)
+			c.Advance(10 * time.Second)
+		}, []string{"a"}},
+		{"a deadline does not fire early", func(ts *Timers, c *clock.Fake) {
+			ts.Reset("a", 10*time.Second)
+			c.Advance(9 * time.Second)
+		}, nil},
+		{"a reset pushes the deadline out", func(ts *Timers, c *clock.Fake) {
+			ts.Reset("a", 10*time.Second)
+			c.Advance(8 * time.Second)
+			ts.Reset("a", 10*time.Second)
+			c.Advance(8 * time.Second)
+		}, nil},
+		{"a stopped deadline never fires", func(ts *Timers, c *clock.Fake) {
+			ts.Reset("a", time.Second)
+			ts.Stop("a")
+			c.Advance(time.Hour)
+		}, nil},
+		{"StopAll stops every deadline", func(ts *Timers, c *clock.Fake) {
+			ts.Reset("a", time.Second)
+			ts.Reset("b", 2*time.Second)
+			ts.StopAll()
+			c.Advance(time.Hour)
+		}, nil},
+		{"deadlines fire in order", func(ts *Timers, c *clock.Fake) {
+			ts.Reset("late", 3*time.Second)
+			ts.Reset("early", time.Second)
+			c.Advance(5 * time.Second)
+		}, []string{"early", "late"}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			c := clock.NewFake(time.Unix(0, 0))
+			var f fired
+			ts := NewTimers(c, f.add)
+			tt.run(ts, c)
+			got := f.got()
+			if len(got) != len(tt.want) {
+				t.Fatalf("fired %v, want %v", got, tt.want)
+			}
+			for i := range got {
+				if got[i] != tt.want[i] {
+					t.Fatalf("fired %v, want %v", got, tt.want)
+				}
+			}
+		})
+	}
+}
+
+func TestTimersDeadlineAndLen(t *testing.T) {
+	c := clock.NewFake(time.Unix(100, 0))
+	ts := NewTimers(c, func(string) {})
+	want := ts.Reset("a", 5*time.Second)
+	if got, ok := ts.Deadline("a"); !ok || !got.Equal(want) || !got.Equal(time.Unix(105, 0)) {
+		t.Fatalf("Deadline: got %v %t, want %v", got, ok, want)
+	}
+	if ts.Len() != 1 {
+		t.Fatalf("Len: got %d, want 1", ts.Len())
+	}
+	c.Advance(5 * time.Second)
+	if _, ok := ts.Deadline("a"); ok || ts.Len() != 0 {
+		t.Fatal("a fired deadline is still listed")
+	}
+}
