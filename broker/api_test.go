@@ -355,3 +355,57 @@ func TestLeaseExpiresWithoutKeepAliveAndNotWithIt(t *testing.T) {
 		t.Fatalf("after a's teardown: allocated %d, want b's 1024", got)
 	}
 }
+
+func TestHostBackBeforeTheLockDelayKeepsCapacityUntilTeardownIsConfirmed(t *testing.T) {
+	ts := startServer(t)
+	ts.registerHost(t, "h1", 1, 81920)
+	resp, err := ts.c.Lease.Acquire(ctx(t), &gpupoolv1.AcquireRequest{Request: slice(8192, 10)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	id := resp.Lease.Id
+	ts.clock.Advance(6 * time.Second) // past the 5 s heartbeat TTL: down, lease lost
+	waitFor(t, "lock-delay armed", func() bool {
+		_, ok := ts.s.currentLeader().lockDelay.Deadline(id)
+		return ok
+	})
+	hb, err := ts.c.Agent.Heartbeat(ctx(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	go func() {
+		for {
+			if _, err := hb.Recv(); err != nil {
+				return
+			}
+		}
+	}()
+	beat := func(tornDown ...string) {
+		if err := hb.Send(&gpupoolv1.HeartbeatRequest{HostId: "h1", TornDown: tornDown}); err != nil {
+			t.Fatal(err)
+		}
+		want := ts.clock.Now().Add(5 * time.Second)
+		waitFor(t, "heartbeat handled", func() bool {
+			d, ok := ts.s.currentLeader().heartbeat.Deadline("h1")
+			return ok && d.Equal(want)
+		})
+	}
+	beat()
+	waitFor(t, "host back", func() bool {
+		return ts.s.fsm.State().Host("h1").Status == gpupoolv1.HostStatus_HOST_STATUS_READY
+	})
+	for range 4 { // 16 s: well past the 10 s lock-delay, the host heartbeating all along
+		ts.clock.Advance(4 * time.Second)
+		beat()
+	}
+	if got := ts.s.fsm.State().Lease(id).State; got != gpupoolv1.LeaseState_LEASE_STATE_RELEASING {
+		t.Fatalf("the lock-delay freed a lease whose host is back: got %v, want RELEASING", got)
+	}
+	if got := ts.s.fsm.State().Device("GPU-h1-0").AllocatedMemoryMib; got != 8192 {
+		t.Fatalf("allocated %d MiB before teardown was confirmed, want 8192", got)
+	}
+	beat(id)
+	waitFor(t, "freed on confirmation", func() bool {
+		return ts.s.fsm.State().Lease(id).State == gpupoolv1.LeaseState_LEASE_STATE_REVOKED
+	})
+}

@@ -25,10 +25,11 @@ func (s *Server) clustered() bool {
 
 func (s *Server) selfInfo() *gpupoolv1.ServerInfoResponse {
 	info := &gpupoolv1.ServerInfoResponse{
-		Id:          s.cfg.NodeID,
-		RaftAddress: string(s.transport.LocalAddr()),
-		RpcAddress:  s.Addr(),
-		Clustered:   s.clustered(),
+		Id:              s.cfg.NodeID,
+		RaftAddress:     string(s.transport.LocalAddr()),
+		RpcAddress:      s.Addr(),
+		Clustered:       s.clustered(),
+		BootstrapExpect: int32(s.cfg.BootstrapExpect),
 	}
 	if _, id := s.raft.LeaderWithID(); id != "" {
 		info.LeaderId = string(id)
@@ -65,7 +66,7 @@ func (s *Server) formCluster() {
 				infos[info.Id] = info
 			}
 		}
-		if s.cfg.BootstrapExpect > 0 && len(infos) >= s.cfg.BootstrapExpect {
+		if s.canBootstrap(infos) {
 			var conf raft.Configuration
 			for _, id := range sortedKeys(infos) {
 				conf.Servers = append(conf.Servers, raft.Server{
@@ -86,6 +87,29 @@ func (s *Server) formCluster() {
 		case <-time.After(300 * time.Millisecond):
 		}
 	}
+}
+
+// canBootstrap reports whether this server may bootstrap a cluster of the
+// servers in infos: exactly --bootstrap-expect of them, all expecting that
+// many. With more servers in sight, different servers could pick different
+// sets and form two clusters, so it refuses and says why.
+func (s *Server) canBootstrap(infos map[string]*gpupoolv1.ServerInfoResponse) bool {
+	want := s.cfg.BootstrapExpect
+	if want == 0 || len(infos) < want {
+		return false
+	}
+	if len(infos) > want {
+		s.log.Error("not bootstrapping: more unclustered servers than --bootstrap-expect; give every server the same --bootstrap-expect and --join list",
+			"expect", want, "servers", strings.Join(sortedKeys(infos), ","))
+		return false
+	}
+	for id, info := range infos {
+		if int(info.BootstrapExpect) != want {
+			s.log.Error("not bootstrapping: servers disagree on --bootstrap-expect", "server", id, "theirs", info.BootstrapExpect, "ours", want)
+			return false
+		}
+	}
+	return true
 }
 
 func sortedKeys[V any](m map[string]V) []string {

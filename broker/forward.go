@@ -55,6 +55,11 @@ func (s *Server) readConn(ctx context.Context, stale bool) (*grpc.ClientConn, co
 	if err != nil || conn != nil {
 		return conn, fctx, err
 	}
+	if s.currentLeader() == nil {
+		// Until its barrier, a new leader may not have applied everything
+		// its predecessor acknowledged.
+		return nil, nil, status.Error(codes.Unavailable, "leader is still catching up; retry")
+	}
 	if err := s.raft.VerifyLeader().Error(); err != nil {
 		return nil, nil, toStatus(raftError(err))
 	}

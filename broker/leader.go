@@ -22,6 +22,10 @@ type leaderState struct {
 	heartbeat *lease.Timers // host id → down
 	lockDelay *lease.Timers // lease id → free without confirmation
 
+	// expireMu orders renewals against expiry: a renewal that is answered
+	// happens entirely before or after an expiry is decided.
+	expireMu sync.Mutex
+
 	mu        sync.Mutex
 	lastSeen  map[string]time.Time       // guarded by mu; host → last heartbeat
 	confirmed map[string]map[string]bool // guarded by mu; lease → hosts that confirmed teardown
@@ -83,9 +87,17 @@ func (s *Server) startLeading() func() {
 
 func (s *Server) lead(ls *leaderState, events <-chan fsm.Event) {
 	// Everything committed by earlier leaders is applied after the barrier.
-	if err := s.raft.Barrier(0).Error(); err != nil {
-		s.log.Warn("leader barrier failed", "err", err)
-		return
+	for backoff := 50 * time.Millisecond; ; backoff = min(2*backoff, 2*time.Second) {
+		err := s.raft.Barrier(0).Error()
+		if err == nil {
+			break
+		}
+		s.log.Warn("leader barrier failed; retrying", "err", err, "retry_in", backoff)
+		select {
+		case <-ls.stopCh:
+			return
+		case <-time.After(backoff):
+		}
 	}
 	s.upsertServers()
 	s.armAll(ls)
@@ -179,6 +191,13 @@ func (s *Server) reactHost(ls *leaderState, st *state.Reader, h *gpupoolv1.Host)
 	if _, ok := ls.heartbeat.Deadline(h.Id); !ok {
 		ls.heartbeat.Reset(h.Id, s.cfg.HeartbeatTTL)
 	}
+	// The host is back: its agent confirms teardown of what it still runs,
+	// so no lease of it may be freed on the lock-delay any more.
+	for _, l := range st.HostLeases(h.Id) {
+		if l.State == gpupoolv1.LeaseState_LEASE_STATE_RELEASING && !fsm.AnyHostDown(st, l) {
+			ls.lockDelay.Stop(l.Id)
+		}
+	}
 }
 
 func (s *Server) reactLease(ls *leaderState, st *state.Reader, l *gpupoolv1.Lease) {
@@ -189,7 +208,7 @@ func (s *Server) reactLease(ls *leaderState, st *state.Reader, l *gpupoolv1.Leas
 		}
 	case gpupoolv1.LeaseState_LEASE_STATE_RELEASING:
 		ls.ttl.Stop(l.Id)
-		if _, ok := ls.lockDelay.Deadline(l.Id); !ok && anyHostDown(st, l) {
+		if _, ok := ls.lockDelay.Deadline(l.Id); !ok && fsm.AnyHostDown(st, l) {
 			ls.lockDelay.Reset(l.Id, s.cfg.LockDelay)
 		}
 	default:
@@ -201,21 +220,18 @@ func (s *Server) reactLease(ls *leaderState, st *state.Reader, l *gpupoolv1.Leas
 	}
 }
 
-// anyHostDown reports whether a host of the lease is down or gone, so
-// its agent cannot confirm teardown.
-func anyHostDown(st *state.Reader, l *gpupoolv1.Lease) bool {
-	for _, id := range state.LeaseHosts(l) {
-		h := st.Host(id)
-		if h == nil || h.Status == gpupoolv1.HostStatus_HOST_STATUS_DOWN {
-			return true
-		}
-	}
-	return false
-}
-
 func (s *Server) nowMs() int64 { return s.cfg.Clock.Now().UnixMilli() }
 
 func (s *Server) expireLease(id string) {
+	ls := s.currentLeader()
+	if ls == nil {
+		return
+	}
+	ls.expireMu.Lock()
+	defer ls.expireMu.Unlock()
+	if _, renewed := ls.ttl.Deadline(id); renewed {
+		return
+	}
 	l := s.fsm.State().Lease(id)
 	if l == nil || l.State != gpupoolv1.LeaseState_LEASE_STATE_GRANTED {
 		return
@@ -240,7 +256,7 @@ func (s *Server) hostMissedHeartbeats(id string) {
 
 func (s *Server) lockDelayPassed(id string) {
 	_, err := s.apply(&gpupoolv1.FreeLeaseCommand{
-		LeaseId: id, NowMs: s.nowMs(),
+		LeaseId: id, NowMs: s.nowMs(), RequireHostDown: true,
 		Reason: fmt.Sprintf("capacity freed after the lock-delay of %s: the agent could not confirm teardown", s.cfg.LockDelay),
 	})
 	s.logTimerErr("free lease after lock-delay", id, err)

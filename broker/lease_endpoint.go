@@ -352,6 +352,8 @@ func serveOnLeader[Req, Resp any](s *Server, stream grpc.BidiStreamingServer[Req
 
 // renew resets a granted lease's TTL on the leader.
 func (s *Server) renew(ls *leaderState, id string) *gpupoolv1.KeepAliveResponse {
+	ls.expireMu.Lock()
+	defer ls.expireMu.Unlock()
 	l := s.fsm.State().Lease(id)
 	if l == nil {
 		return &gpupoolv1.KeepAliveResponse{LeaseId: id, Error: fmt.Sprintf("lease %q: not found", id)}

@@ -129,11 +129,12 @@ func (e operatorService) SnapshotSave(req *gpupoolv1.SnapshotSaveRequest, stream
 	if err := e.s.raft.Barrier(10 * time.Second).Error(); err != nil {
 		return toStatus(raftError(err))
 	}
-	data, err := e.s.fsm.State().Encode()
+	st := e.s.fsm.State()
+	data, err := st.Encode()
 	if err != nil {
 		return toStatus(err)
 	}
-	index := e.s.fsm.State().Index()
+	index := st.Index()
 	stream.SetTrailer(metadata.Pairs(snapshotIndexTrailer, strconv.FormatUint(index, 10)))
 	sum := sha256.Sum256(data)
 	header := fmt.Sprintf("%s index=%d size=%d sha256=%s\n", snapshotMagic, index, len(data), hex.EncodeToString(sum[:]))

@@ -13,12 +13,14 @@ import (
 	"strings"
 	"time"
 
+	"github.com/google/uuid"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/resolver"
 	"google.golang.org/grpc/resolver/manual"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
 
 	gpupoolv1 "github.com/gpupool/gpupool/proto/gpupool/v1"
 )
@@ -66,7 +68,7 @@ func Dial(addrs []string, opts ...grpc.DialOption) (*Client, error) {
 		grpc.WithResolvers(r),
 		grpc.WithTransportCredentials(insecure.NewCredentials()),
 		grpc.WithDefaultServiceConfig(`{"loadBalancingConfig":[{"round_robin":{}}]}`),
-		grpc.WithChainUnaryInterceptor(RetryUnavailable),
+		grpc.WithChainUnaryInterceptor(ensureRequestID, RetryUnavailable),
 	}
 	conn, err := grpc.NewClient(r.Scheme()+":///brokers", append(base, opts...)...)
 	if err != nil {
@@ -86,6 +88,19 @@ func (c *Client) Conn() *grpc.ClientConn { return c.conn }
 
 // Close closes the connection.
 func (c *Client) Close() error { return c.conn.Close() }
+
+// ensureRequestID gives an Acquire without a request id a random one
+// before its first attempt, so that retries after an ambiguous failure
+// (the grant committed, the answer was lost) return the same lease
+// instead of granting a second one.
+func ensureRequestID(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
+	if a, ok := req.(*gpupoolv1.AcquireRequest); ok && a.GetRequest() != nil && a.GetRequest().GetRequestId() == "" {
+		a = proto.Clone(a).(*gpupoolv1.AcquireRequest)
+		a.Request.RequestId = uuid.NewString()
+		req = a
+	}
+	return invoker(ctx, method, req, reply, cc, opts...)
+}
 
 // RetryUnavailable retries a unary call that failed with Unavailable, with
 // backoff, until the call's context ends. Callers that need a bound set a

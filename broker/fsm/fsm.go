@@ -286,6 +286,18 @@ func applyGrantLease(w *state.Writer, index uint64, c *gpupoolv1.GrantLeaseComma
 	return &Result{Lease: l}, []Event{{Lease: l, Type: gpupoolv1.LeaseEventType_LEASE_EVENT_TYPE_GRANTED}}
 }
 
+// AnyHostDown reports whether a host of the lease is down or gone, so its
+// agent cannot confirm teardown.
+func AnyHostDown(r *state.Reader, l *gpupoolv1.Lease) bool {
+	for _, id := range state.LeaseHosts(l) {
+		h := r.Host(id)
+		if h == nil || h.Status == gpupoolv1.HostStatus_HOST_STATUS_DOWN {
+			return true
+		}
+	}
+	return false
+}
+
 func conflict(format string, a ...any) (*Result, []Event) {
 	return &Result{Err: &ConflictError{Reason: fmt.Sprintf(format, a...)}}, nil
 }
@@ -342,6 +354,11 @@ func applyFreeLease(w *state.Writer, index uint64, c *gpupoolv1.FreeLeaseCommand
 		return &Result{Err: fmt.Errorf("lease %q: %w", c.LeaseId, ErrNotFound)}, nil
 	}
 	if l.State != gpupoolv1.LeaseState_LEASE_STATE_RELEASING {
+		return &Result{Lease: l}, nil
+	}
+	if c.RequireHostDown && !AnyHostDown(&w.Reader, l) {
+		// The host came back before the lock-delay passed: only its
+		// agent's teardown confirmation may free the capacity now.
 		return &Result{Lease: l}, nil
 	}
 	devs := map[string]*gpupoolv1.Device{}

@@ -185,6 +185,17 @@ func TestEndAndFreeAreIdempotent(t *testing.T) {
 	}
 }
 
+func TestLockDelayFreeIsANoOpOnceTheHostIsBack(t *testing.T) {
+	f := New(nil)
+	down := &gpupoolv1.SetHostStatusCommand{HostId: "h1", Status: gpupoolv1.HostStatus_HOST_STATUS_DOWN}
+	up := &gpupoolv1.SetHostStatusCommand{HostId: "h1", Status: gpupoolv1.HostStatus_HOST_STATUS_READY}
+	free := &gpupoolv1.FreeLeaseCommand{LeaseId: "l-1", RequireHostDown: true}
+	applyAll(t, f, []proto.Message{host("h1", 1), grant("l-1", "h1", 0, 8192, 20), down, up, free})
+	if got := f.State().Lease("l-1").State; got != gpupoolv1.LeaseState_LEASE_STATE_RELEASING {
+		t.Fatalf("got %v, want RELEASING: the host is back, only its agent may free the lease", got)
+	}
+}
+
 func TestDecodeRejectsUnknownAndCorruptEntries(t *testing.T) {
 	tests := []struct {
 		name string

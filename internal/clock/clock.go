@@ -71,27 +71,33 @@ func (c *Fake) AfterFunc(d time.Duration, f func()) Timer {
 	return t
 }
 
-// Advance moves time forward by d and runs, synchronously and in deadline
-// order, every function that came due.
+// Advance moves time forward by d, running every function that comes due,
+// synchronously, in deadline order, with Now() at each one's deadline.
+// Functions armed by those functions run too if they come due within d.
 func (c *Fake) Advance(d time.Duration) {
 	c.mu.Lock()
-	c.now = c.now.Add(d)
-	var due []*fakeTimer
-	keep := c.timers[:0]
-	for _, t := range c.timers {
-		switch {
-		case t.stopped:
-		case !t.at.After(c.now):
-			t.stopped = true
-			due = append(due, t)
-		default:
-			keep = append(keep, t)
-		}
-	}
-	c.timers = keep
+	end := c.now.Add(d)
 	c.mu.Unlock()
-	slices.SortStableFunc(due, func(a, b *fakeTimer) int { return a.at.Compare(b.at) })
-	for _, t := range due {
+	for {
+		c.mu.Lock()
+		next := -1
+		for i, t := range c.timers {
+			if !t.stopped && !t.at.After(end) && (next < 0 || t.at.Before(c.timers[next].at)) {
+				next = i
+			}
+		}
+		if next < 0 {
+			c.now = end
+			c.timers = slices.DeleteFunc(c.timers, func(t *fakeTimer) bool { return t.stopped })
+			c.mu.Unlock()
+			return
+		}
+		t := c.timers[next]
+		t.stopped = true
+		if t.at.After(c.now) {
+			c.now = t.at
+		}
+		c.mu.Unlock()
 		t.f()
 	}
 }

@@ -70,8 +70,10 @@ type ServerInfoResponse struct {
 	Clustered        bool   `protobuf:"varint,4,opt,name=clustered,proto3" json:"clustered,omitempty"`
 	LeaderId         string `protobuf:"bytes,5,opt,name=leader_id,json=leaderId,proto3" json:"leader_id,omitempty"`
 	LeaderRpcAddress string `protobuf:"bytes,6,opt,name=leader_rpc_address,json=leaderRpcAddress,proto3" json:"leader_rpc_address,omitempty"`
-	unknownFields    protoimpl.UnknownFields
-	sizeCache        protoimpl.SizeCache
+	// The server's --bootstrap-expect; servers bootstrap only when they agree.
+	BootstrapExpect int32 `protobuf:"varint,7,opt,name=bootstrap_expect,json=bootstrapExpect,proto3" json:"bootstrap_expect,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
 }
 
 func (x *ServerInfoResponse) Reset() {
@@ -144,6 +146,13 @@ func (x *ServerInfoResponse) GetLeaderRpcAddress() string {
 		return x.LeaderRpcAddress
 	}
 	return ""
+}
+
+func (x *ServerInfoResponse) GetBootstrapExpect() int32 {
+	if x != nil {
+		return x.BootstrapExpect
+	}
+	return 0
 }
 
 type JoinRequest struct {
@@ -556,12 +565,16 @@ func (x *EndLeaseCommand) GetLost() bool {
 // FreeLeaseCommand frees a releasing lease's capacity and moves it to its
 // end_state.
 type FreeLeaseCommand struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	LeaseId       string                 `protobuf:"bytes,1,opt,name=lease_id,json=leaseId,proto3" json:"lease_id,omitempty"`
-	Reason        string                 `protobuf:"bytes,2,opt,name=reason,proto3" json:"reason,omitempty"`
-	NowMs         int64                  `protobuf:"varint,3,opt,name=now_ms,json=nowMs,proto3" json:"now_ms,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	state   protoimpl.MessageState `protogen:"open.v1"`
+	LeaseId string                 `protobuf:"bytes,1,opt,name=lease_id,json=leaseId,proto3" json:"lease_id,omitempty"`
+	Reason  string                 `protobuf:"bytes,2,opt,name=reason,proto3" json:"reason,omitempty"`
+	NowMs   int64                  `protobuf:"varint,3,opt,name=now_ms,json=nowMs,proto3" json:"now_ms,omitempty"`
+	// Free only if a host of the lease is down when the command applies (the
+	// lock-delay path); a no-op once the host is back, so only the agent's
+	// confirmation can free it then.
+	RequireHostDown bool `protobuf:"varint,4,opt,name=require_host_down,json=requireHostDown,proto3" json:"require_host_down,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
 }
 
 func (x *FreeLeaseCommand) Reset() {
@@ -613,6 +626,13 @@ func (x *FreeLeaseCommand) GetNowMs() int64 {
 		return x.NowMs
 	}
 	return 0
+}
+
+func (x *FreeLeaseCommand) GetRequireHostDown() bool {
+	if x != nil {
+		return x.RequireHostDown
+	}
+	return false
 }
 
 // StateSnapshot is the whole FSM state, in the order of the store's indexes.
@@ -698,7 +718,7 @@ const file_gpupool_v1_internal_proto_rawDesc = "" +
 	"\n" +
 	"\x19gpupool/v1/internal.proto\x12\n" +
 	"gpupool.v1\x1a\x16gpupool/v1/types.proto\"\x13\n" +
-	"\x11ServerInfoRequest\"\xd1\x01\n" +
+	"\x11ServerInfoRequest\"\xfc\x01\n" +
 	"\x12ServerInfoResponse\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12!\n" +
 	"\fraft_address\x18\x02 \x01(\tR\vraftAddress\x12\x1f\n" +
@@ -706,7 +726,8 @@ const file_gpupool_v1_internal_proto_rawDesc = "" +
 	"rpcAddress\x12\x1c\n" +
 	"\tclustered\x18\x04 \x01(\bR\tclustered\x12\x1b\n" +
 	"\tleader_id\x18\x05 \x01(\tR\bleaderId\x12,\n" +
-	"\x12leader_rpc_address\x18\x06 \x01(\tR\x10leaderRpcAddress\"a\n" +
+	"\x12leader_rpc_address\x18\x06 \x01(\tR\x10leaderRpcAddress\x12)\n" +
+	"\x10bootstrap_expect\x18\a \x01(\x05R\x0fbootstrapExpect\"a\n" +
 	"\vJoinRequest\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12!\n" +
 	"\fraft_address\x18\x02 \x01(\tR\vraftAddress\x12\x1f\n" +
@@ -734,11 +755,12 @@ const file_gpupool_v1_internal_proto_rawDesc = "" +
 	"\tend_state\x18\x02 \x01(\x0e2\x16.gpupool.v1.LeaseStateR\bendState\x12\x16\n" +
 	"\x06reason\x18\x03 \x01(\tR\x06reason\x12\x15\n" +
 	"\x06now_ms\x18\x04 \x01(\x03R\x05nowMs\x12\x12\n" +
-	"\x04lost\x18\x05 \x01(\bR\x04lost\"\\\n" +
+	"\x04lost\x18\x05 \x01(\bR\x04lost\"\x88\x01\n" +
 	"\x10FreeLeaseCommand\x12\x19\n" +
 	"\blease_id\x18\x01 \x01(\tR\aleaseId\x12\x16\n" +
 	"\x06reason\x18\x02 \x01(\tR\x06reason\x12\x15\n" +
-	"\x06now_ms\x18\x03 \x01(\x03R\x05nowMs\"\xe1\x01\n" +
+	"\x06now_ms\x18\x03 \x01(\x03R\x05nowMs\x12*\n" +
+	"\x11require_host_down\x18\x04 \x01(\bR\x0frequireHostDown\"\xe1\x01\n" +
 	"\rStateSnapshot\x129\n" +
 	"\aservers\x18\x01 \x03(\v2\x1f.gpupool.v1.UpsertServerCommandR\aservers\x12&\n" +
 	"\x05hosts\x18\x02 \x03(\v2\x10.gpupool.v1.HostR\x05hosts\x12,\n" +
