@@ -8,6 +8,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"google.golang.org/grpc/status"
 
+	"github.com/gpupool/gpupool/broker/fsm"
 	gpupoolv1 "github.com/gpupool/gpupool/proto/gpupool/v1"
 )
 
@@ -70,11 +71,11 @@ func (c stateCollector) Collect(ch chan<- prometheus.Metric) {
 	hosts := map[string]float64{}
 	for _, v := range gpupoolv1.HostStatus_value {
 		if v != 0 {
-			hosts[hostStatusLabel(gpupoolv1.HostStatus(v))] = 0
+			hosts[fsm.HostStatusName(gpupoolv1.HostStatus(v))] = 0
 		}
 	}
 	for _, h := range st.Hosts() {
-		hosts[hostStatusLabel(h.Status)]++
+		hosts[fsm.HostStatusName(h.Status)]++
 	}
 	for k, v := range hosts {
 		ch <- prometheus.MustNewConstMetric(descHosts, prometheus.GaugeValue, v, k)
@@ -120,18 +121,4 @@ func (c stateCollector) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(descTimerLens, prometheus.GaugeValue, ttl, "lease_ttl")
 	ch <- prometheus.MustNewConstMetric(descTimerLens, prometheus.GaugeValue, hb, "heartbeat")
 	ch <- prometheus.MustNewConstMetric(descTimerLens, prometheus.GaugeValue, ld, "lock_delay")
-}
-
-func hostStatusLabel(s gpupoolv1.HostStatus) string {
-	switch s {
-	case gpupoolv1.HostStatus_HOST_STATUS_READY:
-		return "ready"
-	case gpupoolv1.HostStatus_HOST_STATUS_DRAINING:
-		return "draining"
-	case gpupoolv1.HostStatus_HOST_STATUS_DRAINED:
-		return "drained"
-	case gpupoolv1.HostStatus_HOST_STATUS_DOWN:
-		return "down"
-	}
-	return "unknown"
 }

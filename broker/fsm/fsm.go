@@ -235,7 +235,7 @@ func applyGrantLease(w *state.Writer, index uint64, c *gpupoolv1.GrantLeaseComma
 				return conflict("host %s is not registered", s.Host)
 			}
 			if old.Status != gpupoolv1.HostStatus_HOST_STATUS_READY || !old.Eligible {
-				return conflict("host %s is %s and eligible=%t", s.Host, hostStatusName(old.Status), old.Eligible)
+				return conflict("host %s is %s and eligible=%t", s.Host, HostStatusName(old.Status), old.Eligible)
 			}
 			h = clone(old)
 			hosts[s.Host] = h
@@ -302,7 +302,9 @@ func conflict(format string, a ...any) (*Result, []Event) {
 	return &Result{Err: &ConflictError{Reason: fmt.Sprintf(format, a...)}}, nil
 }
 
-func hostStatusName(s gpupoolv1.HostStatus) string {
+// HostStatusName is the lower-case name of a host status ("ready",
+// "down"), as the CLI, logs and metrics spell it.
+func HostStatusName(s gpupoolv1.HostStatus) string {
 	switch s {
 	case gpupoolv1.HostStatus_HOST_STATUS_READY:
 		return "ready"
