@@ -409,3 +409,39 @@ func TestHostBackBeforeTheLockDelayKeepsCapacityUntilTeardownIsConfirmed(t *test
 		return ts.s.fsm.State().Lease(id).State == gpupoolv1.LeaseState_LEASE_STATE_REVOKED
 	})
 }
+
+func TestWatchStreamsExistingLeasesThenChanges(t *testing.T) {
+	ts := startServer(t)
+	ts.registerHost(t, "h1", 1, 81920)
+	first, err := ts.c.Lease.Acquire(ctx(t), &gpupoolv1.AcquireRequest{Request: slice(1024, 5)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	w, err := ts.c.Lease.Watch(ctx(t), &gpupoolv1.WatchLeasesRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	next := func() *gpupoolv1.LeaseEvent {
+		t.Helper()
+		ev, err := w.Recv()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return ev
+	}
+	if ev := next(); ev.Type != gpupoolv1.LeaseEventType_LEASE_EVENT_TYPE_SNAPSHOT || ev.Lease.Id != first.Lease.Id {
+		t.Fatalf("first event: got %v %s, want SNAPSHOT of %s", ev.Type, ev.Lease.GetId(), first.Lease.Id)
+	}
+	second, err := ts.c.Lease.Acquire(ctx(t), &gpupoolv1.AcquireRequest{Request: slice(1024, 5)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := ts.c.Lease.Release(ctx(t), &gpupoolv1.ReleaseRequest{LeaseId: second.Lease.Id}); err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []gpupoolv1.LeaseEventType{gpupoolv1.LeaseEventType_LEASE_EVENT_TYPE_GRANTED, gpupoolv1.LeaseEventType_LEASE_EVENT_TYPE_RELEASING} {
+		if ev := next(); ev.Type != want || ev.Lease.Id != second.Lease.Id || ev.Index == 0 {
+			t.Fatalf("got %v for %s at index %d, want %v for %s", ev.Type, ev.Lease.GetId(), ev.Index, want, second.Lease.Id)
+		}
+	}
+}

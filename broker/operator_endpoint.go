@@ -102,8 +102,24 @@ func (e operatorService) TransferLeadership(ctx context.Context, req *gpupoolv1.
 	if err := f.Error(); err != nil {
 		return nil, toStatus(raftError(err))
 	}
-	_, id := e.s.raft.LeaderWithID()
-	return &gpupoolv1.TransferLeadershipResponse{LeaderId: string(id)}, nil
+	// Answer with the new leader once this server has heard from it; the
+	// old leader steps down before the new one announces itself.
+	deadline := time.NewTimer(10 * time.Second)
+	defer deadline.Stop()
+	tick := time.NewTicker(20 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		if _, id := e.s.raft.LeaderWithID(); id != "" && string(id) != e.s.cfg.NodeID {
+			return &gpupoolv1.TransferLeadershipResponse{LeaderId: string(id)}, nil
+		}
+		select {
+		case <-ctx.Done():
+			return nil, toStatus(ctx.Err())
+		case <-deadline.C:
+			return &gpupoolv1.TransferLeadershipResponse{}, nil
+		case <-tick.C:
+		}
+	}
 }
 
 // Snapshot files start with one header line, then the encoded state.

@@ -78,6 +78,8 @@ func TestCLIAgainstARealCluster(t *testing.T) {
 		{"compute over 100 is a usage error", []string{"lease", "acquire", "--memory", "1GiB", "--compute", "101"}, 2, "--compute"},
 		{"exclusive with memory is a usage error", []string{"lease", "acquire", "--exclusive", "--memory", "1GiB"}, 2, "--exclusive"},
 		{"release shows the ending", []string{"lease", "release", id}, 0, "released " + id},
+		{"leadership moves to broker-2 on request", []string{"operator", "raft", "transfer-leadership", "--to", "broker-2"}, 0, "broker-2"},
+		{"and broker-2 leads", []string{"operator", "raft", "peers"}, 0, "broker-2  "},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
