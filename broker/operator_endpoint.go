@@ -84,6 +84,9 @@ func (e operatorService) TransferLeadership(ctx context.Context, req *gpupoolv1.
 	} else if conn != nil {
 		return gpupoolv1.NewOperatorServiceClient(conn).TransferLeadership(fctx, req)
 	}
+	if req.ToId == e.s.cfg.NodeID {
+		return &gpupoolv1.TransferLeadershipResponse{LeaderId: e.s.cfg.NodeID}, nil // already leads
+	}
 	var f raft.Future
 	if req.ToId == "" {
 		f = e.s.raft.LeadershipTransfer()
