@@ -73,6 +73,35 @@ func (ts *testServer) registerHost(t *testing.T, id string, gpus int, memMiB int
 	}
 }
 
+// heartbeater opens a heartbeat stream for host and returns beat, which
+// sends one heartbeat (confirming tornDown) and returns once the leader
+// has re-armed the host's deadline. Assignment pushes are drained.
+func (ts *testServer) heartbeater(t *testing.T, host string) (beat func(tornDown ...string)) {
+	t.Helper()
+	hb, err := ts.c.Agent.Heartbeat(ctx(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	go func() {
+		for {
+			if _, err := hb.Recv(); err != nil {
+				return
+			}
+		}
+	}()
+	return func(tornDown ...string) {
+		t.Helper()
+		if err := hb.Send(&gpupoolv1.HeartbeatRequest{HostId: host, TornDown: tornDown}); err != nil {
+			t.Fatal(err)
+		}
+		want := ts.clock.Now().Add(ts.s.cfg.HeartbeatTTL)
+		waitFor(t, "heartbeat handled", func() bool {
+			d, ok := ts.s.currentLeader().heartbeat.Deadline(host)
+			return ok && d.Equal(want)
+		})
+	}
+}
+
 func slice(mem int64, compute int32) *gpupoolv1.LeaseRequest {
 	return &gpupoolv1.LeaseRequest{Count: 1, MemoryMib: mem, ComputePercent: compute, TtlMs: 60_000}
 }
@@ -291,32 +320,15 @@ func TestLeaseExpiresWithoutKeepAliveAndNotWithIt(t *testing.T) {
 		t.Fatal(err)
 	}
 	// Keep the host alive and renew only b, in steps shorter than the TTL.
-	hb, err := ts.c.Agent.Heartbeat(ctx(t))
-	if err != nil {
-		t.Fatal(err)
-	}
+	beat := ts.heartbeater(t, "h1")
 	ka, err := ts.c.Lease.KeepAlive(ctx(t))
 	if err != nil {
 		t.Fatal(err)
 	}
 	tick := func() { // 4 s pass and the host heartbeats (its TTL is 5 s)
 		ts.clock.Advance(4 * time.Second)
-		if err := hb.Send(&gpupoolv1.HeartbeatRequest{HostId: "h1"}); err != nil {
-			t.Fatal(err)
-		}
-		want := ts.clock.Now().Add(5 * time.Second)
-		waitFor(t, "heartbeat handled", func() bool {
-			d, ok := ts.s.currentLeader().heartbeat.Deadline("h1")
-			return ok && d.Equal(want)
-		})
+		beat()
 	}
-	go func() { // drain assignment pushes
-		for {
-			if _, err := hb.Recv(); err != nil {
-				return
-			}
-		}
-	}()
 	for range 3 {
 		tick()
 		if err := ka.Send(&gpupoolv1.KeepAliveRequest{LeaseId: b.Lease.Id}); err != nil {
@@ -345,9 +357,7 @@ func TestLeaseExpiresWithoutKeepAliveAndNotWithIt(t *testing.T) {
 		t.Fatalf("renewed lease: got %v (%s), want GRANTED", got, ts.s.fsm.State().Lease(b.Lease.Id).Reason)
 	}
 	// The agent confirms teardown; only then is the capacity freed.
-	if err := hb.Send(&gpupoolv1.HeartbeatRequest{HostId: "h1", TornDown: []string{a.Lease.Id}}); err != nil {
-		t.Fatal(err)
-	}
+	beat(a.Lease.Id)
 	waitFor(t, "a freed", func() bool {
 		return ts.s.fsm.State().Lease(a.Lease.Id).State == gpupoolv1.LeaseState_LEASE_STATE_EXPIRED
 	})
@@ -369,27 +379,7 @@ func TestHostBackBeforeTheLockDelayKeepsCapacityUntilTeardownIsConfirmed(t *test
 		_, ok := ts.s.currentLeader().lockDelay.Deadline(id)
 		return ok
 	})
-	hb, err := ts.c.Agent.Heartbeat(ctx(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	go func() {
-		for {
-			if _, err := hb.Recv(); err != nil {
-				return
-			}
-		}
-	}()
-	beat := func(tornDown ...string) {
-		if err := hb.Send(&gpupoolv1.HeartbeatRequest{HostId: "h1", TornDown: tornDown}); err != nil {
-			t.Fatal(err)
-		}
-		want := ts.clock.Now().Add(5 * time.Second)
-		waitFor(t, "heartbeat handled", func() bool {
-			d, ok := ts.s.currentLeader().heartbeat.Deadline("h1")
-			return ok && d.Equal(want)
-		})
-	}
+	beat := ts.heartbeater(t, "h1")
 	beat()
 	waitFor(t, "host back", func() bool {
 		return ts.s.fsm.State().Host("h1").Status == gpupoolv1.HostStatus_HOST_STATUS_READY
