@@ -94,16 +94,23 @@ func (e agentService) Heartbeat(stream grpc.BidiStreamingServer[gpupoolv1.Heartb
 			} else if r.HostId != hostID {
 				return status.Errorf(codes.InvalidArgument, "host_id %q: this stream belongs to host %q", r.HostId, hostID)
 			}
-			if err := e.s.heartbeat(ls, r); err != nil {
+			acked, err := e.s.heartbeat(ls, r)
+			if err != nil {
 				return err
 			}
-			return stream.Send(e.s.assignments(hostID))
+			resp := e.s.assignments(ls, hostID)
+			resp.AckedEventSeq = acked
+			return stream.Send(resp)
 		},
 		func(ev fsm.Event) error {
 			if hostID == "" || !concernsHost(ev.Lease, hostID) {
 				return nil
 			}
-			return stream.Send(e.s.assignments(hostID))
+			ls := e.s.currentLeader()
+			if ls == nil {
+				return nil // the stream ends with the leadership
+			}
+			return stream.Send(e.s.assignments(ls, hostID))
 		})
 }
 
@@ -119,21 +126,27 @@ func concernsHost(l *gpupoolv1.Lease, hostID string) bool {
 	return false
 }
 
-// heartbeat handles one heartbeat on the leader.
-func (s *Server) heartbeat(ls *leaderState, req *gpupoolv1.HeartbeatRequest) error {
+// heartbeat handles one heartbeat on the leader. It returns the highest
+// agent event seq now applied.
+func (s *Server) heartbeat(ls *leaderState, req *gpupoolv1.HeartbeatRequest) (uint64, error) {
 	st := s.fsm.State()
 	h := st.Host(req.HostId)
 	if h == nil {
-		return status.Errorf(codes.NotFound, "host %q: not registered; register first", req.HostId)
+		return 0, status.Errorf(codes.NotFound, "host %q: not registered; register first", req.HostId)
 	}
 	s.sawHeartbeat(ls, h.Id)
 	if h.Status == gpupoolv1.HostStatus_HOST_STATUS_DOWN {
 		if _, err := s.apply(&gpupoolv1.SetHostStatusCommand{
 			HostId: h.Id, Status: gpupoolv1.HostStatus_HOST_STATUS_READY, NowMs: s.nowMs(), Reason: "heartbeats resumed",
 		}); err != nil {
-			return toStatus(err)
+			return 0, toStatus(err)
 		}
 		s.log.Info("host back: heartbeats resumed", "host", h.Id)
+	}
+	ls.storeReport(h.Id, req)
+	acked, err := s.applyAgentReports(h, req)
+	if err != nil {
+		return 0, toStatus(err)
 	}
 	for _, id := range req.TornDown {
 		l := st.Lease(id)
@@ -142,14 +155,20 @@ func (s *Server) heartbeat(ls *leaderState, req *gpupoolv1.HeartbeatRequest) err
 		}
 		s.confirmTeardown(ls, h.Id, l)
 	}
-	return nil
+	return acked, nil
 }
 
-// assignments lists what a host must enforce and what it must tear down.
-func (s *Server) assignments(hostID string) *gpupoolv1.HeartbeatResponse {
+// assignments lists what a host must enforce and what it must tear down,
+// with each lease's TTL and what is left of it on ls's timers.
+func (s *Server) assignments(ls *leaderState, hostID string) *gpupoolv1.HeartbeatResponse {
 	resp := &gpupoolv1.HeartbeatResponse{HeartbeatIntervalMs: s.cfg.HeartbeatInterval.Milliseconds()}
+	now := s.cfg.Clock.Now()
 	for _, l := range s.fsm.State().HostLeases(hostID) {
-		a := &gpupoolv1.Assignment{LeaseId: l.Id, FencingToken: l.FencingToken, State: l.State, Tenant: l.Tenant, Holder: l.Holder}
+		a := &gpupoolv1.Assignment{LeaseId: l.Id, FencingToken: l.FencingToken, State: l.State, Tenant: l.Tenant, Holder: l.Holder,
+			TtlMs: l.TtlMs}
+		if d, ok := ls.ttl.Deadline(l.Id); ok {
+			a.ExpiresInMs = max(1, d.Sub(now).Milliseconds())
+		}
 		for _, sl := range l.Slices {
 			if sl.Host == hostID {
 				a.Slices = append(a.Slices, sl)

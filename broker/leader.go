@@ -29,6 +29,7 @@ type leaderState struct {
 	mu        sync.Mutex
 	lastSeen  map[string]time.Time       // guarded by mu; host → last heartbeat
 	confirmed map[string]map[string]bool // guarded by mu; lease → hosts that confirmed teardown
+	reports   map[string]*hostReport     // guarded by mu; host → its agent's last live readings
 }
 
 // monitorLeadership starts and stops the leader's duties as raft reports
@@ -61,6 +62,7 @@ func (s *Server) startLeading() func() {
 		stopCh:    make(chan struct{}),
 		lastSeen:  map[string]time.Time{},
 		confirmed: map[string]map[string]bool{},
+		reports:   map[string]*hostReport{},
 	}
 	ls.ttl = lease.NewTimers(s.cfg.Clock, s.expireLease)
 	ls.heartbeat = lease.NewTimers(s.cfg.Clock, s.hostMissedHeartbeats)
@@ -249,6 +251,9 @@ func (s *Server) hostMissedHeartbeats(id string) {
 		Reason: fmt.Sprintf("no heartbeat for %s", s.cfg.HeartbeatTTL),
 	})
 	s.logTimerErr("mark host down", id, err)
+	if ls := s.currentLeader(); ls != nil {
+		ls.forgetReport(id)
+	}
 	if err == nil {
 		s.log.Warn("host down: heartbeats stopped", "host", id, "ttl", s.cfg.HeartbeatTTL)
 	}

@@ -61,7 +61,7 @@ func (s *Server) acquire(r *gpupoolv1.LeaseRequest) (*gpupoolv1.AcquireResponse,
 		if !proto.Equal(ex.Request, r) {
 			return nil, status.Errorf(codes.AlreadyExists, "request_id %q: already used by lease %s for a different request; use a new request_id", r.RequestId, ex.Id)
 		}
-		return &gpupoolv1.AcquireResponse{Lease: s.withExpiry(ex), Existing: true}, nil
+		return &gpupoolv1.AcquireResponse{Lease: s.withLeaderView(ex), Existing: true}, nil
 	}
 	hosts := st.HostsWithDevices()
 	if err := checkAgainstPool(r, hosts); err != nil {
@@ -71,6 +71,7 @@ func (s *Server) acquire(r *gpupoolv1.LeaseRequest) (*gpupoolv1.AcquireResponse,
 	if err != nil {
 		return nil, err
 	}
+	setIsolation(slices, hosts)
 	now := s.nowMs()
 	l := &gpupoolv1.Lease{
 		Id:                "l-" + randomHex(8),
@@ -93,7 +94,27 @@ func (s *Server) acquire(r *gpupoolv1.LeaseRequest) (*gpupoolv1.AcquireResponse,
 	if ls := s.currentLeader(); ls != nil && !res.Existing {
 		ls.ttl.Reset(res.Lease.Id, lease.TTL(r))
 	}
-	return &gpupoolv1.AcquireResponse{Lease: s.withExpiry(res.Lease), Existing: res.Existing}, nil
+	return &gpupoolv1.AcquireResponse{Lease: s.withLeaderView(res.Lease), Existing: res.Existing}, nil
+}
+
+// setIsolation decides how the agent will isolate each slice: exclusive
+// slices own their GPU; fractional ones use MPS where the host's agent can
+// run it, else the watchdog alone.
+func setIsolation(ss []*gpupoolv1.Slice, hosts []*gpupoolv1.Host) {
+	mps := map[string]bool{}
+	for _, h := range hosts {
+		mps[h.Id] = h.Mps
+	}
+	for _, sl := range ss {
+		switch {
+		case sl.Exclusive:
+			sl.Isolation = gpupoolv1.Isolation_ISOLATION_EXCLUSIVE
+		case mps[sl.Host]:
+			sl.Isolation = gpupoolv1.Isolation_ISOLATION_MPS
+		default:
+			sl.Isolation = gpupoolv1.Isolation_ISOLATION_WATCHDOG
+		}
+	}
 }
 
 // checkAgainstPool rejects constraints that name things the pool does not
@@ -125,17 +146,24 @@ func checkAgainstPool(r *gpupoolv1.LeaseRequest, hosts []*gpupoolv1.Host) error 
 	return &lease.FieldError{Field: "constraints.model", Value: fmt.Sprintf("%q", c.Model), Allowed: "matches no GPU in the pool; models: " + strings.Join(known, ", ")}
 }
 
-// withExpiry returns l with ExpiresAtMs filled from the leader's timer, if
-// this server leads.
-func (s *Server) withExpiry(l *gpupoolv1.Lease) *gpupoolv1.Lease {
+// withLeaderView returns l with what only the leader knows filled in: its
+// expiry from the leader's timer and the agents' last usage reports. It
+// returns l itself when this server does not lead.
+func (s *Server) withLeaderView(l *gpupoolv1.Lease) *gpupoolv1.Lease {
 	ls := s.currentLeader()
 	if ls == nil || l == nil {
 		return l
 	}
-	if d, ok := ls.ttl.Deadline(l.Id); ok {
-		l = proto.Clone(l).(*gpupoolv1.Lease)
+	d, hasExpiry := ls.ttl.Deadline(l.Id)
+	usage := ls.leaseUsage(l.Id)
+	if !hasExpiry && len(usage) == 0 {
+		return l
+	}
+	l = proto.Clone(l).(*gpupoolv1.Lease)
+	if hasExpiry {
 		l.ExpiresAtMs = d.UnixMilli()
 	}
+	l.Usage = usage
 	return l
 }
 
@@ -174,7 +202,7 @@ func (e leaseService) Get(ctx context.Context, req *gpupoolv1.GetLeaseRequest) (
 	if l == nil {
 		return nil, status.Errorf(codes.NotFound, "lease %q: not found", req.LeaseId)
 	}
-	return &gpupoolv1.GetLeaseResponse{Lease: e.s.withExpiry(l)}, nil
+	return &gpupoolv1.GetLeaseResponse{Lease: e.s.withLeaderView(l)}, nil
 }
 
 // ended reports whether a lease state is final.
@@ -218,7 +246,7 @@ func (e leaseService) List(ctx context.Context, req *gpupoolv1.ListLeasesRequest
 	}
 	for _, l := range candidates {
 		if leaseMatches(l, req) {
-			resp.Leases = append(resp.Leases, e.s.withExpiry(l))
+			resp.Leases = append(resp.Leases, e.s.withLeaderView(l))
 		}
 	}
 	return resp, nil
@@ -268,7 +296,7 @@ func (e leaseService) Watch(req *gpupoolv1.WatchLeasesRequest, stream grpc.Serve
 			if ev.Lease == nil || ev.Index <= since || !match(ev.Lease) {
 				continue
 			}
-			if err := stream.Send(&gpupoolv1.LeaseEvent{Type: ev.Type, Lease: ev.Lease, Index: ev.Index, Message: ev.Lease.Reason}); err != nil {
+			if err := stream.Send(&gpupoolv1.LeaseEvent{Type: ev.Type, Lease: ev.Lease, Index: ev.Index, Message: ev.Text()}); err != nil {
 				return err
 			}
 		}
@@ -292,7 +320,7 @@ func (e leaseService) KeepAlive(stream grpc.BidiStreamingServer[gpupoolv1.KeepAl
 			}
 			return stream.Send(&gpupoolv1.KeepAliveResponse{
 				LeaseId: ev.Lease.Id, State: ev.Lease.State,
-				Event: &gpupoolv1.LeaseEvent{Type: ev.Type, Lease: ev.Lease, Index: ev.Index, Message: ev.Lease.Reason},
+				Event: &gpupoolv1.LeaseEvent{Type: ev.Type, Lease: e.s.withLeaderView(ev.Lease), Index: ev.Index, Message: ev.Text()},
 			})
 		})
 }

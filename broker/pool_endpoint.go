@@ -17,19 +17,38 @@ type poolService struct {
 	s *Server
 }
 
-// withHeartbeatAge returns a copy of h with the leader's heartbeat age,
-// or -1 when this server does not lead.
-func (s *Server) withHeartbeatAge(h *gpupoolv1.Host) *gpupoolv1.Host {
+// withLiveView returns a copy of h with what the leader knows live: the
+// heartbeat age and its devices' readings (-1 each when this server does
+// not lead or has not heard from the host).
+func (s *Server) withLiveView(h *gpupoolv1.Host) *gpupoolv1.Host {
 	h = proto.Clone(h).(*gpupoolv1.Host)
 	h.LastHeartbeatAgeMs = -1
-	if ls := s.currentLeader(); ls != nil {
+	ls := s.currentLeader()
+	if ls != nil {
 		ls.mu.Lock()
 		if t, ok := ls.lastSeen[h.Id]; ok {
 			h.LastHeartbeatAgeMs = s.cfg.Clock.Now().Sub(t).Milliseconds()
 		}
 		ls.mu.Unlock()
 	}
+	for i, d := range h.Devices {
+		h.Devices[i] = withReadings(ls, d)
+	}
 	return h
+}
+
+// withReadings returns a copy of d with the last readings its agent
+// reported to ls, or -1 for each when ls is nil or has none.
+func withReadings(ls *leaderState, d *gpupoolv1.Device) *gpupoolv1.Device {
+	d = proto.Clone(d).(*gpupoolv1.Device)
+	d.UsedMemoryMib, d.UtilizationPercent = -1, -1
+	if ls == nil {
+		return d
+	}
+	if r := ls.deviceReport(d.HostId, d.Uuid); r != nil {
+		d.UsedMemoryMib, d.UtilizationPercent = r.UsedMemoryMib, r.UtilizationPercent
+	}
+	return d
 }
 
 func (e poolService) ListHosts(ctx context.Context, req *gpupoolv1.ListHostsRequest) (*gpupoolv1.ListHostsResponse, error) {
@@ -40,7 +59,7 @@ func (e poolService) ListHosts(ctx context.Context, req *gpupoolv1.ListHostsRequ
 	}
 	resp := &gpupoolv1.ListHostsResponse{}
 	for _, h := range e.s.fsm.State().HostsWithDevices() {
-		resp.Hosts = append(resp.Hosts, e.s.withHeartbeatAge(h))
+		resp.Hosts = append(resp.Hosts, e.s.withLiveView(h))
 	}
 	return resp, nil
 }
@@ -59,12 +78,13 @@ func (e poolService) GetHost(ctx context.Context, req *gpupoolv1.GetHostRequest)
 	if h == nil {
 		return nil, status.Errorf(codes.NotFound, "host %q: not found; see 'gpupool host ls'", req.HostId)
 	}
-	h = e.s.withHeartbeatAge(h)
+	h = proto.Clone(h).(*gpupoolv1.Host)
 	h.Devices = st.HostDevices(h.Id)
+	h = e.s.withLiveView(h)
 	resp := &gpupoolv1.GetHostResponse{Host: h}
 	for _, l := range st.HostLeases(h.Id) {
 		if !ended(l.State) {
-			resp.Leases = append(resp.Leases, e.s.withExpiry(l))
+			resp.Leases = append(resp.Leases, e.s.withLeaderView(l))
 		}
 	}
 	return resp, nil
@@ -85,9 +105,10 @@ func (e poolService) ListDevices(ctx context.Context, req *gpupoolv1.ListDevices
 		devs = st.HostDevices(req.HostId)
 	}
 	resp := &gpupoolv1.ListDevicesResponse{}
+	ls := e.s.currentLeader()
 	for _, d := range devs {
 		if ok, _ := path.Match(req.Model, d.Model); req.Model == "" || ok {
-			resp.Devices = append(resp.Devices, d)
+			resp.Devices = append(resp.Devices, withReadings(ls, d))
 		}
 	}
 	return resp, nil

@@ -21,6 +21,10 @@ const (
 	GrantLeaseType    MessageType = 4
 	EndLeaseType      MessageType = 5
 	FreeLeaseType     MessageType = 6
+	// SetDeviceHealth and RecordAgentEvents change what placement sees
+	// (health) and lease records, so they are not ignorable.
+	SetDeviceHealthType   MessageType = 7
+	RecordAgentEventsType MessageType = 8
 )
 
 // IgnoreUnknownTypeFlag marks a command that servers which do not know its
@@ -45,6 +49,10 @@ func newMessage(t MessageType) proto.Message {
 		return &gpupoolv1.EndLeaseCommand{}
 	case FreeLeaseType:
 		return &gpupoolv1.FreeLeaseCommand{}
+	case SetDeviceHealthType:
+		return &gpupoolv1.SetDeviceHealthCommand{}
+	case RecordAgentEventsType:
+		return &gpupoolv1.RecordAgentEventsCommand{}
 	}
 	return nil
 }
@@ -64,6 +72,10 @@ func TypeOf(m proto.Message) (MessageType, error) {
 		return EndLeaseType, nil
 	case *gpupoolv1.FreeLeaseCommand:
 		return FreeLeaseType, nil
+	case *gpupoolv1.SetDeviceHealthCommand:
+		return SetDeviceHealthType, nil
+	case *gpupoolv1.RecordAgentEventsCommand:
+		return RecordAgentEventsType, nil
 	}
 	return 0, fmt.Errorf("fsm: %T is not a command", m)
 }

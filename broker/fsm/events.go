@@ -13,9 +13,21 @@ type Event struct {
 	Lease *gpupoolv1.Lease
 	Type  gpupoolv1.LeaseEventType
 	Host  *gpupoolv1.Host
+	// Message says what happened to the lease, when its reason does not:
+	// a violation, a device turning unhealthy.
+	Message string
 	// Reset means the whole state was replaced (snapshot restore):
 	// subscribers must re-read everything.
 	Reset bool
+}
+
+// Text is what to tell a watcher about the event: its message, else the
+// lease's reason.
+func (e Event) Text() string {
+	if e.Message != "" || e.Lease == nil {
+		return e.Message
+	}
+	return e.Lease.Reason
 }
 
 // subscriberBuffer is how many events a subscriber may lag before it is

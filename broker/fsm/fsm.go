@@ -98,6 +98,10 @@ func (f *FSM) apply(index uint64, msg proto.Message) *Result {
 		res, evs = applyEndLease(w, index, c)
 	case *gpupoolv1.FreeLeaseCommand:
 		res, evs = applyFreeLease(w, index, c)
+	case *gpupoolv1.SetDeviceHealthCommand:
+		res, evs = applySetDeviceHealth(w, index, c)
+	case *gpupoolv1.RecordAgentEventsCommand:
+		res, evs = applyRecordAgentEvents(w, index, c)
 	default:
 		res = &Result{Err: fmt.Errorf("%w: %T", ErrInvalid, msg)}
 	}

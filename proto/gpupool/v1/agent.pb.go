@@ -21,6 +21,54 @@ const (
 	_ = protoimpl.EnforceVersion(protoimpl.MaxVersion - 20)
 )
 
+type AgentEventType int32
+
+const (
+	AgentEventType_AGENT_EVENT_TYPE_UNSPECIFIED AgentEventType = 0
+	// The watchdog stopped a lease's processes for using more memory than
+	// its slice.
+	AgentEventType_AGENT_EVENT_TYPE_VIOLATION AgentEventType = 1
+)
+
+// Enum value maps for AgentEventType.
+var (
+	AgentEventType_name = map[int32]string{
+		0: "AGENT_EVENT_TYPE_UNSPECIFIED",
+		1: "AGENT_EVENT_TYPE_VIOLATION",
+	}
+	AgentEventType_value = map[string]int32{
+		"AGENT_EVENT_TYPE_UNSPECIFIED": 0,
+		"AGENT_EVENT_TYPE_VIOLATION":   1,
+	}
+)
+
+func (x AgentEventType) Enum() *AgentEventType {
+	p := new(AgentEventType)
+	*p = x
+	return p
+}
+
+func (x AgentEventType) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (AgentEventType) Descriptor() protoreflect.EnumDescriptor {
+	return file_gpupool_v1_agent_proto_enumTypes[0].Descriptor()
+}
+
+func (AgentEventType) Type() protoreflect.EnumType {
+	return &file_gpupool_v1_agent_proto_enumTypes[0]
+}
+
+func (x AgentEventType) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use AgentEventType.Descriptor instead.
+func (AgentEventType) EnumDescriptor() ([]byte, []int) {
+	return file_gpupool_v1_agent_proto_rawDescGZIP(), []int{0}
+}
+
 type RegisterRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Host          *Host                  `protobuf:"bytes,1,opt,name=host,proto3" json:"host,omitempty"`
@@ -129,7 +177,16 @@ type HeartbeatRequest struct {
 	state  protoimpl.MessageState `protogen:"open.v1"`
 	HostId string                 `protobuf:"bytes,1,opt,name=host_id,json=hostId,proto3" json:"host_id,omitempty"`
 	// Leases whose workloads the agent has stopped since the broker asked.
-	TornDown      []string `protobuf:"bytes,2,rep,name=torn_down,json=tornDown,proto3" json:"torn_down,omitempty"`
+	TornDown []string `protobuf:"bytes,2,rep,name=torn_down,json=tornDown,proto3" json:"torn_down,omitempty"`
+	// Every device's health and live readings.
+	Devices []*DeviceReport `protobuf:"bytes,3,rep,name=devices,proto3" json:"devices,omitempty"`
+	// Live usage of the leases the agent enforces.
+	Usage []*LeaseUsage `protobuf:"bytes,4,rep,name=usage,proto3" json:"usage,omitempty"`
+	// Events not yet acknowledged (see HeartbeatResponse.acked_event_seq).
+	Events []*AgentEvent `protobuf:"bytes,5,rep,name=events,proto3" json:"events,omitempty"`
+	// Leases the agent refuses to enforce, e.g. a slice on a device it does
+	// not have. The broker revokes them.
+	Rejected      []*Rejection `protobuf:"bytes,6,rep,name=rejected,proto3" json:"rejected,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -178,22 +235,268 @@ func (x *HeartbeatRequest) GetTornDown() []string {
 	return nil
 }
 
+func (x *HeartbeatRequest) GetDevices() []*DeviceReport {
+	if x != nil {
+		return x.Devices
+	}
+	return nil
+}
+
+func (x *HeartbeatRequest) GetUsage() []*LeaseUsage {
+	if x != nil {
+		return x.Usage
+	}
+	return nil
+}
+
+func (x *HeartbeatRequest) GetEvents() []*AgentEvent {
+	if x != nil {
+		return x.Events
+	}
+	return nil
+}
+
+func (x *HeartbeatRequest) GetRejected() []*Rejection {
+	if x != nil {
+		return x.Rejected
+	}
+	return nil
+}
+
+type DeviceReport struct {
+	state              protoimpl.MessageState `protogen:"open.v1"`
+	Uuid               string                 `protobuf:"bytes,1,opt,name=uuid,proto3" json:"uuid,omitempty"`
+	Health             DeviceHealth           `protobuf:"varint,2,opt,name=health,proto3,enum=gpupool.v1.DeviceHealth" json:"health,omitempty"`
+	HealthReason       string                 `protobuf:"bytes,3,opt,name=health_reason,json=healthReason,proto3" json:"health_reason,omitempty"`
+	UsedMemoryMib      int64                  `protobuf:"varint,4,opt,name=used_memory_mib,json=usedMemoryMib,proto3" json:"used_memory_mib,omitempty"`
+	UtilizationPercent int32                  `protobuf:"varint,5,opt,name=utilization_percent,json=utilizationPercent,proto3" json:"utilization_percent,omitempty"`
+	unknownFields      protoimpl.UnknownFields
+	sizeCache          protoimpl.SizeCache
+}
+
+func (x *DeviceReport) Reset() {
+	*x = DeviceReport{}
+	mi := &file_gpupool_v1_agent_proto_msgTypes[3]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DeviceReport) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DeviceReport) ProtoMessage() {}
+
+func (x *DeviceReport) ProtoReflect() protoreflect.Message {
+	mi := &file_gpupool_v1_agent_proto_msgTypes[3]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DeviceReport.ProtoReflect.Descriptor instead.
+func (*DeviceReport) Descriptor() ([]byte, []int) {
+	return file_gpupool_v1_agent_proto_rawDescGZIP(), []int{3}
+}
+
+func (x *DeviceReport) GetUuid() string {
+	if x != nil {
+		return x.Uuid
+	}
+	return ""
+}
+
+func (x *DeviceReport) GetHealth() DeviceHealth {
+	if x != nil {
+		return x.Health
+	}
+	return DeviceHealth_DEVICE_HEALTH_UNSPECIFIED
+}
+
+func (x *DeviceReport) GetHealthReason() string {
+	if x != nil {
+		return x.HealthReason
+	}
+	return ""
+}
+
+func (x *DeviceReport) GetUsedMemoryMib() int64 {
+	if x != nil {
+		return x.UsedMemoryMib
+	}
+	return 0
+}
+
+func (x *DeviceReport) GetUtilizationPercent() int32 {
+	if x != nil {
+		return x.UtilizationPercent
+	}
+	return 0
+}
+
+type AgentEvent struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Increasing per agent, across restarts.
+	Seq           uint64         `protobuf:"varint,1,opt,name=seq,proto3" json:"seq,omitempty"`
+	Type          AgentEventType `protobuf:"varint,2,opt,name=type,proto3,enum=gpupool.v1.AgentEventType" json:"type,omitempty"`
+	LeaseId       string         `protobuf:"bytes,3,opt,name=lease_id,json=leaseId,proto3" json:"lease_id,omitempty"`
+	Device        string         `protobuf:"bytes,4,opt,name=device,proto3" json:"device,omitempty"`
+	Message       string         `protobuf:"bytes,5,opt,name=message,proto3" json:"message,omitempty"`
+	AtMs          int64          `protobuf:"varint,6,opt,name=at_ms,json=atMs,proto3" json:"at_ms,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *AgentEvent) Reset() {
+	*x = AgentEvent{}
+	mi := &file_gpupool_v1_agent_proto_msgTypes[4]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *AgentEvent) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*AgentEvent) ProtoMessage() {}
+
+func (x *AgentEvent) ProtoReflect() protoreflect.Message {
+	mi := &file_gpupool_v1_agent_proto_msgTypes[4]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use AgentEvent.ProtoReflect.Descriptor instead.
+func (*AgentEvent) Descriptor() ([]byte, []int) {
+	return file_gpupool_v1_agent_proto_rawDescGZIP(), []int{4}
+}
+
+func (x *AgentEvent) GetSeq() uint64 {
+	if x != nil {
+		return x.Seq
+	}
+	return 0
+}
+
+func (x *AgentEvent) GetType() AgentEventType {
+	if x != nil {
+		return x.Type
+	}
+	return AgentEventType_AGENT_EVENT_TYPE_UNSPECIFIED
+}
+
+func (x *AgentEvent) GetLeaseId() string {
+	if x != nil {
+		return x.LeaseId
+	}
+	return ""
+}
+
+func (x *AgentEvent) GetDevice() string {
+	if x != nil {
+		return x.Device
+	}
+	return ""
+}
+
+func (x *AgentEvent) GetMessage() string {
+	if x != nil {
+		return x.Message
+	}
+	return ""
+}
+
+func (x *AgentEvent) GetAtMs() int64 {
+	if x != nil {
+		return x.AtMs
+	}
+	return 0
+}
+
+type Rejection struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	LeaseId       string                 `protobuf:"bytes,1,opt,name=lease_id,json=leaseId,proto3" json:"lease_id,omitempty"`
+	Reason        string                 `protobuf:"bytes,2,opt,name=reason,proto3" json:"reason,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Rejection) Reset() {
+	*x = Rejection{}
+	mi := &file_gpupool_v1_agent_proto_msgTypes[5]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Rejection) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Rejection) ProtoMessage() {}
+
+func (x *Rejection) ProtoReflect() protoreflect.Message {
+	mi := &file_gpupool_v1_agent_proto_msgTypes[5]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Rejection.ProtoReflect.Descriptor instead.
+func (*Rejection) Descriptor() ([]byte, []int) {
+	return file_gpupool_v1_agent_proto_rawDescGZIP(), []int{5}
+}
+
+func (x *Rejection) GetLeaseId() string {
+	if x != nil {
+		return x.LeaseId
+	}
+	return ""
+}
+
+func (x *Rejection) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
 type Assignment struct {
 	state        protoimpl.MessageState `protogen:"open.v1"`
 	LeaseId      string                 `protobuf:"bytes,1,opt,name=lease_id,json=leaseId,proto3" json:"lease_id,omitempty"`
 	FencingToken uint64                 `protobuf:"varint,2,opt,name=fencing_token,json=fencingToken,proto3" json:"fencing_token,omitempty"`
 	State        LeaseState             `protobuf:"varint,3,opt,name=state,proto3,enum=gpupool.v1.LeaseState" json:"state,omitempty"`
 	// Only the slices on this host.
-	Slices        []*Slice `protobuf:"bytes,4,rep,name=slices,proto3" json:"slices,omitempty"`
-	Tenant        string   `protobuf:"bytes,5,opt,name=tenant,proto3" json:"tenant,omitempty"`
-	Holder        string   `protobuf:"bytes,6,opt,name=holder,proto3" json:"holder,omitempty"`
+	Slices []*Slice `protobuf:"bytes,4,rep,name=slices,proto3" json:"slices,omitempty"`
+	Tenant string   `protobuf:"bytes,5,opt,name=tenant,proto3" json:"tenant,omitempty"`
+	Holder string   `protobuf:"bytes,6,opt,name=holder,proto3" json:"holder,omitempty"`
+	// The lease's TTL and what is left of it on the leader when the
+	// response is sent (0: unknown). An agent cut off from the brokers
+	// stops the lease's processes once that has passed, plus a grace.
+	TtlMs         int64 `protobuf:"varint,7,opt,name=ttl_ms,json=ttlMs,proto3" json:"ttl_ms,omitempty"`
+	ExpiresInMs   int64 `protobuf:"varint,8,opt,name=expires_in_ms,json=expiresInMs,proto3" json:"expires_in_ms,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Assignment) Reset() {
 	*x = Assignment{}
-	mi := &file_gpupool_v1_agent_proto_msgTypes[3]
+	mi := &file_gpupool_v1_agent_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -205,7 +508,7 @@ func (x *Assignment) String() string {
 func (*Assignment) ProtoMessage() {}
 
 func (x *Assignment) ProtoReflect() protoreflect.Message {
-	mi := &file_gpupool_v1_agent_proto_msgTypes[3]
+	mi := &file_gpupool_v1_agent_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -218,7 +521,7 @@ func (x *Assignment) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Assignment.ProtoReflect.Descriptor instead.
 func (*Assignment) Descriptor() ([]byte, []int) {
-	return file_gpupool_v1_agent_proto_rawDescGZIP(), []int{3}
+	return file_gpupool_v1_agent_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *Assignment) GetLeaseId() string {
@@ -263,18 +566,35 @@ func (x *Assignment) GetHolder() string {
 	return ""
 }
 
+func (x *Assignment) GetTtlMs() int64 {
+	if x != nil {
+		return x.TtlMs
+	}
+	return 0
+}
+
+func (x *Assignment) GetExpiresInMs() int64 {
+	if x != nil {
+		return x.ExpiresInMs
+	}
+	return 0
+}
+
 type HeartbeatResponse struct {
 	state               protoimpl.MessageState `protogen:"open.v1"`
 	Enforce             []*Assignment          `protobuf:"bytes,1,rep,name=enforce,proto3" json:"enforce,omitempty"`
 	Teardown            []*Assignment          `protobuf:"bytes,2,rep,name=teardown,proto3" json:"teardown,omitempty"`
 	HeartbeatIntervalMs int64                  `protobuf:"varint,3,opt,name=heartbeat_interval_ms,json=heartbeatIntervalMs,proto3" json:"heartbeat_interval_ms,omitempty"`
-	unknownFields       protoimpl.UnknownFields
-	sizeCache           protoimpl.SizeCache
+	// Agent events up to this seq are applied; the agent stops resending
+	// them.
+	AckedEventSeq uint64 `protobuf:"varint,4,opt,name=acked_event_seq,json=ackedEventSeq,proto3" json:"acked_event_seq,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *HeartbeatResponse) Reset() {
 	*x = HeartbeatResponse{}
-	mi := &file_gpupool_v1_agent_proto_msgTypes[4]
+	mi := &file_gpupool_v1_agent_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -286,7 +606,7 @@ func (x *HeartbeatResponse) String() string {
 func (*HeartbeatResponse) ProtoMessage() {}
 
 func (x *HeartbeatResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_gpupool_v1_agent_proto_msgTypes[4]
+	mi := &file_gpupool_v1_agent_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -299,7 +619,7 @@ func (x *HeartbeatResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HeartbeatResponse.ProtoReflect.Descriptor instead.
 func (*HeartbeatResponse) Descriptor() ([]byte, []int) {
-	return file_gpupool_v1_agent_proto_rawDescGZIP(), []int{4}
+	return file_gpupool_v1_agent_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *HeartbeatResponse) GetEnforce() []*Assignment {
@@ -323,6 +643,13 @@ func (x *HeartbeatResponse) GetHeartbeatIntervalMs() int64 {
 	return 0
 }
 
+func (x *HeartbeatResponse) GetAckedEventSeq() uint64 {
+	if x != nil {
+		return x.AckedEventSeq
+	}
+	return 0
+}
+
 var File_gpupool_v1_agent_proto protoreflect.FileDescriptor
 
 const file_gpupool_v1_agent_proto_rawDesc = "" +
@@ -334,10 +661,31 @@ const file_gpupool_v1_agent_proto_rawDesc = "" +
 	"\x10RegisterResponse\x12\x17\n" +
 	"\ahost_id\x18\x01 \x01(\tR\x06hostId\x122\n" +
 	"\x15heartbeat_interval_ms\x18\x02 \x01(\x03R\x13heartbeatIntervalMs\x12(\n" +
-	"\x10heartbeat_ttl_ms\x18\x03 \x01(\x03R\x0eheartbeatTtlMs\"H\n" +
+	"\x10heartbeat_ttl_ms\x18\x03 \x01(\x03R\x0eheartbeatTtlMs\"\x8d\x02\n" +
 	"\x10HeartbeatRequest\x12\x17\n" +
 	"\ahost_id\x18\x01 \x01(\tR\x06hostId\x12\x1b\n" +
-	"\ttorn_down\x18\x02 \x03(\tR\btornDown\"\xd5\x01\n" +
+	"\ttorn_down\x18\x02 \x03(\tR\btornDown\x122\n" +
+	"\adevices\x18\x03 \x03(\v2\x18.gpupool.v1.DeviceReportR\adevices\x12,\n" +
+	"\x05usage\x18\x04 \x03(\v2\x16.gpupool.v1.LeaseUsageR\x05usage\x12.\n" +
+	"\x06events\x18\x05 \x03(\v2\x16.gpupool.v1.AgentEventR\x06events\x121\n" +
+	"\brejected\x18\x06 \x03(\v2\x15.gpupool.v1.RejectionR\brejected\"\xd2\x01\n" +
+	"\fDeviceReport\x12\x12\n" +
+	"\x04uuid\x18\x01 \x01(\tR\x04uuid\x120\n" +
+	"\x06health\x18\x02 \x01(\x0e2\x18.gpupool.v1.DeviceHealthR\x06health\x12#\n" +
+	"\rhealth_reason\x18\x03 \x01(\tR\fhealthReason\x12&\n" +
+	"\x0fused_memory_mib\x18\x04 \x01(\x03R\rusedMemoryMib\x12/\n" +
+	"\x13utilization_percent\x18\x05 \x01(\x05R\x12utilizationPercent\"\xb0\x01\n" +
+	"\n" +
+	"AgentEvent\x12\x10\n" +
+	"\x03seq\x18\x01 \x01(\x04R\x03seq\x12.\n" +
+	"\x04type\x18\x02 \x01(\x0e2\x1a.gpupool.v1.AgentEventTypeR\x04type\x12\x19\n" +
+	"\blease_id\x18\x03 \x01(\tR\aleaseId\x12\x16\n" +
+	"\x06device\x18\x04 \x01(\tR\x06device\x12\x18\n" +
+	"\amessage\x18\x05 \x01(\tR\amessage\x12\x13\n" +
+	"\x05at_ms\x18\x06 \x01(\x03R\x04atMs\">\n" +
+	"\tRejection\x12\x19\n" +
+	"\blease_id\x18\x01 \x01(\tR\aleaseId\x12\x16\n" +
+	"\x06reason\x18\x02 \x01(\tR\x06reason\"\x90\x02\n" +
 	"\n" +
 	"Assignment\x12\x19\n" +
 	"\blease_id\x18\x01 \x01(\tR\aleaseId\x12#\n" +
@@ -345,11 +693,17 @@ const file_gpupool_v1_agent_proto_rawDesc = "" +
 	"\x05state\x18\x03 \x01(\x0e2\x16.gpupool.v1.LeaseStateR\x05state\x12)\n" +
 	"\x06slices\x18\x04 \x03(\v2\x11.gpupool.v1.SliceR\x06slices\x12\x16\n" +
 	"\x06tenant\x18\x05 \x01(\tR\x06tenant\x12\x16\n" +
-	"\x06holder\x18\x06 \x01(\tR\x06holder\"\xad\x01\n" +
+	"\x06holder\x18\x06 \x01(\tR\x06holder\x12\x15\n" +
+	"\x06ttl_ms\x18\a \x01(\x03R\x05ttlMs\x12\"\n" +
+	"\rexpires_in_ms\x18\b \x01(\x03R\vexpiresInMs\"\xd5\x01\n" +
 	"\x11HeartbeatResponse\x120\n" +
 	"\aenforce\x18\x01 \x03(\v2\x16.gpupool.v1.AssignmentR\aenforce\x122\n" +
 	"\bteardown\x18\x02 \x03(\v2\x16.gpupool.v1.AssignmentR\bteardown\x122\n" +
-	"\x15heartbeat_interval_ms\x18\x03 \x01(\x03R\x13heartbeatIntervalMs2\xa3\x01\n" +
+	"\x15heartbeat_interval_ms\x18\x03 \x01(\x03R\x13heartbeatIntervalMs\x12&\n" +
+	"\x0facked_event_seq\x18\x04 \x01(\x04R\rackedEventSeq*R\n" +
+	"\x0eAgentEventType\x12 \n" +
+	"\x1cAGENT_EVENT_TYPE_UNSPECIFIED\x10\x00\x12\x1e\n" +
+	"\x1aAGENT_EVENT_TYPE_VIOLATION\x10\x012\xa3\x01\n" +
 	"\fAgentService\x12E\n" +
 	"\bRegister\x12\x1b.gpupool.v1.RegisterRequest\x1a\x1c.gpupool.v1.RegisterResponse\x12L\n" +
 	"\tHeartbeat\x12\x1c.gpupool.v1.HeartbeatRequest\x1a\x1d.gpupool.v1.HeartbeatResponse(\x010\x01B7Z5github.com/gpupool/gpupool/proto/gpupool/v1;gpupoolv1b\x06proto3"
@@ -366,32 +720,45 @@ func file_gpupool_v1_agent_proto_rawDescGZIP() []byte {
 	return file_gpupool_v1_agent_proto_rawDescData
 }
 
-var file_gpupool_v1_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 5)
+var file_gpupool_v1_agent_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
+var file_gpupool_v1_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 8)
 var file_gpupool_v1_agent_proto_goTypes = []any{
-	(*RegisterRequest)(nil),   // 0: gpupool.v1.RegisterRequest
-	(*RegisterResponse)(nil),  // 1: gpupool.v1.RegisterResponse
-	(*HeartbeatRequest)(nil),  // 2: gpupool.v1.HeartbeatRequest
-	(*Assignment)(nil),        // 3: gpupool.v1.Assignment
-	(*HeartbeatResponse)(nil), // 4: gpupool.v1.HeartbeatResponse
-	(*Host)(nil),              // 5: gpupool.v1.Host
-	(LeaseState)(0),           // 6: gpupool.v1.LeaseState
-	(*Slice)(nil),             // 7: gpupool.v1.Slice
+	(AgentEventType)(0),       // 0: gpupool.v1.AgentEventType
+	(*RegisterRequest)(nil),   // 1: gpupool.v1.RegisterRequest
+	(*RegisterResponse)(nil),  // 2: gpupool.v1.RegisterResponse
+	(*HeartbeatRequest)(nil),  // 3: gpupool.v1.HeartbeatRequest
+	(*DeviceReport)(nil),      // 4: gpupool.v1.DeviceReport
+	(*AgentEvent)(nil),        // 5: gpupool.v1.AgentEvent
+	(*Rejection)(nil),         // 6: gpupool.v1.Rejection
+	(*Assignment)(nil),        // 7: gpupool.v1.Assignment
+	(*HeartbeatResponse)(nil), // 8: gpupool.v1.HeartbeatResponse
+	(*Host)(nil),              // 9: gpupool.v1.Host
+	(*LeaseUsage)(nil),        // 10: gpupool.v1.LeaseUsage
+	(DeviceHealth)(0),         // 11: gpupool.v1.DeviceHealth
+	(LeaseState)(0),           // 12: gpupool.v1.LeaseState
+	(*Slice)(nil),             // 13: gpupool.v1.Slice
 }
 var file_gpupool_v1_agent_proto_depIdxs = []int32{
-	5, // 0: gpupool.v1.RegisterRequest.host:type_name -> gpupool.v1.Host
-	6, // 1: gpupool.v1.Assignment.state:type_name -> gpupool.v1.LeaseState
-	7, // 2: gpupool.v1.Assignment.slices:type_name -> gpupool.v1.Slice
-	3, // 3: gpupool.v1.HeartbeatResponse.enforce:type_name -> gpupool.v1.Assignment
-	3, // 4: gpupool.v1.HeartbeatResponse.teardown:type_name -> gpupool.v1.Assignment
-	0, // 5: gpupool.v1.AgentService.Register:input_type -> gpupool.v1.RegisterRequest
-	2, // 6: gpupool.v1.AgentService.Heartbeat:input_type -> gpupool.v1.HeartbeatRequest
-	1, // 7: gpupool.v1.AgentService.Register:output_type -> gpupool.v1.RegisterResponse
-	4, // 8: gpupool.v1.AgentService.Heartbeat:output_type -> gpupool.v1.HeartbeatResponse
-	7, // [7:9] is the sub-list for method output_type
-	5, // [5:7] is the sub-list for method input_type
-	5, // [5:5] is the sub-list for extension type_name
-	5, // [5:5] is the sub-list for extension extendee
-	0, // [0:5] is the sub-list for field type_name
+	9,  // 0: gpupool.v1.RegisterRequest.host:type_name -> gpupool.v1.Host
+	4,  // 1: gpupool.v1.HeartbeatRequest.devices:type_name -> gpupool.v1.DeviceReport
+	10, // 2: gpupool.v1.HeartbeatRequest.usage:type_name -> gpupool.v1.LeaseUsage
+	5,  // 3: gpupool.v1.HeartbeatRequest.events:type_name -> gpupool.v1.AgentEvent
+	6,  // 4: gpupool.v1.HeartbeatRequest.rejected:type_name -> gpupool.v1.Rejection
+	11, // 5: gpupool.v1.DeviceReport.health:type_name -> gpupool.v1.DeviceHealth
+	0,  // 6: gpupool.v1.AgentEvent.type:type_name -> gpupool.v1.AgentEventType
+	12, // 7: gpupool.v1.Assignment.state:type_name -> gpupool.v1.LeaseState
+	13, // 8: gpupool.v1.Assignment.slices:type_name -> gpupool.v1.Slice
+	7,  // 9: gpupool.v1.HeartbeatResponse.enforce:type_name -> gpupool.v1.Assignment
+	7,  // 10: gpupool.v1.HeartbeatResponse.teardown:type_name -> gpupool.v1.Assignment
+	1,  // 11: gpupool.v1.AgentService.Register:input_type -> gpupool.v1.RegisterRequest
+	3,  // 12: gpupool.v1.AgentService.Heartbeat:input_type -> gpupool.v1.HeartbeatRequest
+	2,  // 13: gpupool.v1.AgentService.Register:output_type -> gpupool.v1.RegisterResponse
+	8,  // 14: gpupool.v1.AgentService.Heartbeat:output_type -> gpupool.v1.HeartbeatResponse
+	13, // [13:15] is the sub-list for method output_type
+	11, // [11:13] is the sub-list for method input_type
+	11, // [11:11] is the sub-list for extension type_name
+	11, // [11:11] is the sub-list for extension extendee
+	0,  // [0:11] is the sub-list for field type_name
 }
 
 func init() { file_gpupool_v1_agent_proto_init() }
@@ -405,13 +772,14 @@ func file_gpupool_v1_agent_proto_init() {
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_gpupool_v1_agent_proto_rawDesc), len(file_gpupool_v1_agent_proto_rawDesc)),
-			NumEnums:      0,
-			NumMessages:   5,
+			NumEnums:      1,
+			NumMessages:   8,
 			NumExtensions: 0,
 			NumServices:   1,
 		},
 		GoTypes:           file_gpupool_v1_agent_proto_goTypes,
 		DependencyIndexes: file_gpupool_v1_agent_proto_depIdxs,
+		EnumInfos:         file_gpupool_v1_agent_proto_enumTypes,
 		MessageInfos:      file_gpupool_v1_agent_proto_msgTypes,
 	}.Build()
 	File_gpupool_v1_agent_proto = out.File

@@ -635,6 +635,121 @@ func (x *FreeLeaseCommand) GetRequireHostDown() bool {
 	return false
 }
 
+// SetDeviceHealthCommand records health changes an agent reported.
+type SetDeviceHealthCommand struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	HostId        string                 `protobuf:"bytes,1,opt,name=host_id,json=hostId,proto3" json:"host_id,omitempty"`
+	Devices       []*DeviceReport        `protobuf:"bytes,2,rep,name=devices,proto3" json:"devices,omitempty"`
+	NowMs         int64                  `protobuf:"varint,3,opt,name=now_ms,json=nowMs,proto3" json:"now_ms,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SetDeviceHealthCommand) Reset() {
+	*x = SetDeviceHealthCommand{}
+	mi := &file_gpupool_v1_internal_proto_msgTypes[10]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SetDeviceHealthCommand) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SetDeviceHealthCommand) ProtoMessage() {}
+
+func (x *SetDeviceHealthCommand) ProtoReflect() protoreflect.Message {
+	mi := &file_gpupool_v1_internal_proto_msgTypes[10]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SetDeviceHealthCommand.ProtoReflect.Descriptor instead.
+func (*SetDeviceHealthCommand) Descriptor() ([]byte, []int) {
+	return file_gpupool_v1_internal_proto_rawDescGZIP(), []int{10}
+}
+
+func (x *SetDeviceHealthCommand) GetHostId() string {
+	if x != nil {
+		return x.HostId
+	}
+	return ""
+}
+
+func (x *SetDeviceHealthCommand) GetDevices() []*DeviceReport {
+	if x != nil {
+		return x.Devices
+	}
+	return nil
+}
+
+func (x *SetDeviceHealthCommand) GetNowMs() int64 {
+	if x != nil {
+		return x.NowMs
+	}
+	return 0
+}
+
+// RecordAgentEventsCommand records agent events on their leases. Events
+// whose seq is not above the lease's last_event_seq are skipped.
+type RecordAgentEventsCommand struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	HostId        string                 `protobuf:"bytes,1,opt,name=host_id,json=hostId,proto3" json:"host_id,omitempty"`
+	Events        []*AgentEvent          `protobuf:"bytes,2,rep,name=events,proto3" json:"events,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RecordAgentEventsCommand) Reset() {
+	*x = RecordAgentEventsCommand{}
+	mi := &file_gpupool_v1_internal_proto_msgTypes[11]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RecordAgentEventsCommand) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RecordAgentEventsCommand) ProtoMessage() {}
+
+func (x *RecordAgentEventsCommand) ProtoReflect() protoreflect.Message {
+	mi := &file_gpupool_v1_internal_proto_msgTypes[11]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RecordAgentEventsCommand.ProtoReflect.Descriptor instead.
+func (*RecordAgentEventsCommand) Descriptor() ([]byte, []int) {
+	return file_gpupool_v1_internal_proto_rawDescGZIP(), []int{11}
+}
+
+func (x *RecordAgentEventsCommand) GetHostId() string {
+	if x != nil {
+		return x.HostId
+	}
+	return ""
+}
+
+func (x *RecordAgentEventsCommand) GetEvents() []*AgentEvent {
+	if x != nil {
+		return x.Events
+	}
+	return nil
+}
+
 // StateSnapshot is the whole FSM state, in the order of the store's indexes.
 type StateSnapshot struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
@@ -649,7 +764,7 @@ type StateSnapshot struct {
 
 func (x *StateSnapshot) Reset() {
 	*x = StateSnapshot{}
-	mi := &file_gpupool_v1_internal_proto_msgTypes[10]
+	mi := &file_gpupool_v1_internal_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -661,7 +776,7 @@ func (x *StateSnapshot) String() string {
 func (*StateSnapshot) ProtoMessage() {}
 
 func (x *StateSnapshot) ProtoReflect() protoreflect.Message {
-	mi := &file_gpupool_v1_internal_proto_msgTypes[10]
+	mi := &file_gpupool_v1_internal_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -674,7 +789,7 @@ func (x *StateSnapshot) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StateSnapshot.ProtoReflect.Descriptor instead.
 func (*StateSnapshot) Descriptor() ([]byte, []int) {
-	return file_gpupool_v1_internal_proto_rawDescGZIP(), []int{10}
+	return file_gpupool_v1_internal_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *StateSnapshot) GetServers() []*UpsertServerCommand {
@@ -717,7 +832,7 @@ var File_gpupool_v1_internal_proto protoreflect.FileDescriptor
 const file_gpupool_v1_internal_proto_rawDesc = "" +
 	"\n" +
 	"\x19gpupool/v1/internal.proto\x12\n" +
-	"gpupool.v1\x1a\x16gpupool/v1/types.proto\"\x13\n" +
+	"gpupool.v1\x1a\x16gpupool/v1/agent.proto\x1a\x16gpupool/v1/types.proto\"\x13\n" +
 	"\x11ServerInfoRequest\"\xfc\x01\n" +
 	"\x12ServerInfoResponse\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12!\n" +
@@ -760,7 +875,14 @@ const file_gpupool_v1_internal_proto_rawDesc = "" +
 	"\blease_id\x18\x01 \x01(\tR\aleaseId\x12\x16\n" +
 	"\x06reason\x18\x02 \x01(\tR\x06reason\x12\x15\n" +
 	"\x06now_ms\x18\x03 \x01(\x03R\x05nowMs\x12*\n" +
-	"\x11require_host_down\x18\x04 \x01(\bR\x0frequireHostDown\"\xe1\x01\n" +
+	"\x11require_host_down\x18\x04 \x01(\bR\x0frequireHostDown\"|\n" +
+	"\x16SetDeviceHealthCommand\x12\x17\n" +
+	"\ahost_id\x18\x01 \x01(\tR\x06hostId\x122\n" +
+	"\adevices\x18\x02 \x03(\v2\x18.gpupool.v1.DeviceReportR\adevices\x12\x15\n" +
+	"\x06now_ms\x18\x03 \x01(\x03R\x05nowMs\"c\n" +
+	"\x18RecordAgentEventsCommand\x12\x17\n" +
+	"\ahost_id\x18\x01 \x01(\tR\x06hostId\x12.\n" +
+	"\x06events\x18\x02 \x03(\v2\x16.gpupool.v1.AgentEventR\x06events\"\xe1\x01\n" +
 	"\rStateSnapshot\x129\n" +
 	"\aservers\x18\x01 \x03(\v2\x1f.gpupool.v1.UpsertServerCommandR\aservers\x12&\n" +
 	"\x05hosts\x18\x02 \x03(\v2\x10.gpupool.v1.HostR\x05hosts\x12,\n" +
@@ -784,44 +906,50 @@ func file_gpupool_v1_internal_proto_rawDescGZIP() []byte {
 	return file_gpupool_v1_internal_proto_rawDescData
 }
 
-var file_gpupool_v1_internal_proto_msgTypes = make([]protoimpl.MessageInfo, 11)
+var file_gpupool_v1_internal_proto_msgTypes = make([]protoimpl.MessageInfo, 13)
 var file_gpupool_v1_internal_proto_goTypes = []any{
-	(*ServerInfoRequest)(nil),    // 0: gpupool.v1.ServerInfoRequest
-	(*ServerInfoResponse)(nil),   // 1: gpupool.v1.ServerInfoResponse
-	(*JoinRequest)(nil),          // 2: gpupool.v1.JoinRequest
-	(*JoinResponse)(nil),         // 3: gpupool.v1.JoinResponse
-	(*UpsertServerCommand)(nil),  // 4: gpupool.v1.UpsertServerCommand
-	(*RegisterHostCommand)(nil),  // 5: gpupool.v1.RegisterHostCommand
-	(*SetHostStatusCommand)(nil), // 6: gpupool.v1.SetHostStatusCommand
-	(*GrantLeaseCommand)(nil),    // 7: gpupool.v1.GrantLeaseCommand
-	(*EndLeaseCommand)(nil),      // 8: gpupool.v1.EndLeaseCommand
-	(*FreeLeaseCommand)(nil),     // 9: gpupool.v1.FreeLeaseCommand
-	(*StateSnapshot)(nil),        // 10: gpupool.v1.StateSnapshot
-	(*Host)(nil),                 // 11: gpupool.v1.Host
-	(*Device)(nil),               // 12: gpupool.v1.Device
-	(HostStatus)(0),              // 13: gpupool.v1.HostStatus
-	(*Lease)(nil),                // 14: gpupool.v1.Lease
-	(LeaseState)(0),              // 15: gpupool.v1.LeaseState
+	(*ServerInfoRequest)(nil),        // 0: gpupool.v1.ServerInfoRequest
+	(*ServerInfoResponse)(nil),       // 1: gpupool.v1.ServerInfoResponse
+	(*JoinRequest)(nil),              // 2: gpupool.v1.JoinRequest
+	(*JoinResponse)(nil),             // 3: gpupool.v1.JoinResponse
+	(*UpsertServerCommand)(nil),      // 4: gpupool.v1.UpsertServerCommand
+	(*RegisterHostCommand)(nil),      // 5: gpupool.v1.RegisterHostCommand
+	(*SetHostStatusCommand)(nil),     // 6: gpupool.v1.SetHostStatusCommand
+	(*GrantLeaseCommand)(nil),        // 7: gpupool.v1.GrantLeaseCommand
+	(*EndLeaseCommand)(nil),          // 8: gpupool.v1.EndLeaseCommand
+	(*FreeLeaseCommand)(nil),         // 9: gpupool.v1.FreeLeaseCommand
+	(*SetDeviceHealthCommand)(nil),   // 10: gpupool.v1.SetDeviceHealthCommand
+	(*RecordAgentEventsCommand)(nil), // 11: gpupool.v1.RecordAgentEventsCommand
+	(*StateSnapshot)(nil),            // 12: gpupool.v1.StateSnapshot
+	(*Host)(nil),                     // 13: gpupool.v1.Host
+	(*Device)(nil),                   // 14: gpupool.v1.Device
+	(HostStatus)(0),                  // 15: gpupool.v1.HostStatus
+	(*Lease)(nil),                    // 16: gpupool.v1.Lease
+	(LeaseState)(0),                  // 17: gpupool.v1.LeaseState
+	(*DeviceReport)(nil),             // 18: gpupool.v1.DeviceReport
+	(*AgentEvent)(nil),               // 19: gpupool.v1.AgentEvent
 }
 var file_gpupool_v1_internal_proto_depIdxs = []int32{
-	11, // 0: gpupool.v1.RegisterHostCommand.host:type_name -> gpupool.v1.Host
-	12, // 1: gpupool.v1.RegisterHostCommand.devices:type_name -> gpupool.v1.Device
-	13, // 2: gpupool.v1.SetHostStatusCommand.status:type_name -> gpupool.v1.HostStatus
-	14, // 3: gpupool.v1.GrantLeaseCommand.lease:type_name -> gpupool.v1.Lease
-	15, // 4: gpupool.v1.EndLeaseCommand.end_state:type_name -> gpupool.v1.LeaseState
-	4,  // 5: gpupool.v1.StateSnapshot.servers:type_name -> gpupool.v1.UpsertServerCommand
-	11, // 6: gpupool.v1.StateSnapshot.hosts:type_name -> gpupool.v1.Host
-	12, // 7: gpupool.v1.StateSnapshot.devices:type_name -> gpupool.v1.Device
-	14, // 8: gpupool.v1.StateSnapshot.leases:type_name -> gpupool.v1.Lease
-	0,  // 9: gpupool.v1.ClusterService.ServerInfo:input_type -> gpupool.v1.ServerInfoRequest
-	2,  // 10: gpupool.v1.ClusterService.Join:input_type -> gpupool.v1.JoinRequest
-	1,  // 11: gpupool.v1.ClusterService.ServerInfo:output_type -> gpupool.v1.ServerInfoResponse
-	3,  // 12: gpupool.v1.ClusterService.Join:output_type -> gpupool.v1.JoinResponse
-	11, // [11:13] is the sub-list for method output_type
-	9,  // [9:11] is the sub-list for method input_type
-	9,  // [9:9] is the sub-list for extension type_name
-	9,  // [9:9] is the sub-list for extension extendee
-	0,  // [0:9] is the sub-list for field type_name
+	13, // 0: gpupool.v1.RegisterHostCommand.host:type_name -> gpupool.v1.Host
+	14, // 1: gpupool.v1.RegisterHostCommand.devices:type_name -> gpupool.v1.Device
+	15, // 2: gpupool.v1.SetHostStatusCommand.status:type_name -> gpupool.v1.HostStatus
+	16, // 3: gpupool.v1.GrantLeaseCommand.lease:type_name -> gpupool.v1.Lease
+	17, // 4: gpupool.v1.EndLeaseCommand.end_state:type_name -> gpupool.v1.LeaseState
+	18, // 5: gpupool.v1.SetDeviceHealthCommand.devices:type_name -> gpupool.v1.DeviceReport
+	19, // 6: gpupool.v1.RecordAgentEventsCommand.events:type_name -> gpupool.v1.AgentEvent
+	4,  // 7: gpupool.v1.StateSnapshot.servers:type_name -> gpupool.v1.UpsertServerCommand
+	13, // 8: gpupool.v1.StateSnapshot.hosts:type_name -> gpupool.v1.Host
+	14, // 9: gpupool.v1.StateSnapshot.devices:type_name -> gpupool.v1.Device
+	16, // 10: gpupool.v1.StateSnapshot.leases:type_name -> gpupool.v1.Lease
+	0,  // 11: gpupool.v1.ClusterService.ServerInfo:input_type -> gpupool.v1.ServerInfoRequest
+	2,  // 12: gpupool.v1.ClusterService.Join:input_type -> gpupool.v1.JoinRequest
+	1,  // 13: gpupool.v1.ClusterService.ServerInfo:output_type -> gpupool.v1.ServerInfoResponse
+	3,  // 14: gpupool.v1.ClusterService.Join:output_type -> gpupool.v1.JoinResponse
+	13, // [13:15] is the sub-list for method output_type
+	11, // [11:13] is the sub-list for method input_type
+	11, // [11:11] is the sub-list for extension type_name
+	11, // [11:11] is the sub-list for extension extendee
+	0,  // [0:11] is the sub-list for field type_name
 }
 
 func init() { file_gpupool_v1_internal_proto_init() }
@@ -829,6 +957,7 @@ func file_gpupool_v1_internal_proto_init() {
 	if File_gpupool_v1_internal_proto != nil {
 		return
 	}
+	file_gpupool_v1_agent_proto_init()
 	file_gpupool_v1_types_proto_init()
 	type x struct{}
 	out := protoimpl.TypeBuilder{
@@ -836,7 +965,7 @@ func file_gpupool_v1_internal_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_gpupool_v1_internal_proto_rawDesc), len(file_gpupool_v1_internal_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   11,
+			NumMessages:   13,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -31,6 +31,10 @@ const (
 	LeaseEventType_LEASE_EVENT_TYPE_ENDED       LeaseEventType = 4 // capacity freed: released, expired or revoked
 	LeaseEventType_LEASE_EVENT_TYPE_LOST        LeaseEventType = 5 // the lease's host went down
 	LeaseEventType_LEASE_EVENT_TYPE_UPDATED     LeaseEventType = 6
+	// The watchdog stopped the lease's processes (message says why).
+	LeaseEventType_LEASE_EVENT_TYPE_VIOLATION LeaseEventType = 7
+	// A device the lease holds became unhealthy.
+	LeaseEventType_LEASE_EVENT_TYPE_DEVICE_UNHEALTHY LeaseEventType = 8
 )
 
 // Enum value maps for LeaseEventType.
@@ -43,15 +47,19 @@ var (
 		4: "LEASE_EVENT_TYPE_ENDED",
 		5: "LEASE_EVENT_TYPE_LOST",
 		6: "LEASE_EVENT_TYPE_UPDATED",
+		7: "LEASE_EVENT_TYPE_VIOLATION",
+		8: "LEASE_EVENT_TYPE_DEVICE_UNHEALTHY",
 	}
 	LeaseEventType_value = map[string]int32{
-		"LEASE_EVENT_TYPE_UNSPECIFIED": 0,
-		"LEASE_EVENT_TYPE_SNAPSHOT":    1,
-		"LEASE_EVENT_TYPE_GRANTED":     2,
-		"LEASE_EVENT_TYPE_RELEASING":   3,
-		"LEASE_EVENT_TYPE_ENDED":       4,
-		"LEASE_EVENT_TYPE_LOST":        5,
-		"LEASE_EVENT_TYPE_UPDATED":     6,
+		"LEASE_EVENT_TYPE_UNSPECIFIED":      0,
+		"LEASE_EVENT_TYPE_SNAPSHOT":         1,
+		"LEASE_EVENT_TYPE_GRANTED":          2,
+		"LEASE_EVENT_TYPE_RELEASING":        3,
+		"LEASE_EVENT_TYPE_ENDED":            4,
+		"LEASE_EVENT_TYPE_LOST":             5,
+		"LEASE_EVENT_TYPE_UPDATED":          6,
+		"LEASE_EVENT_TYPE_VIOLATION":        7,
+		"LEASE_EVENT_TYPE_DEVICE_UNHEALTHY": 8,
 	}
 )
 
@@ -793,7 +801,7 @@ const file_gpupool_v1_lease_proto_rawDesc = "" +
 	"\x05index\x18\x02 \x01(\x04R\x05index\"G\n" +
 	"\x12WatchLeasesRequest\x12\x16\n" +
 	"\x06tenant\x18\x01 \x01(\tR\x06tenant\x12\x19\n" +
-	"\blease_id\x18\x02 \x01(\tR\aleaseId*\xe4\x01\n" +
+	"\blease_id\x18\x02 \x01(\tR\aleaseId*\xab\x02\n" +
 	"\x0eLeaseEventType\x12 \n" +
 	"\x1cLEASE_EVENT_TYPE_UNSPECIFIED\x10\x00\x12\x1d\n" +
 	"\x19LEASE_EVENT_TYPE_SNAPSHOT\x10\x01\x12\x1c\n" +
@@ -801,7 +809,9 @@ const file_gpupool_v1_lease_proto_rawDesc = "" +
 	"\x1aLEASE_EVENT_TYPE_RELEASING\x10\x03\x12\x1a\n" +
 	"\x16LEASE_EVENT_TYPE_ENDED\x10\x04\x12\x19\n" +
 	"\x15LEASE_EVENT_TYPE_LOST\x10\x05\x12\x1c\n" +
-	"\x18LEASE_EVENT_TYPE_UPDATED\x10\x062\xb0\x03\n" +
+	"\x18LEASE_EVENT_TYPE_UPDATED\x10\x06\x12\x1e\n" +
+	"\x1aLEASE_EVENT_TYPE_VIOLATION\x10\a\x12%\n" +
+	"!LEASE_EVENT_TYPE_DEVICE_UNHEALTHY\x10\b2\xb0\x03\n" +
 	"\fLeaseService\x12B\n" +
 	"\aAcquire\x12\x1a.gpupool.v1.AcquireRequest\x1a\x1b.gpupool.v1.AcquireResponse\x12L\n" +
 	"\tKeepAlive\x12\x1c.gpupool.v1.KeepAliveRequest\x1a\x1d.gpupool.v1.KeepAliveResponse(\x010\x01\x12B\n" +

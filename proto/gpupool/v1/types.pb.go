@@ -244,6 +244,67 @@ func (LeaseClass) EnumDescriptor() ([]byte, []int) {
 	return file_gpupool_v1_types_proto_rawDescGZIP(), []int{3}
 }
 
+// Isolation is how the agent enforces a slice. The watchdog runs for
+// every class: it stops a lease's processes that use more GPU memory than
+// the slice after a grace period.
+type Isolation int32
+
+const (
+	Isolation_ISOLATION_UNSPECIFIED Isolation = 0
+	// A whole GPU, no other lease on it.
+	Isolation_ISOLATION_EXCLUSIVE Isolation = 1
+	// A fractional slice through the GPU's CUDA MPS control daemon: memory
+	// is pinned per client and compute % is a ceiling on the SMs a client
+	// may use, not a reservation.
+	Isolation_ISOLATION_MPS Isolation = 2
+	// A fractional slice on a host without MPS: the watchdog alone enforces
+	// memory after the fact; compute is not limited.
+	Isolation_ISOLATION_WATCHDOG Isolation = 3
+)
+
+// Enum value maps for Isolation.
+var (
+	Isolation_name = map[int32]string{
+		0: "ISOLATION_UNSPECIFIED",
+		1: "ISOLATION_EXCLUSIVE",
+		2: "ISOLATION_MPS",
+		3: "ISOLATION_WATCHDOG",
+	}
+	Isolation_value = map[string]int32{
+		"ISOLATION_UNSPECIFIED": 0,
+		"ISOLATION_EXCLUSIVE":   1,
+		"ISOLATION_MPS":         2,
+		"ISOLATION_WATCHDOG":    3,
+	}
+)
+
+func (x Isolation) Enum() *Isolation {
+	p := new(Isolation)
+	*p = x
+	return p
+}
+
+func (x Isolation) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (Isolation) Descriptor() protoreflect.EnumDescriptor {
+	return file_gpupool_v1_types_proto_enumTypes[4].Descriptor()
+}
+
+func (Isolation) Type() protoreflect.EnumType {
+	return &file_gpupool_v1_types_proto_enumTypes[4]
+}
+
+func (x Isolation) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use Isolation.Descriptor instead.
+func (Isolation) EnumDescriptor() ([]byte, []int) {
+	return file_gpupool_v1_types_proto_rawDescGZIP(), []int{4}
+}
+
 type Topology int32
 
 const (
@@ -283,11 +344,11 @@ func (x Topology) String() string {
 }
 
 func (Topology) Descriptor() protoreflect.EnumDescriptor {
-	return file_gpupool_v1_types_proto_enumTypes[4].Descriptor()
+	return file_gpupool_v1_types_proto_enumTypes[5].Descriptor()
 }
 
 func (Topology) Type() protoreflect.EnumType {
-	return &file_gpupool_v1_types_proto_enumTypes[4]
+	return &file_gpupool_v1_types_proto_enumTypes[5]
 }
 
 func (x Topology) Number() protoreflect.EnumNumber {
@@ -296,7 +357,7 @@ func (x Topology) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use Topology.Descriptor instead.
 func (Topology) EnumDescriptor() ([]byte, []int) {
-	return file_gpupool_v1_types_proto_rawDescGZIP(), []int{4}
+	return file_gpupool_v1_types_proto_rawDescGZIP(), []int{5}
 }
 
 // Device is one physical GPU (or one MIG instance) on a pool host.
@@ -321,8 +382,14 @@ type Device struct {
 	AllocatedComputePercent int32 `protobuf:"varint,13,opt,name=allocated_compute_percent,json=allocatedComputePercent,proto3" json:"allocated_compute_percent,omitempty"`
 	AllocatedExclusive      bool  `protobuf:"varint,14,opt,name=allocated_exclusive,json=allocatedExclusive,proto3" json:"allocated_exclusive,omitempty"`
 	LeaseCount              int32 `protobuf:"varint,15,opt,name=lease_count,json=leaseCount,proto3" json:"lease_count,omitempty"`
-	unknownFields           protoimpl.UnknownFields
-	sizeCache               protoimpl.SizeCache
+	// Why the device is unhealthy, e.g. "Xid 79".
+	HealthReason string `protobuf:"bytes,16,opt,name=health_reason,json=healthReason,proto3" json:"health_reason,omitempty"`
+	// Live readings from the agent's last heartbeat. Leader memory only:
+	// -1 when the answering server does not know.
+	UsedMemoryMib      int64 `protobuf:"varint,17,opt,name=used_memory_mib,json=usedMemoryMib,proto3" json:"used_memory_mib,omitempty"`
+	UtilizationPercent int32 `protobuf:"varint,18,opt,name=utilization_percent,json=utilizationPercent,proto3" json:"utilization_percent,omitempty"`
+	unknownFields      protoimpl.UnknownFields
+	sizeCache          protoimpl.SizeCache
 }
 
 func (x *Device) Reset() {
@@ -460,6 +527,27 @@ func (x *Device) GetLeaseCount() int32 {
 	return 0
 }
 
+func (x *Device) GetHealthReason() string {
+	if x != nil {
+		return x.HealthReason
+	}
+	return ""
+}
+
+func (x *Device) GetUsedMemoryMib() int64 {
+	if x != nil {
+		return x.UsedMemoryMib
+	}
+	return 0
+}
+
+func (x *Device) GetUtilizationPercent() int32 {
+	if x != nil {
+		return x.UtilizationPercent
+	}
+	return 0
+}
+
 type Host struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	Id    string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
@@ -487,8 +575,11 @@ type Host struct {
 	MemoryMib              int64 `protobuf:"varint,15,opt,name=memory_mib,json=memoryMib,proto3" json:"memory_mib,omitempty"`
 	AllocatedCpuMillicores int64 `protobuf:"varint,16,opt,name=allocated_cpu_millicores,json=allocatedCpuMillicores,proto3" json:"allocated_cpu_millicores,omitempty"`
 	AllocatedMemoryMib     int64 `protobuf:"varint,17,opt,name=allocated_memory_mib,json=allocatedMemoryMib,proto3" json:"allocated_memory_mib,omitempty"`
-	unknownFields          protoimpl.UnknownFields
-	sizeCache              protoimpl.SizeCache
+	// The agent can run CUDA MPS control daemons: fractional slices on this
+	// host are isolated by MPS, else by the watchdog alone.
+	Mps           bool `protobuf:"varint,18,opt,name=mps,proto3" json:"mps,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Host) Reset() {
@@ -638,6 +729,13 @@ func (x *Host) GetAllocatedMemoryMib() int64 {
 		return x.AllocatedMemoryMib
 	}
 	return 0
+}
+
+func (x *Host) GetMps() bool {
+	if x != nil {
+		return x.Mps
+	}
+	return false
 }
 
 type Constraints struct {
@@ -875,6 +973,7 @@ type Slice struct {
 	Exclusive      bool                   `protobuf:"varint,5,opt,name=exclusive,proto3" json:"exclusive,omitempty"`
 	Model          string                 `protobuf:"bytes,6,opt,name=model,proto3" json:"model,omitempty"`
 	DeviceIndex    int32                  `protobuf:"varint,7,opt,name=device_index,json=deviceIndex,proto3" json:"device_index,omitempty"`
+	Isolation      Isolation              `protobuf:"varint,8,opt,name=isolation,proto3,enum=gpupool.v1.Isolation" json:"isolation,omitempty"`
 	unknownFields  protoimpl.UnknownFields
 	sizeCache      protoimpl.SizeCache
 }
@@ -958,6 +1057,153 @@ func (x *Slice) GetDeviceIndex() int32 {
 	return 0
 }
 
+func (x *Slice) GetIsolation() Isolation {
+	if x != nil {
+		return x.Isolation
+	}
+	return Isolation_ISOLATION_UNSPECIFIED
+}
+
+// SliceUsage is what a lease's processes use of one slice, as the agent
+// measured it.
+type SliceUsage struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Device        string                 `protobuf:"bytes,1,opt,name=device,proto3" json:"device,omitempty"`
+	MemoryUsedMib int64                  `protobuf:"varint,2,opt,name=memory_used_mib,json=memoryUsedMib,proto3" json:"memory_used_mib,omitempty"`
+	// The device's utilisation: NVML does not split it per process.
+	UtilizationPercent int32 `protobuf:"varint,3,opt,name=utilization_percent,json=utilizationPercent,proto3" json:"utilization_percent,omitempty"`
+	Processes          int32 `protobuf:"varint,4,opt,name=processes,proto3" json:"processes,omitempty"`
+	unknownFields      protoimpl.UnknownFields
+	sizeCache          protoimpl.SizeCache
+}
+
+func (x *SliceUsage) Reset() {
+	*x = SliceUsage{}
+	mi := &file_gpupool_v1_types_proto_msgTypes[5]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SliceUsage) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SliceUsage) ProtoMessage() {}
+
+func (x *SliceUsage) ProtoReflect() protoreflect.Message {
+	mi := &file_gpupool_v1_types_proto_msgTypes[5]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SliceUsage.ProtoReflect.Descriptor instead.
+func (*SliceUsage) Descriptor() ([]byte, []int) {
+	return file_gpupool_v1_types_proto_rawDescGZIP(), []int{5}
+}
+
+func (x *SliceUsage) GetDevice() string {
+	if x != nil {
+		return x.Device
+	}
+	return ""
+}
+
+func (x *SliceUsage) GetMemoryUsedMib() int64 {
+	if x != nil {
+		return x.MemoryUsedMib
+	}
+	return 0
+}
+
+func (x *SliceUsage) GetUtilizationPercent() int32 {
+	if x != nil {
+		return x.UtilizationPercent
+	}
+	return 0
+}
+
+func (x *SliceUsage) GetProcesses() int32 {
+	if x != nil {
+		return x.Processes
+	}
+	return 0
+}
+
+// LeaseUsage is a lease's live usage on one host.
+type LeaseUsage struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Host          string                 `protobuf:"bytes,1,opt,name=host,proto3" json:"host,omitempty"`
+	Slices        []*SliceUsage          `protobuf:"bytes,2,rep,name=slices,proto3" json:"slices,omitempty"`
+	SampledAtMs   int64                  `protobuf:"varint,3,opt,name=sampled_at_ms,json=sampledAtMs,proto3" json:"sampled_at_ms,omitempty"`
+	LeaseId       string                 `protobuf:"bytes,4,opt,name=lease_id,json=leaseId,proto3" json:"lease_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *LeaseUsage) Reset() {
+	*x = LeaseUsage{}
+	mi := &file_gpupool_v1_types_proto_msgTypes[6]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *LeaseUsage) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*LeaseUsage) ProtoMessage() {}
+
+func (x *LeaseUsage) ProtoReflect() protoreflect.Message {
+	mi := &file_gpupool_v1_types_proto_msgTypes[6]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use LeaseUsage.ProtoReflect.Descriptor instead.
+func (*LeaseUsage) Descriptor() ([]byte, []int) {
+	return file_gpupool_v1_types_proto_rawDescGZIP(), []int{6}
+}
+
+func (x *LeaseUsage) GetHost() string {
+	if x != nil {
+		return x.Host
+	}
+	return ""
+}
+
+func (x *LeaseUsage) GetSlices() []*SliceUsage {
+	if x != nil {
+		return x.Slices
+	}
+	return nil
+}
+
+func (x *LeaseUsage) GetSampledAtMs() int64 {
+	if x != nil {
+		return x.SampledAtMs
+	}
+	return 0
+}
+
+func (x *LeaseUsage) GetLeaseId() string {
+	if x != nil {
+		return x.LeaseId
+	}
+	return ""
+}
+
 type Lease struct {
 	state    protoimpl.MessageState `protogen:"open.v1"`
 	Id       string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
@@ -985,16 +1231,23 @@ type Lease struct {
 	HostCpuMillicores int64 `protobuf:"varint,17,opt,name=host_cpu_millicores,json=hostCpuMillicores,proto3" json:"host_cpu_millicores,omitempty"`
 	HostMemoryMib     int64 `protobuf:"varint,18,opt,name=host_memory_mib,json=hostMemoryMib,proto3" json:"host_memory_mib,omitempty"`
 	// Leader view only: when the lease expires unless renewed (0 if unknown).
-	ExpiresAtMs   int64  `protobuf:"varint,19,opt,name=expires_at_ms,json=expiresAtMs,proto3" json:"expires_at_ms,omitempty"`
-	CreateIndex   uint64 `protobuf:"varint,20,opt,name=create_index,json=createIndex,proto3" json:"create_index,omitempty"`
-	ModifyIndex   uint64 `protobuf:"varint,21,opt,name=modify_index,json=modifyIndex,proto3" json:"modify_index,omitempty"`
+	ExpiresAtMs int64  `protobuf:"varint,19,opt,name=expires_at_ms,json=expiresAtMs,proto3" json:"expires_at_ms,omitempty"`
+	CreateIndex uint64 `protobuf:"varint,20,opt,name=create_index,json=createIndex,proto3" json:"create_index,omitempty"`
+	ModifyIndex uint64 `protobuf:"varint,21,opt,name=modify_index,json=modifyIndex,proto3" json:"modify_index,omitempty"`
+	// Leader view only: the agents' last usage reports for this lease.
+	Usage []*LeaseUsage `protobuf:"bytes,22,rep,name=usage,proto3" json:"usage,omitempty"`
+	// Watchdog violations the agents reported, and the last one.
+	Violations    int32  `protobuf:"varint,23,opt,name=violations,proto3" json:"violations,omitempty"`
+	LastViolation string `protobuf:"bytes,24,opt,name=last_violation,json=lastViolation,proto3" json:"last_violation,omitempty"`
+	// Newest agent event sequence applied to this lease (deduplication).
+	LastEventSeq  uint64 `protobuf:"varint,25,opt,name=last_event_seq,json=lastEventSeq,proto3" json:"last_event_seq,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Lease) Reset() {
 	*x = Lease{}
-	mi := &file_gpupool_v1_types_proto_msgTypes[5]
+	mi := &file_gpupool_v1_types_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1006,7 +1259,7 @@ func (x *Lease) String() string {
 func (*Lease) ProtoMessage() {}
 
 func (x *Lease) ProtoReflect() protoreflect.Message {
-	mi := &file_gpupool_v1_types_proto_msgTypes[5]
+	mi := &file_gpupool_v1_types_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1019,7 +1272,7 @@ func (x *Lease) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Lease.ProtoReflect.Descriptor instead.
 func (*Lease) Descriptor() ([]byte, []int) {
-	return file_gpupool_v1_types_proto_rawDescGZIP(), []int{5}
+	return file_gpupool_v1_types_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *Lease) GetId() string {
@@ -1169,12 +1422,40 @@ func (x *Lease) GetModifyIndex() uint64 {
 	return 0
 }
 
+func (x *Lease) GetUsage() []*LeaseUsage {
+	if x != nil {
+		return x.Usage
+	}
+	return nil
+}
+
+func (x *Lease) GetViolations() int32 {
+	if x != nil {
+		return x.Violations
+	}
+	return 0
+}
+
+func (x *Lease) GetLastViolation() string {
+	if x != nil {
+		return x.LastViolation
+	}
+	return ""
+}
+
+func (x *Lease) GetLastEventSeq() uint64 {
+	if x != nil {
+		return x.LastEventSeq
+	}
+	return 0
+}
+
 var File_gpupool_v1_types_proto protoreflect.FileDescriptor
 
 const file_gpupool_v1_types_proto_rawDesc = "" +
 	"\n" +
 	"\x16gpupool/v1/types.proto\x12\n" +
-	"gpupool.v1\"\x88\x04\n" +
+	"gpupool.v1\"\x86\x05\n" +
 	"\x06Device\x12\x12\n" +
 	"\x04uuid\x18\x01 \x01(\tR\x04uuid\x12\x14\n" +
 	"\x05index\x18\x02 \x01(\x05R\x05index\x12\x14\n" +
@@ -1194,7 +1475,10 @@ const file_gpupool_v1_types_proto_rawDesc = "" +
 	"\x19allocated_compute_percent\x18\r \x01(\x05R\x17allocatedComputePercent\x12/\n" +
 	"\x13allocated_exclusive\x18\x0e \x01(\bR\x12allocatedExclusive\x12\x1f\n" +
 	"\vlease_count\x18\x0f \x01(\x05R\n" +
-	"leaseCount\"\xe2\x05\n" +
+	"leaseCount\x12#\n" +
+	"\rhealth_reason\x18\x10 \x01(\tR\fhealthReason\x12&\n" +
+	"\x0fused_memory_mib\x18\x11 \x01(\x03R\rusedMemoryMib\x12/\n" +
+	"\x13utilization_percent\x18\x12 \x01(\x05R\x12utilizationPercent\"\xf4\x05\n" +
 	"\x04Host\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x18\n" +
 	"\aaddress\x18\x02 \x01(\tR\aaddress\x124\n" +
@@ -1214,7 +1498,8 @@ const file_gpupool_v1_types_proto_rawDesc = "" +
 	"\n" +
 	"memory_mib\x18\x0f \x01(\x03R\tmemoryMib\x128\n" +
 	"\x18allocated_cpu_millicores\x18\x10 \x01(\x03R\x16allocatedCpuMillicores\x120\n" +
-	"\x14allocated_memory_mib\x18\x11 \x01(\x03R\x12allocatedMemoryMib\x1a9\n" +
+	"\x14allocated_memory_mib\x18\x11 \x01(\x03R\x12allocatedMemoryMib\x12\x10\n" +
+	"\x03mps\x18\x12 \x01(\bR\x03mps\x1a9\n" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xd5\x01\n" +
@@ -1243,7 +1528,7 @@ const file_gpupool_v1_types_proto_rawDesc = "" +
 	"\x06tenant\x18\v \x01(\tR\x06tenant\x12\x16\n" +
 	"\x06holder\x18\f \x01(\tR\x06holder\x12,\n" +
 	"\x05class\x18\r \x01(\x0e2\x16.gpupool.v1.LeaseClassR\x05class\x12\x1a\n" +
-	"\bpriority\x18\x0e \x01(\x05R\bpriority\"\xd2\x01\n" +
+	"\bpriority\x18\x0e \x01(\x05R\bpriority\"\x87\x02\n" +
 	"\x05Slice\x12\x12\n" +
 	"\x04host\x18\x01 \x01(\tR\x04host\x12\x16\n" +
 	"\x06device\x18\x02 \x01(\tR\x06device\x12\x1d\n" +
@@ -1252,7 +1537,20 @@ const file_gpupool_v1_types_proto_rawDesc = "" +
 	"\x0fcompute_percent\x18\x04 \x01(\x05R\x0ecomputePercent\x12\x1c\n" +
 	"\texclusive\x18\x05 \x01(\bR\texclusive\x12\x14\n" +
 	"\x05model\x18\x06 \x01(\tR\x05model\x12!\n" +
-	"\fdevice_index\x18\a \x01(\x05R\vdeviceIndex\"\xef\x05\n" +
+	"\fdevice_index\x18\a \x01(\x05R\vdeviceIndex\x123\n" +
+	"\tisolation\x18\b \x01(\x0e2\x15.gpupool.v1.IsolationR\tisolation\"\x9b\x01\n" +
+	"\n" +
+	"SliceUsage\x12\x16\n" +
+	"\x06device\x18\x01 \x01(\tR\x06device\x12&\n" +
+	"\x0fmemory_used_mib\x18\x02 \x01(\x03R\rmemoryUsedMib\x12/\n" +
+	"\x13utilization_percent\x18\x03 \x01(\x05R\x12utilizationPercent\x12\x1c\n" +
+	"\tprocesses\x18\x04 \x01(\x05R\tprocesses\"\x8f\x01\n" +
+	"\n" +
+	"LeaseUsage\x12\x12\n" +
+	"\x04host\x18\x01 \x01(\tR\x04host\x12.\n" +
+	"\x06slices\x18\x02 \x03(\v2\x16.gpupool.v1.SliceUsageR\x06slices\x12\"\n" +
+	"\rsampled_at_ms\x18\x03 \x01(\x03R\vsampledAtMs\x12\x19\n" +
+	"\blease_id\x18\x04 \x01(\tR\aleaseId\"\x8a\a\n" +
 	"\x05Lease\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x16\n" +
 	"\x06tenant\x18\x02 \x01(\tR\x06tenant\x12\x16\n" +
@@ -1276,7 +1574,13 @@ const file_gpupool_v1_types_proto_rawDesc = "" +
 	"\x0fhost_memory_mib\x18\x12 \x01(\x03R\rhostMemoryMib\x12\"\n" +
 	"\rexpires_at_ms\x18\x13 \x01(\x03R\vexpiresAtMs\x12!\n" +
 	"\fcreate_index\x18\x14 \x01(\x04R\vcreateIndex\x12!\n" +
-	"\fmodify_index\x18\x15 \x01(\x04R\vmodifyIndex*\x89\x01\n" +
+	"\fmodify_index\x18\x15 \x01(\x04R\vmodifyIndex\x12,\n" +
+	"\x05usage\x18\x16 \x03(\v2\x16.gpupool.v1.LeaseUsageR\x05usage\x12\x1e\n" +
+	"\n" +
+	"violations\x18\x17 \x01(\x05R\n" +
+	"violations\x12%\n" +
+	"\x0elast_violation\x18\x18 \x01(\tR\rlastViolation\x12$\n" +
+	"\x0elast_event_seq\x18\x19 \x01(\x04R\flastEventSeq*\x89\x01\n" +
 	"\n" +
 	"HostStatus\x12\x1b\n" +
 	"\x17HOST_STATUS_UNSPECIFIED\x10\x00\x12\x15\n" +
@@ -1301,7 +1605,12 @@ const file_gpupool_v1_types_proto_rawDesc = "" +
 	"LeaseClass\x12\x1b\n" +
 	"\x17LEASE_CLASS_UNSPECIFIED\x10\x00\x12\x1a\n" +
 	"\x16LEASE_CLASS_GUARANTEED\x10\x01\x12\x1b\n" +
-	"\x17LEASE_CLASS_PREEMPTIBLE\x10\x02*\x8f\x01\n" +
+	"\x17LEASE_CLASS_PREEMPTIBLE\x10\x02*j\n" +
+	"\tIsolation\x12\x19\n" +
+	"\x15ISOLATION_UNSPECIFIED\x10\x00\x12\x17\n" +
+	"\x13ISOLATION_EXCLUSIVE\x10\x01\x12\x11\n" +
+	"\rISOLATION_MPS\x10\x02\x12\x16\n" +
+	"\x12ISOLATION_WATCHDOG\x10\x03*\x8f\x01\n" +
 	"\bTopology\x12\x18\n" +
 	"\x14TOPOLOGY_UNSPECIFIED\x10\x00\x12\x16\n" +
 	"\x12TOPOLOGY_SAME_HOST\x10\x01\x12\x1a\n" +
@@ -1321,42 +1630,48 @@ func file_gpupool_v1_types_proto_rawDescGZIP() []byte {
 	return file_gpupool_v1_types_proto_rawDescData
 }
 
-var file_gpupool_v1_types_proto_enumTypes = make([]protoimpl.EnumInfo, 5)
-var file_gpupool_v1_types_proto_msgTypes = make([]protoimpl.MessageInfo, 8)
+var file_gpupool_v1_types_proto_enumTypes = make([]protoimpl.EnumInfo, 6)
+var file_gpupool_v1_types_proto_msgTypes = make([]protoimpl.MessageInfo, 10)
 var file_gpupool_v1_types_proto_goTypes = []any{
 	(HostStatus)(0),      // 0: gpupool.v1.HostStatus
 	(DeviceHealth)(0),    // 1: gpupool.v1.DeviceHealth
 	(LeaseState)(0),      // 2: gpupool.v1.LeaseState
 	(LeaseClass)(0),      // 3: gpupool.v1.LeaseClass
-	(Topology)(0),        // 4: gpupool.v1.Topology
-	(*Device)(nil),       // 5: gpupool.v1.Device
-	(*Host)(nil),         // 6: gpupool.v1.Host
-	(*Constraints)(nil),  // 7: gpupool.v1.Constraints
-	(*LeaseRequest)(nil), // 8: gpupool.v1.LeaseRequest
-	(*Slice)(nil),        // 9: gpupool.v1.Slice
-	(*Lease)(nil),        // 10: gpupool.v1.Lease
-	nil,                  // 11: gpupool.v1.Host.LabelsEntry
-	nil,                  // 12: gpupool.v1.Constraints.LabelsEntry
+	(Isolation)(0),       // 4: gpupool.v1.Isolation
+	(Topology)(0),        // 5: gpupool.v1.Topology
+	(*Device)(nil),       // 6: gpupool.v1.Device
+	(*Host)(nil),         // 7: gpupool.v1.Host
+	(*Constraints)(nil),  // 8: gpupool.v1.Constraints
+	(*LeaseRequest)(nil), // 9: gpupool.v1.LeaseRequest
+	(*Slice)(nil),        // 10: gpupool.v1.Slice
+	(*SliceUsage)(nil),   // 11: gpupool.v1.SliceUsage
+	(*LeaseUsage)(nil),   // 12: gpupool.v1.LeaseUsage
+	(*Lease)(nil),        // 13: gpupool.v1.Lease
+	nil,                  // 14: gpupool.v1.Host.LabelsEntry
+	nil,                  // 15: gpupool.v1.Constraints.LabelsEntry
 }
 var file_gpupool_v1_types_proto_depIdxs = []int32{
 	1,  // 0: gpupool.v1.Device.health:type_name -> gpupool.v1.DeviceHealth
-	11, // 1: gpupool.v1.Host.labels:type_name -> gpupool.v1.Host.LabelsEntry
+	14, // 1: gpupool.v1.Host.labels:type_name -> gpupool.v1.Host.LabelsEntry
 	0,  // 2: gpupool.v1.Host.status:type_name -> gpupool.v1.HostStatus
-	5,  // 3: gpupool.v1.Host.devices:type_name -> gpupool.v1.Device
-	12, // 4: gpupool.v1.Constraints.labels:type_name -> gpupool.v1.Constraints.LabelsEntry
-	7,  // 5: gpupool.v1.LeaseRequest.constraints:type_name -> gpupool.v1.Constraints
-	4,  // 6: gpupool.v1.LeaseRequest.topology:type_name -> gpupool.v1.Topology
+	6,  // 3: gpupool.v1.Host.devices:type_name -> gpupool.v1.Device
+	15, // 4: gpupool.v1.Constraints.labels:type_name -> gpupool.v1.Constraints.LabelsEntry
+	8,  // 5: gpupool.v1.LeaseRequest.constraints:type_name -> gpupool.v1.Constraints
+	5,  // 6: gpupool.v1.LeaseRequest.topology:type_name -> gpupool.v1.Topology
 	3,  // 7: gpupool.v1.LeaseRequest.class:type_name -> gpupool.v1.LeaseClass
-	8,  // 8: gpupool.v1.Lease.request:type_name -> gpupool.v1.LeaseRequest
-	9,  // 9: gpupool.v1.Lease.slices:type_name -> gpupool.v1.Slice
-	3,  // 10: gpupool.v1.Lease.class:type_name -> gpupool.v1.LeaseClass
-	2,  // 11: gpupool.v1.Lease.state:type_name -> gpupool.v1.LeaseState
-	2,  // 12: gpupool.v1.Lease.end_state:type_name -> gpupool.v1.LeaseState
-	13, // [13:13] is the sub-list for method output_type
-	13, // [13:13] is the sub-list for method input_type
-	13, // [13:13] is the sub-list for extension type_name
-	13, // [13:13] is the sub-list for extension extendee
-	0,  // [0:13] is the sub-list for field type_name
+	4,  // 8: gpupool.v1.Slice.isolation:type_name -> gpupool.v1.Isolation
+	11, // 9: gpupool.v1.LeaseUsage.slices:type_name -> gpupool.v1.SliceUsage
+	9,  // 10: gpupool.v1.Lease.request:type_name -> gpupool.v1.LeaseRequest
+	10, // 11: gpupool.v1.Lease.slices:type_name -> gpupool.v1.Slice
+	3,  // 12: gpupool.v1.Lease.class:type_name -> gpupool.v1.LeaseClass
+	2,  // 13: gpupool.v1.Lease.state:type_name -> gpupool.v1.LeaseState
+	2,  // 14: gpupool.v1.Lease.end_state:type_name -> gpupool.v1.LeaseState
+	12, // 15: gpupool.v1.Lease.usage:type_name -> gpupool.v1.LeaseUsage
+	16, // [16:16] is the sub-list for method output_type
+	16, // [16:16] is the sub-list for method input_type
+	16, // [16:16] is the sub-list for extension type_name
+	16, // [16:16] is the sub-list for extension extendee
+	0,  // [0:16] is the sub-list for field type_name
 }
 
 func init() { file_gpupool_v1_types_proto_init() }
@@ -1369,8 +1684,8 @@ func file_gpupool_v1_types_proto_init() {
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_gpupool_v1_types_proto_rawDesc), len(file_gpupool_v1_types_proto_rawDesc)),
-			NumEnums:      5,
-			NumMessages:   8,
+			NumEnums:      6,
+			NumMessages:   10,
 			NumExtensions: 0,
 			NumServices:   0,
 		},
