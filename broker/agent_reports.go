@@ -117,4 +117,3 @@ func (s *Server) applyAgentReports(h *gpupoolv1.Host, req *gpupoolv1.HeartbeatRe
 	}
 	return acked, nil
 }
-
