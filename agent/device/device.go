@@ -1,13 +1,15 @@
-// Package device discovers the GPUs of a pool host.
+// Package device discovers and watches the GPUs of a pool host.
 //
-// Every backend reads its inventory through go-nvml's nvml.Interface and
-// the same enumeration code: the real backend (NewNVML) hands it the
-// dlopen'ed libnvidia-ml, the simulated one (NewSimulated) a go-nvml mock
-// server. What the simulated backend exercises is therefore the code that
-// runs on real hosts.
+// Every backend reads its inventory, live state and health events through
+// go-nvml's nvml.Interface and the same code (enumerate, sample,
+// watchHealth): the real backend (NewNVML) hands it the dlopen'ed
+// libnvidia-ml, the simulated one (NewSimulated) a go-nvml mock server
+// driven by a Simulator. What the simulated backend exercises is therefore
+// the code that runs on real hosts.
 package device
 
 import (
+	"context"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -32,7 +34,20 @@ type Backend interface {
 	// Note says in one sentence why the backend offers no GPUs, or is
 	// empty.
 	Note() string
-	// Close releases the backend. Devices must not be called after Close.
+	// Sample reads every device's live state, in index order. A backend
+	// that offers no GPUs returns none and no error. A device that
+	// answers ERROR_GPU_IS_LOST is still listed, with Lost set.
+	Sample() ([]Sample, error)
+	// WatchHealth reports health events to fn until ctx ends, then
+	// returns nil. It returns at once with nil when the backend offers no
+	// GPUs, and never makes an NVML call when NVML failed to initialise.
+	// fn is called from WatchHealth's goroutine, one event at a time; it
+	// must not call Close, which waits for WatchHealth to return. Closing
+	// the backend ends WatchHealth with ErrClosed.
+	WatchHealth(ctx context.Context, fn func(HealthEvent)) error
+	// Close releases the backend. Devices, Sample and WatchHealth return
+	// ErrClosed after Close; Close waits for running WatchHealth calls to
+	// return.
 	Close() error
 }
 

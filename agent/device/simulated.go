@@ -6,14 +6,11 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"sync"
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
 	"github.com/NVIDIA/go-nvml/pkg/nvml/mock/gpus"
 	"github.com/NVIDIA/go-nvml/pkg/nvml/mock/server"
 	"github.com/google/uuid"
-
-	gpupoolv1 "github.com/gpupool/gpupool/proto/gpupool/v1"
 )
 
 // MaxSimCount is the largest N of one NxMODEL part of a simulation spec.
@@ -85,13 +82,15 @@ func ParseSpec(spec string) ([]SimGroup, error) {
 }
 
 // NewSimulated returns a backend of simulated GPUs described by spec (see
-// ParseSpec), built on go-nvml's mock servers. The host looks like a row
-// of DGX boards:
+// ParseSpec), built on go-nvml's mock servers. It also implements
+// Simulator, through which tests set the GPUs' live state and inject
+// health events. The host looks like a row of DGX boards:
 //   - UUIDs derive from hostID and the device index, so they are the same
 //     on every run for the same host and differ between hosts;
 //   - GPUs of the same spec part are NVLink peers in groups of 8;
 //   - consecutive pairs of GPUs share a PCIe root (pcie-0, pcie-1, ...);
-//   - the first half of the GPUs is on NUMA node 0, the rest on node 1.
+//   - the first half of the GPUs is on NUMA node 0, the rest on node 1;
+//   - no process runs, utilisation is 0 and the GPUs are healthy.
 func NewSimulated(spec, hostID string) (Backend, error) {
 	groups, err := ParseSpec(spec)
 	if err != nil {
@@ -165,10 +164,12 @@ func NewSimulated(spec, hostID string) (Backend, error) {
 			}
 		}
 	}
-	if ret := srv.Init(); ret != nvml.SUCCESS {
+	sim := newSimulator(srv)
+	ret := srv.Init()
+	if ret != nvml.SUCCESS {
 		return nil, fmt.Errorf("device: init mock NVML: %w", ret)
 	}
-	return &simBackend{lib: srv}, nil
+	return &simBackend{newSession(srv, "mock NVML", ret), sim}, nil
 }
 
 // simUUID is the stable UUID of device i of host hostID.
@@ -182,35 +183,16 @@ func copyCString(dst []int8, s string) {
 	}
 }
 
+// simBackend is the backend of simulated GPUs; its session does the work
+// of a Backend, its simulator that of a Simulator.
 type simBackend struct {
-	lib nvml.Interface
-
-	mu     sync.Mutex
-	closed bool // guarded by mu
+	*session
+	*simulator
 }
+
+var (
+	_ Backend   = (*simBackend)(nil)
+	_ Simulator = (*simBackend)(nil)
+)
 
 func (b *simBackend) Name() string { return "simulated" }
-
-func (b *simBackend) Devices() ([]*gpupoolv1.Device, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	if b.closed {
-		return nil, ErrClosed
-	}
-	return enumerate(b.lib)
-}
-
-func (b *simBackend) Note() string { return "" }
-
-func (b *simBackend) Close() error {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	if b.closed {
-		return nil
-	}
-	b.closed = true
-	if ret := b.lib.Shutdown(); ret != nvml.SUCCESS {
-		return fmt.Errorf("device: mock NVML shutdown: %w", ret)
-	}
-	return nil
-}
