@@ -3,9 +3,14 @@
 // broker sends the leases this host must enforce and those it must tear
 // down.
 //
-// This agent runs no workloads yet: enforcing a lease means remembering
-// it, and tearing one down means forgetting it and confirming that to the
-// broker.
+// Enforcing a lease means preparing its isolation (an MPS daemon for
+// shared GPUs), keeping a state file for it, and watching its processes:
+// the watchdog stops those that use more GPU memory than their slice, that
+// use a GPU the lease does not hold, or whose lease expired while the
+// brokers were unreachable. Tearing a lease down means stopping its
+// processes and only then confirming to the broker, which frees the
+// capacity. A lease's processes are those whose environment carries
+// GPUPOOL_LEASE_ID=<lease id>.
 package agent
 
 import (
@@ -14,6 +19,7 @@ import (
 	"fmt"
 	"log/slog"
 	"regexp"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -23,6 +29,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/gpupool/gpupool/agent/device"
+	"github.com/gpupool/gpupool/agent/workload"
 	"github.com/gpupool/gpupool/client"
 	gpupoolv1 "github.com/gpupool/gpupool/proto/gpupool/v1"
 )
@@ -57,6 +64,17 @@ type Config struct {
 	Version string
 	// Logger receives state changes; nil discards them.
 	Logger *slog.Logger
+
+	// DataDir holds one state file per enforced lease; required.
+	DataDir string
+	// Enforcement tunes the watchdog; zero fields take the defaults.
+	Enforcement Enforcement
+	// MPS runs the MPS daemons of shared GPUs; nil means this host has no
+	// MPS, and fractional slices are enforced by the watchdog alone.
+	MPS MPS
+	// ProcRoot is the proc filesystem the agent finds processes in
+	// (default /proc). NVML reports host PIDs, so it must be the host's.
+	ProcRoot string
 }
 
 // validHostID is what a host id may look like: it shows up in CLI tables,
@@ -84,6 +102,8 @@ func (c *Config) validate() error {
 		return fmt.Errorf("agent: host CPU %d millicores: must be 0 or more", c.CPUMillicores)
 	case c.MemoryMiB < 0:
 		return fmt.Errorf("agent: host memory %d MiB: must be 0 or more", c.MemoryMiB)
+	case c.DataDir == "":
+		return errors.New("agent: no data dir: the agent keeps a state file per lease there")
 	}
 	for k := range c.Labels {
 		if k == "" {
@@ -98,8 +118,18 @@ type Agent struct {
 	cfg Config
 	log *slog.Logger
 
-	// leases is written only by Run's goroutine and read by Assignments.
-	leases assignments
+	leases  *leaseTable
+	files   *leaseFiles
+	procs   *workload.Table
+	devices map[string]*gpupoolv1.Device // by uuid; set once by Run
+	health  health
+
+	// kickCh asks the heartbeat loop to send at once.
+	kickCh chan struct{}
+	// wg counts background stops and teardowns.
+	wg sync.WaitGroup
+
+	sampleErr, scanErr errorOnce
 	// connected is true while a heartbeat stream to the brokers works.
 	connected atomic.Bool
 }
@@ -113,24 +143,73 @@ func New(cfg Config) (*Agent, error) {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	return &Agent{cfg: cfg, log: log.With("host", cfg.HostID)}, nil
+	cfg.Enforcement.setDefaults()
+	if cfg.ProcRoot == "" {
+		cfg.ProcRoot = "/proc"
+	}
+	files, err := openLeaseFiles(cfg.DataDir)
+	if err != nil {
+		return nil, err
+	}
+	return &Agent{
+		cfg:    cfg,
+		log:    log.With("host", cfg.HostID),
+		leases: newLeaseTable(),
+		files:  files,
+		procs:  workload.NewTable(cfg.ProcRoot),
+		health: health{sick: map[string]string{}},
+		kickCh: make(chan struct{}, 1),
+	}, nil
 }
 
-// Assignments returns a copy of the leases the broker last asked this
-// host to enforce, sorted by lease id.
+// Assignments returns a copy of the leases this host enforces, sorted by
+// lease id.
 func (a *Agent) Assignments() []*gpupoolv1.Assignment { return a.leases.enforced() }
 
-// Run discovers the host's GPUs, registers them and heartbeats until ctx
-// ends, then returns nil. It survives brokers going away: it reconnects
-// forever, waiting at most maxRetryDelay between attempts, and registers
-// again when a broker no longer knows the host (NotFound). It returns an
-// error only when it cannot start: the backend fails to list the GPUs.
-// Run must not be called twice.
+// kick makes the heartbeat loop send a heartbeat now.
+func (a *Agent) kick() {
+	select {
+	case a.kickCh <- struct{}{}:
+	default:
+	}
+}
+
+// Run discovers the host's GPUs, resumes the leases of its data dir,
+// registers with the brokers and heartbeats until ctx ends, then returns
+// nil once its background work stopped. It survives brokers going away:
+// it reconnects forever, waiting at most maxRetryDelay between attempts,
+// and registers again when a broker no longer knows the host (NotFound).
+// Meanwhile the watchdog goes on enforcing. It returns an error only when
+// it cannot start: the backend fails to list the GPUs or the data dir
+// cannot be read. Run must not be called twice.
 func (a *Agent) Run(ctx context.Context) error {
 	devices, err := a.cfg.Backend.Devices()
 	if err != nil {
 		return fmt.Errorf("agent: list GPUs with the %s backend: %w", a.cfg.Backend.Name(), err)
 	}
+	a.devices = make(map[string]*gpupoolv1.Device, len(devices))
+	for _, d := range devices {
+		a.devices[d.Uuid] = d
+	}
+	if err := a.resume(ctx); err != nil {
+		return err
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	defer func() {
+		cancel()
+		a.wg.Wait()
+	}()
+	a.wg.Add(2)
+	go func() {
+		defer a.wg.Done()
+		a.watchdog(ctx)
+	}()
+	go func() {
+		defer a.wg.Done()
+		if err := a.cfg.Backend.WatchHealth(ctx, a.onHealthEvent); err != nil {
+			a.log.Error("watching GPU health failed", "err", err)
+		}
+	}()
 	host := &gpupoolv1.Host{
 		Id:            a.cfg.HostID,
 		Address:       a.cfg.Address,
@@ -141,11 +220,12 @@ func (a *Agent) Run(ctx context.Context) error {
 		BackendNote:   a.cfg.Backend.Note(),
 		CpuMillicores: a.cfg.CPUMillicores,
 		MemoryMib:     a.cfg.MemoryMiB,
+		Mps:           a.cfg.MPS != nil,
 	}
 	for _, d := range devices {
 		d.HostId = a.cfg.HostID
 	}
-	attrs := []any{"brokers", a.cfg.Brokers, "backend", host.Backend, "gpus", len(devices)}
+	attrs := []any{"brokers", a.cfg.Brokers, "backend", host.Backend, "gpus", len(devices), "mps", host.Mps}
 	if host.BackendNote != "" {
 		attrs = append(attrs, "note", host.BackendNote)
 	}
@@ -193,8 +273,43 @@ func (a *Agent) Run(ctx context.Context) error {
 	return nil
 }
 
-// register makes one attempt to register host.
+// resume loads the leases of the data dir and enforces them again, until
+// the brokers say otherwise. Files that cannot be read are quarantined;
+// leases on GPUs this host no longer has are dropped, and refused when the
+// brokers list them.
+func (a *Agent) resume(ctx context.Context) error {
+	recs, bad, err := a.files.load()
+	if err != nil {
+		return err
+	}
+	for _, q := range bad {
+		a.log.Error("lease state file unreadable after a crash: quarantined; the brokers' assignments restore the lease",
+			"file", q.File, "moved_to", q.MovedTo, "err", q.Err)
+	}
+	for _, rec := range recs {
+		if err := a.prepareErr(ctx, rec.Assignment, time.Now()); err != nil {
+			a.log.Error("cannot resume a lease from the data dir; dropping it", "lease", rec.Assignment.LeaseId, "err", err)
+			a.files.remove(rec.Assignment.LeaseId)
+			continue
+		}
+		// prepareErr wrote a fresh deadline; the file's is what the
+		// brokers last said.
+		a.leases.add(rec.Assignment, rec.Deadline)
+		if err := a.files.put(rec); err != nil {
+			a.log.Error("rewriting a lease's state file failed", "lease", rec.Assignment.LeaseId, "err", err)
+		}
+		a.log.Info("resumed lease from the data dir", "lease", rec.Assignment.LeaseId,
+			"expires", rec.Deadline.Format(time.RFC3339), "slices", describeSlices(rec.Assignment.Slices))
+	}
+	return nil
+}
+
+// register makes one attempt to register host, with its devices' health
+// as the agent knows it now.
 func (a *Agent) register(ctx context.Context, ac gpupoolv1.AgentServiceClient, host *gpupoolv1.Host) (*gpupoolv1.RegisterResponse, error) {
+	for _, d := range host.Devices {
+		d.Health, d.HealthReason = a.healthOf(d.Uuid)
+	}
 	ctx, cancel := context.WithTimeout(ctx, registerTimeout)
 	defer cancel()
 	resp, err := ac.Register(ctx, &gpupoolv1.RegisterRequest{Host: host})

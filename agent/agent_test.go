@@ -3,9 +3,9 @@ package agent
 import (
 	"context"
 	"log/slog"
-	"maps"
 	"net"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -44,6 +44,8 @@ type fakeBroker struct {
 	pushed        chan struct{}                 // closed by setAssignments; guarded by mu
 	dropped       chan struct{}                 // closed by dropStreams; guarded by mu
 	seen          chan struct{}                 // closed on every change; guarded by mu
+	ttl           time.Duration                 // TTL of the assignments, if set; guarded by mu
+	lastResponse  time.Time                     // when the last response was built; guarded by mu
 }
 
 func newFakeBroker(interval time.Duration) *fakeBroker {
@@ -146,6 +148,12 @@ func (f *fakeBroker) Heartbeat(stream grpc.BidiStreamingServer[gpupoolv1.Heartbe
 }
 
 func (f *fakeBroker) responseLocked() *gpupoolv1.HeartbeatResponse {
+	f.lastResponse = time.Now()
+	if f.ttl > 0 {
+		for _, a := range f.enforce {
+			a.TtlMs = f.ttl.Milliseconds()
+		}
+	}
 	return &gpupoolv1.HeartbeatResponse{
 		Enforce:             f.enforce,
 		Teardown:            f.teardown,
@@ -165,6 +173,34 @@ func (f *fakeBroker) setAssignments(enforce, teardown []string) int {
 	return len(f.heartbeats)
 }
 
+// hostAGPU0 is the UUID of GPU 0 of the simulated host-a.
+var hostAGPU0 = sync.OnceValue(func() string {
+	b, err := device.NewSimulated("1xA100-80GB", "host-a")
+	if err != nil {
+		panic(err)
+	}
+	defer b.Close()
+	devs, err := b.Devices()
+	if err != nil {
+		panic(err)
+	}
+	return devs[0].Uuid
+})
+
+// assignmentsOf makes granted leases of 1 GiB each on host-a's GPU 0.
+// setAssignmentsRaw pushes f.enforce and f.teardown as the test set them.
+func (f *fakeBroker) setAssignmentsRaw() {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.version++
+	close(f.pushed)
+	f.pushed = make(chan struct{})
+}
+
+type syncMutex = sync.Mutex
+
+func itoa(n int64) string { return strconv.FormatInt(n, 10) }
+
 func assignmentsOf(ids []string) []*gpupoolv1.Assignment {
 	var out []*gpupoolv1.Assignment
 	for i, id := range ids {
@@ -172,6 +208,9 @@ func assignmentsOf(ids []string) []*gpupoolv1.Assignment {
 			LeaseId:      id,
 			FencingToken: uint64(100 + i),
 			State:        gpupoolv1.LeaseState_LEASE_STATE_GRANTED,
+			TtlMs:        60_000,
+			Slices: []*gpupoolv1.Slice{{Host: "host-a", Device: hostAGPU0(), MemoryMib: 1024, ComputePercent: 10,
+				Isolation: gpupoolv1.Isolation_ISOLATION_WATCHDOG}},
 		})
 	}
 	return out
@@ -243,6 +282,7 @@ func testConfig(t *testing.T, addr string) Config {
 		Backend:       simBackend(t, "8xA100-80GB", "host-a"),
 		Version:       "v0.0.0-test",
 		Logger:        slog.New(slog.NewTextHandler(t.Output(), &slog.HandlerOptions{Level: slog.LevelDebug})),
+		DataDir:       t.TempDir(),
 	}
 }
 
@@ -276,7 +316,7 @@ func leaseIDs(as []*gpupoolv1.Assignment) []string {
 
 func TestNewRefusesBadConfig(t *testing.T) {
 	backend := simBackend(t, "1xA100-80GB", "host-a")
-	good := Config{Brokers: []string{"127.0.0.1:7641"}, HostID: "host-a", Backend: backend}
+	good := Config{Brokers: []string{"127.0.0.1:7641"}, HostID: "host-a", Backend: backend, DataDir: t.TempDir()}
 	for _, tc := range []struct {
 		name    string
 		edit    func(*Config)
@@ -292,6 +332,7 @@ func TestNewRefusesBadConfig(t *testing.T) {
 		{"negative host CPU is refused", func(c *Config) { c.CPUMillicores = -1 }, "host CPU -1 millicores: must be 0 or more"},
 		{"negative host memory is refused", func(c *Config) { c.MemoryMiB = -1 }, "host memory -1 MiB: must be 0 or more"},
 		{"a label with an empty key is refused", func(c *Config) { c.Labels = map[string]string{"": "x"} }, "empty key"},
+		{"no data dir is refused", func(c *Config) { c.DataDir = "" }, "no data dir"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			cfg := good
@@ -371,7 +412,11 @@ func (noGPUs) Devices() ([]*gpupoolv1.Device, error) { return nil, nil }
 func (noGPUs) Note() string {
 	return "NVML library libnvidia-ml.so.1 not found: this host offers no GPUs"
 }
-func (noGPUs) Close() error { return nil }
+func (noGPUs) Close() error                     { return nil }
+func (noGPUs) Sample() ([]device.Sample, error) { return nil, nil }
+func (noGPUs) WatchHealth(context.Context, func(device.HealthEvent)) error {
+	return nil
+}
 
 func TestAgentFollowsAssignmentsAndConfirmsTeardown(t *testing.T) {
 	f := newFakeBroker(10 * time.Millisecond)
@@ -491,45 +536,4 @@ func TestAgentRetriesARefusedRegistration(t *testing.T) {
 	f.waitFor(t, "the host registered after two refusals and heartbeats", func() bool {
 		return f.refused == 2 && len(f.registrations) == 1 && len(f.heartbeats) >= 1
 	})
-}
-
-func TestAssignmentsApply(t *testing.T) {
-	resp := func(enforce, teardown []string) *gpupoolv1.HeartbeatResponse {
-		return &gpupoolv1.HeartbeatResponse{Enforce: assignmentsOf(enforce), Teardown: assignmentsOf(teardown)}
-	}
-	var s assignments
-	steps := []struct {
-		name        string
-		resp        *gpupoolv1.HeartbeatResponse
-		want        change
-		wantConfirm []string
-	}{
-		{"new leases are added", resp([]string{"b", "a"}, nil),
-			change{added: []string{"a", "b"}, enforcing: 2}, nil},
-		{"the same list changes nothing", resp([]string{"a", "b"}, nil),
-			change{enforcing: 2}, nil},
-		{"a lease moved to teardown is removed and confirmed", resp([]string{"b"}, []string{"a"}),
-			change{removed: []string{"a"}, tornDown: []string{"a"}, enforcing: 1}, []string{"a"}},
-		{"a teardown already confirmed is not new", resp([]string{"b"}, []string{"a"}),
-			change{enforcing: 1}, []string{"a"}},
-		{"a lease in both lists is torn down", resp([]string{"b", "c"}, []string{"a", "c"}),
-			change{tornDown: []string{"c"}, enforcing: 1}, []string{"a", "c"}},
-		{"teardowns the broker no longer lists are not confirmed", resp([]string{"b"}, nil),
-			change{enforcing: 1}, nil},
-		{"a lease that vanished is removed", resp(nil, nil),
-			change{removed: []string{"b"}}, nil},
-	}
-	for _, st := range steps {
-		got := s.apply(st.resp)
-		if !slices.Equal(got.added, st.want.added) || !slices.Equal(got.removed, st.want.removed) ||
-			!slices.Equal(got.tornDown, st.want.tornDown) || got.enforcing != st.want.enforcing {
-			t.Errorf("%s: got %+v, want %+v", st.name, got, st.want)
-		}
-		if c := s.confirmations(); !slices.Equal(c, st.wantConfirm) {
-			t.Errorf("%s: confirming %v, want %v", st.name, c, st.wantConfirm)
-		}
-		if ids := slices.Sorted(maps.Keys(s.enforce)); !slices.Equal(ids, leaseIDs(s.enforced())) {
-			t.Errorf("%s: enforced() = %v, want %v", st.name, leaseIDs(s.enforced()), ids)
-		}
-	}
 }

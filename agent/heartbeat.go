@@ -12,9 +12,28 @@ import (
 	gpupoolv1 "github.com/gpupool/gpupool/proto/gpupool/v1"
 )
 
+// follow carries out what a heartbeat response asks: new leases are
+// prepared (or refused), ended ones torn down in the background, and
+// moved deadlines saved.
+func (a *Agent) follow(ctx context.Context, resp *gpupoolv1.HeartbeatResponse, now time.Time) {
+	p := a.leases.reconcile(resp, now)
+	for _, rec := range p.save {
+		if err := a.files.put(rec); err != nil {
+			a.log.Error("saving a lease's deadline failed", "lease", rec.Assignment.LeaseId, "err", err)
+		}
+	}
+	for _, o := range p.teardown {
+		a.teardown(ctx, o)
+	}
+	for _, as := range p.prepare {
+		a.prepare(ctx, as, now)
+	}
+}
+
 // heartbeat runs one heartbeat stream until it fails or ctx ends. It sends
-// a heartbeat at once, then every interval, and at once again whenever a
-// response asks for a teardown not confirmed yet. progressed reports
+// a heartbeat at once, then every interval, and at once again whenever
+// the agent has news: a teardown finished, a violation, a refusal, a
+// device turned unhealthy. progressed reports
 // whether the broker answered at least once.
 //
 // The broker answers every heartbeat. A stream that stays silent for the
@@ -45,7 +64,9 @@ func (a *Agent) heartbeat(ctx context.Context, ac gpupoolv1.AgentServiceClient, 
 	}()
 
 	send := func() error {
-		err := stream.Send(&gpupoolv1.HeartbeatRequest{HostId: a.cfg.HostID, TornDown: a.leases.confirmations()})
+		req := &gpupoolv1.HeartbeatRequest{HostId: a.cfg.HostID, Devices: a.deviceReports()}
+		a.leases.report(req)
+		err := stream.Send(req)
 		if errors.Is(err, io.EOF) {
 			// The stream ended; Recv has the reason.
 			select {
@@ -80,6 +101,10 @@ func (a *Agent) heartbeat(ctx context.Context, ac gpupoolv1.AgentServiceClient, 
 			if err := send(); err != nil {
 				return progressed, err
 			}
+		case <-a.kickCh:
+			if err := send(); err != nil {
+				return progressed, err
+			}
 		case resp := <-responses:
 			if !progressed {
 				progressed = true
@@ -91,17 +116,8 @@ func (a *Agent) heartbeat(ctx context.Context, ac gpupoolv1.AgentServiceClient, 
 				tick.Reset(interval)
 			}
 			quiet.Reset(silence())
-			c := a.leases.apply(resp)
-			if c.empty() {
-				continue
-			}
-			a.log.Info("assignments changed", "added", c.added, "removed", c.removed,
-				"torn_down", c.tornDown, "enforcing", c.enforcing)
-			if len(c.tornDown) > 0 {
-				if err := send(); err != nil {
-					return progressed, err
-				}
-			}
+			a.leases.ack(resp.GetAckedEventSeq())
+			a.follow(ctx, resp, time.Now())
 		}
 	}
 }

@@ -1,11 +1,31 @@
 package agent
 
-import "github.com/prometheus/client_golang/prometheus"
+import (
+	"maps"
+	"slices"
+	"strconv"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	gpupoolv1 "github.com/gpupool/gpupool/proto/gpupool/v1"
+)
 
 var (
 	descConnected = prometheus.NewDesc("gpupool_agent_connected", "1 while a heartbeat stream to the brokers works.", nil, nil)
-	descLeases    = prometheus.NewDesc("gpupool_agent_leases", "Leases the broker asked this host to enforce.", nil, nil)
+	descLeases    = prometheus.NewDesc("gpupool_agent_leases", "Leases this host enforces.", nil, nil)
 	descDevices   = prometheus.NewDesc("gpupool_agent_devices", "GPUs the device backend reported at start.", []string{"backend"}, nil)
+
+	deviceLabels     = []string{"device", "index", "model"}
+	descDeviceHealth = prometheus.NewDesc("gpupool_agent_device_healthy", "1 while the GPU is healthy, 0 once an Xid, a double-bit ECC error or GPU-lost made it unhealthy.", deviceLabels, nil)
+	descDeviceMemory = prometheus.NewDesc("gpupool_agent_device_memory_used_bytes", "GPU memory in use, as NVML reports it.", deviceLabels, nil)
+	descDeviceTotal  = prometheus.NewDesc("gpupool_agent_device_memory_total_bytes", "GPU memory.", deviceLabels, nil)
+	descDeviceUtil   = prometheus.NewDesc("gpupool_agent_device_utilization_ratio", "GPU utilisation, 0 to 1.", deviceLabels, nil)
+
+	leaseLabels       = []string{"lease", "device"}
+	descLeaseMemory   = prometheus.NewDesc("gpupool_agent_lease_memory_used_bytes", "GPU memory the lease's processes use on the device.", leaseLabels, nil)
+	descLeaseLimit    = prometheus.NewDesc("gpupool_agent_lease_memory_limit_bytes", "GPU memory the lease's slice allows on the device (the whole GPU for an exclusive slice).", leaseLabels, nil)
+	descLeaseProcs    = prometheus.NewDesc("gpupool_agent_lease_processes", "The lease's processes on the device.", leaseLabels, nil)
+	descLeaseViolated = prometheus.NewDesc("gpupool_agent_lease_violations_total", "Times the watchdog stopped the lease's processes since the agent started.", []string{"lease"}, nil)
 )
 
 // Collector returns a Prometheus collector of the agent's state.
@@ -14,19 +34,67 @@ func (a *Agent) Collector() prometheus.Collector { return agentCollector{a} }
 type agentCollector struct{ a *Agent }
 
 func (c agentCollector) Describe(ch chan<- *prometheus.Desc) {
-	ch <- descConnected
-	ch <- descLeases
-	ch <- descDevices
+	for _, d := range []*prometheus.Desc{descConnected, descLeases, descDevices, descDeviceHealth, descDeviceMemory,
+		descDeviceTotal, descDeviceUtil, descLeaseMemory, descLeaseLimit, descLeaseProcs, descLeaseViolated} {
+		ch <- d
+	}
 }
 
 func (c agentCollector) Collect(ch chan<- prometheus.Metric) {
+	a := c.a
+	gauge := func(d *prometheus.Desc, v float64, labels ...string) {
+		ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, v, labels...)
+	}
 	connected := 0.0
-	if c.a.connected.Load() {
+	if a.connected.Load() {
 		connected = 1
 	}
-	ch <- prometheus.MustNewConstMetric(descConnected, prometheus.GaugeValue, connected)
-	ch <- prometheus.MustNewConstMetric(descLeases, prometheus.GaugeValue, float64(len(c.a.leases.enforced())))
-	if devs, err := c.a.cfg.Backend.Devices(); err == nil {
-		ch <- prometheus.MustNewConstMetric(descDevices, prometheus.GaugeValue, float64(len(devs)), c.a.cfg.Backend.Name())
+	gauge(descConnected, connected)
+	gauge(descLeases, float64(len(a.leases.enforced())))
+	gauge(descDevices, float64(len(a.devices)), a.cfg.Backend.Name())
+
+	const mib = 1 << 20
+	for _, r := range a.deviceReports() {
+		d := a.devices[r.Uuid]
+		labels := []string{r.Uuid, itoa32(d.GetIndex()), d.GetModel()}
+		healthy := 0.0
+		if r.Health == gpupoolv1.DeviceHealth_DEVICE_HEALTH_HEALTHY {
+			healthy = 1
+		}
+		gauge(descDeviceHealth, healthy, labels...)
+		gauge(descDeviceTotal, float64(d.GetMemoryMib())*mib, labels...)
+		if r.UsedMemoryMib >= 0 {
+			gauge(descDeviceMemory, float64(r.UsedMemoryMib)*mib, labels...)
+		}
+		if r.UtilizationPercent >= 0 {
+			gauge(descDeviceUtil, float64(r.UtilizationPercent)/100, labels...)
+		}
+	}
+
+	a.leases.mu.Lock()
+	defer a.leases.mu.Unlock()
+	for _, id := range slices.Sorted(maps.Keys(a.leases.entries)) {
+		e := a.leases.entries[id]
+		if e.phase != enforcing {
+			continue
+		}
+		ch <- prometheus.MustNewConstMetric(descLeaseViolated, prometheus.CounterValue, float64(e.violations), id)
+		used := map[string]*gpupoolv1.SliceUsage{}
+		for _, u := range e.usage.GetSlices() {
+			used[u.Device] = u
+		}
+		for _, s := range e.a.GetSlices() {
+			limit := s.MemoryMib
+			if s.Exclusive {
+				limit = a.devices[s.Device].GetMemoryMib()
+			}
+			gauge(descLeaseLimit, float64(limit)*mib, id, s.Device)
+			if u := used[s.Device]; u != nil {
+				gauge(descLeaseMemory, float64(u.MemoryUsedMib)*mib, id, s.Device)
+				gauge(descLeaseProcs, float64(u.Processes), id, s.Device)
+			}
+		}
 	}
 }
+
+func itoa32(n int32) string { return strconv.Itoa(int(n)) }

@@ -135,12 +135,12 @@ func (c *Controller) Start(ctx context.Context, uuid string) error {
 	if err := checkUUID(uuid); err != nil {
 		return err
 	}
-	g := c.daemon(uuid, true)
-	if err := g.wait(ctx); err != nil {
+	d := c.addDaemon(uuid)
+	if err := d.wait(ctx); err != nil {
 		return fmt.Errorf("mps: start daemon for %s: %w", uuid, err)
 	}
-	defer g.done()
-	if c.isRunning(g) {
+	defer d.done()
+	if c.isRunning(d) {
 		return nil
 	}
 	pipe, logDir := c.pipeDir(uuid), c.logDir(uuid)
@@ -159,7 +159,7 @@ func (c *Controller) Start(ctx context.Context, uuid string) error {
 	default:
 		return fmt.Errorf("mps: start daemon: %w", err)
 	}
-	c.setRunning(g, true)
+	c.setRunning(d, true)
 	return nil
 }
 
@@ -178,21 +178,21 @@ func (c *Controller) Stop(ctx context.Context, uuid string) error {
 	if err := checkUUID(uuid); err != nil {
 		return err
 	}
-	g := c.daemon(uuid, false)
-	if g == nil {
+	d := c.findDaemon(uuid)
+	if d == nil {
 		return nil
 	}
-	if err := g.wait(ctx); err != nil {
+	if err := d.wait(ctx); err != nil {
 		return fmt.Errorf("mps: stop daemon for %s: %w", uuid, err)
 	}
-	defer g.done()
-	if !c.isRunning(g) {
+	defer d.done()
+	if !c.isRunning(d) {
 		return nil
 	}
 	if err := c.run(ctx, uuid, "quit\n"); err != nil {
 		return fmt.Errorf("mps: stop daemon: %w", err)
 	}
-	c.setRunning(g, false)
+	c.setRunning(d, false)
 	c.log.Info("quit MPS control daemon", "gpu", uuid)
 	return nil
 }
@@ -230,35 +230,42 @@ func (c *Controller) ClientEnv(uuid string, memMiB int64, computePercent int) []
 func (c *Controller) pipeDir(uuid string) string { return filepath.Join(c.dir, uuid, "pipe") }
 func (c *Controller) logDir(uuid string) string  { return filepath.Join(c.dir, uuid, "log") }
 
-// daemon returns the daemon of uuid, adding it if add is set; nil if it
-// is absent and not added.
-func (c *Controller) daemon(uuid string, add bool) *daemon {
+// addDaemon returns the daemon of uuid, adding it if it is not known.
+func (c *Controller) addDaemon(uuid string) *daemon {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	g := c.gpus[uuid]
-	if g == nil && add {
-		g = &daemon{turn: make(chan struct{}, 1)}
-		c.gpus[uuid] = g
+	d := c.gpus[uuid]
+	if d == nil {
+		d = &daemon{turn: make(chan struct{}, 1)}
+		c.gpus[uuid] = d
 	}
-	return g
+	return d
 }
 
-func (c *Controller) isRunning(g *daemon) bool {
+// findDaemon returns the daemon of uuid, nil if Start was never called
+// for it.
+func (c *Controller) findDaemon(uuid string) *daemon {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	return g.running
+	return c.gpus[uuid]
 }
 
-func (c *Controller) setRunning(g *daemon, running bool) {
+func (c *Controller) isRunning(d *daemon) bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	g.running = running
+	return d.running
 }
 
-// wait takes g's turn to run a command, or returns ctx's error.
-func (g *daemon) wait(ctx context.Context) error {
+func (c *Controller) setRunning(d *daemon, running bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	d.running = running
+}
+
+// wait takes d's turn to run a command, or returns ctx's error.
+func (d *daemon) wait(ctx context.Context) error {
 	select {
-	case g.turn <- struct{}{}:
+	case d.turn <- struct{}{}:
 		return nil
 	case <-ctx.Done():
 		return ctx.Err()
@@ -266,7 +273,7 @@ func (g *daemon) wait(ctx context.Context) error {
 }
 
 // done ends the turn taken by wait.
-func (g *daemon) done() { <-g.turn }
+func (d *daemon) done() { <-d.turn }
 
 // run runs Binary with args for uuid's daemon, writing stdin to it.
 func (c *Controller) run(ctx context.Context, uuid, stdin string, args ...string) error {

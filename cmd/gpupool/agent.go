@@ -2,10 +2,13 @@ package main
 
 import (
 	"fmt"
+	"log/slog"
 	"os"
+	"path/filepath"
 	"runtime"
 	"runtime/debug"
 	"strings"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
@@ -13,6 +16,7 @@ import (
 
 	"github.com/gpupool/gpupool/agent"
 	"github.com/gpupool/gpupool/agent/device"
+	"github.com/gpupool/gpupool/agent/mps"
 	"github.com/gpupool/gpupool/client"
 )
 
@@ -20,6 +24,10 @@ import (
 var machineIDFile = "/etc/machine-id"
 
 type agentOpts struct {
+	dataDir    string
+	mps        string
+	simControl string
+	enforce    agent.Enforcement
 	metrics    string
 	brokers    string
 	simulate   string
@@ -49,6 +57,27 @@ to 64, MODEL one of ` + strings.Join(device.SimModels(), ", ") + `. Simulated GP
 share NVLink in groups of 8, pairs share a PCIe root, and their UUIDs derive
 from --host-id, so they are the same after a restart.
 
+Enforcement. A lease's processes are those whose environment carries
+GPUPOOL_LEASE_ID=<lease id>. Every --watchdog-poll the agent reads each GPU
+process's memory from NVML and sums it per lease and GPU. A lease that uses
+more than its slice, or any memory on a GPU it does not hold, for longer than
+--watchdog-grace gets SIGTERM, then SIGKILL after --kill-after; the holder
+hears of it. Whole GPUs are "exclusive". Fractional slices are "mps" when
+nvidia-cuda-mps-control is available (--mps auto|on|off): one MPS daemon per
+shared GPU, and the lease's processes get a pinned memory limit and an active
+thread percentage (a ceiling on compute, not a reservation). Without MPS they
+are "watchdog": memory is enforced after the fact and compute is not limited.
+
+Safety. The agent keeps one state file per lease in --data-dir and resumes
+enforcing after a restart. While the brokers are unreachable, a lease's
+processes run until the lease's expiry plus --expiry-grace, then are stopped.
+A GPU with an Xid error (except the application Xids 13, 31, 43, 45, 68, 109),
+a double-bit ECC error or lost from the bus is reported unhealthy and takes no
+new leases.
+
+With --simulate, tests and demos drive the simulated GPUs through a control
+socket (--sim-control): see 'gpupool agent simulate --help'.
+
 --broker defaults to $GPUPOOL_ADDR, else --addr. --host-id defaults to the
 first 12 characters of /etc/machine-id, else the hostname.`,
 		Example: `  # offer this host's GPUs to a cluster
@@ -72,6 +101,14 @@ first 12 characters of /etc/machine-id, else the hostname.`,
 	f.Int64Var(&o.hostMemory, "host-memory", -1, "host memory offered to workloads, in MiB (default: all of this machine's; 0 offers none)")
 	f.StringVar(&o.logLevel, "log-level", "info", "log level: debug, info, warn or error")
 	f.StringVar(&o.metrics, "metrics-bind", "", "serve Prometheus metrics at http://ADDR/metrics; empty serves none")
+	f.StringVar(&o.dataDir, "data-dir", "/var/lib/gpupool/agent", "directory for the per-lease state files")
+	f.StringVar(&o.mps, "mps", "auto", "run CUDA MPS daemons for fractional slices: auto (when nvidia-cuda-mps-control is on PATH), on or off")
+	f.StringVar(&o.simControl, "sim-control", "", "with --simulate: unix socket to drive the simulated GPUs (default DATA_DIR/simulate.sock)")
+	f.DurationVar(&o.enforce.Poll, "watchdog-poll", agent.DefaultPoll, "how often the watchdog reads per-process GPU memory")
+	f.DurationVar(&o.enforce.Grace, "watchdog-grace", agent.DefaultGrace, "how long a lease may exceed its memory before its processes are stopped")
+	f.DurationVar(&o.enforce.KillAfter, "kill-after", agent.DefaultKillAfter, "how long a process has after SIGTERM before SIGKILL")
+	f.DurationVar(&o.enforce.ExpiryGrace, "expiry-grace", agent.DefaultExpiryGrace, "how long past its expiry a lease's processes run while the brokers are unreachable")
+	cmd.AddCommand(newAgentSimulateCmd())
 	return cmd
 }
 
@@ -117,6 +154,25 @@ func runAgent(cmd *cobra.Command, o agentOpts) error {
 		o.hostMemory = machineMemoryMiB()
 	}
 
+	for _, d := range []struct {
+		flag string
+		v    time.Duration
+	}{{"watchdog-poll", o.enforce.Poll}, {"watchdog-grace", o.enforce.Grace}, {"kill-after", o.enforce.KillAfter}, {"expiry-grace", o.enforce.ExpiryGrace}} {
+		if d.v <= 0 {
+			return usagef("--%s %s: must be positive, e.g. 500ms or 2s", d.flag, d.v)
+		}
+	}
+	if o.dataDir == "" {
+		return usagef("--data-dir is empty: give a directory for the per-lease state files")
+	}
+	if o.simControl != "" && !cmd.Flags().Changed("simulate") {
+		return usagef("--sim-control needs --simulate: only simulated GPUs can be driven")
+	}
+	mpsCtl, err := newMPS(o.mps, filepath.Join(o.dataDir, "mps"), logger)
+	if err != nil {
+		return err
+	}
+
 	var backend device.Backend
 	if cmd.Flags().Changed("simulate") {
 		if backend, err = device.NewSimulated(o.simulate, hostID); err != nil {
@@ -126,6 +182,21 @@ func runAgent(cmd *cobra.Command, o agentOpts) error {
 		backend = device.NewNVML()
 	}
 	defer backend.Close()
+	if sim, ok := backend.(device.Simulator); ok {
+		sock := o.simControl
+		if sock == "" {
+			sock = filepath.Join(o.dataDir, "simulate.sock")
+		}
+		if err := os.MkdirAll(filepath.Dir(sock), 0o700); err != nil {
+			return fmt.Errorf("--sim-control %s: %w", sock, err)
+		}
+		go func() {
+			if err := device.ServeSimControl(cmd.Context(), sock, sim); err != nil {
+				logger.Error("simulation control socket failed", "socket", sock, "err", err)
+			}
+		}()
+		logger.Info("simulated GPUs can be driven with 'gpupool agent simulate --socket " + sock + "'")
+	}
 
 	a, err := agent.New(agent.Config{
 		Brokers:       addrs,
@@ -137,6 +208,9 @@ func runAgent(cmd *cobra.Command, o agentOpts) error {
 		Backend:       backend,
 		Version:       agentVersion(),
 		Logger:        logger,
+		DataDir:       o.dataDir,
+		Enforcement:   o.enforce,
+		MPS:           mpsCtl,
 	})
 	if err != nil {
 		return usagef("%v", err)
@@ -147,6 +221,27 @@ func runAgent(cmd *cobra.Command, o agentOpts) error {
 		return err
 	}
 	return a.Run(cmd.Context())
+}
+
+// newMPS returns the MPS controller --mps asks for, or nil for none.
+func newMPS(mode, dir string, logger *slog.Logger) (agent.MPS, error) {
+	path, found := mps.Find()
+	switch mode {
+	case "off":
+		return nil, nil
+	case "auto":
+		if !found {
+			logger.Info("no " + mps.Binary + " on PATH: fractional slices are enforced by the watchdog alone")
+			return nil, nil
+		}
+	case "on":
+		if !found {
+			return nil, usagef("--mps on: %s is not on PATH; install the CUDA MPS tools or use --mps auto", mps.Binary)
+		}
+	default:
+		return nil, usagef("--mps %q: must be auto, on or off", mode)
+	}
+	return mps.New(path, dir, logger), nil
 }
 
 // defaultHostID is the first 12 characters of the machine id, else the

@@ -57,7 +57,7 @@ the cluster fail over; Ctrl-C stops everything and deletes the data dirs
 	f.IntVar(&o.brokers, "brokers", 3, "broker servers to run (1, 3 or 5)")
 	f.IntVar(&o.hosts, "hosts", 4, "simulated pool hosts to run (0-64)")
 	f.StringVar(&o.simulate, "simulate", "8xA100-80GB", "GPUs of each simulated host, as for 'gpupool agent --simulate'")
-	f.IntVar(&o.basePort, "base-port", 7641, "first broker's gRPC port; broker i uses base+2i (gRPC), base+2i+1 (Raft) and base+50+i (metrics), agents base+100+i")
+	f.IntVar(&o.basePort, "base-port", 7641, "first broker's gRPC port; broker i uses base+2i (gRPC), base+2i+1 (Raft) and base+50+i (metrics), agent i base+100+i (data plane) and base+150+i (metrics)")
 	f.StringVar(&o.dataDir, "data-dir", "", "where the brokers keep their data (default: a new temporary directory)")
 	f.BoolVar(&o.keep, "keep", false, "keep the data dir on exit")
 	f.BoolVar(&o.demo, "demo", false, "once the pool is up, acquire a lease, show it in 'gpupool status', and release it")
@@ -75,8 +75,8 @@ func (o devOpts) validate() error {
 	if o.hosts < 0 || o.hosts > 64 {
 		return usagef("--hosts %d: must be between 0 and 64", o.hosts)
 	}
-	if o.basePort < 1024 || o.basePort+200 > 65535 {
-		return usagef("--base-port %d: must be between 1024 and 65335", o.basePort)
+	if o.basePort < 1024 || o.basePort+220 > 65535 {
+		return usagef("--base-port %d: must be between 1024 and 65315", o.basePort)
 	}
 	if o.exit && !o.demo {
 		return usagef("--exit-after-demo needs --demo")
@@ -144,6 +144,8 @@ func runDev(cmd *cobra.Command, o devOpts) error {
 		children = append(children, &devChild{name: fmt.Sprintf("host-%d", i+1), args: []string{
 			"agent", "--broker", strings.Join(addrs, ","), "--simulate", o.simulate, "--host-id", fmt.Sprintf("host-%d", i+1),
 			"--address", net.JoinHostPort(o.ip, strconv.Itoa(o.basePort+100+i)),
+			"--data-dir", filepath.Join(dir, fmt.Sprintf("host-%d", i+1)),
+			"--metrics-bind", net.JoinHostPort(o.ip, strconv.Itoa(o.basePort+150+i)),
 		}})
 	}
 
@@ -161,8 +163,9 @@ func runDev(cmd *cobra.Command, o devOpts) error {
 		fmt.Fprintf(out, "  %-9s pid %-7d gRPC %s  raft %s:%d  metrics http://%s:%d/metrics  data %s\n",
 			c.name, c.cmd.Process.Pid, addrs[i], o.ip, o.basePort+2*i+1, o.ip, o.basePort+50+i, filepath.Join(dir, c.name))
 	}
-	for _, c := range children[o.brokers:] {
-		fmt.Fprintf(out, "  %-9s pid %-7d agent, %s simulated\n", c.name, c.cmd.Process.Pid, o.simulate)
+	for i, c := range children[o.brokers:] {
+		fmt.Fprintf(out, "  %-9s pid %-7d agent, %s simulated  metrics http://%s:%d/metrics  sim-control %s\n", c.name, c.cmd.Process.Pid,
+			o.simulate, o.ip, o.basePort+150+i, filepath.Join(dir, c.name, "simulate.sock"))
 	}
 
 	ctx := cmd.Context()

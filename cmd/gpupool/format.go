@@ -278,11 +278,20 @@ func printLease(w io.Writer, l *gpupoolv1.Lease) error {
 	if l.GetReason() != "" {
 		kv.row("REASON", l.GetReason())
 	}
+	if l.GetViolations() > 0 {
+		kv.row("VIOLATIONS", fmt.Sprintf("%d, last: %s", l.GetViolations(), l.GetLastViolation()))
+	}
 	if err := kv.flush(); err != nil {
 		return err
 	}
 	fmt.Fprintln(w)
-	t := newTable(w, "HOST", "DEVICE", "INDEX", "MODEL", "MEMORY", "COMPUTE")
+	usage := map[string]*gpupoolv1.SliceUsage{} // host/device → usage
+	for _, u := range l.GetUsage() {
+		for _, su := range u.GetSlices() {
+			usage[u.GetHost()+"/"+su.GetDevice()] = su
+		}
+	}
+	t := newTable(w, "HOST", "DEVICE", "INDEX", "MODEL", "MEMORY", "COMPUTE", "ISOLATION", "USED", "UTIL", "PROCS")
 	for _, s := range l.GetSlices() {
 		memory, compute := quantity.FormatMiB(s.GetMemoryMib()), fmt.Sprintf("%d%%", s.GetComputePercent())
 		if s.GetExclusive() {
@@ -291,9 +300,47 @@ func printLease(w io.Writer, l *gpupoolv1.Lease) error {
 				memory = "all"
 			}
 		}
-		t.row(s.GetHost(), s.GetDevice(), s.GetDeviceIndex(), orDash(s.GetModel()), memory, compute)
+		used, util, procs := "-", "-", "-"
+		if u := usage[s.GetHost()+"/"+s.GetDevice()]; u != nil {
+			used, procs = quantity.FormatMiB(u.GetMemoryUsedMib()), fmt.Sprint(u.GetProcesses())
+			if u.GetUtilizationPercent() >= 0 {
+				util = fmt.Sprintf("%d%%", u.GetUtilizationPercent())
+			}
+		}
+		t.row(s.GetHost(), s.GetDevice(), s.GetDeviceIndex(), orDash(s.GetModel()), memory, compute,
+			isolationText(s.GetIsolation()), used, util, procs)
 	}
-	return t.flush()
+	if err := t.flush(); err != nil {
+		return err
+	}
+	if len(l.GetSlices()) > 0 && len(l.GetUsage()) == 0 && !ended(l.GetState()) {
+		_, err := fmt.Fprintln(w, "\nUSED, UTIL and PROCS come from the agents through the leader: none reported yet (or --stale).")
+		return err
+	}
+	return nil
+}
+
+// isolationText names how a slice is isolated, as 'gpupool lease get'
+// shows it.
+func isolationText(i gpupoolv1.Isolation) string {
+	switch i {
+	case gpupoolv1.Isolation_ISOLATION_EXCLUSIVE:
+		return "exclusive"
+	case gpupoolv1.Isolation_ISOLATION_MPS:
+		return "mps"
+	case gpupoolv1.Isolation_ISOLATION_WATCHDOG:
+		return "watchdog"
+	}
+	return "-"
+}
+
+// ended reports whether a lease state is final.
+func ended(s gpupoolv1.LeaseState) bool {
+	switch s {
+	case gpupoolv1.LeaseState_LEASE_STATE_RELEASED, gpupoolv1.LeaseState_LEASE_STATE_EXPIRED, gpupoolv1.LeaseState_LEASE_STATE_REVOKED:
+		return true
+	}
+	return false
 }
 
 // printLeases prints leases one per row, ages counted from now.

@@ -6,6 +6,7 @@ import (
 	"io"
 	"slices"
 	"sort"
+	"strconv"
 	"strings"
 	"time"
 
@@ -134,16 +135,159 @@ func (t hostTotals) gpuCount() string {
 
 // printHosts prints one row per host.
 func printHosts(w io.Writer, hosts []*gpupoolv1.Host) error {
-	t := newTable(w, "HOST", "STATUS", "ELIGIBLE", "GPUS", "MODELS", "MEMORY", "COMPUTE", "SLICES", "HEARTBEAT", "ADDRESS")
+	t := newTable(w, "HOST", "STATUS", "ELIGIBLE", "GPUS", "MODELS", "MEMORY", "COMPUTE", "SLICES", "TOPOLOGY", "HEALTH", "HEARTBEAT", "ADDRESS")
 	for _, h := range hosts {
 		s := sumHost(h)
 		t.row(h.GetId(), enumLabel(h.GetStatus()), yesNo(h.GetEligible()), s.gpuCount(),
 			orDash(strings.Join(s.models, ",")),
 			quantity.FormatMiB(s.allocMemory)+"/"+quantity.FormatMiB(s.memory),
 			fmt.Sprintf("%d%%/%d%%", s.allocCompute, 100*s.gpus),
-			s.sliceCount, heartbeatAge(h.GetLastHeartbeatAgeMs()), orDash(h.GetAddress()))
+			s.sliceCount, topologySummary(h.GetDevices()), healthSummary(h), heartbeatAge(h.GetLastHeartbeatAgeMs()), orDash(h.GetAddress()))
 	}
 	return t.flush()
+}
+
+// topologySummary is "nvlink 8, pcie 4": the sizes of the host's NVLink
+// domains and how many PCIe roots its GPUs hang off; "-" without GPUs.
+func topologySummary(devs []*gpupoolv1.Device) string {
+	if len(devs) == 0 {
+		return "-"
+	}
+	var groups []string
+	for _, g := range nvlinkGroups(devs) {
+		groups = append(groups, strconv.Itoa(len(g)))
+	}
+	nvl := "nvlink none"
+	if len(groups) > 0 {
+		nvl = "nvlink " + strings.Join(groups, "+")
+	}
+	roots := map[string]bool{}
+	for _, d := range devs {
+		if r := d.GetPcieRoot(); r != "" {
+			roots[r] = true
+		}
+	}
+	return fmt.Sprintf("%s, pcie %d", nvl, len(roots))
+}
+
+// nvlinkGroups returns the host's NVLink domains of two or more GPUs, as
+// device indexes, in order of their lowest index.
+func nvlinkGroups(devs []*gpupoolv1.Device) [][]int32 {
+	byUUID := map[string]*gpupoolv1.Device{}
+	for _, d := range devs {
+		byUUID[d.GetUuid()] = d
+	}
+	seen := map[string]bool{}
+	var out [][]int32
+	for _, d := range devs {
+		if seen[d.GetUuid()] || len(d.GetNvlinkPeers()) == 0 {
+			continue
+		}
+		var group []int32
+		stack := []*gpupoolv1.Device{d}
+		seen[d.GetUuid()] = true
+		for len(stack) > 0 {
+			x := stack[len(stack)-1]
+			stack = stack[:len(stack)-1]
+			group = append(group, x.GetIndex())
+			for _, p := range x.GetNvlinkPeers() {
+				if y := byUUID[p]; y != nil && !seen[p] {
+					seen[p] = true
+					stack = append(stack, y)
+				}
+			}
+		}
+		if len(group) > 1 {
+			slices.Sort(group)
+			out = append(out, group)
+		}
+	}
+	return out
+}
+
+// healthSummary is "ok", "1 unhealthy: Xid 79" or "8 unhealthy: GPU is
+// lost", with the backend's note for a host without GPUs.
+func healthSummary(h *gpupoolv1.Host) string {
+	if len(h.GetDevices()) == 0 {
+		if n := h.GetBackendNote(); n != "" {
+			return "no GPUs: " + n
+		}
+		return "-"
+	}
+	var sick int
+	var why []string
+	for _, d := range h.GetDevices() {
+		if d.GetHealth() == gpupoolv1.DeviceHealth_DEVICE_HEALTH_UNHEALTHY {
+			sick++
+			if r := d.GetHealthReason(); r != "" && !slices.Contains(why, r) {
+				why = append(why, r)
+			}
+		}
+	}
+	if sick == 0 {
+		return "ok"
+	}
+	out := fmt.Sprintf("%d unhealthy", sick)
+	if len(why) > 0 {
+		out += ": " + strings.Join(why, ", ")
+	}
+	return out
+}
+
+// indexRanges is "0-3,6" for the sorted indexes 0,1,2,3,6.
+func indexRanges(idx []int32) string {
+	var parts []string
+	for i := 0; i < len(idx); {
+		j := i
+		for j+1 < len(idx) && idx[j+1] == idx[j]+1 {
+			j++
+		}
+		if j == i {
+			parts = append(parts, strconv.Itoa(int(idx[i])))
+		} else {
+			parts = append(parts, fmt.Sprintf("%d-%d", idx[i], idx[j]))
+		}
+		i = j + 1
+	}
+	return strings.Join(parts, ",")
+}
+
+// deviceTopology is the NUMA node, PCIe root and NVLink peers (as
+// indexes) of d among devs.
+func deviceTopology(d *gpupoolv1.Device, devs []*gpupoolv1.Device) (numa, pcie, nvlink string) {
+	numa = "-"
+	if d.GetNumaNode() >= 0 {
+		numa = strconv.Itoa(int(d.GetNumaNode()))
+	}
+	index := map[string]int32{}
+	for _, x := range devs {
+		index[x.GetUuid()] = x.GetIndex()
+	}
+	var peers []int32
+	for _, p := range d.GetNvlinkPeers() {
+		if i, ok := index[p]; ok {
+			peers = append(peers, i)
+		}
+	}
+	slices.Sort(peers)
+	nvlink = "-"
+	if len(peers) > 0 {
+		nvlink = indexRanges(peers)
+	}
+	return numa, orDash(d.GetPcieRoot()), nvlink
+}
+
+// liveReading formats a device's last reported used memory and
+// utilisation, "-" each when unknown.
+func liveReading(d *gpupoolv1.Device) (used, util string) {
+	used, util = "-", "-"
+	if d.GetUsedMemoryMib() >= 0 {
+		used = quantity.FormatMiB(d.GetUsedMemoryMib())
+	}
+	if d.GetUtilizationPercent() >= 0 {
+		util = fmt.Sprintf("%d%%", d.GetUtilizationPercent())
+	}
+	return used, util
 }
 
 // printHostDetail prints a host, a table of its devices and a table of the
@@ -177,11 +321,18 @@ func printHostDetail(w io.Writer, resp *gpupoolv1.GetHostResponse, now time.Time
 		return err
 	}
 	fmt.Fprintln(w)
-	dt := newTable(w, "INDEX", "DEVICE", "MODEL", "HEALTH", "MEMORY", "COMPUTE", "EXCLUSIVE", "SLICES")
+	dt := newTable(w, "INDEX", "DEVICE", "MODEL", "HEALTH", "MEMORY", "COMPUTE", "EXCLUSIVE", "SLICES", "USED", "UTIL", "NUMA", "PCIE", "NVLINK")
 	for _, d := range h.GetDevices() {
-		dt.row(d.GetIndex(), d.GetUuid(), orDash(d.GetModel()), enumLabel(d.GetHealth()),
+		health := enumLabel(d.GetHealth())
+		if d.GetHealthReason() != "" {
+			health += " (" + d.GetHealthReason() + ")"
+		}
+		used, util := liveReading(d)
+		numa, pcie, nvlink := deviceTopology(d, h.GetDevices())
+		dt.row(d.GetIndex(), d.GetUuid(), orDash(d.GetModel()), health,
 			quantity.FormatMiB(d.GetAllocatedMemoryMib())+"/"+quantity.FormatMiB(d.GetMemoryMib()),
-			fmt.Sprintf("%d%%", d.GetAllocatedComputePercent()), yesNo(d.GetAllocatedExclusive()), d.GetLeaseCount())
+			fmt.Sprintf("%d%%", d.GetAllocatedComputePercent()), yesNo(d.GetAllocatedExclusive()), d.GetLeaseCount(),
+			used, util, numa, pcie, nvlink)
 	}
 	if err := dt.flush(); err != nil {
 		return err

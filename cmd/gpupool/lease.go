@@ -237,8 +237,16 @@ func newLeaseGetCmd() *cobra.Command {
 	var stale bool
 	cmd := &cobra.Command{
 		Use:   "get LEASE_ID",
-		Short: "Show one lease: state, fencing token, TTL and slices",
-		Long:  `Get shows one lease with every slice it holds. NotFound (exit 1) for an unknown lease.`,
+		Short: "Show one lease: state, fencing token, TTL, slices, isolation and live usage",
+		Long: `Get shows one lease with every slice it holds. For each slice: its isolation
+(exclusive: a whole GPU; mps: a fractional slice through the GPU's CUDA MPS
+daemon, memory pinned and compute % a ceiling, not a reservation; watchdog: a
+fractional slice on a host without MPS, memory enforced by the agent's
+watchdog and compute not limited), and the live usage the agent last reported
+(memory used by the lease's processes, the GPU's utilisation, processes).
+VIOLATIONS counts the times the watchdog stopped the lease's processes.
+Live usage is known to the leader only: with --stale it shows "-".
+NotFound (exit 1) for an unknown lease.`,
 		Example: `  gpupool lease get l-42
   gpupool lease get l-42 -o json`,
 		Args: exactArgs(1),

@@ -54,6 +54,7 @@ func freePort(t *testing.T, ip string) string {
 type proc struct {
 	name string
 	args []string
+	env  []string // added to the test's environment
 	log  *os.File
 	cmd  *exec.Cmd
 	done chan struct{}
@@ -62,6 +63,7 @@ type proc struct {
 func (p *proc) start(t *testing.T) {
 	t.Helper()
 	p.cmd = exec.Command(binary, p.args...)
+	p.cmd.Env = append(os.Environ(), p.env...)
 	p.cmd.Stdout, p.cmd.Stderr = p.log, p.log
 	p.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	if err := p.cmd.Start(); err != nil {
@@ -127,8 +129,7 @@ func newCluster(t *testing.T, agents int) *cluster {
 			"--heartbeat-interval", "500ms", "--heartbeat-ttl", "5s", "--log-level", "debug"))
 	}
 	for i := range agents {
-		cl.agents = append(cl.agents, cl.newProc(fmt.Sprintf("host-%d", i+1),
-			"agent", "--broker", strings.Join(cl.addrs, ","), "--simulate", "8xA100-80GB", "--host-id", fmt.Sprintf("host-%d", i+1)))
+		cl.agents = append(cl.agents, cl.newAgent(i))
 	}
 	for _, p := range append(cl.brokers, cl.agents...) {
 		p.start(t)
@@ -157,6 +158,22 @@ func newCluster(t *testing.T, agents int) *cluster {
 	return cl
 }
 
+// agentWatchdog are the agents' enforcement flags: short, so that tests
+// end quickly. Tests never assert how fast the agent is.
+var agentWatchdog = []string{"--watchdog-poll", "100ms", "--watchdog-grace", "500ms", "--kill-after", "1s", "--expiry-grace", "2s"}
+
+// newAgent returns (unstarted) the simulated agent of host-(i+1); its data
+// dir and simulation socket are under the cluster's dir.
+func (cl *cluster) newAgent(i int, extra ...string) *proc {
+	name := fmt.Sprintf("host-%d", i+1)
+	args := append([]string{"agent", "--broker", strings.Join(cl.addrs, ","), "--simulate", "8xA100-80GB", "--host-id", name,
+		"--data-dir", cl.agentDir(i), "--log-level", "debug"}, agentWatchdog...)
+	return cl.newProc(name, append(args, extra...)...)
+}
+
+// agentDir is host-(i+1)'s data dir.
+func (cl *cluster) agentDir(i int) string { return filepath.Join(cl.dir, fmt.Sprintf("host-%d", i+1)) }
+
 func tail(b []byte, n int) []byte {
 	if len(b) > n {
 		return b[len(b)-n:]
@@ -165,7 +182,7 @@ func tail(b []byte, n int) []byte {
 }
 
 func (cl *cluster) newProc(name string, args ...string) *proc {
-	f, err := os.Create(filepath.Join(cl.dir, name+".log"))
+	f, err := os.OpenFile(filepath.Join(cl.dir, name+".log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
 	if err != nil {
 		cl.t.Fatal(err)
 	}

@@ -1,0 +1,298 @@
+package cluster_test
+
+import (
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/gpupool/gpupool/agent/device"
+	gpupoolv1 "github.com/gpupool/gpupool/proto/gpupool/v1"
+)
+
+// leaseWorkload runs `sleep 600` as a process of lease id, as the
+// Kubernetes driver or the data plane would start it.
+type leaseWorkload struct {
+	cmd    *exec.Cmd
+	exited chan struct{}
+	at     time.Time
+}
+
+func startLeaseWorkload(t *testing.T, id string) *leaseWorkload {
+	t.Helper()
+	w := &leaseWorkload{cmd: exec.Command("sleep", "600"), exited: make(chan struct{})}
+	w.cmd.Env = append(os.Environ(), "GPUPOOL_LEASE_ID="+id)
+	if err := w.cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	go func() {
+		w.cmd.Wait()
+		w.at = time.Now()
+		close(w.exited)
+	}()
+	t.Cleanup(func() {
+		w.cmd.Process.Kill()
+		<-w.exited
+	})
+	return w
+}
+
+func (w *leaseWorkload) wait(t *testing.T, d time.Duration, why string) {
+	t.Helper()
+	select {
+	case <-w.exited:
+	case <-time.After(d):
+		t.Fatalf("the lease's process still runs after %s: %s", d, why)
+	}
+}
+
+func (cl *cluster) sim(i int) device.Simulator {
+	return device.DialSimControl(filepath.Join(cl.agentDir(i), "simulate.sock"))
+}
+
+func (cl *cluster) getLease(id string) *gpupoolv1.Lease {
+	cl.t.Helper()
+	r, err := cl.c.Lease.Get(ctxFor(cl.t, 10*time.Second), &gpupoolv1.GetLeaseRequest{LeaseId: id})
+	if err != nil {
+		cl.t.Fatal(err)
+	}
+	return r.Lease
+}
+
+func TestAgentWithoutNVMLReportsNoGPUsAndStaysUp(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts real processes")
+	}
+	cl := newCluster(t, 0)
+	p := cl.newProc("nvml-host", "agent", "--broker", strings.Join(cl.addrs, ","), "--host-id", "nvml-host",
+		"--data-dir", filepath.Join(cl.dir, "nvml-host"))
+	p.start(t)
+	cl.waitForHosts(1)
+	// Two fresh heartbeats a while apart: the agent is still up and talking.
+	for range 2 {
+		eventually(t, "a fresh heartbeat from nvml-host", 20*time.Second, func() error {
+			h, err := cl.c.Pool.GetHost(ctxFor(t, 5*time.Second), &gpupoolv1.GetHostRequest{HostId: "nvml-host"})
+			if err != nil {
+				return err
+			}
+			if age := h.Host.LastHeartbeatAgeMs; age < 0 || age > 1000 {
+				return fmt.Errorf("last heartbeat %d ms ago", age)
+			}
+			if len(h.Host.Devices) != 0 || !strings.Contains(h.Host.BackendNote, "libnvidia-ml.so.1 not found") {
+				return fmt.Errorf("devices %d, note %q: want none and why", len(h.Host.Devices), h.Host.BackendNote)
+			}
+			return nil
+		})
+		time.Sleep(1100 * time.Millisecond) // let the heartbeat age grow past a poll
+	}
+	if !p.running() {
+		t.Fatal("the agent exited")
+	}
+	out, _, code := gpupool(t, "host", "ls", "--addr="+strings.Join(cl.addrs, ","))
+	if code != 0 || !strings.Contains(out, "no GPUs: NVML library libnvidia-ml.so.1 not found") {
+		t.Fatalf("host ls (exit %d) does not say why nvml-host has no GPUs:\n%s", code, out)
+	}
+	log, _ := os.ReadFile(p.log.Name())
+	if n := strings.Count(string(log), "libnvidia-ml.so.1 not found"); n != 1 {
+		t.Fatalf("the agent's log says why %d times, want once:\n%s", n, log)
+	}
+}
+
+func TestAgentEnforcesALeaseThroughARestartAndReportsTheViolation(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts real processes")
+	}
+	cl := newCluster(t, 1)
+	acq, err := cl.c.Lease.Acquire(ctxFor(t, 10*time.Second), fractional(1024, 10, "enforce-1"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	l := acq.Lease
+	gpu := int(l.Slices[0].DeviceIndex)
+	if iso := l.Slices[0].Isolation; iso != gpupoolv1.Isolation_ISOLATION_WATCHDOG {
+		t.Fatalf("isolation on a host without MPS: got %v, want watchdog", iso)
+	}
+	ka, err := cl.c.Lease.KeepAlive(ctxFor(t, 2*time.Minute))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := ka.Send(&gpupoolv1.KeepAliveRequest{LeaseId: l.Id}); err != nil {
+		t.Fatal(err)
+	}
+	events := make(chan *gpupoolv1.LeaseEvent, 16)
+	go func() {
+		for {
+			r, err := ka.Recv()
+			if err != nil {
+				close(events)
+				return
+			}
+			if r.Event != nil {
+				events <- r.Event
+			}
+		}
+	}()
+
+	w := startLeaseWorkload(t, l.Id)
+	if err := cl.sim(0).SetProcess(gpu, w.cmd.Process.Pid, 512); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "lease get shows the agent's usage", 20*time.Second, func() error {
+		u := cl.getLease(l.Id).Usage
+		if len(u) != 1 || u[0].Slices[0].MemoryUsedMib != 512 || u[0].Slices[0].Processes != 1 {
+			return fmt.Errorf("usage %v", u)
+		}
+		return nil
+	})
+	out, _, code := gpupool(t, "lease", "get", l.Id, "--addr="+strings.Join(cl.addrs, ","))
+	if code != 0 || !strings.Contains(out, "watchdog") || !strings.Contains(out, "512 MiB") {
+		t.Fatalf("lease get (exit %d) lacks the isolation and usage:\n%s", code, out)
+	}
+
+	// kill -9 the agent and start it again: it resumes from its data dir.
+	cl.agents[0].signal(t, syscall.SIGKILL)
+	cl.agents[0].start(t)
+	eventually(t, "the restarted agent resumed the lease", 20*time.Second, func() error {
+		b, _ := os.ReadFile(cl.agents[0].log.Name())
+		if !strings.Contains(string(b), "resumed lease from the data dir") {
+			return fmt.Errorf("not in its log yet")
+		}
+		return nil
+	})
+
+	start := time.Now()
+	if err := cl.sim(0).SetProcess(gpu, w.cmd.Process.Pid, 4096); err != nil {
+		t.Fatal(err)
+	}
+	w.wait(t, 20*time.Second, "it used 4 GiB of a 1 GiB slice")
+	t.Logf("over-quota process stopped %s after it went over (poll 100ms, grace 500ms, kill after 1s)", w.at.Sub(start).Round(time.Millisecond))
+	deadline := time.After(20 * time.Second)
+	for got := false; !got; {
+		select {
+		case ev, ok := <-events:
+			if !ok {
+				t.Fatal("keepalive stream ended before the violation")
+			}
+			got = ev.Type == gpupoolv1.LeaseEventType_LEASE_EVENT_TYPE_VIOLATION && strings.Contains(ev.Message, "4 GiB")
+		case <-deadline:
+			t.Fatal("the holder never heard of the violation")
+		}
+	}
+	if got := cl.getLease(l.Id); got.Violations != 1 || got.State != gpupoolv1.LeaseState_LEASE_STATE_GRANTED {
+		t.Fatalf("lease after the violation: %d violations, %v; want 1 and still granted", got.Violations, got.State)
+	}
+}
+
+func TestXidMakesAGPUUnhealthyAndNewLeasesAvoidIt(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts real processes")
+	}
+	cl := newCluster(t, 1)
+	sim := cl.sim(0)
+	if err := sim.InjectXid(1, 13); err != nil { // an application error: ignored
+		t.Fatal(err)
+	}
+	if err := sim.InjectXid(0, 79); err != nil { // fallen off the bus
+		t.Fatal(err)
+	}
+	eventually(t, "GPU 0 unhealthy at the broker", 20*time.Second, func() error {
+		for _, d := range cl.devices() {
+			if d.Index == 0 && d.Health == gpupoolv1.DeviceHealth_DEVICE_HEALTH_UNHEALTHY && d.HealthReason == "Xid 79" {
+				return nil
+			}
+		}
+		return fmt.Errorf("GPU 0 still healthy")
+	})
+	for _, d := range cl.devices() {
+		if d.Index != 0 && d.Health != gpupoolv1.DeviceHealth_DEVICE_HEALTH_HEALTHY {
+			t.Fatalf("GPU %d is %v (%s), want healthy: Xid 13 is an application error", d.Index, d.Health, d.HealthReason)
+		}
+	}
+	var used []int32
+	for i := range 7 {
+		r, err := cl.c.Lease.Acquire(ctxFor(t, 10*time.Second), &gpupoolv1.AcquireRequest{Request: &gpupoolv1.LeaseRequest{
+			Count: 1, Exclusive: true, TtlMs: 600_000, RequestId: fmt.Sprintf("whole-%d", i)}})
+		if err != nil {
+			t.Fatalf("whole GPU %d of the 7 healthy ones: %v", i+1, err)
+		}
+		used = append(used, r.Lease.Slices[0].DeviceIndex)
+	}
+	if slices.Contains(used, 0) {
+		t.Fatalf("a new lease got the unhealthy GPU 0: %v", used)
+	}
+	_, err := cl.c.Lease.Acquire(ctxFor(t, 10*time.Second), &gpupoolv1.AcquireRequest{Request: &gpupoolv1.LeaseRequest{
+		Count: 1, Exclusive: true, TtlMs: 600_000, RequestId: "whole-8"}})
+	if err == nil || !strings.Contains(err.Error(), "unhealthy") {
+		t.Fatalf("an 8th whole GPU: got %v, want a refusal naming the unhealthy GPU", err)
+	}
+	out, _, _ := gpupool(t, "host", "ls", "--addr="+strings.Join(cl.addrs, ","))
+	if !strings.Contains(out, "1 unhealthy: Xid 79") || !strings.Contains(out, "nvlink 8, pcie 4") {
+		t.Fatalf("host ls lacks health or topology:\n%s", out)
+	}
+}
+
+// fakeMPSControl is a stand-in for nvidia-cuda-mps-control that records
+// each call: its arguments, the MPS environment and its stdin.
+const fakeMPSControl = `#!/bin/sh
+log="$(dirname "$0")/mps.log"
+if [ "$1" = "-d" ]; then
+  echo "-d CUDA_VISIBLE_DEVICES=$CUDA_VISIBLE_DEVICES pipe=$(basename "$(dirname "$CUDA_MPS_PIPE_DIRECTORY")")" >> "$log"
+  exit 0
+fi
+while read -r line; do
+  echo "$line CUDA_VISIBLE_DEVICES=$CUDA_VISIBLE_DEVICES" >> "$log"
+done
+`
+
+func TestMPSDaemonFollowsTheGPUsSharedLeases(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts real processes")
+	}
+	cl := newCluster(t, 0)
+	bin := t.TempDir()
+	if err := os.WriteFile(filepath.Join(bin, "nvidia-cuda-mps-control"), []byte(fakeMPSControl), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	p := cl.newAgent(0, "--mps", "on")
+	p.env = []string{"PATH=" + bin + ":" + os.Getenv("PATH")}
+	cl.agents = append(cl.agents, p)
+	p.start(t)
+	cl.waitForHosts(1)
+
+	a, err := cl.c.Lease.Acquire(ctxFor(t, 10*time.Second), fractional(1024, 10, "mps-1"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := cl.c.Lease.Acquire(ctxFor(t, 10*time.Second), fractional(1024, 10, "mps-2"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	uuid := a.Lease.Slices[0].Device
+	if b.Lease.Slices[0].Device != uuid || a.Lease.Slices[0].Isolation != gpupoolv1.Isolation_ISOLATION_MPS {
+		t.Fatalf("want both leases binpacked on one GPU with MPS isolation, got %v and %v", a.Lease.Slices, b.Lease.Slices)
+	}
+	logFile := filepath.Join(bin, "mps.log")
+	wantLog := func(want ...string) {
+		t.Helper()
+		eventually(t, fmt.Sprintf("the MPS calls %q", want), 20*time.Second, func() error {
+			b, _ := os.ReadFile(logFile)
+			if got := strings.Split(strings.TrimSpace(string(b)), "\n"); !slices.Equal(got, want) {
+				return fmt.Errorf("got %q", got)
+			}
+			return nil
+		})
+	}
+	start := "-d CUDA_VISIBLE_DEVICES=" + uuid + " pipe=" + uuid
+	wantLog(start)
+	for _, l := range []*gpupoolv1.Lease{a.Lease, b.Lease} {
+		if _, err := cl.c.Lease.Release(ctxFor(t, 10*time.Second), &gpupoolv1.ReleaseRequest{LeaseId: l.Id}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	wantLog(start, "quit CUDA_VISIBLE_DEVICES="+uuid)
+}
