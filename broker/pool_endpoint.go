@@ -146,6 +146,9 @@ func (e poolService) Status(ctx context.Context, req *gpupoolv1.StatusRequest) (
 			resp.AllocatedMemoryMib += d.AllocatedMemoryMib
 			resp.ComputePercent += 100
 			resp.AllocatedComputePercent += int64(d.AllocatedComputePercent)
+			if d.Health == gpupoolv1.DeviceHealth_DEVICE_HEALTH_UNHEALTHY {
+				resp.GpusUnhealthy++
+			}
 			if !usable || d.Health == gpupoolv1.DeviceHealth_DEVICE_HEALTH_UNHEALTHY {
 				continue
 			}

@@ -20,6 +20,26 @@ func TestAgentCommandRefusesBadInput(t *testing.T) {
 		{"negative host memory", with("--host-memory", "-1"), []string{"--host-memory -1", "0 or more"}},
 		{"an empty broker list", []string{"agent", "--broker", " , ", "--simulate", "1xA100-80GB"}, []string{"--broker is empty"}},
 		{"a positional argument", with("extra"), []string{"takes no arguments", `"extra"`}},
+		{"an unknown --mps mode", with("--mps", "maybe"), []string{`--mps "maybe"`, "auto, on or off"}},
+		{"--mps on without the binary", append(with("--mps", "on"), "--data-dir", "/nonexistent"), []string{"--mps on", "nvidia-cuda-mps-control is not on PATH"}},
+		{"a zero watchdog poll", with("--watchdog-poll", "0s"), []string{"--watchdog-poll 0s", "must be positive"}},
+		{"a negative grace", with("--watchdog-grace", "-1s"), []string{"--watchdog-grace -1s", "must be positive"}},
+		{"a zero kill-after", with("--kill-after", "0s"), []string{"--kill-after 0s"}},
+		{"a zero expiry grace", with("--expiry-grace", "0s"), []string{"--expiry-grace 0s"}},
+		{"an empty data dir", with("--data-dir", ""), []string{"--data-dir is empty"}},
+		{"a control socket without simulation", []string{"agent", "--broker", "127.0.0.1:1", "--sim-control", "/tmp/x.sock"}, []string{"--sim-control needs --simulate"}},
+		{"an unknown flag", with("--watchdog", "1s"), []string{"unknown flag: --watchdog"}},
+	})
+}
+
+func TestAgentSimulateRefusesBadInput(t *testing.T) {
+	sock := filepath.Join(t.TempDir(), "absent.sock")
+	checkUsageErrors(t, []usageCase{
+		{"no socket", []string{"agent", "simulate", "lost"}, []string{"--socket is required"}},
+		{"a process without a pid", []string{"agent", "simulate", "--socket", sock, "process", "--memory", "1GiB"}, []string{"--pid 0", "positive"}},
+		{"a process with a bad size", []string{"agent", "simulate", "--socket", sock, "process", "--pid", "1", "--memory", "lots"}, []string{"--memory", "lots"}},
+		{"an Xid without a code", []string{"agent", "simulate", "--socket", sock, "xid", "--gpu", "1"}, []string{"--code is required"}},
+		{"an unknown subcommand", []string{"agent", "simulate", "--socket", sock, "melt"}, []string{"melt"}},
 	})
 }
 

@@ -193,6 +193,41 @@ func TestPrintLeaseTable(t *testing.T) {
 	}
 }
 
+func TestPrintLeaseShowsIsolationUsageAndViolations(t *testing.T) {
+	l := sampleLease()
+	l.Slices[0].Isolation = gpupoolv1.Isolation_ISOLATION_MPS
+	l.Slices[1].Isolation = gpupoolv1.Isolation_ISOLATION_EXCLUSIVE
+	l.Violations, l.LastViolation = 2, "used 30 GiB of memory on GPU 0, over its slice of 20 GiB for 2s"
+	l.Usage = []*gpupoolv1.LeaseUsage{{Host: "host-1", LeaseId: "l-123", Slices: []*gpupoolv1.SliceUsage{
+		{Device: "GPU-aaaa", MemoryUsedMib: 12288, UtilizationPercent: 40, Processes: 3}}}}
+	var buf bytes.Buffer
+	if err := printLease(&buf, l); err != nil {
+		t.Fatal(err)
+	}
+	out := buf.String()
+	for _, want := range []string{
+		"VIOLATIONS     2, last: used 30 GiB of memory on GPU 0",
+		"MEMORY  COMPUTE    ISOLATION  USED    UTIL  PROCS",
+		"20 GiB  25%        mps        12 GiB  40%   3",
+		"80 GiB  exclusive  exclusive  -       -     -",
+	} {
+		if !strings.Contains(out, want) {
+			t.Errorf("printLease output lacks %q:\n%s", want, out)
+		}
+	}
+	if strings.Contains(out, "none reported yet") {
+		t.Errorf("printLease says no usage was reported, but one was:\n%s", out)
+	}
+	l.Usage = nil
+	buf.Reset()
+	if err := printLease(&buf, l); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(buf.String(), "none reported yet") {
+		t.Errorf("printLease of a lease without usage does not say why USED is empty:\n%s", buf.String())
+	}
+}
+
 func TestPrintLeaseJSONIsTheLeaseWithProtoFieldNames(t *testing.T) {
 	setOutput(t, "json")
 	var buf bytes.Buffer

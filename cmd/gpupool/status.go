@@ -52,7 +52,9 @@ func percentOf(part, total int64) string {
 	return strconv.FormatFloat(float64(part)*100/float64(total), 'f', 1, 64) + "%"
 }
 
-// printStatus prints the pool totals, then one row per GPU model.
+// printStatus prints the pool totals, then one row per GPU model. The
+// model rows count only GPUs that can take leases: healthy, on ready and
+// eligible hosts.
 func printStatus(w io.Writer, s *gpupoolv1.StatusResponse) error {
 	leader := orDash(s.GetLeaderId())
 	if s.GetLeaderAddress() != "" {
@@ -61,7 +63,11 @@ func printStatus(w io.Writer, s *gpupoolv1.StatusResponse) error {
 	kv := newTable(w, "LEADER", leader)
 	kv.row("ANSWERED BY", fmt.Sprintf("%s at index %d", orDash(s.GetServerId()), s.GetAppliedIndex()))
 	kv.row("HOSTS", fmt.Sprintf("%d (%d ready, %d down, %d ineligible)", s.GetHosts(), s.GetHostsReady(), s.GetHostsDown(), s.GetHostsIneligible()))
-	kv.row("GPUS", s.GetGpus())
+	gpus := fmt.Sprint(s.GetGpus())
+	if n := s.GetGpusUnhealthy(); n > 0 {
+		gpus += fmt.Sprintf(" (%d unhealthy: see 'gpupool host ls')", n)
+	}
+	kv.row("GPUS", gpus)
 	kv.row("MEMORY", fmt.Sprintf("%s of %s allocated (%s)", quantity.FormatMiB(s.GetAllocatedMemoryMib()),
 		quantity.FormatMiB(s.GetMemoryMib()), percentOf(s.GetAllocatedMemoryMib(), s.GetMemoryMib())))
 	kv.row("COMPUTE", fmt.Sprintf("%d%% of %d%% allocated (%s)", s.GetAllocatedComputePercent(),

@@ -17,7 +17,7 @@ func TestStatusRefusesBadInput(t *testing.T) {
 
 func TestPrintStatus(t *testing.T) {
 	s := &gpupoolv1.StatusResponse{
-		Hosts: 3, HostsReady: 2, HostsDown: 1, Gpus: 8,
+		Hosts: 3, HostsReady: 2, HostsDown: 1, Gpus: 8, GpusUnhealthy: 1,
 		MemoryMib: 655360, AllocatedMemoryMib: 163840, ComputePercent: 800, AllocatedComputePercent: 200,
 		LeasesByState: map[string]int32{"LEASE_STATE_RELEASING": 1, "granted": 3},
 		LeaderId:      "b1", LeaderAddress: "127.0.0.1:7641", ServerId: "b2", AppliedIndex: 77,
@@ -33,6 +33,7 @@ func TestPrintStatus(t *testing.T) {
 		"LEADER       b1 (127.0.0.1:7641)",
 		"ANSWERED BY  b2 at index 77",
 		"HOSTS        3 (2 ready, 1 down, 0 ineligible)",
+		"GPUS         8 (1 unhealthy: see 'gpupool host ls')",
 		"MEMORY       160 GiB of 640 GiB allocated (25.0%)",
 		"COMPUTE      200% of 800% allocated (25.0%)",
 		"LEASES       granted 3, releasing 1",

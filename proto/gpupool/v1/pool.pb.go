@@ -481,8 +481,10 @@ type StatusResponse struct {
 	AppliedIndex            uint64                 `protobuf:"varint,13,opt,name=applied_index,json=appliedIndex,proto3" json:"applied_index,omitempty"`
 	ServerId                string                 `protobuf:"bytes,14,opt,name=server_id,json=serverId,proto3" json:"server_id,omitempty"`
 	HostsIneligible         int32                  `protobuf:"varint,15,opt,name=hosts_ineligible,json=hostsIneligible,proto3" json:"hosts_ineligible,omitempty"`
-	unknownFields           protoimpl.UnknownFields
-	sizeCache               protoimpl.SizeCache
+	// GPUs an Xid, a double-bit ECC error or GPU-lost made unhealthy.
+	GpusUnhealthy int32 `protobuf:"varint,16,opt,name=gpus_unhealthy,json=gpusUnhealthy,proto3" json:"gpus_unhealthy,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *StatusResponse) Reset() {
@@ -620,6 +622,13 @@ func (x *StatusResponse) GetHostsIneligible() int32 {
 	return 0
 }
 
+func (x *StatusResponse) GetGpusUnhealthy() int32 {
+	if x != nil {
+		return x.GpusUnhealthy
+	}
+	return 0
+}
+
 var File_gpupool_v1_pool_proto protoreflect.FileDescriptor
 
 const file_gpupool_v1_pool_proto_rawDesc = "" +
@@ -653,7 +662,7 @@ const file_gpupool_v1_pool_proto_rawDesc = "" +
 	"\x14allocated_memory_mib\x18\x05 \x01(\x03R\x12allocatedMemoryMib\x12'\n" +
 	"\x0fcompute_percent\x18\x06 \x01(\x03R\x0ecomputePercent\x12:\n" +
 	"\x19allocated_compute_percent\x18\a \x01(\x03R\x17allocatedComputePercent\x125\n" +
-	"\x17largest_free_memory_mib\x18\b \x01(\x03R\x14largestFreeMemoryMib\"\xad\x05\n" +
+	"\x17largest_free_memory_mib\x18\b \x01(\x03R\x14largestFreeMemoryMib\"\xd4\x05\n" +
 	"\x0eStatusResponse\x12\x14\n" +
 	"\x05hosts\x18\x01 \x01(\x05R\x05hosts\x12\x1f\n" +
 	"\vhosts_ready\x18\x02 \x01(\x05R\n" +
@@ -673,7 +682,8 @@ const file_gpupool_v1_pool_proto_rawDesc = "" +
 	"\x0eleader_address\x18\f \x01(\tR\rleaderAddress\x12#\n" +
 	"\rapplied_index\x18\r \x01(\x04R\fappliedIndex\x12\x1b\n" +
 	"\tserver_id\x18\x0e \x01(\tR\bserverId\x12)\n" +
-	"\x10hosts_ineligible\x18\x0f \x01(\x05R\x0fhostsIneligible\x1a@\n" +
+	"\x10hosts_ineligible\x18\x0f \x01(\x05R\x0fhostsIneligible\x12%\n" +
+	"\x0egpus_unhealthy\x18\x10 \x01(\x05R\rgpusUnhealthy\x1a@\n" +
 	"\x12LeasesByStateEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\x05R\x05value:\x028\x012\xac\x02\n" +
