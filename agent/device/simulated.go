@@ -91,7 +91,7 @@ func ParseSpec(spec string) ([]SimGroup, error) {
 //   - consecutive pairs of GPUs share a PCIe root (pcie-0, pcie-1, ...);
 //   - the first half of the GPUs is on NUMA node 0, the rest on node 1;
 //   - no process runs, utilisation is 0 and the GPUs are healthy.
-func NewSimulated(spec, hostID string) (Backend, error) {
+func NewSimulated(spec, hostID string, opts ...SimOption) (Backend, error) {
 	groups, err := ParseSpec(spec)
 	if err != nil {
 		return nil, err
@@ -165,6 +165,9 @@ func NewSimulated(spec, hostID string) (Backend, error) {
 		}
 	}
 	sim := newSimulator(srv)
+	for _, o := range opts {
+		o(sim)
+	}
 	ret := srv.Init()
 	if ret != nvml.SUCCESS {
 		return nil, fmt.Errorf("device: init mock NVML: %w", ret)

@@ -1,8 +1,11 @@
 package device
 
 import (
+	"bytes"
 	"fmt"
 	"math"
+	"os"
+	"strconv"
 	"sync"
 	"time"
 
@@ -52,12 +55,21 @@ const maxPID = 1 << 22
 const simEventTypes = nvml.EventTypeSingleBitEccError | nvml.EventTypeDoubleBitEccError |
 	nvml.EventTypePState | nvml.EventTypeXidCriticalError | nvml.EventTypeClock
 
+// SimOption changes how simulated GPUs behave.
+type SimOption func(*simulator)
+
+// SimReapExited makes a simulated process's GPU memory go away when the
+// process exits, as CUDA frees a context with its process. Without it
+// (for tests with made-up pids) processes stay until removed.
+func SimReapExited() SimOption { return func(s *simulator) { s.reap = true } }
+
 // simulator holds the live state of a mock server's GPUs and answers the
 // server's queries about it.
 type simulator struct {
 	devices  []nvml.Device // the server's, by index
 	totalMiB []int64       // memory of each device
 	lost     chan struct{} // closed by LoseGPUs, under mu
+	reap     bool          // drop processes that exited (SimReapExited)
 
 	mu    sync.Mutex
 	procs []map[int]int64       // guarded by mu; per device, MiB used by pid
@@ -268,6 +280,7 @@ func (s *simulator) usedMiB(device int) int64 {
 }
 
 func (s *simulator) usedMiBLocked(device int) int64 {
+	s.reapLocked(device)
 	var sum int64
 	for _, mib := range s.procs[device] {
 		sum += mib
@@ -275,11 +288,35 @@ func (s *simulator) usedMiBLocked(device int) int64 {
 	return sum
 }
 
+// reapLocked forgets device's processes that exited, with SimReapExited.
+func (s *simulator) reapLocked(device int) {
+	if !s.reap {
+		return
+	}
+	for pid := range s.procs[device] {
+		if !processRuns(pid) {
+			delete(s.procs[device], pid)
+		}
+	}
+}
+
+// processRuns reports whether pid is a live process (not a zombie).
+func processRuns(pid int) bool {
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	if err != nil {
+		return false
+	}
+	// The state follows the command name, which is in parentheses.
+	i := bytes.LastIndexByte(b, ')')
+	return i < 0 || i+2 >= len(b) || b[i+2] != 'Z'
+}
+
 // processes lists device's processes as NVML does for a GPU without MIG,
 // in no particular order.
 func (s *simulator) processes(device int) []nvml.ProcessInfo {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	s.reapLocked(device)
 	out := make([]nvml.ProcessInfo, 0, len(s.procs[device]))
 	for pid, mib := range s.procs[device] {
 		out = append(out, nvml.ProcessInfo{

@@ -2,6 +2,7 @@ package device
 
 import (
 	"fmt"
+	"os/exec"
 	"sync"
 	"testing"
 )
@@ -114,5 +115,36 @@ func TestSimulatorIsSafeForConcurrentUse(t *testing.T) {
 		if e := w.next(t); e.Xid != 13 {
 			t.Fatalf("got %+v, want Xid 13", e)
 		}
+	}
+}
+
+func TestSimReapExitedFreesTheMemoryOfProcessesThatExited(t *testing.T) {
+	b, err := NewSimulated("1xA100-80GB", "host-a", SimReapExited())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { b.Close() })
+	cmd := exec.Command("sleep", "600")
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	sim := b.(Simulator)
+	if err := sim.SetProcess(0, cmd.Process.Pid, 1024); err != nil {
+		t.Fatal(err)
+	}
+	used := func() int64 {
+		s, err := b.Sample()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return s[0].MemoryUsedMiB
+	}
+	if got := used(); got != 1024 {
+		t.Fatalf("while the process runs: %d MiB used, want 1024", got)
+	}
+	cmd.Process.Kill()
+	cmd.Wait()
+	if got := used(); got != 0 {
+		t.Fatalf("after the process exited: %d MiB used, want 0", got)
 	}
 }

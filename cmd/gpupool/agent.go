@@ -175,7 +175,7 @@ func runAgent(cmd *cobra.Command, o agentOpts) error {
 
 	var backend device.Backend
 	if cmd.Flags().Changed("simulate") {
-		if backend, err = device.NewSimulated(o.simulate, hostID); err != nil {
+		if backend, err = device.NewSimulated(o.simulate, hostID, device.SimReapExited()); err != nil {
 			return usagef("--simulate %v", err)
 		}
 	} else {
