@@ -477,3 +477,62 @@ func hasMetric(families []*dto.MetricFamily, name string, labels map[string]stri
 	}
 	return false
 }
+
+func TestHealthEventsReachTheBrokerInHeartbeats(t *testing.T) {
+	lastDevices := func(f *fakeBroker) []*gpupoolv1.DeviceReport {
+		if len(f.heartbeats) == 0 {
+			return nil
+		}
+		return f.heartbeats[len(f.heartbeats)-1].Devices
+	}
+	sick := func(ds []*gpupoolv1.DeviceReport) (n int, reasons []string) {
+		for _, d := range ds {
+			if d.Health == gpupoolv1.DeviceHealth_DEVICE_HEALTH_UNHEALTHY {
+				n++
+				if !slices.Contains(reasons, d.HealthReason) {
+					reasons = append(reasons, d.HealthReason)
+				}
+			}
+		}
+		return n, reasons
+	}
+	for _, tc := range []struct {
+		name        string
+		inject      func(device.Simulator) error
+		wantSick    int
+		wantReasons []string
+	}{
+		{"an application Xid changes nothing", func(s device.Simulator) error { return s.InjectXid(1, 43) }, 0, nil},
+		{"a single-bit ECC error changes nothing", func(s device.Simulator) error { return s.InjectECC(1, false) }, 0, nil},
+		{"Xid 79 makes its GPU unhealthy", func(s device.Simulator) error { return s.InjectXid(1, 79) }, 1, []string{"Xid 79"}},
+		{"a double-bit ECC error makes its GPU unhealthy", func(s device.Simulator) error { return s.InjectECC(2, true) }, 1, nil},
+		{"GPU lost makes every GPU unhealthy", func(s device.Simulator) error { return s.LoseGPUs() }, 8, []string{"GPU is lost"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			f := newFakeBroker(10 * time.Millisecond)
+			addr, _ := serveFake(t, f, "127.0.0.1:0")
+			cfg := testConfig(t, addr)
+			startAgent(t, cfg)
+			f.waitFor(t, "a heartbeat", func() bool { return len(f.heartbeats) > 0 })
+			if err := tc.inject(simulator(t, cfg.Backend)); err != nil {
+				t.Fatal(err)
+			}
+			// A marker event after the injected one: once it shows, the
+			// injected one was handled.
+			if tc.wantSick == 0 {
+				if err := simulator(t, cfg.Backend).InjectXid(7, 94); err != nil {
+					t.Fatal(err)
+				}
+				f.waitFor(t, "the marker Xid on GPU 7", func() bool { n, _ := sick(lastDevices(f)); return n > 0 })
+				if n, reasons := sick(lastDevices(f)); n != 1 || reasons[0] != "Xid 94" {
+					t.Fatalf("unhealthy: %d %v, want only the marker GPU 7", n, reasons)
+				}
+				return
+			}
+			f.waitFor(t, "unhealthy GPUs in a heartbeat", func() bool { n, _ := sick(lastDevices(f)); return n == tc.wantSick })
+			if _, reasons := sick(lastDevices(f)); tc.wantReasons != nil && !slices.Equal(reasons, tc.wantReasons) {
+				t.Fatalf("reasons %v, want %v", reasons, tc.wantReasons)
+			}
+		})
+	}
+}

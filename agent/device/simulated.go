@@ -47,19 +47,50 @@ func SimModels() []string {
 type SimGroup struct {
 	Count int    // 1..MaxSimCount
 	Model string // one of SimModels, in its canonical spelling
+	// NVLink is how many consecutive GPUs of the part share an NVLink
+	// domain (0: none, PCIe only); PCIe how many share a PCIe root.
+	NVLink, PCIe int
 }
 
-// ParseSpec parses a simulation spec: comma-separated NxMODEL parts such
-// as "8xA100-80GB" or "4xA100-80GB,4xH100-80GB". Models are matched
-// without regard to case. An error names the offending part and what is
-// allowed, e.g. `"0xA100-80GB": count 0 must be between 1 and 64`.
+// Defaults of a spec part's topology: a DGX board.
+const (
+	defaultSimNVLink = nvlinkDomain
+	defaultSimPCIe   = 2
+)
+
+// ParseSpec parses a simulation spec: comma-separated parts
+// NxMODEL[:nvlink=K][:pcie=P] such as "8xA100-80GB",
+// "4xA100-80GB,4xH100-80GB" or "8xA100-40GB:nvlink=4:pcie=4". K GPUs in a
+// row share an NVLink domain (default 8; 0 for none), P GPUs in a row a
+// PCIe root (default 2). Models are matched without regard to case. An
+// error names the offending part and what is allowed, e.g.
+// `"0xA100-80GB": count 0 must be between 1 and 64`.
 func ParseSpec(spec string) ([]SimGroup, error) {
 	if strings.TrimSpace(spec) == "" {
-		return nil, fmt.Errorf("%q: want NxMODEL[,NxMODEL...], e.g. 8xA100-80GB", spec)
+		return nil, fmt.Errorf("%q: want NxMODEL[:nvlink=K][:pcie=P][,...], e.g. 8xA100-80GB", spec)
 	}
 	var out []SimGroup
 	for part := range strings.SplitSeq(spec, ",") {
 		part = strings.TrimSpace(part)
+		grp := SimGroup{NVLink: defaultSimNVLink, PCIe: defaultSimPCIe}
+		opts := strings.Split(part, ":")
+		for _, o := range opts[1:] {
+			k, v, _ := strings.Cut(o, "=")
+			n, err := strconv.Atoi(v)
+			switch {
+			case k == "nvlink" && err == nil && n >= 0 && n <= MaxSimCount:
+				grp.NVLink = n
+			case k == "pcie" && err == nil && n >= 1 && n <= MaxSimCount:
+				grp.PCIe = n
+			case k == "nvlink":
+				return nil, fmt.Errorf("%q: nvlink=%s: must be GPUs per NVLink domain, 0 (none) to %d", part, v, MaxSimCount)
+			case k == "pcie":
+				return nil, fmt.Errorf("%q: pcie=%s: must be GPUs per PCIe root, 1 to %d", part, v, MaxSimCount)
+			default:
+				return nil, fmt.Errorf("%q: option %q: must be nvlink=K or pcie=P", part, o)
+			}
+		}
+		part = opts[0]
 		x := strings.IndexAny(part, "xX")
 		if x <= 0 || x == len(part)-1 {
 			return nil, fmt.Errorf("%q: want NxMODEL, e.g. 8xA100-80GB", part)
@@ -76,7 +107,8 @@ func ParseSpec(spec string) ([]SimGroup, error) {
 		if i < 0 {
 			return nil, fmt.Errorf("%q: model %q: must be one of %s", part, model, strings.Join(SimModels(), ", "))
 		}
-		out = append(out, SimGroup{Count: count, Model: SimModels()[i]})
+		grp.Count, grp.Model = count, SimModels()[i]
+		out = append(out, grp)
 	}
 	return out, nil
 }
@@ -87,8 +119,9 @@ func ParseSpec(spec string) ([]SimGroup, error) {
 // health events. The host looks like a row of DGX boards:
 //   - UUIDs derive from hostID and the device index, so they are the same
 //     on every run for the same host and differ between hosts;
-//   - GPUs of the same spec part are NVLink peers in groups of 8;
-//   - consecutive pairs of GPUs share a PCIe root (pcie-0, pcie-1, ...);
+//   - GPUs of the same spec part are NVLink peers in groups of its
+//     nvlink= (8 by default), and share PCIe roots in groups of its pcie=
+//     (2 by default; pcie-0, pcie-1, ... in index order);
 //   - the first half of the GPUs is on NUMA node 0, the rest on node 1;
 //   - no process runs, utilisation is 0 and the GPUs are healthy.
 func NewSimulated(spec, hostID string, opts ...SimOption) (Backend, error) {
@@ -101,12 +134,18 @@ func NewSimulated(spec, hostID string, opts ...SimOption) (Backend, error) {
 	}
 	var (
 		configs []gpus.Config
-		domains []int // NVLink domain of each device
+		domains []int // NVLink domain of each device; -1 for none
+		roots   []int // PCIe root of each device
 	)
 	for g, grp := range groups {
 		for k := range grp.Count {
 			configs = append(configs, simModels[grp.Model])
-			domains = append(domains, g*(MaxSimCount/nvlinkDomain)+k/nvlinkDomain)
+			dom := -1
+			if grp.NVLink > 0 {
+				dom = g*MaxSimCount + k/grp.NVLink
+			}
+			domains = append(domains, dom)
+			roots = append(roots, g*MaxSimCount+k/grp.PCIe)
 		}
 	}
 	srv, err := server.New(
@@ -143,7 +182,7 @@ func NewSimulated(spec, hostID string, opts ...SimOption) (Backend, error) {
 			if !ok {
 				return nvml.P2P_STATUS_UNKNOWN, nvml.ERROR_INVALID_ARGUMENT
 			}
-			if caps == nvml.P2P_CAPS_INDEX_NVLINK && (i == j || domains[i] != domains[j]) {
+			if caps == nvml.P2P_CAPS_INDEX_NVLINK && (i == j || domains[i] < 0 || domains[i] != domains[j]) {
 				return nvml.P2P_STATUS_NOT_SUPPORTED, nvml.SUCCESS
 			}
 			return nvml.P2P_STATUS_OK, nvml.SUCCESS
@@ -155,7 +194,7 @@ func NewSimulated(spec, hostID string, opts ...SimOption) (Backend, error) {
 				return 0, nvml.ERROR_INVALID_ARGUMENT
 			case i == j:
 				return nvml.TOPOLOGY_INTERNAL, nvml.SUCCESS
-			case i/2 == j/2:
+			case roots[i] == roots[j]:
 				return nvml.TOPOLOGY_MULTIPLE, nvml.SUCCESS
 			case numa(i) == numa(j):
 				return nvml.TOPOLOGY_NODE, nvml.SUCCESS

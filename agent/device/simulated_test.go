@@ -1,6 +1,7 @@
 package device
 
 import (
+	"fmt"
 	"slices"
 	"strings"
 	"testing"
@@ -15,11 +16,15 @@ func TestParseSpec(t *testing.T) {
 		want    []SimGroup
 		wantErr string
 	}{
-		{name: "one group of eight", spec: "8xA100-80GB", want: []SimGroup{{8, "A100-80GB"}}},
-		{name: "two groups of different models", spec: "4xA100-80GB,4xH100-80GB", want: []SimGroup{{4, "A100-80GB"}, {4, "H100-80GB"}}},
-		{name: "spaces and lower case are accepted", spec: " 2xa100-40gb , 1Xh100-80GB ", want: []SimGroup{{2, "A100-40GB"}, {1, "H100-80GB"}}},
-		{name: "the largest count is accepted", spec: "64xA100-40GB", want: []SimGroup{{64, "A100-40GB"}}},
-		{name: "an empty spec is refused", spec: "", wantErr: `"": want NxMODEL[,NxMODEL...], e.g. 8xA100-80GB`},
+		{name: "one group of eight", spec: "8xA100-80GB", want: []SimGroup{{8, "A100-80GB", 8, 2}}},
+		{name: "two groups of different models", spec: "4xA100-80GB,4xH100-80GB", want: []SimGroup{{4, "A100-80GB", 8, 2}, {4, "H100-80GB", 8, 2}}},
+		{name: "spaces and lower case are accepted", spec: " 2xa100-40gb , 1Xh100-80GB ", want: []SimGroup{{2, "A100-40GB", 8, 2}, {1, "H100-80GB", 8, 2}}},
+		{name: "the largest count is accepted", spec: "64xA100-40GB", want: []SimGroup{{64, "A100-40GB", 8, 2}}},
+		{name: "topology options", spec: "8xA100-40GB:nvlink=4:pcie=4,2xH100-80GB:nvlink=0", want: []SimGroup{{8, "A100-40GB", 4, 4}, {2, "H100-80GB", 0, 2}}},
+		{name: "an empty spec is refused", spec: "", wantErr: `"": want NxMODEL[:nvlink=K][:pcie=P][,...], e.g. 8xA100-80GB`},
+		{name: "an unknown option is refused", spec: "8xA100-80GB:nvswitch=1", wantErr: `"8xA100-80GB:nvswitch=1": option "nvswitch=1": must be nvlink=K or pcie=P`},
+		{name: "a negative NVLink domain is refused", spec: "8xA100-80GB:nvlink=-1", wantErr: `"8xA100-80GB:nvlink=-1": nvlink=-1: must be GPUs per NVLink domain, 0 (none) to 64`},
+		{name: "a PCIe root of no GPUs is refused", spec: "8xA100-80GB:pcie=0", wantErr: `"8xA100-80GB:pcie=0": pcie=0: must be GPUs per PCIe root, 1 to 64`},
 		{name: "a zero count is refused", spec: "0xA100-80GB", wantErr: `"0xA100-80GB": count 0 must be between 1 and 64`},
 		{name: "a count above 64 is refused", spec: "8xA100-80GB,65xH100-80GB", wantErr: `"65xH100-80GB": count 65 must be between 1 and 64`},
 		{name: "an unknown model is refused", spec: "8xB200", wantErr: `"8xB200": model "B200": must be one of A100-40GB, A100-80GB, H100-80GB`},
@@ -179,6 +184,26 @@ func TestSimulatedNVLinkStaysWithinGroupsOfEight(t *testing.T) {
 	}
 	if devs[13].GetPcieRoot() != "pcie-6" {
 		t.Errorf("GPU 13 PCIe root = %q, want pcie-6", devs[13].GetPcieRoot())
+	}
+}
+
+func TestSimulatedTopologyFollowsTheSpec(t *testing.T) {
+	devs := simDevices(t, "8xA100-40GB:nvlink=4:pcie=4,2xH100-80GB:nvlink=0:pcie=1", "host-a")
+	peers := func(i int) int { return len(devs[i].GetNvlinkPeers()) }
+	for _, tc := range []struct {
+		name      string
+		got, want any
+	}{
+		{"GPU 0 links to the 3 others of its domain", peers(0), 3},
+		{"GPU 4 is in the second domain", slices.Contains(devs[4].GetNvlinkPeers(), devs[0].GetUuid()), false},
+		{"an H100 without NVLink", peers(8), 0},
+		{"GPUs 0-3 share a PCIe root", devs[3].GetPcieRoot(), devs[0].GetPcieRoot()},
+		{"GPU 4 starts the next root", devs[4].GetPcieRoot() == devs[3].GetPcieRoot(), false},
+		{"each H100 has a root of its own", devs[8].GetPcieRoot() == devs[9].GetPcieRoot(), false},
+	} {
+		if fmt.Sprint(tc.got) != fmt.Sprint(tc.want) {
+			t.Errorf("%s: got %v, want %v", tc.name, tc.got, tc.want)
+		}
 	}
 }
 

@@ -52,10 +52,10 @@ SIGTERM.
 
 GPUs come from NVML (libnvidia-ml.so.1). On a host without the library the
 agent still registers, with no GPUs, and says why. --simulate replaces NVML by
-simulated GPUs (go-nvml mock servers): SPEC is NxMODEL[,NxMODEL...], N from 1
-to 64, MODEL one of ` + strings.Join(device.SimModels(), ", ") + `. Simulated GPUs of one part
-share NVLink in groups of 8, pairs share a PCIe root, and their UUIDs derive
-from --host-id, so they are the same after a restart.
+simulated GPUs (go-nvml mock servers): SPEC is NxMODEL[:nvlink=K][:pcie=P]
+[,...], N from 1 to 64, MODEL one of ` + strings.Join(device.SimModels(), ", ") + `. K GPUs in a row of
+a part share an NVLink domain (default 8, 0 for none), P a PCIe root (default
+2). Their UUIDs derive from --host-id, so they are the same after a restart.
 
 Enforcement. A lease's processes are those whose environment carries
 GPUPOOL_LEASE_ID=<lease id>. Every --watchdog-poll the agent reads each GPU
@@ -93,7 +93,7 @@ first 12 characters of /etc/machine-id, else the hostname.`,
 	}
 	f := cmd.Flags()
 	f.StringVar(&o.brokers, "broker", "", "broker addresses, comma-separated (default $GPUPOOL_ADDR, else --addr)")
-	f.StringVar(&o.simulate, "simulate", "", "simulate GPUs instead of using NVML, e.g. 8xA100-80GB or 4xA100-80GB,4xH100-80GB")
+	f.StringVar(&o.simulate, "simulate", "", "simulate GPUs instead of using NVML, e.g. 8xA100-80GB, 4xA100-80GB,4xH100-80GB or 8xA100-40GB:nvlink=4:pcie=4")
 	f.StringVar(&o.hostID, "host-id", "", "stable id of this host (default: /etc/machine-id's first 12 characters, else the hostname)")
 	f.StringVar(&o.address, "address", "", "data-plane address (HOST:PORT) advertised to lease holders")
 	f.StringArrayVar(&o.labels, "label", nil, "host label as key=value; repeat for more")
