@@ -124,6 +124,10 @@ type Agent struct {
 	devices map[string]*gpupoolv1.Device // by uuid; set once by Run
 	health  health
 
+	// mpsMu orders starting MPS daemons for a new lease against stopping
+	// them after a teardown.
+	mpsMu sync.Mutex
+
 	// kickCh asks the heartbeat loop to send at once.
 	kickCh chan struct{}
 	// wg counts background stops and teardowns.

@@ -73,10 +73,15 @@ func (a *Agent) prepareErr(ctx context.Context, as *gpupoolv1.Assignment, now ti
 			return fmt.Errorf("slices[%d].isolation %v: must be exclusive, mps or watchdog", i, s.Isolation)
 		}
 	}
+	// Starting daemons and adding the lease is one step against a
+	// teardown's stopping them: a daemon is never stopped under a lease
+	// being added.
+	a.mpsMu.Lock()
+	defer a.mpsMu.Unlock()
 	var started []string
 	undo := func() {
 		for _, uuid := range started {
-			a.releaseMPS(uuid, as.LeaseId)
+			a.releaseMPSLocked(uuid, as.LeaseId)
 		}
 	}
 	for _, uuid := range mpsGPUs {
@@ -99,8 +104,14 @@ func (a *Agent) prepareErr(ctx context.Context, as *gpupoolv1.Assignment, now ti
 }
 
 // releaseMPS quits uuid's MPS daemon unless a lease other than leaseID
-// still uses it.
+// that is not torn down still uses it.
 func (a *Agent) releaseMPS(uuid, leaseID string) {
+	a.mpsMu.Lock()
+	defer a.mpsMu.Unlock()
+	a.releaseMPSLocked(uuid, leaseID)
+}
+
+func (a *Agent) releaseMPSLocked(uuid, leaseID string) {
 	if a.cfg.MPS == nil || a.leases.mpsInUse(uuid, leaseID) {
 		return
 	}
@@ -136,16 +147,18 @@ func (a *Agent) teardown(ctx context.Context, o teardownOrder) {
 		if ctx.Err() != nil {
 			return // the agent is stopping; the file stays and a restart resumes
 		}
+		if err := a.files.remove(id); err != nil {
+			a.log.Error("removing a lease's state file failed", "lease", id, "err", err)
+		}
+		a.procs.Untrack(id)
+		// Torn down first, so that of two leases of one GPU torn down
+		// together the last one sees the daemon unused and stops it.
+		a.leases.finishTeardown(id, o.confirm)
 		for _, s := range o.a.GetSlices() {
 			if s.Isolation == gpupoolv1.Isolation_ISOLATION_MPS {
 				a.releaseMPS(s.Device, id)
 			}
 		}
-		if err := a.files.remove(id); err != nil {
-			a.log.Error("removing a lease's state file failed", "lease", id, "err", err)
-		}
-		a.procs.Untrack(id)
-		a.leases.finishTeardown(id, o.confirm)
 		a.log.Info("lease torn down", "lease", id, "took", time.Since(start).Round(time.Millisecond))
 		a.kick()
 	}()
