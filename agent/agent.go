@@ -118,11 +118,18 @@ type Agent struct {
 	cfg Config
 	log *slog.Logger
 
-	leases  *leaseTable
-	files   *leaseFiles
-	procs   *workload.Table
-	devices map[string]*gpupoolv1.Device // by uuid; set once by Run
+	leases *leaseTable
+	files  *leaseFiles
+	procs  *workload.Table
+	// devices are the host's GPUs, by uuid and in index order; read-only
+	// after New.
+	devices map[string]*gpupoolv1.Device
+	byIndex []*gpupoolv1.Device
 	health  health
+
+	// runCtx is Run's context: background stops and teardowns run under
+	// it. Set once by Run before anything uses it.
+	runCtx context.Context
 
 	// mpsMu orders starting MPS daemons for a new lease against stopping
 	// them after a teardown.
@@ -155,14 +162,24 @@ func New(cfg Config) (*Agent, error) {
 	if err != nil {
 		return nil, err
 	}
+	devices, err := cfg.Backend.Devices()
+	if err != nil {
+		return nil, fmt.Errorf("agent: list GPUs with the %s backend: %w", cfg.Backend.Name(), err)
+	}
+	byUUID := make(map[string]*gpupoolv1.Device, len(devices))
+	for _, d := range devices {
+		byUUID[d.Uuid] = d
+	}
 	return &Agent{
-		cfg:    cfg,
-		log:    log.With("host", cfg.HostID),
-		leases: newLeaseTable(),
-		files:  files,
-		procs:  workload.NewTable(cfg.ProcRoot),
-		health: health{sick: map[string]string{}},
-		kickCh: make(chan struct{}, 1),
+		devices: byUUID,
+		byIndex: devices,
+		cfg:     cfg,
+		log:     log.With("host", cfg.HostID),
+		leases:  newLeaseTable(),
+		files:   files,
+		procs:   workload.NewTable(cfg.ProcRoot),
+		health:  health{sick: map[string]string{}},
+		kickCh:  make(chan struct{}, 1),
 	}, nil
 }
 
@@ -187,22 +204,16 @@ func (a *Agent) kick() {
 // it cannot start: the backend fails to list the GPUs or the data dir
 // cannot be read. Run must not be called twice.
 func (a *Agent) Run(ctx context.Context) error {
-	devices, err := a.cfg.Backend.Devices()
-	if err != nil {
-		return fmt.Errorf("agent: list GPUs with the %s backend: %w", a.cfg.Backend.Name(), err)
-	}
-	a.devices = make(map[string]*gpupoolv1.Device, len(devices))
-	for _, d := range devices {
-		a.devices[d.Uuid] = d
-	}
-	if err := a.resume(ctx); err != nil {
-		return err
-	}
+	devices := a.byIndex
 	ctx, cancel := context.WithCancel(ctx)
+	a.runCtx = ctx
 	defer func() {
 		cancel()
 		a.wg.Wait()
 	}()
+	if err := a.resume(ctx); err != nil {
+		return err
+	}
 	a.wg.Add(2)
 	go func() {
 		defer a.wg.Done()
@@ -291,16 +302,13 @@ func (a *Agent) resume(ctx context.Context) error {
 			"file", q.File, "moved_to", q.MovedTo, "err", q.Err)
 	}
 	for _, rec := range recs {
-		if err := a.prepareErr(ctx, rec.Assignment, time.Now()); err != nil {
-			a.log.Error("cannot resume a lease from the data dir; dropping it", "lease", rec.Assignment.LeaseId, "err", err)
-			a.files.remove(rec.Assignment.LeaseId)
+		if err := a.prepareErr(ctx, rec.Assignment, rec.Deadline); err != nil {
+			// Its processes may still run: stop them, without telling
+			// the brokers, who list the lease again if it still holds.
+			a.log.Error("cannot resume a lease from the data dir; stopping its processes", "lease", rec.Assignment.LeaseId, "err", err)
+			a.leases.startTeardown(rec.Assignment)
+			a.teardown(teardownOrder{a: rec.Assignment, reason: "it could not be resumed: " + err.Error()})
 			continue
-		}
-		// prepareErr wrote a fresh deadline; the file's is what the
-		// brokers last said.
-		a.leases.add(rec.Assignment, rec.Deadline)
-		if err := a.files.put(rec); err != nil {
-			a.log.Error("rewriting a lease's state file failed", "lease", rec.Assignment.LeaseId, "err", err)
 		}
 		a.log.Info("resumed lease from the data dir", "lease", rec.Assignment.LeaseId,
 			"expires", rec.Deadline.Format(time.RFC3339), "slices", describeSlices(rec.Assignment.Slices))

@@ -28,8 +28,9 @@ type MPS interface {
 	ClientEnv(uuid string, memMiB int64, computePercent int) []string
 }
 
-// mpsTimeout bounds starting or stopping one MPS daemon.
-const mpsTimeout = 15 * time.Second
+// mpsTimeout bounds starting or stopping one MPS daemon. Preparing a lease
+// runs on the heartbeat loop, so it stays well under the heartbeat TTL.
+const mpsTimeout = 3 * time.Second
 
 // LeaseEnvVar names the environment variable that ties a process to its
 // lease: the agent finds a lease's processes by it.
@@ -39,7 +40,7 @@ const LeaseEnvVar = "GPUPOOL_LEASE_ID"
 // on a GPU of this host, an MPS slice needs MPS, and the lease's state
 // file must be written. A refused lease leaves nothing behind.
 func (a *Agent) prepare(ctx context.Context, as *gpupoolv1.Assignment, now time.Time) {
-	if err := a.prepareErr(ctx, as, now); err != nil {
+	if err := a.prepareErr(ctx, as, deadlineOf(as, now)); err != nil {
 		a.log.Error("refusing a lease", "lease", as.LeaseId, "err", err)
 		a.leases.reject(as.LeaseId, err.Error())
 		a.kick()
@@ -48,7 +49,7 @@ func (a *Agent) prepare(ctx context.Context, as *gpupoolv1.Assignment, now time.
 	a.log.Info("enforcing lease", "lease", as.LeaseId, "slices", describeSlices(as.Slices), "tenant", as.Tenant, "holder", as.Holder)
 }
 
-func (a *Agent) prepareErr(ctx context.Context, as *gpupoolv1.Assignment, now time.Time) error {
+func (a *Agent) prepareErr(ctx context.Context, as *gpupoolv1.Assignment, deadline time.Time) error {
 	if !validLeaseID.MatchString(as.LeaseId) {
 		return fmt.Errorf("lease id %q: not a valid lease id", as.LeaseId)
 	}
@@ -94,7 +95,6 @@ func (a *Agent) prepareErr(ctx context.Context, as *gpupoolv1.Assignment, now ti
 		}
 		started = append(started, uuid)
 	}
-	deadline := deadlineOf(as, now)
 	if err := a.files.put(leaseRecord{Assignment: as, Deadline: deadline}); err != nil {
 		undo()
 		return fmt.Errorf("write the lease's state file: %w", err)
@@ -123,29 +123,42 @@ func (a *Agent) releaseMPSLocked(uuid, leaseID string) {
 }
 
 // teardown stops a lease's processes in the background, releases its MPS
-// daemons and state file, and marks it torn down for the broker.
-func (a *Agent) teardown(ctx context.Context, o teardownOrder) {
+// daemons and state file, and marks it torn down for the broker. It
+// confirms only after a scan of the processes succeeded and found none;
+// until then it retries, with a growing pause, for as long as the agent
+// runs. A restart resumes it from the state file.
+func (a *Agent) teardown(o teardownOrder) {
+	ctx := a.runCtx
 	id := o.a.GetLeaseId()
 	a.log.Info("tearing down lease", "lease", id, "why", o.reason)
 	a.wg.Add(1)
 	go func() {
 		defer a.wg.Done()
 		start := time.Now()
-		// Stop until a scan finds nothing: a process may fork while its
-		// siblings are being stopped.
-		for round := 0; ; round++ {
+		pause := 100 * time.Millisecond
+		for round := 1; ; round++ {
 			procs, err := a.procs.Scan()
-			if err != nil {
-				a.log.Error("listing a lease's processes failed", "lease", id, "err", err)
-			}
-			if len(procs[id]) == 0 || round == 5 || ctx.Err() != nil {
+			if err == nil && len(procs[id]) == 0 {
 				break
 			}
-			res, err := workload.Stop(ctx, procs[id], a.cfg.Enforcement.KillAfter)
-			a.logStop(id, res, err)
-		}
-		if ctx.Err() != nil {
-			return // the agent is stopping; the file stays and a restart resumes
+			if err != nil {
+				a.log.Error("listing a lease's processes failed; retrying", "lease", id, "err", err, "retry_in", pause)
+			} else {
+				res, err := workload.Stop(ctx, procs[id], a.cfg.Enforcement.KillAfter)
+				a.logStop(id, res, err)
+				if err == nil && len(res.Remaining) == 0 {
+					continue // scan again: a process may have forked meanwhile
+				}
+				if round > 1 {
+					a.log.Error("a lease's processes outlive SIGKILL; not confirming its teardown", "lease", id, "retry_in", pause)
+				}
+			}
+			select {
+			case <-ctx.Done():
+				return // the agent is stopping; the file stays and a restart resumes
+			case <-time.After(pause):
+			}
+			pause = min(2*pause, 5*time.Second)
 		}
 		if err := a.files.remove(id); err != nil {
 			a.log.Error("removing a lease's state file failed", "lease", id, "err", err)

@@ -536,3 +536,43 @@ func TestHealthEventsReachTheBrokerInHeartbeats(t *testing.T) {
 		})
 	}
 }
+
+func TestProcessesOfALeaseTheHostDoesNotEnforceAreStopped(t *testing.T) {
+	enforcedAgent(t, nil)
+	stray := startWorkload(t, "L9")
+	mine := startWorkload(t, "L1")
+	stray.waitExit(t, "L9 is not a lease of this host")
+	if !mine.running() {
+		t.Fatal("a process of the enforced lease L1 was stopped")
+	}
+}
+
+func TestATeardownSurvivesTheHeartbeatStreamBreaking(t *testing.T) {
+	f, a, _ := enforcedAgent(t, nil)
+	// A process that ignores SIGTERM keeps the teardown busy for the
+	// kill-after while the stream breaks under it.
+	cmd := exec.Command("sh", "-c", `trap "" TERM; while :; do sleep 0.05; done`)
+	cmd.Env = append(os.Environ(), LeaseEnvVar+"=L1")
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	exited := make(chan struct{})
+	go func() { cmd.Wait(); close(exited) }()
+	t.Cleanup(func() { cmd.Process.Kill(); <-exited })
+	waitUntil(t, "the agent sees L1's process", func() bool {
+		procs, _ := a.procs.Scan()
+		return len(procs["L1"]) > 0
+	})
+
+	since := f.setAssignments(nil, []string{"L1"})
+	waitUntil(t, "the teardown started", func() bool { return a.leases.waitTornDown("L1") != nil })
+	f.dropStreams()
+	select {
+	case <-exited:
+	case <-time.After(waitTimeout):
+		t.Fatal("the teardown was abandoned when the stream broke: the process still runs")
+	}
+	f.waitFor(t, "L1 confirmed torn down on the new stream", func() bool {
+		return len(f.heartbeats) > since && slices.Equal(f.heartbeats[len(f.heartbeats)-1].TornDown, []string{"L1"})
+	})
+}

@@ -13,8 +13,9 @@ import (
 )
 
 // follow carries out what a heartbeat response asks: new leases are
-// prepared (or refused), ended ones torn down in the background, and
-// moved deadlines saved.
+// prepared (or refused), ended ones torn down in the background (under
+// the agent's context, not the stream's: a broken stream must not abandon
+// a teardown), and moved deadlines saved.
 func (a *Agent) follow(ctx context.Context, resp *gpupoolv1.HeartbeatResponse, now time.Time) {
 	p := a.leases.reconcile(resp, now)
 	for _, rec := range p.save {
@@ -23,7 +24,7 @@ func (a *Agent) follow(ctx context.Context, resp *gpupoolv1.HeartbeatResponse, n
 		}
 	}
 	for _, o := range p.teardown {
-		a.teardown(ctx, o)
+		a.teardown(o)
 	}
 	for _, as := range p.prepare {
 		a.prepare(ctx, as, now)

@@ -77,10 +77,15 @@ type leaseTable struct {
 	// newest seq handed out. Guarded by mu.
 	events  []*gpupoolv1.AgentEvent
 	lastSeq uint64
+	// synced is set once a broker's assignment list arrived; strays are
+	// leases not enforced here whose processes are being stopped. Guarded
+	// by mu.
+	synced bool
+	strays map[string]bool
 }
 
 func newLeaseTable() *leaseTable {
-	return &leaseTable{entries: map[string]*leaseEntry{}, rejected: map[string]string{}}
+	return &leaseTable{entries: map[string]*leaseEntry{}, rejected: map[string]string{}, strays: map[string]bool{}}
 }
 
 // plan is what one heartbeat response asks of the agent, decided under
@@ -113,6 +118,7 @@ const saveEvery = 4
 func (t *leaseTable) reconcile(resp *gpupoolv1.HeartbeatResponse, now time.Time) plan {
 	t.mu.Lock()
 	defer t.mu.Unlock()
+	t.synced = true
 	var p plan
 	listed := map[string]bool{}
 	for _, a := range resp.GetTeardown() {
@@ -206,6 +212,14 @@ func (t *leaseTable) add(a *gpupoolv1.Assignment, deadline time.Time) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	t.entries[a.LeaseId] = &leaseEntry{a: a, deadline: deadline, saved: deadline}
+}
+
+// startTeardown records a lease that is being torn down without the
+// broker asking (it could not be resumed).
+func (t *leaseTable) startTeardown(a *gpupoolv1.Assignment) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.entries[a.LeaseId] = &leaseEntry{a: a, phase: tearingDown, teardownDone: make(chan struct{})}
 }
 
 // reject records that the agent refuses a lease, for the broker to

@@ -64,6 +64,8 @@ type stopOrder struct {
 	why     string
 	// event is the violation to report, nil for an expiry.
 	event *gpupoolv1.AgentEvent
+	// stray: the lease is not enforced here.
+	stray bool
 }
 
 // watchdog polls until ctx ends.
@@ -100,11 +102,12 @@ func (a *Agent) watchOnce(ctx context.Context, now time.Time) {
 	use := map[string]map[string]gpuUse{} // lease → device → use
 	for _, s := range samples {
 		if s.Lost {
-			a.markUnhealthy("", "GPU is lost")
+			a.markUnhealthy(s.UUID, "GPU is lost")
 		}
 		for _, p := range s.Processes {
 			id := a.procs.LeaseOf(p.PID)
-			if id == "" {
+			if id == "" || p.UsedMiB < 0 {
+				// Not a lease's, or NVML cannot say how much it uses.
 				continue
 			}
 			if use[id] == nil {
@@ -132,6 +135,19 @@ func (t *leaseTable) check(now time.Time, samples []device.Sample, use map[strin
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	var out []stopOrder
+	// Processes of a lease this host does not enforce (never assigned,
+	// torn down, or dropped at resume) have no right to run. Only once a
+	// broker's list arrived: before that, a lease may just not be known
+	// yet.
+	for _, id := range slices.Sorted(maps.Keys(procs)) {
+		e := t.entries[id]
+		if !t.synced || len(procs[id]) == 0 || t.strays[id] || (e != nil && e.phase != tornDown) {
+			continue
+		}
+		t.strays[id] = true
+		out = append(out, stopOrder{leaseID: id, procs: procs[id], stray: true,
+			why: "the processes carry the id of a lease this host does not enforce"})
+	}
 	for _, id := range slices.Sorted(maps.Keys(t.entries)) {
 		e := t.entries[id]
 		if e.phase != enforcing {
@@ -230,6 +246,7 @@ func (t *leaseTable) overuseLocked(e *leaseEntry, now time.Time, held map[string
 func (t *leaseTable) stopDone(id string) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
+	delete(t.strays, id)
 	if e := t.entries[id]; e != nil {
 		e.stopping = false
 	}
@@ -237,10 +254,13 @@ func (t *leaseTable) stopDone(id string) {
 
 // stop carries out a stop order in the background.
 func (a *Agent) stop(ctx context.Context, o stopOrder) {
-	if o.event != nil {
+	switch {
+	case o.event != nil:
 		a.log.Warn("watchdog: memory violation", "lease", o.leaseID, "device", o.event.Device, "why", o.why)
 		a.kick()
-	} else {
+	case o.stray:
+		a.log.Warn("stopping processes of a lease this host does not enforce", "lease", o.leaseID, "processes", len(o.procs))
+	default:
 		a.log.Warn("stopping an expired lease's processes", "lease", o.leaseID, "processes", len(o.procs), "why", o.why)
 	}
 	a.wg.Add(1)

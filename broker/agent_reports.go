@@ -81,7 +81,11 @@ func (s *Server) applyAgentReports(h *gpupoolv1.Host, req *gpupoolv1.HeartbeatRe
 		if old == nil || old.HostId != h.Id {
 			continue // not registered (yet): the next Register carries it
 		}
-		if d.Health != gpupoolv1.DeviceHealth_DEVICE_HEALTH_UNSPECIFIED && (old.Health != d.Health || old.HealthReason != d.HealthReason) {
+		reason := d.HealthReason
+		if d.Health == gpupoolv1.DeviceHealth_DEVICE_HEALTH_HEALTHY {
+			reason = "" // as Apply records it
+		}
+		if d.Health != gpupoolv1.DeviceHealth_DEVICE_HEALTH_UNSPECIFIED && (old.Health != d.Health || old.HealthReason != reason) {
 			changed = append(changed, d)
 		}
 	}

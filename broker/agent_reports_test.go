@@ -285,3 +285,28 @@ func TestARefusedLeaseIsRevokedWithTheAgentsReason(t *testing.T) {
 		t.Fatalf("lease: end %v reason %q, want revoked with the agent's reason", l.EndState, l.Reason)
 	}
 }
+
+func TestViolationsFromTwoHostsOfOneLeaseAreBothRecorded(t *testing.T) {
+	ts := startServer(t)
+	ts.registerHost(t, "h1", 1, 81920)
+	ts.registerHost(t, "h2", 1, 81920)
+	r, err := ts.c.Lease.Acquire(ctx(t), &gpupoolv1.AcquireRequest{Request: &gpupoolv1.LeaseRequest{Count: 2, Exclusive: true, TtlMs: 60_000}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	id := r.Lease.Id
+	// Each agent numbers its own events: h2's clock is behind h1's.
+	for _, ev := range []struct {
+		host string
+		seq  uint64
+		want int32
+	}{{"h1", 1000, 1}, {"h2", 999, 2}, {"h2", 999, 2}} {
+		as := ts.agentStream(t)
+		as.send(&gpupoolv1.HeartbeatRequest{HostId: ev.host, Events: []*gpupoolv1.AgentEvent{{Seq: ev.seq,
+			Type: gpupoolv1.AgentEventType_AGENT_EVENT_TYPE_VIOLATION, LeaseId: id, Message: "over on " + ev.host}}})
+		as.next(t, func(r *gpupoolv1.HeartbeatResponse) bool { return r.AckedEventSeq == ev.seq })
+		if got := ts.s.fsm.State().Lease(id).Violations; got != ev.want {
+			t.Fatalf("after %s's event %d: %d violations, want %d", ev.host, ev.seq, got, ev.want)
+		}
+	}
+}

@@ -67,8 +67,9 @@ func applySetDeviceHealth(w *state.Writer, index uint64, c *gpupoolv1.SetDeviceH
 }
 
 // applyRecordAgentEvents records watchdog violations on their leases.
-// Events are deduplicated by seq per lease, so an agent may resend an
-// event until it is acknowledged. Events about leases that are gone or
+// Events are deduplicated by seq per lease and reporting host (each agent
+// numbers its own), so an agent may resend an event until it is
+// acknowledged. Events about leases that are gone or
 // hold nothing on the reporting host are skipped.
 func applyRecordAgentEvents(w *state.Writer, index uint64, c *gpupoolv1.RecordAgentEventsCommand) (*Result, []Event) {
 	var evs []Event
@@ -77,13 +78,16 @@ func applyRecordAgentEvents(w *state.Writer, index uint64, c *gpupoolv1.RecordAg
 			continue
 		}
 		l := w.Lease(e.LeaseId)
-		if l == nil || e.Seq <= l.LastEventSeq || !holdsOnHost(l, c.HostId) {
+		if l == nil || e.Seq <= l.LastEventSeq[c.HostId] || !holdsOnHost(l, c.HostId) {
 			continue
 		}
 		nl := clone(l)
 		nl.Violations++
 		nl.LastViolation = e.Message
-		nl.LastEventSeq = e.Seq
+		if nl.LastEventSeq == nil {
+			nl.LastEventSeq = map[string]uint64{}
+		}
+		nl.LastEventSeq[c.HostId] = e.Seq
 		nl.ModifyIndex = index
 		w.PutLease(nl)
 		evs = append(evs, Event{Lease: nl, Type: gpupoolv1.LeaseEventType_LEASE_EVENT_TYPE_VIOLATION, Message: e.Message})

@@ -1239,8 +1239,9 @@ type Lease struct {
 	// Watchdog violations the agents reported, and the last one.
 	Violations    int32  `protobuf:"varint,23,opt,name=violations,proto3" json:"violations,omitempty"`
 	LastViolation string `protobuf:"bytes,24,opt,name=last_violation,json=lastViolation,proto3" json:"last_violation,omitempty"`
-	// Newest agent event sequence applied to this lease (deduplication).
-	LastEventSeq  uint64 `protobuf:"varint,25,opt,name=last_event_seq,json=lastEventSeq,proto3" json:"last_event_seq,omitempty"`
+	// Newest agent event sequence applied to this lease, per reporting host
+	// (each agent numbers its own events), for deduplication.
+	LastEventSeq  map[string]uint64 `protobuf:"bytes,26,rep,name=last_event_seq,json=lastEventSeq,proto3" json:"last_event_seq,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"varint,2,opt,name=value"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1443,11 +1444,11 @@ func (x *Lease) GetLastViolation() string {
 	return ""
 }
 
-func (x *Lease) GetLastEventSeq() uint64 {
+func (x *Lease) GetLastEventSeq() map[string]uint64 {
 	if x != nil {
 		return x.LastEventSeq
 	}
-	return 0
+	return nil
 }
 
 var File_gpupool_v1_types_proto protoreflect.FileDescriptor
@@ -1550,7 +1551,7 @@ const file_gpupool_v1_types_proto_rawDesc = "" +
 	"\x04host\x18\x01 \x01(\tR\x04host\x12.\n" +
 	"\x06slices\x18\x02 \x03(\v2\x16.gpupool.v1.SliceUsageR\x06slices\x12\"\n" +
 	"\rsampled_at_ms\x18\x03 \x01(\x03R\vsampledAtMs\x12\x19\n" +
-	"\blease_id\x18\x04 \x01(\tR\aleaseId\"\x8a\a\n" +
+	"\blease_id\x18\x04 \x01(\tR\aleaseId\"\xf6\a\n" +
 	"\x05Lease\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x16\n" +
 	"\x06tenant\x18\x02 \x01(\tR\x06tenant\x12\x16\n" +
@@ -1579,8 +1580,11 @@ const file_gpupool_v1_types_proto_rawDesc = "" +
 	"\n" +
 	"violations\x18\x17 \x01(\x05R\n" +
 	"violations\x12%\n" +
-	"\x0elast_violation\x18\x18 \x01(\tR\rlastViolation\x12$\n" +
-	"\x0elast_event_seq\x18\x19 \x01(\x04R\flastEventSeq*\x89\x01\n" +
+	"\x0elast_violation\x18\x18 \x01(\tR\rlastViolation\x12I\n" +
+	"\x0elast_event_seq\x18\x1a \x03(\v2#.gpupool.v1.Lease.LastEventSeqEntryR\flastEventSeq\x1a?\n" +
+	"\x11LastEventSeqEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\x04R\x05value:\x028\x01J\x04\b\x19\x10\x1a*\x89\x01\n" +
 	"\n" +
 	"HostStatus\x12\x1b\n" +
 	"\x17HOST_STATUS_UNSPECIFIED\x10\x00\x12\x15\n" +
@@ -1631,7 +1635,7 @@ func file_gpupool_v1_types_proto_rawDescGZIP() []byte {
 }
 
 var file_gpupool_v1_types_proto_enumTypes = make([]protoimpl.EnumInfo, 6)
-var file_gpupool_v1_types_proto_msgTypes = make([]protoimpl.MessageInfo, 10)
+var file_gpupool_v1_types_proto_msgTypes = make([]protoimpl.MessageInfo, 11)
 var file_gpupool_v1_types_proto_goTypes = []any{
 	(HostStatus)(0),      // 0: gpupool.v1.HostStatus
 	(DeviceHealth)(0),    // 1: gpupool.v1.DeviceHealth
@@ -1649,6 +1653,7 @@ var file_gpupool_v1_types_proto_goTypes = []any{
 	(*Lease)(nil),        // 13: gpupool.v1.Lease
 	nil,                  // 14: gpupool.v1.Host.LabelsEntry
 	nil,                  // 15: gpupool.v1.Constraints.LabelsEntry
+	nil,                  // 16: gpupool.v1.Lease.LastEventSeqEntry
 }
 var file_gpupool_v1_types_proto_depIdxs = []int32{
 	1,  // 0: gpupool.v1.Device.health:type_name -> gpupool.v1.DeviceHealth
@@ -1667,11 +1672,12 @@ var file_gpupool_v1_types_proto_depIdxs = []int32{
 	2,  // 13: gpupool.v1.Lease.state:type_name -> gpupool.v1.LeaseState
 	2,  // 14: gpupool.v1.Lease.end_state:type_name -> gpupool.v1.LeaseState
 	12, // 15: gpupool.v1.Lease.usage:type_name -> gpupool.v1.LeaseUsage
-	16, // [16:16] is the sub-list for method output_type
-	16, // [16:16] is the sub-list for method input_type
-	16, // [16:16] is the sub-list for extension type_name
-	16, // [16:16] is the sub-list for extension extendee
-	0,  // [0:16] is the sub-list for field type_name
+	16, // 16: gpupool.v1.Lease.last_event_seq:type_name -> gpupool.v1.Lease.LastEventSeqEntry
+	17, // [17:17] is the sub-list for method output_type
+	17, // [17:17] is the sub-list for method input_type
+	17, // [17:17] is the sub-list for extension type_name
+	17, // [17:17] is the sub-list for extension extendee
+	0,  // [0:17] is the sub-list for field type_name
 }
 
 func init() { file_gpupool_v1_types_proto_init() }
@@ -1685,7 +1691,7 @@ func file_gpupool_v1_types_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_gpupool_v1_types_proto_rawDesc), len(file_gpupool_v1_types_proto_rawDesc)),
 			NumEnums:      6,
-			NumMessages:   10,
+			NumMessages:   11,
 			NumExtensions: 0,
 			NumServices:   0,
 		},
