@@ -537,13 +537,26 @@ func TestHealthEventsReachTheBrokerInHeartbeats(t *testing.T) {
 	}
 }
 
-func TestProcessesOfALeaseTheHostDoesNotEnforceAreStopped(t *testing.T) {
-	enforcedAgent(t, nil)
+func TestGPUProcessesOfALeaseTheHostDoesNotEnforceAreStopped(t *testing.T) {
+	_, a, cfg := enforcedAgent(t, nil)
+	sim := simulator(t, cfg.Backend)
 	stray := startWorkload(t, "L9")
+	elsewhere := startWorkload(t, "L8") // another agent's business: not on this host's GPUs
 	mine := startWorkload(t, "L1")
-	stray.waitExit(t, "L9 is not a lease of this host")
-	if !mine.running() {
-		t.Fatal("a process of the enforced lease L1 was stopped")
+	for _, w := range []*testProc{stray, mine} {
+		if err := sim.SetProcess(0, w.pid, 100); err != nil {
+			t.Fatal(err)
+		}
+	}
+	stray.waitExit(t, "L9 is not a lease of this host and uses its GPU")
+	// One more watchdog pass, so L8 and L1 have been looked at since.
+	waitUntil(t, "a watchdog pass after the stop", func() bool {
+		a.leases.mu.Lock()
+		defer a.leases.mu.Unlock()
+		return !a.leases.strays["L9"]
+	})
+	if !mine.running() || !elsewhere.running() {
+		t.Fatalf("stopped a process it should not: L1 running %t, L8 running %t", mine.running(), elsewhere.running())
 	}
 }
 

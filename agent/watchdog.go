@@ -135,11 +135,13 @@ func (t *leaseTable) check(now time.Time, samples []device.Sample, use map[strin
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	var out []stopOrder
-	// Processes of a lease this host does not enforce (never assigned,
-	// torn down, or dropped at resume) have no right to run. Only once a
+	// A lease this host does not enforce (never assigned, torn down, or
+	// dropped at resume) has no right to this host's GPUs: its processes
+	// are stopped once they show up on one. Only GPU processes count, as
+	// several agents may share one machine (gpupool dev), and only once a
 	// broker's list arrived: before that, a lease may just not be known
 	// yet.
-	for _, id := range slices.Sorted(maps.Keys(procs)) {
+	for _, id := range slices.Sorted(maps.Keys(use)) {
 		e := t.entries[id]
 		if !t.synced || len(procs[id]) == 0 || t.strays[id] || (e != nil && e.phase != tornDown) {
 			continue

@@ -46,6 +46,9 @@ func (p Proc) String() string { return fmt.Sprintf("%d@%d", p.PID, p.Start) }
 type procStat struct {
 	state byte
 	start uint64
+	// comm is the command name (field 2). It changes when the process
+	// execs, and with it, possibly, its environment.
+	comm string
 }
 
 // exited says whether the process has exited: a zombie has, although its
@@ -75,7 +78,11 @@ func parseStat(b []byte) (procStat, error) {
 	if err != nil {
 		return procStat{}, fmt.Errorf("malformed stat: start time %q: not a number", f[19])
 	}
-	return procStat{state: f[0][0], start: start}, nil
+	comm := ""
+	if j := bytes.IndexByte(b, '('); j >= 0 && j < i {
+		comm = string(b[j+1 : i])
+	}
+	return procStat{state: f[0][0], start: start, comm: comm}, nil
 }
 
 // vanished says whether err, from reading a process's files, means the

@@ -12,8 +12,10 @@ import (
 // Table finds the processes of leases. It is safe for concurrent use.
 //
 // A process's lease comes from Track if it was tracked, else from its
-// environment, which is read once per Proc: a process that changes its
-// own environment after it started keeps the lease it started with.
+// environment, which is read once per Proc and command name: a process
+// that changes its own environment keeps the lease it had, but one seen
+// between fork and exec (with its parent's environment) is read again
+// once it has exec'd.
 type Table struct {
 	procRoot string
 
@@ -22,9 +24,11 @@ type Table struct {
 	// wins over the environment. Guarded by mu.
 	tracked map[Proc]string
 	// environ caches the lease each process's environment names, ""
-	// for none. Guarded by mu.
-	environ map[Proc]string
+	// for none, with the command name it had then. Guarded by mu.
+	environ map[Proc]envEntry
 }
+
+type envEntry struct{ lease, comm string }
 
 // NewTable returns a Table that reads processes from procRoot, normally
 // "/proc".
@@ -32,7 +36,7 @@ func NewTable(procRoot string) *Table {
 	return &Table{
 		procRoot: procRoot,
 		tracked:  make(map[Proc]string),
-		environ:  make(map[Proc]string),
+		environ:  make(map[Proc]envEntry),
 	}
 }
 
@@ -78,11 +82,11 @@ func (t *Table) LeaseOf(pid int) string {
 		return ""
 	}
 	defer d.Close()
-	p, ok := liveProc(d)
+	p, comm, ok := liveProc(d)
 	if !ok {
 		return ""
 	}
-	return t.leaseOf(d, p)
+	return t.leaseOf(d, p, comm)
 }
 
 // Scan returns every live process that belongs to a lease, grouped by
@@ -125,29 +129,33 @@ func (t *Table) scanOne(pid int) (Proc, string) {
 		return Proc{}, ""
 	}
 	defer d.Close()
-	p, ok := liveProc(d)
+	p, comm, ok := liveProc(d)
 	if !ok {
 		return Proc{}, ""
 	}
-	return p, t.leaseOf(d, p)
+	return p, t.leaseOf(d, p, comm)
 }
 
-// liveProc returns the process of d, if it has not exited.
-func liveProc(d procDir) (Proc, bool) {
+// liveProc returns the process of d and its command name, if it has not
+// exited.
+func liveProc(d procDir) (Proc, string, bool) {
 	st, err := d.stat()
 	if err != nil || st.exited() {
-		return Proc{}, false
+		return Proc{}, "", false
 	}
-	return Proc{PID: d.pid, Start: st.start}, true
+	return Proc{PID: d.pid, Start: st.start}, st.comm, true
 }
 
-// leaseOf returns the lease of p, whose directory is d, reading its
-// environment unless it is tracked or cached.
-func (t *Table) leaseOf(d procDir, p Proc) string {
+// leaseOf returns the lease of p, whose directory is d and command name
+// comm, reading its environment unless it is tracked or cached.
+func (t *Table) leaseOf(d procDir, p Proc, comm string) string {
 	t.mu.Lock()
 	lease, ok := t.tracked[p]
 	if !ok {
-		lease, ok = t.environ[p]
+		var e envEntry
+		e, ok = t.environ[p]
+		ok = ok && e.comm == comm
+		lease = e.lease
 	}
 	t.mu.Unlock()
 	if ok {
@@ -160,7 +168,7 @@ func (t *Table) leaseOf(d procDir, p Proc) string {
 		return ""
 	}
 	t.mu.Lock()
-	t.environ[p] = lease
+	t.environ[p] = envEntry{lease: lease, comm: comm}
 	t.mu.Unlock()
 	return lease
 }

@@ -262,6 +262,19 @@ func TestLeaseOfReadsEnvironOncePerProcess(t *testing.T) {
 	}
 }
 
+func TestLeaseOfReadsTheEnvironmentAgainAfterExec(t *testing.T) {
+	// Seen between fork and exec: the parent's command and environment.
+	root := fakeTree(t, fakeProc{pid: 10, start: 100, comm: "kubelet", environ: []string{"PATH=/bin"}})
+	table := NewTable(root)
+	if got := table.LeaseOf(10); got != "" {
+		t.Fatalf("LeaseOf(10) before exec = %q, want none", got)
+	}
+	writeFakeProc(t, root, fakeProc{pid: 10, start: 100, comm: "python3", environ: []string{"GPUPOOL_LEASE_ID=lease-1"}})
+	if got := table.LeaseOf(10); got != "lease-1" {
+		t.Fatalf("LeaseOf(10) after exec = %q, want lease-1", got)
+	}
+}
+
 func TestLeaseOfMissingProcess(t *testing.T) {
 	table := NewTable(fakeTree(t))
 	if got := table.LeaseOf(10); got != "" {

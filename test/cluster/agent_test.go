@@ -71,6 +71,7 @@ func TestAgentWithoutNVMLReportsNoGPUsAndStaysUp(t *testing.T) {
 	cl := newCluster(t, 0)
 	p := cl.newProc("nvml-host", "agent", "--broker", strings.Join(cl.addrs, ","), "--host-id", "nvml-host",
 		"--data-dir", filepath.Join(cl.dir, "nvml-host"))
+	cl.agents = append(cl.agents, p) // stopped with the cluster
 	p.start(t)
 	cl.waitForHosts(1)
 	// Two fresh heartbeats a while apart: the agent is still up and talking.
