@@ -68,6 +68,7 @@ func (e agentService) Register(ctx context.Context, req *gpupoolv1.RegisterReque
 		HostId:              host.Id,
 		HeartbeatIntervalMs: e.s.cfg.HeartbeatInterval.Milliseconds(),
 		HeartbeatTtlMs:      e.s.cfg.HeartbeatTTL.Milliseconds(),
+		Keys:                publicKeys(e.s.fsm.State(), e.s.cfg.Clock.Now()),
 	}, nil
 }
 
@@ -161,8 +162,9 @@ func (s *Server) heartbeat(ls *leaderState, req *gpupoolv1.HeartbeatRequest) (ui
 // assignments lists what a host must enforce and what it must tear down,
 // with each lease's TTL and what is left of it on ls's timers.
 func (s *Server) assignments(ls *leaderState, hostID string) *gpupoolv1.HeartbeatResponse {
-	resp := &gpupoolv1.HeartbeatResponse{HeartbeatIntervalMs: s.cfg.HeartbeatInterval.Milliseconds()}
 	now := s.cfg.Clock.Now()
+	resp := &gpupoolv1.HeartbeatResponse{HeartbeatIntervalMs: s.cfg.HeartbeatInterval.Milliseconds(),
+		Keys: publicKeys(s.fsm.State(), now)}
 	for _, l := range s.fsm.State().HostLeases(hostID) {
 		a := &gpupoolv1.Assignment{LeaseId: l.Id, FencingToken: l.FencingToken, State: l.State, Tenant: l.Tenant, Holder: l.Holder,
 			TtlMs: l.TtlMs}

@@ -102,6 +102,18 @@ func (s *Server) lead(ls *leaderState, events <-chan fsm.Event) {
 		}
 	}
 	s.upsertServers()
+	for backoff := 50 * time.Millisecond; ; backoff = min(2*backoff, 2*time.Second) {
+		err := s.ensureSigningKey()
+		if err == nil {
+			break
+		}
+		s.log.Warn("creating the token signing key failed; retrying", "err", err, "retry_in", backoff)
+		select {
+		case <-ls.stopCh:
+			return
+		case <-time.After(backoff):
+		}
+	}
 	s.armAll(ls)
 	s.leaderMu.Lock()
 	s.leader = ls

@@ -61,7 +61,7 @@ func (s *Server) acquire(r *gpupoolv1.LeaseRequest) (*gpupoolv1.AcquireResponse,
 		if !proto.Equal(ex.Request, r) {
 			return nil, status.Errorf(codes.AlreadyExists, "request_id %q: already used by lease %s for a different request; use a new request_id", r.RequestId, ex.Id)
 		}
-		return &gpupoolv1.AcquireResponse{Lease: s.withLeaderView(ex), Existing: true}, nil
+		return s.acquired(ex, true)
 	}
 	hosts := st.HostsWithDevices()
 	if err := checkAgainstPool(r, hosts); err != nil {
@@ -94,7 +94,27 @@ func (s *Server) acquire(r *gpupoolv1.LeaseRequest) (*gpupoolv1.AcquireResponse,
 	if ls := s.currentLeader(); ls != nil && !res.Existing {
 		ls.ttl.Reset(res.Lease.Id, lease.TTL(r))
 	}
-	return &gpupoolv1.AcquireResponse{Lease: s.withLeaderView(res.Lease), Existing: res.Existing}, nil
+	return s.acquired(res.Lease, res.Existing)
+}
+
+// acquired answers an Acquire with l and its tokens, valid until the
+// lease's expiry on this leader's timer.
+func (s *Server) acquired(l *gpupoolv1.Lease, existing bool) (*gpupoolv1.AcquireResponse, error) {
+	resp := &gpupoolv1.AcquireResponse{Lease: s.withLeaderView(l), Existing: existing}
+	ls := s.currentLeader()
+	if ls == nil || l.State != gpupoolv1.LeaseState_LEASE_STATE_GRANTED {
+		return resp, nil
+	}
+	deadline, ok := ls.ttl.Deadline(l.Id)
+	if !ok {
+		return resp, nil
+	}
+	toks, err := s.hostTokens(s.fsm.State(), l, deadline)
+	if err != nil {
+		return nil, status.Error(codes.Unavailable, err.Error())
+	}
+	resp.Tokens = toks
+	return resp, nil
 }
 
 // setIsolation decides how the agent will isolate each slice: exclusive
@@ -390,8 +410,12 @@ func (s *Server) renew(ls *leaderState, id string) *gpupoolv1.KeepAliveResponse 
 		return &gpupoolv1.KeepAliveResponse{LeaseId: id, State: l.State, Error: fmt.Sprintf("lease %s is %s and cannot be renewed: %s", id, stateName(l.State), l.Reason)}
 	}
 	ttl := time.Duration(l.TtlMs) * time.Millisecond
-	ls.ttl.Reset(id, ttl)
-	return &gpupoolv1.KeepAliveResponse{LeaseId: id, State: l.State, TtlMs: l.TtlMs}
+	deadline := ls.ttl.Reset(id, ttl)
+	resp := &gpupoolv1.KeepAliveResponse{LeaseId: id, State: l.State, TtlMs: l.TtlMs}
+	if toks, err := s.hostTokens(s.fsm.State(), l, deadline); err == nil {
+		resp.Tokens = toks
+	}
+	return resp
 }
 
 func stateName(s gpupoolv1.LeaseState) string {

@@ -250,3 +250,26 @@ func (s *Server) registerServices() {
 	gpupoolv1.RegisterOperatorServiceServer(s.grpc, operatorService{s: s})
 	gpupoolv1.RegisterClusterServiceServer(s.grpc, clusterService{s: s})
 }
+
+func (e operatorService) RotateSigningKey(ctx context.Context, req *gpupoolv1.RotateSigningKeyRequest) (*gpupoolv1.RotateSigningKeyResponse, error) {
+	if conn, fctx, err := e.s.leaderConn(ctx); err != nil {
+		return nil, err
+	} else if conn != nil {
+		return gpupoolv1.NewOperatorServiceClient(conn).RotateSigningKey(fctx, req)
+	}
+	k, until, err := e.s.rotateSigningKey()
+	if err != nil {
+		return nil, toStatus(err)
+	}
+	e.s.log.Info("rotated the token signing key", "key", k.Id, "old_keys_verify_until", until.Format(time.RFC3339))
+	return &gpupoolv1.RotateSigningKeyResponse{KeyId: k.Id, Keys: publicKeys(e.s.fsm.State(), e.s.cfg.Clock.Now())}, nil
+}
+
+func (e operatorService) ListSigningKeys(ctx context.Context, req *gpupoolv1.ListSigningKeysRequest) (*gpupoolv1.ListSigningKeysResponse, error) {
+	if conn, fctx, err := e.s.readConn(ctx, false); err != nil {
+		return nil, err
+	} else if conn != nil {
+		return gpupoolv1.NewOperatorServiceClient(conn).ListSigningKeys(fctx, req)
+	}
+	return &gpupoolv1.ListSigningKeysResponse{Keys: publicKeys(e.s.fsm.State(), e.s.cfg.Clock.Now())}, nil
+}

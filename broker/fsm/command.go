@@ -25,6 +25,7 @@ const (
 	// (health) and lease records, so they are not ignorable.
 	SetDeviceHealthType   MessageType = 7
 	RecordAgentEventsType MessageType = 8
+	SetSigningKeysType    MessageType = 9
 )
 
 // IgnoreUnknownTypeFlag marks a command that servers which do not know its
@@ -53,6 +54,8 @@ func newMessage(t MessageType) proto.Message {
 		return &gpupoolv1.SetDeviceHealthCommand{}
 	case RecordAgentEventsType:
 		return &gpupoolv1.RecordAgentEventsCommand{}
+	case SetSigningKeysType:
+		return &gpupoolv1.SetSigningKeysCommand{}
 	}
 	return nil
 }
@@ -76,6 +79,8 @@ func TypeOf(m proto.Message) (MessageType, error) {
 		return SetDeviceHealthType, nil
 	case *gpupoolv1.RecordAgentEventsCommand:
 		return RecordAgentEventsType, nil
+	case *gpupoolv1.SetSigningKeysCommand:
+		return SetSigningKeysType, nil
 	}
 	return 0, fmt.Errorf("fsm: %T is not a command", m)
 }

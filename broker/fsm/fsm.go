@@ -102,6 +102,8 @@ func (f *FSM) apply(index uint64, msg proto.Message) *Result {
 		res, evs = applySetDeviceHealth(w, index, c)
 	case *gpupoolv1.RecordAgentEventsCommand:
 		res, evs = applyRecordAgentEvents(w, index, c)
+	case *gpupoolv1.SetSigningKeysCommand:
+		res = applySetSigningKeys(w, c)
 	default:
 		res = &Result{Err: fmt.Errorf("%w: %T", ErrInvalid, msg)}
 	}
@@ -115,6 +117,25 @@ func (f *FSM) apply(index uint64, msg proto.Message) *Result {
 	}
 	f.pub.publish(evs)
 	return res
+}
+
+// applySetSigningKeys replaces the token signing keys. Exactly one key
+// signs (verify_until_ms 0); the others only verify.
+func applySetSigningKeys(w *state.Writer, c *gpupoolv1.SetSigningKeysCommand) *Result {
+	current := 0
+	for _, k := range c.Keys {
+		if k.Id == "" || len(k.PublicKey) != 32 || len(k.PrivateKey) != 64 {
+			return &Result{Err: fmt.Errorf("%w: signing key %q is not an Ed25519 key pair", ErrInvalid, k.Id)}
+		}
+		if k.VerifyUntilMs == 0 {
+			current++
+		}
+	}
+	if current != 1 {
+		return &Result{Err: fmt.Errorf("%w: %d current signing keys, want exactly 1", ErrInvalid, current)}
+	}
+	w.SetSigningKeys(c.Keys)
+	return &Result{}
 }
 
 func clone[T proto.Message](m T) T { return proto.Clone(m).(T) }

@@ -20,6 +20,7 @@ const (
 	tableDevices = "devices"
 	tableLeases  = "leases"
 	tableMeta    = "meta"
+	tableKeys    = "signing_keys"
 
 	indexID      = "id"
 	indexHost    = "host"
@@ -33,6 +34,9 @@ func schema() *memdb.DBSchema {
 		}},
 		tableMeta: {Name: tableMeta, Indexes: map[string]*memdb.IndexSchema{
 			indexID: {Name: indexID, Unique: true, Indexer: &memdb.StringFieldIndex{Field: "Key"}},
+		}},
+		tableKeys: {Name: tableKeys, Indexes: map[string]*memdb.IndexSchema{
+			indexID: {Name: indexID, Unique: true, Indexer: &memdb.StringFieldIndex{Field: "Id"}},
 		}},
 		tableHosts: {Name: tableHosts, Indexes: map[string]*memdb.IndexSchema{
 			indexID: {Name: indexID, Unique: true, Indexer: &memdb.StringFieldIndex{Field: "Id"}},

@@ -154,6 +154,11 @@ func (r *Reader) LeaseByRequest(tenant, requestID string) *gpupoolv1.Lease {
 	return first[gpupoolv1.Lease](r, tableLeases, indexRequest, tenant, requestID)
 }
 
+// SigningKeys returns the token signing keys, by id.
+func (r *Reader) SigningKeys() []*gpupoolv1.SigningKey {
+	return all[gpupoolv1.SigningKey](r, tableKeys, indexID)
+}
+
 // Writer is the single write transaction.
 type Writer struct {
 	Reader
@@ -190,6 +195,16 @@ func (w *Writer) Commit(index uint64) {
 	w.txn.Commit()
 }
 
+// SetSigningKeys replaces every signing key by keys.
+func (w *Writer) SetSigningKeys(keys []*gpupoolv1.SigningKey) {
+	if _, err := w.txn.DeleteAll(tableKeys, indexID); err != nil {
+		panic(fmt.Sprintf("state: delete signing keys: %v", err))
+	}
+	for _, k := range keys {
+		w.insert(tableKeys, k)
+	}
+}
+
 // Abort drops the writes.
 func (w *Writer) Abort() { w.txn.Abort() }
 
@@ -202,6 +217,8 @@ func (r *Reader) Encode() ([]byte, error) {
 		Devices: r.Devices(),
 		Leases:  r.Leases(),
 		Index:   r.Index(),
+
+		SigningKeys: r.SigningKeys(),
 	}
 	return proto.MarshalOptions{Deterministic: true}.Marshal(snap)
 }
@@ -230,6 +247,7 @@ func (s *Store) Restore(b []byte) error {
 	for _, v := range snap.Leases {
 		w.PutLease(v)
 	}
+	w.SetSigningKeys(snap.SigningKeys)
 	w.Commit(snap.Index)
 	s.db.Store(db)
 	return nil

@@ -3,6 +3,7 @@ package main
 import (
 	"bufio"
 	"context"
+	"encoding/base64"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -11,6 +12,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/mattn/go-isatty"
 	"github.com/spf13/cobra"
@@ -61,7 +63,79 @@ of the whole state (hosts, devices, leases).`,
 			newSnapshotSaveCmd(),
 			newSnapshotRestoreCmd(),
 		),
+		newGroupCmd(&cobra.Command{
+			Use:   "keys",
+			Short: "List or rotate the keys that sign lease tokens",
+			Long: `The brokers sign a token for each lease and host with an Ed25519 key kept in
+the replicated state; agents verify tokens with the public keys the brokers
+hand them. Rotating makes a new key sign at once; the old one keeps verifying
+until every token it signed has expired (the longest TTL of a granted lease,
+plus a minute), then is dropped.`,
+			Example: `  gpupool operator keys ls
+  gpupool operator keys rotate`,
+		},
+			newKeysListCmd(),
+			newKeysRotateCmd(),
+		),
 	)
+}
+
+func newKeysListCmd() *cobra.Command {
+	return &cobra.Command{
+		Use:     "ls",
+		Aliases: []string{"list"},
+		Short:   "List the token signing keys agents accept",
+		Long:    `Ls lists the key that signs lease tokens now and the rotated ones that still verify, with how long they will.`,
+		Example: `  gpupool operator keys ls -o json`,
+		Args:    exactArgs(0),
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			return withClient(cmd, func(ctx context.Context, c *client.Client) error {
+				resp, err := c.Operator.ListSigningKeys(ctx, &gpupoolv1.ListSigningKeysRequest{})
+				if err != nil {
+					return err
+				}
+				return render(cmd.OutOrStdout(), resp, func(w io.Writer) error { return printKeys(w, resp.GetKeys(), time.Now()) })
+			})
+		},
+	}
+}
+
+func newKeysRotateCmd() *cobra.Command {
+	return &cobra.Command{
+		Use:   "rotate",
+		Short: "Make a new key sign lease tokens; the old one verifies until its tokens expire",
+		Long: `Rotate generates a new Ed25519 key, replicates it and signs every token from
+now on with it. The key it replaces keeps verifying until the tokens it signed
+have expired, so no lease holder is cut off; agents learn the new key with
+their next heartbeat.`,
+		Example: `  gpupool operator keys rotate`,
+		Args:    exactArgs(0),
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			return withClient(cmd, func(ctx context.Context, c *client.Client) error {
+				resp, err := c.Operator.RotateSigningKey(ctx, &gpupoolv1.RotateSigningKeyRequest{})
+				if err != nil {
+					return err
+				}
+				return render(cmd.OutOrStdout(), resp, func(w io.Writer) error {
+					fmt.Fprintf(w, "now signing with %s\n\n", resp.GetKeyId())
+					return printKeys(w, resp.GetKeys(), time.Now())
+				})
+			})
+		},
+	}
+}
+
+// printKeys prints one row per signing key.
+func printKeys(w io.Writer, keys []*gpupoolv1.PublicKey, now time.Time) error {
+	t := newTable(w, "KEY", "STATE", "PUBLIC KEY")
+	for _, k := range keys {
+		state := "signing"
+		if k.GetVerifyUntilMs() != 0 {
+			state = "verifies for " + humanDuration(time.UnixMilli(k.GetVerifyUntilMs()).Sub(now))
+		}
+		t.row(k.GetId(), state, base64.RawURLEncoding.EncodeToString(k.GetPublicKey()))
+	}
+	return t.flush()
 }
 
 func newRaftPeersCmd() *cobra.Command {

@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	gpupoolv1 "github.com/gpupool/gpupool/proto/gpupool/v1"
 )
@@ -175,4 +176,26 @@ func TestPrintSnapshotSaved(t *testing.T) {
 	if got, want := buf.String(), "{\n  \"file\": \"b.snap\",\n  \"bytes\": 1234\n}\n"; got != want {
 		t.Errorf("got %q, want %q", got, want)
 	}
+}
+
+func TestPrintKeys(t *testing.T) {
+	now := time.Date(2026, 1, 1, 12, 0, 0, 0, time.UTC)
+	var buf bytes.Buffer
+	keys := []*gpupoolv1.PublicKey{{Id: "k-new", PublicKey: []byte{1, 2, 3}}, {Id: "k-old", PublicKey: []byte{4}, VerifyUntilMs: now.Add(61 * time.Minute).UnixMilli()}}
+	if err := printKeys(&buf, keys, now); err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"k-new  signing", "k-old  verifies for 61m", "AQID"} {
+		if !strings.Contains(buf.String(), want) {
+			t.Errorf("printKeys output lacks %q:\n%s", want, buf.String())
+		}
+	}
+}
+
+func TestKeysCommandsRefuseBadInput(t *testing.T) {
+	checkUsageErrors(t, []usageCase{
+		{"rotate with an argument", []string{"operator", "keys", "rotate", "now"}, []string{"accepts 0 arg(s), received 1"}},
+		{"ls with a bad -o", []string{"operator", "keys", "ls", "-o", "yaml"}, []string{`--output "yaml"`}},
+		{"an unknown keys command", []string{"operator", "keys", "revoke"}, []string{"revoke"}},
+	})
 }

@@ -118,8 +118,10 @@ type RegisterResponse struct {
 	HostId              string                 `protobuf:"bytes,1,opt,name=host_id,json=hostId,proto3" json:"host_id,omitempty"`
 	HeartbeatIntervalMs int64                  `protobuf:"varint,2,opt,name=heartbeat_interval_ms,json=heartbeatIntervalMs,proto3" json:"heartbeat_interval_ms,omitempty"`
 	HeartbeatTtlMs      int64                  `protobuf:"varint,3,opt,name=heartbeat_ttl_ms,json=heartbeatTtlMs,proto3" json:"heartbeat_ttl_ms,omitempty"`
-	unknownFields       protoimpl.UnknownFields
-	sizeCache           protoimpl.SizeCache
+	// The brokers' token signing keys, for the data plane.
+	Keys          []*PublicKey `protobuf:"bytes,4,rep,name=keys,proto3" json:"keys,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *RegisterResponse) Reset() {
@@ -171,6 +173,13 @@ func (x *RegisterResponse) GetHeartbeatTtlMs() int64 {
 		return x.HeartbeatTtlMs
 	}
 	return 0
+}
+
+func (x *RegisterResponse) GetKeys() []*PublicKey {
+	if x != nil {
+		return x.Keys
+	}
+	return nil
 }
 
 type HeartbeatRequest struct {
@@ -588,6 +597,9 @@ type HeartbeatResponse struct {
 	// Agent events up to this seq are applied; the agent stops resending
 	// them.
 	AckedEventSeq uint64 `protobuf:"varint,4,opt,name=acked_event_seq,json=ackedEventSeq,proto3" json:"acked_event_seq,omitempty"`
+	// The brokers' token signing keys; they change when an operator rotates
+	// them.
+	Keys          []*PublicKey `protobuf:"bytes,5,rep,name=keys,proto3" json:"keys,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -650,6 +662,13 @@ func (x *HeartbeatResponse) GetAckedEventSeq() uint64 {
 	return 0
 }
 
+func (x *HeartbeatResponse) GetKeys() []*PublicKey {
+	if x != nil {
+		return x.Keys
+	}
+	return nil
+}
+
 var File_gpupool_v1_agent_proto protoreflect.FileDescriptor
 
 const file_gpupool_v1_agent_proto_rawDesc = "" +
@@ -657,11 +676,12 @@ const file_gpupool_v1_agent_proto_rawDesc = "" +
 	"\x16gpupool/v1/agent.proto\x12\n" +
 	"gpupool.v1\x1a\x16gpupool/v1/types.proto\"7\n" +
 	"\x0fRegisterRequest\x12$\n" +
-	"\x04host\x18\x01 \x01(\v2\x10.gpupool.v1.HostR\x04host\"\x89\x01\n" +
+	"\x04host\x18\x01 \x01(\v2\x10.gpupool.v1.HostR\x04host\"\xb4\x01\n" +
 	"\x10RegisterResponse\x12\x17\n" +
 	"\ahost_id\x18\x01 \x01(\tR\x06hostId\x122\n" +
 	"\x15heartbeat_interval_ms\x18\x02 \x01(\x03R\x13heartbeatIntervalMs\x12(\n" +
-	"\x10heartbeat_ttl_ms\x18\x03 \x01(\x03R\x0eheartbeatTtlMs\"\x8d\x02\n" +
+	"\x10heartbeat_ttl_ms\x18\x03 \x01(\x03R\x0eheartbeatTtlMs\x12)\n" +
+	"\x04keys\x18\x04 \x03(\v2\x15.gpupool.v1.PublicKeyR\x04keys\"\x8d\x02\n" +
 	"\x10HeartbeatRequest\x12\x17\n" +
 	"\ahost_id\x18\x01 \x01(\tR\x06hostId\x12\x1b\n" +
 	"\ttorn_down\x18\x02 \x03(\tR\btornDown\x122\n" +
@@ -695,12 +715,13 @@ const file_gpupool_v1_agent_proto_rawDesc = "" +
 	"\x06tenant\x18\x05 \x01(\tR\x06tenant\x12\x16\n" +
 	"\x06holder\x18\x06 \x01(\tR\x06holder\x12\x15\n" +
 	"\x06ttl_ms\x18\a \x01(\x03R\x05ttlMs\x12\"\n" +
-	"\rexpires_in_ms\x18\b \x01(\x03R\vexpiresInMs\"\xd5\x01\n" +
+	"\rexpires_in_ms\x18\b \x01(\x03R\vexpiresInMs\"\x80\x02\n" +
 	"\x11HeartbeatResponse\x120\n" +
 	"\aenforce\x18\x01 \x03(\v2\x16.gpupool.v1.AssignmentR\aenforce\x122\n" +
 	"\bteardown\x18\x02 \x03(\v2\x16.gpupool.v1.AssignmentR\bteardown\x122\n" +
 	"\x15heartbeat_interval_ms\x18\x03 \x01(\x03R\x13heartbeatIntervalMs\x12&\n" +
-	"\x0facked_event_seq\x18\x04 \x01(\x04R\rackedEventSeq*R\n" +
+	"\x0facked_event_seq\x18\x04 \x01(\x04R\rackedEventSeq\x12)\n" +
+	"\x04keys\x18\x05 \x03(\v2\x15.gpupool.v1.PublicKeyR\x04keys*R\n" +
 	"\x0eAgentEventType\x12 \n" +
 	"\x1cAGENT_EVENT_TYPE_UNSPECIFIED\x10\x00\x12\x1e\n" +
 	"\x1aAGENT_EVENT_TYPE_VIOLATION\x10\x012\xa3\x01\n" +
@@ -733,32 +754,35 @@ var file_gpupool_v1_agent_proto_goTypes = []any{
 	(*Assignment)(nil),        // 7: gpupool.v1.Assignment
 	(*HeartbeatResponse)(nil), // 8: gpupool.v1.HeartbeatResponse
 	(*Host)(nil),              // 9: gpupool.v1.Host
-	(*LeaseUsage)(nil),        // 10: gpupool.v1.LeaseUsage
-	(DeviceHealth)(0),         // 11: gpupool.v1.DeviceHealth
-	(LeaseState)(0),           // 12: gpupool.v1.LeaseState
-	(*Slice)(nil),             // 13: gpupool.v1.Slice
+	(*PublicKey)(nil),         // 10: gpupool.v1.PublicKey
+	(*LeaseUsage)(nil),        // 11: gpupool.v1.LeaseUsage
+	(DeviceHealth)(0),         // 12: gpupool.v1.DeviceHealth
+	(LeaseState)(0),           // 13: gpupool.v1.LeaseState
+	(*Slice)(nil),             // 14: gpupool.v1.Slice
 }
 var file_gpupool_v1_agent_proto_depIdxs = []int32{
 	9,  // 0: gpupool.v1.RegisterRequest.host:type_name -> gpupool.v1.Host
-	4,  // 1: gpupool.v1.HeartbeatRequest.devices:type_name -> gpupool.v1.DeviceReport
-	10, // 2: gpupool.v1.HeartbeatRequest.usage:type_name -> gpupool.v1.LeaseUsage
-	5,  // 3: gpupool.v1.HeartbeatRequest.events:type_name -> gpupool.v1.AgentEvent
-	6,  // 4: gpupool.v1.HeartbeatRequest.rejected:type_name -> gpupool.v1.Rejection
-	11, // 5: gpupool.v1.DeviceReport.health:type_name -> gpupool.v1.DeviceHealth
-	0,  // 6: gpupool.v1.AgentEvent.type:type_name -> gpupool.v1.AgentEventType
-	12, // 7: gpupool.v1.Assignment.state:type_name -> gpupool.v1.LeaseState
-	13, // 8: gpupool.v1.Assignment.slices:type_name -> gpupool.v1.Slice
-	7,  // 9: gpupool.v1.HeartbeatResponse.enforce:type_name -> gpupool.v1.Assignment
-	7,  // 10: gpupool.v1.HeartbeatResponse.teardown:type_name -> gpupool.v1.Assignment
-	1,  // 11: gpupool.v1.AgentService.Register:input_type -> gpupool.v1.RegisterRequest
-	3,  // 12: gpupool.v1.AgentService.Heartbeat:input_type -> gpupool.v1.HeartbeatRequest
-	2,  // 13: gpupool.v1.AgentService.Register:output_type -> gpupool.v1.RegisterResponse
-	8,  // 14: gpupool.v1.AgentService.Heartbeat:output_type -> gpupool.v1.HeartbeatResponse
-	13, // [13:15] is the sub-list for method output_type
-	11, // [11:13] is the sub-list for method input_type
-	11, // [11:11] is the sub-list for extension type_name
-	11, // [11:11] is the sub-list for extension extendee
-	0,  // [0:11] is the sub-list for field type_name
+	10, // 1: gpupool.v1.RegisterResponse.keys:type_name -> gpupool.v1.PublicKey
+	4,  // 2: gpupool.v1.HeartbeatRequest.devices:type_name -> gpupool.v1.DeviceReport
+	11, // 3: gpupool.v1.HeartbeatRequest.usage:type_name -> gpupool.v1.LeaseUsage
+	5,  // 4: gpupool.v1.HeartbeatRequest.events:type_name -> gpupool.v1.AgentEvent
+	6,  // 5: gpupool.v1.HeartbeatRequest.rejected:type_name -> gpupool.v1.Rejection
+	12, // 6: gpupool.v1.DeviceReport.health:type_name -> gpupool.v1.DeviceHealth
+	0,  // 7: gpupool.v1.AgentEvent.type:type_name -> gpupool.v1.AgentEventType
+	13, // 8: gpupool.v1.Assignment.state:type_name -> gpupool.v1.LeaseState
+	14, // 9: gpupool.v1.Assignment.slices:type_name -> gpupool.v1.Slice
+	7,  // 10: gpupool.v1.HeartbeatResponse.enforce:type_name -> gpupool.v1.Assignment
+	7,  // 11: gpupool.v1.HeartbeatResponse.teardown:type_name -> gpupool.v1.Assignment
+	10, // 12: gpupool.v1.HeartbeatResponse.keys:type_name -> gpupool.v1.PublicKey
+	1,  // 13: gpupool.v1.AgentService.Register:input_type -> gpupool.v1.RegisterRequest
+	3,  // 14: gpupool.v1.AgentService.Heartbeat:input_type -> gpupool.v1.HeartbeatRequest
+	2,  // 15: gpupool.v1.AgentService.Register:output_type -> gpupool.v1.RegisterResponse
+	8,  // 16: gpupool.v1.AgentService.Heartbeat:output_type -> gpupool.v1.HeartbeatResponse
+	15, // [15:17] is the sub-list for method output_type
+	13, // [13:15] is the sub-list for method input_type
+	13, // [13:13] is the sub-list for extension type_name
+	13, // [13:13] is the sub-list for extension extendee
+	0,  // [0:13] is the sub-list for field type_name
 }
 
 func init() { file_gpupool_v1_agent_proto_init() }

@@ -750,6 +750,131 @@ func (x *RecordAgentEventsCommand) GetEvents() []*AgentEvent {
 	return nil
 }
 
+// SigningKey is a broker token signing key. The private half is in the
+// Raft state, so every server can sign after a failover.
+type SigningKey struct {
+	state       protoimpl.MessageState `protogen:"open.v1"`
+	Id          string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	PublicKey   []byte                 `protobuf:"bytes,2,opt,name=public_key,json=publicKey,proto3" json:"public_key,omitempty"`
+	PrivateKey  []byte                 `protobuf:"bytes,3,opt,name=private_key,json=privateKey,proto3" json:"private_key,omitempty"`
+	CreatedAtMs int64                  `protobuf:"varint,4,opt,name=created_at_ms,json=createdAtMs,proto3" json:"created_at_ms,omitempty"`
+	// 0 for the key that signs now; else the time after which tokens it
+	// signed are no longer accepted and the key may be dropped.
+	VerifyUntilMs int64 `protobuf:"varint,5,opt,name=verify_until_ms,json=verifyUntilMs,proto3" json:"verify_until_ms,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SigningKey) Reset() {
+	*x = SigningKey{}
+	mi := &file_gpupool_v1_internal_proto_msgTypes[12]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SigningKey) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SigningKey) ProtoMessage() {}
+
+func (x *SigningKey) ProtoReflect() protoreflect.Message {
+	mi := &file_gpupool_v1_internal_proto_msgTypes[12]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SigningKey.ProtoReflect.Descriptor instead.
+func (*SigningKey) Descriptor() ([]byte, []int) {
+	return file_gpupool_v1_internal_proto_rawDescGZIP(), []int{12}
+}
+
+func (x *SigningKey) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
+}
+
+func (x *SigningKey) GetPublicKey() []byte {
+	if x != nil {
+		return x.PublicKey
+	}
+	return nil
+}
+
+func (x *SigningKey) GetPrivateKey() []byte {
+	if x != nil {
+		return x.PrivateKey
+	}
+	return nil
+}
+
+func (x *SigningKey) GetCreatedAtMs() int64 {
+	if x != nil {
+		return x.CreatedAtMs
+	}
+	return 0
+}
+
+func (x *SigningKey) GetVerifyUntilMs() int64 {
+	if x != nil {
+		return x.VerifyUntilMs
+	}
+	return 0
+}
+
+// SetSigningKeysCommand replaces the set of signing keys.
+type SetSigningKeysCommand struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Keys          []*SigningKey          `protobuf:"bytes,1,rep,name=keys,proto3" json:"keys,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SetSigningKeysCommand) Reset() {
+	*x = SetSigningKeysCommand{}
+	mi := &file_gpupool_v1_internal_proto_msgTypes[13]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SetSigningKeysCommand) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SetSigningKeysCommand) ProtoMessage() {}
+
+func (x *SetSigningKeysCommand) ProtoReflect() protoreflect.Message {
+	mi := &file_gpupool_v1_internal_proto_msgTypes[13]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SetSigningKeysCommand.ProtoReflect.Descriptor instead.
+func (*SetSigningKeysCommand) Descriptor() ([]byte, []int) {
+	return file_gpupool_v1_internal_proto_rawDescGZIP(), []int{13}
+}
+
+func (x *SetSigningKeysCommand) GetKeys() []*SigningKey {
+	if x != nil {
+		return x.Keys
+	}
+	return nil
+}
+
 // StateSnapshot is the whole FSM state, in the order of the store's indexes.
 type StateSnapshot struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
@@ -758,13 +883,14 @@ type StateSnapshot struct {
 	Devices       []*Device              `protobuf:"bytes,3,rep,name=devices,proto3" json:"devices,omitempty"`
 	Leases        []*Lease               `protobuf:"bytes,4,rep,name=leases,proto3" json:"leases,omitempty"`
 	Index         uint64                 `protobuf:"varint,5,opt,name=index,proto3" json:"index,omitempty"`
+	SigningKeys   []*SigningKey          `protobuf:"bytes,6,rep,name=signing_keys,json=signingKeys,proto3" json:"signing_keys,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *StateSnapshot) Reset() {
 	*x = StateSnapshot{}
-	mi := &file_gpupool_v1_internal_proto_msgTypes[12]
+	mi := &file_gpupool_v1_internal_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -776,7 +902,7 @@ func (x *StateSnapshot) String() string {
 func (*StateSnapshot) ProtoMessage() {}
 
 func (x *StateSnapshot) ProtoReflect() protoreflect.Message {
-	mi := &file_gpupool_v1_internal_proto_msgTypes[12]
+	mi := &file_gpupool_v1_internal_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -789,7 +915,7 @@ func (x *StateSnapshot) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StateSnapshot.ProtoReflect.Descriptor instead.
 func (*StateSnapshot) Descriptor() ([]byte, []int) {
-	return file_gpupool_v1_internal_proto_rawDescGZIP(), []int{12}
+	return file_gpupool_v1_internal_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *StateSnapshot) GetServers() []*UpsertServerCommand {
@@ -825,6 +951,13 @@ func (x *StateSnapshot) GetIndex() uint64 {
 		return x.Index
 	}
 	return 0
+}
+
+func (x *StateSnapshot) GetSigningKeys() []*SigningKey {
+	if x != nil {
+		return x.SigningKeys
+	}
+	return nil
 }
 
 var File_gpupool_v1_internal_proto protoreflect.FileDescriptor
@@ -882,13 +1015,25 @@ const file_gpupool_v1_internal_proto_rawDesc = "" +
 	"\x06now_ms\x18\x03 \x01(\x03R\x05nowMs\"c\n" +
 	"\x18RecordAgentEventsCommand\x12\x17\n" +
 	"\ahost_id\x18\x01 \x01(\tR\x06hostId\x12.\n" +
-	"\x06events\x18\x02 \x03(\v2\x16.gpupool.v1.AgentEventR\x06events\"\xe1\x01\n" +
+	"\x06events\x18\x02 \x03(\v2\x16.gpupool.v1.AgentEventR\x06events\"\xa8\x01\n" +
+	"\n" +
+	"SigningKey\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id\x12\x1d\n" +
+	"\n" +
+	"public_key\x18\x02 \x01(\fR\tpublicKey\x12\x1f\n" +
+	"\vprivate_key\x18\x03 \x01(\fR\n" +
+	"privateKey\x12\"\n" +
+	"\rcreated_at_ms\x18\x04 \x01(\x03R\vcreatedAtMs\x12&\n" +
+	"\x0fverify_until_ms\x18\x05 \x01(\x03R\rverifyUntilMs\"C\n" +
+	"\x15SetSigningKeysCommand\x12*\n" +
+	"\x04keys\x18\x01 \x03(\v2\x16.gpupool.v1.SigningKeyR\x04keys\"\x9c\x02\n" +
 	"\rStateSnapshot\x129\n" +
 	"\aservers\x18\x01 \x03(\v2\x1f.gpupool.v1.UpsertServerCommandR\aservers\x12&\n" +
 	"\x05hosts\x18\x02 \x03(\v2\x10.gpupool.v1.HostR\x05hosts\x12,\n" +
 	"\adevices\x18\x03 \x03(\v2\x12.gpupool.v1.DeviceR\adevices\x12)\n" +
 	"\x06leases\x18\x04 \x03(\v2\x11.gpupool.v1.LeaseR\x06leases\x12\x14\n" +
-	"\x05index\x18\x05 \x01(\x04R\x05index2\x98\x01\n" +
+	"\x05index\x18\x05 \x01(\x04R\x05index\x129\n" +
+	"\fsigning_keys\x18\x06 \x03(\v2\x16.gpupool.v1.SigningKeyR\vsigningKeys2\x98\x01\n" +
 	"\x0eClusterService\x12K\n" +
 	"\n" +
 	"ServerInfo\x12\x1d.gpupool.v1.ServerInfoRequest\x1a\x1e.gpupool.v1.ServerInfoResponse\x129\n" +
@@ -906,7 +1051,7 @@ func file_gpupool_v1_internal_proto_rawDescGZIP() []byte {
 	return file_gpupool_v1_internal_proto_rawDescData
 }
 
-var file_gpupool_v1_internal_proto_msgTypes = make([]protoimpl.MessageInfo, 13)
+var file_gpupool_v1_internal_proto_msgTypes = make([]protoimpl.MessageInfo, 15)
 var file_gpupool_v1_internal_proto_goTypes = []any{
 	(*ServerInfoRequest)(nil),        // 0: gpupool.v1.ServerInfoRequest
 	(*ServerInfoResponse)(nil),       // 1: gpupool.v1.ServerInfoResponse
@@ -920,36 +1065,40 @@ var file_gpupool_v1_internal_proto_goTypes = []any{
 	(*FreeLeaseCommand)(nil),         // 9: gpupool.v1.FreeLeaseCommand
 	(*SetDeviceHealthCommand)(nil),   // 10: gpupool.v1.SetDeviceHealthCommand
 	(*RecordAgentEventsCommand)(nil), // 11: gpupool.v1.RecordAgentEventsCommand
-	(*StateSnapshot)(nil),            // 12: gpupool.v1.StateSnapshot
-	(*Host)(nil),                     // 13: gpupool.v1.Host
-	(*Device)(nil),                   // 14: gpupool.v1.Device
-	(HostStatus)(0),                  // 15: gpupool.v1.HostStatus
-	(*Lease)(nil),                    // 16: gpupool.v1.Lease
-	(LeaseState)(0),                  // 17: gpupool.v1.LeaseState
-	(*DeviceReport)(nil),             // 18: gpupool.v1.DeviceReport
-	(*AgentEvent)(nil),               // 19: gpupool.v1.AgentEvent
+	(*SigningKey)(nil),               // 12: gpupool.v1.SigningKey
+	(*SetSigningKeysCommand)(nil),    // 13: gpupool.v1.SetSigningKeysCommand
+	(*StateSnapshot)(nil),            // 14: gpupool.v1.StateSnapshot
+	(*Host)(nil),                     // 15: gpupool.v1.Host
+	(*Device)(nil),                   // 16: gpupool.v1.Device
+	(HostStatus)(0),                  // 17: gpupool.v1.HostStatus
+	(*Lease)(nil),                    // 18: gpupool.v1.Lease
+	(LeaseState)(0),                  // 19: gpupool.v1.LeaseState
+	(*DeviceReport)(nil),             // 20: gpupool.v1.DeviceReport
+	(*AgentEvent)(nil),               // 21: gpupool.v1.AgentEvent
 }
 var file_gpupool_v1_internal_proto_depIdxs = []int32{
-	13, // 0: gpupool.v1.RegisterHostCommand.host:type_name -> gpupool.v1.Host
-	14, // 1: gpupool.v1.RegisterHostCommand.devices:type_name -> gpupool.v1.Device
-	15, // 2: gpupool.v1.SetHostStatusCommand.status:type_name -> gpupool.v1.HostStatus
-	16, // 3: gpupool.v1.GrantLeaseCommand.lease:type_name -> gpupool.v1.Lease
-	17, // 4: gpupool.v1.EndLeaseCommand.end_state:type_name -> gpupool.v1.LeaseState
-	18, // 5: gpupool.v1.SetDeviceHealthCommand.devices:type_name -> gpupool.v1.DeviceReport
-	19, // 6: gpupool.v1.RecordAgentEventsCommand.events:type_name -> gpupool.v1.AgentEvent
-	4,  // 7: gpupool.v1.StateSnapshot.servers:type_name -> gpupool.v1.UpsertServerCommand
-	13, // 8: gpupool.v1.StateSnapshot.hosts:type_name -> gpupool.v1.Host
-	14, // 9: gpupool.v1.StateSnapshot.devices:type_name -> gpupool.v1.Device
-	16, // 10: gpupool.v1.StateSnapshot.leases:type_name -> gpupool.v1.Lease
-	0,  // 11: gpupool.v1.ClusterService.ServerInfo:input_type -> gpupool.v1.ServerInfoRequest
-	2,  // 12: gpupool.v1.ClusterService.Join:input_type -> gpupool.v1.JoinRequest
-	1,  // 13: gpupool.v1.ClusterService.ServerInfo:output_type -> gpupool.v1.ServerInfoResponse
-	3,  // 14: gpupool.v1.ClusterService.Join:output_type -> gpupool.v1.JoinResponse
-	13, // [13:15] is the sub-list for method output_type
-	11, // [11:13] is the sub-list for method input_type
-	11, // [11:11] is the sub-list for extension type_name
-	11, // [11:11] is the sub-list for extension extendee
-	0,  // [0:11] is the sub-list for field type_name
+	15, // 0: gpupool.v1.RegisterHostCommand.host:type_name -> gpupool.v1.Host
+	16, // 1: gpupool.v1.RegisterHostCommand.devices:type_name -> gpupool.v1.Device
+	17, // 2: gpupool.v1.SetHostStatusCommand.status:type_name -> gpupool.v1.HostStatus
+	18, // 3: gpupool.v1.GrantLeaseCommand.lease:type_name -> gpupool.v1.Lease
+	19, // 4: gpupool.v1.EndLeaseCommand.end_state:type_name -> gpupool.v1.LeaseState
+	20, // 5: gpupool.v1.SetDeviceHealthCommand.devices:type_name -> gpupool.v1.DeviceReport
+	21, // 6: gpupool.v1.RecordAgentEventsCommand.events:type_name -> gpupool.v1.AgentEvent
+	12, // 7: gpupool.v1.SetSigningKeysCommand.keys:type_name -> gpupool.v1.SigningKey
+	4,  // 8: gpupool.v1.StateSnapshot.servers:type_name -> gpupool.v1.UpsertServerCommand
+	15, // 9: gpupool.v1.StateSnapshot.hosts:type_name -> gpupool.v1.Host
+	16, // 10: gpupool.v1.StateSnapshot.devices:type_name -> gpupool.v1.Device
+	18, // 11: gpupool.v1.StateSnapshot.leases:type_name -> gpupool.v1.Lease
+	12, // 12: gpupool.v1.StateSnapshot.signing_keys:type_name -> gpupool.v1.SigningKey
+	0,  // 13: gpupool.v1.ClusterService.ServerInfo:input_type -> gpupool.v1.ServerInfoRequest
+	2,  // 14: gpupool.v1.ClusterService.Join:input_type -> gpupool.v1.JoinRequest
+	1,  // 15: gpupool.v1.ClusterService.ServerInfo:output_type -> gpupool.v1.ServerInfoResponse
+	3,  // 16: gpupool.v1.ClusterService.Join:output_type -> gpupool.v1.JoinResponse
+	15, // [15:17] is the sub-list for method output_type
+	13, // [13:15] is the sub-list for method input_type
+	13, // [13:13] is the sub-list for extension type_name
+	13, // [13:13] is the sub-list for extension extendee
+	0,  // [0:13] is the sub-list for field type_name
 }
 
 func init() { file_gpupool_v1_internal_proto_init() }
@@ -965,7 +1114,7 @@ func file_gpupool_v1_internal_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_gpupool_v1_internal_proto_rawDesc), len(file_gpupool_v1_internal_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   13,
+			NumMessages:   15,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -138,7 +138,9 @@ type AcquireResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	Lease *Lease                 `protobuf:"bytes,1,opt,name=lease,proto3" json:"lease,omitempty"`
 	// True when request_id matched an existing lease.
-	Existing      bool `protobuf:"varint,2,opt,name=existing,proto3" json:"existing,omitempty"`
+	Existing bool `protobuf:"varint,2,opt,name=existing,proto3" json:"existing,omitempty"`
+	// One token per host of the lease, for the data plane.
+	Tokens        []*HostToken `protobuf:"bytes,3,rep,name=tokens,proto3" json:"tokens,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -185,6 +187,13 @@ func (x *AcquireResponse) GetExisting() bool {
 		return x.Existing
 	}
 	return false
+}
+
+func (x *AcquireResponse) GetTokens() []*HostToken {
+	if x != nil {
+		return x.Tokens
+	}
+	return nil
 }
 
 type KeepAliveRequest struct {
@@ -310,7 +319,9 @@ type KeepAliveResponse struct {
 	// Set when the renewal failed, e.g. "lease l-1 not found".
 	Error string `protobuf:"bytes,4,opt,name=error,proto3" json:"error,omitempty"`
 	// Set when the message carries an event instead of a renewal answer.
-	Event         *LeaseEvent `protobuf:"bytes,5,opt,name=event,proto3" json:"event,omitempty"`
+	Event *LeaseEvent `protobuf:"bytes,5,opt,name=event,proto3" json:"event,omitempty"`
+	// Renewed tokens, one per host of the lease, with a renewal answer.
+	Tokens        []*HostToken `protobuf:"bytes,6,rep,name=tokens,proto3" json:"tokens,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -376,6 +387,13 @@ func (x *KeepAliveResponse) GetError() string {
 func (x *KeepAliveResponse) GetEvent() *LeaseEvent {
 	if x != nil {
 		return x.Event
+	}
+	return nil
+}
+
+func (x *KeepAliveResponse) GetTokens() []*HostToken {
+	if x != nil {
+		return x.Tokens
 	}
 	return nil
 }
@@ -762,10 +780,11 @@ const file_gpupool_v1_lease_proto_rawDesc = "" +
 	"\x16gpupool/v1/lease.proto\x12\n" +
 	"gpupool.v1\x1a\x16gpupool/v1/types.proto\"D\n" +
 	"\x0eAcquireRequest\x122\n" +
-	"\arequest\x18\x01 \x01(\v2\x18.gpupool.v1.LeaseRequestR\arequest\"V\n" +
+	"\arequest\x18\x01 \x01(\v2\x18.gpupool.v1.LeaseRequestR\arequest\"\x85\x01\n" +
 	"\x0fAcquireResponse\x12'\n" +
 	"\x05lease\x18\x01 \x01(\v2\x11.gpupool.v1.LeaseR\x05lease\x12\x1a\n" +
-	"\bexisting\x18\x02 \x01(\bR\bexisting\"-\n" +
+	"\bexisting\x18\x02 \x01(\bR\bexisting\x12-\n" +
+	"\x06tokens\x18\x03 \x03(\v2\x15.gpupool.v1.HostTokenR\x06tokens\"-\n" +
 	"\x10KeepAliveRequest\x12\x19\n" +
 	"\blease_id\x18\x01 \x01(\tR\aleaseId\"\x95\x01\n" +
 	"\n" +
@@ -773,13 +792,14 @@ const file_gpupool_v1_lease_proto_rawDesc = "" +
 	"\x04type\x18\x01 \x01(\x0e2\x1a.gpupool.v1.LeaseEventTypeR\x04type\x12'\n" +
 	"\x05lease\x18\x02 \x01(\v2\x11.gpupool.v1.LeaseR\x05lease\x12\x18\n" +
 	"\amessage\x18\x03 \x01(\tR\amessage\x12\x14\n" +
-	"\x05index\x18\x04 \x01(\x04R\x05index\"\xb7\x01\n" +
+	"\x05index\x18\x04 \x01(\x04R\x05index\"\xe6\x01\n" +
 	"\x11KeepAliveResponse\x12\x19\n" +
 	"\blease_id\x18\x01 \x01(\tR\aleaseId\x12\x15\n" +
 	"\x06ttl_ms\x18\x02 \x01(\x03R\x05ttlMs\x12,\n" +
 	"\x05state\x18\x03 \x01(\x0e2\x16.gpupool.v1.LeaseStateR\x05state\x12\x14\n" +
 	"\x05error\x18\x04 \x01(\tR\x05error\x12,\n" +
-	"\x05event\x18\x05 \x01(\v2\x16.gpupool.v1.LeaseEventR\x05event\"C\n" +
+	"\x05event\x18\x05 \x01(\v2\x16.gpupool.v1.LeaseEventR\x05event\x12-\n" +
+	"\x06tokens\x18\x06 \x03(\v2\x15.gpupool.v1.HostTokenR\x06tokens\"C\n" +
 	"\x0eReleaseRequest\x12\x19\n" +
 	"\blease_id\x18\x01 \x01(\tR\aleaseId\x12\x16\n" +
 	"\x06reason\x18\x02 \x01(\tR\x06reason\":\n" +
@@ -850,36 +870,39 @@ var file_gpupool_v1_lease_proto_goTypes = []any{
 	(*WatchLeasesRequest)(nil), // 12: gpupool.v1.WatchLeasesRequest
 	(*LeaseRequest)(nil),       // 13: gpupool.v1.LeaseRequest
 	(*Lease)(nil),              // 14: gpupool.v1.Lease
-	(LeaseState)(0),            // 15: gpupool.v1.LeaseState
+	(*HostToken)(nil),          // 15: gpupool.v1.HostToken
+	(LeaseState)(0),            // 16: gpupool.v1.LeaseState
 }
 var file_gpupool_v1_lease_proto_depIdxs = []int32{
 	13, // 0: gpupool.v1.AcquireRequest.request:type_name -> gpupool.v1.LeaseRequest
 	14, // 1: gpupool.v1.AcquireResponse.lease:type_name -> gpupool.v1.Lease
-	0,  // 2: gpupool.v1.LeaseEvent.type:type_name -> gpupool.v1.LeaseEventType
-	14, // 3: gpupool.v1.LeaseEvent.lease:type_name -> gpupool.v1.Lease
-	15, // 4: gpupool.v1.KeepAliveResponse.state:type_name -> gpupool.v1.LeaseState
-	4,  // 5: gpupool.v1.KeepAliveResponse.event:type_name -> gpupool.v1.LeaseEvent
-	14, // 6: gpupool.v1.ReleaseResponse.lease:type_name -> gpupool.v1.Lease
-	14, // 7: gpupool.v1.GetLeaseResponse.lease:type_name -> gpupool.v1.Lease
-	15, // 8: gpupool.v1.ListLeasesRequest.states:type_name -> gpupool.v1.LeaseState
-	14, // 9: gpupool.v1.ListLeasesResponse.leases:type_name -> gpupool.v1.Lease
-	1,  // 10: gpupool.v1.LeaseService.Acquire:input_type -> gpupool.v1.AcquireRequest
-	3,  // 11: gpupool.v1.LeaseService.KeepAlive:input_type -> gpupool.v1.KeepAliveRequest
-	6,  // 12: gpupool.v1.LeaseService.Release:input_type -> gpupool.v1.ReleaseRequest
-	8,  // 13: gpupool.v1.LeaseService.Get:input_type -> gpupool.v1.GetLeaseRequest
-	10, // 14: gpupool.v1.LeaseService.List:input_type -> gpupool.v1.ListLeasesRequest
-	12, // 15: gpupool.v1.LeaseService.Watch:input_type -> gpupool.v1.WatchLeasesRequest
-	2,  // 16: gpupool.v1.LeaseService.Acquire:output_type -> gpupool.v1.AcquireResponse
-	5,  // 17: gpupool.v1.LeaseService.KeepAlive:output_type -> gpupool.v1.KeepAliveResponse
-	7,  // 18: gpupool.v1.LeaseService.Release:output_type -> gpupool.v1.ReleaseResponse
-	9,  // 19: gpupool.v1.LeaseService.Get:output_type -> gpupool.v1.GetLeaseResponse
-	11, // 20: gpupool.v1.LeaseService.List:output_type -> gpupool.v1.ListLeasesResponse
-	4,  // 21: gpupool.v1.LeaseService.Watch:output_type -> gpupool.v1.LeaseEvent
-	16, // [16:22] is the sub-list for method output_type
-	10, // [10:16] is the sub-list for method input_type
-	10, // [10:10] is the sub-list for extension type_name
-	10, // [10:10] is the sub-list for extension extendee
-	0,  // [0:10] is the sub-list for field type_name
+	15, // 2: gpupool.v1.AcquireResponse.tokens:type_name -> gpupool.v1.HostToken
+	0,  // 3: gpupool.v1.LeaseEvent.type:type_name -> gpupool.v1.LeaseEventType
+	14, // 4: gpupool.v1.LeaseEvent.lease:type_name -> gpupool.v1.Lease
+	16, // 5: gpupool.v1.KeepAliveResponse.state:type_name -> gpupool.v1.LeaseState
+	4,  // 6: gpupool.v1.KeepAliveResponse.event:type_name -> gpupool.v1.LeaseEvent
+	15, // 7: gpupool.v1.KeepAliveResponse.tokens:type_name -> gpupool.v1.HostToken
+	14, // 8: gpupool.v1.ReleaseResponse.lease:type_name -> gpupool.v1.Lease
+	14, // 9: gpupool.v1.GetLeaseResponse.lease:type_name -> gpupool.v1.Lease
+	16, // 10: gpupool.v1.ListLeasesRequest.states:type_name -> gpupool.v1.LeaseState
+	14, // 11: gpupool.v1.ListLeasesResponse.leases:type_name -> gpupool.v1.Lease
+	1,  // 12: gpupool.v1.LeaseService.Acquire:input_type -> gpupool.v1.AcquireRequest
+	3,  // 13: gpupool.v1.LeaseService.KeepAlive:input_type -> gpupool.v1.KeepAliveRequest
+	6,  // 14: gpupool.v1.LeaseService.Release:input_type -> gpupool.v1.ReleaseRequest
+	8,  // 15: gpupool.v1.LeaseService.Get:input_type -> gpupool.v1.GetLeaseRequest
+	10, // 16: gpupool.v1.LeaseService.List:input_type -> gpupool.v1.ListLeasesRequest
+	12, // 17: gpupool.v1.LeaseService.Watch:input_type -> gpupool.v1.WatchLeasesRequest
+	2,  // 18: gpupool.v1.LeaseService.Acquire:output_type -> gpupool.v1.AcquireResponse
+	5,  // 19: gpupool.v1.LeaseService.KeepAlive:output_type -> gpupool.v1.KeepAliveResponse
+	7,  // 20: gpupool.v1.LeaseService.Release:output_type -> gpupool.v1.ReleaseResponse
+	9,  // 21: gpupool.v1.LeaseService.Get:output_type -> gpupool.v1.GetLeaseResponse
+	11, // 22: gpupool.v1.LeaseService.List:output_type -> gpupool.v1.ListLeasesResponse
+	4,  // 23: gpupool.v1.LeaseService.Watch:output_type -> gpupool.v1.LeaseEvent
+	18, // [18:24] is the sub-list for method output_type
+	12, // [12:18] is the sub-list for method input_type
+	12, // [12:12] is the sub-list for extension type_name
+	12, // [12:12] is the sub-list for extension extendee
+	0,  // [0:12] is the sub-list for field type_name
 }
 
 func init() { file_gpupool_v1_lease_proto_init() }

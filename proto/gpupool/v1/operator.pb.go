@@ -21,6 +21,175 @@ const (
 	_ = protoimpl.EnforceVersion(protoimpl.MaxVersion - 20)
 )
 
+type RotateSigningKeyRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RotateSigningKeyRequest) Reset() {
+	*x = RotateSigningKeyRequest{}
+	mi := &file_gpupool_v1_operator_proto_msgTypes[0]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RotateSigningKeyRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RotateSigningKeyRequest) ProtoMessage() {}
+
+func (x *RotateSigningKeyRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_gpupool_v1_operator_proto_msgTypes[0]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RotateSigningKeyRequest.ProtoReflect.Descriptor instead.
+func (*RotateSigningKeyRequest) Descriptor() ([]byte, []int) {
+	return file_gpupool_v1_operator_proto_rawDescGZIP(), []int{0}
+}
+
+type RotateSigningKeyResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The new signing key and every key agents accept now.
+	KeyId         string       `protobuf:"bytes,1,opt,name=key_id,json=keyId,proto3" json:"key_id,omitempty"`
+	Keys          []*PublicKey `protobuf:"bytes,2,rep,name=keys,proto3" json:"keys,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RotateSigningKeyResponse) Reset() {
+	*x = RotateSigningKeyResponse{}
+	mi := &file_gpupool_v1_operator_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RotateSigningKeyResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RotateSigningKeyResponse) ProtoMessage() {}
+
+func (x *RotateSigningKeyResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_gpupool_v1_operator_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RotateSigningKeyResponse.ProtoReflect.Descriptor instead.
+func (*RotateSigningKeyResponse) Descriptor() ([]byte, []int) {
+	return file_gpupool_v1_operator_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *RotateSigningKeyResponse) GetKeyId() string {
+	if x != nil {
+		return x.KeyId
+	}
+	return ""
+}
+
+func (x *RotateSigningKeyResponse) GetKeys() []*PublicKey {
+	if x != nil {
+		return x.Keys
+	}
+	return nil
+}
+
+type ListSigningKeysRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListSigningKeysRequest) Reset() {
+	*x = ListSigningKeysRequest{}
+	mi := &file_gpupool_v1_operator_proto_msgTypes[2]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListSigningKeysRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListSigningKeysRequest) ProtoMessage() {}
+
+func (x *ListSigningKeysRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_gpupool_v1_operator_proto_msgTypes[2]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListSigningKeysRequest.ProtoReflect.Descriptor instead.
+func (*ListSigningKeysRequest) Descriptor() ([]byte, []int) {
+	return file_gpupool_v1_operator_proto_rawDescGZIP(), []int{2}
+}
+
+type ListSigningKeysResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Keys          []*PublicKey           `protobuf:"bytes,1,rep,name=keys,proto3" json:"keys,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListSigningKeysResponse) Reset() {
+	*x = ListSigningKeysResponse{}
+	mi := &file_gpupool_v1_operator_proto_msgTypes[3]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListSigningKeysResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListSigningKeysResponse) ProtoMessage() {}
+
+func (x *ListSigningKeysResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_gpupool_v1_operator_proto_msgTypes[3]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListSigningKeysResponse.ProtoReflect.Descriptor instead.
+func (*ListSigningKeysResponse) Descriptor() ([]byte, []int) {
+	return file_gpupool_v1_operator_proto_rawDescGZIP(), []int{3}
+}
+
+func (x *ListSigningKeysResponse) GetKeys() []*PublicKey {
+	if x != nil {
+		return x.Keys
+	}
+	return nil
+}
+
 type RaftPeer struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Id            string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
@@ -34,7 +203,7 @@ type RaftPeer struct {
 
 func (x *RaftPeer) Reset() {
 	*x = RaftPeer{}
-	mi := &file_gpupool_v1_operator_proto_msgTypes[0]
+	mi := &file_gpupool_v1_operator_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -46,7 +215,7 @@ func (x *RaftPeer) String() string {
 func (*RaftPeer) ProtoMessage() {}
 
 func (x *RaftPeer) ProtoReflect() protoreflect.Message {
-	mi := &file_gpupool_v1_operator_proto_msgTypes[0]
+	mi := &file_gpupool_v1_operator_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -59,7 +228,7 @@ func (x *RaftPeer) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RaftPeer.ProtoReflect.Descriptor instead.
 func (*RaftPeer) Descriptor() ([]byte, []int) {
-	return file_gpupool_v1_operator_proto_rawDescGZIP(), []int{0}
+	return file_gpupool_v1_operator_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *RaftPeer) GetId() string {
@@ -105,7 +274,7 @@ type RaftPeersRequest struct {
 
 func (x *RaftPeersRequest) Reset() {
 	*x = RaftPeersRequest{}
-	mi := &file_gpupool_v1_operator_proto_msgTypes[1]
+	mi := &file_gpupool_v1_operator_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -117,7 +286,7 @@ func (x *RaftPeersRequest) String() string {
 func (*RaftPeersRequest) ProtoMessage() {}
 
 func (x *RaftPeersRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_gpupool_v1_operator_proto_msgTypes[1]
+	mi := &file_gpupool_v1_operator_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -130,7 +299,7 @@ func (x *RaftPeersRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RaftPeersRequest.ProtoReflect.Descriptor instead.
 func (*RaftPeersRequest) Descriptor() ([]byte, []int) {
-	return file_gpupool_v1_operator_proto_rawDescGZIP(), []int{1}
+	return file_gpupool_v1_operator_proto_rawDescGZIP(), []int{5}
 }
 
 type RaftPeersResponse struct {
@@ -146,7 +315,7 @@ type RaftPeersResponse struct {
 
 func (x *RaftPeersResponse) Reset() {
 	*x = RaftPeersResponse{}
-	mi := &file_gpupool_v1_operator_proto_msgTypes[2]
+	mi := &file_gpupool_v1_operator_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -158,7 +327,7 @@ func (x *RaftPeersResponse) String() string {
 func (*RaftPeersResponse) ProtoMessage() {}
 
 func (x *RaftPeersResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_gpupool_v1_operator_proto_msgTypes[2]
+	mi := &file_gpupool_v1_operator_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -171,7 +340,7 @@ func (x *RaftPeersResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RaftPeersResponse.ProtoReflect.Descriptor instead.
 func (*RaftPeersResponse) Descriptor() ([]byte, []int) {
-	return file_gpupool_v1_operator_proto_rawDescGZIP(), []int{2}
+	return file_gpupool_v1_operator_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *RaftPeersResponse) GetPeers() []*RaftPeer {
@@ -218,7 +387,7 @@ type RemovePeerRequest struct {
 
 func (x *RemovePeerRequest) Reset() {
 	*x = RemovePeerRequest{}
-	mi := &file_gpupool_v1_operator_proto_msgTypes[3]
+	mi := &file_gpupool_v1_operator_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -230,7 +399,7 @@ func (x *RemovePeerRequest) String() string {
 func (*RemovePeerRequest) ProtoMessage() {}
 
 func (x *RemovePeerRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_gpupool_v1_operator_proto_msgTypes[3]
+	mi := &file_gpupool_v1_operator_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -243,7 +412,7 @@ func (x *RemovePeerRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemovePeerRequest.ProtoReflect.Descriptor instead.
 func (*RemovePeerRequest) Descriptor() ([]byte, []int) {
-	return file_gpupool_v1_operator_proto_rawDescGZIP(), []int{3}
+	return file_gpupool_v1_operator_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *RemovePeerRequest) GetId() string {
@@ -261,7 +430,7 @@ type RemovePeerResponse struct {
 
 func (x *RemovePeerResponse) Reset() {
 	*x = RemovePeerResponse{}
-	mi := &file_gpupool_v1_operator_proto_msgTypes[4]
+	mi := &file_gpupool_v1_operator_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -273,7 +442,7 @@ func (x *RemovePeerResponse) String() string {
 func (*RemovePeerResponse) ProtoMessage() {}
 
 func (x *RemovePeerResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_gpupool_v1_operator_proto_msgTypes[4]
+	mi := &file_gpupool_v1_operator_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -286,7 +455,7 @@ func (x *RemovePeerResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemovePeerResponse.ProtoReflect.Descriptor instead.
 func (*RemovePeerResponse) Descriptor() ([]byte, []int) {
-	return file_gpupool_v1_operator_proto_rawDescGZIP(), []int{4}
+	return file_gpupool_v1_operator_proto_rawDescGZIP(), []int{8}
 }
 
 type TransferLeadershipRequest struct {
@@ -299,7 +468,7 @@ type TransferLeadershipRequest struct {
 
 func (x *TransferLeadershipRequest) Reset() {
 	*x = TransferLeadershipRequest{}
-	mi := &file_gpupool_v1_operator_proto_msgTypes[5]
+	mi := &file_gpupool_v1_operator_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -311,7 +480,7 @@ func (x *TransferLeadershipRequest) String() string {
 func (*TransferLeadershipRequest) ProtoMessage() {}
 
 func (x *TransferLeadershipRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_gpupool_v1_operator_proto_msgTypes[5]
+	mi := &file_gpupool_v1_operator_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -324,7 +493,7 @@ func (x *TransferLeadershipRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TransferLeadershipRequest.ProtoReflect.Descriptor instead.
 func (*TransferLeadershipRequest) Descriptor() ([]byte, []int) {
-	return file_gpupool_v1_operator_proto_rawDescGZIP(), []int{5}
+	return file_gpupool_v1_operator_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *TransferLeadershipRequest) GetToId() string {
@@ -343,7 +512,7 @@ type TransferLeadershipResponse struct {
 
 func (x *TransferLeadershipResponse) Reset() {
 	*x = TransferLeadershipResponse{}
-	mi := &file_gpupool_v1_operator_proto_msgTypes[6]
+	mi := &file_gpupool_v1_operator_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -355,7 +524,7 @@ func (x *TransferLeadershipResponse) String() string {
 func (*TransferLeadershipResponse) ProtoMessage() {}
 
 func (x *TransferLeadershipResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_gpupool_v1_operator_proto_msgTypes[6]
+	mi := &file_gpupool_v1_operator_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -368,7 +537,7 @@ func (x *TransferLeadershipResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TransferLeadershipResponse.ProtoReflect.Descriptor instead.
 func (*TransferLeadershipResponse) Descriptor() ([]byte, []int) {
-	return file_gpupool_v1_operator_proto_rawDescGZIP(), []int{6}
+	return file_gpupool_v1_operator_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *TransferLeadershipResponse) GetLeaderId() string {
@@ -386,7 +555,7 @@ type SnapshotSaveRequest struct {
 
 func (x *SnapshotSaveRequest) Reset() {
 	*x = SnapshotSaveRequest{}
-	mi := &file_gpupool_v1_operator_proto_msgTypes[7]
+	mi := &file_gpupool_v1_operator_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -398,7 +567,7 @@ func (x *SnapshotSaveRequest) String() string {
 func (*SnapshotSaveRequest) ProtoMessage() {}
 
 func (x *SnapshotSaveRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_gpupool_v1_operator_proto_msgTypes[7]
+	mi := &file_gpupool_v1_operator_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -411,7 +580,7 @@ func (x *SnapshotSaveRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SnapshotSaveRequest.ProtoReflect.Descriptor instead.
 func (*SnapshotSaveRequest) Descriptor() ([]byte, []int) {
-	return file_gpupool_v1_operator_proto_rawDescGZIP(), []int{7}
+	return file_gpupool_v1_operator_proto_rawDescGZIP(), []int{11}
 }
 
 type SnapshotChunk struct {
@@ -423,7 +592,7 @@ type SnapshotChunk struct {
 
 func (x *SnapshotChunk) Reset() {
 	*x = SnapshotChunk{}
-	mi := &file_gpupool_v1_operator_proto_msgTypes[8]
+	mi := &file_gpupool_v1_operator_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -435,7 +604,7 @@ func (x *SnapshotChunk) String() string {
 func (*SnapshotChunk) ProtoMessage() {}
 
 func (x *SnapshotChunk) ProtoReflect() protoreflect.Message {
-	mi := &file_gpupool_v1_operator_proto_msgTypes[8]
+	mi := &file_gpupool_v1_operator_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -448,7 +617,7 @@ func (x *SnapshotChunk) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SnapshotChunk.ProtoReflect.Descriptor instead.
 func (*SnapshotChunk) Descriptor() ([]byte, []int) {
-	return file_gpupool_v1_operator_proto_rawDescGZIP(), []int{8}
+	return file_gpupool_v1_operator_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *SnapshotChunk) GetData() []byte {
@@ -467,7 +636,7 @@ type SnapshotRestoreResponse struct {
 
 func (x *SnapshotRestoreResponse) Reset() {
 	*x = SnapshotRestoreResponse{}
-	mi := &file_gpupool_v1_operator_proto_msgTypes[9]
+	mi := &file_gpupool_v1_operator_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -479,7 +648,7 @@ func (x *SnapshotRestoreResponse) String() string {
 func (*SnapshotRestoreResponse) ProtoMessage() {}
 
 func (x *SnapshotRestoreResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_gpupool_v1_operator_proto_msgTypes[9]
+	mi := &file_gpupool_v1_operator_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -492,7 +661,7 @@ func (x *SnapshotRestoreResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SnapshotRestoreResponse.ProtoReflect.Descriptor instead.
 func (*SnapshotRestoreResponse) Descriptor() ([]byte, []int) {
-	return file_gpupool_v1_operator_proto_rawDescGZIP(), []int{9}
+	return file_gpupool_v1_operator_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *SnapshotRestoreResponse) GetIndex() uint64 {
@@ -507,7 +676,14 @@ var File_gpupool_v1_operator_proto protoreflect.FileDescriptor
 const file_gpupool_v1_operator_proto_rawDesc = "" +
 	"\n" +
 	"\x19gpupool/v1/operator.proto\x12\n" +
-	"gpupool.v1\"\x8c\x01\n" +
+	"gpupool.v1\x1a\x16gpupool/v1/types.proto\"\x19\n" +
+	"\x17RotateSigningKeyRequest\"\\\n" +
+	"\x18RotateSigningKeyResponse\x12\x15\n" +
+	"\x06key_id\x18\x01 \x01(\tR\x05keyId\x12)\n" +
+	"\x04keys\x18\x02 \x03(\v2\x15.gpupool.v1.PublicKeyR\x04keys\"\x18\n" +
+	"\x16ListSigningKeysRequest\"D\n" +
+	"\x17ListSigningKeysResponse\x12)\n" +
+	"\x04keys\x18\x01 \x03(\v2\x15.gpupool.v1.PublicKeyR\x04keys\"\x8c\x01\n" +
 	"\bRaftPeer\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12!\n" +
 	"\fraft_address\x18\x02 \x01(\tR\vraftAddress\x12\x1f\n" +
@@ -533,14 +709,16 @@ const file_gpupool_v1_operator_proto_rawDesc = "" +
 	"\rSnapshotChunk\x12\x12\n" +
 	"\x04data\x18\x01 \x01(\fR\x04data\"/\n" +
 	"\x17SnapshotRestoreResponse\x12\x14\n" +
-	"\x05index\x18\x01 \x01(\x04R\x05index2\xb0\x03\n" +
+	"\x05index\x18\x01 \x01(\x04R\x05index2\xeb\x04\n" +
 	"\x0fOperatorService\x12H\n" +
 	"\tRaftPeers\x12\x1c.gpupool.v1.RaftPeersRequest\x1a\x1d.gpupool.v1.RaftPeersResponse\x12K\n" +
 	"\n" +
 	"RemovePeer\x12\x1d.gpupool.v1.RemovePeerRequest\x1a\x1e.gpupool.v1.RemovePeerResponse\x12c\n" +
 	"\x12TransferLeadership\x12%.gpupool.v1.TransferLeadershipRequest\x1a&.gpupool.v1.TransferLeadershipResponse\x12L\n" +
 	"\fSnapshotSave\x12\x1f.gpupool.v1.SnapshotSaveRequest\x1a\x19.gpupool.v1.SnapshotChunk0\x01\x12S\n" +
-	"\x0fSnapshotRestore\x12\x19.gpupool.v1.SnapshotChunk\x1a#.gpupool.v1.SnapshotRestoreResponse(\x01B7Z5github.com/gpupool/gpupool/proto/gpupool/v1;gpupoolv1b\x06proto3"
+	"\x0fSnapshotRestore\x12\x19.gpupool.v1.SnapshotChunk\x1a#.gpupool.v1.SnapshotRestoreResponse(\x01\x12]\n" +
+	"\x10RotateSigningKey\x12#.gpupool.v1.RotateSigningKeyRequest\x1a$.gpupool.v1.RotateSigningKeyResponse\x12Z\n" +
+	"\x0fListSigningKeys\x12\".gpupool.v1.ListSigningKeysRequest\x1a#.gpupool.v1.ListSigningKeysResponseB7Z5github.com/gpupool/gpupool/proto/gpupool/v1;gpupoolv1b\x06proto3"
 
 var (
 	file_gpupool_v1_operator_proto_rawDescOnce sync.Once
@@ -554,36 +732,47 @@ func file_gpupool_v1_operator_proto_rawDescGZIP() []byte {
 	return file_gpupool_v1_operator_proto_rawDescData
 }
 
-var file_gpupool_v1_operator_proto_msgTypes = make([]protoimpl.MessageInfo, 10)
+var file_gpupool_v1_operator_proto_msgTypes = make([]protoimpl.MessageInfo, 14)
 var file_gpupool_v1_operator_proto_goTypes = []any{
-	(*RaftPeer)(nil),                   // 0: gpupool.v1.RaftPeer
-	(*RaftPeersRequest)(nil),           // 1: gpupool.v1.RaftPeersRequest
-	(*RaftPeersResponse)(nil),          // 2: gpupool.v1.RaftPeersResponse
-	(*RemovePeerRequest)(nil),          // 3: gpupool.v1.RemovePeerRequest
-	(*RemovePeerResponse)(nil),         // 4: gpupool.v1.RemovePeerResponse
-	(*TransferLeadershipRequest)(nil),  // 5: gpupool.v1.TransferLeadershipRequest
-	(*TransferLeadershipResponse)(nil), // 6: gpupool.v1.TransferLeadershipResponse
-	(*SnapshotSaveRequest)(nil),        // 7: gpupool.v1.SnapshotSaveRequest
-	(*SnapshotChunk)(nil),              // 8: gpupool.v1.SnapshotChunk
-	(*SnapshotRestoreResponse)(nil),    // 9: gpupool.v1.SnapshotRestoreResponse
+	(*RotateSigningKeyRequest)(nil),    // 0: gpupool.v1.RotateSigningKeyRequest
+	(*RotateSigningKeyResponse)(nil),   // 1: gpupool.v1.RotateSigningKeyResponse
+	(*ListSigningKeysRequest)(nil),     // 2: gpupool.v1.ListSigningKeysRequest
+	(*ListSigningKeysResponse)(nil),    // 3: gpupool.v1.ListSigningKeysResponse
+	(*RaftPeer)(nil),                   // 4: gpupool.v1.RaftPeer
+	(*RaftPeersRequest)(nil),           // 5: gpupool.v1.RaftPeersRequest
+	(*RaftPeersResponse)(nil),          // 6: gpupool.v1.RaftPeersResponse
+	(*RemovePeerRequest)(nil),          // 7: gpupool.v1.RemovePeerRequest
+	(*RemovePeerResponse)(nil),         // 8: gpupool.v1.RemovePeerResponse
+	(*TransferLeadershipRequest)(nil),  // 9: gpupool.v1.TransferLeadershipRequest
+	(*TransferLeadershipResponse)(nil), // 10: gpupool.v1.TransferLeadershipResponse
+	(*SnapshotSaveRequest)(nil),        // 11: gpupool.v1.SnapshotSaveRequest
+	(*SnapshotChunk)(nil),              // 12: gpupool.v1.SnapshotChunk
+	(*SnapshotRestoreResponse)(nil),    // 13: gpupool.v1.SnapshotRestoreResponse
+	(*PublicKey)(nil),                  // 14: gpupool.v1.PublicKey
 }
 var file_gpupool_v1_operator_proto_depIdxs = []int32{
-	0, // 0: gpupool.v1.RaftPeersResponse.peers:type_name -> gpupool.v1.RaftPeer
-	1, // 1: gpupool.v1.OperatorService.RaftPeers:input_type -> gpupool.v1.RaftPeersRequest
-	3, // 2: gpupool.v1.OperatorService.RemovePeer:input_type -> gpupool.v1.RemovePeerRequest
-	5, // 3: gpupool.v1.OperatorService.TransferLeadership:input_type -> gpupool.v1.TransferLeadershipRequest
-	7, // 4: gpupool.v1.OperatorService.SnapshotSave:input_type -> gpupool.v1.SnapshotSaveRequest
-	8, // 5: gpupool.v1.OperatorService.SnapshotRestore:input_type -> gpupool.v1.SnapshotChunk
-	2, // 6: gpupool.v1.OperatorService.RaftPeers:output_type -> gpupool.v1.RaftPeersResponse
-	4, // 7: gpupool.v1.OperatorService.RemovePeer:output_type -> gpupool.v1.RemovePeerResponse
-	6, // 8: gpupool.v1.OperatorService.TransferLeadership:output_type -> gpupool.v1.TransferLeadershipResponse
-	8, // 9: gpupool.v1.OperatorService.SnapshotSave:output_type -> gpupool.v1.SnapshotChunk
-	9, // 10: gpupool.v1.OperatorService.SnapshotRestore:output_type -> gpupool.v1.SnapshotRestoreResponse
-	6, // [6:11] is the sub-list for method output_type
-	1, // [1:6] is the sub-list for method input_type
-	1, // [1:1] is the sub-list for extension type_name
-	1, // [1:1] is the sub-list for extension extendee
-	0, // [0:1] is the sub-list for field type_name
+	14, // 0: gpupool.v1.RotateSigningKeyResponse.keys:type_name -> gpupool.v1.PublicKey
+	14, // 1: gpupool.v1.ListSigningKeysResponse.keys:type_name -> gpupool.v1.PublicKey
+	4,  // 2: gpupool.v1.RaftPeersResponse.peers:type_name -> gpupool.v1.RaftPeer
+	5,  // 3: gpupool.v1.OperatorService.RaftPeers:input_type -> gpupool.v1.RaftPeersRequest
+	7,  // 4: gpupool.v1.OperatorService.RemovePeer:input_type -> gpupool.v1.RemovePeerRequest
+	9,  // 5: gpupool.v1.OperatorService.TransferLeadership:input_type -> gpupool.v1.TransferLeadershipRequest
+	11, // 6: gpupool.v1.OperatorService.SnapshotSave:input_type -> gpupool.v1.SnapshotSaveRequest
+	12, // 7: gpupool.v1.OperatorService.SnapshotRestore:input_type -> gpupool.v1.SnapshotChunk
+	0,  // 8: gpupool.v1.OperatorService.RotateSigningKey:input_type -> gpupool.v1.RotateSigningKeyRequest
+	2,  // 9: gpupool.v1.OperatorService.ListSigningKeys:input_type -> gpupool.v1.ListSigningKeysRequest
+	6,  // 10: gpupool.v1.OperatorService.RaftPeers:output_type -> gpupool.v1.RaftPeersResponse
+	8,  // 11: gpupool.v1.OperatorService.RemovePeer:output_type -> gpupool.v1.RemovePeerResponse
+	10, // 12: gpupool.v1.OperatorService.TransferLeadership:output_type -> gpupool.v1.TransferLeadershipResponse
+	12, // 13: gpupool.v1.OperatorService.SnapshotSave:output_type -> gpupool.v1.SnapshotChunk
+	13, // 14: gpupool.v1.OperatorService.SnapshotRestore:output_type -> gpupool.v1.SnapshotRestoreResponse
+	1,  // 15: gpupool.v1.OperatorService.RotateSigningKey:output_type -> gpupool.v1.RotateSigningKeyResponse
+	3,  // 16: gpupool.v1.OperatorService.ListSigningKeys:output_type -> gpupool.v1.ListSigningKeysResponse
+	10, // [10:17] is the sub-list for method output_type
+	3,  // [3:10] is the sub-list for method input_type
+	3,  // [3:3] is the sub-list for extension type_name
+	3,  // [3:3] is the sub-list for extension extendee
+	0,  // [0:3] is the sub-list for field type_name
 }
 
 func init() { file_gpupool_v1_operator_proto_init() }
@@ -591,13 +780,14 @@ func file_gpupool_v1_operator_proto_init() {
 	if File_gpupool_v1_operator_proto != nil {
 		return
 	}
+	file_gpupool_v1_types_proto_init()
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_gpupool_v1_operator_proto_rawDesc), len(file_gpupool_v1_operator_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   10,
+			NumMessages:   14,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

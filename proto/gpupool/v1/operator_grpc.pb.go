@@ -24,6 +24,8 @@ const (
 	OperatorService_TransferLeadership_FullMethodName = "/gpupool.v1.OperatorService/TransferLeadership"
 	OperatorService_SnapshotSave_FullMethodName       = "/gpupool.v1.OperatorService/SnapshotSave"
 	OperatorService_SnapshotRestore_FullMethodName    = "/gpupool.v1.OperatorService/SnapshotRestore"
+	OperatorService_RotateSigningKey_FullMethodName   = "/gpupool.v1.OperatorService/RotateSigningKey"
+	OperatorService_ListSigningKeys_FullMethodName    = "/gpupool.v1.OperatorService/ListSigningKeys"
 )
 
 // OperatorServiceClient is the client API for OperatorService service.
@@ -39,6 +41,11 @@ type OperatorServiceClient interface {
 	SnapshotSave(ctx context.Context, in *SnapshotSaveRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[SnapshotChunk], error)
 	// SnapshotRestore replaces the whole cluster state with a saved snapshot.
 	SnapshotRestore(ctx context.Context, opts ...grpc.CallOption) (grpc.ClientStreamingClient[SnapshotChunk, SnapshotRestoreResponse], error)
+	// RotateSigningKey makes a new key sign lease tokens; the old one keeps
+	// verifying until the tokens it signed have expired.
+	RotateSigningKey(ctx context.Context, in *RotateSigningKeyRequest, opts ...grpc.CallOption) (*RotateSigningKeyResponse, error)
+	// ListSigningKeys lists the public halves of the token signing keys.
+	ListSigningKeys(ctx context.Context, in *ListSigningKeysRequest, opts ...grpc.CallOption) (*ListSigningKeysResponse, error)
 }
 
 type operatorServiceClient struct {
@@ -111,6 +118,26 @@ func (c *operatorServiceClient) SnapshotRestore(ctx context.Context, opts ...grp
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
 type OperatorService_SnapshotRestoreClient = grpc.ClientStreamingClient[SnapshotChunk, SnapshotRestoreResponse]
 
+func (c *operatorServiceClient) RotateSigningKey(ctx context.Context, in *RotateSigningKeyRequest, opts ...grpc.CallOption) (*RotateSigningKeyResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(RotateSigningKeyResponse)
+	err := c.cc.Invoke(ctx, OperatorService_RotateSigningKey_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *operatorServiceClient) ListSigningKeys(ctx context.Context, in *ListSigningKeysRequest, opts ...grpc.CallOption) (*ListSigningKeysResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ListSigningKeysResponse)
+	err := c.cc.Invoke(ctx, OperatorService_ListSigningKeys_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // OperatorServiceServer is the server API for OperatorService service.
 // All implementations must embed UnimplementedOperatorServiceServer
 // for forward compatibility.
@@ -124,6 +151,11 @@ type OperatorServiceServer interface {
 	SnapshotSave(*SnapshotSaveRequest, grpc.ServerStreamingServer[SnapshotChunk]) error
 	// SnapshotRestore replaces the whole cluster state with a saved snapshot.
 	SnapshotRestore(grpc.ClientStreamingServer[SnapshotChunk, SnapshotRestoreResponse]) error
+	// RotateSigningKey makes a new key sign lease tokens; the old one keeps
+	// verifying until the tokens it signed have expired.
+	RotateSigningKey(context.Context, *RotateSigningKeyRequest) (*RotateSigningKeyResponse, error)
+	// ListSigningKeys lists the public halves of the token signing keys.
+	ListSigningKeys(context.Context, *ListSigningKeysRequest) (*ListSigningKeysResponse, error)
 	mustEmbedUnimplementedOperatorServiceServer()
 }
 
@@ -148,6 +180,12 @@ func (UnimplementedOperatorServiceServer) SnapshotSave(*SnapshotSaveRequest, grp
 }
 func (UnimplementedOperatorServiceServer) SnapshotRestore(grpc.ClientStreamingServer[SnapshotChunk, SnapshotRestoreResponse]) error {
 	return status.Error(codes.Unimplemented, "method SnapshotRestore not implemented")
+}
+func (UnimplementedOperatorServiceServer) RotateSigningKey(context.Context, *RotateSigningKeyRequest) (*RotateSigningKeyResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method RotateSigningKey not implemented")
+}
+func (UnimplementedOperatorServiceServer) ListSigningKeys(context.Context, *ListSigningKeysRequest) (*ListSigningKeysResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method ListSigningKeys not implemented")
 }
 func (UnimplementedOperatorServiceServer) mustEmbedUnimplementedOperatorServiceServer() {}
 func (UnimplementedOperatorServiceServer) testEmbeddedByValue()                         {}
@@ -242,6 +280,42 @@ func _OperatorService_SnapshotRestore_Handler(srv interface{}, stream grpc.Serve
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
 type OperatorService_SnapshotRestoreServer = grpc.ClientStreamingServer[SnapshotChunk, SnapshotRestoreResponse]
 
+func _OperatorService_RotateSigningKey_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(RotateSigningKeyRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(OperatorServiceServer).RotateSigningKey(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: OperatorService_RotateSigningKey_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(OperatorServiceServer).RotateSigningKey(ctx, req.(*RotateSigningKeyRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _OperatorService_ListSigningKeys_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ListSigningKeysRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(OperatorServiceServer).ListSigningKeys(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: OperatorService_ListSigningKeys_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(OperatorServiceServer).ListSigningKeys(ctx, req.(*ListSigningKeysRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // OperatorService_ServiceDesc is the grpc.ServiceDesc for OperatorService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -260,6 +334,14 @@ var OperatorService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "TransferLeadership",
 			Handler:    _OperatorService_TransferLeadership_Handler,
+		},
+		{
+			MethodName: "RotateSigningKey",
+			Handler:    _OperatorService_RotateSigningKey_Handler,
+		},
+		{
+			MethodName: "ListSigningKeys",
+			Handler:    _OperatorService_ListSigningKeys_Handler,
 		},
 	},
 	Streams: []grpc.StreamDesc{

@@ -577,7 +577,10 @@ type Host struct {
 	AllocatedMemoryMib     int64 `protobuf:"varint,17,opt,name=allocated_memory_mib,json=allocatedMemoryMib,proto3" json:"allocated_memory_mib,omitempty"`
 	// The agent can run CUDA MPS control daemons: fractional slices on this
 	// host are isolated by MPS, else by the watchdog alone.
-	Mps           bool `protobuf:"varint,18,opt,name=mps,proto3" json:"mps,omitempty"`
+	Mps bool `protobuf:"varint,18,opt,name=mps,proto3" json:"mps,omitempty"`
+	// SHA-256 (lower-case hex) of the agent's data-plane TLS certificate;
+	// clients pin it.
+	CertSha256    string `protobuf:"bytes,19,opt,name=cert_sha256,json=certSha256,proto3" json:"cert_sha256,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -736,6 +739,13 @@ func (x *Host) GetMps() bool {
 		return x.Mps
 	}
 	return false
+}
+
+func (x *Host) GetCertSha256() string {
+	if x != nil {
+		return x.CertSha256
+	}
+	return ""
 }
 
 type Constraints struct {
@@ -1451,6 +1461,245 @@ func (x *Lease) GetLastEventSeq() map[string]uint64 {
 	return nil
 }
 
+// LeaseTokenClaims is what a lease token asserts. The brokers sign it; an
+// agent verifies it offline with the brokers' public keys.
+type LeaseTokenClaims struct {
+	state   protoimpl.MessageState `protogen:"open.v1"`
+	LeaseId string                 `protobuf:"bytes,1,opt,name=lease_id,json=leaseId,proto3" json:"lease_id,omitempty"`
+	// The host whose agent accepts the token.
+	HostId string `protobuf:"bytes,2,opt,name=host_id,json=hostId,proto3" json:"host_id,omitempty"`
+	// The lease's slices on that host.
+	Slices       []*Slice `protobuf:"bytes,3,rep,name=slices,proto3" json:"slices,omitempty"`
+	FencingToken uint64   `protobuf:"varint,4,opt,name=fencing_token,json=fencingToken,proto3" json:"fencing_token,omitempty"`
+	IssuedAtMs   int64    `protobuf:"varint,5,opt,name=issued_at_ms,json=issuedAtMs,proto3" json:"issued_at_ms,omitempty"`
+	ExpiresAtMs  int64    `protobuf:"varint,6,opt,name=expires_at_ms,json=expiresAtMs,proto3" json:"expires_at_ms,omitempty"`
+	// The signing key, one of the brokers' PublicKeys.
+	KeyId         string `protobuf:"bytes,7,opt,name=key_id,json=keyId,proto3" json:"key_id,omitempty"`
+	Tenant        string `protobuf:"bytes,8,opt,name=tenant,proto3" json:"tenant,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *LeaseTokenClaims) Reset() {
+	*x = LeaseTokenClaims{}
+	mi := &file_gpupool_v1_types_proto_msgTypes[8]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *LeaseTokenClaims) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*LeaseTokenClaims) ProtoMessage() {}
+
+func (x *LeaseTokenClaims) ProtoReflect() protoreflect.Message {
+	mi := &file_gpupool_v1_types_proto_msgTypes[8]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use LeaseTokenClaims.ProtoReflect.Descriptor instead.
+func (*LeaseTokenClaims) Descriptor() ([]byte, []int) {
+	return file_gpupool_v1_types_proto_rawDescGZIP(), []int{8}
+}
+
+func (x *LeaseTokenClaims) GetLeaseId() string {
+	if x != nil {
+		return x.LeaseId
+	}
+	return ""
+}
+
+func (x *LeaseTokenClaims) GetHostId() string {
+	if x != nil {
+		return x.HostId
+	}
+	return ""
+}
+
+func (x *LeaseTokenClaims) GetSlices() []*Slice {
+	if x != nil {
+		return x.Slices
+	}
+	return nil
+}
+
+func (x *LeaseTokenClaims) GetFencingToken() uint64 {
+	if x != nil {
+		return x.FencingToken
+	}
+	return 0
+}
+
+func (x *LeaseTokenClaims) GetIssuedAtMs() int64 {
+	if x != nil {
+		return x.IssuedAtMs
+	}
+	return 0
+}
+
+func (x *LeaseTokenClaims) GetExpiresAtMs() int64 {
+	if x != nil {
+		return x.ExpiresAtMs
+	}
+	return 0
+}
+
+func (x *LeaseTokenClaims) GetKeyId() string {
+	if x != nil {
+		return x.KeyId
+	}
+	return ""
+}
+
+func (x *LeaseTokenClaims) GetTenant() string {
+	if x != nil {
+		return x.Tenant
+	}
+	return ""
+}
+
+// HostToken is a lease's token for one of its hosts, with where and how to
+// reach that host's agent.
+type HostToken struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Host  string                 `protobuf:"bytes,1,opt,name=host,proto3" json:"host,omitempty"`
+	Token string                 `protobuf:"bytes,2,opt,name=token,proto3" json:"token,omitempty"`
+	// Data-plane address and certificate fingerprint of the agent.
+	Address       string `protobuf:"bytes,3,opt,name=address,proto3" json:"address,omitempty"`
+	CertSha256    string `protobuf:"bytes,4,opt,name=cert_sha256,json=certSha256,proto3" json:"cert_sha256,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *HostToken) Reset() {
+	*x = HostToken{}
+	mi := &file_gpupool_v1_types_proto_msgTypes[9]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *HostToken) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*HostToken) ProtoMessage() {}
+
+func (x *HostToken) ProtoReflect() protoreflect.Message {
+	mi := &file_gpupool_v1_types_proto_msgTypes[9]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use HostToken.ProtoReflect.Descriptor instead.
+func (*HostToken) Descriptor() ([]byte, []int) {
+	return file_gpupool_v1_types_proto_rawDescGZIP(), []int{9}
+}
+
+func (x *HostToken) GetHost() string {
+	if x != nil {
+		return x.Host
+	}
+	return ""
+}
+
+func (x *HostToken) GetToken() string {
+	if x != nil {
+		return x.Token
+	}
+	return ""
+}
+
+func (x *HostToken) GetAddress() string {
+	if x != nil {
+		return x.Address
+	}
+	return ""
+}
+
+func (x *HostToken) GetCertSha256() string {
+	if x != nil {
+		return x.CertSha256
+	}
+	return ""
+}
+
+// PublicKey is the public half of a broker signing key (Ed25519).
+type PublicKey struct {
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	Id        string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	PublicKey []byte                 `protobuf:"bytes,2,opt,name=public_key,json=publicKey,proto3" json:"public_key,omitempty"`
+	// 0 for the key that signs now; else the time until which tokens it
+	// signed are still accepted.
+	VerifyUntilMs int64 `protobuf:"varint,3,opt,name=verify_until_ms,json=verifyUntilMs,proto3" json:"verify_until_ms,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PublicKey) Reset() {
+	*x = PublicKey{}
+	mi := &file_gpupool_v1_types_proto_msgTypes[10]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PublicKey) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PublicKey) ProtoMessage() {}
+
+func (x *PublicKey) ProtoReflect() protoreflect.Message {
+	mi := &file_gpupool_v1_types_proto_msgTypes[10]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PublicKey.ProtoReflect.Descriptor instead.
+func (*PublicKey) Descriptor() ([]byte, []int) {
+	return file_gpupool_v1_types_proto_rawDescGZIP(), []int{10}
+}
+
+func (x *PublicKey) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
+}
+
+func (x *PublicKey) GetPublicKey() []byte {
+	if x != nil {
+		return x.PublicKey
+	}
+	return nil
+}
+
+func (x *PublicKey) GetVerifyUntilMs() int64 {
+	if x != nil {
+		return x.VerifyUntilMs
+	}
+	return 0
+}
+
 var File_gpupool_v1_types_proto protoreflect.FileDescriptor
 
 const file_gpupool_v1_types_proto_rawDesc = "" +
@@ -1479,7 +1728,7 @@ const file_gpupool_v1_types_proto_rawDesc = "" +
 	"leaseCount\x12#\n" +
 	"\rhealth_reason\x18\x10 \x01(\tR\fhealthReason\x12&\n" +
 	"\x0fused_memory_mib\x18\x11 \x01(\x03R\rusedMemoryMib\x12/\n" +
-	"\x13utilization_percent\x18\x12 \x01(\x05R\x12utilizationPercent\"\xf4\x05\n" +
+	"\x13utilization_percent\x18\x12 \x01(\x05R\x12utilizationPercent\"\x95\x06\n" +
 	"\x04Host\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x18\n" +
 	"\aaddress\x18\x02 \x01(\tR\aaddress\x124\n" +
@@ -1500,7 +1749,9 @@ const file_gpupool_v1_types_proto_rawDesc = "" +
 	"memory_mib\x18\x0f \x01(\x03R\tmemoryMib\x128\n" +
 	"\x18allocated_cpu_millicores\x18\x10 \x01(\x03R\x16allocatedCpuMillicores\x120\n" +
 	"\x14allocated_memory_mib\x18\x11 \x01(\x03R\x12allocatedMemoryMib\x12\x10\n" +
-	"\x03mps\x18\x12 \x01(\bR\x03mps\x1a9\n" +
+	"\x03mps\x18\x12 \x01(\bR\x03mps\x12\x1f\n" +
+	"\vcert_sha256\x18\x13 \x01(\tR\n" +
+	"certSha256\x1a9\n" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xd5\x01\n" +
@@ -1584,7 +1835,28 @@ const file_gpupool_v1_types_proto_rawDesc = "" +
 	"\x0elast_event_seq\x18\x1a \x03(\v2#.gpupool.v1.Lease.LastEventSeqEntryR\flastEventSeq\x1a?\n" +
 	"\x11LastEventSeqEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\x04R\x05value:\x028\x01J\x04\b\x19\x10\x1a*\x89\x01\n" +
+	"\x05value\x18\x02 \x01(\x04R\x05value:\x028\x01J\x04\b\x19\x10\x1a\"\x8b\x02\n" +
+	"\x10LeaseTokenClaims\x12\x19\n" +
+	"\blease_id\x18\x01 \x01(\tR\aleaseId\x12\x17\n" +
+	"\ahost_id\x18\x02 \x01(\tR\x06hostId\x12)\n" +
+	"\x06slices\x18\x03 \x03(\v2\x11.gpupool.v1.SliceR\x06slices\x12#\n" +
+	"\rfencing_token\x18\x04 \x01(\x04R\ffencingToken\x12 \n" +
+	"\fissued_at_ms\x18\x05 \x01(\x03R\n" +
+	"issuedAtMs\x12\"\n" +
+	"\rexpires_at_ms\x18\x06 \x01(\x03R\vexpiresAtMs\x12\x15\n" +
+	"\x06key_id\x18\a \x01(\tR\x05keyId\x12\x16\n" +
+	"\x06tenant\x18\b \x01(\tR\x06tenant\"p\n" +
+	"\tHostToken\x12\x12\n" +
+	"\x04host\x18\x01 \x01(\tR\x04host\x12\x14\n" +
+	"\x05token\x18\x02 \x01(\tR\x05token\x12\x18\n" +
+	"\aaddress\x18\x03 \x01(\tR\aaddress\x12\x1f\n" +
+	"\vcert_sha256\x18\x04 \x01(\tR\n" +
+	"certSha256\"b\n" +
+	"\tPublicKey\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id\x12\x1d\n" +
+	"\n" +
+	"public_key\x18\x02 \x01(\fR\tpublicKey\x12&\n" +
+	"\x0fverify_until_ms\x18\x03 \x01(\x03R\rverifyUntilMs*\x89\x01\n" +
 	"\n" +
 	"HostStatus\x12\x1b\n" +
 	"\x17HOST_STATUS_UNSPECIFIED\x10\x00\x12\x15\n" +
@@ -1635,32 +1907,35 @@ func file_gpupool_v1_types_proto_rawDescGZIP() []byte {
 }
 
 var file_gpupool_v1_types_proto_enumTypes = make([]protoimpl.EnumInfo, 6)
-var file_gpupool_v1_types_proto_msgTypes = make([]protoimpl.MessageInfo, 11)
+var file_gpupool_v1_types_proto_msgTypes = make([]protoimpl.MessageInfo, 14)
 var file_gpupool_v1_types_proto_goTypes = []any{
-	(HostStatus)(0),      // 0: gpupool.v1.HostStatus
-	(DeviceHealth)(0),    // 1: gpupool.v1.DeviceHealth
-	(LeaseState)(0),      // 2: gpupool.v1.LeaseState
-	(LeaseClass)(0),      // 3: gpupool.v1.LeaseClass
-	(Isolation)(0),       // 4: gpupool.v1.Isolation
-	(Topology)(0),        // 5: gpupool.v1.Topology
-	(*Device)(nil),       // 6: gpupool.v1.Device
-	(*Host)(nil),         // 7: gpupool.v1.Host
-	(*Constraints)(nil),  // 8: gpupool.v1.Constraints
-	(*LeaseRequest)(nil), // 9: gpupool.v1.LeaseRequest
-	(*Slice)(nil),        // 10: gpupool.v1.Slice
-	(*SliceUsage)(nil),   // 11: gpupool.v1.SliceUsage
-	(*LeaseUsage)(nil),   // 12: gpupool.v1.LeaseUsage
-	(*Lease)(nil),        // 13: gpupool.v1.Lease
-	nil,                  // 14: gpupool.v1.Host.LabelsEntry
-	nil,                  // 15: gpupool.v1.Constraints.LabelsEntry
-	nil,                  // 16: gpupool.v1.Lease.LastEventSeqEntry
+	(HostStatus)(0),          // 0: gpupool.v1.HostStatus
+	(DeviceHealth)(0),        // 1: gpupool.v1.DeviceHealth
+	(LeaseState)(0),          // 2: gpupool.v1.LeaseState
+	(LeaseClass)(0),          // 3: gpupool.v1.LeaseClass
+	(Isolation)(0),           // 4: gpupool.v1.Isolation
+	(Topology)(0),            // 5: gpupool.v1.Topology
+	(*Device)(nil),           // 6: gpupool.v1.Device
+	(*Host)(nil),             // 7: gpupool.v1.Host
+	(*Constraints)(nil),      // 8: gpupool.v1.Constraints
+	(*LeaseRequest)(nil),     // 9: gpupool.v1.LeaseRequest
+	(*Slice)(nil),            // 10: gpupool.v1.Slice
+	(*SliceUsage)(nil),       // 11: gpupool.v1.SliceUsage
+	(*LeaseUsage)(nil),       // 12: gpupool.v1.LeaseUsage
+	(*Lease)(nil),            // 13: gpupool.v1.Lease
+	(*LeaseTokenClaims)(nil), // 14: gpupool.v1.LeaseTokenClaims
+	(*HostToken)(nil),        // 15: gpupool.v1.HostToken
+	(*PublicKey)(nil),        // 16: gpupool.v1.PublicKey
+	nil,                      // 17: gpupool.v1.Host.LabelsEntry
+	nil,                      // 18: gpupool.v1.Constraints.LabelsEntry
+	nil,                      // 19: gpupool.v1.Lease.LastEventSeqEntry
 }
 var file_gpupool_v1_types_proto_depIdxs = []int32{
 	1,  // 0: gpupool.v1.Device.health:type_name -> gpupool.v1.DeviceHealth
-	14, // 1: gpupool.v1.Host.labels:type_name -> gpupool.v1.Host.LabelsEntry
+	17, // 1: gpupool.v1.Host.labels:type_name -> gpupool.v1.Host.LabelsEntry
 	0,  // 2: gpupool.v1.Host.status:type_name -> gpupool.v1.HostStatus
 	6,  // 3: gpupool.v1.Host.devices:type_name -> gpupool.v1.Device
-	15, // 4: gpupool.v1.Constraints.labels:type_name -> gpupool.v1.Constraints.LabelsEntry
+	18, // 4: gpupool.v1.Constraints.labels:type_name -> gpupool.v1.Constraints.LabelsEntry
 	8,  // 5: gpupool.v1.LeaseRequest.constraints:type_name -> gpupool.v1.Constraints
 	5,  // 6: gpupool.v1.LeaseRequest.topology:type_name -> gpupool.v1.Topology
 	3,  // 7: gpupool.v1.LeaseRequest.class:type_name -> gpupool.v1.LeaseClass
@@ -1672,12 +1947,13 @@ var file_gpupool_v1_types_proto_depIdxs = []int32{
 	2,  // 13: gpupool.v1.Lease.state:type_name -> gpupool.v1.LeaseState
 	2,  // 14: gpupool.v1.Lease.end_state:type_name -> gpupool.v1.LeaseState
 	12, // 15: gpupool.v1.Lease.usage:type_name -> gpupool.v1.LeaseUsage
-	16, // 16: gpupool.v1.Lease.last_event_seq:type_name -> gpupool.v1.Lease.LastEventSeqEntry
-	17, // [17:17] is the sub-list for method output_type
-	17, // [17:17] is the sub-list for method input_type
-	17, // [17:17] is the sub-list for extension type_name
-	17, // [17:17] is the sub-list for extension extendee
-	0,  // [0:17] is the sub-list for field type_name
+	19, // 16: gpupool.v1.Lease.last_event_seq:type_name -> gpupool.v1.Lease.LastEventSeqEntry
+	10, // 17: gpupool.v1.LeaseTokenClaims.slices:type_name -> gpupool.v1.Slice
+	18, // [18:18] is the sub-list for method output_type
+	18, // [18:18] is the sub-list for method input_type
+	18, // [18:18] is the sub-list for extension type_name
+	18, // [18:18] is the sub-list for extension extendee
+	0,  // [0:18] is the sub-list for field type_name
 }
 
 func init() { file_gpupool_v1_types_proto_init() }
@@ -1691,7 +1967,7 @@ func file_gpupool_v1_types_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_gpupool_v1_types_proto_rawDesc), len(file_gpupool_v1_types_proto_rawDesc)),
 			NumEnums:      6,
-			NumMessages:   11,
+			NumMessages:   14,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

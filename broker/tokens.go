@@ -1,0 +1,131 @@
+package broker
+
+import (
+	"crypto/ed25519"
+	"crypto/rand"
+	"fmt"
+	"time"
+
+	"google.golang.org/protobuf/proto"
+
+	"github.com/gpupool/gpupool/broker/state"
+	"github.com/gpupool/gpupool/token"
+	gpupoolv1 "github.com/gpupool/gpupool/proto/gpupool/v1"
+)
+
+// verifySlack is added to how long a rotated key keeps verifying, for
+// clock differences between brokers and agents.
+const verifySlack = time.Minute
+
+// currentKey returns the signing key that signs now, or nil.
+func currentKey(st *state.Reader) *gpupoolv1.SigningKey {
+	for _, k := range st.SigningKeys() {
+		if k.VerifyUntilMs == 0 {
+			return k
+		}
+	}
+	return nil
+}
+
+// publicKeys returns the public halves of the keys agents must accept:
+// the current one and the rotated ones still verifying at now.
+func publicKeys(st *state.Reader, now time.Time) []*gpupoolv1.PublicKey {
+	var out []*gpupoolv1.PublicKey
+	for _, k := range st.SigningKeys() {
+		if k.VerifyUntilMs == 0 || k.VerifyUntilMs >= now.UnixMilli() {
+			out = append(out, &gpupoolv1.PublicKey{Id: k.Id, PublicKey: k.PublicKey, VerifyUntilMs: k.VerifyUntilMs})
+		}
+	}
+	return out
+}
+
+// newSigningKey generates a key pair named after its creation time.
+func newSigningKey(now time.Time) (*gpupoolv1.SigningKey, error) {
+	pub, priv, err := ed25519.GenerateKey(rand.Reader)
+	if err != nil {
+		return nil, fmt.Errorf("broker: generate signing key: %w", err)
+	}
+	return &gpupoolv1.SigningKey{Id: "k-" + randomHex(6), PublicKey: pub, PrivateKey: priv, CreatedAtMs: now.UnixMilli()}, nil
+}
+
+// ensureSigningKey gives a cluster without a signing key its first one.
+// The leader calls it after its barrier, so the key is generated once and
+// replicated.
+func (s *Server) ensureSigningKey() error {
+	if currentKey(s.fsm.State()) != nil {
+		return nil
+	}
+	k, err := newSigningKey(s.cfg.Clock.Now())
+	if err != nil {
+		return err
+	}
+	if _, err := s.apply(&gpupoolv1.SetSigningKeysCommand{Keys: []*gpupoolv1.SigningKey{k}}); err != nil {
+		return err
+	}
+	s.log.Info("generated the cluster's token signing key", "key", k.Id)
+	return nil
+}
+
+// rotateSigningKey makes a new key sign. The old one keeps verifying
+// until the tokens it signed have expired: tokens live at most a lease's
+// TTL, so until now plus the longest TTL of a granted lease (plus slack).
+// Keys past their verification time are dropped.
+func (s *Server) rotateSigningKey() (*gpupoolv1.SigningKey, time.Time, error) {
+	now := s.cfg.Clock.Now()
+	st := s.fsm.State()
+	var maxTTL time.Duration
+	for _, l := range st.Leases() {
+		if l.State == gpupoolv1.LeaseState_LEASE_STATE_GRANTED {
+			maxTTL = max(maxTTL, time.Duration(l.TtlMs)*time.Millisecond)
+		}
+	}
+	until := now.Add(maxTTL + verifySlack)
+	k, err := newSigningKey(now)
+	if err != nil {
+		return nil, time.Time{}, err
+	}
+	keys := []*gpupoolv1.SigningKey{k}
+	for _, old := range st.SigningKeys() {
+		switch {
+		case old.VerifyUntilMs == 0:
+			o := proto.CloneOf(old)
+			o.VerifyUntilMs = until.UnixMilli()
+			keys = append(keys, o)
+		case old.VerifyUntilMs >= now.UnixMilli():
+			keys = append(keys, old)
+		}
+	}
+	if _, err := s.apply(&gpupoolv1.SetSigningKeysCommand{Keys: keys}); err != nil {
+		return nil, time.Time{}, err
+	}
+	return k, until, nil
+}
+
+// hostTokens signs one token per host of l, valid until expires.
+func (s *Server) hostTokens(st *state.Reader, l *gpupoolv1.Lease, expires time.Time) ([]*gpupoolv1.HostToken, error) {
+	k := currentKey(st)
+	if k == nil {
+		return nil, fmt.Errorf("broker: no signing key yet; retry in a moment")
+	}
+	now := s.cfg.Clock.Now()
+	var out []*gpupoolv1.HostToken
+	for _, hostID := range state.LeaseHosts(l) {
+		c := &gpupoolv1.LeaseTokenClaims{LeaseId: l.Id, HostId: hostID, FencingToken: l.FencingToken, Tenant: l.Tenant,
+			IssuedAtMs: now.UnixMilli(), ExpiresAtMs: expires.UnixMilli(), KeyId: k.Id}
+		for _, sl := range l.Slices {
+			if sl.Host == hostID {
+				c.Slices = append(c.Slices, sl)
+			}
+		}
+		tok, err := token.Sign(k.PrivateKey, c)
+		if err != nil {
+			return nil, err
+		}
+		ht := &gpupoolv1.HostToken{Host: hostID, Token: tok}
+		if h := st.Host(hostID); h != nil {
+			ht.Address, ht.CertSha256 = h.Address, h.CertSha256
+		}
+		out = append(out, ht)
+	}
+	return out, nil
+}
