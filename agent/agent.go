@@ -119,6 +119,7 @@ type Agent struct {
 	log *slog.Logger
 
 	leases *leaseTable
+	keys   keyring
 	files  *leaseFiles
 	procs  *workload.Table
 	// devices are the host's GPUs, by uuid and in index order; read-only
@@ -328,6 +329,7 @@ func (a *Agent) register(ctx context.Context, ac gpupoolv1.AgentServiceClient, h
 	if err != nil {
 		return nil, err
 	}
+	a.keys.setKeys(resp.GetKeys())
 	a.log.Info("registered", "gpus", len(host.GetDevices()),
 		"heartbeat_interval", heartbeatInterval(resp.GetHeartbeatIntervalMs()),
 		"heartbeat_ttl", time.Duration(resp.GetHeartbeatTtlMs())*time.Millisecond)

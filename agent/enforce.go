@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"os"
+	"path/filepath"
 	"maps"
 	"slices"
 	"strconv"
@@ -162,6 +164,11 @@ func (a *Agent) teardown(o teardownOrder) {
 		}
 		if err := a.files.remove(id); err != nil {
 			a.log.Error("removing a lease's state file failed", "lease", id, "err", err)
+		}
+		if validLeaseID.MatchString(id) {
+			if err := os.RemoveAll(filepath.Join(a.cfg.DataDir, "work", id)); err != nil {
+				a.log.Error("removing a lease's working directory failed", "lease", id, "err", err)
+			}
 		}
 		a.procs.Untrack(id)
 		// Torn down first, so that of two leases of one GPU torn down

@@ -17,6 +17,10 @@ import (
 // the agent's context, not the stream's: a broken stream must not abandon
 // a teardown), and moved deadlines saved.
 func (a *Agent) follow(ctx context.Context, resp *gpupoolv1.HeartbeatResponse, now time.Time) {
+	a.keys.setKeys(resp.GetKeys())
+	for _, as := range resp.GetEnforce() {
+		a.keys.sawFencing(as)
+	}
 	p := a.leases.reconcile(resp, now)
 	for _, rec := range p.save {
 		if err := a.files.put(rec); err != nil {

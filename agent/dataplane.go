@@ -1,0 +1,131 @@
+package agent
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/gpupool/gpupool/token"
+	gpupoolv1 "github.com/gpupool/gpupool/proto/gpupool/v1"
+)
+
+// ErrNotEnforced is returned for a lease this host does not enforce.
+var ErrNotEnforced = errors.New("lease not enforced on this host")
+
+// keyring holds the brokers' public token keys as the agent last heard
+// them, and the newest fencing token seen per device.
+type keyring struct {
+	mu    sync.Mutex
+	keys  []*gpupoolv1.PublicKey // guarded by mu
+	fence map[string]uint64      // guarded by mu; device uuid → newest fencing token assigned
+}
+
+// setKeys replaces the keys, unless the brokers sent none (an older
+// broker): a key set only ever changes by rotation.
+func (k *keyring) setKeys(keys []*gpupoolv1.PublicKey) {
+	if len(keys) == 0 {
+		return
+	}
+	k.mu.Lock()
+	k.keys = keys
+	k.mu.Unlock()
+}
+
+// sawFencing records the fencing token of an assignment for its devices.
+func (k *keyring) sawFencing(a *gpupoolv1.Assignment) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	if k.fence == nil {
+		k.fence = map[string]uint64{}
+	}
+	for _, s := range a.GetSlices() {
+		k.fence[s.Device] = max(k.fence[s.Device], a.GetFencingToken())
+	}
+}
+
+// Authorize checks a lease token presented to the data plane: signed by
+// a broker key the agent knows, not expired, for this host, for a lease
+// this host enforces with the same fencing token and slices, and not
+// fenced out by a newer lease on any of its devices. It returns the
+// lease id, or an error that says why.
+func (a *Agent) Authorize(tok string) (string, error) {
+	a.keys.mu.Lock()
+	keys := a.keys.keys
+	a.keys.mu.Unlock()
+	if len(keys) == 0 {
+		return "", errors.New("this agent has no broker keys yet: it has not reached a broker since it started")
+	}
+	c, err := token.Verify(keys, tok, time.Now())
+	if err != nil {
+		return "", err
+	}
+	if c.HostId != a.cfg.HostID {
+		return "", fmt.Errorf("token for lease %s is for host %s, this is host %s", c.LeaseId, c.HostId, a.cfg.HostID)
+	}
+	as, ok := a.leases.get(c.LeaseId)
+	if !ok {
+		return "", fmt.Errorf("lease %s: %w", c.LeaseId, ErrNotEnforced)
+	}
+	a.keys.mu.Lock()
+	defer a.keys.mu.Unlock()
+	for _, s := range c.Slices {
+		if newest := a.keys.fence[s.Device]; c.FencingToken < newest {
+			return "", fmt.Errorf("token for lease %s is fenced out: fencing token %d is older than %d on %s", c.LeaseId, c.FencingToken, newest, s.Device)
+		}
+	}
+	if c.FencingToken != as.FencingToken || !sameDevices(c.Slices, as.Slices) {
+		return "", fmt.Errorf("token for lease %s does not match what this host enforces (fencing token %d, want %d)", c.LeaseId, c.FencingToken, as.FencingToken)
+	}
+	return c.LeaseId, nil
+}
+
+func sameDevices(a, b []*gpupoolv1.Slice) bool {
+	devs := func(ss []*gpupoolv1.Slice) []string {
+		var out []string
+		for _, s := range ss {
+			out = append(out, s.Device)
+		}
+		slices.Sort(out)
+		return out
+	}
+	return slices.Equal(devs(a), devs(b))
+}
+
+// LeaseDir returns the working directory of an enforced lease,
+// DATA_DIR/work/<lease id>, creating it (0700) if needed.
+func (a *Agent) LeaseDir(leaseID string) (string, error) {
+	if _, ok := a.leases.get(leaseID); !ok {
+		return "", fmt.Errorf("lease %s: %w", leaseID, ErrNotEnforced)
+	}
+	dir := filepath.Join(a.cfg.DataDir, "work", leaseID)
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return "", fmt.Errorf("agent: lease dir: %w", err)
+	}
+	return dir, nil
+}
+
+// TrackProcess records that pid, started by the data plane, belongs to a
+// lease, so the watchdog counts it and teardown stops it even if it drops
+// GPUPOOL_LEASE_ID from its environment.
+func (a *Agent) TrackProcess(leaseID string, pid int) {
+	p, err := a.procs.Lookup(pid)
+	if err != nil {
+		return // already gone
+	}
+	a.procs.Track(leaseID, p)
+}
+
+// LeaseUsage returns the watchdog's last reading of an enforced lease.
+func (a *Agent) LeaseUsage(leaseID string) (*gpupoolv1.LeaseUsage, bool) {
+	a.leases.mu.Lock()
+	defer a.leases.mu.Unlock()
+	e := a.leases.entries[leaseID]
+	if e == nil || e.phase != enforcing || e.usage == nil {
+		return nil, false
+	}
+	return e.usage, true
+}
