@@ -9,8 +9,8 @@ import (
 	"sync"
 	"time"
 
-	"github.com/gpupool/gpupool/token"
 	gpupoolv1 "github.com/gpupool/gpupool/proto/gpupool/v1"
+	"github.com/gpupool/gpupool/token"
 )
 
 // ErrNotEnforced is returned for a lease this host does not enforce.
