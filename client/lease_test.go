@@ -1,0 +1,104 @@
+package client_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/gpupool/gpupool/broker"
+	"github.com/gpupool/gpupool/client"
+	gpupoolv1 "github.com/gpupool/gpupool/proto/gpupool/v1"
+)
+
+// startBroker runs a one-server cluster with one registered 1-GPU host.
+func startBroker(t *testing.T) *client.Client {
+	t.Helper()
+	s, err := broker.New(broker.Config{DataDir: t.TempDir(), BindAddr: "127.0.0.1:0", RaftBindAddr: "127.0.0.1:0", BootstrapExpect: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Shutdown() })
+	c, err := client.Dial([]string{s.Addr()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	if _, err := c.Agent.Register(ctx, &gpupoolv1.RegisterRequest{Host: &gpupoolv1.Host{Id: "h1", Address: "127.0.0.1:1",
+		Devices: []*gpupoolv1.Device{{Uuid: "GPU-1", Model: "A100-SXM4-80GB", MemoryMib: 81920}}}}); err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
+func TestAcquiredLeaseRenewsItselfAndReportsItsEnd(t *testing.T) {
+	c := startBroker(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	// A 1.5 s TTL: without renewal the lease would expire during the test.
+	l, err := c.Acquire(ctx, &gpupoolv1.LeaseRequest{Count: 1, MemoryMib: 1024, ComputePercent: 10, TtlMs: 1500})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if tok, ok := l.Token("h1"); !ok || tok.Token == "" || tok.Address != "127.0.0.1:1" {
+		t.Fatalf("token for h1: %v %t", tok, ok)
+	}
+	first, _ := l.Token("h1")
+	// Outlive the TTL twice over, then check the lease is still granted
+	// and its token was renewed.
+	deadline := time.Now().Add(3 * time.Second)
+	for time.Now().Before(deadline) {
+		select {
+		case <-l.Done():
+			t.Fatalf("renewal stopped: %v", l.Err())
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+	got, err := c.Lease.Get(ctx, &gpupoolv1.GetLeaseRequest{LeaseId: l.ID()})
+	if err != nil || got.Lease.State != gpupoolv1.LeaseState_LEASE_STATE_GRANTED {
+		t.Fatalf("after 2 TTLs: %v %v, want granted", got.GetLease().GetState(), err)
+	}
+	if now, _ := l.Token("h1"); now.Token == first.Token {
+		t.Fatal("the token was never renewed")
+	}
+
+	// Another client releases it: the holder hears the end.
+	if _, err := c.Lease.Release(ctx, &gpupoolv1.ReleaseRequest{LeaseId: l.ID()}); err != nil {
+		t.Fatal(err)
+	}
+	var sawReleasing bool
+	for ev := range l.Events() {
+		if ev.Type == gpupoolv1.LeaseEventType_LEASE_EVENT_TYPE_RELEASING {
+			sawReleasing = true
+		}
+	}
+	if !sawReleasing || !errors.Is(l.Err(), client.ErrLeaseEnded) {
+		t.Fatalf("events saw releasing %t, Err %v; want both", sawReleasing, l.Err())
+	}
+	if err := l.Release(ctx, "done"); err != nil {
+		t.Fatalf("releasing an ended lease: %v", err)
+	}
+}
+
+func TestReleaseStopsRenewal(t *testing.T) {
+	c := startBroker(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	l, err := c.Acquire(ctx, &gpupoolv1.LeaseRequest{Count: 1, Exclusive: true, TtlMs: 60_000})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := l.Release(ctx, "test"); err != nil {
+		t.Fatal(err)
+	}
+	got, err := c.Lease.Get(ctx, &gpupoolv1.GetLeaseRequest{LeaseId: l.ID()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s := got.Lease.State; s == gpupoolv1.LeaseState_LEASE_STATE_GRANTED {
+		t.Fatal(fmt.Sprintf("after Release the lease is %v", s))
+	}
+}
