@@ -9,8 +9,8 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/gpupool/gpupool/broker/state"
-	"github.com/gpupool/gpupool/token"
 	gpupoolv1 "github.com/gpupool/gpupool/proto/gpupool/v1"
+	"github.com/gpupool/gpupool/token"
 )
 
 // verifySlack is added to how long a rotated key keeps verifying, for

@@ -5,8 +5,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/gpupool/gpupool/token"
 	gpupoolv1 "github.com/gpupool/gpupool/proto/gpupool/v1"
+	"github.com/gpupool/gpupool/token"
 )
 
 func TestLeaseTokensVerifyAndSurviveAKeyRotation(t *testing.T) {
