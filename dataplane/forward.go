@@ -1,0 +1,80 @@
+package dataplane
+
+import (
+	"context"
+	"io"
+	"net"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/quic-go/quic-go"
+
+	gpupoolv1 "github.com/gpupool/gpupool/proto/gpupool/v1"
+)
+
+// dialTimeout bounds how long the agent tries to reach a forwarded port.
+const dialTimeout = 5 * time.Second
+
+// forward runs a ForwardStart: it connects to the port on the pool host's
+// loopback, then carries raw bytes both ways.
+func (st *serverStream) forward(req *gpupoolv1.ForwardStart) *RefusedError {
+	port := req.GetPort()
+	if port < 1 || port > 65535 {
+		return refusef(gpupoolv1.AcceptCode_ACCEPT_CODE_INVALID_ARGUMENT, "port %d: must be between 1 and 65535", port)
+	}
+	addr := net.JoinHostPort("127.0.0.1", strconv.Itoa(int(port)))
+	d := net.Dialer{Timeout: dialTimeout}
+	c, err := d.DialContext(st.ctx, "tcp", addr)
+	if err != nil {
+		return refusef(gpupoolv1.AcceptCode_ACCEPT_CODE_NOT_FOUND, "port %d: nothing accepts connections on %s of the pool host (%v)", port, addr, err)
+	}
+	if err := st.accept(); err != nil {
+		c.Close()
+		st.cancel(err)
+		return nil
+	}
+	st.log.Info("forward started", "port", port)
+	// The stream carries no more frames: splice writes it directly, and
+	// finish's closeSend finds it closed.
+	if err := splice(st.ctx, st.qs, c); err != nil {
+		st.log.Info("forward ended early", "port", port, "err", err)
+	}
+	return nil
+}
+
+// splice carries bytes both ways between a stream and a connection until
+// both directions have ended. The end of one direction's source
+// half-closes its destination (QUIC FIN, TCP CloseWrite); a failure in
+// either direction, or ctx ending, resets the stream and ends both. It
+// closes c, and returns nil or why it ended early.
+func splice(ctx context.Context, s *quic.Stream, c net.Conn) error {
+	ctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	stop := context.AfterFunc(ctx, func() {
+		c.Close()
+		s.CancelRead(codeCanceled)
+		s.CancelWrite(codeCanceled)
+	})
+	defer stop()
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		if _, err := io.Copy(s, c); err != nil {
+			cancel(err)
+			return
+		}
+		s.Close()
+	})
+	wg.Go(func() {
+		if _, err := io.Copy(c, s); err != nil {
+			cancel(err)
+			return
+		}
+		if cw, ok := c.(interface{ CloseWrite() error }); ok {
+			cw.CloseWrite()
+		}
+	})
+	wg.Wait()
+	c.Close()
+	return context.Cause(ctx)
+}
