@@ -31,6 +31,7 @@ import (
 	"github.com/gpupool/gpupool/agent/device"
 	"github.com/gpupool/gpupool/agent/workload"
 	"github.com/gpupool/gpupool/client"
+	"github.com/gpupool/gpupool/dataplane"
 	gpupoolv1 "github.com/gpupool/gpupool/proto/gpupool/v1"
 )
 
@@ -75,6 +76,9 @@ type Config struct {
 	// ProcRoot is the proc filesystem the agent finds processes in
 	// (default /proc). NVML reports host PIDs, so it must be the host's.
 	ProcRoot string
+	// DataBind is where the data plane (QUIC) listens; empty runs none.
+	// When Address is empty, the address it listens on is advertised.
+	DataBind string
 }
 
 // validHostID is what a host id may look like: it shows up in CLI tables,
@@ -135,6 +139,9 @@ type Agent struct {
 	// mpsMu orders starting MPS daemons for a new lease against stopping
 	// them after a teardown.
 	mpsMu sync.Mutex
+
+	// dp is the data-plane server, nil without DataBind.
+	dp *dataplane.Server
 
 	// kickCh asks the heartbeat loop to send at once.
 	kickCh chan struct{}
@@ -215,6 +222,10 @@ func (a *Agent) Run(ctx context.Context) error {
 	if err := a.resume(ctx); err != nil {
 		return err
 	}
+	certSHA, err := a.startDataPlane(ctx)
+	if err != nil {
+		return err
+	}
 	a.wg.Add(2)
 	go func() {
 		defer a.wg.Done()
@@ -237,6 +248,10 @@ func (a *Agent) Run(ctx context.Context) error {
 		CpuMillicores: a.cfg.CPUMillicores,
 		MemoryMib:     a.cfg.MemoryMiB,
 		Mps:           a.cfg.MPS != nil,
+		CertSha256:    certSHA,
+	}
+	if host.Address == "" && a.dp != nil {
+		host.Address = a.dp.Addr().String()
 	}
 	for _, d := range devices {
 		d.HostId = a.cfg.HostID

@@ -1,6 +1,7 @@
 package agent
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"os"
@@ -9,9 +10,45 @@ import (
 	"sync"
 	"time"
 
+	"github.com/gpupool/gpupool/dataplane"
 	gpupoolv1 "github.com/gpupool/gpupool/proto/gpupool/v1"
 	"github.com/gpupool/gpupool/token"
 )
+
+// startDataPlane starts the QUIC server when DataBind is set, with the
+// certificate kept in the data dir, and returns the certificate's
+// fingerprint for the brokers to hand to lease holders.
+func (a *Agent) startDataPlane(ctx context.Context) (string, error) {
+	if a.cfg.DataBind == "" {
+		return "", nil
+	}
+	cert, sha, err := dataplane.LoadOrCreateCert(filepath.Join(a.cfg.DataDir, "tls"))
+	if err != nil {
+		return "", fmt.Errorf("agent: data-plane certificate: %w", err)
+	}
+	srv, err := dataplane.NewServer(dataplane.ServerConfig{Addr: a.cfg.DataBind, Cert: cert, Auth: a, Leases: dpLeases{a}, Logger: a.log})
+	if err != nil {
+		return "", fmt.Errorf("agent: data plane on %s: %w", a.cfg.DataBind, err)
+	}
+	a.dp = srv
+	a.wg.Add(1)
+	go func() {
+		defer a.wg.Done()
+		if err := srv.Serve(ctx); err != nil && ctx.Err() == nil {
+			a.log.Error("data plane stopped", "err", err)
+		}
+	}()
+	a.log.Info("data plane listening", "addr", srv.Addr().String(), "cert_sha256", sha)
+	return sha, nil
+}
+
+// dpLeases is what the data plane asks the agent about a lease.
+type dpLeases struct{ a *Agent }
+
+func (l dpLeases) Env(id string) ([]string, bool)                { return l.a.LeaseEnv(id) }
+func (l dpLeases) Dir(id string) (string, error)                 { return l.a.LeaseDir(id) }
+func (l dpLeases) Started(id string, pid int)                    { l.a.TrackProcess(id, pid) }
+func (l dpLeases) Usage(id string) (*gpupoolv1.LeaseUsage, bool) { return l.a.LeaseUsage(id) }
 
 // ErrNotEnforced is returned for a lease this host does not enforce.
 var ErrNotEnforced = errors.New("lease not enforced on this host")

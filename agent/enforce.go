@@ -136,6 +136,12 @@ func (a *Agent) teardown(o teardownOrder) {
 	a.wg.Add(1)
 	go func() {
 		defer a.wg.Done()
+		if a.dp != nil {
+			// The lease is no longer enforced (LeaseEnv says so), so no
+			// new stream is authorized; Revoke ends the open ones and the
+			// processes exec started.
+			a.dp.Revoke(id)
+		}
 		start := time.Now()
 		pause := 100 * time.Millisecond
 		for round := 1; ; round++ {

@@ -24,6 +24,7 @@ import (
 var machineIDFile = "/etc/machine-id"
 
 type agentOpts struct {
+	dataBind   string
 	dataDir    string
 	mps        string
 	simControl string
@@ -95,7 +96,8 @@ first 12 characters of /etc/machine-id, else the hostname.`,
 	f.StringVar(&o.brokers, "broker", "", "broker addresses, comma-separated (default $GPUPOOL_ADDR, else --addr)")
 	f.StringVar(&o.simulate, "simulate", "", "simulate GPUs instead of using NVML, e.g. 8xA100-80GB, 4xA100-80GB,4xH100-80GB or 8xA100-40GB:nvlink=4:pcie=4")
 	f.StringVar(&o.hostID, "host-id", "", "stable id of this host (default: /etc/machine-id's first 12 characters, else the hostname)")
-	f.StringVar(&o.address, "address", "", "data-plane address (HOST:PORT) advertised to lease holders")
+	f.StringVar(&o.address, "address", "", "data-plane address (HOST:PORT) advertised to lease holders (default: the address --data-bind listens on)")
+	f.StringVar(&o.dataBind, "data-bind", "127.0.0.1:7650", "where the QUIC data plane listens (UDP); empty runs none")
 	f.StringArrayVar(&o.labels, "label", nil, "host label as key=value; repeat for more")
 	f.Int64Var(&o.cpu, "cpu", -1, "host CPU offered to workloads, in millicores (default: all of this machine's; 0 offers none)")
 	f.Int64Var(&o.hostMemory, "host-memory", -1, "host memory offered to workloads, in MiB (default: all of this machine's; 0 offers none)")
@@ -211,6 +213,7 @@ func runAgent(cmd *cobra.Command, o agentOpts) error {
 		DataDir:       o.dataDir,
 		Enforcement:   o.enforce,
 		MPS:           mpsCtl,
+		DataBind:      o.dataBind,
 	})
 	if err != nil {
 		return usagef("%v", err)

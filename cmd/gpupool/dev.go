@@ -143,7 +143,7 @@ func runDev(cmd *cobra.Command, o devOpts) error {
 	for i := range o.hosts {
 		children = append(children, &devChild{name: fmt.Sprintf("host-%d", i+1), args: []string{
 			"agent", "--broker", strings.Join(addrs, ","), "--simulate", o.simulate, "--host-id", fmt.Sprintf("host-%d", i+1),
-			"--address", net.JoinHostPort(o.ip, strconv.Itoa(o.basePort+100+i)),
+			"--data-bind", net.JoinHostPort(o.ip, strconv.Itoa(o.basePort+100+i)),
 			"--data-dir", filepath.Join(dir, fmt.Sprintf("host-%d", i+1)),
 			"--metrics-bind", net.JoinHostPort(o.ip, strconv.Itoa(o.basePort+150+i)),
 		}})

@@ -167,7 +167,7 @@ var agentWatchdog = []string{"--watchdog-poll", "100ms", "--watchdog-grace", "50
 func (cl *cluster) newAgent(i int, extra ...string) *proc {
 	name := fmt.Sprintf("host-%d", i+1)
 	args := append([]string{"agent", "--broker", strings.Join(cl.addrs, ","), "--simulate", "8xA100-80GB", "--host-id", name,
-		"--data-dir", cl.agentDir(i), "--log-level", "debug"}, agentWatchdog...)
+		"--data-dir", cl.agentDir(i), "--data-bind", "127.0.0.1:0", "--log-level", "debug"}, agentWatchdog...)
 	return cl.newProc(name, append(args, extra...)...)
 }
 
