@@ -23,8 +23,8 @@ const minRenewEvery = 500 * time.Millisecond
 var ErrLeaseEnded = errors.New("lease ended")
 
 // Lease is a granted lease that renews itself, a third of its TTL at a
-// time, until it is released, it ends at the broker, or the context given
-// to Acquire ends. It is safe for concurrent use.
+// time, until it is released or closed, or it ends at the broker. It is
+// safe for concurrent use.
 type Lease struct {
 	c      *Client
 	events chan *gpupoolv1.LeaseEvent
@@ -38,8 +38,9 @@ type Lease struct {
 }
 
 // Acquire asks the brokers for a lease and keeps it alive in the
-// background. A request without a request_id gets one, so a retried
-// Acquire never grants twice.
+// background until Release or Close; ctx bounds the request only. A
+// request without a request_id gets one, so a retried Acquire never
+// grants twice.
 func (c *Client) Acquire(ctx context.Context, req *gpupoolv1.LeaseRequest) (*Lease, error) {
 	req = proto.CloneOf(req)
 	if req.RequestId == "" {
@@ -53,10 +54,6 @@ func (c *Client) Acquire(ctx context.Context, req *gpupoolv1.LeaseRequest) (*Lea
 	l := &Lease{c: c, events: make(chan *gpupoolv1.LeaseEvent, 64), done: make(chan struct{}), cancel: cancel,
 		lease: resp.Lease, tokens: map[string]*gpupoolv1.HostToken{}}
 	l.setTokens(resp.Tokens)
-	go func() {
-		<-ctx.Done()
-		cancel()
-	}()
 	go l.keepAlive(rctx)
 	return l, nil
 }
@@ -123,6 +120,13 @@ func (l *Lease) Err() error {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return l.err
+}
+
+// Close stops renewing without releasing: the lease expires after its
+// TTL unless someone else renews it.
+func (l *Lease) Close() {
+	l.cancel()
+	<-l.done
 }
 
 // Release stops renewing and releases the lease. Releasing a lease that

@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -21,7 +22,14 @@ var offlineFlags = []string{"--addr", "127.0.0.1:1", "--timeout", "1s"}
 func runOffline(t *testing.T, args ...string) (code int, stdout, stderr string) {
 	t.Helper()
 	var out, errOut bytes.Buffer
-	code = run(append(append([]string{}, args...), offlineFlags...), &out, &errOut)
+	// Global flags go before a "--", after which args belong to a remote
+	// command.
+	i := slices.Index(args, "--")
+	if i < 0 {
+		i = len(args)
+	}
+	all := append(append(append([]string{}, args[:i]...), offlineFlags...), args[i:]...)
+	code = run(all, &out, &errOut)
 	return code, out.String(), errOut.String()
 }
 

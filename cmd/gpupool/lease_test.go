@@ -555,3 +555,14 @@ func TestKeepAliveOnceReportsLeasesLeftUnanswered(t *testing.T) {
 		t.Errorf("run = %v, want an error naming l-1", err)
 	}
 }
+
+func TestRunRefusesBadInput(t *testing.T) {
+	checkUsageErrors(t, []usageCase{
+		{"no command", []string{"run", "--memory", "4GiB", "--compute", "25"}, []string{"give the command after --"}},
+		{"a command without --", []string{"run", "--memory", "4GiB", "--compute", "25", "nvidia-smi"}, []string{"give the command after --"}},
+		{"nothing after --", []string{"run", "--exclusive", "--"}, []string{"give the command after --"}},
+		{"neither slice nor whole GPU", []string{"run", "--", "true"}, []string{"--exclusive for whole GPUs, or --memory and --compute"}},
+		{"an upload that is not a file", []string{"run", "--exclusive", "--upload", "/nonexistent/x", "--", "true"}, []string{"--upload /nonexistent/x: not a readable regular file"}},
+		{"an absolute download", []string{"run", "--exclusive", "--download", "/etc/passwd", "--", "true"}, []string{"--download /etc/passwd", "relative to the lease directory"}},
+	})
+}

@@ -34,6 +34,10 @@ func run(args []string, stdout, stderr io.Writer) int {
 	if err == nil {
 		return 0
 	}
+	var ee *exitError
+	if errors.As(err, &ee) {
+		return ee.code // the remote command spoke for itself
+	}
 	fmt.Fprintf(stderr, "error: %s\n", errorMessage(err))
 	return exitCode(err)
 }
@@ -47,6 +51,10 @@ func (e *usageError) Error() string { return e.msg }
 func usagef(format string, a ...any) error { return &usageError{fmt.Sprintf(format, a...)} }
 
 func exitCode(err error) int {
+	var ee *exitError
+	if errors.As(err, &ee) {
+		return ee.code
+	}
 	var ue *usageError
 	if errors.As(err, &ue) {
 		return 2
@@ -94,6 +102,7 @@ Start a local cluster with 'gpupool dev', then try:
 		newAgentCmd(),
 		newDevCmd(),
 		newLeaseCmd(),
+		newRunCmd(),
 		newHostCmd(),
 		newStatusCmd(),
 		newOperatorCmd(),

@@ -1,0 +1,211 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/signal"
+	"path"
+	"path/filepath"
+	"syscall"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/gpupool/gpupool/client"
+	"github.com/gpupool/gpupool/dataplane"
+	gpupoolv1 "github.com/gpupool/gpupool/proto/gpupool/v1"
+)
+
+// exitError carries the remote command's exit code out of 'gpupool run'.
+type exitError struct{ code int }
+
+func (e *exitError) Error() string { return fmt.Sprintf("remote command exited with code %d", e.code) }
+
+// interruptGrace is how long 'run' waits for the remote command after
+// forwarding Ctrl-C before it releases the lease anyway.
+const interruptGrace = 5 * time.Second
+
+func newRunCmd() *cobra.Command {
+	var (
+		f         acquireFlags
+		uploads   []string
+		downloads []string
+	)
+	cmd := &cobra.Command{
+		Use:   "run [--gpus N] [--memory 8GiB --compute 25 | --exclusive] [--upload PATH]... [--download PATH]... -- CMD [ARGS...]",
+		Short: "Run a command on a leased GPU slice: acquire, upload, execute, download, release",
+		Long: `Run acquires a lease, keeps it alive, and runs CMD on the pool host that holds
+its first slice, over the agent's QUIC data plane: stdin, stdout and stderr are
+streamed live, and run exits with the remote command's exit code. The command
+runs in the lease's own directory with the lease's environment:
+GPUPOOL_LEASE_ID, CUDA_VISIBLE_DEVICES (the leased GPUs' UUIDs) and, on MPS
+hosts, the memory and thread limits of the slice.
+
+--upload PATH copies a local file into the lease directory before the command
+runs (as its base name); --download PATH copies a file of the lease directory
+back to the current directory afterwards. Both check SHA-256 checksums.
+
+Ctrl-C is forwarded to the remote command as SIGINT; if it has not exited
+within 5 s, run releases the lease, which stops it. The lease is always
+released when run ends.`,
+		Example: `  gpupool run --memory 4GiB --compute 25 -- nvidia-smi
+  gpupool run --gpus 1 --exclusive --upload train.py --download model.pt -- python3 train.py
+  gpupool run --memory 8GiB --compute 50 -- sh -c 'echo $CUDA_VISIBLE_DEVICES'`,
+		Args: func(cmd *cobra.Command, args []string) error {
+			if cmd.ArgsLenAtDash() < 0 || len(args) == 0 {
+				return usagef("give the command after --, e.g. gpupool run --memory 4GiB --compute 25 -- nvidia-smi")
+			}
+			if cmd.ArgsLenAtDash() > 0 {
+				return usagef("unexpected %q before --: flags go before --, the command after it", args[0])
+			}
+			return nil
+		},
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if !cmd.Flags().Changed("ttl") {
+				f.ttl = time.Minute // renewed every 20 s while run runs; ends soon after run dies
+			}
+			req, err := f.leaseRequest()
+			if err != nil {
+				return err
+			}
+			for _, p := range uploads {
+				if st, err := os.Stat(p); err != nil || !st.Mode().IsRegular() {
+					return usagef("--upload %s: not a readable regular file", p)
+				}
+			}
+			for _, p := range downloads {
+				if path.IsAbs(p) || p == "" {
+					return usagef("--download %s: give a path relative to the lease directory", p)
+				}
+			}
+			return withClient(cmd, func(ctx context.Context, c *client.Client) error {
+				return runRemote(cmd, c, req, uploads, downloads, args)
+			})
+		},
+	}
+	f.register(cmd)
+	cmd.Flags().StringArrayVar(&uploads, "upload", nil, "local file to copy into the lease directory first (repeatable)")
+	cmd.Flags().StringArrayVar(&downloads, "download", nil, "file of the lease directory to copy back afterwards (repeatable)")
+	return cmd
+}
+
+// runRemote is 'gpupool run' once the flags are checked.
+func runRemote(cmd *cobra.Command, c *client.Client, req *gpupoolv1.LeaseRequest, uploads, downloads, argv []string) error {
+	stderr := cmd.ErrOrStderr()
+	// The command's own context ends with Ctrl-C; the lease and the
+	// session live on until the remote command had its chance to exit.
+	base := context.WithoutCancel(cmd.Context())
+	acqCtx, cancel := context.WithTimeout(cmd.Context(), global.timeout)
+	l, err := c.Acquire(acqCtx, req)
+	cancel()
+	if err != nil {
+		return err
+	}
+	defer func() {
+		rctx, cancel := context.WithTimeout(base, 10*time.Second)
+		defer cancel()
+		if err := l.Release(rctx, "gpupool run ended"); err != nil {
+			fmt.Fprintf(stderr, "gpupool: releasing %s: %s\n", l.ID(), errorMessage(err))
+		}
+	}()
+	info := l.Info()
+	host := info.GetSlices()[0].GetHost()
+	tok, ok := l.Token(host)
+	if !ok || tok.Address == "" {
+		return fmt.Errorf("lease %s: no data-plane address for host %s (is its agent running with --data-bind?)", l.ID(), host)
+	}
+	fmt.Fprintf(stderr, "gpupool: lease %s on %s (%s)\n", l.ID(), host, sliceSummary(info.GetSlices()))
+
+	dctx, cancel := context.WithTimeout(base, global.timeout)
+	conn, err := dataplane.Dial(dctx, tok.Address, tok.CertSha256)
+	cancel()
+	if err != nil {
+		return fmt.Errorf("reach the agent of %s at %s: %w", host, tok.Address, err)
+	}
+	defer conn.Close()
+	token := func() string {
+		t, _ := l.Token(host)
+		return t.GetToken()
+	}
+	for _, p := range uploads {
+		if err := uploadFile(base, conn, token(), p); err != nil {
+			return err
+		}
+	}
+
+	signals := make(chan os.Signal, 4)
+	signal.Notify(signals, os.Interrupt, syscall.SIGTERM)
+	defer signal.Stop(signals)
+	forwarded := make(chan os.Signal, 4)
+	execCtx, stopExec := context.WithCancel(base)
+	defer stopExec()
+	go func() {
+		for s := range signals {
+			forwarded <- s
+			fmt.Fprintf(stderr, "gpupool: sent %v to the remote command; the lease is released in %s if it does not exit\n", s, interruptGrace)
+			time.AfterFunc(interruptGrace, stopExec)
+		}
+	}()
+	go func() {
+		select {
+		case <-l.Done():
+			stopExec()
+		case <-execCtx.Done():
+		}
+	}()
+	st, err := conn.Exec(execCtx, token(), &gpupoolv1.ExecStart{Argv: argv},
+		dataplane.ExecIO{Stdin: os.Stdin, Stdout: cmd.OutOrStdout(), Stderr: stderr, Signals: forwarded})
+	if err != nil {
+		if lerr := l.Err(); lerr != nil && errors.Is(lerr, client.ErrLeaseEnded) {
+			return fmt.Errorf("the lease ended while the command ran: %w", lerr)
+		}
+		return err
+	}
+	for _, p := range downloads {
+		if err := downloadFile(base, conn, token(), p); err != nil {
+			return err
+		}
+	}
+	if st.Code != 0 {
+		return &exitError{code: st.Code}
+	}
+	return nil
+}
+
+func uploadFile(ctx context.Context, conn *dataplane.Conn, token, p string) error {
+	f, err := os.Open(p)
+	if err != nil {
+		return fmt.Errorf("--upload %s: %w", p, err)
+	}
+	defer f.Close()
+	st, err := f.Stat()
+	if err != nil {
+		return fmt.Errorf("--upload %s: %w", p, err)
+	}
+	if _, err := conn.Put(ctx, token, f, st.Size(), filepath.Base(p), st.Mode().Perm()); err != nil {
+		return fmt.Errorf("--upload %s: %w", p, err)
+	}
+	return nil
+}
+
+func downloadFile(ctx context.Context, conn *dataplane.Conn, token, p string) error {
+	local := filepath.Base(p)
+	tmp, err := os.CreateTemp(".", "."+local+".part-")
+	if err != nil {
+		return fmt.Errorf("--download %s: %w", p, err)
+	}
+	defer os.Remove(tmp.Name())
+	if _, err := conn.Get(ctx, token, p, tmp); err != nil {
+		tmp.Close()
+		return fmt.Errorf("--download %s: %w", p, err)
+	}
+	if err := tmp.Close(); err != nil {
+		return fmt.Errorf("--download %s: %w", p, err)
+	}
+	if err := os.Rename(tmp.Name(), local); err != nil {
+		return fmt.Errorf("--download %s: %w", p, err)
+	}
+	return nil
+}

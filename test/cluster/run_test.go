@@ -1,0 +1,125 @@
+package cluster_test
+
+import (
+	"bytes"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	gpupoolv1 "github.com/gpupool/gpupool/proto/gpupool/v1"
+)
+
+func TestRunExecutesOnTheLeasedSliceAndExitsWithItsCode(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts real processes")
+	}
+	cl := newCluster(t, 1)
+	addr := "--addr=" + strings.Join(cl.addrs, ",")
+	dir := t.TempDir()
+	in := filepath.Join(dir, "input.txt")
+	if err := os.WriteFile(in, []byte("hello from the client\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(binary, "run", addr, "--memory", "4GiB", "--compute", "25", "--upload", in, "--download", "out.txt", "--",
+		"sh", "-c", `echo $CUDA_VISIBLE_DEVICES; tr a-z A-Z < input.txt > out.txt; exit 3`)
+	cmd.Dir = dir
+	var out, errOut bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &errOut
+	err := cmd.Run()
+	code := cmd.ProcessState.ExitCode()
+	if code != 3 {
+		t.Fatalf("gpupool run exited %d (%v), want the remote code 3\nstdout: %s\nstderr: %s", code, err, out.String(), errOut.String())
+	}
+	uuid := strings.TrimSpace(out.String())
+	var found bool
+	for _, d := range cl.devices() {
+		found = found || d.Uuid == uuid
+	}
+	if !found {
+		t.Fatalf("the command printed %q, want a leased GPU's UUID\nstderr: %s", uuid, errOut.String())
+	}
+	if b, err := os.ReadFile(filepath.Join(dir, "out.txt")); err != nil || string(b) != "HELLO FROM THE CLIENT\n" {
+		t.Fatalf("downloaded out.txt: %q %v", b, err)
+	}
+	// run releases its lease.
+	for _, l := range cl.listAll(false, cl.c) {
+		if l.State == gpupoolv1.LeaseState_LEASE_STATE_GRANTED {
+			t.Fatalf("lease %s still granted after run ended", l.Id)
+		}
+	}
+}
+
+func TestRevokingTheLeaseEndsARunningCommandWithinASecond(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts real processes")
+	}
+	cl := newCluster(t, 1)
+	cmd := exec.Command(binary, "run", "--addr="+strings.Join(cl.addrs, ","), "--memory", "1GiB", "--compute", "10", "--", "sleep", "601")
+	var errOut syncBuffer
+	cmd.Stderr = &errOut
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan struct{})
+	go func() { cmd.Wait(); close(done) }()
+	t.Cleanup(func() { cmd.Process.Kill(); <-done })
+	idRE := regexp.MustCompile(`lease (l-[0-9a-f]+) on`)
+	var id string
+	eventually(t, "run to print its lease", 20*time.Second, func() error {
+		m := idRE.FindStringSubmatch(errOut.String())
+		if m == nil {
+			return os.ErrNotExist
+		}
+		id = m[1]
+		return nil
+	})
+	// Wait until the remote command runs (on this machine: the pool host).
+	eventually(t, "the remote sleep to start", 20*time.Second, func() error {
+		out, _ := exec.Command("pgrep", "-f", "^sleep 601$").Output()
+		if len(out) == 0 {
+			return os.ErrNotExist
+		}
+		return nil
+	})
+	start := time.Now()
+	if _, err := cl.c.Lease.Release(ctxFor(t, 10*time.Second), &gpupoolv1.ReleaseRequest{LeaseId: id, Reason: "revoked by the test"}); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-done:
+	case <-time.After(10 * time.Second):
+		t.Fatalf("gpupool run still runs 10s after its lease was released; stderr:\n%s", errOut.String())
+	}
+	took := time.Since(start)
+	t.Logf("run ended %s after the release", took.Round(time.Millisecond))
+	if took > time.Second {
+		t.Fatalf("run ended %s after the release, want within 1s; stderr:\n%s", took, errOut.String())
+	}
+	if cmd.ProcessState.ExitCode() == 0 {
+		t.Fatalf("run exited 0 after its lease was revoked; stderr:\n%s", errOut.String())
+	}
+}
+
+// syncBuffer is a bytes.Buffer safe for a writing process and a reading
+// test.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
