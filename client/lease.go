@@ -50,12 +50,7 @@ func (c *Client) Acquire(ctx context.Context, req *gpupoolv1.LeaseRequest) (*Lea
 	if err != nil {
 		return nil, err
 	}
-	rctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
-	l := &Lease{c: c, events: make(chan *gpupoolv1.LeaseEvent, 64), done: make(chan struct{}), cancel: cancel,
-		lease: resp.Lease, tokens: map[string]*gpupoolv1.HostToken{}}
-	l.setTokens(resp.Tokens)
-	go l.keepAlive(rctx)
-	return l, nil
+	return c.follow(resp.Lease, resp.Tokens), nil
 }
 
 // ID is the lease's id.

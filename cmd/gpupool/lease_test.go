@@ -564,5 +564,12 @@ func TestRunRefusesBadInput(t *testing.T) {
 		{"neither slice nor whole GPU", []string{"run", "--", "true"}, []string{"--exclusive for whole GPUs, or --memory and --compute"}},
 		{"an upload that is not a file", []string{"run", "--exclusive", "--upload", "/nonexistent/x", "--", "true"}, []string{"--upload /nonexistent/x: not a readable regular file"}},
 		{"an absolute download", []string{"run", "--exclusive", "--download", "/etc/passwd", "--", "true"}, []string{"--download /etc/passwd", "relative to the lease directory"}},
+		{"exec without a command", []string{"exec", "l-1"}, []string{"want LEASE_ID -- CMD"}},
+		{"exec without a lease", []string{"exec", "--", "true"}, []string{"want LEASE_ID -- CMD"}},
+		{"exec with two leases", []string{"exec", "l-1", "l-2", "--", "true"}, []string{"want LEASE_ID -- CMD"}},
+		{"forward without ports", []string{"forward", "l-1"}, []string{"accepts 2 arg(s), received 1"}},
+		{"forward with one port", []string{"forward", "l-1", "8000"}, []string{`"8000": want LOCAL_PORT:REMOTE_PORT`}},
+		{"forward to port 0", []string{"forward", "l-1", "8000:0"}, []string{"the remote one 1-65535"}},
+		{"forward with a word for a port", []string{"forward", "l-1", "web:8000"}, []string{"ports must be numbers"}},
 	})
 }

@@ -103,6 +103,8 @@ Start a local cluster with 'gpupool dev', then try:
 		newDevCmd(),
 		newLeaseCmd(),
 		newRunCmd(),
+		newExecCmd(),
+		newForwardCmd(),
 		newHostCmd(),
 		newStatusCmd(),
 		newOperatorCmd(),

@@ -111,30 +111,44 @@ func runRemote(cmd *cobra.Command, c *client.Client, req *gpupoolv1.LeaseRequest
 		}
 	}()
 	info := l.Info()
-	host := info.GetSlices()[0].GetHost()
-	tok, ok := l.Token(host)
-	if !ok || tok.Address == "" {
-		return fmt.Errorf("lease %s: no data-plane address for host %s (is its agent running with --data-bind?)", l.ID(), host)
-	}
-	fmt.Fprintf(stderr, "gpupool: lease %s on %s (%s)\n", l.ID(), host, sliceSummary(info.GetSlices()))
-
-	dctx, cancel := context.WithTimeout(base, global.timeout)
-	conn, err := dataplane.Dial(dctx, tok.Address, tok.CertSha256)
-	cancel()
+	fmt.Fprintf(stderr, "gpupool: lease %s on %s (%s)\n", l.ID(), info.GetSlices()[0].GetHost(), sliceSummary(info.GetSlices()))
+	h, err := dialLease(base, l)
 	if err != nil {
-		return fmt.Errorf("reach the agent of %s at %s: %w", host, tok.Address, err)
+		return err
 	}
-	defer conn.Close()
-	token := func() string {
-		t, _ := l.Token(host)
-		return t.GetToken()
-	}
+	defer h.Close()
 	for _, p := range uploads {
-		if err := uploadFile(base, conn, token(), p); err != nil {
+		if err := uploadFile(base, h, p); err != nil {
 			return err
 		}
 	}
+	// Downloads happen whatever the exit code: a failed command's output
+	// is often what one wants to see.
+	runErr := execOnLease(cmd, base, l, h, argv)
+	var exited *exitError
+	if runErr != nil && !errors.As(runErr, &exited) {
+		return runErr
+	}
+	for _, p := range downloads {
+		if err := downloadFile(base, h, p); err != nil {
+			return err
+		}
+	}
+	return runErr
+}
 
+// dialLease opens the data-plane session with the lease's first host.
+func dialLease(ctx context.Context, l *client.Lease) (*client.Host, error) {
+	ctx, cancel := context.WithTimeout(ctx, global.timeout)
+	defer cancel()
+	return l.Dial(ctx, "")
+}
+
+// execOnLease runs argv on h with the terminal's stdio, forwarding Ctrl-C
+// and SIGTERM to it and giving up interruptGrace later. A non-zero remote
+// exit code becomes an *exitError.
+func execOnLease(cmd *cobra.Command, base context.Context, l *client.Lease, h *client.Host, argv []string) error {
+	stderr := cmd.ErrOrStderr()
 	signals := make(chan os.Signal, 4)
 	signal.Notify(signals, os.Interrupt, syscall.SIGTERM)
 	defer signal.Stop(signals)
@@ -144,7 +158,7 @@ func runRemote(cmd *cobra.Command, c *client.Client, req *gpupoolv1.LeaseRequest
 	go func() {
 		for s := range signals {
 			forwarded <- s
-			fmt.Fprintf(stderr, "gpupool: sent %v to the remote command; the lease is released in %s if it does not exit\n", s, interruptGrace)
+			fmt.Fprintf(stderr, "gpupool: sent %v to the remote command; giving up on it in %s if it does not exit\n", s, interruptGrace)
 			time.AfterFunc(interruptGrace, stopExec)
 		}
 	}()
@@ -155,18 +169,12 @@ func runRemote(cmd *cobra.Command, c *client.Client, req *gpupoolv1.LeaseRequest
 		case <-execCtx.Done():
 		}
 	}()
-	st, err := conn.Exec(execCtx, token(), &gpupoolv1.ExecStart{Argv: argv},
-		dataplane.ExecIO{Stdin: os.Stdin, Stdout: cmd.OutOrStdout(), Stderr: stderr, Signals: forwarded})
+	st, err := h.Exec(execCtx, argv, dataplane.ExecIO{Stdin: os.Stdin, Stdout: cmd.OutOrStdout(), Stderr: stderr, Signals: forwarded})
 	if err != nil {
 		if lerr := l.Err(); lerr != nil && errors.Is(lerr, client.ErrLeaseEnded) {
 			return fmt.Errorf("the lease ended while the command ran: %w", lerr)
 		}
 		return err
-	}
-	for _, p := range downloads {
-		if err := downloadFile(base, conn, token(), p); err != nil {
-			return err
-		}
 	}
 	if st.Code != 0 {
 		return &exitError{code: st.Code}
@@ -174,7 +182,7 @@ func runRemote(cmd *cobra.Command, c *client.Client, req *gpupoolv1.LeaseRequest
 	return nil
 }
 
-func uploadFile(ctx context.Context, conn *dataplane.Conn, token, p string) error {
+func uploadFile(ctx context.Context, h *client.Host, p string) error {
 	f, err := os.Open(p)
 	if err != nil {
 		return fmt.Errorf("--upload %s: %w", p, err)
@@ -184,20 +192,20 @@ func uploadFile(ctx context.Context, conn *dataplane.Conn, token, p string) erro
 	if err != nil {
 		return fmt.Errorf("--upload %s: %w", p, err)
 	}
-	if _, err := conn.Put(ctx, token, f, st.Size(), filepath.Base(p), st.Mode().Perm()); err != nil {
+	if _, err := h.Put(ctx, f, st.Size(), filepath.Base(p), st.Mode().Perm()); err != nil {
 		return fmt.Errorf("--upload %s: %w", p, err)
 	}
 	return nil
 }
 
-func downloadFile(ctx context.Context, conn *dataplane.Conn, token, p string) error {
+func downloadFile(ctx context.Context, h *client.Host, p string) error {
 	local := filepath.Base(p)
 	tmp, err := os.CreateTemp(".", "."+local+".part-")
 	if err != nil {
 		return fmt.Errorf("--download %s: %w", p, err)
 	}
 	defer os.Remove(tmp.Name())
-	if _, err := conn.Get(ctx, token, p, tmp); err != nil {
+	if _, err := h.Get(ctx, p, tmp); err != nil {
 		tmp.Close()
 		return fmt.Errorf("--download %s: %w", p, err)
 	}

@@ -2,6 +2,9 @@ package cluster_test
 
 import (
 	"bytes"
+	"fmt"
+	"io"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -122,4 +125,72 @@ func (s *syncBuffer) String() string {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.b.String()
+}
+
+func TestExecAndForwardOnAHeldLease(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts real processes")
+	}
+	cl := newCluster(t, 1)
+	addr := "--addr=" + strings.Join(cl.addrs, ",")
+	acq, err := cl.c.Lease.Acquire(ctxFor(t, 10*time.Second), fractional(1024, 10, "exec-1"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	id := acq.Lease.Id
+	out, stderr, code := gpupool(t, "exec", addr, id, "--", "sh", "-c", "echo $GPUPOOL_LEASE_ID; exit 4")
+	if code != 4 || strings.TrimSpace(out) != id {
+		t.Fatalf("exec: exit %d, stdout %q (stderr %s); want 4 and the lease id", code, out, stderr)
+	}
+
+	// An echo server on the "pool host" (this machine).
+	echo, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { echo.Close() })
+	go func() {
+		for {
+			c, err := echo.Accept()
+			if err != nil {
+				return
+			}
+			go func() { io.Copy(c, c); c.Close() }()
+		}
+	}()
+	port := echo.Addr().(*net.TCPAddr).Port
+	fwd := exec.Command(binary, "forward", addr, id, fmt.Sprintf("127.0.0.1:0:%d", port))
+	var fwdErr syncBuffer
+	fwd.Stderr = &fwdErr
+	if err := fwd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { fwd.Process.Kill(); fwd.Wait() })
+	re := regexp.MustCompile(`forwarding (127\.0\.0\.1:\d+) to port`)
+	var local string
+	eventually(t, "forward to listen", 20*time.Second, func() error {
+		m := re.FindStringSubmatch(fwdErr.String())
+		if m == nil {
+			return fmt.Errorf("stderr so far: %q", fwdErr.String())
+		}
+		local = m[1]
+		return nil
+	})
+	c, err := net.Dial("tcp", local)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	msg := []byte("bytes both ways\n")
+	if _, err := c.Write(msg); err != nil {
+		t.Fatal(err)
+	}
+	got := make([]byte, len(msg))
+	c.SetReadDeadline(time.Now().Add(10 * time.Second))
+	if _, err := io.ReadFull(c, got); err != nil || !bytes.Equal(got, msg) {
+		t.Fatalf("through the forward: got %q, %v; want the echo %q", got, err, msg)
+	}
+	if l := cl.getLease(id); l.State != gpupoolv1.LeaseState_LEASE_STATE_GRANTED {
+		t.Fatalf("exec and forward left the lease %v, want granted", l.State)
+	}
 }
