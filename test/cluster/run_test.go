@@ -2,6 +2,7 @@ package cluster_test
 
 import (
 	"bytes"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -14,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/gpupool/gpupool/dataplane"
 	gpupoolv1 "github.com/gpupool/gpupool/proto/gpupool/v1"
 )
 
@@ -192,5 +194,53 @@ func TestExecAndForwardOnAHeldLease(t *testing.T) {
 	}
 	if l := cl.getLease(id); l.State != gpupoolv1.LeaseState_LEASE_STATE_GRANTED {
 		t.Fatalf("exec and forward left the lease %v, want granted", l.State)
+	}
+}
+
+func TestTheAgentRefusesForgedAndForeignTokens(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts real processes")
+	}
+	cl := newCluster(t, 2)
+	ctx := ctxFor(t, 30*time.Second)
+	acq, err := cl.c.Lease.Acquire(ctx, &gpupoolv1.AcquireRequest{Request: &gpupoolv1.LeaseRequest{
+		Count: 1, MemoryMib: 1024, ComputePercent: 10, TtlMs: 60_000, Constraints: &gpupoolv1.Constraints{Host: "host-1"}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	good := acq.Tokens[0]
+	other, err := cl.c.Lease.Acquire(ctx, &gpupoolv1.AcquireRequest{Request: &gpupoolv1.LeaseRequest{
+		Count: 1, MemoryMib: 1024, ComputePercent: 10, TtlMs: 60_000, Constraints: &gpupoolv1.Constraints{Host: "host-2"}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	conn, err := dataplane.Dial(ctx, good.Address, good.CertSha256)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	sig := strings.LastIndexByte(good.Token, '.')
+	forged := good.Token[:sig+1] + strings.Repeat("A", len(good.Token)-sig-1)
+	for _, tc := range []struct {
+		name, token, want string
+	}{
+		{"a forged signature", forged, "bad signature"},
+		{"another host's token", other.Tokens[0].Token, "is for host host-2, this is host host-1"},
+		{"no token at all", "", "malformed"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := conn.Exec(ctx, tc.token, &gpupoolv1.ExecStart{Argv: []string{"true"}}, dataplane.ExecIO{})
+			var refused *dataplane.RefusedError
+			if !errors.As(err, &refused) || refused.Code != gpupoolv1.AcceptCode_ACCEPT_CODE_UNAUTHENTICATED || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("Exec with %s: %v, want unauthenticated mentioning %q", tc.name, err, tc.want)
+			}
+		})
+	}
+	if st, err := conn.Exec(ctx, good.Token, &gpupoolv1.ExecStart{Argv: []string{"true"}}, dataplane.ExecIO{}); err != nil || st.Code != 0 {
+		t.Fatalf("Exec with the lease's own token: %v %v", st, err)
+	}
+	// A pinned fingerprint that is not the agent's certificate.
+	if _, err := dataplane.Dial(ctx, good.Address, strings.Repeat("0", 64)); err == nil {
+		t.Fatal("Dial accepted an agent whose certificate does not match the pinned fingerprint")
 	}
 }
