@@ -8,7 +8,7 @@ PROTO_FILES := $(wildcard proto/gpupool/v1/*.proto)
 export CGO_CFLAGS ?= -O2 -g -Wno-deprecated-declarations
 PKG_RACE := ./broker/... ./agent/... ./client/... ./internal/... ./token/... ./dataplane/...
 
-.PHONY: all build test dev proto proto-check lint bench tools clean test-unit test-cluster
+.PHONY: all build test dev proto proto-check lint bench bench-dataplane tools clean test-unit test-cluster
 
 all: build
 
@@ -22,7 +22,7 @@ test: tools proto-check lint test-unit ## everything CI runs by default
 
 test-unit:
 	$(GO) test -race -count=1 -timeout 15m $(PKG_RACE)
-	$(GO) test -count=1 -timeout 15m ./cmd/... ./proto/... ./test/...
+	$(GO) test -count=1 -timeout 15m ./cmd/... ./proto/... ./bench/... ./test/...
 
 # protoc comes from Debian (pinned by the distribution); the Go plugins are
 # pinned as tools in go.mod.
@@ -62,8 +62,11 @@ lint: ## gofmt + go vet
 	if [ -n "$$out" ]; then echo "gofmt wants to rewrite:"; echo "$$out"; exit 1; fi
 	$(GO) vet ./...
 
-bench: ## Go benchmarks of placement and the FSM (the full harness is tracked in issue 7)
+bench: bench-dataplane ## Go benchmarks of placement and the FSM, and the data-plane benchmark (the full harness is tracked in issue 7)
 	$(GO) test -run '^$$' -bench . -benchmem ./broker/...
+
+bench-dataplane: ## QUIC data plane against TCP+TLS on loopback: 1 GiB each way and exec latency; writes bench/results/dataplane.json
+	$(GO) run ./bench/dataplane
 
 clean:
 	rm -rf $(BIN) $(TOOLS)
