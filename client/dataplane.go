@@ -124,3 +124,73 @@ func (h *Host) Usage(ctx context.Context, interval time.Duration, fn func(*gpupo
 
 // Close ends the session.
 func (h *Host) Close() error { return h.conn.Close() }
+
+// firstHost returns the data-plane session with the lease's first host,
+// dialing it on first use. Close and Release close it.
+func (l *Lease) firstHost(ctx context.Context) (*Host, error) {
+	l.mu.Lock()
+	h := l.first
+	l.mu.Unlock()
+	if h != nil {
+		return h, nil
+	}
+	h, err := l.Dial(ctx, "")
+	if err != nil {
+		return nil, err
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.first != nil { // another call won the race
+		h.Close()
+		return l.first, nil
+	}
+	l.first = h
+	return h, nil
+}
+
+func (l *Lease) closeSession() {
+	l.mu.Lock()
+	h := l.first
+	l.first = nil
+	l.mu.Unlock()
+	if h != nil {
+		h.Close()
+	}
+}
+
+// Exec runs argv on the lease's first host; see Host.Exec.
+func (l *Lease) Exec(ctx context.Context, argv []string, stdio dataplane.ExecIO) (dataplane.ExitStatus, error) {
+	h, err := l.firstHost(ctx)
+	if err != nil {
+		return dataplane.ExitStatus{}, err
+	}
+	return h.Exec(ctx, argv, stdio)
+}
+
+// Put copies r to remotePath on the lease's first host; see Host.Put.
+func (l *Lease) Put(ctx context.Context, r io.Reader, size int64, remotePath string, mode fs.FileMode) (string, error) {
+	h, err := l.firstHost(ctx)
+	if err != nil {
+		return "", err
+	}
+	return h.Put(ctx, r, size, remotePath, mode)
+}
+
+// Get copies remotePath from the lease's first host; see Host.Get.
+func (l *Lease) Get(ctx context.Context, remotePath string, w io.Writer) (string, error) {
+	h, err := l.firstHost(ctx)
+	if err != nil {
+		return "", err
+	}
+	return h.Get(ctx, remotePath, w)
+}
+
+// Forward carries local to remotePort on the lease's first host; see
+// Host.Forward.
+func (l *Lease) Forward(ctx context.Context, remotePort int, local net.Conn) error {
+	h, err := l.firstHost(ctx)
+	if err != nil {
+		return err
+	}
+	return h.Forward(ctx, remotePort, local)
+}

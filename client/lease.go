@@ -35,6 +35,7 @@ type Lease struct {
 	lease  *gpupoolv1.Lease                // guarded by mu
 	tokens map[string]*gpupoolv1.HostToken // guarded by mu; by host
 	err    error                           // guarded by mu; why renewal stopped
+	first  *Host                           // guarded by mu; session with the first host, once dialed
 }
 
 // Acquire asks the brokers for a lease and keeps it alive in the
@@ -120,6 +121,7 @@ func (l *Lease) Err() error {
 // Close stops renewing without releasing: the lease expires after its
 // TTL unless someone else renews it.
 func (l *Lease) Close() {
+	l.closeSession()
 	l.cancel()
 	<-l.done
 }
@@ -127,6 +129,7 @@ func (l *Lease) Close() {
 // Release stops renewing and releases the lease. Releasing a lease that
 // already ended is not an error.
 func (l *Lease) Release(ctx context.Context, reason string) error {
+	l.closeSession()
 	l.cancel()
 	<-l.done
 	_, err := l.c.Lease.Release(ctx, &gpupoolv1.ReleaseRequest{LeaseId: l.ID(), Reason: reason})

@@ -4,11 +4,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/gpupool/gpupool/broker"
 	"github.com/gpupool/gpupool/client"
+	"github.com/gpupool/gpupool/dataplane"
 	gpupoolv1 "github.com/gpupool/gpupool/proto/gpupool/v1"
 )
 
@@ -100,5 +102,23 @@ func TestReleaseStopsRenewal(t *testing.T) {
 	}
 	if s := got.Lease.State; s == gpupoolv1.LeaseState_LEASE_STATE_GRANTED {
 		t.Fatal(fmt.Sprintf("after Release the lease is %v", s))
+	}
+}
+
+func TestLeaseDataPlaneCallsSayWhyTheHostCannotBeReached(t *testing.T) {
+	c := startBroker(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	l, err := c.Acquire(ctx, &gpupoolv1.LeaseRequest{Count: 1, Exclusive: true, TtlMs: 60_000})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Release(ctx, "test")
+	// h1 advertises 127.0.0.1:1, where no agent listens.
+	dctx, dcancel := context.WithTimeout(ctx, 2*time.Second)
+	defer dcancel()
+	_, err = l.Exec(dctx, []string{"true"}, dataplane.ExecIO{})
+	if err == nil || !strings.Contains(err.Error(), "reach the agent of h1 at 127.0.0.1:1") {
+		t.Fatalf("Exec with no agent: %v, want it to name the host and address", err)
 	}
 }
