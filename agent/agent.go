@@ -219,11 +219,13 @@ func (a *Agent) Run(ctx context.Context) error {
 		cancel()
 		a.wg.Wait()
 	}()
-	if err := a.resume(ctx); err != nil {
-		return err
-	}
+	// The data plane starts first: teardowns that resume starts revoke
+	// through it.
 	certSHA, err := a.startDataPlane(ctx)
 	if err != nil {
+		return err
+	}
+	if err := a.resume(ctx); err != nil {
 		return err
 	}
 	a.wg.Add(2)

@@ -50,6 +50,11 @@ func (l dpLeases) Dir(id string) (string, error)                 { return l.a.Le
 func (l dpLeases) Started(id string, pid int)                    { l.a.TrackProcess(id, pid) }
 func (l dpLeases) Usage(id string) (*gpupoolv1.LeaseUsage, bool) { return l.a.LeaseUsage(id) }
 
+// assignmentWait is how long a valid token for a lease this agent does
+// not enforce yet waits for the broker's assignment: Acquire returns as
+// soon as the grant commits, and the push to the agent follows.
+const assignmentWait = 3 * time.Second
+
 // ErrNotEnforced is returned for a lease this host does not enforce.
 var ErrNotEnforced = errors.New("lease not enforced on this host")
 
@@ -103,7 +108,7 @@ func (a *Agent) Authorize(tok string) (string, error) {
 	if c.HostId != a.cfg.HostID {
 		return "", fmt.Errorf("token for lease %s is for host %s, this is host %s", c.LeaseId, c.HostId, a.cfg.HostID)
 	}
-	as, ok := a.leases.get(c.LeaseId)
+	as, ok := a.leases.waitEnforced(c.LeaseId, assignmentWait)
 	if !ok {
 		return "", fmt.Errorf("lease %s: %w", c.LeaseId, ErrNotEnforced)
 	}

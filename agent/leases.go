@@ -82,10 +82,14 @@ type leaseTable struct {
 	// by mu.
 	synced bool
 	strays map[string]bool
+	// added is closed and replaced whenever a lease starts being
+	// enforced. Guarded by mu.
+	added chan struct{}
 }
 
 func newLeaseTable() *leaseTable {
-	return &leaseTable{entries: map[string]*leaseEntry{}, rejected: map[string]string{}, strays: map[string]bool{}}
+	return &leaseTable{entries: map[string]*leaseEntry{}, rejected: map[string]string{}, strays: map[string]bool{},
+		added: make(chan struct{})}
 }
 
 // plan is what one heartbeat response asks of the agent, decided under
@@ -212,6 +216,34 @@ func (t *leaseTable) add(a *gpupoolv1.Assignment, deadline time.Time) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	t.entries[a.LeaseId] = &leaseEntry{a: a, deadline: deadline, saved: deadline}
+	close(t.added)
+	t.added = make(chan struct{})
+}
+
+// waitEnforced returns id's assignment once it is enforced, waiting up to
+// d for it: a holder may present its token before the broker's push of
+// the new lease has reached this agent.
+func (t *leaseTable) waitEnforced(id string, d time.Duration) (*gpupoolv1.Assignment, bool) {
+	timer := time.NewTimer(d)
+	defer timer.Stop()
+	for {
+		t.mu.Lock()
+		e, added := t.entries[id], t.added
+		if e != nil && e.phase == enforcing {
+			a := proto.CloneOf(e.a)
+			t.mu.Unlock()
+			return a, true
+		}
+		t.mu.Unlock()
+		if e != nil { // being torn down: it will not come back
+			return nil, false
+		}
+		select {
+		case <-added:
+		case <-timer.C:
+			return nil, false
+		}
+	}
 }
 
 // startTeardown records a lease that is being torn down without the

@@ -187,6 +187,12 @@ func (s *Server) react(ls *leaderState, ev fsm.Event) {
 		ls.ttl.StopAll()
 		ls.lockDelay.StopAll()
 		s.armAll(ls)
+		// A restored snapshot may predate signing keys.
+		go func() {
+			if err := s.ensureSigningKey(); err != nil {
+				s.log.Warn("creating the token signing key after a restore failed", "err", err)
+			}
+		}()
 	case ev.Host != nil:
 		s.reactHost(ls, st, ev.Host)
 	case ev.Lease != nil:

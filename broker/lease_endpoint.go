@@ -63,6 +63,13 @@ func (s *Server) acquire(r *gpupoolv1.LeaseRequest) (*gpupoolv1.AcquireResponse,
 		}
 		return s.acquired(ex, true)
 	}
+	if currentKey(st) == nil {
+		// Granting a lease whose tokens cannot be signed would leave the
+		// caller with nothing to use it with.
+		if err := s.ensureSigningKey(); err != nil {
+			return nil, status.Errorf(codes.Unavailable, "no token signing key yet: %v; retry", err)
+		}
+	}
 	hosts := st.HostsWithDevices()
 	if err := checkAgainstPool(r, hosts); err != nil {
 		return nil, err
@@ -101,13 +108,16 @@ func (s *Server) acquire(r *gpupoolv1.LeaseRequest) (*gpupoolv1.AcquireResponse,
 // lease's expiry on this leader's timer.
 func (s *Server) acquired(l *gpupoolv1.Lease, existing bool) (*gpupoolv1.AcquireResponse, error) {
 	resp := &gpupoolv1.AcquireResponse{Lease: s.withLeaderView(l), Existing: existing}
-	ls := s.currentLeader()
-	if ls == nil || l.State != gpupoolv1.LeaseState_LEASE_STATE_GRANTED {
+	if l.State != gpupoolv1.LeaseState_LEASE_STATE_GRANTED {
 		return resp, nil
 	}
-	deadline, ok := ls.ttl.Deadline(l.Id)
-	if !ok {
-		return resp, nil
+	// Before this leader armed its timers (startup), the lease has a whole
+	// TTL from now: a new leader re-arms every lease at its full TTL.
+	deadline := s.cfg.Clock.Now().Add(time.Duration(l.TtlMs) * time.Millisecond)
+	if ls := s.currentLeader(); ls != nil {
+		if d, ok := ls.ttl.Deadline(l.Id); ok {
+			deadline = d
+		}
 	}
 	toks, err := s.hostTokens(s.fsm.State(), l, deadline)
 	if err != nil {

@@ -146,6 +146,8 @@ type Server struct {
 	// placeMu serialises placement and grant on the leader, so that two
 	// acquires never pick the same free capacity.
 	placeMu sync.Mutex
+	// keysMu serialises changes to the token signing keys.
+	keysMu sync.Mutex
 
 	leaderMu sync.Mutex
 	leader   *leaderState // guarded by leaderMu; nil unless leader

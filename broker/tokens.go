@@ -52,6 +52,8 @@ func newSigningKey(now time.Time) (*gpupoolv1.SigningKey, error) {
 // The leader calls it after its barrier, so the key is generated once and
 // replicated.
 func (s *Server) ensureSigningKey() error {
+	s.keysMu.Lock()
+	defer s.keysMu.Unlock()
 	if currentKey(s.fsm.State()) != nil {
 		return nil
 	}
@@ -71,6 +73,8 @@ func (s *Server) ensureSigningKey() error {
 // TTL, so until now plus the longest TTL of a granted lease (plus slack).
 // Keys past their verification time are dropped.
 func (s *Server) rotateSigningKey() (*gpupoolv1.SigningKey, time.Time, error) {
+	s.keysMu.Lock()
+	defer s.keysMu.Unlock()
 	now := s.cfg.Clock.Now()
 	st := s.fsm.State()
 	var maxTTL time.Duration
@@ -79,7 +83,9 @@ func (s *Server) rotateSigningKey() (*gpupoolv1.SigningKey, time.Time, error) {
 			maxTTL = max(maxTTL, time.Duration(l.TtlMs)*time.Millisecond)
 		}
 	}
-	until := now.Add(maxTTL + verifySlack)
+	// The old key also signs for a while after the rotation (see
+	// signingKey), so its tokens live that much longer.
+	until := now.Add(s.keyWarmup() + maxTTL + verifySlack)
 	k, err := newSigningKey(now)
 	if err != nil {
 		return nil, time.Time{}, err
@@ -101,9 +107,33 @@ func (s *Server) rotateSigningKey() (*gpupoolv1.SigningKey, time.Time, error) {
 	return k, until, nil
 }
 
+// keyWarmup is how long a new key waits before it signs: agents learn
+// keys from heartbeat responses, so after two intervals every connected
+// agent knows it and no fresh token is refused for an unknown key.
+func (s *Server) keyWarmup() time.Duration { return 2 * s.cfg.HeartbeatInterval }
+
+// signingKey returns the key that signs at now: the current key once its
+// warm-up has passed, else the newest key it replaced (still verifying).
+func (s *Server) signingKey(st *state.Reader, now time.Time) *gpupoolv1.SigningKey {
+	cur := currentKey(st)
+	if cur == nil || now.Sub(time.UnixMilli(cur.CreatedAtMs)) >= s.keyWarmup() {
+		return cur
+	}
+	var prev *gpupoolv1.SigningKey
+	for _, k := range st.SigningKeys() {
+		if k.VerifyUntilMs > now.UnixMilli() && (prev == nil || k.CreatedAtMs > prev.CreatedAtMs) {
+			prev = k
+		}
+	}
+	if prev == nil {
+		return cur // the cluster's first key: nothing to wait for
+	}
+	return prev
+}
+
 // hostTokens signs one token per host of l, valid until expires.
 func (s *Server) hostTokens(st *state.Reader, l *gpupoolv1.Lease, expires time.Time) ([]*gpupoolv1.HostToken, error) {
-	k := currentKey(st)
+	k := s.signingKey(st, s.cfg.Clock.Now())
 	if k == nil {
 		return nil, fmt.Errorf("broker: no signing key yet; retry in a moment")
 	}

@@ -56,19 +56,32 @@ func TestLeaseTokensVerifyAndSurviveAKeyRotation(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := ka.Send(&gpupoolv1.KeepAliveRequest{LeaseId: acq.Lease.Id}); err != nil {
-		t.Fatal(err)
+	renew := func() *gpupoolv1.LeaseTokenClaims {
+		t.Helper()
+		if err := ka.Send(&gpupoolv1.KeepAliveRequest{LeaseId: acq.Lease.Id}); err != nil {
+			t.Fatal(err)
+		}
+		r, err := ka.Recv()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(r.Tokens) != 1 {
+			t.Fatalf("renewal carries %d tokens, want 1", len(r.Tokens))
+		}
+		c, err := token.Verify(rot.Keys, r.Tokens[0].Token, ts.clock.Now())
+		if err != nil {
+			t.Fatal(err)
+		}
+		return c
 	}
-	r, err := ka.Recv()
-	if err != nil {
-		t.Fatal(err)
+	// Until agents have had two heartbeats to learn the new key, the old
+	// one still signs.
+	if c := renew(); c.KeyId != c0KeyID(t, old) {
+		t.Fatalf("a renewal right after the rotation is signed by %s, want the old key until agents know the new one", c.KeyId)
 	}
-	if len(r.Tokens) != 1 {
-		t.Fatalf("renewal carries %d tokens, want 1", len(r.Tokens))
-	}
-	renewed, err := token.Verify(rot.Keys, r.Tokens[0].Token, now)
-	if err != nil || renewed.KeyId != rot.KeyId {
-		t.Fatalf("renewed token: %v, key %s; want it signed by the new key %s", err, renewed.GetKeyId(), rot.KeyId)
+	ts.clock.Advance(2 * ts.s.cfg.HeartbeatInterval)
+	if c := renew(); c.KeyId != rot.KeyId {
+		t.Fatalf("a renewal after the warm-up is signed by %s, want the new key %s", c.KeyId, rot.KeyId)
 	}
 	reg, err := ts.c.Agent.Register(ctx(t), &gpupoolv1.RegisterRequest{Host: &gpupoolv1.Host{Id: "h2"}})
 	if err != nil {
@@ -77,4 +90,12 @@ func TestLeaseTokensVerifyAndSurviveAKeyRotation(t *testing.T) {
 	if len(reg.Keys) != 2 {
 		t.Fatalf("an agent registering gets %d keys, want both", len(reg.Keys))
 	}
+}
+
+func c0KeyID(t *testing.T, tok string) string {
+	c, err := token.Peek(tok)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c.KeyId
 }

@@ -129,8 +129,11 @@ func (h *Host) Close() error { return h.conn.Close() }
 // dialing it on first use. Close and Release close it.
 func (l *Lease) firstHost(ctx context.Context) (*Host, error) {
 	l.mu.Lock()
-	h := l.first
+	h, closed := l.first, l.closed
 	l.mu.Unlock()
+	if closed {
+		return nil, fmt.Errorf("lease %s: closed", l.ID())
+	}
 	if h != nil {
 		return h, nil
 	}
@@ -140,7 +143,11 @@ func (l *Lease) firstHost(ctx context.Context) (*Host, error) {
 	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	if l.first != nil { // another call won the race
+	switch {
+	case l.closed: // closed while dialing
+		h.Close()
+		return nil, fmt.Errorf("lease %s: closed", l.ID())
+	case l.first != nil: // another call won the race
 		h.Close()
 		return l.first, nil
 	}
@@ -151,7 +158,7 @@ func (l *Lease) firstHost(ctx context.Context) (*Host, error) {
 func (l *Lease) closeSession() {
 	l.mu.Lock()
 	h := l.first
-	l.first = nil
+	l.first, l.closed = nil, true
 	l.mu.Unlock()
 	if h != nil {
 		h.Close()

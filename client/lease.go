@@ -36,6 +36,7 @@ type Lease struct {
 	tokens map[string]*gpupoolv1.HostToken // guarded by mu; by host
 	err    error                           // guarded by mu; why renewal stopped
 	first  *Host                           // guarded by mu; session with the first host, once dialed
+	closed bool                            // guarded by mu; Close or Release was called
 }
 
 // Acquire asks the brokers for a lease and keeps it alive in the
@@ -213,10 +214,14 @@ func (l *Lease) session(ctx context.Context, ttl time.Duration, deadline *time.T
 		case err := <-recvErr:
 			return err
 		case <-tick.C:
+			if time.Now().After(*deadline) {
+				// No answer for a whole TTL: the stream may be half-open.
+				return errors.New("no renewal answered before the lease's TTL ran out")
+			}
 			if err := stream.Send(&gpupoolv1.KeepAliveRequest{LeaseId: id}); err != nil {
 				return err
 			}
-			tick.Reset(every)
+			tick.Reset(min(every, max(time.Until(*deadline), time.Millisecond)))
 		case r := <-answers:
 			if ev := r.GetEvent(); ev != nil {
 				if ev.Lease != nil {

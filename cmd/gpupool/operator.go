@@ -56,7 +56,10 @@ of the whole state (hosts, devices, leases).`,
 		newGroupCmd(&cobra.Command{
 			Use:   "snapshot",
 			Short: "Save or restore a snapshot of the whole cluster state",
-			Long:  `A snapshot holds the whole replicated state at one Raft index: hosts, devices, leases, quotas.`,
+			Long: `A snapshot holds the whole replicated state at one Raft index: hosts, devices,
+leases, quotas, and the private token signing keys. Whoever holds a snapshot
+can sign lease tokens: keep snapshots as secret as the brokers' data dirs, and
+rotate the keys ('gpupool operator keys rotate') if one leaks.`,
 			Example: `  gpupool operator snapshot save backup.snap
   gpupool operator snapshot restore backup.snap --yes`,
 		},

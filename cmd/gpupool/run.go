@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"os/signal"
 	"path"
@@ -63,9 +64,6 @@ released when run ends.`,
 			return nil
 		},
 		RunE: func(cmd *cobra.Command, args []string) error {
-			if !cmd.Flags().Changed("ttl") {
-				f.ttl = time.Minute // renewed every 20 s while run runs; ends soon after run dies
-			}
 			req, err := f.leaseRequest()
 			if err != nil {
 				return err
@@ -86,6 +84,10 @@ released when run ends.`,
 		},
 	}
 	f.register(cmd)
+	// run renews its lease every 20 s while it runs, so a short TTL frees
+	// the GPU soon after a run that died without releasing.
+	f.ttl = time.Minute
+	cmd.Flags().Lookup("ttl").DefValue = f.ttl.String()
 	cmd.Flags().StringArrayVar(&uploads, "upload", nil, "local file to copy into the lease directory first (repeatable)")
 	cmd.Flags().StringArrayVar(&downloads, "download", nil, "file of the lease directory to copy back afterwards (repeatable)")
 	return cmd
@@ -97,10 +99,14 @@ func runRemote(cmd *cobra.Command, c *client.Client, req *gpupoolv1.LeaseRequest
 	// The command's own context ends with Ctrl-C; the lease and the
 	// session live on until the remote command had its chance to exit.
 	base := context.WithoutCancel(cmd.Context())
-	acqCtx, cancel := context.WithTimeout(cmd.Context(), global.timeout)
+	ctx := cmd.Context() // ends with Ctrl-C: stops uploads and downloads
+	acqCtx, cancel := context.WithTimeout(ctx, global.timeout)
 	l, err := c.Acquire(acqCtx, req)
 	cancel()
 	if err != nil {
+		if ctx.Err() != nil {
+			releaseAbandoned(base, c, req, stderr)
+		}
 		return err
 	}
 	defer func() {
@@ -112,15 +118,18 @@ func runRemote(cmd *cobra.Command, c *client.Client, req *gpupoolv1.LeaseRequest
 	}()
 	info := l.Info()
 	fmt.Fprintf(stderr, "gpupool: lease %s on %s (%s)\n", l.ID(), info.GetSlices()[0].GetHost(), sliceSummary(info.GetSlices()))
-	h, err := dialLease(base, l)
+	h, err := dialLease(ctx, l)
 	if err != nil {
 		return err
 	}
 	defer h.Close()
 	for _, p := range uploads {
-		if err := uploadFile(base, h, p); err != nil {
+		if err := uploadFile(ctx, h, p); err != nil {
 			return err
 		}
+	}
+	if err := ctx.Err(); err != nil {
+		return fmt.Errorf("interrupted before the command started: %w", err)
 	}
 	// Downloads happen whatever the exit code: a failed command's output
 	// is often what one wants to see.
@@ -130,11 +139,25 @@ func runRemote(cmd *cobra.Command, c *client.Client, req *gpupoolv1.LeaseRequest
 		return runErr
 	}
 	for _, p := range downloads {
-		if err := downloadFile(base, h, p); err != nil {
+		if err := downloadFile(ctx, h, p); err != nil {
 			return err
 		}
 	}
 	return runErr
+}
+
+// releaseAbandoned releases the lease an interrupted Acquire may have
+// been granted: acquiring again with the same request id returns it.
+func releaseAbandoned(ctx context.Context, c *client.Client, req *gpupoolv1.LeaseRequest, stderr io.Writer) {
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	resp, err := c.Lease.Acquire(ctx, &gpupoolv1.AcquireRequest{Request: req})
+	if err != nil {
+		return // never granted, or the brokers are gone; its TTL frees it
+	}
+	if _, err := c.Lease.Release(ctx, &gpupoolv1.ReleaseRequest{LeaseId: resp.Lease.Id, Reason: "gpupool run interrupted"}); err != nil {
+		fmt.Fprintf(stderr, "gpupool: releasing %s: %s\n", resp.Lease.Id, errorMessage(err))
+	}
 }
 
 // dialLease opens the data-plane session with the lease's first host.
