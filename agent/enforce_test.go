@@ -578,7 +578,12 @@ func TestATeardownSurvivesTheHeartbeatStreamBreaking(t *testing.T) {
 	})
 
 	since := f.setAssignments(nil, []string{"L1"})
-	waitUntil(t, "the teardown started", func() bool { return a.leases.waitTornDown("L1") != nil })
+	waitUntil(t, "the teardown started", func() bool {
+		a.leases.mu.Lock()
+		defer a.leases.mu.Unlock()
+		e := a.leases.entries["L1"]
+		return e != nil && e.phase == tearingDown
+	})
 	f.dropStreams()
 	select {
 	case <-exited:

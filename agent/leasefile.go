@@ -13,6 +13,7 @@ import (
 
 	"google.golang.org/protobuf/encoding/protojson"
 
+	"github.com/gpupool/gpupool/internal/atomicfile"
 	gpupoolv1 "github.com/gpupool/gpupool/proto/gpupool/v1"
 )
 
@@ -81,7 +82,7 @@ func (f *leaseFiles) put(rec leaseRecord) error {
 	if err != nil {
 		return fmt.Errorf("agent: encode lease %s: %w", id, err)
 	}
-	return writeFileAtomic(f.path(id), append(b, '\n'))
+	return atomicfile.Write(f.path(id), append(b, '\n'))
 }
 
 // remove deletes a lease's file; a missing file is not an error.
@@ -155,35 +156,4 @@ func readLeaseFile(p string) (leaseRecord, error) {
 		return leaseRecord{}, fmt.Errorf("assignment: lease id %q with %d slices: want an id and at least one slice", a.LeaseId, len(a.Slices))
 	}
 	return leaseRecord{Assignment: a, Deadline: time.UnixMilli(j.DeadlineMs)}, nil
-}
-
-// writeFileAtomic replaces path with b: it writes a temporary file in the
-// same directory, syncs it, renames it over path and syncs the directory.
-func writeFileAtomic(path string, b []byte) error {
-	dir := filepath.Dir(path)
-	tmp, err := os.CreateTemp(dir, ".tmp-")
-	if err != nil {
-		return err
-	}
-	defer os.Remove(tmp.Name()) // fails harmlessly after the rename
-	if _, err := tmp.Write(b); err != nil {
-		tmp.Close()
-		return err
-	}
-	if err := tmp.Sync(); err != nil {
-		tmp.Close()
-		return err
-	}
-	if err := tmp.Close(); err != nil {
-		return err
-	}
-	if err := os.Rename(tmp.Name(), path); err != nil {
-		return err
-	}
-	d, err := os.Open(dir)
-	if err != nil {
-		return err
-	}
-	defer d.Close()
-	return d.Sync()
 }

@@ -60,8 +60,6 @@ type leaseEntry struct {
 	// violations counts the watchdog's interventions since the agent
 	// started.
 	violations int
-	// teardownDone is closed when the teardown finished.
-	teardownDone chan struct{}
 }
 
 // leaseTable is the agent's view of its leases: what the brokers last
@@ -133,13 +131,13 @@ func (t *leaseTable) reconcile(resp *gpupoolv1.HeartbeatResponse, now time.Time)
 		if e == nil {
 			// Not known here (the agent restarted, or refused it): stop
 			// whatever runs under its id, then confirm.
-			e = &leaseEntry{a: a, phase: tearingDown, teardownDone: make(chan struct{})}
+			e = &leaseEntry{a: a, phase: tearingDown}
 			t.entries[id] = e
 			p.teardown = append(p.teardown, teardownOrder{a: a, reason: "the broker asks for teardown", confirm: true})
 			continue
 		}
 		if e.phase == enforcing {
-			e.phase, e.teardownDone = tearingDown, make(chan struct{})
+			e.phase = tearingDown
 			p.teardown = append(p.teardown, teardownOrder{a: e.a, reason: teardownReason(a), confirm: true})
 		}
 	}
@@ -181,7 +179,7 @@ func (t *leaseTable) reconcile(resp *gpupoolv1.HeartbeatResponse, now time.Time)
 			// The broker forgot the lease: it ended and was freed while
 			// this agent was away. Stop it; nobody waits for a
 			// confirmation.
-			e.phase, e.teardownDone = tearingDown, make(chan struct{})
+			e.phase = tearingDown
 			p.teardown = append(p.teardown, teardownOrder{a: e.a, reason: "the brokers no longer list it"})
 		case tornDown:
 			delete(t.entries, id)
@@ -251,7 +249,7 @@ func (t *leaseTable) waitEnforced(id string, d time.Duration) (*gpupoolv1.Assign
 func (t *leaseTable) startTeardown(a *gpupoolv1.Assignment) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	t.entries[a.LeaseId] = &leaseEntry{a: a, phase: tearingDown, teardownDone: make(chan struct{})}
+	t.entries[a.LeaseId] = &leaseEntry{a: a, phase: tearingDown}
 }
 
 // reject records that the agent refuses a lease, for the broker to
@@ -270,10 +268,6 @@ func (t *leaseTable) finishTeardown(id string, confirm bool) {
 	e := t.entries[id]
 	if e == nil {
 		return
-	}
-	if e.teardownDone != nil {
-		close(e.teardownDone)
-		e.teardownDone = nil
 	}
 	if confirm {
 		e.phase = tornDown
@@ -344,17 +338,6 @@ func (t *leaseTable) get(id string) (*gpupoolv1.Assignment, bool) {
 		return nil, false
 	}
 	return proto.CloneOf(e.a), true
-}
-
-// waitTornDown returns a channel closed when id's running teardown ends,
-// or nil when none runs.
-func (t *leaseTable) waitTornDown(id string) <-chan struct{} {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	if e := t.entries[id]; e != nil && e.teardownDone != nil {
-		return e.teardownDone
-	}
-	return nil
 }
 
 // mpsInUse reports whether a lease other than except that is not torn

@@ -89,30 +89,12 @@ func (s *Server) startLeading() func() {
 
 func (s *Server) lead(ls *leaderState, events <-chan fsm.Event) {
 	// Everything committed by earlier leaders is applied after the barrier.
-	for backoff := 50 * time.Millisecond; ; backoff = min(2*backoff, 2*time.Second) {
-		err := s.raft.Barrier(0).Error()
-		if err == nil {
-			break
-		}
-		s.log.Warn("leader barrier failed; retrying", "err", err, "retry_in", backoff)
-		select {
-		case <-ls.stopCh:
-			return
-		case <-time.After(backoff):
-		}
+	if !s.retryWhileLeading(ls, "leader barrier", func() error { return s.raft.Barrier(0).Error() }) {
+		return
 	}
 	s.upsertServers()
-	for backoff := 50 * time.Millisecond; ; backoff = min(2*backoff, 2*time.Second) {
-		err := s.ensureSigningKey()
-		if err == nil {
-			break
-		}
-		s.log.Warn("creating the token signing key failed; retrying", "err", err, "retry_in", backoff)
-		select {
-		case <-ls.stopCh:
-			return
-		case <-time.After(backoff):
-		}
+	if !s.retryWhileLeading(ls, "creating the token signing key", s.ensureSigningKey) {
+		return
 	}
 	s.armAll(ls)
 	s.leaderMu.Lock()
@@ -133,6 +115,23 @@ func (s *Server) lead(ls *leaderState, events <-chan fsm.Event) {
 				continue
 			}
 			s.react(ls, ev)
+		}
+	}
+}
+
+// retryWhileLeading calls fn, with backoff, until it succeeds (true) or
+// leadership ends (false).
+func (s *Server) retryWhileLeading(ls *leaderState, what string, fn func() error) bool {
+	for backoff := 50 * time.Millisecond; ; backoff = min(2*backoff, 2*time.Second) {
+		err := fn()
+		if err == nil {
+			return true
+		}
+		s.log.Warn(what+" failed; retrying", "err", err, "retry_in", backoff)
+		select {
+		case <-ls.stopCh:
+			return false
+		case <-time.After(backoff):
 		}
 	}
 }

@@ -20,6 +20,8 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/gpupool/gpupool/internal/atomicfile"
 )
 
 // ALPN is the TLS application protocol of the data plane.
@@ -92,11 +94,11 @@ func createCert(dir, certPath, keyPath string) (tls.Certificate, string, error) 
 	}
 	// The key first: a crash between the two writes leaves a key without a
 	// certificate, which the next call reports instead of ignoring.
-	if err := writeFileAtomic(keyPath, pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: keyDER})); err != nil {
-		return tls.Certificate{}, "", err
+	if err := atomicfile.Write(keyPath, pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: keyDER})); err != nil {
+		return tls.Certificate{}, "", fmt.Errorf("dataplane: writing %s: %w", keyPath, err)
 	}
-	if err := writeFileAtomic(certPath, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der})); err != nil {
-		return tls.Certificate{}, "", err
+	if err := atomicfile.Write(certPath, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der})); err != nil {
+		return tls.Certificate{}, "", fmt.Errorf("dataplane: writing %s: %w", certPath, err)
 	}
 	leaf, err := x509.ParseCertificate(der)
 	if err != nil {
@@ -104,34 +106,6 @@ func createCert(dir, certPath, keyPath string) (tls.Certificate, string, error) 
 	}
 	cert := tls.Certificate{Certificate: [][]byte{der}, PrivateKey: key, Leaf: leaf}
 	return cert, fingerprint(der), nil
-}
-
-// writeFileAtomic writes data to path with mode 0600 through a synced
-// temporary file in the same directory.
-func writeFileAtomic(path string, data []byte) error {
-	f, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".tmp-*")
-	if err != nil {
-		return fmt.Errorf("dataplane: %w", err)
-	}
-	tmp := f.Name()
-	_, err = f.Write(data)
-	if err == nil {
-		err = f.Chmod(0o600)
-	}
-	if err == nil {
-		err = f.Sync()
-	}
-	if cerr := f.Close(); err == nil {
-		err = cerr
-	}
-	if err == nil {
-		err = os.Rename(tmp, path)
-	}
-	if err != nil {
-		os.Remove(tmp)
-		return fmt.Errorf("dataplane: writing %s: %w", path, err)
-	}
-	return nil
 }
 
 // fingerprint is the lowercase hex SHA-256 of a certificate's DER.
