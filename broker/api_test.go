@@ -129,6 +129,7 @@ func TestAcquireRejectsBadInputNamingTheField(t *testing.T) {
 		{"ttl under a second", mod(func(r *gpupoolv1.LeaseRequest) { r.TtlMs = 500 }), codes.InvalidArgument, "ttl_ms 500: must be between 1000"},
 		{"ttl over a day", mod(func(r *gpupoolv1.LeaseRequest) { r.TtlMs = 25 * 3600 * 1000 }), codes.InvalidArgument, "ttl_ms 90000000"},
 		{"an unknown model", mod(func(r *gpupoolv1.LeaseRequest) { r.Constraints = &gpupoolv1.Constraints{Model: "H200*"} }), codes.InvalidArgument, `constraints.model "H200*": matches no GPU in the pool; models: A100-SXM4-80GB`},
+		{"an empty device uuid", mod(func(r *gpupoolv1.LeaseRequest) { r.Constraints = &gpupoolv1.Constraints{Devices: []string{""}} }), codes.InvalidArgument, `constraints.devices "": must be device UUIDs`},
 		{"a bad model glob", mod(func(r *gpupoolv1.LeaseRequest) { r.Constraints = &gpupoolv1.Constraints{Model: "A100["} }), codes.InvalidArgument, "constraints.model"},
 		{"an unknown host", mod(func(r *gpupoolv1.LeaseRequest) { r.Constraints = &gpupoolv1.Constraints{Host: "nope"} }), codes.InvalidArgument, `constraints.host "nope"`},
 		{"a bad tenant", mod(func(r *gpupoolv1.LeaseRequest) { r.Tenant = "Bad Tenant" }), codes.InvalidArgument, "tenant"},

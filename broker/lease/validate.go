@@ -105,6 +105,14 @@ func validateConstraints(c *gpupoolv1.Constraints) error {
 			return &FieldError{"constraints.labels", `""`, "label keys must not be empty"}
 		}
 	}
+	if len(c.Devices) > 64 {
+		return &FieldError{"constraints.devices", fmt.Sprintf("(%d devices)", len(c.Devices)), "must name at most 64 devices"}
+	}
+	for _, d := range c.Devices {
+		if d == "" || len(d) > 128 {
+			return &FieldError{"constraints.devices", fmt.Sprintf("%q", d), "must be device UUIDs of 1 to 128 bytes, as gpupool host get shows them"}
+		}
+	}
 	return nil
 }
 

@@ -296,6 +296,9 @@ func constraintsText(rq *request) string {
 	if c.GetHost() != "" {
 		parts = append(parts, fmt.Sprintf("host %q", c.GetHost()))
 	}
+	if len(c.GetDevices()) > 0 {
+		parts = append(parts, "devices "+strings.Join(c.GetDevices(), ","))
+	}
 	if len(c.GetLabels()) > 0 {
 		var kv []string
 		for _, k := range slices.Sorted(maps.Keys(c.GetLabels())) {

@@ -305,6 +305,16 @@ func TestPlaceConstraints(t *testing.T) {
 		hosts: zoned(),
 		req:   frac(1024, 5).where(&gpupoolv1.Constraints{Labels: map[string]string{"zone": "b"}}),
 		want:  "host-2/0",
+	}, {
+		name:  "a device constraint overrides binpack's choice",
+		hosts: poolOf(host("host-1", gpu(0), gpu(1, used(51200, 10)))),
+		req:   frac(1024, 5).where(&gpupoolv1.Constraints{Devices: []string{"GPU-host-1-0"}}),
+		want:  "host-1/0",
+	}, {
+		name:  "several devices: slices go only to those",
+		hosts: poolOf(idle("host-1", 3), idle("host-2", 1)),
+		req:   excl().n(2).where(&gpupoolv1.Constraints{Devices: []string{"GPU-host-2-0", "GPU-host-1-2"}}),
+		want:  "host-1/2 host-2/0",
 	}})
 }
 
@@ -395,6 +405,9 @@ func TestPlaceErrors(t *testing.T) {
 			poolOf(labels(idle("host-1", 1), "zone", "a")),
 			frac(1024, 5).where(&gpupoolv1.Constraints{Model: "H100*", Labels: map[string]string{"zone": "b"}}), true,
 			`no host matches constraints (model "H100*", labels zone=b)`},
+		{"an unknown device can never fit",
+			poolOf(idle("host-1", 1)), excl().where(&gpupoolv1.Constraints{Devices: []string{"GPU-gone"}}), true,
+			`no host matches constraints (devices GPU-gone)`},
 		{"no GPU matching the model can never fit",
 			poolOf(idle("host-1", 1)), excl().where(&gpupoolv1.Constraints{Model: "H100*"}), true,
 			`no host matches constraints (model "H100*")`},

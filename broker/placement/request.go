@@ -22,6 +22,9 @@ type request struct {
 	// oneHost: every slice on one host. distinct: every slice on its own device.
 	oneHost, distinct bool
 
+	// devices is the device-UUID constraint as a set; nil when unset.
+	devices map[string]bool
+
 	// lastModel and lastModelOK memoize the model glob: hosts rarely mix models.
 	lastModel   string
 	lastModelOK bool
@@ -40,6 +43,12 @@ func newRequest(req *gpupoolv1.LeaseRequest, policy string) (*request, string) {
 	}
 	if rq.cons == nil {
 		rq.cons = &gpupoolv1.Constraints{}
+	}
+	if ds := rq.cons.GetDevices(); len(ds) > 0 {
+		rq.devices = make(map[string]bool, len(ds))
+		for _, d := range ds {
+			rq.devices[d] = true
+		}
 	}
 	if !rq.exclusive {
 		rq.mem, rq.compute = req.GetMemoryMib(), req.GetComputePercent()
@@ -124,6 +133,9 @@ func (rq *request) hostMatches(h *gpupoolv1.Host) bool {
 // deviceMatches reports whether d passes the model and minimum-memory constraints.
 func (rq *request) deviceMatches(d *gpupoolv1.Device) bool {
 	if d.GetMemoryMib() < rq.cons.GetMinMemoryMib() {
+		return false
+	}
+	if rq.devices != nil && !rq.devices[d.GetUuid()] {
 		return false
 	}
 	glob := rq.cons.GetModel()

@@ -756,7 +756,10 @@ type Constraints struct {
 	// Exact host id.
 	Host string `protobuf:"bytes,3,opt,name=host,proto3" json:"host,omitempty"`
 	// Every label must be present on the host with this value.
-	Labels        map[string]string `protobuf:"bytes,4,rep,name=labels,proto3" json:"labels,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	Labels map[string]string `protobuf:"bytes,4,rep,name=labels,proto3" json:"labels,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	// Only these devices (UUIDs). The Kubernetes binder names the exact
+	// device the scheduler allocated.
+	Devices       []string `protobuf:"bytes,5,rep,name=devices,proto3" json:"devices,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -815,6 +818,13 @@ func (x *Constraints) GetHost() string {
 func (x *Constraints) GetLabels() map[string]string {
 	if x != nil {
 		return x.Labels
+	}
+	return nil
+}
+
+func (x *Constraints) GetDevices() []string {
+	if x != nil {
+		return x.Devices
 	}
 	return nil
 }
@@ -1754,12 +1764,13 @@ const file_gpupool_v1_types_proto_rawDesc = "" +
 	"certSha256\x1a9\n" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xd5\x01\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xef\x01\n" +
 	"\vConstraints\x12\x14\n" +
 	"\x05model\x18\x01 \x01(\tR\x05model\x12$\n" +
 	"\x0emin_memory_mib\x18\x02 \x01(\x03R\fminMemoryMib\x12\x12\n" +
 	"\x04host\x18\x03 \x01(\tR\x04host\x12;\n" +
-	"\x06labels\x18\x04 \x03(\v2#.gpupool.v1.Constraints.LabelsEntryR\x06labels\x1a9\n" +
+	"\x06labels\x18\x04 \x03(\v2#.gpupool.v1.Constraints.LabelsEntryR\x06labels\x12\x18\n" +
+	"\adevices\x18\x05 \x03(\tR\adevices\x1a9\n" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xff\x03\n" +
