@@ -436,3 +436,52 @@ func TestWatchStreamsExistingLeasesThenChanges(t *testing.T) {
 		}
 	}
 }
+
+func TestDrainHostStopsNewLeasesThereUntilCancelled(t *testing.T) {
+	ts := startServer(t)
+	ts.registerHost(t, "h1", 1, 81920)
+	held, err := ts.c.Lease.Acquire(ctx(t), &gpupoolv1.AcquireRequest{Request: slice(1024, 5)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		name     string
+		req      *gpupoolv1.DrainHostRequest
+		code     codes.Code
+		msg      string
+		status   gpupoolv1.HostStatus
+		eligible bool
+		leases   int32
+		acquire  codes.Code
+	}{
+		{"no host id", &gpupoolv1.DrainHostRequest{}, codes.InvalidArgument, "host_id: is required", 0, false, 0, 0},
+		{"an unknown host", &gpupoolv1.DrainHostRequest{HostId: "nope"}, codes.NotFound, `host "nope": not found`, 0, false, 0, 0},
+		{"drain", &gpupoolv1.DrainHostRequest{HostId: "h1", Reason: "kernel upgrade"}, codes.OK, "",
+			gpupoolv1.HostStatus_HOST_STATUS_DRAINING, false, 1, codes.ResourceExhausted},
+		{"drain again changes nothing", &gpupoolv1.DrainHostRequest{HostId: "h1"}, codes.OK, "",
+			gpupoolv1.HostStatus_HOST_STATUS_DRAINING, false, 1, codes.ResourceExhausted},
+		{"cancel", &gpupoolv1.DrainHostRequest{HostId: "h1", Cancel: true}, codes.OK, "",
+			gpupoolv1.HostStatus_HOST_STATUS_READY, true, 1, codes.OK},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			resp, err := ts.c.Pool.DrainHost(ctx(t), tc.req)
+			if status.Code(err) != tc.code || (tc.msg != "" && !strings.Contains(err.Error(), tc.msg)) {
+				t.Fatalf("got %v, want %v %q", err, tc.code, tc.msg)
+			}
+			if tc.code != codes.OK {
+				return
+			}
+			h := resp.Host
+			if h.Status != tc.status || h.Eligible != tc.eligible || resp.Leases != tc.leases {
+				t.Fatalf("got %v eligible=%t leases=%d, want %v eligible=%t leases=%d", h.Status, h.Eligible, resp.Leases, tc.status, tc.eligible, tc.leases)
+			}
+			_, err = ts.c.Lease.Acquire(ctx(t), &gpupoolv1.AcquireRequest{Request: slice(1024, 5)})
+			if status.Code(err) != tc.acquire {
+				t.Fatalf("acquire: got %v, want %v", err, tc.acquire)
+			}
+		})
+	}
+	if l := ts.s.fsm.State().Lease(held.Lease.Id); l.State != gpupoolv1.LeaseState_LEASE_STATE_GRANTED {
+		t.Fatalf("the lease on the drained host: got %v, want granted", l.State)
+	}
+}

@@ -26,6 +26,7 @@ const (
 	SetDeviceHealthType   MessageType = 7
 	RecordAgentEventsType MessageType = 8
 	SetSigningKeysType    MessageType = 9
+	DrainHostType         MessageType = 10
 )
 
 // IgnoreUnknownTypeFlag marks a command that servers which do not know its
@@ -56,6 +57,8 @@ func newMessage(t MessageType) proto.Message {
 		return &gpupoolv1.RecordAgentEventsCommand{}
 	case SetSigningKeysType:
 		return &gpupoolv1.SetSigningKeysCommand{}
+	case DrainHostType:
+		return &gpupoolv1.DrainHostCommand{}
 	}
 	return nil
 }
@@ -81,6 +84,8 @@ func TypeOf(m proto.Message) (MessageType, error) {
 		return RecordAgentEventsType, nil
 	case *gpupoolv1.SetSigningKeysCommand:
 		return SetSigningKeysType, nil
+	case *gpupoolv1.DrainHostCommand:
+		return DrainHostType, nil
 	}
 	return 0, fmt.Errorf("fsm: %T is not a command", m)
 }

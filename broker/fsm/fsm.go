@@ -8,6 +8,7 @@
 package fsm
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"io"
@@ -104,6 +105,8 @@ func (f *FSM) apply(index uint64, msg proto.Message) *Result {
 		res, evs = applyRecordAgentEvents(w, index, c)
 	case *gpupoolv1.SetSigningKeysCommand:
 		res = applySetSigningKeys(w, c)
+	case *gpupoolv1.DrainHostCommand:
+		res, evs = applyDrainHost(w, c)
 	default:
 		res = &Result{Err: fmt.Errorf("%w: %T", ErrInvalid, msg)}
 	}
@@ -236,6 +239,35 @@ func applySetHostStatus(w *state.Writer, index uint64, c *gpupoolv1.SetHostStatu
 		}
 	}
 	return &Result{Host: h}, evs
+}
+
+// applyDrainHost makes a host draining and ineligible, or with cancel ready
+// and eligible again. A down host stays down: the drain shows once it is
+// back, and a cancel leaves it down but eligible.
+func applyDrainHost(w *state.Writer, c *gpupoolv1.DrainHostCommand) (*Result, []Event) {
+	old := w.Host(c.HostId)
+	if old == nil {
+		return &Result{Err: fmt.Errorf("host %q: %w", c.HostId, ErrNotFound)}, nil
+	}
+	h := clone(old)
+	draining := old.Status == gpupoolv1.HostStatus_HOST_STATUS_DRAINING || old.Status == gpupoolv1.HostStatus_HOST_STATUS_DRAINED
+	switch {
+	case c.Cancel && draining:
+		h.Status, h.StatusReason, h.StatusChangedAtMs = gpupoolv1.HostStatus_HOST_STATUS_READY, cmp.Or(c.Reason, "drain cancelled"), c.NowMs
+		h.Eligible = true
+	case c.Cancel:
+		h.Eligible = true
+	case !draining && old.Status != gpupoolv1.HostStatus_HOST_STATUS_DOWN:
+		h.Status, h.StatusReason, h.StatusChangedAtMs = gpupoolv1.HostStatus_HOST_STATUS_DRAINING, cmp.Or(c.Reason, "drain requested"), c.NowMs
+		h.Eligible = false
+	default:
+		h.Eligible = false
+	}
+	if proto.Equal(h, old) {
+		return &Result{Host: old}, nil
+	}
+	w.PutHost(h)
+	return &Result{Host: h}, []Event{{Host: h}}
 }
 
 func applyGrantLease(w *state.Writer, index uint64, c *gpupoolv1.GrantLeaseCommand) (*Result, []Event) {

@@ -17,6 +17,8 @@ func TestHostCommandsRefuseBadInput(t *testing.T) {
 		{"get without a host", []string{"host", "get"}, []string{"accepts 1 arg(s), received 0", "gpupool host get HOST_ID"}},
 		{"get with two hosts", []string{"host", "get", "h1", "h2"}, []string{"accepts 1 arg(s), received 2"}},
 		{"get with an unknown flag", []string{"host", "get", "h1", "--fresh"}, []string{"--fresh"}},
+		{"drain without a host", []string{"host", "drain"}, []string{"accepts 1 arg(s), received 0", "gpupool host drain HOST_ID"}},
+		{"drain with a bad cancel value", []string{"host", "drain", "h1", "--cancel=maybe"}, []string{"--cancel"}},
 	})
 }
 

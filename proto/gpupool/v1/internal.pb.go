@@ -875,6 +875,76 @@ func (x *SetSigningKeysCommand) GetKeys() []*SigningKey {
 	return nil
 }
 
+// DrainHostCommand marks a host draining (ineligible for new leases) or,
+// with cancel, ready and eligible again.
+type DrainHostCommand struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	HostId        string                 `protobuf:"bytes,1,opt,name=host_id,json=hostId,proto3" json:"host_id,omitempty"`
+	Cancel        bool                   `protobuf:"varint,2,opt,name=cancel,proto3" json:"cancel,omitempty"`
+	Reason        string                 `protobuf:"bytes,3,opt,name=reason,proto3" json:"reason,omitempty"`
+	NowMs         int64                  `protobuf:"varint,4,opt,name=now_ms,json=nowMs,proto3" json:"now_ms,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DrainHostCommand) Reset() {
+	*x = DrainHostCommand{}
+	mi := &file_gpupool_v1_internal_proto_msgTypes[14]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DrainHostCommand) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DrainHostCommand) ProtoMessage() {}
+
+func (x *DrainHostCommand) ProtoReflect() protoreflect.Message {
+	mi := &file_gpupool_v1_internal_proto_msgTypes[14]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DrainHostCommand.ProtoReflect.Descriptor instead.
+func (*DrainHostCommand) Descriptor() ([]byte, []int) {
+	return file_gpupool_v1_internal_proto_rawDescGZIP(), []int{14}
+}
+
+func (x *DrainHostCommand) GetHostId() string {
+	if x != nil {
+		return x.HostId
+	}
+	return ""
+}
+
+func (x *DrainHostCommand) GetCancel() bool {
+	if x != nil {
+		return x.Cancel
+	}
+	return false
+}
+
+func (x *DrainHostCommand) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
+func (x *DrainHostCommand) GetNowMs() int64 {
+	if x != nil {
+		return x.NowMs
+	}
+	return 0
+}
+
 // StateSnapshot is the whole FSM state, in the order of the store's indexes.
 type StateSnapshot struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
@@ -890,7 +960,7 @@ type StateSnapshot struct {
 
 func (x *StateSnapshot) Reset() {
 	*x = StateSnapshot{}
-	mi := &file_gpupool_v1_internal_proto_msgTypes[14]
+	mi := &file_gpupool_v1_internal_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -902,7 +972,7 @@ func (x *StateSnapshot) String() string {
 func (*StateSnapshot) ProtoMessage() {}
 
 func (x *StateSnapshot) ProtoReflect() protoreflect.Message {
-	mi := &file_gpupool_v1_internal_proto_msgTypes[14]
+	mi := &file_gpupool_v1_internal_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -915,7 +985,7 @@ func (x *StateSnapshot) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StateSnapshot.ProtoReflect.Descriptor instead.
 func (*StateSnapshot) Descriptor() ([]byte, []int) {
-	return file_gpupool_v1_internal_proto_rawDescGZIP(), []int{14}
+	return file_gpupool_v1_internal_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *StateSnapshot) GetServers() []*UpsertServerCommand {
@@ -1026,7 +1096,12 @@ const file_gpupool_v1_internal_proto_rawDesc = "" +
 	"\rcreated_at_ms\x18\x04 \x01(\x03R\vcreatedAtMs\x12&\n" +
 	"\x0fverify_until_ms\x18\x05 \x01(\x03R\rverifyUntilMs\"C\n" +
 	"\x15SetSigningKeysCommand\x12*\n" +
-	"\x04keys\x18\x01 \x03(\v2\x16.gpupool.v1.SigningKeyR\x04keys\"\x9c\x02\n" +
+	"\x04keys\x18\x01 \x03(\v2\x16.gpupool.v1.SigningKeyR\x04keys\"r\n" +
+	"\x10DrainHostCommand\x12\x17\n" +
+	"\ahost_id\x18\x01 \x01(\tR\x06hostId\x12\x16\n" +
+	"\x06cancel\x18\x02 \x01(\bR\x06cancel\x12\x16\n" +
+	"\x06reason\x18\x03 \x01(\tR\x06reason\x12\x15\n" +
+	"\x06now_ms\x18\x04 \x01(\x03R\x05nowMs\"\x9c\x02\n" +
 	"\rStateSnapshot\x129\n" +
 	"\aservers\x18\x01 \x03(\v2\x1f.gpupool.v1.UpsertServerCommandR\aservers\x12&\n" +
 	"\x05hosts\x18\x02 \x03(\v2\x10.gpupool.v1.HostR\x05hosts\x12,\n" +
@@ -1051,7 +1126,7 @@ func file_gpupool_v1_internal_proto_rawDescGZIP() []byte {
 	return file_gpupool_v1_internal_proto_rawDescData
 }
 
-var file_gpupool_v1_internal_proto_msgTypes = make([]protoimpl.MessageInfo, 15)
+var file_gpupool_v1_internal_proto_msgTypes = make([]protoimpl.MessageInfo, 16)
 var file_gpupool_v1_internal_proto_goTypes = []any{
 	(*ServerInfoRequest)(nil),        // 0: gpupool.v1.ServerInfoRequest
 	(*ServerInfoResponse)(nil),       // 1: gpupool.v1.ServerInfoResponse
@@ -1067,28 +1142,29 @@ var file_gpupool_v1_internal_proto_goTypes = []any{
 	(*RecordAgentEventsCommand)(nil), // 11: gpupool.v1.RecordAgentEventsCommand
 	(*SigningKey)(nil),               // 12: gpupool.v1.SigningKey
 	(*SetSigningKeysCommand)(nil),    // 13: gpupool.v1.SetSigningKeysCommand
-	(*StateSnapshot)(nil),            // 14: gpupool.v1.StateSnapshot
-	(*Host)(nil),                     // 15: gpupool.v1.Host
-	(*Device)(nil),                   // 16: gpupool.v1.Device
-	(HostStatus)(0),                  // 17: gpupool.v1.HostStatus
-	(*Lease)(nil),                    // 18: gpupool.v1.Lease
-	(LeaseState)(0),                  // 19: gpupool.v1.LeaseState
-	(*DeviceReport)(nil),             // 20: gpupool.v1.DeviceReport
-	(*AgentEvent)(nil),               // 21: gpupool.v1.AgentEvent
+	(*DrainHostCommand)(nil),         // 14: gpupool.v1.DrainHostCommand
+	(*StateSnapshot)(nil),            // 15: gpupool.v1.StateSnapshot
+	(*Host)(nil),                     // 16: gpupool.v1.Host
+	(*Device)(nil),                   // 17: gpupool.v1.Device
+	(HostStatus)(0),                  // 18: gpupool.v1.HostStatus
+	(*Lease)(nil),                    // 19: gpupool.v1.Lease
+	(LeaseState)(0),                  // 20: gpupool.v1.LeaseState
+	(*DeviceReport)(nil),             // 21: gpupool.v1.DeviceReport
+	(*AgentEvent)(nil),               // 22: gpupool.v1.AgentEvent
 }
 var file_gpupool_v1_internal_proto_depIdxs = []int32{
-	15, // 0: gpupool.v1.RegisterHostCommand.host:type_name -> gpupool.v1.Host
-	16, // 1: gpupool.v1.RegisterHostCommand.devices:type_name -> gpupool.v1.Device
-	17, // 2: gpupool.v1.SetHostStatusCommand.status:type_name -> gpupool.v1.HostStatus
-	18, // 3: gpupool.v1.GrantLeaseCommand.lease:type_name -> gpupool.v1.Lease
-	19, // 4: gpupool.v1.EndLeaseCommand.end_state:type_name -> gpupool.v1.LeaseState
-	20, // 5: gpupool.v1.SetDeviceHealthCommand.devices:type_name -> gpupool.v1.DeviceReport
-	21, // 6: gpupool.v1.RecordAgentEventsCommand.events:type_name -> gpupool.v1.AgentEvent
+	16, // 0: gpupool.v1.RegisterHostCommand.host:type_name -> gpupool.v1.Host
+	17, // 1: gpupool.v1.RegisterHostCommand.devices:type_name -> gpupool.v1.Device
+	18, // 2: gpupool.v1.SetHostStatusCommand.status:type_name -> gpupool.v1.HostStatus
+	19, // 3: gpupool.v1.GrantLeaseCommand.lease:type_name -> gpupool.v1.Lease
+	20, // 4: gpupool.v1.EndLeaseCommand.end_state:type_name -> gpupool.v1.LeaseState
+	21, // 5: gpupool.v1.SetDeviceHealthCommand.devices:type_name -> gpupool.v1.DeviceReport
+	22, // 6: gpupool.v1.RecordAgentEventsCommand.events:type_name -> gpupool.v1.AgentEvent
 	12, // 7: gpupool.v1.SetSigningKeysCommand.keys:type_name -> gpupool.v1.SigningKey
 	4,  // 8: gpupool.v1.StateSnapshot.servers:type_name -> gpupool.v1.UpsertServerCommand
-	15, // 9: gpupool.v1.StateSnapshot.hosts:type_name -> gpupool.v1.Host
-	16, // 10: gpupool.v1.StateSnapshot.devices:type_name -> gpupool.v1.Device
-	18, // 11: gpupool.v1.StateSnapshot.leases:type_name -> gpupool.v1.Lease
+	16, // 9: gpupool.v1.StateSnapshot.hosts:type_name -> gpupool.v1.Host
+	17, // 10: gpupool.v1.StateSnapshot.devices:type_name -> gpupool.v1.Device
+	19, // 11: gpupool.v1.StateSnapshot.leases:type_name -> gpupool.v1.Lease
 	12, // 12: gpupool.v1.StateSnapshot.signing_keys:type_name -> gpupool.v1.SigningKey
 	0,  // 13: gpupool.v1.ClusterService.ServerInfo:input_type -> gpupool.v1.ServerInfoRequest
 	2,  // 14: gpupool.v1.ClusterService.Join:input_type -> gpupool.v1.JoinRequest
@@ -1114,7 +1190,7 @@ func file_gpupool_v1_internal_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_gpupool_v1_internal_proto_rawDesc), len(file_gpupool_v1_internal_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   15,
+			NumMessages:   16,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -21,6 +21,120 @@ const (
 	_ = protoimpl.EnforceVersion(protoimpl.MaxVersion - 20)
 )
 
+type DrainHostRequest struct {
+	state  protoimpl.MessageState `protogen:"open.v1"`
+	HostId string                 `protobuf:"bytes,1,opt,name=host_id,json=hostId,proto3" json:"host_id,omitempty"`
+	Cancel bool                   `protobuf:"varint,2,opt,name=cancel,proto3" json:"cancel,omitempty"`
+	// Shown as the host's status reason.
+	Reason        string `protobuf:"bytes,3,opt,name=reason,proto3" json:"reason,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DrainHostRequest) Reset() {
+	*x = DrainHostRequest{}
+	mi := &file_gpupool_v1_pool_proto_msgTypes[0]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DrainHostRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DrainHostRequest) ProtoMessage() {}
+
+func (x *DrainHostRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_gpupool_v1_pool_proto_msgTypes[0]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DrainHostRequest.ProtoReflect.Descriptor instead.
+func (*DrainHostRequest) Descriptor() ([]byte, []int) {
+	return file_gpupool_v1_pool_proto_rawDescGZIP(), []int{0}
+}
+
+func (x *DrainHostRequest) GetHostId() string {
+	if x != nil {
+		return x.HostId
+	}
+	return ""
+}
+
+func (x *DrainHostRequest) GetCancel() bool {
+	if x != nil {
+		return x.Cancel
+	}
+	return false
+}
+
+func (x *DrainHostRequest) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
+type DrainHostResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Host  *Host                  `protobuf:"bytes,1,opt,name=host,proto3" json:"host,omitempty"`
+	// Leases still on the host.
+	Leases        int32 `protobuf:"varint,2,opt,name=leases,proto3" json:"leases,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DrainHostResponse) Reset() {
+	*x = DrainHostResponse{}
+	mi := &file_gpupool_v1_pool_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DrainHostResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DrainHostResponse) ProtoMessage() {}
+
+func (x *DrainHostResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_gpupool_v1_pool_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DrainHostResponse.ProtoReflect.Descriptor instead.
+func (*DrainHostResponse) Descriptor() ([]byte, []int) {
+	return file_gpupool_v1_pool_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *DrainHostResponse) GetHost() *Host {
+	if x != nil {
+		return x.Host
+	}
+	return nil
+}
+
+func (x *DrainHostResponse) GetLeases() int32 {
+	if x != nil {
+		return x.Leases
+	}
+	return 0
+}
+
 type ListHostsRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Stale         bool                   `protobuf:"varint,1,opt,name=stale,proto3" json:"stale,omitempty"`
@@ -30,7 +144,7 @@ type ListHostsRequest struct {
 
 func (x *ListHostsRequest) Reset() {
 	*x = ListHostsRequest{}
-	mi := &file_gpupool_v1_pool_proto_msgTypes[0]
+	mi := &file_gpupool_v1_pool_proto_msgTypes[2]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -42,7 +156,7 @@ func (x *ListHostsRequest) String() string {
 func (*ListHostsRequest) ProtoMessage() {}
 
 func (x *ListHostsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_gpupool_v1_pool_proto_msgTypes[0]
+	mi := &file_gpupool_v1_pool_proto_msgTypes[2]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -55,7 +169,7 @@ func (x *ListHostsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListHostsRequest.ProtoReflect.Descriptor instead.
 func (*ListHostsRequest) Descriptor() ([]byte, []int) {
-	return file_gpupool_v1_pool_proto_rawDescGZIP(), []int{0}
+	return file_gpupool_v1_pool_proto_rawDescGZIP(), []int{2}
 }
 
 func (x *ListHostsRequest) GetStale() bool {
@@ -74,7 +188,7 @@ type ListHostsResponse struct {
 
 func (x *ListHostsResponse) Reset() {
 	*x = ListHostsResponse{}
-	mi := &file_gpupool_v1_pool_proto_msgTypes[1]
+	mi := &file_gpupool_v1_pool_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -86,7 +200,7 @@ func (x *ListHostsResponse) String() string {
 func (*ListHostsResponse) ProtoMessage() {}
 
 func (x *ListHostsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_gpupool_v1_pool_proto_msgTypes[1]
+	mi := &file_gpupool_v1_pool_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -99,7 +213,7 @@ func (x *ListHostsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListHostsResponse.ProtoReflect.Descriptor instead.
 func (*ListHostsResponse) Descriptor() ([]byte, []int) {
-	return file_gpupool_v1_pool_proto_rawDescGZIP(), []int{1}
+	return file_gpupool_v1_pool_proto_rawDescGZIP(), []int{3}
 }
 
 func (x *ListHostsResponse) GetHosts() []*Host {
@@ -119,7 +233,7 @@ type GetHostRequest struct {
 
 func (x *GetHostRequest) Reset() {
 	*x = GetHostRequest{}
-	mi := &file_gpupool_v1_pool_proto_msgTypes[2]
+	mi := &file_gpupool_v1_pool_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -131,7 +245,7 @@ func (x *GetHostRequest) String() string {
 func (*GetHostRequest) ProtoMessage() {}
 
 func (x *GetHostRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_gpupool_v1_pool_proto_msgTypes[2]
+	mi := &file_gpupool_v1_pool_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -144,7 +258,7 @@ func (x *GetHostRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetHostRequest.ProtoReflect.Descriptor instead.
 func (*GetHostRequest) Descriptor() ([]byte, []int) {
-	return file_gpupool_v1_pool_proto_rawDescGZIP(), []int{2}
+	return file_gpupool_v1_pool_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *GetHostRequest) GetHostId() string {
@@ -171,7 +285,7 @@ type GetHostResponse struct {
 
 func (x *GetHostResponse) Reset() {
 	*x = GetHostResponse{}
-	mi := &file_gpupool_v1_pool_proto_msgTypes[3]
+	mi := &file_gpupool_v1_pool_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -183,7 +297,7 @@ func (x *GetHostResponse) String() string {
 func (*GetHostResponse) ProtoMessage() {}
 
 func (x *GetHostResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_gpupool_v1_pool_proto_msgTypes[3]
+	mi := &file_gpupool_v1_pool_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -196,7 +310,7 @@ func (x *GetHostResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetHostResponse.ProtoReflect.Descriptor instead.
 func (*GetHostResponse) Descriptor() ([]byte, []int) {
-	return file_gpupool_v1_pool_proto_rawDescGZIP(), []int{3}
+	return file_gpupool_v1_pool_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *GetHostResponse) GetHost() *Host {
@@ -224,7 +338,7 @@ type ListDevicesRequest struct {
 
 func (x *ListDevicesRequest) Reset() {
 	*x = ListDevicesRequest{}
-	mi := &file_gpupool_v1_pool_proto_msgTypes[4]
+	mi := &file_gpupool_v1_pool_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -236,7 +350,7 @@ func (x *ListDevicesRequest) String() string {
 func (*ListDevicesRequest) ProtoMessage() {}
 
 func (x *ListDevicesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_gpupool_v1_pool_proto_msgTypes[4]
+	mi := &file_gpupool_v1_pool_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -249,7 +363,7 @@ func (x *ListDevicesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListDevicesRequest.ProtoReflect.Descriptor instead.
 func (*ListDevicesRequest) Descriptor() ([]byte, []int) {
-	return file_gpupool_v1_pool_proto_rawDescGZIP(), []int{4}
+	return file_gpupool_v1_pool_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *ListDevicesRequest) GetHostId() string {
@@ -282,7 +396,7 @@ type ListDevicesResponse struct {
 
 func (x *ListDevicesResponse) Reset() {
 	*x = ListDevicesResponse{}
-	mi := &file_gpupool_v1_pool_proto_msgTypes[5]
+	mi := &file_gpupool_v1_pool_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -294,7 +408,7 @@ func (x *ListDevicesResponse) String() string {
 func (*ListDevicesResponse) ProtoMessage() {}
 
 func (x *ListDevicesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_gpupool_v1_pool_proto_msgTypes[5]
+	mi := &file_gpupool_v1_pool_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -307,7 +421,7 @@ func (x *ListDevicesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListDevicesResponse.ProtoReflect.Descriptor instead.
 func (*ListDevicesResponse) Descriptor() ([]byte, []int) {
-	return file_gpupool_v1_pool_proto_rawDescGZIP(), []int{5}
+	return file_gpupool_v1_pool_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *ListDevicesResponse) GetDevices() []*Device {
@@ -326,7 +440,7 @@ type StatusRequest struct {
 
 func (x *StatusRequest) Reset() {
 	*x = StatusRequest{}
-	mi := &file_gpupool_v1_pool_proto_msgTypes[6]
+	mi := &file_gpupool_v1_pool_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -338,7 +452,7 @@ func (x *StatusRequest) String() string {
 func (*StatusRequest) ProtoMessage() {}
 
 func (x *StatusRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_gpupool_v1_pool_proto_msgTypes[6]
+	mi := &file_gpupool_v1_pool_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -351,7 +465,7 @@ func (x *StatusRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatusRequest.ProtoReflect.Descriptor instead.
 func (*StatusRequest) Descriptor() ([]byte, []int) {
-	return file_gpupool_v1_pool_proto_rawDescGZIP(), []int{6}
+	return file_gpupool_v1_pool_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *StatusRequest) GetStale() bool {
@@ -380,7 +494,7 @@ type ModelCapacity struct {
 
 func (x *ModelCapacity) Reset() {
 	*x = ModelCapacity{}
-	mi := &file_gpupool_v1_pool_proto_msgTypes[7]
+	mi := &file_gpupool_v1_pool_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -392,7 +506,7 @@ func (x *ModelCapacity) String() string {
 func (*ModelCapacity) ProtoMessage() {}
 
 func (x *ModelCapacity) ProtoReflect() protoreflect.Message {
-	mi := &file_gpupool_v1_pool_proto_msgTypes[7]
+	mi := &file_gpupool_v1_pool_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -405,7 +519,7 @@ func (x *ModelCapacity) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ModelCapacity.ProtoReflect.Descriptor instead.
 func (*ModelCapacity) Descriptor() ([]byte, []int) {
-	return file_gpupool_v1_pool_proto_rawDescGZIP(), []int{7}
+	return file_gpupool_v1_pool_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *ModelCapacity) GetModel() string {
@@ -489,7 +603,7 @@ type StatusResponse struct {
 
 func (x *StatusResponse) Reset() {
 	*x = StatusResponse{}
-	mi := &file_gpupool_v1_pool_proto_msgTypes[8]
+	mi := &file_gpupool_v1_pool_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -501,7 +615,7 @@ func (x *StatusResponse) String() string {
 func (*StatusResponse) ProtoMessage() {}
 
 func (x *StatusResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_gpupool_v1_pool_proto_msgTypes[8]
+	mi := &file_gpupool_v1_pool_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -514,7 +628,7 @@ func (x *StatusResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatusResponse.ProtoReflect.Descriptor instead.
 func (*StatusResponse) Descriptor() ([]byte, []int) {
-	return file_gpupool_v1_pool_proto_rawDescGZIP(), []int{8}
+	return file_gpupool_v1_pool_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *StatusResponse) GetHosts() int32 {
@@ -634,7 +748,14 @@ var File_gpupool_v1_pool_proto protoreflect.FileDescriptor
 const file_gpupool_v1_pool_proto_rawDesc = "" +
 	"\n" +
 	"\x15gpupool/v1/pool.proto\x12\n" +
-	"gpupool.v1\x1a\x16gpupool/v1/types.proto\"(\n" +
+	"gpupool.v1\x1a\x16gpupool/v1/types.proto\"[\n" +
+	"\x10DrainHostRequest\x12\x17\n" +
+	"\ahost_id\x18\x01 \x01(\tR\x06hostId\x12\x16\n" +
+	"\x06cancel\x18\x02 \x01(\bR\x06cancel\x12\x16\n" +
+	"\x06reason\x18\x03 \x01(\tR\x06reason\"Q\n" +
+	"\x11DrainHostResponse\x12$\n" +
+	"\x04host\x18\x01 \x01(\v2\x10.gpupool.v1.HostR\x04host\x12\x16\n" +
+	"\x06leases\x18\x02 \x01(\x05R\x06leases\"(\n" +
 	"\x10ListHostsRequest\x12\x14\n" +
 	"\x05stale\x18\x01 \x01(\bR\x05stale\";\n" +
 	"\x11ListHostsResponse\x12&\n" +
@@ -686,12 +807,13 @@ const file_gpupool_v1_pool_proto_rawDesc = "" +
 	"\x0egpus_unhealthy\x18\x10 \x01(\x05R\rgpusUnhealthy\x1a@\n" +
 	"\x12LeasesByStateEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\x05R\x05value:\x028\x012\xac\x02\n" +
+	"\x05value\x18\x02 \x01(\x05R\x05value:\x028\x012\xf6\x02\n" +
 	"\vPoolService\x12H\n" +
 	"\tListHosts\x12\x1c.gpupool.v1.ListHostsRequest\x1a\x1d.gpupool.v1.ListHostsResponse\x12B\n" +
 	"\aGetHost\x12\x1a.gpupool.v1.GetHostRequest\x1a\x1b.gpupool.v1.GetHostResponse\x12N\n" +
 	"\vListDevices\x12\x1e.gpupool.v1.ListDevicesRequest\x1a\x1f.gpupool.v1.ListDevicesResponse\x12?\n" +
-	"\x06Status\x12\x19.gpupool.v1.StatusRequest\x1a\x1a.gpupool.v1.StatusResponseB7Z5github.com/gpupool/gpupool/proto/gpupool/v1;gpupoolv1b\x06proto3"
+	"\x06Status\x12\x19.gpupool.v1.StatusRequest\x1a\x1a.gpupool.v1.StatusResponse\x12H\n" +
+	"\tDrainHost\x12\x1c.gpupool.v1.DrainHostRequest\x1a\x1d.gpupool.v1.DrainHostResponseB7Z5github.com/gpupool/gpupool/proto/gpupool/v1;gpupoolv1b\x06proto3"
 
 var (
 	file_gpupool_v1_pool_proto_rawDescOnce sync.Once
@@ -705,42 +827,47 @@ func file_gpupool_v1_pool_proto_rawDescGZIP() []byte {
 	return file_gpupool_v1_pool_proto_rawDescData
 }
 
-var file_gpupool_v1_pool_proto_msgTypes = make([]protoimpl.MessageInfo, 10)
+var file_gpupool_v1_pool_proto_msgTypes = make([]protoimpl.MessageInfo, 12)
 var file_gpupool_v1_pool_proto_goTypes = []any{
-	(*ListHostsRequest)(nil),    // 0: gpupool.v1.ListHostsRequest
-	(*ListHostsResponse)(nil),   // 1: gpupool.v1.ListHostsResponse
-	(*GetHostRequest)(nil),      // 2: gpupool.v1.GetHostRequest
-	(*GetHostResponse)(nil),     // 3: gpupool.v1.GetHostResponse
-	(*ListDevicesRequest)(nil),  // 4: gpupool.v1.ListDevicesRequest
-	(*ListDevicesResponse)(nil), // 5: gpupool.v1.ListDevicesResponse
-	(*StatusRequest)(nil),       // 6: gpupool.v1.StatusRequest
-	(*ModelCapacity)(nil),       // 7: gpupool.v1.ModelCapacity
-	(*StatusResponse)(nil),      // 8: gpupool.v1.StatusResponse
-	nil,                         // 9: gpupool.v1.StatusResponse.LeasesByStateEntry
-	(*Host)(nil),                // 10: gpupool.v1.Host
-	(*Lease)(nil),               // 11: gpupool.v1.Lease
-	(*Device)(nil),              // 12: gpupool.v1.Device
+	(*DrainHostRequest)(nil),    // 0: gpupool.v1.DrainHostRequest
+	(*DrainHostResponse)(nil),   // 1: gpupool.v1.DrainHostResponse
+	(*ListHostsRequest)(nil),    // 2: gpupool.v1.ListHostsRequest
+	(*ListHostsResponse)(nil),   // 3: gpupool.v1.ListHostsResponse
+	(*GetHostRequest)(nil),      // 4: gpupool.v1.GetHostRequest
+	(*GetHostResponse)(nil),     // 5: gpupool.v1.GetHostResponse
+	(*ListDevicesRequest)(nil),  // 6: gpupool.v1.ListDevicesRequest
+	(*ListDevicesResponse)(nil), // 7: gpupool.v1.ListDevicesResponse
+	(*StatusRequest)(nil),       // 8: gpupool.v1.StatusRequest
+	(*ModelCapacity)(nil),       // 9: gpupool.v1.ModelCapacity
+	(*StatusResponse)(nil),      // 10: gpupool.v1.StatusResponse
+	nil,                         // 11: gpupool.v1.StatusResponse.LeasesByStateEntry
+	(*Host)(nil),                // 12: gpupool.v1.Host
+	(*Lease)(nil),               // 13: gpupool.v1.Lease
+	(*Device)(nil),              // 14: gpupool.v1.Device
 }
 var file_gpupool_v1_pool_proto_depIdxs = []int32{
-	10, // 0: gpupool.v1.ListHostsResponse.hosts:type_name -> gpupool.v1.Host
-	10, // 1: gpupool.v1.GetHostResponse.host:type_name -> gpupool.v1.Host
-	11, // 2: gpupool.v1.GetHostResponse.leases:type_name -> gpupool.v1.Lease
-	12, // 3: gpupool.v1.ListDevicesResponse.devices:type_name -> gpupool.v1.Device
-	7,  // 4: gpupool.v1.StatusResponse.models:type_name -> gpupool.v1.ModelCapacity
-	9,  // 5: gpupool.v1.StatusResponse.leases_by_state:type_name -> gpupool.v1.StatusResponse.LeasesByStateEntry
-	0,  // 6: gpupool.v1.PoolService.ListHosts:input_type -> gpupool.v1.ListHostsRequest
-	2,  // 7: gpupool.v1.PoolService.GetHost:input_type -> gpupool.v1.GetHostRequest
-	4,  // 8: gpupool.v1.PoolService.ListDevices:input_type -> gpupool.v1.ListDevicesRequest
-	6,  // 9: gpupool.v1.PoolService.Status:input_type -> gpupool.v1.StatusRequest
-	1,  // 10: gpupool.v1.PoolService.ListHosts:output_type -> gpupool.v1.ListHostsResponse
-	3,  // 11: gpupool.v1.PoolService.GetHost:output_type -> gpupool.v1.GetHostResponse
-	5,  // 12: gpupool.v1.PoolService.ListDevices:output_type -> gpupool.v1.ListDevicesResponse
-	8,  // 13: gpupool.v1.PoolService.Status:output_type -> gpupool.v1.StatusResponse
-	10, // [10:14] is the sub-list for method output_type
-	6,  // [6:10] is the sub-list for method input_type
-	6,  // [6:6] is the sub-list for extension type_name
-	6,  // [6:6] is the sub-list for extension extendee
-	0,  // [0:6] is the sub-list for field type_name
+	12, // 0: gpupool.v1.DrainHostResponse.host:type_name -> gpupool.v1.Host
+	12, // 1: gpupool.v1.ListHostsResponse.hosts:type_name -> gpupool.v1.Host
+	12, // 2: gpupool.v1.GetHostResponse.host:type_name -> gpupool.v1.Host
+	13, // 3: gpupool.v1.GetHostResponse.leases:type_name -> gpupool.v1.Lease
+	14, // 4: gpupool.v1.ListDevicesResponse.devices:type_name -> gpupool.v1.Device
+	9,  // 5: gpupool.v1.StatusResponse.models:type_name -> gpupool.v1.ModelCapacity
+	11, // 6: gpupool.v1.StatusResponse.leases_by_state:type_name -> gpupool.v1.StatusResponse.LeasesByStateEntry
+	2,  // 7: gpupool.v1.PoolService.ListHosts:input_type -> gpupool.v1.ListHostsRequest
+	4,  // 8: gpupool.v1.PoolService.GetHost:input_type -> gpupool.v1.GetHostRequest
+	6,  // 9: gpupool.v1.PoolService.ListDevices:input_type -> gpupool.v1.ListDevicesRequest
+	8,  // 10: gpupool.v1.PoolService.Status:input_type -> gpupool.v1.StatusRequest
+	0,  // 11: gpupool.v1.PoolService.DrainHost:input_type -> gpupool.v1.DrainHostRequest
+	3,  // 12: gpupool.v1.PoolService.ListHosts:output_type -> gpupool.v1.ListHostsResponse
+	5,  // 13: gpupool.v1.PoolService.GetHost:output_type -> gpupool.v1.GetHostResponse
+	7,  // 14: gpupool.v1.PoolService.ListDevices:output_type -> gpupool.v1.ListDevicesResponse
+	10, // 15: gpupool.v1.PoolService.Status:output_type -> gpupool.v1.StatusResponse
+	1,  // 16: gpupool.v1.PoolService.DrainHost:output_type -> gpupool.v1.DrainHostResponse
+	12, // [12:17] is the sub-list for method output_type
+	7,  // [7:12] is the sub-list for method input_type
+	7,  // [7:7] is the sub-list for extension type_name
+	7,  // [7:7] is the sub-list for extension extendee
+	0,  // [0:7] is the sub-list for field type_name
 }
 
 func init() { file_gpupool_v1_pool_proto_init() }
@@ -755,7 +882,7 @@ func file_gpupool_v1_pool_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_gpupool_v1_pool_proto_rawDesc), len(file_gpupool_v1_pool_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   10,
+			NumMessages:   12,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

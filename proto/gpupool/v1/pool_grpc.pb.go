@@ -23,6 +23,7 @@ const (
 	PoolService_GetHost_FullMethodName     = "/gpupool.v1.PoolService/GetHost"
 	PoolService_ListDevices_FullMethodName = "/gpupool.v1.PoolService/ListDevices"
 	PoolService_Status_FullMethodName      = "/gpupool.v1.PoolService/Status"
+	PoolService_DrainHost_FullMethodName   = "/gpupool.v1.PoolService/DrainHost"
 )
 
 // PoolServiceClient is the client API for PoolService service.
@@ -35,6 +36,10 @@ type PoolServiceClient interface {
 	GetHost(ctx context.Context, in *GetHostRequest, opts ...grpc.CallOption) (*GetHostResponse, error)
 	ListDevices(ctx context.Context, in *ListDevicesRequest, opts ...grpc.CallOption) (*ListDevicesResponse, error)
 	Status(ctx context.Context, in *StatusRequest, opts ...grpc.CallOption) (*StatusResponse, error)
+	// DrainHost makes a host draining: no new leases land on it, and pools
+	// that mirror it (Kubernetes) taint its devices. With cancel it is ready
+	// and eligible again. NotFound for an unknown host.
+	DrainHost(ctx context.Context, in *DrainHostRequest, opts ...grpc.CallOption) (*DrainHostResponse, error)
 }
 
 type poolServiceClient struct {
@@ -85,6 +90,16 @@ func (c *poolServiceClient) Status(ctx context.Context, in *StatusRequest, opts 
 	return out, nil
 }
 
+func (c *poolServiceClient) DrainHost(ctx context.Context, in *DrainHostRequest, opts ...grpc.CallOption) (*DrainHostResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(DrainHostResponse)
+	err := c.cc.Invoke(ctx, PoolService_DrainHost_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // PoolServiceServer is the server API for PoolService service.
 // All implementations must embed UnimplementedPoolServiceServer
 // for forward compatibility.
@@ -95,6 +110,10 @@ type PoolServiceServer interface {
 	GetHost(context.Context, *GetHostRequest) (*GetHostResponse, error)
 	ListDevices(context.Context, *ListDevicesRequest) (*ListDevicesResponse, error)
 	Status(context.Context, *StatusRequest) (*StatusResponse, error)
+	// DrainHost makes a host draining: no new leases land on it, and pools
+	// that mirror it (Kubernetes) taint its devices. With cancel it is ready
+	// and eligible again. NotFound for an unknown host.
+	DrainHost(context.Context, *DrainHostRequest) (*DrainHostResponse, error)
 	mustEmbedUnimplementedPoolServiceServer()
 }
 
@@ -116,6 +135,9 @@ func (UnimplementedPoolServiceServer) ListDevices(context.Context, *ListDevicesR
 }
 func (UnimplementedPoolServiceServer) Status(context.Context, *StatusRequest) (*StatusResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method Status not implemented")
+}
+func (UnimplementedPoolServiceServer) DrainHost(context.Context, *DrainHostRequest) (*DrainHostResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method DrainHost not implemented")
 }
 func (UnimplementedPoolServiceServer) mustEmbedUnimplementedPoolServiceServer() {}
 func (UnimplementedPoolServiceServer) testEmbeddedByValue()                     {}
@@ -210,6 +232,24 @@ func _PoolService_Status_Handler(srv interface{}, ctx context.Context, dec func(
 	return interceptor(ctx, in, info, handler)
 }
 
+func _PoolService_DrainHost_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(DrainHostRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(PoolServiceServer).DrainHost(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: PoolService_DrainHost_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(PoolServiceServer).DrainHost(ctx, req.(*DrainHostRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // PoolService_ServiceDesc is the grpc.ServiceDesc for PoolService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -232,6 +272,10 @@ var PoolService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "Status",
 			Handler:    _PoolService_Status_Handler,
+		},
+		{
+			MethodName: "DrainHost",
+			Handler:    _PoolService_DrainHost_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},
