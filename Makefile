@@ -8,7 +8,7 @@ PROTO_FILES := $(wildcard proto/gpupool/v1/*.proto)
 export CGO_CFLAGS ?= -O2 -g -Wno-deprecated-declarations
 PKG_RACE := ./broker/... ./agent/... ./client/... ./internal/... ./token/... ./dataplane/...
 
-.PHONY: all build test dev proto proto-check lint bench bench-dataplane tools clean test-unit test-cluster
+.PHONY: all build test dev proto proto-check lint bench bench-dataplane tools clean test-unit test-cluster helm chart test-k8s
 
 all: build
 
@@ -23,6 +23,13 @@ test: tools proto-check lint test-unit ## everything CI runs by default
 test-unit:
 	$(GO) test -race -count=1 -timeout 15m $(PKG_RACE)
 	$(GO) test -count=1 -timeout 15m ./cmd/... ./proto/... ./bench/... ./test/...
+
+# The Kubernetes integration suite: its own module (test/k8s), which builds
+# kube-apiserver, kube-scheduler and kube-controller-manager from
+# k8s.io/kubernetes (about 5 minutes cold on 2 cores, seconds from Go's
+# build cache) and runs them in the test binary on an embedded etcd.
+test-k8s:
+	cd test/k8s && $(GO) test -count=1 -timeout 30m ./...
 
 # protoc comes from Debian (pinned by the distribution); the Go plugins are
 # pinned as tools in go.mod.
@@ -67,6 +74,39 @@ bench: bench-dataplane ## Go benchmarks of placement and the FSM, and the data-p
 
 bench-dataplane: ## QUIC data plane against TCP+TLS on loopback: 1 GiB each way and exec latency; writes bench/results/dataplane.json
 	$(GO) run ./bench/dataplane
+
+# Helm, pinned, built from source through the Go module proxy (no binary
+# download). `go install` skips Helm's own Makefile, which stamps the version
+# and the Kubernetes version that `helm template` and `helm lint` assume
+# (else v1.20): stamp them here, with the Kubernetes minor the chart targets.
+HELM_VERSION    := v3.21.4
+KUBE_MINOR      := 36
+HELM            := $(TOOLS)/helm
+HELM_LDFLAGS    := -X helm.sh/helm/v3/internal/version.version=$(HELM_VERSION) \
+	-X helm.sh/helm/v3/pkg/chartutil.k8sVersionMajor=1 -X helm.sh/helm/v3/pkg/chartutil.k8sVersionMinor=$(KUBE_MINOR) \
+	-X helm.sh/helm/v3/pkg/lint/rules.k8sVersionMajor=1 -X helm.sh/helm/v3/pkg/lint/rules.k8sVersionMinor=$(KUBE_MINOR)
+CHART           := deploy/helm/gpupool
+CHART_NAMESPACE ?= gpupool-system
+CHART_KUBE      := 1.$(KUBE_MINOR).0
+CHART_RENDERED  := $(TOOLS)/chart-rendered.yaml
+
+helm: ## install helm $(HELM_VERSION) into .bin (once; again only when the pin changes)
+	@if [ "$$($(HELM) version --template '{{.Version}}' 2>/dev/null)" != "$(HELM_VERSION)" ]; then \
+	  echo "installing helm $(HELM_VERSION) into $(TOOLS)"; \
+	  GOBIN=$(TOOLS) $(GO) install -trimpath -ldflags '$(HELM_LDFLAGS)' helm.sh/helm/v3/cmd/helm@$(HELM_VERSION); \
+	fi
+
+chart: helm ## lint the Helm chart and render it into .bin/chart-rendered.yaml
+	$(HELM) lint --strict --kube-version $(CHART_KUBE) --namespace $(CHART_NAMESPACE) $(CHART)
+	@for f in $(CHART)/ci/*-values.yaml; do \
+	  [ -e "$$f" ] || continue; \
+	  echo "==> $$f"; \
+	  $(HELM) lint --strict --kube-version $(CHART_KUBE) --namespace $(CHART_NAMESPACE) -f $$f $(CHART) || exit 1; \
+	  $(HELM) template gpupool $(CHART) --kube-version $(CHART_KUBE) --namespace $(CHART_NAMESPACE) -f $$f >/dev/null || exit 1; \
+	done
+	$(HELM) template gpupool $(CHART) --kube-version $(CHART_KUBE) --namespace $(CHART_NAMESPACE) >$(CHART_RENDERED).tmp
+	@mv $(CHART_RENDERED).tmp $(CHART_RENDERED)
+	@echo "chart: rendered $$(grep -c '^kind:' $(CHART_RENDERED)) objects into $(CHART_RENDERED)"
 
 clean:
 	rm -rf $(BIN) $(TOOLS)

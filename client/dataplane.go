@@ -6,6 +6,7 @@ import (
 	"io"
 	"io/fs"
 	"net"
+	"sync"
 	"time"
 
 	"github.com/gpupool/gpupool/dataplane"
@@ -49,15 +50,38 @@ func (c *Client) follow(l *gpupoolv1.Lease, tokens []*gpupoolv1.HostToken) *Leas
 	rctx, cancel := context.WithCancel(context.Background())
 	lease := &Lease{c: c, events: make(chan *gpupoolv1.LeaseEvent, 64), done: make(chan struct{}), cancel: cancel,
 		lease: l, tokens: map[string]*gpupoolv1.HostToken{}}
+	lease.sessions.src = lease
 	lease.setTokens(tokens)
 	go lease.keepAlive(rctx)
 	return lease
 }
 
+// tokenSource is where data-plane sessions get a lease's current tokens:
+// a Lease renewing itself, or a token file someone else keeps fresh.
+type tokenSource interface {
+	// leaseID is the id of the lease the tokens are for.
+	leaseID() string
+	// hostToken returns the current token of host, one of the lease's
+	// hosts; "" means the host of its first slice.
+	hostToken(host string) (*gpupoolv1.HostToken, error)
+}
+
+// sessions is the data-plane side of a lease, shared by Lease and
+// FileLease: Dial, and calls on the lease's first host over a session
+// dialed on first use. Every call presents the token src holds at that
+// moment.
+type sessions struct {
+	src tokenSource
+
+	mu     sync.Mutex
+	first  *Host // guarded by mu; session with the first host, once dialed
+	closed bool  // guarded by mu; no more sessions once set
+}
+
 // Host is the data-plane session with one pool host of a lease: commands,
 // files and ports there, each authorized with the lease's current token.
 type Host struct {
-	l    *Lease
+	src  tokenSource
 	host string
 	conn *dataplane.Conn
 }
@@ -65,109 +89,128 @@ type Host struct {
 // Dial opens the data-plane session with host, one of the lease's hosts;
 // "" means the host of its first slice. The agent's certificate is pinned
 // to the fingerprint the brokers hand out with the token.
-func (l *Lease) Dial(ctx context.Context, host string) (*Host, error) {
-	if host == "" {
-		ss := l.Info().GetSlices()
-		if len(ss) == 0 {
-			return nil, fmt.Errorf("lease %s has no slices", l.ID())
-		}
-		host = ss[0].Host
-	}
-	t, ok := l.Token(host)
-	if !ok {
-		return nil, fmt.Errorf("lease %s has no token for host %s", l.ID(), host)
+func (s *sessions) Dial(ctx context.Context, host string) (*Host, error) {
+	t, err := s.src.hostToken(host)
+	if err != nil {
+		return nil, err
 	}
 	if t.Address == "" {
-		return nil, fmt.Errorf("host %s has no data-plane address (is its agent running with --data-bind?)", host)
+		return nil, fmt.Errorf("host %s has no data-plane address (is its agent running with --data-bind?)", t.Host)
 	}
 	conn, err := dataplane.Dial(ctx, t.Address, t.CertSha256)
 	if err != nil {
-		return nil, fmt.Errorf("reach the agent of %s at %s: %w", host, t.Address, err)
+		return nil, fmt.Errorf("reach the agent of %s at %s: %w", t.Host, t.Address, err)
 	}
-	return &Host{l: l, host: host, conn: conn}, nil
+	return &Host{src: s.src, host: t.Host, conn: conn}, nil
 }
 
-func (h *Host) token() string {
-	t, _ := h.l.Token(h.host)
-	return t.GetToken()
+// token is the lease's token for h's host at this moment.
+func (h *Host) token() (string, error) {
+	t, err := h.src.hostToken(h.host)
+	if err != nil {
+		return "", err
+	}
+	return t.Token, nil
 }
 
 // Exec runs argv in the lease's directory with its environment, streaming
 // stdio, until it exits.
 func (h *Host) Exec(ctx context.Context, argv []string, stdio dataplane.ExecIO) (dataplane.ExitStatus, error) {
-	return h.conn.Exec(ctx, h.token(), &gpupoolv1.ExecStart{Argv: argv}, stdio)
+	tok, err := h.token()
+	if err != nil {
+		return dataplane.ExitStatus{}, err
+	}
+	return h.conn.Exec(ctx, tok, &gpupoolv1.ExecStart{Argv: argv}, stdio)
 }
 
 // Put copies r (size bytes, or -1 if unknown) to remotePath in the lease's
 // directory and returns its SHA-256.
 func (h *Host) Put(ctx context.Context, r io.Reader, size int64, remotePath string, mode fs.FileMode) (string, error) {
-	return h.conn.Put(ctx, h.token(), r, size, remotePath, mode)
+	tok, err := h.token()
+	if err != nil {
+		return "", err
+	}
+	return h.conn.Put(ctx, tok, r, size, remotePath, mode)
 }
 
 // Get copies remotePath of the lease's directory to w and returns its
 // SHA-256, checked against the agent's.
 func (h *Host) Get(ctx context.Context, remotePath string, w io.Writer) (string, error) {
-	return h.conn.Get(ctx, h.token(), remotePath, w)
+	tok, err := h.token()
+	if err != nil {
+		return "", err
+	}
+	return h.conn.Get(ctx, tok, remotePath, w)
 }
 
 // Forward carries local's bytes to and from remotePort on the pool host's
 // loopback until either side closes.
 func (h *Host) Forward(ctx context.Context, remotePort int, local net.Conn) error {
-	return h.conn.Forward(ctx, h.token(), remotePort, local)
+	tok, err := h.token()
+	if err != nil {
+		return err
+	}
+	return h.conn.Forward(ctx, tok, remotePort, local)
 }
 
 // Usage calls fn with the lease's live usage on this host every interval
 // until ctx ends.
 func (h *Host) Usage(ctx context.Context, interval time.Duration, fn func(*gpupoolv1.LeaseUsage)) error {
-	return h.conn.Usage(ctx, h.token(), interval, fn)
+	tok, err := h.token()
+	if err != nil {
+		return err
+	}
+	return h.conn.Usage(ctx, tok, interval, fn)
 }
 
 // Close ends the session.
 func (h *Host) Close() error { return h.conn.Close() }
 
 // firstHost returns the data-plane session with the lease's first host,
-// dialing it on first use. Close and Release close it.
-func (l *Lease) firstHost(ctx context.Context) (*Host, error) {
-	l.mu.Lock()
-	h, closed := l.first, l.closed
-	l.mu.Unlock()
+// dialing it on first use. closeSessions closes it.
+func (s *sessions) firstHost(ctx context.Context) (*Host, error) {
+	s.mu.Lock()
+	h, closed := s.first, s.closed
+	s.mu.Unlock()
 	if closed {
-		return nil, fmt.Errorf("lease %s: closed", l.ID())
+		return nil, fmt.Errorf("lease %s: closed", s.src.leaseID())
 	}
 	if h != nil {
 		return h, nil
 	}
-	h, err := l.Dial(ctx, "")
+	h, err := s.Dial(ctx, "")
 	if err != nil {
 		return nil, err
 	}
-	l.mu.Lock()
-	defer l.mu.Unlock()
+	s.mu.Lock()
+	defer s.mu.Unlock()
 	switch {
-	case l.closed: // closed while dialing
+	case s.closed: // closed while dialing
 		h.Close()
-		return nil, fmt.Errorf("lease %s: closed", l.ID())
-	case l.first != nil: // another call won the race
+		return nil, fmt.Errorf("lease %s: closed", s.src.leaseID())
+	case s.first != nil: // another call won the race
 		h.Close()
-		return l.first, nil
+		return s.first, nil
 	}
-	l.first = h
+	s.first = h
 	return h, nil
 }
 
-func (l *Lease) closeSession() {
-	l.mu.Lock()
-	h := l.first
-	l.first, l.closed = nil, true
-	l.mu.Unlock()
+// closeSessions closes the session with the first host and refuses new
+// calls on the lease itself; sessions returned by Dial stay open.
+func (s *sessions) closeSessions() {
+	s.mu.Lock()
+	h := s.first
+	s.first, s.closed = nil, true
+	s.mu.Unlock()
 	if h != nil {
 		h.Close()
 	}
 }
 
 // Exec runs argv on the lease's first host; see Host.Exec.
-func (l *Lease) Exec(ctx context.Context, argv []string, stdio dataplane.ExecIO) (dataplane.ExitStatus, error) {
-	h, err := l.firstHost(ctx)
+func (s *sessions) Exec(ctx context.Context, argv []string, stdio dataplane.ExecIO) (dataplane.ExitStatus, error) {
+	h, err := s.firstHost(ctx)
 	if err != nil {
 		return dataplane.ExitStatus{}, err
 	}
@@ -175,8 +218,8 @@ func (l *Lease) Exec(ctx context.Context, argv []string, stdio dataplane.ExecIO)
 }
 
 // Put copies r to remotePath on the lease's first host; see Host.Put.
-func (l *Lease) Put(ctx context.Context, r io.Reader, size int64, remotePath string, mode fs.FileMode) (string, error) {
-	h, err := l.firstHost(ctx)
+func (s *sessions) Put(ctx context.Context, r io.Reader, size int64, remotePath string, mode fs.FileMode) (string, error) {
+	h, err := s.firstHost(ctx)
 	if err != nil {
 		return "", err
 	}
@@ -184,8 +227,8 @@ func (l *Lease) Put(ctx context.Context, r io.Reader, size int64, remotePath str
 }
 
 // Get copies remotePath from the lease's first host; see Host.Get.
-func (l *Lease) Get(ctx context.Context, remotePath string, w io.Writer) (string, error) {
-	h, err := l.firstHost(ctx)
+func (s *sessions) Get(ctx context.Context, remotePath string, w io.Writer) (string, error) {
+	h, err := s.firstHost(ctx)
 	if err != nil {
 		return "", err
 	}
@@ -194,10 +237,19 @@ func (l *Lease) Get(ctx context.Context, remotePath string, w io.Writer) (string
 
 // Forward carries local to remotePort on the lease's first host; see
 // Host.Forward.
-func (l *Lease) Forward(ctx context.Context, remotePort int, local net.Conn) error {
-	h, err := l.firstHost(ctx)
+func (s *sessions) Forward(ctx context.Context, remotePort int, local net.Conn) error {
+	h, err := s.firstHost(ctx)
 	if err != nil {
 		return err
 	}
 	return h.Forward(ctx, remotePort, local)
+}
+
+// Usage reports the lease's live usage on its first host; see Host.Usage.
+func (s *sessions) Usage(ctx context.Context, interval time.Duration, fn func(*gpupoolv1.LeaseUsage)) error {
+	h, err := s.firstHost(ctx)
+	if err != nil {
+		return err
+	}
+	return h.Usage(ctx, interval, fn)
 }

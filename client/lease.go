@@ -23,20 +23,21 @@ const minRenewEvery = 500 * time.Millisecond
 var ErrLeaseEnded = errors.New("lease ended")
 
 // Lease is a granted lease that renews itself, a third of its TTL at a
-// time, until it is released or closed, or it ends at the broker. It is
-// safe for concurrent use.
+// time, until it is released or closed, or it ends at the broker. Its
+// data-plane calls (Dial, Exec, Put, Get, Forward, Usage) present the
+// token of the latest renewal. It is safe for concurrent use.
 type Lease struct {
+	sessions
 	c      *Client
 	events chan *gpupoolv1.LeaseEvent
 	done   chan struct{}
 	cancel context.CancelFunc
 
-	mu     sync.Mutex
-	lease  *gpupoolv1.Lease                // guarded by mu
-	tokens map[string]*gpupoolv1.HostToken // guarded by mu; by host
-	err    error                           // guarded by mu; why renewal stopped
-	first  *Host                           // guarded by mu; session with the first host, once dialed
-	closed bool                            // guarded by mu; Close or Release was called
+	mu      sync.Mutex
+	lease   *gpupoolv1.Lease                // guarded by mu
+	tokens  map[string]*gpupoolv1.HostToken // guarded by mu; by host
+	err     error                           // guarded by mu; why renewal stopped
+	onRenew func()                          // guarded by mu; see OnRenew
 }
 
 // Acquire asks the brokers for a lease and keeps it alive in the
@@ -87,6 +88,34 @@ func (l *Lease) Tokens() []*gpupoolv1.HostToken {
 	return out
 }
 
+func (l *Lease) leaseID() string { return l.ID() }
+
+func (l *Lease) hostToken(host string) (*gpupoolv1.HostToken, error) {
+	if host == "" {
+		ss := l.Info().GetSlices()
+		if len(ss) == 0 {
+			return nil, fmt.Errorf("lease %s has no slices", l.ID())
+		}
+		host = ss[0].Host
+	}
+	t, ok := l.Token(host)
+	if !ok {
+		return nil, fmt.Errorf("lease %s has no token for host %s", l.ID(), host)
+	}
+	return t, nil
+}
+
+// OnRenew makes fn run after every renewal, once Token and Tokens return
+// the tokens it brought, replacing any fn set before; nil stops the
+// calls. fn runs on the goroutine that renews the lease, so it must
+// return promptly; it may call the Lease's methods. No call starts after
+// Close or Release returns.
+func (l *Lease) OnRenew(fn func()) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.onRenew = fn
+}
+
 func containsHost(ts []*gpupoolv1.HostToken, host string) bool {
 	for _, t := range ts {
 		if t.Host == host {
@@ -122,7 +151,7 @@ func (l *Lease) Err() error {
 // Close stops renewing without releasing: the lease expires after its
 // TTL unless someone else renews it.
 func (l *Lease) Close() {
-	l.closeSession()
+	l.closeSessions()
 	l.cancel()
 	<-l.done
 }
@@ -130,7 +159,7 @@ func (l *Lease) Close() {
 // Release stops renewing and releases the lease. Releasing a lease that
 // already ended is not an error.
 func (l *Lease) Release(ctx context.Context, reason string) error {
-	l.closeSession()
+	l.closeSessions()
 	l.cancel()
 	<-l.done
 	_, err := l.c.Lease.Release(ctx, &gpupoolv1.ReleaseRequest{LeaseId: l.ID(), Reason: reason})
@@ -243,6 +272,12 @@ func (l *Lease) session(ctx context.Context, ttl time.Duration, deadline *time.T
 			}
 			*deadline = time.Now().Add(time.Duration(r.TtlMs) * time.Millisecond)
 			l.setTokens(r.Tokens)
+			l.mu.Lock()
+			renewed := l.onRenew
+			l.mu.Unlock()
+			if renewed != nil {
+				renewed()
+			}
 		}
 	}
 }

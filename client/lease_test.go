@@ -122,3 +122,33 @@ func TestLeaseDataPlaneCallsSayWhyTheHostCannotBeReached(t *testing.T) {
 		t.Fatalf("Exec with no agent: %v, want it to name the host and address", err)
 	}
 }
+
+func TestOnRenewRunsAfterEachRenewalWithTheNewTokens(t *testing.T) {
+	c := startBroker(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	l, err := c.Acquire(ctx, &gpupoolv1.LeaseRequest{Count: 1, MemoryMib: 1024, ComputePercent: 10, TtlMs: 1500})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Release(ctx, "test")
+	first, _ := l.Token("h1")
+	renewed := make(chan string, 16)
+	l.OnRenew(func() {
+		tok, _ := l.Token("h1")
+		select {
+		case renewed <- tok.Token:
+		default:
+		}
+	})
+	for {
+		select {
+		case tok := <-renewed:
+			if tok != first.Token {
+				return // a renewal brought a new token, visible from the hook
+			}
+		case <-ctx.Done():
+			t.Fatal("OnRenew never saw a new token")
+		}
+	}
+}

@@ -10,9 +10,7 @@ package k8s
 
 import (
 	// Pinned here until the code that uses them lands.
-	_ "k8s.io/client-go/tools/leaderelection"
 	_ "k8s.io/dynamic-resource-allocation/kubeletplugin"
-	_ "k8s.io/dynamic-resource-allocation/resourceslice"
 	_ "k8s.io/kubelet/pkg/apis/dra/v1"
 	_ "tags.cncf.io/container-device-interface/pkg/cdi"
 	_ "tags.cncf.io/container-device-interface/specs-go"

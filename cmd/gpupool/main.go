@@ -108,6 +108,8 @@ Start a local cluster with 'gpupool dev', then try:
 		newHostCmd(),
 		newStatusCmd(),
 		newOperatorCmd(),
+		newK8sNodePluginCmd(),
+		newK8sControllerCmd(),
 	)
 	return root
 }

@@ -161,7 +161,7 @@ func releaseAbandoned(ctx context.Context, c *client.Client, req *gpupoolv1.Leas
 }
 
 // dialLease opens the data-plane session with the lease's first host.
-func dialLease(ctx context.Context, l *client.Lease) (*client.Host, error) {
+func dialLease(ctx context.Context, l heldLease) (*client.Host, error) {
 	ctx, cancel := context.WithTimeout(ctx, global.timeout)
 	defer cancel()
 	return l.Dial(ctx, "")
@@ -170,7 +170,7 @@ func dialLease(ctx context.Context, l *client.Lease) (*client.Host, error) {
 // execOnLease runs argv on h with the terminal's stdio, forwarding Ctrl-C
 // and SIGTERM to it and giving up interruptGrace later. A non-zero remote
 // exit code becomes an *exitError.
-func execOnLease(cmd *cobra.Command, base context.Context, l *client.Lease, h *client.Host, argv []string) error {
+func execOnLease(cmd *cobra.Command, base context.Context, l heldLease, h *client.Host, argv []string) error {
 	stderr := cmd.ErrOrStderr()
 	signals := make(chan os.Signal, 4)
 	signal.Notify(signals, os.Interrupt, syscall.SIGTERM)

@@ -3,6 +3,7 @@
 package atomicfile
 
 import (
+	"io/fs"
 	"os"
 	"path/filepath"
 )
@@ -11,6 +12,12 @@ import (
 // the same directory, syncs it, renames it over path and syncs the
 // directory. On error the temporary file is removed and path is untouched.
 func Write(path string, data []byte) error {
+	return WriteMode(path, data, 0o600)
+}
+
+// WriteMode is Write with the file's permission bits perm, for files that
+// other users must read.
+func WriteMode(path string, data []byte, perm fs.FileMode) error {
 	dir := filepath.Dir(path)
 	f, err := os.CreateTemp(dir, ".tmp-"+filepath.Base(path)+"-*")
 	if err != nil {
@@ -19,7 +26,7 @@ func Write(path string, data []byte) error {
 	tmp := f.Name()
 	_, err = f.Write(data)
 	if err == nil {
-		err = f.Chmod(0o600)
+		err = f.Chmod(perm)
 	}
 	if err == nil {
 		err = f.Sync()

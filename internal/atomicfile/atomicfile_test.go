@@ -28,3 +28,13 @@ func TestWriteReplacesTheFileAndLeavesNoTemporary(t *testing.T) {
 		t.Fatal("wrote into a directory that does not exist")
 	}
 }
+
+func TestWriteModeSetsThePermissionBits(t *testing.T) {
+	p := filepath.Join(t.TempDir(), "token.json")
+	if err := WriteMode(p, []byte("{}"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if st, _ := os.Stat(p); st.Mode().Perm() != 0o644 {
+		t.Fatalf("mode %v, want 0644", st.Mode().Perm())
+	}
+}

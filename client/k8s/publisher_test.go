@@ -1,0 +1,504 @@
+package k8s
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	resourceapi "k8s.io/api/resource/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/util/validation"
+	"k8s.io/client-go/kubernetes/fake"
+	k8stesting "k8s.io/client-go/testing"
+	"k8s.io/dynamic-resource-allocation/resourceslice"
+	"k8s.io/utils/ptr"
+
+	"github.com/gpupool/gpupool/broker"
+	"github.com/gpupool/gpupool/client"
+	gpupoolv1 "github.com/gpupool/gpupool/proto/gpupool/v1"
+)
+
+// gpu is an 80 GiB A100 at index i of host.
+func gpu(host string, i int32) *gpupoolv1.Device {
+	return &gpupoolv1.Device{Uuid: fmt.Sprintf("GPU-%s-%d", host, i), Index: i, Model: "A100-SXM4-80GB", MemoryMib: 81920,
+		HostId: host, Health: gpupoolv1.DeviceHealth_DEVICE_HEALTH_HEALTHY}
+}
+
+// readyHost is a ready host with n GPUs.
+func readyHost(id string, n int32) *gpupoolv1.Host {
+	h := &gpupoolv1.Host{Id: id, Status: gpupoolv1.HostStatus_HOST_STATUS_READY, Eligible: true, Mps: true}
+	for i := range n {
+		h.Devices = append(h.Devices, gpu(id, i))
+	}
+	return h
+}
+
+func withStatus(h *gpupoolv1.Host, s gpupoolv1.HostStatus, reason string) *gpupoolv1.Host {
+	h.Status, h.StatusReason = s, reason
+	return h
+}
+
+// lease is a lease of tenant in state with one slice on device uuid.
+func lease(tenant string, state gpupoolv1.LeaseState, uuid string, memMiB int64, compute int32, exclusive bool) *gpupoolv1.Lease {
+	return &gpupoolv1.Lease{Id: "l-" + uuid, Tenant: tenant, State: state,
+		Slices: []*gpupoolv1.Slice{{Host: "h1", Device: uuid, MemoryMib: memMiB, ComputePercent: compute, Exclusive: exclusive}}}
+}
+
+const granted = gpupoolv1.LeaseState_LEASE_STATE_GRANTED
+
+// published is what a test reads of one device.
+type published struct {
+	memory, compute string // capacity values
+	taints          []string
+	memoryPolicy    string // "default/min/step", "" for none
+}
+
+func describe(d resourceapi.Device) published {
+	p := published{memory: qstr(d.Capacity[CapacityMemory].Value), compute: qstr(d.Capacity[CapacityCompute].Value)}
+	for _, t := range d.Taints {
+		p.taints = append(p.taints, fmt.Sprintf("%s=%s:%s", t.Key, t.Value, t.Effect))
+	}
+	if pol := d.Capacity[CapacityMemory].RequestPolicy; pol != nil {
+		step := "none"
+		if pol.ValidRange.Step != nil {
+			step = qstr(*pol.ValidRange.Step)
+		}
+		p.memoryPolicy = fmt.Sprintf("%s/%s/%s", qstr(*pol.Default), qstr(*pol.ValidRange.Min), step)
+	}
+	return p
+}
+
+func qstr(q resource.Quantity) string { return q.String() }
+
+func TestBuildResourcesPublishesWhatIsLeftForKubernetes(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		host   *gpupoolv1.Host
+		leases []*gpupoolv1.Lease
+		want   published // of gpu-0
+	}{
+		{"an idle GPU offers all of itself",
+			readyHost("h1", 1), nil,
+			published{memory: "80Gi", compute: "100", memoryPolicy: "80Gi/1Mi/1Mi"}},
+		{"a lease of another tenant takes its slice off the capacity",
+			readyHost("h1", 1), []*gpupoolv1.Lease{lease("ml", granted, "GPU-h1-0", 20480, 25, false)},
+			published{memory: "60Gi", compute: "75", memoryPolicy: "80Gi/1Mi/1Mi"}},
+		{"a releasing lease still holds its slice",
+			readyHost("h1", 1), []*gpupoolv1.Lease{lease("ml", gpupoolv1.LeaseState_LEASE_STATE_RELEASING, "GPU-h1-0", 20480, 25, false)},
+			published{memory: "60Gi", compute: "75", memoryPolicy: "80Gi/1Mi/1Mi"}},
+		{"Kubernetes' own leases stay in the capacity: the scheduler counts them",
+			readyHost("h1", 1), []*gpupoolv1.Lease{lease(DefaultTenant, granted, "GPU-h1-0", 20480, 25, false)},
+			published{memory: "80Gi", compute: "100", memoryPolicy: "80Gi/1Mi/1Mi"}},
+		{"ended and pending leases hold nothing",
+			readyHost("h1", 1), []*gpupoolv1.Lease{
+				lease("ml", gpupoolv1.LeaseState_LEASE_STATE_RELEASED, "GPU-h1-0", 20480, 25, false),
+				lease("ml", gpupoolv1.LeaseState_LEASE_STATE_PENDING, "GPU-h1-0", 20480, 25, false)},
+			published{memory: "80Gi", compute: "100", memoryPolicy: "80Gi/1Mi/1Mi"}},
+		{"a GPU held whole outside Kubernetes is busy",
+			readyHost("h1", 1), []*gpupoolv1.Lease{lease("ml", granted, "GPU-h1-0", 81920, 100, true)},
+			published{memory: "0", compute: "0", taints: []string{TaintBusy + "=:NoSchedule"}}},
+		{"a GPU with its compute all taken is busy",
+			readyHost("h1", 1), []*gpupoolv1.Lease{lease("ml", granted, "GPU-h1-0", 1024, 100, false)},
+			published{memory: "79Gi", compute: "0", memoryPolicy: "80Gi/1Mi/1Mi", taints: []string{TaintBusy + "=:NoSchedule"}}},
+		{"1 MiB left takes no step: the apiserver wants min plus a step within the capacity",
+			readyHost("h1", 1), []*gpupoolv1.Lease{lease("ml", granted, "GPU-h1-0", 81919, 50, false)},
+			published{memory: "1Mi", compute: "50", memoryPolicy: "80Gi/1Mi/none"}},
+		{"a draining host's GPUs are tainted NoExecute with the reason",
+			withStatus(readyHost("h1", 1), gpupoolv1.HostStatus_HOST_STATUS_DRAINING, "drain requested"), nil,
+			published{memory: "80Gi", compute: "100", memoryPolicy: "80Gi/1Mi/1Mi", taints: []string{TaintDraining + "=drain-requested:NoExecute"}}},
+		{"a drained host's GPUs are tainted NoExecute",
+			withStatus(readyHost("h1", 1), gpupoolv1.HostStatus_HOST_STATUS_DRAINED, ""), nil,
+			published{memory: "80Gi", compute: "100", memoryPolicy: "80Gi/1Mi/1Mi", taints: []string{TaintDrained + "=:NoExecute"}}},
+		{"a down host's GPUs are tainted NoExecute with the reason",
+			withStatus(readyHost("h1", 1), gpupoolv1.HostStatus_HOST_STATUS_DOWN, "no heartbeat for 10s"), nil,
+			published{memory: "80Gi", compute: "100", memoryPolicy: "80Gi/1Mi/1Mi", taints: []string{TaintDown + "=no-heartbeat-for-10s:NoExecute"}}},
+		{"an unhealthy GPU is tainted NoExecute with its reason",
+			func() *gpupoolv1.Host {
+				h := readyHost("h1", 1)
+				h.Devices[0].Health, h.Devices[0].HealthReason = gpupoolv1.DeviceHealth_DEVICE_HEALTH_UNHEALTHY, "Xid 79"
+				return h
+			}(), nil,
+			published{memory: "80Gi", compute: "100", memoryPolicy: "80Gi/1Mi/1Mi", taints: []string{TaintUnhealthy + "=Xid-79:NoExecute"}}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			res := BuildResources([]*gpupoolv1.Host{tc.host}, tc.leases, PublisherConfig{NodeSelector: DefaultNodeSelector()})
+			checkValid(t, res)
+			pool, ok := res.Pools["h1"]
+			if !ok || len(pool.Slices) != 1 || len(pool.Slices[0].Devices) != 1 {
+				t.Fatalf("pools %+v, want pool h1 with one slice of one device", res.Pools)
+			}
+			got := describe(pool.Slices[0].Devices[0])
+			if fmt.Sprint(got) != fmt.Sprint(tc.want) {
+				t.Errorf("gpu-0 published as %+v, want %+v", got, tc.want)
+			}
+		})
+	}
+}
+
+func TestBuildResourcesShapesDevicesAsTheContractSays(t *testing.T) {
+	h := readyHost("dgx-1", 2)
+	res := BuildResources([]*gpupoolv1.Host{h}, nil, PublisherConfig{NodeSelector: map[string]string{"zone": "a", DefaultNodeSelectorLabel: "true"}})
+	checkValid(t, res)
+	pool := res.Pools["dgx-1"]
+	wantSel := "{[{[{gpu.gpupool.dev/client In [true]} {zone In [a]}] []}]}"
+	if got := fmt.Sprint(*pool.NodeSelector); got != wantSel || pool.AllNodes {
+		t.Errorf("node selector %s (all nodes %t), want %s", got, pool.AllNodes, wantSel)
+	}
+	d := pool.Slices[0].Devices[1]
+	attr := func(n resourceapi.QualifiedName) string {
+		a := d.Attributes[n]
+		switch {
+		case a.StringValue != nil:
+			return *a.StringValue
+		case a.IntValue != nil:
+			return fmt.Sprint(*a.IntValue)
+		case a.BoolValue != nil:
+			return fmt.Sprint(*a.BoolValue)
+		}
+		return "<none>"
+	}
+	for _, c := range []struct{ what, got, want string }{
+		{"name", d.Name, "gpu-1"},
+		{"model", attr(AttrModel), "A100-SXM4-80GB"},
+		{"uuid", attr(AttrUUID), "GPU-dgx-1-1"},
+		{"host", attr(AttrHost), "dgx-1"},
+		{"index", attr(AttrIndex), "1"},
+		{"mps", attr(AttrMPS), "true"},
+		{"allowMultipleAllocations", fmt.Sprint(*d.AllowMultipleAllocations), "true"},
+		{"bindingConditions", fmt.Sprint(d.BindingConditions), "[Leased]"},
+		{"bindingFailureConditions", fmt.Sprint(d.BindingFailureConditions), "[LeaseFailed]"},
+		{"compute policy", policyString(d.Capacity[CapacityCompute].RequestPolicy), "default 100, 1..100 step 1"},
+		{"memory policy", policyString(d.Capacity[CapacityMemory].RequestPolicy), "default 80Gi, 1Mi.. step 1Mi"},
+	} {
+		if c.got != c.want {
+			t.Errorf("%s: got %s, want %s", c.what, c.got, c.want)
+		}
+	}
+}
+
+func policyString(p *resourceapi.CapacityRequestPolicy) string {
+	if p == nil {
+		return "<none>"
+	}
+	s := fmt.Sprintf("default %s, %s..", p.Default.String(), p.ValidRange.Min.String())
+	if p.ValidRange.Max != nil {
+		s += p.ValidRange.Max.String()
+	}
+	if p.ValidRange.Step != nil {
+		s += " step " + p.ValidRange.Step.String()
+	}
+	return s
+}
+
+func TestBuildResourcesPoolsAndSlices(t *testing.T) {
+	for _, tc := range []struct {
+		name       string
+		hosts      []*gpupoolv1.Host
+		selector   map[string]string
+		wantPools  string // pool: devices per slice
+		wantAllAll bool
+	}{
+		{"one pool per host, named after it", []*gpupoolv1.Host{readyHost("a", 2), readyHost("b", 1)}, DefaultNodeSelector(), "a:[2] b:[1]", false},
+		{"a host without GPUs still has its pool", []*gpupoolv1.Host{readyHost("a", 0)}, DefaultNodeSelector(), "a:[0]", false},
+		{"a host id that cannot name a pool is left out", []*gpupoolv1.Host{readyHost("GPU_Box", 1), readyHost("ok", 1)}, DefaultNodeSelector(), "ok:[1]", false},
+		{"more than 64 GPUs take more slices", []*gpupoolv1.Host{readyHost("big", 70)}, DefaultNodeSelector(), "big:[64 6]", false},
+		{"no node selector reaches every node", []*gpupoolv1.Host{readyHost("a", 1)}, nil, "a:[1]", true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			res := BuildResources(tc.hosts, nil, PublisherConfig{NodeSelector: tc.selector})
+			checkValid(t, res)
+			var got []string
+			for _, h := range tc.hosts {
+				pool, ok := res.Pools[h.Id]
+				if !ok {
+					continue
+				}
+				var sizes []int
+				for _, s := range pool.Slices {
+					sizes = append(sizes, len(s.Devices))
+				}
+				got = append(got, fmt.Sprintf("%s:%v", h.Id, sizes))
+				if pool.AllNodes != tc.wantAllAll || (pool.NodeSelector == nil) != tc.wantAllAll {
+					t.Errorf("pool %s: all nodes %t, selector %v; want all nodes %t", h.Id, pool.AllNodes, pool.NodeSelector, tc.wantAllAll)
+				}
+			}
+			if strings.Join(got, " ") != tc.wantPools || len(res.Pools) != len(got) {
+				t.Errorf("pools %s (%d in all), want %s", strings.Join(got, " "), len(res.Pools), tc.wantPools)
+			}
+		})
+	}
+}
+
+func TestBuildResourcesIsValidWhateverIsLeft(t *testing.T) {
+	// Every split of memory and compute between Kubernetes and others.
+	for _, mem := range []int64{0, 1, 2, 3, 1024, 81918, 81919, 81920, 90000} {
+		for _, compute := range []int32{0, 1, 2, 50, 98, 99, 100, 120} {
+			res := BuildResources([]*gpupoolv1.Host{readyHost("h1", 1)},
+				[]*gpupoolv1.Lease{lease("ml", granted, "GPU-h1-0", mem, compute, false)}, PublisherConfig{})
+			checkValid(t, res)
+		}
+	}
+}
+
+func TestLabelValueMakesATaintValueOfAReason(t *testing.T) {
+	for _, tc := range []struct{ in, want string }{
+		{"drain requested", "drain-requested"},
+		{"no heartbeat for 10s", "no-heartbeat-for-10s"},
+		{"Xid 79", "Xid-79"},
+		{"", ""},
+		{"  (maintenance)  ", "maintenance"},
+		{"héllo wörld", "h-llo-w-rld"},
+		{strings.Repeat("a", 70), strings.Repeat("a", 63)},
+		{strings.Repeat("a", 62) + " b", strings.Repeat("a", 62)},
+		{"!!!", ""},
+	} {
+		if got := labelValue(tc.in); got != tc.want {
+			t.Errorf("labelValue(%q) = %q, want %q", tc.in, got, tc.want)
+		}
+		if errs := validation.IsValidLabelValue(labelValue(tc.in)); len(errs) > 0 {
+			t.Errorf("labelValue(%q) = %q: not a label value: %v", tc.in, labelValue(tc.in), errs)
+		}
+	}
+}
+
+// checkValid checks the rules of the apiserver's ResourceSlice validation
+// (k8s.io/kubernetes/pkg/apis/resource/validation) that the publisher's
+// choices could break. The integration suite checks all of them.
+func checkValid(t *testing.T, res *resourceslice.DriverResources) {
+	t.Helper()
+	for name, pool := range res.Pools {
+		if errs := validation.IsDNS1123Subdomain(name); len(errs) > 0 {
+			t.Errorf("pool name %q: %v", name, errs)
+		}
+		if (pool.NodeSelector != nil) == pool.AllNodes {
+			t.Errorf("pool %s: want exactly one of nodeSelector and allNodes", name)
+		}
+		if pool.NodeSelector != nil && len(pool.NodeSelector.NodeSelectorTerms) != 1 {
+			t.Errorf("pool %s: node selector with %d terms, want 1", name, len(pool.NodeSelector.NodeSelectorTerms))
+		}
+		for _, s := range pool.Slices {
+			if len(s.Devices) > resourceapi.ResourceSliceMaxDevicesWithAdvancedFeatures {
+				t.Errorf("pool %s: slice of %d devices", name, len(s.Devices))
+			}
+			for _, d := range s.Devices {
+				checkDeviceValid(t, name+"/"+d.Name, d)
+			}
+		}
+	}
+}
+
+func checkDeviceValid(t *testing.T, where string, d resourceapi.Device) {
+	t.Helper()
+	if errs := validation.IsDNS1123Label(d.Name); len(errs) > 0 {
+		t.Errorf("%s: device name: %v", where, errs)
+	}
+	for n, a := range d.Attributes {
+		if a.StringValue != nil && len(*a.StringValue) > resourceapi.DeviceAttributeMaxValueLength {
+			t.Errorf("%s: attribute %s longer than %d", where, n, resourceapi.DeviceAttributeMaxValueLength)
+		}
+	}
+	for _, taint := range d.Taints {
+		if errs := validation.IsQualifiedName(taint.Key); len(errs) > 0 {
+			t.Errorf("%s: taint key %q: %v", where, taint.Key, errs)
+		}
+		if errs := validation.IsValidLabelValue(taint.Value); len(errs) > 0 {
+			t.Errorf("%s: taint value %q: %v", where, taint.Value, errs)
+		}
+	}
+	for n, c := range d.Capacity {
+		p := c.RequestPolicy
+		if p == nil {
+			continue
+		}
+		r, v := p.ValidRange, c.Value
+		fail := func(format string, args ...any) {
+			t.Errorf("%s: capacity %s %s: %s", where, n, v.String(), fmt.Sprintf(format, args...))
+		}
+		if p.Default == nil || r == nil || r.Min == nil {
+			fail("policy without default or minimum")
+			continue
+		}
+		if r.Min.Cmp(v) > 0 {
+			fail("min %s is larger than the capacity", r.Min.String())
+		}
+		if p.Default.Cmp(*r.Min) < 0 {
+			fail("default %s is less than min", p.Default.String())
+		}
+		if r.Max != nil && (r.Max.Cmp(v) > 0 || r.Min.Cmp(*r.Max) > 0 || p.Default.Cmp(*r.Max) > 0) {
+			fail("max %s out of order with min, default or capacity", r.Max.String())
+		}
+		if r.Step != nil {
+			minPlusStep := r.Min.DeepCopy()
+			minPlusStep.Add(*r.Step)
+			if minPlusStep.Cmp(v) > 0 {
+				fail("one step %s is larger than the capacity", minPlusStep.String())
+			}
+			if (p.Default.Value()-r.Min.Value())%r.Step.Value() != 0 {
+				fail("default %s is not a step from min", p.Default.String())
+			}
+			if r.Max != nil && (r.Max.Value()-r.Min.Value())%r.Step.Value() != 0 {
+				fail("max %s is not a step from min", r.Max.String())
+			}
+		}
+	}
+	if len(d.BindingConditions) == 0 || len(d.BindingFailureConditions) == 0 {
+		t.Errorf("%s: binding conditions %v, failure conditions %v: the apiserver wants both or neither", where, d.BindingConditions, d.BindingFailureConditions)
+	}
+}
+
+// sliceObjects turns what the publisher publishes into ResourceSlice
+// objects, as the resourceslice controller would.
+func sliceObjects(res *resourceslice.DriverResources) []runtime.Object {
+	var out []runtime.Object
+	for name, pool := range res.Pools {
+		for i, s := range pool.Slices {
+			rs := &resourceapi.ResourceSlice{
+				ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("%s-%s-%d", DriverName, name, i)},
+				Spec: resourceapi.ResourceSliceSpec{
+					Driver:       DriverName,
+					Pool:         resourceapi.ResourcePool{Name: name, Generation: 1, ResourceSliceCount: int64(len(pool.Slices))},
+					NodeSelector: pool.NodeSelector,
+					Devices:      s.Devices,
+				},
+			}
+			if pool.AllNodes {
+				rs.Spec.AllNodes = ptr.To(true)
+			}
+			out = append(out, rs)
+		}
+	}
+	return out
+}
+
+// newFakeKube is a fake clientset that, like the apiserver, names objects
+// created with only a generateName (the resourceslice controller's).
+func newFakeKube(objs ...runtime.Object) *fake.Clientset {
+	kube := fake.NewClientset(objs...)
+	var n atomic.Int64
+	kube.PrependReactor("create", "*", func(action k8stesting.Action) (bool, runtime.Object, error) {
+		if o, ok := action.(k8stesting.CreateAction).GetObject().(metav1.Object); ok && o.GetName() == "" && o.GetGenerateName() != "" {
+			o.SetName(fmt.Sprintf("%s%d", o.GetGenerateName(), n.Add(1)))
+		}
+		return false, nil, nil
+	})
+	return kube
+}
+
+// startBroker runs a one-server broker cluster for the test. Hosts stay
+// up without heartbeats for the length of a test.
+func startBroker(t *testing.T) *client.Client {
+	t.Helper()
+	s, err := broker.New(broker.Config{DataDir: t.TempDir(), BindAddr: "127.0.0.1:0", RaftBindAddr: "127.0.0.1:0", BootstrapExpect: 1,
+		HeartbeatTTL: 10 * time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Shutdown() })
+	c, err := client.Dial([]string{s.Addr()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	return c
+}
+
+// eventually polls cond until it holds or 20 s pass.
+func eventually(t *testing.T, what string, cond func() (bool, string)) {
+	t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	tick := time.NewTicker(20 * time.Millisecond)
+	defer tick.Stop()
+	var last string
+	for time.Now().Before(deadline) {
+		ok, state := cond()
+		if ok {
+			return
+		}
+		last = state
+		<-tick.C
+	}
+	t.Fatalf("%s: not after 20s; last seen: %s", what, last)
+}
+
+func TestPublisherFollowsTheBroker(t *testing.T) {
+	c := startBroker(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	register := func(h *gpupoolv1.Host) {
+		t.Helper()
+		rctx, rcancel := context.WithTimeout(ctx, 20*time.Second)
+		defer rcancel()
+		if _, err := c.Agent.Register(rctx, &gpupoolv1.RegisterRequest{Host: h}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	h1 := readyHost("h1", 1)
+	h1.Address = "127.0.0.1:1"
+	register(h1)
+
+	kube := newFakeKube()
+	p := NewPublisher(kube, PoolSource{Pool: c.Pool, Lease: c.Lease}, PublisherConfig{NodeSelector: DefaultNodeSelector(), Resync: 100 * time.Millisecond})
+	done := make(chan error, 1)
+	go func() { done <- p.Run(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("Run: %v", err)
+		}
+	})
+
+	// device returns gpu-<i> of pool as published, in a readable form.
+	device := func(pool string, i int) (bool, string) {
+		list, err := kube.ResourceV1().ResourceSlices().List(ctx, metav1.ListOptions{})
+		if err != nil {
+			return false, err.Error()
+		}
+		var seen []string
+		for _, s := range list.Items {
+			seen = append(seen, s.Spec.Pool.Name)
+			if s.Spec.Pool.Name != pool || s.Spec.Driver != DriverName {
+				continue
+			}
+			for _, d := range s.Spec.Devices {
+				if d.Name == DeviceName(int32(i)) {
+					return true, fmt.Sprintf("%+v", describe(d))
+				}
+			}
+		}
+		return false, fmt.Sprintf("pools %v", seen)
+	}
+	want := func(what, pool string, i int, wantDesc string) {
+		t.Helper()
+		eventually(t, what, func() (bool, string) {
+			ok, got := device(pool, i)
+			return ok && got == wantDesc, got
+		})
+	}
+	want("the host's GPU is published", "h1", 0, "{memory:80Gi compute:100 taints:[] memoryPolicy:80Gi/1Mi/1Mi}")
+
+	// A lease outside Kubernetes shows at once (Watch), well before a resync would.
+	l, err := c.Acquire(ctx, &gpupoolv1.LeaseRequest{Count: 1, MemoryMib: 20480, ComputePercent: 25, TtlMs: 60000, Tenant: "ml"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want("a lease of another tenant is taken off the capacity", "h1", 0, "{memory:60Gi compute:75 taints:[] memoryPolicy:80Gi/1Mi/1Mi}")
+	if err := l.Release(ctx, "test"); err != nil {
+		t.Fatal(err)
+	}
+
+	// A new host appears; a drained one gets tainted (host status has no
+	// watch: the resync finds it).
+	h2 := readyHost("h2", 2)
+	h2.Address = "127.0.0.1:2"
+	register(h2)
+	want("a new host gets its pool", "h2", 1, "{memory:80Gi compute:100 taints:[] memoryPolicy:80Gi/1Mi/1Mi}")
+	if _, err := c.Pool.DrainHost(ctx, &gpupoolv1.DrainHostRequest{HostId: "h2"}); err != nil {
+		t.Fatal(err)
+	}
+	want("a draining host's GPUs are tainted", "h2", 1, "{memory:80Gi compute:100 taints:["+TaintDraining+"=drain-requested:NoExecute] memoryPolicy:80Gi/1Mi/1Mi}")
+}
