@@ -597,7 +597,7 @@ func (c *nodeClaim) follow(ctx context.Context, p *NodePlugin, l *followedLease,
 				return
 			case err != nil:
 				log.Warn("cannot attach to the lease; retrying", "err", err, "in", wait)
-				if !sleepCtx(ctx, wait) {
+				if !sleep(ctx, wait) {
 					return
 				}
 				wait = min(2*wait, reattachMax)
@@ -624,20 +624,8 @@ func (c *nodeClaim) follow(ctx context.Context, p *NodePlugin, l *followedLease,
 		log.Warn("lease renewal stopped; attaching again", "err", held.Err(), "in", wait)
 		held.Close()
 		held = nil
-		if !sleepCtx(ctx, wait) {
+		if !sleep(ctx, wait) {
 			return
 		}
-	}
-}
-
-// sleepCtx waits d; false if ctx ended first.
-func sleepCtx(ctx context.Context, d time.Duration) bool {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return false
-	case <-t.C:
-		return true
 	}
 }
