@@ -22,7 +22,11 @@ func (c *Client) Attach(ctx context.Context, leaseID string) (*Lease, error) {
 	if err != nil {
 		return nil, err
 	}
-	ka, err := c.Lease.KeepAlive(ctx)
+	// The stream lives only for this first renewal: cancelling its context
+	// frees it (CloseSend alone leaves it open until ctx ends).
+	sctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	ka, err := c.Lease.KeepAlive(sctx)
 	if err != nil {
 		return nil, err
 	}

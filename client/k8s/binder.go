@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"log/slog"
 	"math"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -810,6 +811,7 @@ func (b *Binder) desiredDevices(claim *resourceapi.ResourceClaim, outcomes map[s
 			out = append(out, d)
 		}
 	}
+	others := len(out)
 	var ended []string
 	for _, r := range ourResults(claim) {
 		prior := deviceStatus(claim, r)
@@ -833,6 +835,20 @@ func (b *Binder) desiredDevices(claim *resourceapi.ResourceClaim, outcomes map[s
 		b.apply(&ds, o, claim.Generation)
 		out = append(out, ds)
 	}
+	// The scheduler reads the first entry of a pool and device for every
+	// share of it: when two shares of one GPU are in a claim, a share whose
+	// lease failed must come before one that was leased, or the pod would
+	// be bound with the failed share unleased.
+	slices.SortStableFunc(out[others:], func(a, b resourceapi.AllocatedDeviceStatus) int {
+		la, lb := meta.IsStatusConditionTrue(a.Conditions, ConditionLeased), meta.IsStatusConditionTrue(b.Conditions, ConditionLeased)
+		switch {
+		case la == lb:
+			return 0
+		case lb:
+			return -1
+		}
+		return 1
+	})
 	return out, ended
 }
 

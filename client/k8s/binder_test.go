@@ -755,3 +755,25 @@ func TestBinderLeasesFromARealBroker(t *testing.T) {
 		return err == nil && got.Lease.State != granted, fmt.Sprint(got.GetLease().GetState(), err)
 	})
 }
+
+// The scheduler reads the first status entry of a pool and device for
+// every share of that device, so a failed share must be listed first.
+func TestBinderListsAFailedShareOfAGPUBeforeALeasedOne(t *testing.T) {
+	b := newFakeBroker(1)
+	// 60 GiB held elsewhere: the first 20 GiB share fits, the second does not.
+	b.add(&gpupoolv1.Lease{Id: "l-ml", Tenant: "ml", Slices: []*gpupoolv1.Slice{{Host: "h1", Device: "GPU-h1-0", MemoryMib: 61440, ComputePercent: 50}}})
+	e := startBinder(t, b, allocatedClaim("c", claimUID, []testShare{
+		{device: "gpu-0", shareID: shareA, memory: "20Gi", compute: "25"},
+		{device: "gpu-0", shareID: shareB, memory: "20Gi", compute: "25"},
+	}, "pod-1"))
+	e.waitDevice(t, "c", "gpu-0", ConditionLeaseFailed)
+	eventually(t, "both shares reported", func() (bool, string) {
+		c, desc := e.claimStatus("c")
+		return c != nil && len(c.Status.Devices) == 2, desc
+	})
+	c, desc := e.claimStatus("c")
+	if !meta.IsStatusConditionTrue(c.Status.Devices[0].Conditions, ConditionLeaseFailed) ||
+		!meta.IsStatusConditionTrue(c.Status.Devices[1].Conditions, ConditionLeased) {
+		t.Fatalf("status.devices: %s; want the failed share first, then the leased one", desc)
+	}
+}

@@ -29,6 +29,11 @@ const (
 	leaderRetryPeriod   = 2 * time.Second
 )
 
+// MinLeaseTTLWithLeaderElection is the shortest lease TTL that outlives a
+// failover: the old leader's lock, then the new one's informer sync and
+// takeover of the leases of claims still being bound.
+const MinLeaseTTLWithLeaderElection = 2*leaderLeaseDuration + 10*time.Second
+
 // namespaceFile names the namespace of a pod's service account.
 var namespaceFile = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
 

@@ -191,6 +191,14 @@ func StartNodePlugin(ctx context.Context, cfg NodePluginConfig) (*NodePlugin, er
 			return nil, fmt.Errorf("k8s: %w", err)
 		}
 	}
+	// MkdirAll keeps an existing directory's mode: make sure claims/ is
+	// private, and a directory rather than a link to one.
+	if st, err := os.Lstat(claimsDir(cfg.StateDir)); err != nil || !st.IsDir() {
+		return nil, fmt.Errorf("k8s: %s must be a directory, not a symbolic link", claimsDir(cfg.StateDir))
+	}
+	if err := os.Chmod(claimsDir(cfg.StateDir), 0o700); err != nil {
+		return nil, fmt.Errorf("k8s: %w", err)
+	}
 	specs, err := newCDISpecs(cfg.CDIDir)
 	if err != nil {
 		return nil, fmt.Errorf("k8s: %w", err)

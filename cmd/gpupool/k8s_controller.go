@@ -83,7 +83,7 @@ leadership.`,
 	}
 	f := cmd.Flags()
 	f.StringVar(&o.kubeconfig, "kubeconfig", "", "kubeconfig file (default: in-cluster, else $KUBECONFIG or ~/.kube/config)")
-	f.StringVar(&o.tenant, "tenant", k8s.DefaultTenant, "broker tenant of the leases taken for claims; other tenants' leases are taken off the published capacity")
+	f.StringVar(&o.tenant, "tenant", k8s.DefaultTenant, "broker tenant of the leases taken for claims; other tenants' leases are taken off the published capacity. One tenant per cluster: the controller releases leases of its tenant that no claim of its cluster holds")
 	f.StringVar(&o.nodeSelector, "node-selector", k8s.DefaultNodeSelectorLabel+"=true", "labels of the nodes that can reach the pool hosts, as KEY=VALUE[,KEY=VALUE]; empty means every node")
 	f.BoolVar(&o.leaderElect, "leader-elect", true, "act only while holding the Lease "+k8s.LeaderLeaseName+", so that replicas can stand by")
 	f.StringVar(&o.namespace, "leader-elect-namespace", "", "namespace of the leader election Lease (default: the pod's own, else default)")
@@ -104,6 +104,11 @@ func runK8sController(cmd *cobra.Command, o controllerOpts) error {
 	}
 	if err := checkTenantAndTTL(o.tenant, o.leaseTTL); err != nil {
 		return err
+	}
+	// A new leader takes over the leases of claims still being bound; they
+	// must outlive the old leader's lock and the takeover.
+	if min := k8s.MinLeaseTTLWithLeaderElection; o.leaderElect && o.leaseTTL < min {
+		return usagef("--lease-ttl %s: must be at least %s with --leader-elect, so that leases outlive a leader failover", o.leaseTTL, min)
 	}
 	selector, err := parseNodeSelector(o.nodeSelector)
 	if err != nil {
