@@ -369,10 +369,14 @@ func (b *Binder) closeAll() {
 // synced: it takes over those of a device still allocated to their claim,
 // and releases those of claims that are gone or no longer allocated that
 // device.
+//
+// Only the list must succeed. A lease it cannot release is renewed by
+// nobody and expires; one it cannot take over is acquired again, with the
+// same request id, by its claim's sync.
 func (b *Binder) adopt(ctx context.Context) error {
-	ctx, cancel := context.WithTimeout(ctx, callTimeout)
+	lctx, cancel := context.WithTimeout(ctx, callTimeout)
 	defer cancel()
-	leases, err := b.broker.Leases(ctx, b.cfg.Tenant)
+	leases, err := b.broker.Leases(lctx, b.cfg.Tenant)
 	if err != nil {
 		return fmt.Errorf("list leases of tenant %s: %w", b.cfg.Tenant, err)
 	}
@@ -386,36 +390,39 @@ func (b *Binder) adopt(ctx context.Context) error {
 			allocated[RequestID(c.UID, r)] = c.Namespace + "/" + c.Name
 		}
 	}
-	var errs []error
 	for _, l := range leases {
 		uid, _, ok := strings.Cut(l.GetRequestId(), "/")
 		if !ok || uuid.Validate(uid) != nil {
 			continue // not the binder's
 		}
+		cctx, cancel := context.WithTimeout(ctx, callTimeout)
 		key, ok := allocated[l.GetRequestId()]
 		if !ok {
-			if err := b.broker.Release(ctx, l.GetId(), "its Kubernetes claim is gone or no longer allocated this device"); err != nil {
-				errs = append(errs, fmt.Errorf("release orphaned lease %s: %w", l.GetId(), err))
+			err := b.broker.Release(cctx, l.GetId(), "its Kubernetes claim is gone or no longer allocated this device")
+			cancel()
+			if err != nil {
+				b.log.Warn("cannot release a lease whose claim is gone; it expires unrenewed", "lease", l.GetId(), "err", err)
 				continue
 			}
 			b.log.Info("released a lease whose claim is gone", "lease", l.GetId(), "request_id", l.GetRequestId())
 			continue
 		}
 		if b.holds(key, l.GetRequestId()) {
+			cancel()
 			continue
 		}
-		hl, err := b.broker.Attach(ctx, l.GetId())
+		hl, err := b.broker.Attach(cctx, l.GetId())
+		cancel()
 		if err != nil {
-			if errors.Is(err, client.ErrLeaseEnded) || status.Code(err) == codes.NotFound {
-				continue // the claim's next sync finds it ended
+			if !errors.Is(err, client.ErrLeaseEnded) && status.Code(err) != codes.NotFound {
+				b.log.Warn("cannot take over a lease; its claim's sync acquires it again", "lease", l.GetId(), "claim", key, "err", err)
 			}
-			errs = append(errs, fmt.Errorf("take over lease %s: %w", l.GetId(), err))
-			continue
+			continue // an ended one is found by the claim's sync too
 		}
 		b.keep(key, types.UID(uid), l.GetRequestId(), hl)
 		b.log.Info("took over lease", "lease", l.GetId(), "claim", key)
 	}
-	return errors.Join(errs...)
+	return nil
 }
 
 func (b *Binder) holds(key, requestID string) bool {
