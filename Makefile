@@ -8,7 +8,7 @@ PROTO_FILES := $(wildcard proto/gpupool/v1/*.proto)
 export CGO_CFLAGS ?= -O2 -g -Wno-deprecated-declarations
 PKG_RACE := ./broker/... ./agent/... ./client/... ./internal/... ./token/... ./dataplane/...
 
-.PHONY: all build test dev proto proto-check lint bench bench-dataplane tools clean test-unit test-cluster helm chart test-k8s
+.PHONY: all build test dev proto proto-check lint bench bench-dataplane tools clean test-unit test-cluster helm chart test-k8s bench-k8s
 
 all: build
 
@@ -28,8 +28,17 @@ test-unit:
 # kube-apiserver, kube-scheduler and kube-controller-manager from
 # k8s.io/kubernetes (about 5 minutes cold on 2 cores, seconds from Go's
 # build cache) and runs them in the test binary on an embedded etcd.
-test-k8s:
-	cd test/k8s && $(GO) test -count=1 -timeout 30m ./...
+# TestChart dry-run creates every object of the rendered chart (make chart)
+# against that apiserver. TestBenchK8s skips unless GPUPOOL_BENCH_K8S=1.
+test-k8s: chart
+	cd test/k8s && GPUPOOL_CHART_RENDERED=$(CHART_RENDERED) $(GO) test -count=1 -timeout 30m ./...
+
+# 200 pods with fractional claims through our DRA driver against the same
+# control plane, and the same pods with plain DRA allocation as a baseline;
+# writes bench/results/k8s.md and bench/results/k8s.json (GPUPOOL_BENCH_PODS,
+# GPUPOOL_BENCH_OUT override the pod count and the output directory).
+bench-k8s: ## pod creation -> Leased=True / bound / prepared for 200 fractional pods (p50, p99); writes bench/results/k8s.{md,json}
+	cd test/k8s && GPUPOOL_BENCH_K8S=1 $(GO) test -count=1 -run TestBenchK8s -timeout 30m -v .
 
 # protoc comes from Debian (pinned by the distribution); the Go plugins are
 # pinned as tools in go.mod.

@@ -28,6 +28,8 @@ type controllerOpts struct {
 	leaseTTL     time.Duration
 	metrics      string
 	logLevel     string
+	qps          float32
+	burst        int
 }
 
 func newK8sControllerCmd() *cobra.Command {
@@ -90,6 +92,8 @@ leadership.`,
 	f.DurationVar(&o.leaseTTL, "lease-ttl", k8s.DefaultLeaseTTL, "TTL of the leases taken for claims (renewed by the controller and the node plugin); longer than a leader failover (~15s)")
 	f.StringVar(&o.metrics, "metrics-bind", "", "serve Prometheus metrics at http://ADDR/metrics; empty serves none")
 	f.StringVar(&o.logLevel, "log-level", "info", "log level: debug, info, warn or error")
+	f.Float32Var(&o.qps, "kube-api-qps", 50, "requests per second to the apiserver (each bound claim takes one status write)")
+	f.IntVar(&o.burst, "kube-api-burst", 100, "requests to the apiserver in a burst above --kube-api-qps")
 	return cmd
 }
 
@@ -127,10 +131,14 @@ func runK8sController(cmd *cobra.Command, o controllerOpts) error {
 			return usagef("--kubeconfig %s: %v", o.kubeconfig, err)
 		}
 	}
+	if o.qps <= 0 || o.burst < 1 {
+		return usagef("--kube-api-qps %g and --kube-api-burst %d: must be above 0 and at least 1", o.qps, o.burst)
+	}
 	kubeCfg, err := loadKubeConfig(o.kubeconfig)
 	if err != nil {
 		return err
 	}
+	kubeCfg.QPS, kubeCfg.Burst = o.qps, o.burst
 
 	klog.SetSlogLogger(logger)
 	reg := prometheus.NewRegistry()

@@ -21,6 +21,7 @@ func TestK8sControllerRefusesBadInput(t *testing.T) {
 		{"a lease TTL above the brokers' maximum", cmd("--lease-ttl", "48h"), []string{"--lease-ttl 48h0m0s", "between 1s and 24h0m0s"}},
 		{"a lease TTL that is no duration", cmd("--lease-ttl", "60"), []string{`"60"`, "--lease-ttl"}},
 		{"a lease TTL shorter than a leader failover", cmd("--lease-ttl", "20s"), []string{"--lease-ttl 20s", "at least 40s with --leader-elect"}},
+		{"a zero apiserver rate", cmd("--kube-api-qps", "0"), []string{"--kube-api-qps 0", "must be above 0"}},
 		{"a node selector without =", cmd("--node-selector", "gpu"), []string{`--node-selector "gpu"`, "KEY=VALUE[,KEY=VALUE]"}},
 		{"a node selector with an empty key", cmd("--node-selector", "=true"), []string{`--node-selector "=true"`, "KEY=VALUE"}},
 		{"a node selector key that is no label key", cmd("--node-selector", "bad key=true"), []string{`label key "bad key"`}},
