@@ -52,6 +52,15 @@ const (
 	// ReasonDeviceNotPublished: the allocated device is in no ResourceSlice
 	// any more, so the binder cannot tell which GPU it is.
 	ReasonDeviceNotPublished = "DeviceNotPublished"
+	// ReasonWaitingForOtherShares: this share of a GPU is leased, but
+	// another share of the same GPU in the claim has no outcome yet. The
+	// scheduler reads one status entry per device for all its shares, so
+	// Leased=True waits until every share has its lease or has failed.
+	ReasonWaitingForOtherShares = "WaitingForOtherShares"
+	// ReasonBrokerError: the brokers failed the lease request several times
+	// in a row with an error that is neither a refusal nor unavailability.
+	// The binder keeps trying; the claim is not failed.
+	ReasonBrokerError = "BrokerError"
 )
 
 // DeviceStatusData is the data of a leased device in a claim's
@@ -73,8 +82,9 @@ type Broker interface {
 	// earlier Acquire of the same tenant and request id got, in whatever
 	// state that lease is now. A granted lease renews itself until it is
 	// released or closed. A refusal is a gRPC status error with code
-	// InvalidArgument, FailedPrecondition, ResourceExhausted or
-	// AlreadyExists; any other error may pass.
+	// InvalidArgument, FailedPrecondition, ResourceExhausted,
+	// AlreadyExists, PermissionDenied, Unauthenticated or Unimplemented;
+	// any other error may pass.
 	Acquire(ctx context.Context, req *gpupoolv1.LeaseRequest) (HeldLease, error)
 	// Attach renews a granted lease from this process, as Acquire does; it
 	// fails when the lease has ended.
@@ -184,12 +194,17 @@ func (c BinderConfig) withDefaults() BinderConfig {
 //     LeaseEnded, and a Warning event on each pod the claim is reserved for.
 //
 // Brokers that cannot be reached are retried with backoff, never reported
-// as LeaseFailed. The binder renews its leases and releases them once the
-// claim is deallocated or deleted.
+// as LeaseFailed; other broker errors are too, and once a request failed
+// brokerErrorReports times in a row its device says Leased=False, reason
+// BrokerError. While one share of a GPU has no outcome yet, the other
+// shares of that GPU in the claim say Leased=False, reason
+// WaitingForOtherShares, since the scheduler reads one of them for all.
+// The binder renews its leases and releases them once the claim is
+// deallocated or deleted.
 //
-// The request id of a lease is "<claim UID>/<shareID>" (the device name
-// for a result without shareID), so a retried or restarted binder gets the
-// same lease back.
+// The request id of a lease is "<claim UID>/<shareID>" ("<claim
+// UID>/<pool>/<device>" for a result without shareID), so a retried or
+// restarted binder gets the same lease back.
 type Binder struct {
 	kube   kubernetes.Interface
 	broker Broker
@@ -204,9 +219,26 @@ type Binder struct {
 	slices       cache.Indexer
 	slicesSynced cache.InformerSynced
 
-	mu   sync.Mutex
-	held map[string]*heldClaim // guarded by mu; by claim key namespace/name
+	mu     sync.Mutex
+	held   map[string]*heldClaim                // guarded by mu; by claim key namespace/name
+	failed map[string]map[string]*failureCounts // guarded by mu; by claim key, then request id
 }
+
+// failureCounts counts, for one request id, the syncs in a row that failed
+// for each failureKind.
+type failureCounts [numFailureKinds]int
+
+type failureKind int
+
+const (
+	// brokerFailure: Acquire failed with neither a refusal nor
+	// unavailability.
+	brokerFailure failureKind = iota
+	// unpublishedFailure: the device is in no ResourceSlice the binder has
+	// seen.
+	unpublishedFailure
+	numFailureKinds
+)
 
 // heldClaim is the leases held for one claim. Only the worker handling
 // the claim's key touches it (the work queue hands a key to one worker at
@@ -229,7 +261,8 @@ func NewBinder(kube kubernetes.Interface, broker Broker, cfg BinderConfig) *Bind
 			workqueue.NewTypedItemExponentialFailureRateLimiter[string](100*time.Millisecond, 30*time.Second),
 			workqueue.TypedRateLimitingQueueConfig[string]{Name: "gpupool_claims"},
 		),
-		held: map[string]*heldClaim{},
+		held:   map[string]*heldClaim{},
+		failed: map[string]map[string]*failureCounts{},
 	}
 	b.claimFactory = informers.NewSharedInformerFactory(kube, 10*time.Minute)
 	claims := b.claimFactory.Resource().V1().ResourceClaims()
@@ -297,12 +330,14 @@ func ourResults(claim *resourceapi.ResourceClaim) []resourceapi.DeviceRequestAll
 }
 
 // RequestID is the request id of the lease for result r of the claim
-// with uid.
+// with uid: "<uid>/<shareID>", or "<uid>/<pool>/<device>" for a result
+// without shareID (device names are unique only within a pool). Either
+// way the claim UID comes before the first '/'.
 func RequestID(uid types.UID, r resourceapi.DeviceRequestAllocationResult) string {
 	if r.ShareID != nil {
 		return string(uid) + "/" + string(*r.ShareID)
 	}
-	return string(uid) + "/" + r.Device
+	return string(uid) + "/" + r.Pool + "/" + r.Device
 }
 
 // Run binds until ctx ends. It waits for the informers, releases the
@@ -485,6 +520,55 @@ func (b *Binder) drop(key, requestID string) {
 	}
 }
 
+// countFailure counts one more failure of kind for request id of key, and
+// returns how many there were in a row.
+func (b *Binder) countFailure(key, id string, kind failureKind) int {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	byID := b.failed[key]
+	if byID == nil {
+		byID = map[string]*failureCounts{}
+		b.failed[key] = byID
+	}
+	c := byID[id]
+	if c == nil {
+		c = &failureCounts{}
+		byID[id] = c
+	}
+	c[kind]++
+	return c[kind]
+}
+
+// resetFailures ends the run of failures of kind for request id of key.
+func (b *Binder) resetFailures(key, id string, kind failureKind) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if c := b.failed[key][id]; c != nil {
+		c[kind] = 0
+		if *c == (failureCounts{}) {
+			delete(b.failed[key], id)
+		}
+	}
+	if len(b.failed[key]) == 0 {
+		delete(b.failed, key)
+	}
+}
+
+// pruneFailures forgets the failures of key's request ids that want does
+// not have (all of them for a nil want).
+func (b *Binder) pruneFailures(key string, want map[string]bool) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	for id := range b.failed[key] {
+		if !want[id] {
+			delete(b.failed[key], id)
+		}
+	}
+	if len(b.failed[key]) == 0 {
+		delete(b.failed, key)
+	}
+}
+
 // forget drops the record of key once it holds no lease.
 func (b *Binder) forget(key string) {
 	b.mu.Lock()
@@ -516,7 +600,14 @@ type outcome struct {
 	lease   HeldLease // granted and renewed: Leased=True
 	reason  string    // not leased: the condition reason, e.g. ResourceExhausted or LeaseEnded
 	message string
+	// waiting: not leased yet but not failed either, e.g. BrokerError:
+	// Leased=False alone, without LeaseFailed.
+	waiting bool
 }
+
+// settled reports whether o ends the wait for its device: it was leased
+// or it failed.
+func (o outcome) settled() bool { return o.lease != nil || !o.waiting }
 
 // sync brings the leases of one claim and its status.devices[] in line
 // with its allocation.
@@ -527,6 +618,7 @@ func (b *Binder) sync(ctx context.Context, key string) error {
 	}
 	claim, err := b.claims.ResourceClaims(ns).Get(name)
 	if apierrors.IsNotFound(err) {
+		b.pruneFailures(key, nil)
 		return b.releaseAll(ctx, key, fmt.Sprintf("Kubernetes claim %s was deleted", key))
 	}
 	if err != nil {
@@ -539,6 +631,7 @@ func (b *Binder) sync(ctx context.Context, key string) error {
 	}
 	results := ourResults(claim)
 	if len(results) == 0 {
+		b.pruneFailures(key, nil)
 		return b.releaseAll(ctx, key, fmt.Sprintf("Kubernetes claim %s was deallocated", key))
 	}
 
@@ -547,6 +640,7 @@ func (b *Binder) sync(ctx context.Context, key string) error {
 	for _, r := range results {
 		want[RequestID(claim.UID, r)] = true
 	}
+	b.pruneFailures(key, want)
 	var errs []error
 	if cl := b.heldFor(key); cl != nil {
 		for id, l := range cl.leases {
@@ -565,7 +659,6 @@ func (b *Binder) sync(ctx context.Context, key string) error {
 		o, err := b.ensure(ctx, key, claim, r)
 		if err != nil {
 			errs = append(errs, err)
-			continue
 		}
 		if o != nil {
 			outcomes[RequestID(claim.UID, r)] = *o
@@ -579,8 +672,10 @@ func (b *Binder) sync(ctx context.Context, key string) error {
 }
 
 // ensure makes sure result r of claim has a lease, or says why not. It
-// returns nil when there is nothing new to say: the device's status says
-// it already.
+// returns no outcome when there is nothing new to say: the device's status
+// says it already, or the claim is to be tried again (err) before the
+// device's status changes. An outcome with an error is reported, and the
+// claim tried again too.
 func (b *Binder) ensure(ctx context.Context, key string, claim *resourceapi.ResourceClaim, r resourceapi.DeviceRequestAllocationResult) (*outcome, error) {
 	id := RequestID(claim.UID, r)
 	if cl := b.heldFor(key); cl != nil {
@@ -598,23 +693,39 @@ func (b *Binder) ensure(ctx context.Context, key string, claim *resourceapi.Reso
 	}
 	req, o := b.leaseRequest(claim, r)
 	if o != nil {
-		if b.queue.NumRequeues(key) < unpublishedRetries {
+		if b.countFailure(key, id, unpublishedFailure) <= unpublishedRetries {
 			// The slice informer may lag behind the scheduler's.
 			return nil, errors.New(o.message)
 		}
+		b.resetFailures(key, id, unpublishedFailure)
 		return o, nil
 	}
+	b.resetFailures(key, id, unpublishedFailure)
 	actx, cancel := context.WithTimeout(ctx, callTimeout)
 	defer cancel()
 	l, err := b.broker.Acquire(actx, req)
 	if err != nil {
-		if refused(err) {
-			st := status.Convert(err)
+		st := status.Convert(err)
+		switch {
+		case refused(err):
+			b.resetFailures(key, id, brokerFailure)
 			b.log.Info("brokers refused the lease", "claim", key, "device", r.Pool+"/"+r.Device, "code", st.Code().String(), "message", st.Message())
 			return &outcome{reason: st.Code().String(), message: st.Message()}, nil
+		case unavailable(err):
+			return nil, fmt.Errorf("acquire lease %s: %w", id, err)
 		}
-		return nil, fmt.Errorf("acquire lease %s: %w", id, err)
+		n := b.countFailure(key, id, brokerFailure)
+		err = fmt.Errorf("acquire lease %s: %w", id, err)
+		ds := deviceStatus(claim, r)
+		if n < brokerErrorReports || (ds != nil && meta.IsStatusConditionTrue(ds.Conditions, ConditionLeased)) {
+			// A device already leased keeps saying so: its pod may run
+			// with the lease, which the node plugin renews.
+			return nil, err
+		}
+		return &outcome{waiting: true, reason: ReasonBrokerError,
+			message: fmt.Sprintf("the brokers keep failing the lease request; retrying: %s: %s", st.Code(), st.Message())}, err
 	}
+	b.resetFailures(key, id, brokerFailure)
 	if info := l.Info(); info.GetState() != gpupoolv1.LeaseState_LEASE_STATE_GRANTED {
 		// The request id names a lease that ended: this allocation cannot
 		// get another one.
@@ -648,15 +759,34 @@ func (b *Binder) reattach(ctx context.Context, key string, uid types.UID, id str
 	return nil, fmt.Errorf("renew lease %s again: %w", info.GetId(), err)
 }
 
-// unpublishedRetries is how many times a claim is tried again before a
-// device no ResourceSlice has is reported as LeaseFailed.
+// unpublishedRetries is how many times a device no ResourceSlice has is
+// tried again before it is reported as LeaseFailed.
 const unpublishedRetries = 3
+
+// brokerErrorReports is how many times in a row a lease request fails with
+// neither a refusal nor unavailability before its device says
+// Leased=False, reason BrokerError.
+const brokerErrorReports = 5
 
 // refused reports whether err is the brokers saying no, as opposed to
 // not answering.
 func refused(err error) bool {
 	switch status.Code(err) {
-	case codes.InvalidArgument, codes.FailedPrecondition, codes.ResourceExhausted, codes.AlreadyExists:
+	case codes.InvalidArgument, codes.FailedPrecondition, codes.ResourceExhausted, codes.AlreadyExists,
+		codes.PermissionDenied, codes.Unauthenticated, codes.Unimplemented:
+		return true
+	}
+	return false
+}
+
+// unavailable reports whether err is the brokers not answering (yet),
+// which is retried without saying so in the claim.
+func unavailable(err error) bool {
+	if errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled) {
+		return true
+	}
+	switch status.Code(err) {
+	case codes.Unavailable, codes.DeadlineExceeded, codes.Aborted, codes.Canceled:
 		return true
 	}
 	return false
@@ -811,6 +941,12 @@ func (b *Binder) writeStatus(ctx context.Context, claim *resourceapi.ResourceCla
 
 // desiredDevices is claim's status.devices[] with outcomes applied, and the
 // messages of the leases that ended under a claim that had them.
+//
+// The scheduler reads the first entry of a pool and device for every share
+// of it. So while one share of a device has no outcome yet (its lease is
+// being tried again, say), no share of that device says Leased=True: the
+// pod would be bound with that share unleased. And once all have one, a
+// share that is not leased comes before the leased ones.
 func (b *Binder) desiredDevices(claim *resourceapi.ResourceClaim, outcomes map[string]outcome) ([]resourceapi.AllocatedDeviceStatus, []string) {
 	var out []resourceapi.AllocatedDeviceStatus
 	for _, d := range claim.Status.Devices {
@@ -819,14 +955,38 @@ func (b *Binder) desiredDevices(claim *resourceapi.ResourceClaim, outcomes map[s
 		}
 	}
 	others := len(out)
+	results := ourResults(claim)
+
+	type poolDevice struct{ pool, device string }
+	waiting := map[poolDevice]bool{} // a share of it has no outcome yet
+	for _, r := range results {
+		if o, ok := outcomes[RequestID(claim.UID, r)]; ok {
+			if !o.settled() {
+				waiting[poolDevice{r.Pool, r.Device}] = true
+			}
+			continue
+		}
+		if prior := deviceStatus(claim, r); prior == nil || !(meta.IsStatusConditionTrue(prior.Conditions, ConditionLeased) ||
+			meta.IsStatusConditionTrue(prior.Conditions, ConditionLeaseFailed)) {
+			waiting[poolDevice{r.Pool, r.Device}] = true
+		}
+	}
+	wait := outcome{waiting: true, reason: ReasonWaitingForOtherShares,
+		message: "leased; waiting for the leases of the other shares of this device in the claim"}
+
 	var ended []string
-	for _, r := range ourResults(claim) {
+	for _, r := range results {
 		prior := deviceStatus(claim, r)
 		o, ok := outcomes[RequestID(claim.UID, r)]
 		if !ok {
-			if prior != nil {
-				out = append(out, *prior)
+			if prior == nil {
+				continue
 			}
+			ds := *prior.DeepCopy()
+			if waiting[poolDevice{r.Pool, r.Device}] && meta.IsStatusConditionTrue(ds.Conditions, ConditionLeased) {
+				b.apply(&ds, wait, claim.Generation)
+			}
+			out = append(out, ds)
 			continue
 		}
 		ds := resourceapi.AllocatedDeviceStatus{Driver: r.Driver, Pool: r.Pool, Device: r.Device}
@@ -839,13 +999,12 @@ func (b *Binder) desiredDevices(claim *resourceapi.ResourceClaim, outcomes map[s
 		if o.lease == nil && o.reason == ReasonLeaseEnded && prior != nil && meta.IsStatusConditionTrue(prior.Conditions, ConditionLeased) {
 			ended = append(ended, fmt.Sprintf("the gpupool lease for device %s of pool %s in claim %s ended: %s", r.Device, r.Pool, claim.Name, o.message))
 		}
+		if o.lease != nil && waiting[poolDevice{r.Pool, r.Device}] {
+			o = wait
+		}
 		b.apply(&ds, o, claim.Generation)
 		out = append(out, ds)
 	}
-	// The scheduler reads the first entry of a pool and device for every
-	// share of it: when two shares of one GPU are in a claim, a share whose
-	// lease failed must come before one that was leased, or the pod would
-	// be bound with the failed share unleased.
 	slices.SortStableFunc(out[others:], func(a, b resourceapi.AllocatedDeviceStatus) int {
 		la, lb := meta.IsStatusConditionTrue(a.Conditions, ConditionLeased), meta.IsStatusConditionTrue(b.Conditions, ConditionLeased)
 		switch {
@@ -864,6 +1023,9 @@ func (b *Binder) apply(ds *resourceapi.AllocatedDeviceStatus, o outcome, generat
 	if o.lease == nil {
 		meta.SetStatusCondition(&ds.Conditions, metav1.Condition{Type: ConditionLeased, Status: metav1.ConditionFalse,
 			Reason: o.reason, Message: o.message, ObservedGeneration: generation})
+		if o.waiting {
+			return
+		}
 		meta.SetStatusCondition(&ds.Conditions, metav1.Condition{Type: ConditionLeaseFailed, Status: metav1.ConditionTrue,
 			Reason: o.reason, Message: o.message, ObservedGeneration: generation})
 		return

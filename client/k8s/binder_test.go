@@ -22,6 +22,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes/fake"
 	k8stesting "k8s.io/client-go/testing"
+	"k8s.io/client-go/tools/cache"
 
 	"github.com/gpupool/gpupool/client"
 	gpupoolv1 "github.com/gpupool/gpupool/proto/gpupool/v1"
@@ -36,6 +37,7 @@ type fakeBroker struct {
 	leases    map[string]*gpupoolv1.Lease     // guarded by mu; by id
 	handles   map[string][]*fakeHeldLease     // guarded by mu; live handles by lease id
 	failNext  []error                         // guarded by mu; returned by the next Acquires
+	failFor   map[string][]error              // guarded by mu; returned by the next Acquires of a request id
 	requests  []*gpupoolv1.LeaseRequest       // guarded by mu; every Acquire's request
 	attached  []string                        // guarded by mu; lease ids
 	released  []string                        // guarded by mu; lease ids
@@ -60,6 +62,10 @@ func (f *fakeBroker) Acquire(_ context.Context, req *gpupoolv1.LeaseRequest) (He
 		err := f.failNext[0]
 		f.failNext = f.failNext[1:]
 		return nil, err
+	}
+	if errs := f.failFor[req.RequestId]; len(errs) > 0 {
+		f.failFor[req.RequestId] = errs[1:]
+		return nil, errs[0]
 	}
 	for _, l := range f.leases {
 		if l.Tenant == req.Tenant && l.RequestId == req.RequestId {
@@ -179,6 +185,16 @@ func (f *fakeBroker) failWith(errs ...error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.failNext = append(f.failNext, errs...)
+}
+
+// failRequestWith makes the next Acquires of request id fail with errs.
+func (f *fakeBroker) failRequestWith(id string, errs ...error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.failFor == nil {
+		f.failFor = map[string][]error{}
+	}
+	f.failFor[id] = append(f.failFor[id], errs...)
 }
 
 func (f *fakeBroker) state(id string) gpupoolv1.LeaseState {
@@ -415,9 +431,9 @@ func TestBinderLeasesExactlyTheAllocatedDevice(t *testing.T) {
 			&gpupoolv1.LeaseRequest{Exclusive: true, RequestId: claimUID + "/" + shareA,
 				Constraints: &gpupoolv1.Constraints{Host: "h1", Devices: []string{"GPU-h1-1"}}},
 			DeviceStatusData{Host: "h1", AgentAddress: "10.0.0.1:7650", CertSHA256: "c3a1", MemoryMiB: 81920, ComputePercent: 100}},
-		{"a device without shareID or consumed capacity is whole, named by the device",
+		{"a device without shareID or consumed capacity is whole, named by its pool and device",
 			testShare{device: "gpu-3"},
-			&gpupoolv1.LeaseRequest{Exclusive: true, RequestId: claimUID + "/gpu-3",
+			&gpupoolv1.LeaseRequest{Exclusive: true, RequestId: claimUID + "/h1/gpu-3",
 				Constraints: &gpupoolv1.Constraints{Host: "h1", Devices: []string{"GPU-h1-3"}}},
 			DeviceStatusData{Host: "h1", AgentAddress: "10.0.0.1:7650", CertSHA256: "c3a1", MemoryMiB: 81920, ComputePercent: 100}},
 	} {
@@ -499,6 +515,17 @@ func TestBinderReportsRefusalsAsLeaseFailed(t *testing.T) {
 			"InvalidArgument", "compute_percent 150: must be between 1 and 100 (percent of one GPU's SMs)"},
 		{"a device no slice has", testShare{device: "gpu-9", shareID: shareA, memory: "20Gi", compute: "25"}, nil,
 			ReasonDeviceNotPublished, "device gpu-9 of pool h1 is not published by gpu.gpupool.dev any more; its host may have left the pool"},
+		{"no permission", testShare{device: "gpu-0", shareID: shareA, memory: "20Gi", compute: "25"},
+			func(b *fakeBroker) {
+				b.failWith(status.Error(codes.PermissionDenied, "tenant k8s may not acquire leases"))
+			},
+			"PermissionDenied", "tenant k8s may not acquire leases"},
+		{"bad credentials", testShare{device: "gpu-0", shareID: shareA, memory: "20Gi", compute: "25"},
+			func(b *fakeBroker) { b.failWith(status.Error(codes.Unauthenticated, "token expired")) },
+			"Unauthenticated", "token expired"},
+		{"a broker without the call", testShare{device: "gpu-0", shareID: shareA, memory: "20Gi", compute: "25"},
+			func(b *fakeBroker) { b.failWith(status.Error(codes.Unimplemented, "unknown method Acquire")) },
+			"Unimplemented", "unknown method Acquire"},
 		{"a request id whose lease ended", testShare{device: "gpu-0", shareID: shareA, memory: "20Gi", compute: "25"},
 			func(b *fakeBroker) {
 				b.add(&gpupoolv1.Lease{Id: "l-old", Tenant: DefaultTenant, RequestId: claimUID + "/" + shareA,
@@ -775,5 +802,270 @@ func TestBinderListsAFailedShareOfAGPUBeforeALeasedOne(t *testing.T) {
 	if !meta.IsStatusConditionTrue(c.Status.Devices[0].Conditions, ConditionLeaseFailed) ||
 		!meta.IsStatusConditionTrue(c.Status.Devices[1].Conditions, ConditionLeased) {
 		t.Fatalf("status.devices: %s; want the failed share first, then the leased one", desc)
+	}
+}
+
+// statusWrites records status.devices[] of every claim update the clientset
+// sees from now on; call it before the binder starts.
+func (e *binderEnv) statusWrites() func() [][]resourceapi.AllocatedDeviceStatus {
+	var mu sync.Mutex
+	var writes [][]resourceapi.AllocatedDeviceStatus
+	e.kube.PrependReactor("update", "resourceclaims", func(action k8stesting.Action) (bool, runtime.Object, error) {
+		c := action.(k8stesting.UpdateAction).GetObject().(*resourceapi.ResourceClaim)
+		mu.Lock()
+		defer mu.Unlock()
+		writes = append(writes, c.DeepCopy().Status.Devices)
+		return false, nil, nil
+	})
+	return func() [][]resourceapi.AllocatedDeviceStatus {
+		mu.Lock()
+		defer mu.Unlock()
+		return slices.Clone(writes)
+	}
+}
+
+func describeDevices(devs []resourceapi.AllocatedDeviceStatus) string {
+	var parts []string
+	for _, d := range devs {
+		var conds []string
+		for _, c := range d.Conditions {
+			conds = append(conds, fmt.Sprintf("%s=%s(%s)", c.Type, c.Status, c.Reason))
+		}
+		share := ""
+		if d.ShareID != nil {
+			share = "#" + (*d.ShareID)[:4]
+		}
+		parts = append(parts, fmt.Sprintf("%s%s: %s", d.Device, share, strings.Join(conds, ",")))
+	}
+	return strings.Join(parts, "; ")
+}
+
+// The scheduler reads the first status entry of a pool and device for
+// every share of it, so no share may say Leased=True while another share
+// of the same GPU has no outcome yet, whatever order they come in.
+func TestBinderWaitsForEveryShareOfAGPUBeforeLeased(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		failing string // the share whose first Acquire fails
+		err     error
+	}{
+		{"the second share's broker is unavailable once", shareB, status.Error(codes.Unavailable, "no leader")},
+		{"the first share's broker is unavailable once", shareA, status.Error(codes.Unavailable, "no leader")},
+		{"the second share gets an internal error once", shareB, status.Error(codes.Internal, "boom")},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			b := newFakeBroker(1)
+			b.failRequestWith(claimUID+"/"+tc.failing, tc.err)
+			e := newBinderEnv(b, allocatedClaim("c", claimUID, []testShare{
+				{device: "gpu-0", shareID: shareA, memory: "20Gi", compute: "25"},
+				{device: "gpu-0", shareID: shareB, memory: "20Gi", compute: "25"},
+			}, "pod-1"))
+			writes := e.statusWrites()
+			e.start(t)
+			eventually(t, "both shares leased", func() (bool, string) {
+				c, desc := e.claimStatus("c")
+				return c != nil && len(c.Status.Devices) == 2 &&
+					meta.IsStatusConditionTrue(c.Status.Devices[0].Conditions, ConditionLeased) &&
+					meta.IsStatusConditionTrue(c.Status.Devices[1].Conditions, ConditionLeased), desc
+			})
+
+			waited := false
+			for i, devs := range writes() {
+				leased, settled := 0, 0
+				for _, d := range devs {
+					switch {
+					case meta.IsStatusConditionTrue(d.Conditions, ConditionLeased):
+						leased++
+						settled++
+					case meta.IsStatusConditionTrue(d.Conditions, ConditionLeaseFailed):
+						settled++
+					}
+					if c := meta.FindStatusCondition(d.Conditions, ConditionLeased); c != nil && c.Reason == ReasonWaitingForOtherShares {
+						waited = c.Status == metav1.ConditionFalse || waited
+					}
+				}
+				if leased > 0 && settled < 2 {
+					t.Errorf("write %d: %s: Leased=True while the other share of gpu-0 has no outcome", i, describeDevices(devs))
+				}
+			}
+			if !waited {
+				t.Errorf("no write said %s: the failing share never left the other one waiting", ReasonWaitingForOtherShares)
+			}
+			var ids []string
+			reqs, _, _ := b.snapshot()
+			for _, r := range reqs {
+				ids = append(ids, r.RequestId)
+			}
+			if n := strings.Count(strings.Join(ids, " "), tc.failing); n != 2 {
+				t.Errorf("acquires %v: want the failing share twice", ids)
+			}
+		})
+	}
+}
+
+// Broker errors that are neither refusals nor unavailability are retried
+// with backoff too, and after brokerErrorReports of them in a row the
+// device says so, without failing the claim.
+func TestBinderReportsRepeatedBrokerErrorsWithoutFailingTheClaim(t *testing.T) {
+	for _, tc := range []struct {
+		name        string
+		err         error
+		times       int
+		wantMessage string // of Leased=False BrokerError; "" for none written
+	}{
+		{"internal errors", status.Error(codes.Internal, "raft: apply failed"), brokerErrorReports,
+			"the brokers keep failing the lease request; retrying: Internal: raft: apply failed"},
+		{"not found", status.Error(codes.NotFound, "no such service"), brokerErrorReports,
+			"the brokers keep failing the lease request; retrying: NotFound: no such service"},
+		{"fewer errors than reported", status.Error(codes.Internal, "raft: apply failed"), brokerErrorReports - 1, ""},
+		{"unavailability is never reported", status.Error(codes.Unavailable, "no leader"), brokerErrorReports, ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			b := newFakeBroker(1)
+			errs := make([]error, tc.times)
+			for i := range errs {
+				errs[i] = tc.err
+			}
+			b.failWith(errs...)
+			e := newBinderEnv(b, allocatedClaim("c", claimUID, []testShare{{device: "gpu-0", shareID: shareA, memory: "1Gi", compute: "10"}}, "pod-1"))
+			writes := e.statusWrites()
+			e.start(t)
+			e.waitDevice(t, "c", "gpu-0", ConditionLeased)
+
+			var got []string
+			for i, devs := range writes() {
+				for _, d := range devs {
+					if meta.FindStatusCondition(d.Conditions, ConditionLeaseFailed) != nil {
+						t.Errorf("write %d: %s: LeaseFailed for an error that is no refusal", i, describeDevices(devs))
+					}
+					if c := meta.FindStatusCondition(d.Conditions, ConditionLeased); c != nil && c.Reason == ReasonBrokerError {
+						if c.Status != metav1.ConditionFalse {
+							t.Errorf("write %d: Leased=%s with reason %s", i, c.Status, c.Reason)
+						}
+						got = append(got, c.Message)
+					}
+				}
+			}
+			switch {
+			case tc.wantMessage == "" && len(got) > 0:
+				t.Errorf("%s written %q, want none", ReasonBrokerError, got)
+			case tc.wantMessage != "" && (len(got) == 0 || got[0] != tc.wantMessage):
+				t.Errorf("%s written %q, want %q", ReasonBrokerError, got, tc.wantMessage)
+			}
+			if reqs, _, _ := b.snapshot(); len(reqs) != tc.times+1 {
+				t.Errorf("%d acquires, want %d failed and 1 granted", len(reqs), tc.times)
+			}
+			if evs := e.rec.all(); len(evs) != 0 {
+				t.Errorf("events %q, want none", evs)
+			}
+		})
+	}
+}
+
+func TestRequestIDIsUniqueInTheClaim(t *testing.T) {
+	share := types.UID(shareA)
+	for _, tc := range []struct {
+		name string
+		r    resourceapi.DeviceRequestAllocationResult
+		want string
+	}{
+		{"a share by its id", resourceapi.DeviceRequestAllocationResult{Pool: "h1", Device: "gpu-0", ShareID: &share}, claimUID + "/" + shareA},
+		{"a device without share by pool and device", resourceapi.DeviceRequestAllocationResult{Pool: "h1", Device: "gpu-0"}, claimUID + "/h1/gpu-0"},
+		{"the same device name in another pool", resourceapi.DeviceRequestAllocationResult{Pool: "h2", Device: "gpu-0"}, claimUID + "/h2/gpu-0"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got := RequestID(claimUID, tc.r)
+			if got != tc.want {
+				t.Errorf("RequestID = %q, want %q", got, tc.want)
+			}
+			if uid, _, _ := strings.Cut(got, "/"); uid != claimUID {
+				t.Errorf("request id %q: claim UID %q before the first '/', want %q", got, uid, claimUID)
+			}
+		})
+	}
+}
+
+// A restarted binder takes over the lease of a device allocated without
+// shareID, whose request id names its pool, and releases one that names
+// another pool's device of the same name.
+func TestBinderTakesOverALeaseOfAWholeDevice(t *testing.T) {
+	b := newFakeBroker(1)
+	slice := []*gpupoolv1.Slice{{Host: "h1", Device: "GPU-h1-0", MemoryMib: 81920, ComputePercent: 100, Exclusive: true}}
+	b.add(&gpupoolv1.Lease{Id: "l-live", Tenant: DefaultTenant, RequestId: claimUID + "/h1/gpu-0", Slices: slice})
+	b.add(&gpupoolv1.Lease{Id: "l-h2", Tenant: DefaultTenant, RequestId: claimUID + "/h2/gpu-0", Slices: slice})
+	e := startBinder(t, b, allocatedClaim("c", claimUID, []testShare{{device: "gpu-0"}}))
+	ds := e.waitDevice(t, "c", "gpu-0", ConditionLeased)
+
+	var data DeviceStatusData
+	if err := json.Unmarshal(ds.Data.Raw, &data); err != nil || data.LeaseID != "l-live" {
+		t.Errorf("status data %s, want the taken-over lease l-live", ds.Data.Raw)
+	}
+	eventually(t, "l-h2 released", func() (bool, string) {
+		return b.state("l-h2") == gpupoolv1.LeaseState_LEASE_STATE_RELEASED, b.state("l-h2").String()
+	})
+	if reqs, attached, _ := b.snapshot(); len(reqs) != 0 || fmt.Sprint(attached) != "[l-live]" {
+		t.Errorf("acquired %d, attached %v; want none and [l-live]", len(reqs), attached)
+	}
+}
+
+// syncBinder is a binder whose informers run but whose workers do not:
+// the test calls sync itself.
+func syncBinder(t *testing.T, e *binderEnv) *Binder {
+	t.Helper()
+	b := NewBinder(e.kube, e.broker, BinderConfig{Recorder: e.rec, LeaseTTL: 30 * time.Second})
+	ctx, cancel := context.WithCancel(context.Background())
+	b.claimFactory.Start(ctx.Done())
+	b.sliceFactory.Start(ctx.Done())
+	t.Cleanup(func() {
+		cancel()
+		b.queue.ShutDown()
+		b.claimFactory.Shutdown()
+		b.sliceFactory.Shutdown()
+		b.closeAll()
+	})
+	if !cache.WaitForCacheSync(ctx.Done(), b.claimsSynced, b.slicesSynced) {
+		t.Fatal("informers did not sync")
+	}
+	return b
+}
+
+// A device no slice has is reported after unpublishedRetries tries of
+// that device, however often the claim was retried for other reasons.
+func TestBinderCountsUnpublishedDevicesByRequest(t *testing.T) {
+	for _, tc := range []struct {
+		name         string
+		otherRetries int // the claim's requeues before, for other failures
+	}{
+		{"a fresh claim", 0},
+		{"a claim retried often for other reasons", 10},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			e := newBinderEnv(newFakeBroker(4), allocatedClaim("c", claimUID, []testShare{{device: "gpu-9", shareID: shareA, memory: "1Gi", compute: "10"}}))
+			b := syncBinder(t, e)
+			key := testNS + "/c"
+			for range tc.otherRetries {
+				b.queue.AddRateLimited(key)
+			}
+			ctx := context.Background()
+			for i := range unpublishedRetries {
+				if err := b.sync(ctx, key); err == nil || !strings.Contains(err.Error(), "not published") {
+					t.Fatalf("sync %d: %v, want the device not published yet", i+1, err)
+				}
+				if c, desc := e.claimStatus("c"); len(c.Status.Devices) != 0 {
+					t.Fatalf("sync %d wrote %s; want nothing before %d tries of the device", i+1, desc, unpublishedRetries+1)
+				}
+			}
+			if err := b.sync(ctx, key); err != nil {
+				t.Fatalf("sync %d: %v", unpublishedRetries+1, err)
+			}
+			c, desc := e.claimStatus("c")
+			if len(c.Status.Devices) != 1 {
+				t.Fatalf("status %s, want gpu-9 LeaseFailed", desc)
+			}
+			if f := meta.FindStatusCondition(c.Status.Devices[0].Conditions, ConditionLeaseFailed); f == nil || f.Reason != ReasonDeviceNotPublished {
+				t.Errorf("status %s, want LeaseFailed %s", desc, ReasonDeviceNotPublished)
+			}
+		})
 	}
 }

@@ -418,7 +418,7 @@ func scnRequestID(uid types.UID, r resourceapi.DeviceRequestAllocationResult) st
 	if r.ShareID != nil {
 		return string(uid) + "/" + string(*r.ShareID)
 	}
-	return string(uid) + "/" + r.Device
+	return string(uid) + "/" + r.Pool + "/" + r.Device
 }
 
 // waitLeased waits until pod name is bound and its claim's one device is
