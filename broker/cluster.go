@@ -11,6 +11,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 
 	gpupoolv1 "github.com/gpupool/gpupool/proto/gpupool/v1"
@@ -196,17 +197,45 @@ func (c clusterService) Join(ctx context.Context, req *gpupoolv1.JoinRequest) (*
 	if req.Id == "" || req.RaftAddress == "" || req.RpcAddress == "" {
 		return nil, status.Error(codes.InvalidArgument, "join: id, raft_address and rpc_address are required")
 	}
+	md, _ := metadata.FromIncomingContext(ctx)
+	update := len(md.Get(addressUpdateKey)) > 0
 	if conn, fctx, err := c.s.leaderConn(ctx); err != nil {
 		return nil, err
 	} else if conn != nil {
+		if update {
+			fctx = metadata.AppendToOutgoingContext(fctx, addressUpdateKey, "1")
+		}
 		return gpupoolv1.NewClusterServiceClient(conn).Join(fctx, req)
 	}
+	// An address update is for a server that is still configured: one
+	// removed while it was down must come back with an empty data dir.
+	var old raft.ServerAddress
+	if update {
+		f := c.s.raft.GetConfiguration()
+		if err := f.Error(); err != nil {
+			return nil, toStatus(raftError(err))
+		}
+		found := false
+		for _, srv := range f.Configuration().Servers {
+			if string(srv.ID) == req.Id {
+				found, old = true, srv.Address
+			}
+		}
+		if !found {
+			return nil, status.Errorf(codes.FailedPrecondition, "server %q is not in the Raft configuration (removed?); start it with an empty data dir to join as a new server", req.Id)
+		}
+	}
+	// For an id already configured, AddVoter replaces its address.
 	if err := c.s.raft.AddVoter(raft.ServerID(req.Id), raft.ServerAddress(req.RaftAddress), 0, 0).Error(); err != nil {
 		return nil, toStatus(raftError(err))
 	}
 	if _, err := c.s.apply(&gpupoolv1.UpsertServerCommand{Id: req.Id, RpcAddress: req.RpcAddress, RaftAddress: req.RaftAddress}); err != nil {
 		return nil, toStatus(err)
 	}
-	c.s.log.Info("server joined", "id", req.Id, "raft", req.RaftAddress, "rpc", req.RpcAddress)
+	if update {
+		c.s.log.Info("server address updated", "id", req.Id, "old_raft", old, "raft", req.RaftAddress, "rpc", req.RpcAddress)
+	} else {
+		c.s.log.Info("server joined", "id", req.Id, "raft", req.RaftAddress, "rpc", req.RpcAddress)
+	}
 	return &gpupoolv1.JoinResponse{}, nil
 }

@@ -206,6 +206,7 @@ func New(cfg Config) (*Server, error) {
 	s.goFunc(func() { _ = s.grpc.Serve(lis) })
 	s.goFunc(s.monitorLeadership)
 	s.goFunc(s.formCluster)
+	s.goFunc(s.keepOwnAddressCurrent)
 	s.log.Info("broker started", "id", s.cfg.NodeID, "rpc", s.Addr(), "raft", s.cfg.RaftBindAddr, "data_dir", s.cfg.DataDir)
 	return s, nil
 }

@@ -30,8 +30,10 @@ the Raft log (bbolt, fsync on) and snapshots in --data-dir, serves gRPC on
 --bind and replicates on --raft-bind (default: --bind's port + 1).
 
 A new cluster forms once --bootstrap-expect servers can reach each other
-through --join. A server restarted on its data dir rejoins by itself; a server
-with an empty data dir and only --join joins a running cluster.`,
+through --join. A server restarted on its data dir rejoins by itself, also on a
+new --raft-bind/--bind address (it asks the leader, through --join, to update
+its address; restart servers one at a time so a majority stays reachable); a
+server with an empty data dir and only --join joins a running cluster.`,
 		Example: `  # a 3-server cluster on one machine
   gpupool broker --data-dir /var/lib/gpupool/b1 --bind 127.0.0.1:7641 --bootstrap-expect 3 --join 127.0.0.1:7643,127.0.0.1:7645
   gpupool broker --data-dir /var/lib/gpupool/b2 --bind 127.0.0.1:7643 --bootstrap-expect 3 --join 127.0.0.1:7641,127.0.0.1:7645
