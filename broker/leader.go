@@ -21,6 +21,7 @@ type leaderState struct {
 	ttl       *lease.Timers // lease id → expiry
 	heartbeat *lease.Timers // host id → down
 	lockDelay *lease.Timers // lease id → free without confirmation
+	drain     *lease.Timers // host id → drain deadline (absolute, from Host.drain)
 
 	// expireMu orders renewals against expiry: a renewal that is answered
 	// happens entirely before or after an expiry is decided.
@@ -67,6 +68,7 @@ func (s *Server) startLeading() func() {
 	ls.ttl = lease.NewTimers(s.cfg.Clock, s.expireLease)
 	ls.heartbeat = lease.NewTimers(s.cfg.Clock, s.hostMissedHeartbeats)
 	ls.lockDelay = lease.NewTimers(s.cfg.Clock, s.lockDelayPassed)
+	ls.drain = lease.NewTimers(s.cfg.Clock, s.drainDeadlinePassed)
 	events, cancel := s.fsm.Subscribe()
 	done := make(chan struct{})
 	go func() {
@@ -83,6 +85,7 @@ func (s *Server) startLeading() func() {
 		ls.ttl.StopAll()
 		ls.heartbeat.StopAll()
 		ls.lockDelay.StopAll()
+		ls.drain.StopAll()
 		s.log.Info("lost leadership", "id", s.cfg.NodeID)
 	}
 }
@@ -185,6 +188,7 @@ func (s *Server) react(ls *leaderState, ev fsm.Event) {
 	case ev.Reset:
 		ls.ttl.StopAll()
 		ls.lockDelay.StopAll()
+		ls.drain.StopAll()
 		s.armAll(ls)
 		// A restored snapshot may predate signing keys.
 		go func() {
@@ -200,6 +204,7 @@ func (s *Server) react(ls *leaderState, ev fsm.Event) {
 }
 
 func (s *Server) reactHost(ls *leaderState, st *state.Reader, h *gpupoolv1.Host) {
+	s.reactDrain(ls, h)
 	if h.Status == gpupoolv1.HostStatus_HOST_STATUS_DOWN {
 		ls.heartbeat.Stop(h.Id)
 		for _, l := range st.HostLeases(h.Id) {

@@ -94,6 +94,10 @@ func (s *Server) acquire(r *gpupoolv1.LeaseRequest) (*gpupoolv1.AcquireResponse,
 		HostCpuMillicores: r.HostCpuMillicores,
 		HostMemoryMib:     r.HostMemoryMib,
 	}
+	// The fast path: Apply checks the quota again in the grant's entry.
+	if err := fsm.CheckQuota(st, l); err != nil {
+		return nil, err
+	}
 	res, err := s.apply(&gpupoolv1.GrantLeaseCommand{Lease: l})
 	if err != nil {
 		return nil, err
@@ -326,7 +330,7 @@ func (e leaseService) Watch(req *gpupoolv1.WatchLeasesRequest, stream grpc.Serve
 			if ev.Lease == nil || ev.Index <= since || !match(ev.Lease) {
 				continue
 			}
-			if err := stream.Send(&gpupoolv1.LeaseEvent{Type: ev.Type, Lease: ev.Lease, Index: ev.Index, Message: ev.Text()}); err != nil {
+			if err := stream.Send(&gpupoolv1.LeaseEvent{Type: ev.Type, Lease: ev.Lease, Index: ev.Index, Message: ev.Text(), DeadlineMs: ev.DeadlineMs}); err != nil {
 				return err
 			}
 		}
@@ -350,7 +354,7 @@ func (e leaseService) KeepAlive(stream grpc.BidiStreamingServer[gpupoolv1.KeepAl
 			}
 			return stream.Send(&gpupoolv1.KeepAliveResponse{
 				LeaseId: ev.Lease.Id, State: ev.Lease.State,
-				Event: &gpupoolv1.LeaseEvent{Type: ev.Type, Lease: e.s.withLeaderView(ev.Lease), Index: ev.Index, Message: ev.Text()},
+				Event: &gpupoolv1.LeaseEvent{Type: ev.Type, Lease: e.s.withLeaderView(ev.Lease), Index: ev.Index, Message: ev.Text(), DeadlineMs: ev.DeadlineMs},
 			})
 		})
 }

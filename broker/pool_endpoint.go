@@ -178,32 +178,3 @@ func (e poolService) Status(ctx context.Context, req *gpupoolv1.StatusRequest) (
 	}
 	return resp, nil
 }
-
-func (e poolService) DrainHost(ctx context.Context, req *gpupoolv1.DrainHostRequest) (*gpupoolv1.DrainHostResponse, error) {
-	if req.HostId == "" {
-		return nil, status.Error(codes.InvalidArgument, "host_id: is required; see 'gpupool host ls'")
-	}
-	if len(req.Reason) > 256 {
-		return nil, status.Errorf(codes.InvalidArgument, "reason: %d bytes, must be at most 256", len(req.Reason))
-	}
-	if conn, fctx, err := e.s.leaderConn(ctx); err != nil {
-		return nil, err
-	} else if conn != nil {
-		return gpupoolv1.NewPoolServiceClient(conn).DrainHost(fctx, req)
-	}
-	if e.s.fsm.State().Host(req.HostId) == nil {
-		return nil, status.Errorf(codes.NotFound, "host %q: not found; see 'gpupool host ls'", req.HostId)
-	}
-	res, err := e.s.apply(&gpupoolv1.DrainHostCommand{HostId: req.HostId, Cancel: req.Cancel, Reason: req.Reason, NowMs: e.s.nowMs()})
-	if err != nil {
-		return nil, toStatus(err)
-	}
-	resp := &gpupoolv1.DrainHostResponse{Host: res.Host}
-	for _, l := range e.s.fsm.State().HostLeases(req.HostId) {
-		if !ended(l.State) {
-			resp.Leases++
-		}
-	}
-	e.s.log.Info("host drain", "host", req.HostId, "cancel", req.Cancel, "status", res.Host.GetStatus(), "leases", resp.Leases)
-	return resp, nil
-}

@@ -134,7 +134,8 @@ func (l *Lease) setTokens(ts []*gpupoolv1.HostToken) {
 }
 
 // Events carries what happens to the lease: violations, unhealthy
-// devices, revocation, its end. It is closed when renewal stops. Events
+// devices, drain notices (DRAIN_NOTICE, with the deadline after which the
+// lease is revoked in DeadlineMs), revocation, its end. It is closed when renewal stops. Events
 // that arrive while nobody reads and 64 are waiting are dropped.
 func (l *Lease) Events() <-chan *gpupoolv1.LeaseEvent { return l.events }
 

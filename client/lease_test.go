@@ -152,3 +152,43 @@ func TestOnRenewRunsAfterEachRenewalWithTheNewTokens(t *testing.T) {
 		}
 	}
 }
+
+func TestDrainNoticeReachesTheHolderWithItsDeadline(t *testing.T) {
+	c := startBroker(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	l, err := c.Acquire(ctx, &gpupoolv1.LeaseRequest{Count: 1, MemoryMib: 1024, ComputePercent: 10, TtlMs: 3000})
+	if err != nil {
+		t.Fatal(err)
+	}
+	renewed := make(chan struct{}, 1)
+	l.OnRenew(func() {
+		select {
+		case renewed <- struct{}{}:
+		default:
+		}
+	})
+	select { // the KeepAlive stream follows the lease from its first renewal
+	case <-renewed:
+	case <-ctx.Done():
+		t.Fatal("no renewal")
+	}
+	resp, err := c.Pool.DrainHost(ctx, &gpupoolv1.DrainHostRequest{HostId: "h1", DeadlineAfterMs: 600_000, Reason: "maintenance"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for {
+		select {
+		case ev := <-l.Events():
+			if ev.Type != gpupoolv1.LeaseEventType_LEASE_EVENT_TYPE_DRAIN_NOTICE {
+				continue
+			}
+			if ev.DeadlineMs != resp.Host.Drain.DeadlineMs || !strings.Contains(ev.Message, "host h1 draining (maintenance)") {
+				t.Fatalf("drain notice: got deadline %d %q, want %d", ev.DeadlineMs, ev.Message, resp.Host.Drain.DeadlineMs)
+			}
+			return
+		case <-ctx.Done():
+			t.Fatal("no drain notice on Events()")
+		}
+	}
+}

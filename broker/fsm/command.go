@@ -27,6 +27,10 @@ const (
 	RecordAgentEventsType MessageType = 8
 	SetSigningKeysType    MessageType = 9
 	DrainHostType         MessageType = 10
+	// SetQuota changes which grants Apply accepts, so it is not ignorable.
+	SetQuotaType MessageType = 11
+	// SetHostEligibility changes which hosts take grants: not ignorable.
+	SetHostEligibilityType MessageType = 12
 )
 
 // IgnoreUnknownTypeFlag marks a command that servers which do not know its
@@ -59,6 +63,10 @@ func newMessage(t MessageType) proto.Message {
 		return &gpupoolv1.SetSigningKeysCommand{}
 	case DrainHostType:
 		return &gpupoolv1.DrainHostCommand{}
+	case SetQuotaType:
+		return &gpupoolv1.SetQuotaCommand{}
+	case SetHostEligibilityType:
+		return &gpupoolv1.SetHostEligibilityCommand{}
 	}
 	return nil
 }
@@ -86,6 +94,10 @@ func TypeOf(m proto.Message) (MessageType, error) {
 		return SetSigningKeysType, nil
 	case *gpupoolv1.DrainHostCommand:
 		return DrainHostType, nil
+	case *gpupoolv1.SetQuotaCommand:
+		return SetQuotaType, nil
+	case *gpupoolv1.SetHostEligibilityCommand:
+		return SetHostEligibilityType, nil
 	}
 	return 0, fmt.Errorf("fsm: %T is not a command", m)
 }

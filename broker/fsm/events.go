@@ -16,6 +16,9 @@ type Event struct {
 	// Message says what happened to the lease, when its reason does not:
 	// a violation, a device turning unhealthy.
 	Message string
+	// DeadlineMs is, for a DRAIN_NOTICE, when the lease is revoked (Unix
+	// ms; 0 for no deadline).
+	DeadlineMs int64
 	// Reset means the whole state was replaced (snapshot restore):
 	// subscribers must re-read everything.
 	Reset bool

@@ -8,7 +8,6 @@
 package fsm
 
 import (
-	"cmp"
 	"errors"
 	"fmt"
 	"io"
@@ -106,7 +105,11 @@ func (f *FSM) apply(index uint64, msg proto.Message) *Result {
 	case *gpupoolv1.SetSigningKeysCommand:
 		res = applySetSigningKeys(w, c)
 	case *gpupoolv1.DrainHostCommand:
-		res, evs = applyDrainHost(w, c)
+		res, evs = applyDrainHost(w, index, c)
+	case *gpupoolv1.SetHostEligibilityCommand:
+		res, evs = applySetHostEligibility(w, c)
+	case *gpupoolv1.SetQuotaCommand:
+		res = applySetQuota(w, c)
 	default:
 		res = &Result{Err: fmt.Errorf("%w: %T", ErrInvalid, msg)}
 	}
@@ -163,11 +166,12 @@ func applyRegisterHost(w *state.Writer, index uint64, c *gpupoolv1.RegisterHostC
 		h.AllocatedCpuMillicores = old.AllocatedCpuMillicores
 		h.AllocatedMemoryMib = old.AllocatedMemoryMib
 		h.Status, h.StatusReason, h.StatusChangedAtMs = old.Status, old.StatusReason, old.StatusChangedAtMs
+		h.Drain = old.Drain // the agent does not know of drains
 		switch old.Status {
 		case gpupoolv1.HostStatus_HOST_STATUS_DRAINING, gpupoolv1.HostStatus_HOST_STATUS_DRAINED:
 		case gpupoolv1.HostStatus_HOST_STATUS_READY:
 		default:
-			h.Status = gpupoolv1.HostStatus_HOST_STATUS_READY
+			h.Status = upStatus(&w.Reader, old)
 			h.StatusReason = "agent registered again"
 			h.StatusChangedAtMs = c.NowMs
 		}
@@ -219,11 +223,15 @@ func applySetHostStatus(w *state.Writer, index uint64, c *gpupoolv1.SetHostStatu
 	if old == nil {
 		return &Result{Err: fmt.Errorf("host %q: %w", c.HostId, ErrNotFound)}, nil
 	}
-	if old.Status == c.Status {
+	newStatus := c.Status
+	if newStatus == gpupoolv1.HostStatus_HOST_STATUS_READY {
+		newStatus = upStatus(&w.Reader, old) // a drain outlives a down
+	}
+	if old.Status == newStatus {
 		return &Result{Host: old}, nil
 	}
 	h := clone(old)
-	h.Status, h.StatusReason, h.StatusChangedAtMs = c.Status, c.Reason, c.NowMs
+	h.Status, h.StatusReason, h.StatusChangedAtMs = newStatus, c.Reason, c.NowMs
 	w.PutHost(h)
 	evs := []Event{{Host: h}}
 	if c.Status == gpupoolv1.HostStatus_HOST_STATUS_DOWN {
@@ -241,35 +249,6 @@ func applySetHostStatus(w *state.Writer, index uint64, c *gpupoolv1.SetHostStatu
 	return &Result{Host: h}, evs
 }
 
-// applyDrainHost makes a host draining and ineligible, or with cancel ready
-// and eligible again. A down host stays down: the drain shows once it is
-// back, and a cancel leaves it down but eligible.
-func applyDrainHost(w *state.Writer, c *gpupoolv1.DrainHostCommand) (*Result, []Event) {
-	old := w.Host(c.HostId)
-	if old == nil {
-		return &Result{Err: fmt.Errorf("host %q: %w", c.HostId, ErrNotFound)}, nil
-	}
-	h := clone(old)
-	draining := old.Status == gpupoolv1.HostStatus_HOST_STATUS_DRAINING || old.Status == gpupoolv1.HostStatus_HOST_STATUS_DRAINED
-	switch {
-	case c.Cancel && draining:
-		h.Status, h.StatusReason, h.StatusChangedAtMs = gpupoolv1.HostStatus_HOST_STATUS_READY, cmp.Or(c.Reason, "drain cancelled"), c.NowMs
-		h.Eligible = true
-	case c.Cancel:
-		h.Eligible = true
-	case !draining && old.Status != gpupoolv1.HostStatus_HOST_STATUS_DOWN:
-		h.Status, h.StatusReason, h.StatusChangedAtMs = gpupoolv1.HostStatus_HOST_STATUS_DRAINING, cmp.Or(c.Reason, "drain requested"), c.NowMs
-		h.Eligible = false
-	default:
-		h.Eligible = false
-	}
-	if proto.Equal(h, old) {
-		return &Result{Host: old}, nil
-	}
-	w.PutHost(h)
-	return &Result{Host: h}, []Event{{Host: h}}
-}
-
 func applyGrantLease(w *state.Writer, index uint64, c *gpupoolv1.GrantLeaseCommand) (*Result, []Event) {
 	l := clone(c.GetLease())
 	if l.GetId() == "" || len(l.Slices) == 0 {
@@ -280,6 +259,9 @@ func applyGrantLease(w *state.Writer, index uint64, c *gpupoolv1.GrantLeaseComma
 	}
 	if w.Lease(l.Id) != nil {
 		return &Result{Err: fmt.Errorf("%w: lease id %s already exists", ErrInvalid, l.Id)}, nil
+	}
+	if err := CheckQuota(&w.Reader, l); err != nil {
+		return &Result{Err: err}, nil
 	}
 	devs := map[string]*gpupoolv1.Device{}
 	hosts := map[string]*gpupoolv1.Host{}
@@ -456,7 +438,8 @@ func applyFreeLease(w *state.Writer, index uint64, c *gpupoolv1.FreeLeaseCommand
 	nl.StateChangedAtMs = c.NowMs
 	nl.ModifyIndex = index
 	w.PutLease(nl)
-	return &Result{Lease: nl}, []Event{{Lease: nl, Type: gpupoolv1.LeaseEventType_LEASE_EVENT_TYPE_ENDED}}
+	evs := []Event{{Lease: nl, Type: gpupoolv1.LeaseEventType_LEASE_EVENT_TYPE_ENDED}}
+	return &Result{Lease: nl}, append(evs, settleDrains(w, nl, c.NowMs)...)
 }
 
 // Snapshot captures the state for raft. The returned snapshot is immutable.

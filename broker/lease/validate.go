@@ -36,6 +36,15 @@ func (e *FieldError) Error() string {
 
 var tenantRE = regexp.MustCompile(`^[a-z0-9]([a-z0-9._-]{0,61}[a-z0-9])?$`)
 
+// ValidateTenant returns a *FieldError for field unless tenant is a valid
+// tenant name.
+func ValidateTenant(field, tenant string) error {
+	if !tenantRE.MatchString(tenant) {
+		return &FieldError{field, fmt.Sprintf("%q", tenant), "must be 1-63 lowercase letters, digits, '.', '_' or '-', starting and ending with a letter or digit"}
+	}
+	return nil
+}
+
 // Validate checks a request on its own, without looking at the pool. It
 // returns the first *FieldError it finds, or nil.
 func Validate(r *gpupoolv1.LeaseRequest) error {
@@ -78,8 +87,10 @@ func Validate(r *gpupoolv1.LeaseRequest) error {
 	if r.Priority < 0 || r.Priority > MaxPriority {
 		return &FieldError{"priority", r.Priority, fmt.Sprintf("must be between 0 and %d", MaxPriority)}
 	}
-	if r.Tenant != "" && !tenantRE.MatchString(r.Tenant) {
-		return &FieldError{"tenant", fmt.Sprintf("%q", r.Tenant), "must be 1-63 lowercase letters, digits, '.', '_' or '-', starting and ending with a letter or digit"}
+	if r.Tenant != "" {
+		if err := ValidateTenant("tenant", r.Tenant); err != nil {
+			return err
+		}
 	}
 	if len(r.RequestId) > 128 {
 		return &FieldError{"request_id", fmt.Sprintf("(%d bytes)", len(r.RequestId)), "must be at most 128 bytes"}

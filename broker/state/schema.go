@@ -21,10 +21,12 @@ const (
 	tableLeases  = "leases"
 	tableMeta    = "meta"
 	tableKeys    = "signing_keys"
+	tableQuotas  = "quotas"
 
 	indexID      = "id"
 	indexHost    = "host"
 	indexRequest = "request"
+	indexTenant  = "tenant_holding"
 )
 
 func schema() *memdb.DBSchema {
@@ -38,6 +40,9 @@ func schema() *memdb.DBSchema {
 		tableKeys: {Name: tableKeys, Indexes: map[string]*memdb.IndexSchema{
 			indexID: {Name: indexID, Unique: true, Indexer: &memdb.StringFieldIndex{Field: "Id"}},
 		}},
+		tableQuotas: {Name: tableQuotas, Indexes: map[string]*memdb.IndexSchema{
+			indexID: {Name: indexID, Unique: true, Indexer: &memdb.StringFieldIndex{Field: "Tenant"}},
+		}},
 		tableHosts: {Name: tableHosts, Indexes: map[string]*memdb.IndexSchema{
 			indexID: {Name: indexID, Unique: true, Indexer: &memdb.StringFieldIndex{Field: "Id"}},
 		}},
@@ -46,8 +51,9 @@ func schema() *memdb.DBSchema {
 			indexHost: {Name: indexHost, Indexer: &memdb.StringFieldIndex{Field: "HostId"}},
 		}},
 		tableLeases: {Name: tableLeases, Indexes: map[string]*memdb.IndexSchema{
-			indexID:   {Name: indexID, Unique: true, Indexer: &memdb.StringFieldIndex{Field: "Id"}},
-			indexHost: {Name: indexHost, AllowMissing: true, Indexer: leaseHostsIndex{}},
+			indexID:     {Name: indexID, Unique: true, Indexer: &memdb.StringFieldIndex{Field: "Id"}},
+			indexHost:   {Name: indexHost, AllowMissing: true, Indexer: leaseHostsIndex{}},
+			indexTenant: {Name: indexTenant, AllowMissing: true, Indexer: holdingTenantIndex{}},
 			indexRequest: {Name: indexRequest, Unique: true, AllowMissing: true, Indexer: &memdb.CompoundIndex{
 				Indexes: []memdb.Indexer{
 					&memdb.StringFieldIndex{Field: "Tenant"},

@@ -219,6 +219,7 @@ func (r *Reader) Encode() ([]byte, error) {
 		Index:   r.Index(),
 
 		SigningKeys: r.SigningKeys(),
+		Quotas:      r.Quotas(),
 	}
 	return proto.MarshalOptions{Deterministic: true}.Marshal(snap)
 }
@@ -248,6 +249,9 @@ func (s *Store) Restore(b []byte) error {
 		w.PutLease(v)
 	}
 	w.SetSigningKeys(snap.SigningKeys)
+	for _, v := range snap.Quotas {
+		w.PutQuota(v)
+	}
 	w.Commit(snap.Index)
 	s.db.Store(db)
 	return nil

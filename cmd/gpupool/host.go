@@ -25,48 +25,15 @@ func newHostCmd() *cobra.Command {
 and heartbeats. A host is ready, draining, drained or down; only eligible
 hosts take new leases.`,
 		Example: `  gpupool host ls
-  gpupool host get gpu-node-3`,
+  gpupool host get gpu-node-3
+  gpupool host drain gpu-node-3 --deadline 30m --reason "kernel upgrade"
+  gpupool host eligibility gpu-node-3 --enable`,
 	},
 		newHostListCmd(),
 		newHostGetCmd(),
 		newHostDrainCmd(),
+		newHostEligibilityCmd(),
 	)
-}
-
-func newHostDrainCmd() *cobra.Command {
-	var cancel bool
-	var reason string
-	cmd := &cobra.Command{
-		Use:   "drain HOST_ID",
-		Short: "Stop placing new leases on a host, or with --cancel, start again",
-		Long: `Drain makes a host draining: it is ineligible at once, so no new lease lands
-on it, and the Kubernetes driver taints its devices NoExecute so that pods using
-them are evicted. Leases already on the host keep running until they are
-released. --cancel makes the host ready and eligible again.
-
-Not yet: a deadline after which remaining leases are revoked, progress
-monitoring, and draining several hosts by label.`,
-		Example: `  gpupool host drain gpu-node-3 --reason "kernel upgrade"
-  gpupool host drain gpu-node-3 --cancel`,
-		Args: exactArgs(1),
-		RunE: func(cmd *cobra.Command, args []string) error {
-			return withClient(cmd, func(ctx context.Context, c *client.Client) error {
-				resp, err := c.Pool.DrainHost(ctx, &gpupoolv1.DrainHostRequest{HostId: args[0], Cancel: cancel, Reason: reason})
-				if err != nil {
-					return err
-				}
-				return render(cmd.OutOrStdout(), resp, func(w io.Writer) error {
-					h := resp.GetHost()
-					_, err := fmt.Fprintf(w, "host %s: %s, eligible=%s, %d leases on it\n",
-						h.GetId(), enumLabel(h.GetStatus()), yesNo(h.GetEligible()), resp.GetLeases())
-					return err
-				})
-			})
-		},
-	}
-	cmd.Flags().BoolVar(&cancel, "cancel", false, "end the drain: the host is ready and eligible again")
-	cmd.Flags().StringVar(&reason, "reason", "", "why, shown as the host's status reason")
-	return cmd
 }
 
 func newHostListCmd() *cobra.Command {
@@ -338,6 +305,9 @@ func printHostDetail(w io.Writer, resp *gpupoolv1.GetHostResponse, now time.Time
 	}
 	kv.row("STATUS", status)
 	kv.row("ELIGIBLE", yesNo(h.GetEligible()))
+	if d := h.GetDrain(); d != nil {
+		kv.row("DRAIN", fmt.Sprintf("%s; started %s ago; %s", d.GetReason(), ageSince(now, d.GetStartedAtMs()), deadlineText(d, now)))
+	}
 	kv.row("ADDRESS", orDash(h.GetAddress()))
 	kv.row("HEARTBEAT", heartbeatAge(h.GetLastHeartbeatAgeMs()))
 	kv.row("AGENT", orDash(h.GetAgentVersion()))

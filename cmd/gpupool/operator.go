@@ -33,14 +33,16 @@ const snapshotChunkSize = 1 << 20
 func newOperatorCmd() *cobra.Command {
 	return newGroupCmd(&cobra.Command{
 		Use:   "operator",
-		Short: "Manage the broker cluster: Raft membership, leadership, snapshots",
+		Short: "Manage the broker cluster: Raft membership, leadership, snapshots, tenant quotas",
 		Long: `Operator commands act on the broker cluster itself rather than on the pool:
-list and remove Raft peers, move leadership, and save or restore a snapshot
-of the whole state (hosts, devices, leases).`,
+list and remove Raft peers, move leadership, save or restore a snapshot
+of the whole state (hosts, devices, leases), and cap what each tenant may
+hold with quotas.`,
 		Example: `  gpupool operator raft peers
   gpupool operator raft transfer-leadership --to broker-2
   gpupool operator snapshot save backup.snap
-  gpupool operator snapshot restore backup.snap`,
+  gpupool operator snapshot restore backup.snap
+  gpupool operator quota set sim --gpus 8 --memory 320GiB --compute 800`,
 	},
 		newGroupCmd(&cobra.Command{
 			Use:   "raft",
@@ -80,6 +82,7 @@ plus a minute), then is dropped.`,
 			newKeysListCmd(),
 			newKeysRotateCmd(),
 		),
+		newQuotaCmd(),
 	)
 }
 

@@ -875,14 +875,24 @@ func (x *SetSigningKeysCommand) GetKeys() []*SigningKey {
 	return nil
 }
 
-// DrainHostCommand marks a host draining (ineligible for new leases) or,
-// with cancel, ready and eligible again.
+// DrainHostCommand starts (or updates) a host's drain, recorded in
+// Host.drain, or with cancel drops the record and makes the host ready and
+// eligible again. Starting revokes the host's preemptible leases (every
+// lease with force) and sends the others a DRAIN_NOTICE.
 type DrainHostCommand struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	HostId        string                 `protobuf:"bytes,1,opt,name=host_id,json=hostId,proto3" json:"host_id,omitempty"`
-	Cancel        bool                   `protobuf:"varint,2,opt,name=cancel,proto3" json:"cancel,omitempty"`
-	Reason        string                 `protobuf:"bytes,3,opt,name=reason,proto3" json:"reason,omitempty"`
-	NowMs         int64                  `protobuf:"varint,4,opt,name=now_ms,json=nowMs,proto3" json:"now_ms,omitempty"`
+	state  protoimpl.MessageState `protogen:"open.v1"`
+	HostId string                 `protobuf:"bytes,1,opt,name=host_id,json=hostId,proto3" json:"host_id,omitempty"`
+	Cancel bool                   `protobuf:"varint,2,opt,name=cancel,proto3" json:"cancel,omitempty"`
+	Reason string                 `protobuf:"bytes,3,opt,name=reason,proto3" json:"reason,omitempty"`
+	NowMs  int64                  `protobuf:"varint,4,opt,name=now_ms,json=nowMs,proto3" json:"now_ms,omitempty"`
+	// When the remaining leases are revoked (Unix ms); 0 for no deadline.
+	DeadlineMs int64 `protobuf:"varint,5,opt,name=deadline_ms,json=deadlineMs,proto3" json:"deadline_ms,omitempty"`
+	// Revoke every lease on the host now.
+	Force bool `protobuf:"varint,6,opt,name=force,proto3" json:"force,omitempty"`
+	// When set, apply only if the host's drain has this deadline and has not
+	// been forced yet: the leader's deadline timer sends it with force, so a
+	// late timer never acts on a cancelled or changed drain, and fires once.
+	IfDeadlineMs  int64 `protobuf:"varint,7,opt,name=if_deadline_ms,json=ifDeadlineMs,proto3" json:"if_deadline_ms,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -945,6 +955,143 @@ func (x *DrainHostCommand) GetNowMs() int64 {
 	return 0
 }
 
+func (x *DrainHostCommand) GetDeadlineMs() int64 {
+	if x != nil {
+		return x.DeadlineMs
+	}
+	return 0
+}
+
+func (x *DrainHostCommand) GetForce() bool {
+	if x != nil {
+		return x.Force
+	}
+	return false
+}
+
+func (x *DrainHostCommand) GetIfDeadlineMs() int64 {
+	if x != nil {
+		return x.IfDeadlineMs
+	}
+	return 0
+}
+
+// SetHostEligibilityCommand makes a host eligible for new leases or not.
+// Enabling a drained host ends its drain; a draining one is refused.
+type SetHostEligibilityCommand struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	HostId        string                 `protobuf:"bytes,1,opt,name=host_id,json=hostId,proto3" json:"host_id,omitempty"`
+	Eligible      bool                   `protobuf:"varint,2,opt,name=eligible,proto3" json:"eligible,omitempty"`
+	NowMs         int64                  `protobuf:"varint,3,opt,name=now_ms,json=nowMs,proto3" json:"now_ms,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SetHostEligibilityCommand) Reset() {
+	*x = SetHostEligibilityCommand{}
+	mi := &file_gpupool_v1_internal_proto_msgTypes[15]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SetHostEligibilityCommand) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SetHostEligibilityCommand) ProtoMessage() {}
+
+func (x *SetHostEligibilityCommand) ProtoReflect() protoreflect.Message {
+	mi := &file_gpupool_v1_internal_proto_msgTypes[15]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SetHostEligibilityCommand.ProtoReflect.Descriptor instead.
+func (*SetHostEligibilityCommand) Descriptor() ([]byte, []int) {
+	return file_gpupool_v1_internal_proto_rawDescGZIP(), []int{15}
+}
+
+func (x *SetHostEligibilityCommand) GetHostId() string {
+	if x != nil {
+		return x.HostId
+	}
+	return ""
+}
+
+func (x *SetHostEligibilityCommand) GetEligible() bool {
+	if x != nil {
+		return x.Eligible
+	}
+	return false
+}
+
+func (x *SetHostEligibilityCommand) GetNowMs() int64 {
+	if x != nil {
+		return x.NowMs
+	}
+	return 0
+}
+
+// SetQuotaCommand sets a tenant's quota, replacing the one it had; without
+// quota it removes the tenant's quota (NotFound when there is none).
+type SetQuotaCommand struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Tenant        string                 `protobuf:"bytes,1,opt,name=tenant,proto3" json:"tenant,omitempty"`
+	Quota         *Quota                 `protobuf:"bytes,2,opt,name=quota,proto3" json:"quota,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SetQuotaCommand) Reset() {
+	*x = SetQuotaCommand{}
+	mi := &file_gpupool_v1_internal_proto_msgTypes[16]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SetQuotaCommand) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SetQuotaCommand) ProtoMessage() {}
+
+func (x *SetQuotaCommand) ProtoReflect() protoreflect.Message {
+	mi := &file_gpupool_v1_internal_proto_msgTypes[16]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SetQuotaCommand.ProtoReflect.Descriptor instead.
+func (*SetQuotaCommand) Descriptor() ([]byte, []int) {
+	return file_gpupool_v1_internal_proto_rawDescGZIP(), []int{16}
+}
+
+func (x *SetQuotaCommand) GetTenant() string {
+	if x != nil {
+		return x.Tenant
+	}
+	return ""
+}
+
+func (x *SetQuotaCommand) GetQuota() *Quota {
+	if x != nil {
+		return x.Quota
+	}
+	return nil
+}
+
 // StateSnapshot is the whole FSM state, in the order of the store's indexes.
 type StateSnapshot struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
@@ -954,13 +1101,14 @@ type StateSnapshot struct {
 	Leases        []*Lease               `protobuf:"bytes,4,rep,name=leases,proto3" json:"leases,omitempty"`
 	Index         uint64                 `protobuf:"varint,5,opt,name=index,proto3" json:"index,omitempty"`
 	SigningKeys   []*SigningKey          `protobuf:"bytes,6,rep,name=signing_keys,json=signingKeys,proto3" json:"signing_keys,omitempty"`
+	Quotas        []*Quota               `protobuf:"bytes,7,rep,name=quotas,proto3" json:"quotas,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *StateSnapshot) Reset() {
 	*x = StateSnapshot{}
-	mi := &file_gpupool_v1_internal_proto_msgTypes[15]
+	mi := &file_gpupool_v1_internal_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -972,7 +1120,7 @@ func (x *StateSnapshot) String() string {
 func (*StateSnapshot) ProtoMessage() {}
 
 func (x *StateSnapshot) ProtoReflect() protoreflect.Message {
-	mi := &file_gpupool_v1_internal_proto_msgTypes[15]
+	mi := &file_gpupool_v1_internal_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -985,7 +1133,7 @@ func (x *StateSnapshot) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StateSnapshot.ProtoReflect.Descriptor instead.
 func (*StateSnapshot) Descriptor() ([]byte, []int) {
-	return file_gpupool_v1_internal_proto_rawDescGZIP(), []int{15}
+	return file_gpupool_v1_internal_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *StateSnapshot) GetServers() []*UpsertServerCommand {
@@ -1026,6 +1174,13 @@ func (x *StateSnapshot) GetIndex() uint64 {
 func (x *StateSnapshot) GetSigningKeys() []*SigningKey {
 	if x != nil {
 		return x.SigningKeys
+	}
+	return nil
+}
+
+func (x *StateSnapshot) GetQuotas() []*Quota {
+	if x != nil {
+		return x.Quotas
 	}
 	return nil
 }
@@ -1096,19 +1251,31 @@ const file_gpupool_v1_internal_proto_rawDesc = "" +
 	"\rcreated_at_ms\x18\x04 \x01(\x03R\vcreatedAtMs\x12&\n" +
 	"\x0fverify_until_ms\x18\x05 \x01(\x03R\rverifyUntilMs\"C\n" +
 	"\x15SetSigningKeysCommand\x12*\n" +
-	"\x04keys\x18\x01 \x03(\v2\x16.gpupool.v1.SigningKeyR\x04keys\"r\n" +
+	"\x04keys\x18\x01 \x03(\v2\x16.gpupool.v1.SigningKeyR\x04keys\"\xcf\x01\n" +
 	"\x10DrainHostCommand\x12\x17\n" +
 	"\ahost_id\x18\x01 \x01(\tR\x06hostId\x12\x16\n" +
 	"\x06cancel\x18\x02 \x01(\bR\x06cancel\x12\x16\n" +
 	"\x06reason\x18\x03 \x01(\tR\x06reason\x12\x15\n" +
-	"\x06now_ms\x18\x04 \x01(\x03R\x05nowMs\"\x9c\x02\n" +
+	"\x06now_ms\x18\x04 \x01(\x03R\x05nowMs\x12\x1f\n" +
+	"\vdeadline_ms\x18\x05 \x01(\x03R\n" +
+	"deadlineMs\x12\x14\n" +
+	"\x05force\x18\x06 \x01(\bR\x05force\x12$\n" +
+	"\x0eif_deadline_ms\x18\a \x01(\x03R\fifDeadlineMs\"g\n" +
+	"\x19SetHostEligibilityCommand\x12\x17\n" +
+	"\ahost_id\x18\x01 \x01(\tR\x06hostId\x12\x1a\n" +
+	"\beligible\x18\x02 \x01(\bR\beligible\x12\x15\n" +
+	"\x06now_ms\x18\x03 \x01(\x03R\x05nowMs\"R\n" +
+	"\x0fSetQuotaCommand\x12\x16\n" +
+	"\x06tenant\x18\x01 \x01(\tR\x06tenant\x12'\n" +
+	"\x05quota\x18\x02 \x01(\v2\x11.gpupool.v1.QuotaR\x05quota\"\xc7\x02\n" +
 	"\rStateSnapshot\x129\n" +
 	"\aservers\x18\x01 \x03(\v2\x1f.gpupool.v1.UpsertServerCommandR\aservers\x12&\n" +
 	"\x05hosts\x18\x02 \x03(\v2\x10.gpupool.v1.HostR\x05hosts\x12,\n" +
 	"\adevices\x18\x03 \x03(\v2\x12.gpupool.v1.DeviceR\adevices\x12)\n" +
 	"\x06leases\x18\x04 \x03(\v2\x11.gpupool.v1.LeaseR\x06leases\x12\x14\n" +
 	"\x05index\x18\x05 \x01(\x04R\x05index\x129\n" +
-	"\fsigning_keys\x18\x06 \x03(\v2\x16.gpupool.v1.SigningKeyR\vsigningKeys2\x98\x01\n" +
+	"\fsigning_keys\x18\x06 \x03(\v2\x16.gpupool.v1.SigningKeyR\vsigningKeys\x12)\n" +
+	"\x06quotas\x18\a \x03(\v2\x11.gpupool.v1.QuotaR\x06quotas2\x98\x01\n" +
 	"\x0eClusterService\x12K\n" +
 	"\n" +
 	"ServerInfo\x12\x1d.gpupool.v1.ServerInfoRequest\x1a\x1e.gpupool.v1.ServerInfoResponse\x129\n" +
@@ -1126,55 +1293,60 @@ func file_gpupool_v1_internal_proto_rawDescGZIP() []byte {
 	return file_gpupool_v1_internal_proto_rawDescData
 }
 
-var file_gpupool_v1_internal_proto_msgTypes = make([]protoimpl.MessageInfo, 16)
+var file_gpupool_v1_internal_proto_msgTypes = make([]protoimpl.MessageInfo, 18)
 var file_gpupool_v1_internal_proto_goTypes = []any{
-	(*ServerInfoRequest)(nil),        // 0: gpupool.v1.ServerInfoRequest
-	(*ServerInfoResponse)(nil),       // 1: gpupool.v1.ServerInfoResponse
-	(*JoinRequest)(nil),              // 2: gpupool.v1.JoinRequest
-	(*JoinResponse)(nil),             // 3: gpupool.v1.JoinResponse
-	(*UpsertServerCommand)(nil),      // 4: gpupool.v1.UpsertServerCommand
-	(*RegisterHostCommand)(nil),      // 5: gpupool.v1.RegisterHostCommand
-	(*SetHostStatusCommand)(nil),     // 6: gpupool.v1.SetHostStatusCommand
-	(*GrantLeaseCommand)(nil),        // 7: gpupool.v1.GrantLeaseCommand
-	(*EndLeaseCommand)(nil),          // 8: gpupool.v1.EndLeaseCommand
-	(*FreeLeaseCommand)(nil),         // 9: gpupool.v1.FreeLeaseCommand
-	(*SetDeviceHealthCommand)(nil),   // 10: gpupool.v1.SetDeviceHealthCommand
-	(*RecordAgentEventsCommand)(nil), // 11: gpupool.v1.RecordAgentEventsCommand
-	(*SigningKey)(nil),               // 12: gpupool.v1.SigningKey
-	(*SetSigningKeysCommand)(nil),    // 13: gpupool.v1.SetSigningKeysCommand
-	(*DrainHostCommand)(nil),         // 14: gpupool.v1.DrainHostCommand
-	(*StateSnapshot)(nil),            // 15: gpupool.v1.StateSnapshot
-	(*Host)(nil),                     // 16: gpupool.v1.Host
-	(*Device)(nil),                   // 17: gpupool.v1.Device
-	(HostStatus)(0),                  // 18: gpupool.v1.HostStatus
-	(*Lease)(nil),                    // 19: gpupool.v1.Lease
-	(LeaseState)(0),                  // 20: gpupool.v1.LeaseState
-	(*DeviceReport)(nil),             // 21: gpupool.v1.DeviceReport
-	(*AgentEvent)(nil),               // 22: gpupool.v1.AgentEvent
+	(*ServerInfoRequest)(nil),         // 0: gpupool.v1.ServerInfoRequest
+	(*ServerInfoResponse)(nil),        // 1: gpupool.v1.ServerInfoResponse
+	(*JoinRequest)(nil),               // 2: gpupool.v1.JoinRequest
+	(*JoinResponse)(nil),              // 3: gpupool.v1.JoinResponse
+	(*UpsertServerCommand)(nil),       // 4: gpupool.v1.UpsertServerCommand
+	(*RegisterHostCommand)(nil),       // 5: gpupool.v1.RegisterHostCommand
+	(*SetHostStatusCommand)(nil),      // 6: gpupool.v1.SetHostStatusCommand
+	(*GrantLeaseCommand)(nil),         // 7: gpupool.v1.GrantLeaseCommand
+	(*EndLeaseCommand)(nil),           // 8: gpupool.v1.EndLeaseCommand
+	(*FreeLeaseCommand)(nil),          // 9: gpupool.v1.FreeLeaseCommand
+	(*SetDeviceHealthCommand)(nil),    // 10: gpupool.v1.SetDeviceHealthCommand
+	(*RecordAgentEventsCommand)(nil),  // 11: gpupool.v1.RecordAgentEventsCommand
+	(*SigningKey)(nil),                // 12: gpupool.v1.SigningKey
+	(*SetSigningKeysCommand)(nil),     // 13: gpupool.v1.SetSigningKeysCommand
+	(*DrainHostCommand)(nil),          // 14: gpupool.v1.DrainHostCommand
+	(*SetHostEligibilityCommand)(nil), // 15: gpupool.v1.SetHostEligibilityCommand
+	(*SetQuotaCommand)(nil),           // 16: gpupool.v1.SetQuotaCommand
+	(*StateSnapshot)(nil),             // 17: gpupool.v1.StateSnapshot
+	(*Host)(nil),                      // 18: gpupool.v1.Host
+	(*Device)(nil),                    // 19: gpupool.v1.Device
+	(HostStatus)(0),                   // 20: gpupool.v1.HostStatus
+	(*Lease)(nil),                     // 21: gpupool.v1.Lease
+	(LeaseState)(0),                   // 22: gpupool.v1.LeaseState
+	(*DeviceReport)(nil),              // 23: gpupool.v1.DeviceReport
+	(*AgentEvent)(nil),                // 24: gpupool.v1.AgentEvent
+	(*Quota)(nil),                     // 25: gpupool.v1.Quota
 }
 var file_gpupool_v1_internal_proto_depIdxs = []int32{
-	16, // 0: gpupool.v1.RegisterHostCommand.host:type_name -> gpupool.v1.Host
-	17, // 1: gpupool.v1.RegisterHostCommand.devices:type_name -> gpupool.v1.Device
-	18, // 2: gpupool.v1.SetHostStatusCommand.status:type_name -> gpupool.v1.HostStatus
-	19, // 3: gpupool.v1.GrantLeaseCommand.lease:type_name -> gpupool.v1.Lease
-	20, // 4: gpupool.v1.EndLeaseCommand.end_state:type_name -> gpupool.v1.LeaseState
-	21, // 5: gpupool.v1.SetDeviceHealthCommand.devices:type_name -> gpupool.v1.DeviceReport
-	22, // 6: gpupool.v1.RecordAgentEventsCommand.events:type_name -> gpupool.v1.AgentEvent
+	18, // 0: gpupool.v1.RegisterHostCommand.host:type_name -> gpupool.v1.Host
+	19, // 1: gpupool.v1.RegisterHostCommand.devices:type_name -> gpupool.v1.Device
+	20, // 2: gpupool.v1.SetHostStatusCommand.status:type_name -> gpupool.v1.HostStatus
+	21, // 3: gpupool.v1.GrantLeaseCommand.lease:type_name -> gpupool.v1.Lease
+	22, // 4: gpupool.v1.EndLeaseCommand.end_state:type_name -> gpupool.v1.LeaseState
+	23, // 5: gpupool.v1.SetDeviceHealthCommand.devices:type_name -> gpupool.v1.DeviceReport
+	24, // 6: gpupool.v1.RecordAgentEventsCommand.events:type_name -> gpupool.v1.AgentEvent
 	12, // 7: gpupool.v1.SetSigningKeysCommand.keys:type_name -> gpupool.v1.SigningKey
-	4,  // 8: gpupool.v1.StateSnapshot.servers:type_name -> gpupool.v1.UpsertServerCommand
-	16, // 9: gpupool.v1.StateSnapshot.hosts:type_name -> gpupool.v1.Host
-	17, // 10: gpupool.v1.StateSnapshot.devices:type_name -> gpupool.v1.Device
-	19, // 11: gpupool.v1.StateSnapshot.leases:type_name -> gpupool.v1.Lease
-	12, // 12: gpupool.v1.StateSnapshot.signing_keys:type_name -> gpupool.v1.SigningKey
-	0,  // 13: gpupool.v1.ClusterService.ServerInfo:input_type -> gpupool.v1.ServerInfoRequest
-	2,  // 14: gpupool.v1.ClusterService.Join:input_type -> gpupool.v1.JoinRequest
-	1,  // 15: gpupool.v1.ClusterService.ServerInfo:output_type -> gpupool.v1.ServerInfoResponse
-	3,  // 16: gpupool.v1.ClusterService.Join:output_type -> gpupool.v1.JoinResponse
-	15, // [15:17] is the sub-list for method output_type
-	13, // [13:15] is the sub-list for method input_type
-	13, // [13:13] is the sub-list for extension type_name
-	13, // [13:13] is the sub-list for extension extendee
-	0,  // [0:13] is the sub-list for field type_name
+	25, // 8: gpupool.v1.SetQuotaCommand.quota:type_name -> gpupool.v1.Quota
+	4,  // 9: gpupool.v1.StateSnapshot.servers:type_name -> gpupool.v1.UpsertServerCommand
+	18, // 10: gpupool.v1.StateSnapshot.hosts:type_name -> gpupool.v1.Host
+	19, // 11: gpupool.v1.StateSnapshot.devices:type_name -> gpupool.v1.Device
+	21, // 12: gpupool.v1.StateSnapshot.leases:type_name -> gpupool.v1.Lease
+	12, // 13: gpupool.v1.StateSnapshot.signing_keys:type_name -> gpupool.v1.SigningKey
+	25, // 14: gpupool.v1.StateSnapshot.quotas:type_name -> gpupool.v1.Quota
+	0,  // 15: gpupool.v1.ClusterService.ServerInfo:input_type -> gpupool.v1.ServerInfoRequest
+	2,  // 16: gpupool.v1.ClusterService.Join:input_type -> gpupool.v1.JoinRequest
+	1,  // 17: gpupool.v1.ClusterService.ServerInfo:output_type -> gpupool.v1.ServerInfoResponse
+	3,  // 18: gpupool.v1.ClusterService.Join:output_type -> gpupool.v1.JoinResponse
+	17, // [17:19] is the sub-list for method output_type
+	15, // [15:17] is the sub-list for method input_type
+	15, // [15:15] is the sub-list for extension type_name
+	15, // [15:15] is the sub-list for extension extendee
+	0,  // [0:15] is the sub-list for field type_name
 }
 
 func init() { file_gpupool_v1_internal_proto_init() }
@@ -1190,7 +1362,7 @@ func file_gpupool_v1_internal_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_gpupool_v1_internal_proto_rawDesc), len(file_gpupool_v1_internal_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   16,
+			NumMessages:   18,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

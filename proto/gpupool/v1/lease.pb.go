@@ -35,6 +35,9 @@ const (
 	LeaseEventType_LEASE_EVENT_TYPE_VIOLATION LeaseEventType = 7
 	// A device the lease holds became unhealthy.
 	LeaseEventType_LEASE_EVENT_TYPE_DEVICE_UNHEALTHY LeaseEventType = 8
+	// The lease's host is draining: the lease is revoked at deadline_ms
+	// (0: no deadline; the holder should release when it can).
+	LeaseEventType_LEASE_EVENT_TYPE_DRAIN_NOTICE LeaseEventType = 9
 )
 
 // Enum value maps for LeaseEventType.
@@ -49,6 +52,7 @@ var (
 		6: "LEASE_EVENT_TYPE_UPDATED",
 		7: "LEASE_EVENT_TYPE_VIOLATION",
 		8: "LEASE_EVENT_TYPE_DEVICE_UNHEALTHY",
+		9: "LEASE_EVENT_TYPE_DRAIN_NOTICE",
 	}
 	LeaseEventType_value = map[string]int32{
 		"LEASE_EVENT_TYPE_UNSPECIFIED":      0,
@@ -60,6 +64,7 @@ var (
 		"LEASE_EVENT_TYPE_UPDATED":          6,
 		"LEASE_EVENT_TYPE_VIOLATION":        7,
 		"LEASE_EVENT_TYPE_DEVICE_UNHEALTHY": 8,
+		"LEASE_EVENT_TYPE_DRAIN_NOTICE":     9,
 	}
 )
 
@@ -246,7 +251,9 @@ type LeaseEvent struct {
 	Lease   *Lease                 `protobuf:"bytes,2,opt,name=lease,proto3" json:"lease,omitempty"`
 	Message string                 `protobuf:"bytes,3,opt,name=message,proto3" json:"message,omitempty"`
 	// Raft index of the change.
-	Index         uint64 `protobuf:"varint,4,opt,name=index,proto3" json:"index,omitempty"`
+	Index uint64 `protobuf:"varint,4,opt,name=index,proto3" json:"index,omitempty"`
+	// For DRAIN_NOTICE: when the lease is revoked (Unix ms); 0 for no deadline.
+	DeadlineMs    int64 `protobuf:"varint,5,opt,name=deadline_ms,json=deadlineMs,proto3" json:"deadline_ms,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -305,6 +312,13 @@ func (x *LeaseEvent) GetMessage() string {
 func (x *LeaseEvent) GetIndex() uint64 {
 	if x != nil {
 		return x.Index
+	}
+	return 0
+}
+
+func (x *LeaseEvent) GetDeadlineMs() int64 {
+	if x != nil {
+		return x.DeadlineMs
 	}
 	return 0
 }
@@ -786,13 +800,15 @@ const file_gpupool_v1_lease_proto_rawDesc = "" +
 	"\bexisting\x18\x02 \x01(\bR\bexisting\x12-\n" +
 	"\x06tokens\x18\x03 \x03(\v2\x15.gpupool.v1.HostTokenR\x06tokens\"-\n" +
 	"\x10KeepAliveRequest\x12\x19\n" +
-	"\blease_id\x18\x01 \x01(\tR\aleaseId\"\x95\x01\n" +
+	"\blease_id\x18\x01 \x01(\tR\aleaseId\"\xb6\x01\n" +
 	"\n" +
 	"LeaseEvent\x12.\n" +
 	"\x04type\x18\x01 \x01(\x0e2\x1a.gpupool.v1.LeaseEventTypeR\x04type\x12'\n" +
 	"\x05lease\x18\x02 \x01(\v2\x11.gpupool.v1.LeaseR\x05lease\x12\x18\n" +
 	"\amessage\x18\x03 \x01(\tR\amessage\x12\x14\n" +
-	"\x05index\x18\x04 \x01(\x04R\x05index\"\xe6\x01\n" +
+	"\x05index\x18\x04 \x01(\x04R\x05index\x12\x1f\n" +
+	"\vdeadline_ms\x18\x05 \x01(\x03R\n" +
+	"deadlineMs\"\xe6\x01\n" +
 	"\x11KeepAliveResponse\x12\x19\n" +
 	"\blease_id\x18\x01 \x01(\tR\aleaseId\x12\x15\n" +
 	"\x06ttl_ms\x18\x02 \x01(\x03R\x05ttlMs\x12,\n" +
@@ -821,7 +837,7 @@ const file_gpupool_v1_lease_proto_rawDesc = "" +
 	"\x05index\x18\x02 \x01(\x04R\x05index\"G\n" +
 	"\x12WatchLeasesRequest\x12\x16\n" +
 	"\x06tenant\x18\x01 \x01(\tR\x06tenant\x12\x19\n" +
-	"\blease_id\x18\x02 \x01(\tR\aleaseId*\xab\x02\n" +
+	"\blease_id\x18\x02 \x01(\tR\aleaseId*\xce\x02\n" +
 	"\x0eLeaseEventType\x12 \n" +
 	"\x1cLEASE_EVENT_TYPE_UNSPECIFIED\x10\x00\x12\x1d\n" +
 	"\x19LEASE_EVENT_TYPE_SNAPSHOT\x10\x01\x12\x1c\n" +
@@ -831,7 +847,8 @@ const file_gpupool_v1_lease_proto_rawDesc = "" +
 	"\x15LEASE_EVENT_TYPE_LOST\x10\x05\x12\x1c\n" +
 	"\x18LEASE_EVENT_TYPE_UPDATED\x10\x06\x12\x1e\n" +
 	"\x1aLEASE_EVENT_TYPE_VIOLATION\x10\a\x12%\n" +
-	"!LEASE_EVENT_TYPE_DEVICE_UNHEALTHY\x10\b2\xb0\x03\n" +
+	"!LEASE_EVENT_TYPE_DEVICE_UNHEALTHY\x10\b\x12!\n" +
+	"\x1dLEASE_EVENT_TYPE_DRAIN_NOTICE\x10\t2\xb0\x03\n" +
 	"\fLeaseService\x12B\n" +
 	"\aAcquire\x12\x1a.gpupool.v1.AcquireRequest\x1a\x1b.gpupool.v1.AcquireResponse\x12L\n" +
 	"\tKeepAlive\x12\x1c.gpupool.v1.KeepAliveRequest\x1a\x1d.gpupool.v1.KeepAliveResponse(\x010\x01\x12B\n" +

@@ -671,6 +671,346 @@ func (x *SnapshotRestoreResponse) GetIndex() uint64 {
 	return 0
 }
 
+type SetQuotaRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// tenant is required; 0 in a dimension is unlimited; updated_at_ms is
+	// ignored.
+	Quota         *Quota `protobuf:"bytes,1,opt,name=quota,proto3" json:"quota,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SetQuotaRequest) Reset() {
+	*x = SetQuotaRequest{}
+	mi := &file_gpupool_v1_operator_proto_msgTypes[14]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SetQuotaRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SetQuotaRequest) ProtoMessage() {}
+
+func (x *SetQuotaRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_gpupool_v1_operator_proto_msgTypes[14]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SetQuotaRequest.ProtoReflect.Descriptor instead.
+func (*SetQuotaRequest) Descriptor() ([]byte, []int) {
+	return file_gpupool_v1_operator_proto_rawDescGZIP(), []int{14}
+}
+
+func (x *SetQuotaRequest) GetQuota() *Quota {
+	if x != nil {
+		return x.Quota
+	}
+	return nil
+}
+
+// QuotaStatus is a tenant's quota and what it holds against it.
+type QuotaStatus struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Quota         *Quota                 `protobuf:"bytes,1,opt,name=quota,proto3" json:"quota,omitempty"`
+	Usage         *TenantUsage           `protobuf:"bytes,2,opt,name=usage,proto3" json:"usage,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *QuotaStatus) Reset() {
+	*x = QuotaStatus{}
+	mi := &file_gpupool_v1_operator_proto_msgTypes[15]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *QuotaStatus) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*QuotaStatus) ProtoMessage() {}
+
+func (x *QuotaStatus) ProtoReflect() protoreflect.Message {
+	mi := &file_gpupool_v1_operator_proto_msgTypes[15]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use QuotaStatus.ProtoReflect.Descriptor instead.
+func (*QuotaStatus) Descriptor() ([]byte, []int) {
+	return file_gpupool_v1_operator_proto_rawDescGZIP(), []int{15}
+}
+
+func (x *QuotaStatus) GetQuota() *Quota {
+	if x != nil {
+		return x.Quota
+	}
+	return nil
+}
+
+func (x *QuotaStatus) GetUsage() *TenantUsage {
+	if x != nil {
+		return x.Usage
+	}
+	return nil
+}
+
+type SetQuotaResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Quota *QuotaStatus           `protobuf:"bytes,1,opt,name=quota,proto3" json:"quota,omitempty"`
+	// What is over the new quota, one sentence per dimension.
+	Warnings      []string `protobuf:"bytes,2,rep,name=warnings,proto3" json:"warnings,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SetQuotaResponse) Reset() {
+	*x = SetQuotaResponse{}
+	mi := &file_gpupool_v1_operator_proto_msgTypes[16]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SetQuotaResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SetQuotaResponse) ProtoMessage() {}
+
+func (x *SetQuotaResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_gpupool_v1_operator_proto_msgTypes[16]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SetQuotaResponse.ProtoReflect.Descriptor instead.
+func (*SetQuotaResponse) Descriptor() ([]byte, []int) {
+	return file_gpupool_v1_operator_proto_rawDescGZIP(), []int{16}
+}
+
+func (x *SetQuotaResponse) GetQuota() *QuotaStatus {
+	if x != nil {
+		return x.Quota
+	}
+	return nil
+}
+
+func (x *SetQuotaResponse) GetWarnings() []string {
+	if x != nil {
+		return x.Warnings
+	}
+	return nil
+}
+
+type RemoveQuotaRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Tenant        string                 `protobuf:"bytes,1,opt,name=tenant,proto3" json:"tenant,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RemoveQuotaRequest) Reset() {
+	*x = RemoveQuotaRequest{}
+	mi := &file_gpupool_v1_operator_proto_msgTypes[17]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RemoveQuotaRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RemoveQuotaRequest) ProtoMessage() {}
+
+func (x *RemoveQuotaRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_gpupool_v1_operator_proto_msgTypes[17]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RemoveQuotaRequest.ProtoReflect.Descriptor instead.
+func (*RemoveQuotaRequest) Descriptor() ([]byte, []int) {
+	return file_gpupool_v1_operator_proto_rawDescGZIP(), []int{17}
+}
+
+func (x *RemoveQuotaRequest) GetTenant() string {
+	if x != nil {
+		return x.Tenant
+	}
+	return ""
+}
+
+type RemoveQuotaResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The quota that was removed.
+	Quota         *Quota `protobuf:"bytes,1,opt,name=quota,proto3" json:"quota,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RemoveQuotaResponse) Reset() {
+	*x = RemoveQuotaResponse{}
+	mi := &file_gpupool_v1_operator_proto_msgTypes[18]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RemoveQuotaResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RemoveQuotaResponse) ProtoMessage() {}
+
+func (x *RemoveQuotaResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_gpupool_v1_operator_proto_msgTypes[18]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RemoveQuotaResponse.ProtoReflect.Descriptor instead.
+func (*RemoveQuotaResponse) Descriptor() ([]byte, []int) {
+	return file_gpupool_v1_operator_proto_rawDescGZIP(), []int{18}
+}
+
+func (x *RemoveQuotaResponse) GetQuota() *Quota {
+	if x != nil {
+		return x.Quota
+	}
+	return nil
+}
+
+type ListQuotasRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Only this tenant's quota, when set.
+	Tenant string `protobuf:"bytes,1,opt,name=tenant,proto3" json:"tenant,omitempty"`
+	// Serve from the answering server's local state.
+	Stale         bool `protobuf:"varint,2,opt,name=stale,proto3" json:"stale,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListQuotasRequest) Reset() {
+	*x = ListQuotasRequest{}
+	mi := &file_gpupool_v1_operator_proto_msgTypes[19]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListQuotasRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListQuotasRequest) ProtoMessage() {}
+
+func (x *ListQuotasRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_gpupool_v1_operator_proto_msgTypes[19]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListQuotasRequest.ProtoReflect.Descriptor instead.
+func (*ListQuotasRequest) Descriptor() ([]byte, []int) {
+	return file_gpupool_v1_operator_proto_rawDescGZIP(), []int{19}
+}
+
+func (x *ListQuotasRequest) GetTenant() string {
+	if x != nil {
+		return x.Tenant
+	}
+	return ""
+}
+
+func (x *ListQuotasRequest) GetStale() bool {
+	if x != nil {
+		return x.Stale
+	}
+	return false
+}
+
+type ListQuotasResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// By tenant.
+	Quotas        []*QuotaStatus `protobuf:"bytes,1,rep,name=quotas,proto3" json:"quotas,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListQuotasResponse) Reset() {
+	*x = ListQuotasResponse{}
+	mi := &file_gpupool_v1_operator_proto_msgTypes[20]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListQuotasResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListQuotasResponse) ProtoMessage() {}
+
+func (x *ListQuotasResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_gpupool_v1_operator_proto_msgTypes[20]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListQuotasResponse.ProtoReflect.Descriptor instead.
+func (*ListQuotasResponse) Descriptor() ([]byte, []int) {
+	return file_gpupool_v1_operator_proto_rawDescGZIP(), []int{20}
+}
+
+func (x *ListQuotasResponse) GetQuotas() []*QuotaStatus {
+	if x != nil {
+		return x.Quotas
+	}
+	return nil
+}
+
 var File_gpupool_v1_operator_proto protoreflect.FileDescriptor
 
 const file_gpupool_v1_operator_proto_rawDesc = "" +
@@ -709,7 +1049,24 @@ const file_gpupool_v1_operator_proto_rawDesc = "" +
 	"\rSnapshotChunk\x12\x12\n" +
 	"\x04data\x18\x01 \x01(\fR\x04data\"/\n" +
 	"\x17SnapshotRestoreResponse\x12\x14\n" +
-	"\x05index\x18\x01 \x01(\x04R\x05index2\xeb\x04\n" +
+	"\x05index\x18\x01 \x01(\x04R\x05index\":\n" +
+	"\x0fSetQuotaRequest\x12'\n" +
+	"\x05quota\x18\x01 \x01(\v2\x11.gpupool.v1.QuotaR\x05quota\"e\n" +
+	"\vQuotaStatus\x12'\n" +
+	"\x05quota\x18\x01 \x01(\v2\x11.gpupool.v1.QuotaR\x05quota\x12-\n" +
+	"\x05usage\x18\x02 \x01(\v2\x17.gpupool.v1.TenantUsageR\x05usage\"]\n" +
+	"\x10SetQuotaResponse\x12-\n" +
+	"\x05quota\x18\x01 \x01(\v2\x17.gpupool.v1.QuotaStatusR\x05quota\x12\x1a\n" +
+	"\bwarnings\x18\x02 \x03(\tR\bwarnings\",\n" +
+	"\x12RemoveQuotaRequest\x12\x16\n" +
+	"\x06tenant\x18\x01 \x01(\tR\x06tenant\">\n" +
+	"\x13RemoveQuotaResponse\x12'\n" +
+	"\x05quota\x18\x01 \x01(\v2\x11.gpupool.v1.QuotaR\x05quota\"A\n" +
+	"\x11ListQuotasRequest\x12\x16\n" +
+	"\x06tenant\x18\x01 \x01(\tR\x06tenant\x12\x14\n" +
+	"\x05stale\x18\x02 \x01(\bR\x05stale\"E\n" +
+	"\x12ListQuotasResponse\x12/\n" +
+	"\x06quotas\x18\x01 \x03(\v2\x17.gpupool.v1.QuotaStatusR\x06quotas2\xcf\x06\n" +
 	"\x0fOperatorService\x12H\n" +
 	"\tRaftPeers\x12\x1c.gpupool.v1.RaftPeersRequest\x1a\x1d.gpupool.v1.RaftPeersResponse\x12K\n" +
 	"\n" +
@@ -718,7 +1075,11 @@ const file_gpupool_v1_operator_proto_rawDesc = "" +
 	"\fSnapshotSave\x12\x1f.gpupool.v1.SnapshotSaveRequest\x1a\x19.gpupool.v1.SnapshotChunk0\x01\x12S\n" +
 	"\x0fSnapshotRestore\x12\x19.gpupool.v1.SnapshotChunk\x1a#.gpupool.v1.SnapshotRestoreResponse(\x01\x12]\n" +
 	"\x10RotateSigningKey\x12#.gpupool.v1.RotateSigningKeyRequest\x1a$.gpupool.v1.RotateSigningKeyResponse\x12Z\n" +
-	"\x0fListSigningKeys\x12\".gpupool.v1.ListSigningKeysRequest\x1a#.gpupool.v1.ListSigningKeysResponseB7Z5github.com/gpupool/gpupool/proto/gpupool/v1;gpupoolv1b\x06proto3"
+	"\x0fListSigningKeys\x12\".gpupool.v1.ListSigningKeysRequest\x1a#.gpupool.v1.ListSigningKeysResponse\x12E\n" +
+	"\bSetQuota\x12\x1b.gpupool.v1.SetQuotaRequest\x1a\x1c.gpupool.v1.SetQuotaResponse\x12N\n" +
+	"\vRemoveQuota\x12\x1e.gpupool.v1.RemoveQuotaRequest\x1a\x1f.gpupool.v1.RemoveQuotaResponse\x12K\n" +
+	"\n" +
+	"ListQuotas\x12\x1d.gpupool.v1.ListQuotasRequest\x1a\x1e.gpupool.v1.ListQuotasResponseB7Z5github.com/gpupool/gpupool/proto/gpupool/v1;gpupoolv1b\x06proto3"
 
 var (
 	file_gpupool_v1_operator_proto_rawDescOnce sync.Once
@@ -732,7 +1093,7 @@ func file_gpupool_v1_operator_proto_rawDescGZIP() []byte {
 	return file_gpupool_v1_operator_proto_rawDescData
 }
 
-var file_gpupool_v1_operator_proto_msgTypes = make([]protoimpl.MessageInfo, 14)
+var file_gpupool_v1_operator_proto_msgTypes = make([]protoimpl.MessageInfo, 21)
 var file_gpupool_v1_operator_proto_goTypes = []any{
 	(*RotateSigningKeyRequest)(nil),    // 0: gpupool.v1.RotateSigningKeyRequest
 	(*RotateSigningKeyResponse)(nil),   // 1: gpupool.v1.RotateSigningKeyResponse
@@ -748,31 +1109,52 @@ var file_gpupool_v1_operator_proto_goTypes = []any{
 	(*SnapshotSaveRequest)(nil),        // 11: gpupool.v1.SnapshotSaveRequest
 	(*SnapshotChunk)(nil),              // 12: gpupool.v1.SnapshotChunk
 	(*SnapshotRestoreResponse)(nil),    // 13: gpupool.v1.SnapshotRestoreResponse
-	(*PublicKey)(nil),                  // 14: gpupool.v1.PublicKey
+	(*SetQuotaRequest)(nil),            // 14: gpupool.v1.SetQuotaRequest
+	(*QuotaStatus)(nil),                // 15: gpupool.v1.QuotaStatus
+	(*SetQuotaResponse)(nil),           // 16: gpupool.v1.SetQuotaResponse
+	(*RemoveQuotaRequest)(nil),         // 17: gpupool.v1.RemoveQuotaRequest
+	(*RemoveQuotaResponse)(nil),        // 18: gpupool.v1.RemoveQuotaResponse
+	(*ListQuotasRequest)(nil),          // 19: gpupool.v1.ListQuotasRequest
+	(*ListQuotasResponse)(nil),         // 20: gpupool.v1.ListQuotasResponse
+	(*PublicKey)(nil),                  // 21: gpupool.v1.PublicKey
+	(*Quota)(nil),                      // 22: gpupool.v1.Quota
+	(*TenantUsage)(nil),                // 23: gpupool.v1.TenantUsage
 }
 var file_gpupool_v1_operator_proto_depIdxs = []int32{
-	14, // 0: gpupool.v1.RotateSigningKeyResponse.keys:type_name -> gpupool.v1.PublicKey
-	14, // 1: gpupool.v1.ListSigningKeysResponse.keys:type_name -> gpupool.v1.PublicKey
+	21, // 0: gpupool.v1.RotateSigningKeyResponse.keys:type_name -> gpupool.v1.PublicKey
+	21, // 1: gpupool.v1.ListSigningKeysResponse.keys:type_name -> gpupool.v1.PublicKey
 	4,  // 2: gpupool.v1.RaftPeersResponse.peers:type_name -> gpupool.v1.RaftPeer
-	5,  // 3: gpupool.v1.OperatorService.RaftPeers:input_type -> gpupool.v1.RaftPeersRequest
-	7,  // 4: gpupool.v1.OperatorService.RemovePeer:input_type -> gpupool.v1.RemovePeerRequest
-	9,  // 5: gpupool.v1.OperatorService.TransferLeadership:input_type -> gpupool.v1.TransferLeadershipRequest
-	11, // 6: gpupool.v1.OperatorService.SnapshotSave:input_type -> gpupool.v1.SnapshotSaveRequest
-	12, // 7: gpupool.v1.OperatorService.SnapshotRestore:input_type -> gpupool.v1.SnapshotChunk
-	0,  // 8: gpupool.v1.OperatorService.RotateSigningKey:input_type -> gpupool.v1.RotateSigningKeyRequest
-	2,  // 9: gpupool.v1.OperatorService.ListSigningKeys:input_type -> gpupool.v1.ListSigningKeysRequest
-	6,  // 10: gpupool.v1.OperatorService.RaftPeers:output_type -> gpupool.v1.RaftPeersResponse
-	8,  // 11: gpupool.v1.OperatorService.RemovePeer:output_type -> gpupool.v1.RemovePeerResponse
-	10, // 12: gpupool.v1.OperatorService.TransferLeadership:output_type -> gpupool.v1.TransferLeadershipResponse
-	12, // 13: gpupool.v1.OperatorService.SnapshotSave:output_type -> gpupool.v1.SnapshotChunk
-	13, // 14: gpupool.v1.OperatorService.SnapshotRestore:output_type -> gpupool.v1.SnapshotRestoreResponse
-	1,  // 15: gpupool.v1.OperatorService.RotateSigningKey:output_type -> gpupool.v1.RotateSigningKeyResponse
-	3,  // 16: gpupool.v1.OperatorService.ListSigningKeys:output_type -> gpupool.v1.ListSigningKeysResponse
-	10, // [10:17] is the sub-list for method output_type
-	3,  // [3:10] is the sub-list for method input_type
-	3,  // [3:3] is the sub-list for extension type_name
-	3,  // [3:3] is the sub-list for extension extendee
-	0,  // [0:3] is the sub-list for field type_name
+	22, // 3: gpupool.v1.SetQuotaRequest.quota:type_name -> gpupool.v1.Quota
+	22, // 4: gpupool.v1.QuotaStatus.quota:type_name -> gpupool.v1.Quota
+	23, // 5: gpupool.v1.QuotaStatus.usage:type_name -> gpupool.v1.TenantUsage
+	15, // 6: gpupool.v1.SetQuotaResponse.quota:type_name -> gpupool.v1.QuotaStatus
+	22, // 7: gpupool.v1.RemoveQuotaResponse.quota:type_name -> gpupool.v1.Quota
+	15, // 8: gpupool.v1.ListQuotasResponse.quotas:type_name -> gpupool.v1.QuotaStatus
+	5,  // 9: gpupool.v1.OperatorService.RaftPeers:input_type -> gpupool.v1.RaftPeersRequest
+	7,  // 10: gpupool.v1.OperatorService.RemovePeer:input_type -> gpupool.v1.RemovePeerRequest
+	9,  // 11: gpupool.v1.OperatorService.TransferLeadership:input_type -> gpupool.v1.TransferLeadershipRequest
+	11, // 12: gpupool.v1.OperatorService.SnapshotSave:input_type -> gpupool.v1.SnapshotSaveRequest
+	12, // 13: gpupool.v1.OperatorService.SnapshotRestore:input_type -> gpupool.v1.SnapshotChunk
+	0,  // 14: gpupool.v1.OperatorService.RotateSigningKey:input_type -> gpupool.v1.RotateSigningKeyRequest
+	2,  // 15: gpupool.v1.OperatorService.ListSigningKeys:input_type -> gpupool.v1.ListSigningKeysRequest
+	14, // 16: gpupool.v1.OperatorService.SetQuota:input_type -> gpupool.v1.SetQuotaRequest
+	17, // 17: gpupool.v1.OperatorService.RemoveQuota:input_type -> gpupool.v1.RemoveQuotaRequest
+	19, // 18: gpupool.v1.OperatorService.ListQuotas:input_type -> gpupool.v1.ListQuotasRequest
+	6,  // 19: gpupool.v1.OperatorService.RaftPeers:output_type -> gpupool.v1.RaftPeersResponse
+	8,  // 20: gpupool.v1.OperatorService.RemovePeer:output_type -> gpupool.v1.RemovePeerResponse
+	10, // 21: gpupool.v1.OperatorService.TransferLeadership:output_type -> gpupool.v1.TransferLeadershipResponse
+	12, // 22: gpupool.v1.OperatorService.SnapshotSave:output_type -> gpupool.v1.SnapshotChunk
+	13, // 23: gpupool.v1.OperatorService.SnapshotRestore:output_type -> gpupool.v1.SnapshotRestoreResponse
+	1,  // 24: gpupool.v1.OperatorService.RotateSigningKey:output_type -> gpupool.v1.RotateSigningKeyResponse
+	3,  // 25: gpupool.v1.OperatorService.ListSigningKeys:output_type -> gpupool.v1.ListSigningKeysResponse
+	16, // 26: gpupool.v1.OperatorService.SetQuota:output_type -> gpupool.v1.SetQuotaResponse
+	18, // 27: gpupool.v1.OperatorService.RemoveQuota:output_type -> gpupool.v1.RemoveQuotaResponse
+	20, // 28: gpupool.v1.OperatorService.ListQuotas:output_type -> gpupool.v1.ListQuotasResponse
+	19, // [19:29] is the sub-list for method output_type
+	9,  // [9:19] is the sub-list for method input_type
+	9,  // [9:9] is the sub-list for extension type_name
+	9,  // [9:9] is the sub-list for extension extendee
+	0,  // [0:9] is the sub-list for field type_name
 }
 
 func init() { file_gpupool_v1_operator_proto_init() }
@@ -787,7 +1169,7 @@ func file_gpupool_v1_operator_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_gpupool_v1_operator_proto_rawDesc), len(file_gpupool_v1_operator_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   14,
+			NumMessages:   21,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -26,6 +26,9 @@ const (
 	OperatorService_SnapshotRestore_FullMethodName    = "/gpupool.v1.OperatorService/SnapshotRestore"
 	OperatorService_RotateSigningKey_FullMethodName   = "/gpupool.v1.OperatorService/RotateSigningKey"
 	OperatorService_ListSigningKeys_FullMethodName    = "/gpupool.v1.OperatorService/ListSigningKeys"
+	OperatorService_SetQuota_FullMethodName           = "/gpupool.v1.OperatorService/SetQuota"
+	OperatorService_RemoveQuota_FullMethodName        = "/gpupool.v1.OperatorService/RemoveQuota"
+	OperatorService_ListQuotas_FullMethodName         = "/gpupool.v1.OperatorService/ListQuotas"
 )
 
 // OperatorServiceClient is the client API for OperatorService service.
@@ -46,6 +49,14 @@ type OperatorServiceClient interface {
 	RotateSigningKey(ctx context.Context, in *RotateSigningKeyRequest, opts ...grpc.CallOption) (*RotateSigningKeyResponse, error)
 	// ListSigningKeys lists the public halves of the token signing keys.
 	ListSigningKeys(ctx context.Context, in *ListSigningKeysRequest, opts ...grpc.CallOption) (*ListSigningKeysResponse, error)
+	// SetQuota sets a tenant's quota, replacing the one it had. A quota below
+	// what the tenant holds now is accepted, with a warning: running leases
+	// keep their capacity and new grants are refused until usage drops.
+	SetQuota(ctx context.Context, in *SetQuotaRequest, opts ...grpc.CallOption) (*SetQuotaResponse, error)
+	// RemoveQuota drops a tenant's quota: the tenant is unlimited again.
+	RemoveQuota(ctx context.Context, in *RemoveQuotaRequest, opts ...grpc.CallOption) (*RemoveQuotaResponse, error)
+	// ListQuotas lists every quota with the tenant's usage against it.
+	ListQuotas(ctx context.Context, in *ListQuotasRequest, opts ...grpc.CallOption) (*ListQuotasResponse, error)
 }
 
 type operatorServiceClient struct {
@@ -138,6 +149,36 @@ func (c *operatorServiceClient) ListSigningKeys(ctx context.Context, in *ListSig
 	return out, nil
 }
 
+func (c *operatorServiceClient) SetQuota(ctx context.Context, in *SetQuotaRequest, opts ...grpc.CallOption) (*SetQuotaResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(SetQuotaResponse)
+	err := c.cc.Invoke(ctx, OperatorService_SetQuota_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *operatorServiceClient) RemoveQuota(ctx context.Context, in *RemoveQuotaRequest, opts ...grpc.CallOption) (*RemoveQuotaResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(RemoveQuotaResponse)
+	err := c.cc.Invoke(ctx, OperatorService_RemoveQuota_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *operatorServiceClient) ListQuotas(ctx context.Context, in *ListQuotasRequest, opts ...grpc.CallOption) (*ListQuotasResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ListQuotasResponse)
+	err := c.cc.Invoke(ctx, OperatorService_ListQuotas_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // OperatorServiceServer is the server API for OperatorService service.
 // All implementations must embed UnimplementedOperatorServiceServer
 // for forward compatibility.
@@ -156,6 +197,14 @@ type OperatorServiceServer interface {
 	RotateSigningKey(context.Context, *RotateSigningKeyRequest) (*RotateSigningKeyResponse, error)
 	// ListSigningKeys lists the public halves of the token signing keys.
 	ListSigningKeys(context.Context, *ListSigningKeysRequest) (*ListSigningKeysResponse, error)
+	// SetQuota sets a tenant's quota, replacing the one it had. A quota below
+	// what the tenant holds now is accepted, with a warning: running leases
+	// keep their capacity and new grants are refused until usage drops.
+	SetQuota(context.Context, *SetQuotaRequest) (*SetQuotaResponse, error)
+	// RemoveQuota drops a tenant's quota: the tenant is unlimited again.
+	RemoveQuota(context.Context, *RemoveQuotaRequest) (*RemoveQuotaResponse, error)
+	// ListQuotas lists every quota with the tenant's usage against it.
+	ListQuotas(context.Context, *ListQuotasRequest) (*ListQuotasResponse, error)
 	mustEmbedUnimplementedOperatorServiceServer()
 }
 
@@ -186,6 +235,15 @@ func (UnimplementedOperatorServiceServer) RotateSigningKey(context.Context, *Rot
 }
 func (UnimplementedOperatorServiceServer) ListSigningKeys(context.Context, *ListSigningKeysRequest) (*ListSigningKeysResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method ListSigningKeys not implemented")
+}
+func (UnimplementedOperatorServiceServer) SetQuota(context.Context, *SetQuotaRequest) (*SetQuotaResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method SetQuota not implemented")
+}
+func (UnimplementedOperatorServiceServer) RemoveQuota(context.Context, *RemoveQuotaRequest) (*RemoveQuotaResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method RemoveQuota not implemented")
+}
+func (UnimplementedOperatorServiceServer) ListQuotas(context.Context, *ListQuotasRequest) (*ListQuotasResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method ListQuotas not implemented")
 }
 func (UnimplementedOperatorServiceServer) mustEmbedUnimplementedOperatorServiceServer() {}
 func (UnimplementedOperatorServiceServer) testEmbeddedByValue()                         {}
@@ -316,6 +374,60 @@ func _OperatorService_ListSigningKeys_Handler(srv interface{}, ctx context.Conte
 	return interceptor(ctx, in, info, handler)
 }
 
+func _OperatorService_SetQuota_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(SetQuotaRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(OperatorServiceServer).SetQuota(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: OperatorService_SetQuota_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(OperatorServiceServer).SetQuota(ctx, req.(*SetQuotaRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _OperatorService_RemoveQuota_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(RemoveQuotaRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(OperatorServiceServer).RemoveQuota(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: OperatorService_RemoveQuota_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(OperatorServiceServer).RemoveQuota(ctx, req.(*RemoveQuotaRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _OperatorService_ListQuotas_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ListQuotasRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(OperatorServiceServer).ListQuotas(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: OperatorService_ListQuotas_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(OperatorServiceServer).ListQuotas(ctx, req.(*ListQuotasRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // OperatorService_ServiceDesc is the grpc.ServiceDesc for OperatorService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -342,6 +454,18 @@ var OperatorService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "ListSigningKeys",
 			Handler:    _OperatorService_ListSigningKeys_Handler,
+		},
+		{
+			MethodName: "SetQuota",
+			Handler:    _OperatorService_SetQuota_Handler,
+		},
+		{
+			MethodName: "RemoveQuota",
+			Handler:    _OperatorService_RemoveQuota_Handler,
+		},
+		{
+			MethodName: "ListQuotas",
+			Handler:    _OperatorService_ListQuotas_Handler,
 		},
 	},
 	Streams: []grpc.StreamDesc{

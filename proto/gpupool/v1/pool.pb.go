@@ -26,7 +26,12 @@ type DrainHostRequest struct {
 	HostId string                 `protobuf:"bytes,1,opt,name=host_id,json=hostId,proto3" json:"host_id,omitempty"`
 	Cancel bool                   `protobuf:"varint,2,opt,name=cancel,proto3" json:"cancel,omitempty"`
 	// Shown as the host's status reason.
-	Reason        string `protobuf:"bytes,3,opt,name=reason,proto3" json:"reason,omitempty"`
+	Reason string `protobuf:"bytes,3,opt,name=reason,proto3" json:"reason,omitempty"`
+	// Leases still on the host after this long are revoked; 0 for no
+	// deadline. Must not be negative.
+	DeadlineAfterMs int64 `protobuf:"varint,4,opt,name=deadline_after_ms,json=deadlineAfterMs,proto3" json:"deadline_after_ms,omitempty"`
+	// Revoke every lease on the host now. Not with deadline_after_ms.
+	Force         bool `protobuf:"varint,5,opt,name=force,proto3" json:"force,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -82,6 +87,116 @@ func (x *DrainHostRequest) GetReason() string {
 	return ""
 }
 
+func (x *DrainHostRequest) GetDeadlineAfterMs() int64 {
+	if x != nil {
+		return x.DeadlineAfterMs
+	}
+	return 0
+}
+
+func (x *DrainHostRequest) GetForce() bool {
+	if x != nil {
+		return x.Force
+	}
+	return false
+}
+
+type SetEligibilityRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	HostId        string                 `protobuf:"bytes,1,opt,name=host_id,json=hostId,proto3" json:"host_id,omitempty"`
+	Eligible      bool                   `protobuf:"varint,2,opt,name=eligible,proto3" json:"eligible,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SetEligibilityRequest) Reset() {
+	*x = SetEligibilityRequest{}
+	mi := &file_gpupool_v1_pool_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SetEligibilityRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SetEligibilityRequest) ProtoMessage() {}
+
+func (x *SetEligibilityRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_gpupool_v1_pool_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SetEligibilityRequest.ProtoReflect.Descriptor instead.
+func (*SetEligibilityRequest) Descriptor() ([]byte, []int) {
+	return file_gpupool_v1_pool_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *SetEligibilityRequest) GetHostId() string {
+	if x != nil {
+		return x.HostId
+	}
+	return ""
+}
+
+func (x *SetEligibilityRequest) GetEligible() bool {
+	if x != nil {
+		return x.Eligible
+	}
+	return false
+}
+
+type SetEligibilityResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Host          *Host                  `protobuf:"bytes,1,opt,name=host,proto3" json:"host,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SetEligibilityResponse) Reset() {
+	*x = SetEligibilityResponse{}
+	mi := &file_gpupool_v1_pool_proto_msgTypes[2]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SetEligibilityResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SetEligibilityResponse) ProtoMessage() {}
+
+func (x *SetEligibilityResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_gpupool_v1_pool_proto_msgTypes[2]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SetEligibilityResponse.ProtoReflect.Descriptor instead.
+func (*SetEligibilityResponse) Descriptor() ([]byte, []int) {
+	return file_gpupool_v1_pool_proto_rawDescGZIP(), []int{2}
+}
+
+func (x *SetEligibilityResponse) GetHost() *Host {
+	if x != nil {
+		return x.Host
+	}
+	return nil
+}
+
 type DrainHostResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	Host  *Host                  `protobuf:"bytes,1,opt,name=host,proto3" json:"host,omitempty"`
@@ -93,7 +208,7 @@ type DrainHostResponse struct {
 
 func (x *DrainHostResponse) Reset() {
 	*x = DrainHostResponse{}
-	mi := &file_gpupool_v1_pool_proto_msgTypes[1]
+	mi := &file_gpupool_v1_pool_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -105,7 +220,7 @@ func (x *DrainHostResponse) String() string {
 func (*DrainHostResponse) ProtoMessage() {}
 
 func (x *DrainHostResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_gpupool_v1_pool_proto_msgTypes[1]
+	mi := &file_gpupool_v1_pool_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -118,7 +233,7 @@ func (x *DrainHostResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DrainHostResponse.ProtoReflect.Descriptor instead.
 func (*DrainHostResponse) Descriptor() ([]byte, []int) {
-	return file_gpupool_v1_pool_proto_rawDescGZIP(), []int{1}
+	return file_gpupool_v1_pool_proto_rawDescGZIP(), []int{3}
 }
 
 func (x *DrainHostResponse) GetHost() *Host {
@@ -144,7 +259,7 @@ type ListHostsRequest struct {
 
 func (x *ListHostsRequest) Reset() {
 	*x = ListHostsRequest{}
-	mi := &file_gpupool_v1_pool_proto_msgTypes[2]
+	mi := &file_gpupool_v1_pool_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -156,7 +271,7 @@ func (x *ListHostsRequest) String() string {
 func (*ListHostsRequest) ProtoMessage() {}
 
 func (x *ListHostsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_gpupool_v1_pool_proto_msgTypes[2]
+	mi := &file_gpupool_v1_pool_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -169,7 +284,7 @@ func (x *ListHostsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListHostsRequest.ProtoReflect.Descriptor instead.
 func (*ListHostsRequest) Descriptor() ([]byte, []int) {
-	return file_gpupool_v1_pool_proto_rawDescGZIP(), []int{2}
+	return file_gpupool_v1_pool_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *ListHostsRequest) GetStale() bool {
@@ -188,7 +303,7 @@ type ListHostsResponse struct {
 
 func (x *ListHostsResponse) Reset() {
 	*x = ListHostsResponse{}
-	mi := &file_gpupool_v1_pool_proto_msgTypes[3]
+	mi := &file_gpupool_v1_pool_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -200,7 +315,7 @@ func (x *ListHostsResponse) String() string {
 func (*ListHostsResponse) ProtoMessage() {}
 
 func (x *ListHostsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_gpupool_v1_pool_proto_msgTypes[3]
+	mi := &file_gpupool_v1_pool_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -213,7 +328,7 @@ func (x *ListHostsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListHostsResponse.ProtoReflect.Descriptor instead.
 func (*ListHostsResponse) Descriptor() ([]byte, []int) {
-	return file_gpupool_v1_pool_proto_rawDescGZIP(), []int{3}
+	return file_gpupool_v1_pool_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *ListHostsResponse) GetHosts() []*Host {
@@ -233,7 +348,7 @@ type GetHostRequest struct {
 
 func (x *GetHostRequest) Reset() {
 	*x = GetHostRequest{}
-	mi := &file_gpupool_v1_pool_proto_msgTypes[4]
+	mi := &file_gpupool_v1_pool_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -245,7 +360,7 @@ func (x *GetHostRequest) String() string {
 func (*GetHostRequest) ProtoMessage() {}
 
 func (x *GetHostRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_gpupool_v1_pool_proto_msgTypes[4]
+	mi := &file_gpupool_v1_pool_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -258,7 +373,7 @@ func (x *GetHostRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetHostRequest.ProtoReflect.Descriptor instead.
 func (*GetHostRequest) Descriptor() ([]byte, []int) {
-	return file_gpupool_v1_pool_proto_rawDescGZIP(), []int{4}
+	return file_gpupool_v1_pool_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *GetHostRequest) GetHostId() string {
@@ -285,7 +400,7 @@ type GetHostResponse struct {
 
 func (x *GetHostResponse) Reset() {
 	*x = GetHostResponse{}
-	mi := &file_gpupool_v1_pool_proto_msgTypes[5]
+	mi := &file_gpupool_v1_pool_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -297,7 +412,7 @@ func (x *GetHostResponse) String() string {
 func (*GetHostResponse) ProtoMessage() {}
 
 func (x *GetHostResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_gpupool_v1_pool_proto_msgTypes[5]
+	mi := &file_gpupool_v1_pool_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -310,7 +425,7 @@ func (x *GetHostResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetHostResponse.ProtoReflect.Descriptor instead.
 func (*GetHostResponse) Descriptor() ([]byte, []int) {
-	return file_gpupool_v1_pool_proto_rawDescGZIP(), []int{5}
+	return file_gpupool_v1_pool_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *GetHostResponse) GetHost() *Host {
@@ -338,7 +453,7 @@ type ListDevicesRequest struct {
 
 func (x *ListDevicesRequest) Reset() {
 	*x = ListDevicesRequest{}
-	mi := &file_gpupool_v1_pool_proto_msgTypes[6]
+	mi := &file_gpupool_v1_pool_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -350,7 +465,7 @@ func (x *ListDevicesRequest) String() string {
 func (*ListDevicesRequest) ProtoMessage() {}
 
 func (x *ListDevicesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_gpupool_v1_pool_proto_msgTypes[6]
+	mi := &file_gpupool_v1_pool_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -363,7 +478,7 @@ func (x *ListDevicesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListDevicesRequest.ProtoReflect.Descriptor instead.
 func (*ListDevicesRequest) Descriptor() ([]byte, []int) {
-	return file_gpupool_v1_pool_proto_rawDescGZIP(), []int{6}
+	return file_gpupool_v1_pool_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *ListDevicesRequest) GetHostId() string {
@@ -396,7 +511,7 @@ type ListDevicesResponse struct {
 
 func (x *ListDevicesResponse) Reset() {
 	*x = ListDevicesResponse{}
-	mi := &file_gpupool_v1_pool_proto_msgTypes[7]
+	mi := &file_gpupool_v1_pool_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -408,7 +523,7 @@ func (x *ListDevicesResponse) String() string {
 func (*ListDevicesResponse) ProtoMessage() {}
 
 func (x *ListDevicesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_gpupool_v1_pool_proto_msgTypes[7]
+	mi := &file_gpupool_v1_pool_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -421,7 +536,7 @@ func (x *ListDevicesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListDevicesResponse.ProtoReflect.Descriptor instead.
 func (*ListDevicesResponse) Descriptor() ([]byte, []int) {
-	return file_gpupool_v1_pool_proto_rawDescGZIP(), []int{7}
+	return file_gpupool_v1_pool_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *ListDevicesResponse) GetDevices() []*Device {
@@ -440,7 +555,7 @@ type StatusRequest struct {
 
 func (x *StatusRequest) Reset() {
 	*x = StatusRequest{}
-	mi := &file_gpupool_v1_pool_proto_msgTypes[8]
+	mi := &file_gpupool_v1_pool_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -452,7 +567,7 @@ func (x *StatusRequest) String() string {
 func (*StatusRequest) ProtoMessage() {}
 
 func (x *StatusRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_gpupool_v1_pool_proto_msgTypes[8]
+	mi := &file_gpupool_v1_pool_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -465,7 +580,7 @@ func (x *StatusRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatusRequest.ProtoReflect.Descriptor instead.
 func (*StatusRequest) Descriptor() ([]byte, []int) {
-	return file_gpupool_v1_pool_proto_rawDescGZIP(), []int{8}
+	return file_gpupool_v1_pool_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *StatusRequest) GetStale() bool {
@@ -494,7 +609,7 @@ type ModelCapacity struct {
 
 func (x *ModelCapacity) Reset() {
 	*x = ModelCapacity{}
-	mi := &file_gpupool_v1_pool_proto_msgTypes[9]
+	mi := &file_gpupool_v1_pool_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -506,7 +621,7 @@ func (x *ModelCapacity) String() string {
 func (*ModelCapacity) ProtoMessage() {}
 
 func (x *ModelCapacity) ProtoReflect() protoreflect.Message {
-	mi := &file_gpupool_v1_pool_proto_msgTypes[9]
+	mi := &file_gpupool_v1_pool_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -519,7 +634,7 @@ func (x *ModelCapacity) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ModelCapacity.ProtoReflect.Descriptor instead.
 func (*ModelCapacity) Descriptor() ([]byte, []int) {
-	return file_gpupool_v1_pool_proto_rawDescGZIP(), []int{9}
+	return file_gpupool_v1_pool_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *ModelCapacity) GetModel() string {
@@ -603,7 +718,7 @@ type StatusResponse struct {
 
 func (x *StatusResponse) Reset() {
 	*x = StatusResponse{}
-	mi := &file_gpupool_v1_pool_proto_msgTypes[10]
+	mi := &file_gpupool_v1_pool_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -615,7 +730,7 @@ func (x *StatusResponse) String() string {
 func (*StatusResponse) ProtoMessage() {}
 
 func (x *StatusResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_gpupool_v1_pool_proto_msgTypes[10]
+	mi := &file_gpupool_v1_pool_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -628,7 +743,7 @@ func (x *StatusResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatusResponse.ProtoReflect.Descriptor instead.
 func (*StatusResponse) Descriptor() ([]byte, []int) {
-	return file_gpupool_v1_pool_proto_rawDescGZIP(), []int{10}
+	return file_gpupool_v1_pool_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *StatusResponse) GetHosts() int32 {
@@ -748,11 +863,18 @@ var File_gpupool_v1_pool_proto protoreflect.FileDescriptor
 const file_gpupool_v1_pool_proto_rawDesc = "" +
 	"\n" +
 	"\x15gpupool/v1/pool.proto\x12\n" +
-	"gpupool.v1\x1a\x16gpupool/v1/types.proto\"[\n" +
+	"gpupool.v1\x1a\x16gpupool/v1/types.proto\"\x9d\x01\n" +
 	"\x10DrainHostRequest\x12\x17\n" +
 	"\ahost_id\x18\x01 \x01(\tR\x06hostId\x12\x16\n" +
 	"\x06cancel\x18\x02 \x01(\bR\x06cancel\x12\x16\n" +
-	"\x06reason\x18\x03 \x01(\tR\x06reason\"Q\n" +
+	"\x06reason\x18\x03 \x01(\tR\x06reason\x12*\n" +
+	"\x11deadline_after_ms\x18\x04 \x01(\x03R\x0fdeadlineAfterMs\x12\x14\n" +
+	"\x05force\x18\x05 \x01(\bR\x05force\"L\n" +
+	"\x15SetEligibilityRequest\x12\x17\n" +
+	"\ahost_id\x18\x01 \x01(\tR\x06hostId\x12\x1a\n" +
+	"\beligible\x18\x02 \x01(\bR\beligible\">\n" +
+	"\x16SetEligibilityResponse\x12$\n" +
+	"\x04host\x18\x01 \x01(\v2\x10.gpupool.v1.HostR\x04host\"Q\n" +
 	"\x11DrainHostResponse\x12$\n" +
 	"\x04host\x18\x01 \x01(\v2\x10.gpupool.v1.HostR\x04host\x12\x16\n" +
 	"\x06leases\x18\x02 \x01(\x05R\x06leases\"(\n" +
@@ -807,13 +929,14 @@ const file_gpupool_v1_pool_proto_rawDesc = "" +
 	"\x0egpus_unhealthy\x18\x10 \x01(\x05R\rgpusUnhealthy\x1a@\n" +
 	"\x12LeasesByStateEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\x05R\x05value:\x028\x012\xf6\x02\n" +
+	"\x05value\x18\x02 \x01(\x05R\x05value:\x028\x012\xcf\x03\n" +
 	"\vPoolService\x12H\n" +
 	"\tListHosts\x12\x1c.gpupool.v1.ListHostsRequest\x1a\x1d.gpupool.v1.ListHostsResponse\x12B\n" +
 	"\aGetHost\x12\x1a.gpupool.v1.GetHostRequest\x1a\x1b.gpupool.v1.GetHostResponse\x12N\n" +
 	"\vListDevices\x12\x1e.gpupool.v1.ListDevicesRequest\x1a\x1f.gpupool.v1.ListDevicesResponse\x12?\n" +
 	"\x06Status\x12\x19.gpupool.v1.StatusRequest\x1a\x1a.gpupool.v1.StatusResponse\x12H\n" +
-	"\tDrainHost\x12\x1c.gpupool.v1.DrainHostRequest\x1a\x1d.gpupool.v1.DrainHostResponseB7Z5github.com/gpupool/gpupool/proto/gpupool/v1;gpupoolv1b\x06proto3"
+	"\tDrainHost\x12\x1c.gpupool.v1.DrainHostRequest\x1a\x1d.gpupool.v1.DrainHostResponse\x12W\n" +
+	"\x0eSetEligibility\x12!.gpupool.v1.SetEligibilityRequest\x1a\".gpupool.v1.SetEligibilityResponseB7Z5github.com/gpupool/gpupool/proto/gpupool/v1;gpupoolv1b\x06proto3"
 
 var (
 	file_gpupool_v1_pool_proto_rawDescOnce sync.Once
@@ -827,47 +950,52 @@ func file_gpupool_v1_pool_proto_rawDescGZIP() []byte {
 	return file_gpupool_v1_pool_proto_rawDescData
 }
 
-var file_gpupool_v1_pool_proto_msgTypes = make([]protoimpl.MessageInfo, 12)
+var file_gpupool_v1_pool_proto_msgTypes = make([]protoimpl.MessageInfo, 14)
 var file_gpupool_v1_pool_proto_goTypes = []any{
-	(*DrainHostRequest)(nil),    // 0: gpupool.v1.DrainHostRequest
-	(*DrainHostResponse)(nil),   // 1: gpupool.v1.DrainHostResponse
-	(*ListHostsRequest)(nil),    // 2: gpupool.v1.ListHostsRequest
-	(*ListHostsResponse)(nil),   // 3: gpupool.v1.ListHostsResponse
-	(*GetHostRequest)(nil),      // 4: gpupool.v1.GetHostRequest
-	(*GetHostResponse)(nil),     // 5: gpupool.v1.GetHostResponse
-	(*ListDevicesRequest)(nil),  // 6: gpupool.v1.ListDevicesRequest
-	(*ListDevicesResponse)(nil), // 7: gpupool.v1.ListDevicesResponse
-	(*StatusRequest)(nil),       // 8: gpupool.v1.StatusRequest
-	(*ModelCapacity)(nil),       // 9: gpupool.v1.ModelCapacity
-	(*StatusResponse)(nil),      // 10: gpupool.v1.StatusResponse
-	nil,                         // 11: gpupool.v1.StatusResponse.LeasesByStateEntry
-	(*Host)(nil),                // 12: gpupool.v1.Host
-	(*Lease)(nil),               // 13: gpupool.v1.Lease
-	(*Device)(nil),              // 14: gpupool.v1.Device
+	(*DrainHostRequest)(nil),       // 0: gpupool.v1.DrainHostRequest
+	(*SetEligibilityRequest)(nil),  // 1: gpupool.v1.SetEligibilityRequest
+	(*SetEligibilityResponse)(nil), // 2: gpupool.v1.SetEligibilityResponse
+	(*DrainHostResponse)(nil),      // 3: gpupool.v1.DrainHostResponse
+	(*ListHostsRequest)(nil),       // 4: gpupool.v1.ListHostsRequest
+	(*ListHostsResponse)(nil),      // 5: gpupool.v1.ListHostsResponse
+	(*GetHostRequest)(nil),         // 6: gpupool.v1.GetHostRequest
+	(*GetHostResponse)(nil),        // 7: gpupool.v1.GetHostResponse
+	(*ListDevicesRequest)(nil),     // 8: gpupool.v1.ListDevicesRequest
+	(*ListDevicesResponse)(nil),    // 9: gpupool.v1.ListDevicesResponse
+	(*StatusRequest)(nil),          // 10: gpupool.v1.StatusRequest
+	(*ModelCapacity)(nil),          // 11: gpupool.v1.ModelCapacity
+	(*StatusResponse)(nil),         // 12: gpupool.v1.StatusResponse
+	nil,                            // 13: gpupool.v1.StatusResponse.LeasesByStateEntry
+	(*Host)(nil),                   // 14: gpupool.v1.Host
+	(*Lease)(nil),                  // 15: gpupool.v1.Lease
+	(*Device)(nil),                 // 16: gpupool.v1.Device
 }
 var file_gpupool_v1_pool_proto_depIdxs = []int32{
-	12, // 0: gpupool.v1.DrainHostResponse.host:type_name -> gpupool.v1.Host
-	12, // 1: gpupool.v1.ListHostsResponse.hosts:type_name -> gpupool.v1.Host
-	12, // 2: gpupool.v1.GetHostResponse.host:type_name -> gpupool.v1.Host
-	13, // 3: gpupool.v1.GetHostResponse.leases:type_name -> gpupool.v1.Lease
-	14, // 4: gpupool.v1.ListDevicesResponse.devices:type_name -> gpupool.v1.Device
-	9,  // 5: gpupool.v1.StatusResponse.models:type_name -> gpupool.v1.ModelCapacity
-	11, // 6: gpupool.v1.StatusResponse.leases_by_state:type_name -> gpupool.v1.StatusResponse.LeasesByStateEntry
-	2,  // 7: gpupool.v1.PoolService.ListHosts:input_type -> gpupool.v1.ListHostsRequest
-	4,  // 8: gpupool.v1.PoolService.GetHost:input_type -> gpupool.v1.GetHostRequest
-	6,  // 9: gpupool.v1.PoolService.ListDevices:input_type -> gpupool.v1.ListDevicesRequest
-	8,  // 10: gpupool.v1.PoolService.Status:input_type -> gpupool.v1.StatusRequest
-	0,  // 11: gpupool.v1.PoolService.DrainHost:input_type -> gpupool.v1.DrainHostRequest
-	3,  // 12: gpupool.v1.PoolService.ListHosts:output_type -> gpupool.v1.ListHostsResponse
-	5,  // 13: gpupool.v1.PoolService.GetHost:output_type -> gpupool.v1.GetHostResponse
-	7,  // 14: gpupool.v1.PoolService.ListDevices:output_type -> gpupool.v1.ListDevicesResponse
-	10, // 15: gpupool.v1.PoolService.Status:output_type -> gpupool.v1.StatusResponse
-	1,  // 16: gpupool.v1.PoolService.DrainHost:output_type -> gpupool.v1.DrainHostResponse
-	12, // [12:17] is the sub-list for method output_type
-	7,  // [7:12] is the sub-list for method input_type
-	7,  // [7:7] is the sub-list for extension type_name
-	7,  // [7:7] is the sub-list for extension extendee
-	0,  // [0:7] is the sub-list for field type_name
+	14, // 0: gpupool.v1.SetEligibilityResponse.host:type_name -> gpupool.v1.Host
+	14, // 1: gpupool.v1.DrainHostResponse.host:type_name -> gpupool.v1.Host
+	14, // 2: gpupool.v1.ListHostsResponse.hosts:type_name -> gpupool.v1.Host
+	14, // 3: gpupool.v1.GetHostResponse.host:type_name -> gpupool.v1.Host
+	15, // 4: gpupool.v1.GetHostResponse.leases:type_name -> gpupool.v1.Lease
+	16, // 5: gpupool.v1.ListDevicesResponse.devices:type_name -> gpupool.v1.Device
+	11, // 6: gpupool.v1.StatusResponse.models:type_name -> gpupool.v1.ModelCapacity
+	13, // 7: gpupool.v1.StatusResponse.leases_by_state:type_name -> gpupool.v1.StatusResponse.LeasesByStateEntry
+	4,  // 8: gpupool.v1.PoolService.ListHosts:input_type -> gpupool.v1.ListHostsRequest
+	6,  // 9: gpupool.v1.PoolService.GetHost:input_type -> gpupool.v1.GetHostRequest
+	8,  // 10: gpupool.v1.PoolService.ListDevices:input_type -> gpupool.v1.ListDevicesRequest
+	10, // 11: gpupool.v1.PoolService.Status:input_type -> gpupool.v1.StatusRequest
+	0,  // 12: gpupool.v1.PoolService.DrainHost:input_type -> gpupool.v1.DrainHostRequest
+	1,  // 13: gpupool.v1.PoolService.SetEligibility:input_type -> gpupool.v1.SetEligibilityRequest
+	5,  // 14: gpupool.v1.PoolService.ListHosts:output_type -> gpupool.v1.ListHostsResponse
+	7,  // 15: gpupool.v1.PoolService.GetHost:output_type -> gpupool.v1.GetHostResponse
+	9,  // 16: gpupool.v1.PoolService.ListDevices:output_type -> gpupool.v1.ListDevicesResponse
+	12, // 17: gpupool.v1.PoolService.Status:output_type -> gpupool.v1.StatusResponse
+	3,  // 18: gpupool.v1.PoolService.DrainHost:output_type -> gpupool.v1.DrainHostResponse
+	2,  // 19: gpupool.v1.PoolService.SetEligibility:output_type -> gpupool.v1.SetEligibilityResponse
+	14, // [14:20] is the sub-list for method output_type
+	8,  // [8:14] is the sub-list for method input_type
+	8,  // [8:8] is the sub-list for extension type_name
+	8,  // [8:8] is the sub-list for extension extendee
+	0,  // [0:8] is the sub-list for field type_name
 }
 
 func init() { file_gpupool_v1_pool_proto_init() }
@@ -882,7 +1010,7 @@ func file_gpupool_v1_pool_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_gpupool_v1_pool_proto_rawDesc), len(file_gpupool_v1_pool_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   12,
+			NumMessages:   14,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -19,11 +19,12 @@ import (
 const _ = grpc.SupportPackageIsVersion9
 
 const (
-	PoolService_ListHosts_FullMethodName   = "/gpupool.v1.PoolService/ListHosts"
-	PoolService_GetHost_FullMethodName     = "/gpupool.v1.PoolService/GetHost"
-	PoolService_ListDevices_FullMethodName = "/gpupool.v1.PoolService/ListDevices"
-	PoolService_Status_FullMethodName      = "/gpupool.v1.PoolService/Status"
-	PoolService_DrainHost_FullMethodName   = "/gpupool.v1.PoolService/DrainHost"
+	PoolService_ListHosts_FullMethodName      = "/gpupool.v1.PoolService/ListHosts"
+	PoolService_GetHost_FullMethodName        = "/gpupool.v1.PoolService/GetHost"
+	PoolService_ListDevices_FullMethodName    = "/gpupool.v1.PoolService/ListDevices"
+	PoolService_Status_FullMethodName         = "/gpupool.v1.PoolService/Status"
+	PoolService_DrainHost_FullMethodName      = "/gpupool.v1.PoolService/DrainHost"
+	PoolService_SetEligibility_FullMethodName = "/gpupool.v1.PoolService/SetEligibility"
 )
 
 // PoolServiceClient is the client API for PoolService service.
@@ -39,7 +40,16 @@ type PoolServiceClient interface {
 	// DrainHost makes a host draining: no new leases land on it, and pools
 	// that mirror it (Kubernetes) taint its devices. With cancel it is ready
 	// and eligible again. NotFound for an unknown host.
+	//
+	// A drain revokes the host's preemptible leases at once and the others
+	// at the deadline (all at once with force); holders get a DRAIN_NOTICE.
+	// The host is drained once its last lease is freed, and stays ineligible
+	// until SetEligibility enables it. Draining a draining host replaces its
+	// deadline and reason.
 	DrainHost(ctx context.Context, in *DrainHostRequest, opts ...grpc.CallOption) (*DrainHostResponse, error)
+	// SetEligibility makes a host take new leases or not. Enabling a drained
+	// host ends its drain; a draining host is refused (cancel the drain).
+	SetEligibility(ctx context.Context, in *SetEligibilityRequest, opts ...grpc.CallOption) (*SetEligibilityResponse, error)
 }
 
 type poolServiceClient struct {
@@ -100,6 +110,16 @@ func (c *poolServiceClient) DrainHost(ctx context.Context, in *DrainHostRequest,
 	return out, nil
 }
 
+func (c *poolServiceClient) SetEligibility(ctx context.Context, in *SetEligibilityRequest, opts ...grpc.CallOption) (*SetEligibilityResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(SetEligibilityResponse)
+	err := c.cc.Invoke(ctx, PoolService_SetEligibility_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // PoolServiceServer is the server API for PoolService service.
 // All implementations must embed UnimplementedPoolServiceServer
 // for forward compatibility.
@@ -113,7 +133,16 @@ type PoolServiceServer interface {
 	// DrainHost makes a host draining: no new leases land on it, and pools
 	// that mirror it (Kubernetes) taint its devices. With cancel it is ready
 	// and eligible again. NotFound for an unknown host.
+	//
+	// A drain revokes the host's preemptible leases at once and the others
+	// at the deadline (all at once with force); holders get a DRAIN_NOTICE.
+	// The host is drained once its last lease is freed, and stays ineligible
+	// until SetEligibility enables it. Draining a draining host replaces its
+	// deadline and reason.
 	DrainHost(context.Context, *DrainHostRequest) (*DrainHostResponse, error)
+	// SetEligibility makes a host take new leases or not. Enabling a drained
+	// host ends its drain; a draining host is refused (cancel the drain).
+	SetEligibility(context.Context, *SetEligibilityRequest) (*SetEligibilityResponse, error)
 	mustEmbedUnimplementedPoolServiceServer()
 }
 
@@ -138,6 +167,9 @@ func (UnimplementedPoolServiceServer) Status(context.Context, *StatusRequest) (*
 }
 func (UnimplementedPoolServiceServer) DrainHost(context.Context, *DrainHostRequest) (*DrainHostResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method DrainHost not implemented")
+}
+func (UnimplementedPoolServiceServer) SetEligibility(context.Context, *SetEligibilityRequest) (*SetEligibilityResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method SetEligibility not implemented")
 }
 func (UnimplementedPoolServiceServer) mustEmbedUnimplementedPoolServiceServer() {}
 func (UnimplementedPoolServiceServer) testEmbeddedByValue()                     {}
@@ -250,6 +282,24 @@ func _PoolService_DrainHost_Handler(srv interface{}, ctx context.Context, dec fu
 	return interceptor(ctx, in, info, handler)
 }
 
+func _PoolService_SetEligibility_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(SetEligibilityRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(PoolServiceServer).SetEligibility(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: PoolService_SetEligibility_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(PoolServiceServer).SetEligibility(ctx, req.(*SetEligibilityRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // PoolService_ServiceDesc is the grpc.ServiceDesc for PoolService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -276,6 +326,10 @@ var PoolService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "DrainHost",
 			Handler:    _PoolService_DrainHost_Handler,
+		},
+		{
+			MethodName: "SetEligibility",
+			Handler:    _PoolService_SetEligibility_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},

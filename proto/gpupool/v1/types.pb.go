@@ -580,7 +580,9 @@ type Host struct {
 	Mps bool `protobuf:"varint,18,opt,name=mps,proto3" json:"mps,omitempty"`
 	// SHA-256 (lower-case hex) of the agent's data-plane TLS certificate;
 	// clients pin it.
-	CertSha256    string `protobuf:"bytes,19,opt,name=cert_sha256,json=certSha256,proto3" json:"cert_sha256,omitempty"`
+	CertSha256 string `protobuf:"bytes,19,opt,name=cert_sha256,json=certSha256,proto3" json:"cert_sha256,omitempty"`
+	// Set while the host is draining or drained; status follows from it.
+	Drain         *HostDrain `protobuf:"bytes,20,opt,name=drain,proto3" json:"drain,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -748,6 +750,85 @@ func (x *Host) GetCertSha256() string {
 	return ""
 }
 
+func (x *Host) GetDrain() *HostDrain {
+	if x != nil {
+		return x.Drain
+	}
+	return nil
+}
+
+// HostDrain is a host's drain record. It lives in the replicated state, so
+// a new leader re-arms the deadline.
+type HostDrain struct {
+	state       protoimpl.MessageState `protogen:"open.v1"`
+	StartedAtMs int64                  `protobuf:"varint,1,opt,name=started_at_ms,json=startedAtMs,proto3" json:"started_at_ms,omitempty"`
+	// When leases still on the host are revoked (Unix ms); 0 for no deadline.
+	DeadlineMs int64  `protobuf:"varint,2,opt,name=deadline_ms,json=deadlineMs,proto3" json:"deadline_ms,omitempty"`
+	Reason     string `protobuf:"bytes,3,opt,name=reason,proto3" json:"reason,omitempty"`
+	// Every lease was revoked: by --force, or because the deadline passed.
+	Force         bool `protobuf:"varint,4,opt,name=force,proto3" json:"force,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *HostDrain) Reset() {
+	*x = HostDrain{}
+	mi := &file_gpupool_v1_types_proto_msgTypes[2]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *HostDrain) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*HostDrain) ProtoMessage() {}
+
+func (x *HostDrain) ProtoReflect() protoreflect.Message {
+	mi := &file_gpupool_v1_types_proto_msgTypes[2]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use HostDrain.ProtoReflect.Descriptor instead.
+func (*HostDrain) Descriptor() ([]byte, []int) {
+	return file_gpupool_v1_types_proto_rawDescGZIP(), []int{2}
+}
+
+func (x *HostDrain) GetStartedAtMs() int64 {
+	if x != nil {
+		return x.StartedAtMs
+	}
+	return 0
+}
+
+func (x *HostDrain) GetDeadlineMs() int64 {
+	if x != nil {
+		return x.DeadlineMs
+	}
+	return 0
+}
+
+func (x *HostDrain) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
+func (x *HostDrain) GetForce() bool {
+	if x != nil {
+		return x.Force
+	}
+	return false
+}
+
 type Constraints struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Shell glob over the device model, e.g. "A100*".
@@ -766,7 +847,7 @@ type Constraints struct {
 
 func (x *Constraints) Reset() {
 	*x = Constraints{}
-	mi := &file_gpupool_v1_types_proto_msgTypes[2]
+	mi := &file_gpupool_v1_types_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -778,7 +859,7 @@ func (x *Constraints) String() string {
 func (*Constraints) ProtoMessage() {}
 
 func (x *Constraints) ProtoReflect() protoreflect.Message {
-	mi := &file_gpupool_v1_types_proto_msgTypes[2]
+	mi := &file_gpupool_v1_types_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -791,7 +872,7 @@ func (x *Constraints) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Constraints.ProtoReflect.Descriptor instead.
 func (*Constraints) Descriptor() ([]byte, []int) {
-	return file_gpupool_v1_types_proto_rawDescGZIP(), []int{2}
+	return file_gpupool_v1_types_proto_rawDescGZIP(), []int{3}
 }
 
 func (x *Constraints) GetModel() string {
@@ -857,7 +938,7 @@ type LeaseRequest struct {
 
 func (x *LeaseRequest) Reset() {
 	*x = LeaseRequest{}
-	mi := &file_gpupool_v1_types_proto_msgTypes[3]
+	mi := &file_gpupool_v1_types_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -869,7 +950,7 @@ func (x *LeaseRequest) String() string {
 func (*LeaseRequest) ProtoMessage() {}
 
 func (x *LeaseRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_gpupool_v1_types_proto_msgTypes[3]
+	mi := &file_gpupool_v1_types_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -882,7 +963,7 @@ func (x *LeaseRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LeaseRequest.ProtoReflect.Descriptor instead.
 func (*LeaseRequest) Descriptor() ([]byte, []int) {
-	return file_gpupool_v1_types_proto_rawDescGZIP(), []int{3}
+	return file_gpupool_v1_types_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *LeaseRequest) GetCount() int32 {
@@ -1000,7 +1081,7 @@ type Slice struct {
 
 func (x *Slice) Reset() {
 	*x = Slice{}
-	mi := &file_gpupool_v1_types_proto_msgTypes[4]
+	mi := &file_gpupool_v1_types_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1012,7 +1093,7 @@ func (x *Slice) String() string {
 func (*Slice) ProtoMessage() {}
 
 func (x *Slice) ProtoReflect() protoreflect.Message {
-	mi := &file_gpupool_v1_types_proto_msgTypes[4]
+	mi := &file_gpupool_v1_types_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1025,7 +1106,7 @@ func (x *Slice) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Slice.ProtoReflect.Descriptor instead.
 func (*Slice) Descriptor() ([]byte, []int) {
-	return file_gpupool_v1_types_proto_rawDescGZIP(), []int{4}
+	return file_gpupool_v1_types_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *Slice) GetHost() string {
@@ -1099,7 +1180,7 @@ type SliceUsage struct {
 
 func (x *SliceUsage) Reset() {
 	*x = SliceUsage{}
-	mi := &file_gpupool_v1_types_proto_msgTypes[5]
+	mi := &file_gpupool_v1_types_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1111,7 +1192,7 @@ func (x *SliceUsage) String() string {
 func (*SliceUsage) ProtoMessage() {}
 
 func (x *SliceUsage) ProtoReflect() protoreflect.Message {
-	mi := &file_gpupool_v1_types_proto_msgTypes[5]
+	mi := &file_gpupool_v1_types_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1124,7 +1205,7 @@ func (x *SliceUsage) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SliceUsage.ProtoReflect.Descriptor instead.
 func (*SliceUsage) Descriptor() ([]byte, []int) {
-	return file_gpupool_v1_types_proto_rawDescGZIP(), []int{5}
+	return file_gpupool_v1_types_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *SliceUsage) GetDevice() string {
@@ -1168,7 +1249,7 @@ type LeaseUsage struct {
 
 func (x *LeaseUsage) Reset() {
 	*x = LeaseUsage{}
-	mi := &file_gpupool_v1_types_proto_msgTypes[6]
+	mi := &file_gpupool_v1_types_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1180,7 +1261,7 @@ func (x *LeaseUsage) String() string {
 func (*LeaseUsage) ProtoMessage() {}
 
 func (x *LeaseUsage) ProtoReflect() protoreflect.Message {
-	mi := &file_gpupool_v1_types_proto_msgTypes[6]
+	mi := &file_gpupool_v1_types_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1193,7 +1274,7 @@ func (x *LeaseUsage) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LeaseUsage.ProtoReflect.Descriptor instead.
 func (*LeaseUsage) Descriptor() ([]byte, []int) {
-	return file_gpupool_v1_types_proto_rawDescGZIP(), []int{6}
+	return file_gpupool_v1_types_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *LeaseUsage) GetHost() string {
@@ -1268,7 +1349,7 @@ type Lease struct {
 
 func (x *Lease) Reset() {
 	*x = Lease{}
-	mi := &file_gpupool_v1_types_proto_msgTypes[7]
+	mi := &file_gpupool_v1_types_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1280,7 +1361,7 @@ func (x *Lease) String() string {
 func (*Lease) ProtoMessage() {}
 
 func (x *Lease) ProtoReflect() protoreflect.Message {
-	mi := &file_gpupool_v1_types_proto_msgTypes[7]
+	mi := &file_gpupool_v1_types_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1293,7 +1374,7 @@ func (x *Lease) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Lease.ProtoReflect.Descriptor instead.
 func (*Lease) Descriptor() ([]byte, []int) {
-	return file_gpupool_v1_types_proto_rawDescGZIP(), []int{7}
+	return file_gpupool_v1_types_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *Lease) GetId() string {
@@ -1492,7 +1573,7 @@ type LeaseTokenClaims struct {
 
 func (x *LeaseTokenClaims) Reset() {
 	*x = LeaseTokenClaims{}
-	mi := &file_gpupool_v1_types_proto_msgTypes[8]
+	mi := &file_gpupool_v1_types_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1504,7 +1585,7 @@ func (x *LeaseTokenClaims) String() string {
 func (*LeaseTokenClaims) ProtoMessage() {}
 
 func (x *LeaseTokenClaims) ProtoReflect() protoreflect.Message {
-	mi := &file_gpupool_v1_types_proto_msgTypes[8]
+	mi := &file_gpupool_v1_types_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1517,7 +1598,7 @@ func (x *LeaseTokenClaims) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LeaseTokenClaims.ProtoReflect.Descriptor instead.
 func (*LeaseTokenClaims) Descriptor() ([]byte, []int) {
-	return file_gpupool_v1_types_proto_rawDescGZIP(), []int{8}
+	return file_gpupool_v1_types_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *LeaseTokenClaims) GetLeaseId() string {
@@ -1591,7 +1672,7 @@ type HostToken struct {
 
 func (x *HostToken) Reset() {
 	*x = HostToken{}
-	mi := &file_gpupool_v1_types_proto_msgTypes[9]
+	mi := &file_gpupool_v1_types_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1603,7 +1684,7 @@ func (x *HostToken) String() string {
 func (*HostToken) ProtoMessage() {}
 
 func (x *HostToken) ProtoReflect() protoreflect.Message {
-	mi := &file_gpupool_v1_types_proto_msgTypes[9]
+	mi := &file_gpupool_v1_types_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1616,7 +1697,7 @@ func (x *HostToken) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HostToken.ProtoReflect.Descriptor instead.
 func (*HostToken) Descriptor() ([]byte, []int) {
-	return file_gpupool_v1_types_proto_rawDescGZIP(), []int{9}
+	return file_gpupool_v1_types_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *HostToken) GetHost() string {
@@ -1661,7 +1742,7 @@ type PublicKey struct {
 
 func (x *PublicKey) Reset() {
 	*x = PublicKey{}
-	mi := &file_gpupool_v1_types_proto_msgTypes[10]
+	mi := &file_gpupool_v1_types_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1673,7 +1754,7 @@ func (x *PublicKey) String() string {
 func (*PublicKey) ProtoMessage() {}
 
 func (x *PublicKey) ProtoReflect() protoreflect.Message {
-	mi := &file_gpupool_v1_types_proto_msgTypes[10]
+	mi := &file_gpupool_v1_types_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1686,7 +1767,7 @@ func (x *PublicKey) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PublicKey.ProtoReflect.Descriptor instead.
 func (*PublicKey) Descriptor() ([]byte, []int) {
-	return file_gpupool_v1_types_proto_rawDescGZIP(), []int{10}
+	return file_gpupool_v1_types_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *PublicKey) GetId() string {
@@ -1706,6 +1787,165 @@ func (x *PublicKey) GetPublicKey() []byte {
 func (x *PublicKey) GetVerifyUntilMs() int64 {
 	if x != nil {
 		return x.VerifyUntilMs
+	}
+	return 0
+}
+
+// Quota caps what a tenant's granted and releasing leases may hold in
+// total. 0 in a dimension means unlimited in it. An exclusive slice counts
+// 1 GPU, its device's memory and 100 % compute; a fractional slice counts
+// its memory and compute and no GPU.
+type Quota struct {
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	Tenant    string                 `protobuf:"bytes,1,opt,name=tenant,proto3" json:"tenant,omitempty"`
+	Gpus      int32                  `protobuf:"varint,2,opt,name=gpus,proto3" json:"gpus,omitempty"`
+	MemoryMib int64                  `protobuf:"varint,3,opt,name=memory_mib,json=memoryMib,proto3" json:"memory_mib,omitempty"`
+	// Percent of one GPU's SMs, summed over slices: 800 is eight GPUs' worth.
+	ComputePercent int64 `protobuf:"varint,4,opt,name=compute_percent,json=computePercent,proto3" json:"compute_percent,omitempty"`
+	UpdatedAtMs    int64 `protobuf:"varint,5,opt,name=updated_at_ms,json=updatedAtMs,proto3" json:"updated_at_ms,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
+}
+
+func (x *Quota) Reset() {
+	*x = Quota{}
+	mi := &file_gpupool_v1_types_proto_msgTypes[12]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Quota) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Quota) ProtoMessage() {}
+
+func (x *Quota) ProtoReflect() protoreflect.Message {
+	mi := &file_gpupool_v1_types_proto_msgTypes[12]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Quota.ProtoReflect.Descriptor instead.
+func (*Quota) Descriptor() ([]byte, []int) {
+	return file_gpupool_v1_types_proto_rawDescGZIP(), []int{12}
+}
+
+func (x *Quota) GetTenant() string {
+	if x != nil {
+		return x.Tenant
+	}
+	return ""
+}
+
+func (x *Quota) GetGpus() int32 {
+	if x != nil {
+		return x.Gpus
+	}
+	return 0
+}
+
+func (x *Quota) GetMemoryMib() int64 {
+	if x != nil {
+		return x.MemoryMib
+	}
+	return 0
+}
+
+func (x *Quota) GetComputePercent() int64 {
+	if x != nil {
+		return x.ComputePercent
+	}
+	return 0
+}
+
+func (x *Quota) GetUpdatedAtMs() int64 {
+	if x != nil {
+		return x.UpdatedAtMs
+	}
+	return 0
+}
+
+// TenantUsage is what a tenant's granted and releasing leases hold, counted
+// as Quota counts it.
+type TenantUsage struct {
+	state          protoimpl.MessageState `protogen:"open.v1"`
+	Tenant         string                 `protobuf:"bytes,1,opt,name=tenant,proto3" json:"tenant,omitempty"`
+	Gpus           int32                  `protobuf:"varint,2,opt,name=gpus,proto3" json:"gpus,omitempty"`
+	MemoryMib      int64                  `protobuf:"varint,3,opt,name=memory_mib,json=memoryMib,proto3" json:"memory_mib,omitempty"`
+	ComputePercent int64                  `protobuf:"varint,4,opt,name=compute_percent,json=computePercent,proto3" json:"compute_percent,omitempty"`
+	Leases         int32                  `protobuf:"varint,5,opt,name=leases,proto3" json:"leases,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
+}
+
+func (x *TenantUsage) Reset() {
+	*x = TenantUsage{}
+	mi := &file_gpupool_v1_types_proto_msgTypes[13]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *TenantUsage) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*TenantUsage) ProtoMessage() {}
+
+func (x *TenantUsage) ProtoReflect() protoreflect.Message {
+	mi := &file_gpupool_v1_types_proto_msgTypes[13]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use TenantUsage.ProtoReflect.Descriptor instead.
+func (*TenantUsage) Descriptor() ([]byte, []int) {
+	return file_gpupool_v1_types_proto_rawDescGZIP(), []int{13}
+}
+
+func (x *TenantUsage) GetTenant() string {
+	if x != nil {
+		return x.Tenant
+	}
+	return ""
+}
+
+func (x *TenantUsage) GetGpus() int32 {
+	if x != nil {
+		return x.Gpus
+	}
+	return 0
+}
+
+func (x *TenantUsage) GetMemoryMib() int64 {
+	if x != nil {
+		return x.MemoryMib
+	}
+	return 0
+}
+
+func (x *TenantUsage) GetComputePercent() int64 {
+	if x != nil {
+		return x.ComputePercent
+	}
+	return 0
+}
+
+func (x *TenantUsage) GetLeases() int32 {
+	if x != nil {
+		return x.Leases
 	}
 	return 0
 }
@@ -1738,7 +1978,7 @@ const file_gpupool_v1_types_proto_rawDesc = "" +
 	"leaseCount\x12#\n" +
 	"\rhealth_reason\x18\x10 \x01(\tR\fhealthReason\x12&\n" +
 	"\x0fused_memory_mib\x18\x11 \x01(\x03R\rusedMemoryMib\x12/\n" +
-	"\x13utilization_percent\x18\x12 \x01(\x05R\x12utilizationPercent\"\x95\x06\n" +
+	"\x13utilization_percent\x18\x12 \x01(\x05R\x12utilizationPercent\"\xc2\x06\n" +
 	"\x04Host\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x18\n" +
 	"\aaddress\x18\x02 \x01(\tR\aaddress\x124\n" +
@@ -1761,10 +2001,17 @@ const file_gpupool_v1_types_proto_rawDesc = "" +
 	"\x14allocated_memory_mib\x18\x11 \x01(\x03R\x12allocatedMemoryMib\x12\x10\n" +
 	"\x03mps\x18\x12 \x01(\bR\x03mps\x12\x1f\n" +
 	"\vcert_sha256\x18\x13 \x01(\tR\n" +
-	"certSha256\x1a9\n" +
+	"certSha256\x12+\n" +
+	"\x05drain\x18\x14 \x01(\v2\x15.gpupool.v1.HostDrainR\x05drain\x1a9\n" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xef\x01\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"~\n" +
+	"\tHostDrain\x12\"\n" +
+	"\rstarted_at_ms\x18\x01 \x01(\x03R\vstartedAtMs\x12\x1f\n" +
+	"\vdeadline_ms\x18\x02 \x01(\x03R\n" +
+	"deadlineMs\x12\x16\n" +
+	"\x06reason\x18\x03 \x01(\tR\x06reason\x12\x14\n" +
+	"\x05force\x18\x04 \x01(\bR\x05force\"\xef\x01\n" +
 	"\vConstraints\x12\x14\n" +
 	"\x05model\x18\x01 \x01(\tR\x05model\x12$\n" +
 	"\x0emin_memory_mib\x18\x02 \x01(\x03R\fminMemoryMib\x12\x12\n" +
@@ -1867,7 +2114,21 @@ const file_gpupool_v1_types_proto_rawDesc = "" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x1d\n" +
 	"\n" +
 	"public_key\x18\x02 \x01(\fR\tpublicKey\x12&\n" +
-	"\x0fverify_until_ms\x18\x03 \x01(\x03R\rverifyUntilMs*\x89\x01\n" +
+	"\x0fverify_until_ms\x18\x03 \x01(\x03R\rverifyUntilMs\"\x9f\x01\n" +
+	"\x05Quota\x12\x16\n" +
+	"\x06tenant\x18\x01 \x01(\tR\x06tenant\x12\x12\n" +
+	"\x04gpus\x18\x02 \x01(\x05R\x04gpus\x12\x1d\n" +
+	"\n" +
+	"memory_mib\x18\x03 \x01(\x03R\tmemoryMib\x12'\n" +
+	"\x0fcompute_percent\x18\x04 \x01(\x03R\x0ecomputePercent\x12\"\n" +
+	"\rupdated_at_ms\x18\x05 \x01(\x03R\vupdatedAtMs\"\x99\x01\n" +
+	"\vTenantUsage\x12\x16\n" +
+	"\x06tenant\x18\x01 \x01(\tR\x06tenant\x12\x12\n" +
+	"\x04gpus\x18\x02 \x01(\x05R\x04gpus\x12\x1d\n" +
+	"\n" +
+	"memory_mib\x18\x03 \x01(\x03R\tmemoryMib\x12'\n" +
+	"\x0fcompute_percent\x18\x04 \x01(\x03R\x0ecomputePercent\x12\x16\n" +
+	"\x06leases\x18\x05 \x01(\x05R\x06leases*\x89\x01\n" +
 	"\n" +
 	"HostStatus\x12\x1b\n" +
 	"\x17HOST_STATUS_UNSPECIFIED\x10\x00\x12\x15\n" +
@@ -1918,7 +2179,7 @@ func file_gpupool_v1_types_proto_rawDescGZIP() []byte {
 }
 
 var file_gpupool_v1_types_proto_enumTypes = make([]protoimpl.EnumInfo, 6)
-var file_gpupool_v1_types_proto_msgTypes = make([]protoimpl.MessageInfo, 14)
+var file_gpupool_v1_types_proto_msgTypes = make([]protoimpl.MessageInfo, 17)
 var file_gpupool_v1_types_proto_goTypes = []any{
 	(HostStatus)(0),          // 0: gpupool.v1.HostStatus
 	(DeviceHealth)(0),        // 1: gpupool.v1.DeviceHealth
@@ -1928,43 +2189,47 @@ var file_gpupool_v1_types_proto_goTypes = []any{
 	(Topology)(0),            // 5: gpupool.v1.Topology
 	(*Device)(nil),           // 6: gpupool.v1.Device
 	(*Host)(nil),             // 7: gpupool.v1.Host
-	(*Constraints)(nil),      // 8: gpupool.v1.Constraints
-	(*LeaseRequest)(nil),     // 9: gpupool.v1.LeaseRequest
-	(*Slice)(nil),            // 10: gpupool.v1.Slice
-	(*SliceUsage)(nil),       // 11: gpupool.v1.SliceUsage
-	(*LeaseUsage)(nil),       // 12: gpupool.v1.LeaseUsage
-	(*Lease)(nil),            // 13: gpupool.v1.Lease
-	(*LeaseTokenClaims)(nil), // 14: gpupool.v1.LeaseTokenClaims
-	(*HostToken)(nil),        // 15: gpupool.v1.HostToken
-	(*PublicKey)(nil),        // 16: gpupool.v1.PublicKey
-	nil,                      // 17: gpupool.v1.Host.LabelsEntry
-	nil,                      // 18: gpupool.v1.Constraints.LabelsEntry
-	nil,                      // 19: gpupool.v1.Lease.LastEventSeqEntry
+	(*HostDrain)(nil),        // 8: gpupool.v1.HostDrain
+	(*Constraints)(nil),      // 9: gpupool.v1.Constraints
+	(*LeaseRequest)(nil),     // 10: gpupool.v1.LeaseRequest
+	(*Slice)(nil),            // 11: gpupool.v1.Slice
+	(*SliceUsage)(nil),       // 12: gpupool.v1.SliceUsage
+	(*LeaseUsage)(nil),       // 13: gpupool.v1.LeaseUsage
+	(*Lease)(nil),            // 14: gpupool.v1.Lease
+	(*LeaseTokenClaims)(nil), // 15: gpupool.v1.LeaseTokenClaims
+	(*HostToken)(nil),        // 16: gpupool.v1.HostToken
+	(*PublicKey)(nil),        // 17: gpupool.v1.PublicKey
+	(*Quota)(nil),            // 18: gpupool.v1.Quota
+	(*TenantUsage)(nil),      // 19: gpupool.v1.TenantUsage
+	nil,                      // 20: gpupool.v1.Host.LabelsEntry
+	nil,                      // 21: gpupool.v1.Constraints.LabelsEntry
+	nil,                      // 22: gpupool.v1.Lease.LastEventSeqEntry
 }
 var file_gpupool_v1_types_proto_depIdxs = []int32{
 	1,  // 0: gpupool.v1.Device.health:type_name -> gpupool.v1.DeviceHealth
-	17, // 1: gpupool.v1.Host.labels:type_name -> gpupool.v1.Host.LabelsEntry
+	20, // 1: gpupool.v1.Host.labels:type_name -> gpupool.v1.Host.LabelsEntry
 	0,  // 2: gpupool.v1.Host.status:type_name -> gpupool.v1.HostStatus
 	6,  // 3: gpupool.v1.Host.devices:type_name -> gpupool.v1.Device
-	18, // 4: gpupool.v1.Constraints.labels:type_name -> gpupool.v1.Constraints.LabelsEntry
-	8,  // 5: gpupool.v1.LeaseRequest.constraints:type_name -> gpupool.v1.Constraints
-	5,  // 6: gpupool.v1.LeaseRequest.topology:type_name -> gpupool.v1.Topology
-	3,  // 7: gpupool.v1.LeaseRequest.class:type_name -> gpupool.v1.LeaseClass
-	4,  // 8: gpupool.v1.Slice.isolation:type_name -> gpupool.v1.Isolation
-	11, // 9: gpupool.v1.LeaseUsage.slices:type_name -> gpupool.v1.SliceUsage
-	9,  // 10: gpupool.v1.Lease.request:type_name -> gpupool.v1.LeaseRequest
-	10, // 11: gpupool.v1.Lease.slices:type_name -> gpupool.v1.Slice
-	3,  // 12: gpupool.v1.Lease.class:type_name -> gpupool.v1.LeaseClass
-	2,  // 13: gpupool.v1.Lease.state:type_name -> gpupool.v1.LeaseState
-	2,  // 14: gpupool.v1.Lease.end_state:type_name -> gpupool.v1.LeaseState
-	12, // 15: gpupool.v1.Lease.usage:type_name -> gpupool.v1.LeaseUsage
-	19, // 16: gpupool.v1.Lease.last_event_seq:type_name -> gpupool.v1.Lease.LastEventSeqEntry
-	10, // 17: gpupool.v1.LeaseTokenClaims.slices:type_name -> gpupool.v1.Slice
-	18, // [18:18] is the sub-list for method output_type
-	18, // [18:18] is the sub-list for method input_type
-	18, // [18:18] is the sub-list for extension type_name
-	18, // [18:18] is the sub-list for extension extendee
-	0,  // [0:18] is the sub-list for field type_name
+	8,  // 4: gpupool.v1.Host.drain:type_name -> gpupool.v1.HostDrain
+	21, // 5: gpupool.v1.Constraints.labels:type_name -> gpupool.v1.Constraints.LabelsEntry
+	9,  // 6: gpupool.v1.LeaseRequest.constraints:type_name -> gpupool.v1.Constraints
+	5,  // 7: gpupool.v1.LeaseRequest.topology:type_name -> gpupool.v1.Topology
+	3,  // 8: gpupool.v1.LeaseRequest.class:type_name -> gpupool.v1.LeaseClass
+	4,  // 9: gpupool.v1.Slice.isolation:type_name -> gpupool.v1.Isolation
+	12, // 10: gpupool.v1.LeaseUsage.slices:type_name -> gpupool.v1.SliceUsage
+	10, // 11: gpupool.v1.Lease.request:type_name -> gpupool.v1.LeaseRequest
+	11, // 12: gpupool.v1.Lease.slices:type_name -> gpupool.v1.Slice
+	3,  // 13: gpupool.v1.Lease.class:type_name -> gpupool.v1.LeaseClass
+	2,  // 14: gpupool.v1.Lease.state:type_name -> gpupool.v1.LeaseState
+	2,  // 15: gpupool.v1.Lease.end_state:type_name -> gpupool.v1.LeaseState
+	13, // 16: gpupool.v1.Lease.usage:type_name -> gpupool.v1.LeaseUsage
+	22, // 17: gpupool.v1.Lease.last_event_seq:type_name -> gpupool.v1.Lease.LastEventSeqEntry
+	11, // 18: gpupool.v1.LeaseTokenClaims.slices:type_name -> gpupool.v1.Slice
+	19, // [19:19] is the sub-list for method output_type
+	19, // [19:19] is the sub-list for method input_type
+	19, // [19:19] is the sub-list for extension type_name
+	19, // [19:19] is the sub-list for extension extendee
+	0,  // [0:19] is the sub-list for field type_name
 }
 
 func init() { file_gpupool_v1_types_proto_init() }
@@ -1978,7 +2243,7 @@ func file_gpupool_v1_types_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_gpupool_v1_types_proto_rawDesc), len(file_gpupool_v1_types_proto_rawDesc)),
 			NumEnums:      6,
-			NumMessages:   14,
+			NumMessages:   17,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

@@ -1,0 +1,99 @@
+package broker
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/gpupool/gpupool/broker/fsm"
+	gpupoolv1 "github.com/gpupool/gpupool/proto/gpupool/v1"
+)
+
+// MaxDrainDeadline is the longest drain deadline a request may ask for.
+const MaxDrainDeadline = 30 * 24 * time.Hour
+
+// validateDrain checks a drain request's fields and their combination.
+func validateDrain(req *gpupoolv1.DrainHostRequest) error {
+	switch {
+	case req.HostId == "":
+		return status.Error(codes.InvalidArgument, "host_id: is required; see 'gpupool host ls'")
+	case len(req.Reason) > 256:
+		return status.Errorf(codes.InvalidArgument, "reason: %d bytes, must be at most 256", len(req.Reason))
+	case req.DeadlineAfterMs < 0 || req.DeadlineAfterMs > MaxDrainDeadline.Milliseconds():
+		return status.Errorf(codes.InvalidArgument, "deadline_after_ms %d: must be between 0 (no deadline) and %d (%s)",
+			req.DeadlineAfterMs, MaxDrainDeadline.Milliseconds(), MaxDrainDeadline)
+	case req.Force && req.DeadlineAfterMs != 0:
+		return status.Errorf(codes.InvalidArgument, "force true with deadline_after_ms %d: force revokes every lease now, so give one or the other", req.DeadlineAfterMs)
+	case req.Cancel && (req.Force || req.DeadlineAfterMs != 0):
+		return status.Error(codes.InvalidArgument, "cancel true: cannot be combined with force or deadline_after_ms")
+	}
+	return nil
+}
+
+func (e poolService) DrainHost(ctx context.Context, req *gpupoolv1.DrainHostRequest) (*gpupoolv1.DrainHostResponse, error) {
+	if err := validateDrain(req); err != nil {
+		return nil, err
+	}
+	if conn, fctx, err := e.s.leaderConn(ctx); err != nil {
+		return nil, err
+	} else if conn != nil {
+		return gpupoolv1.NewPoolServiceClient(conn).DrainHost(fctx, req)
+	}
+	if e.s.fsm.State().Host(req.HostId) == nil {
+		return nil, status.Errorf(codes.NotFound, "host %q: not found; see 'gpupool host ls'", req.HostId)
+	}
+	now := e.s.nowMs()
+	c := &gpupoolv1.DrainHostCommand{HostId: req.HostId, Cancel: req.Cancel, Reason: req.Reason, Force: req.Force, NowMs: now}
+	if req.DeadlineAfterMs > 0 {
+		c.DeadlineMs = now + req.DeadlineAfterMs
+	}
+	res, err := e.s.apply(c)
+	if err != nil {
+		return nil, toStatus(err)
+	}
+	resp := &gpupoolv1.DrainHostResponse{Host: res.Host}
+	for _, l := range e.s.fsm.State().HostLeases(req.HostId) {
+		if !ended(l.State) {
+			resp.Leases++
+		}
+	}
+	e.s.log.Info("host drain", "host", req.HostId, "cancel", req.Cancel, "force", req.Force, "deadline", fsm.DeadlineText(c.DeadlineMs),
+		"status", fsm.HostStatusName(res.Host.GetStatus()), "leases", resp.Leases)
+	return resp, nil
+}
+
+func (e poolService) SetEligibility(ctx context.Context, req *gpupoolv1.SetEligibilityRequest) (*gpupoolv1.SetEligibilityResponse, error) {
+	if req.HostId == "" {
+		return nil, status.Error(codes.InvalidArgument, "host_id: is required; see 'gpupool host ls'")
+	}
+	if conn, fctx, err := e.s.leaderConn(ctx); err != nil {
+		return nil, err
+	} else if conn != nil {
+		return gpupoolv1.NewPoolServiceClient(conn).SetEligibility(fctx, req)
+	}
+	st := e.s.fsm.State()
+	h := st.Host(req.HostId)
+	if h == nil {
+		return nil, status.Errorf(codes.NotFound, "host %q: not found; see 'gpupool host ls'", req.HostId)
+	}
+	if req.Eligible && h.Drain != nil && h.Status == gpupoolv1.HostStatus_HOST_STATUS_DRAINING {
+		left := 0
+		for _, l := range st.HostLeases(h.Id) {
+			if !ended(l.State) {
+				left++
+			}
+		}
+		return nil, status.Error(codes.FailedPrecondition, fmt.Sprintf(
+			"host %s is draining with %d leases left: enable it once it is drained, or cancel the drain with 'gpupool host drain %s --cancel'",
+			h.Id, left, h.Id))
+	}
+	res, err := e.s.apply(&gpupoolv1.SetHostEligibilityCommand{HostId: req.HostId, Eligible: req.Eligible, NowMs: e.s.nowMs()})
+	if err != nil {
+		return nil, toStatus(err)
+	}
+	e.s.log.Info("host eligibility", "host", req.HostId, "eligible", req.Eligible, "status", fsm.HostStatusName(res.Host.GetStatus()))
+	return &gpupoolv1.SetEligibilityResponse{Host: res.Host}, nil
+}

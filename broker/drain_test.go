@@ -1,0 +1,279 @@
+package broker
+
+import (
+	"strings"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	gpupoolv1 "github.com/gpupool/gpupool/proto/gpupool/v1"
+)
+
+// acquireOn acquires a one-hour lease of class on the pool and returns its id.
+func (ts *testServer) acquireOn(t *testing.T, class gpupoolv1.LeaseClass) string {
+	t.Helper()
+	r := slice(1024, 5)
+	r.TtlMs, r.Class = 3_600_000, class
+	resp, err := ts.c.Lease.Acquire(ctx(t), &gpupoolv1.AcquireRequest{Request: r})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return resp.Lease.Id
+}
+
+func (ts *testServer) host(id string) *gpupoolv1.Host { return ts.s.fsm.State().Host(id) }
+
+func (ts *testServer) leaseState(id string) gpupoolv1.LeaseState {
+	return ts.s.fsm.State().Lease(id).State
+}
+
+func (ts *testServer) drain(t *testing.T, req *gpupoolv1.DrainHostRequest) *gpupoolv1.DrainHostResponse {
+	t.Helper()
+	resp, err := ts.c.Pool.DrainHost(ctx(t), req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return resp
+}
+
+// nextEvent returns the next event a KeepAlive stream carries, skipping
+// renewal answers.
+func nextEvent(t *testing.T, ka gpupoolv1.LeaseService_KeepAliveClient) *gpupoolv1.LeaseEvent {
+	t.Helper()
+	for {
+		r, err := ka.Recv()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if r.Event != nil {
+			return r.Event
+		}
+	}
+}
+
+func TestDrainRevokesPreemptibleLeasesAtOnceAndTheRestAtTheDeadline(t *testing.T) {
+	ts := startServer(t)
+	ts.registerHost(t, "h1", 2, 81920)
+	beat := ts.heartbeater(t, "h1")
+	pre := ts.acquireOn(t, gpupoolv1.LeaseClass_LEASE_CLASS_PREEMPTIBLE)
+	kept := ts.acquireOn(t, gpupoolv1.LeaseClass_LEASE_CLASS_GUARANTEED)
+	ka, err := ts.c.Lease.KeepAlive(ctx(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := ka.Send(&gpupoolv1.KeepAliveRequest{LeaseId: kept}); err != nil {
+		t.Fatal(err)
+	}
+	if r, err := ka.Recv(); err != nil || r.Error != "" {
+		t.Fatalf("renewal: got %v %v", r, err)
+	}
+
+	start := ts.clock.Now()
+	resp := ts.drain(t, &gpupoolv1.DrainHostRequest{HostId: "h1", Reason: "kernel upgrade", DeadlineAfterMs: 30_000})
+	wantDeadline := start.Add(30 * time.Second).UnixMilli()
+	if h := resp.Host; h.Status != gpupoolv1.HostStatus_HOST_STATUS_DRAINING || h.Eligible || h.Drain.GetDeadlineMs() != wantDeadline || h.Drain.Reason != "kernel upgrade" {
+		t.Fatalf("drained host: got %v eligible=%t drain=%v, want draining, ineligible, deadline %d", h.Status, h.Eligible, h.Drain, wantDeadline)
+	}
+	if l := ts.s.fsm.State().Lease(pre); l.State != gpupoolv1.LeaseState_LEASE_STATE_RELEASING || l.EndState != gpupoolv1.LeaseState_LEASE_STATE_REVOKED || !strings.HasPrefix(l.Reason, "host h1 drained") {
+		t.Fatalf("preemptible lease: got %v→%v %q, want releasing→revoked \"host h1 drained…\"", l.State, l.EndState, l.Reason)
+	}
+	if got := ts.leaseState(kept); got != gpupoolv1.LeaseState_LEASE_STATE_GRANTED {
+		t.Fatalf("guaranteed lease at drain start: got %v, want granted", got)
+	}
+	ev := nextEvent(t, ka)
+	if ev.Type != gpupoolv1.LeaseEventType_LEASE_EVENT_TYPE_DRAIN_NOTICE || ev.DeadlineMs != wantDeadline || !strings.Contains(ev.Message, "host h1 draining (kernel upgrade)") {
+		t.Fatalf("KeepAlive event: got %v deadline %d %q, want DRAIN_NOTICE with deadline %d", ev.Type, ev.DeadlineMs, ev.Message, wantDeadline)
+	}
+
+	for range 7 { // 28 s, the host heartbeating: before the deadline
+		ts.clock.Advance(4 * time.Second)
+		beat()
+	}
+	if got := ts.leaseState(kept); got != gpupoolv1.LeaseState_LEASE_STATE_GRANTED {
+		t.Fatalf("guaranteed lease 28 s into a 30 s drain: got %v, want granted", got)
+	}
+	ts.clock.Advance(4 * time.Second)
+	beat()
+	if l := ts.s.fsm.State().Lease(kept); l.State != gpupoolv1.LeaseState_LEASE_STATE_RELEASING || l.EndState != gpupoolv1.LeaseState_LEASE_STATE_REVOKED || !strings.Contains(l.Reason, "deadline passed") {
+		t.Fatalf("guaranteed lease past the deadline: got %v→%v %q, want releasing→revoked, deadline passed", l.State, l.EndState, l.Reason)
+	}
+	if ev := nextEvent(t, ka); ev.Type != gpupoolv1.LeaseEventType_LEASE_EVENT_TYPE_RELEASING {
+		t.Fatalf("KeepAlive event after the deadline: got %v, want RELEASING", ev.Type)
+	}
+	if got := ts.host("h1").Status; got != gpupoolv1.HostStatus_HOST_STATUS_DRAINING {
+		t.Fatalf("host with leases releasing: got %v, want draining", got)
+	}
+
+	beat(pre, kept) // the agent confirms teardown: the last leases are freed
+	waitFor(t, "host drained", func() bool { return ts.host("h1").Status == gpupoolv1.HostStatus_HOST_STATUS_DRAINED })
+	if _, err := ts.c.Lease.Acquire(ctx(t), &gpupoolv1.AcquireRequest{Request: slice(1024, 5)}); status.Code(err) != codes.ResourceExhausted {
+		t.Fatalf("acquire on the drained pool: got %v, want ResourceExhausted", err)
+	}
+	en, err := ts.c.Pool.SetEligibility(ctx(t), &gpupoolv1.SetEligibilityRequest{HostId: "h1", Eligible: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if h := en.Host; h.Status != gpupoolv1.HostStatus_HOST_STATUS_READY || !h.Eligible || h.Drain != nil {
+		t.Fatalf("enabled drained host: got %v eligible=%t drain=%v, want ready, eligible, no drain", h.Status, h.Eligible, h.Drain)
+	}
+	if _, err := ts.c.Lease.Acquire(ctx(t), &gpupoolv1.AcquireRequest{Request: slice(1024, 5)}); err != nil {
+		t.Fatalf("acquire after enabling: %v", err)
+	}
+}
+
+func TestDrainOfAnEmptyHostIsDrainedAtOnceAndForceRevokesEverything(t *testing.T) {
+	ts := startServer(t)
+	ts.registerHost(t, "empty", 1, 81920)
+	if got := ts.drain(t, &gpupoolv1.DrainHostRequest{HostId: "empty"}).Host.Status; got != gpupoolv1.HostStatus_HOST_STATUS_DRAINED {
+		t.Fatalf("drain of a host without leases: got %v, want drained", got)
+	}
+	ts.registerHost(t, "busy", 1, 81920)
+	id := ts.acquireOn(t, gpupoolv1.LeaseClass_LEASE_CLASS_GUARANTEED)
+	resp := ts.drain(t, &gpupoolv1.DrainHostRequest{HostId: "busy", Force: true})
+	if l := ts.s.fsm.State().Lease(id); l.State != gpupoolv1.LeaseState_LEASE_STATE_RELEASING || l.EndState != gpupoolv1.LeaseState_LEASE_STATE_REVOKED {
+		t.Fatalf("guaranteed lease under --force: got %v→%v, want releasing→revoked", l.State, l.EndState)
+	}
+	if resp.Host.Status != gpupoolv1.HostStatus_HOST_STATUS_DRAINING || resp.Leases != 1 || !resp.Host.Drain.GetForce() {
+		t.Fatalf("forced drain: got %v with %d leases, force=%t; want draining with 1 lease releasing, force", resp.Host.Status, resp.Leases, resp.Host.Drain.GetForce())
+	}
+	if n := ts.s.currentLeader().drain.Len(); n != 0 {
+		t.Fatalf("drain timers after a forced drain and one without deadline: got %d, want 0", n)
+	}
+}
+
+func TestDrainingHostThatGoesDownComesBackDrainingThenDrained(t *testing.T) {
+	ts := startServer(t)
+	ts.registerHost(t, "h1", 1, 81920)
+	id := ts.acquireOn(t, gpupoolv1.LeaseClass_LEASE_CLASS_GUARANTEED)
+	ts.drain(t, &gpupoolv1.DrainHostRequest{HostId: "h1"}) // no deadline
+	ts.clock.Advance(6 * time.Second)                      // past the 5 s heartbeat TTL
+	waitFor(t, "host down", func() bool { return ts.host("h1").Status == gpupoolv1.HostStatus_HOST_STATUS_DOWN })
+	if h := ts.host("h1"); h.Drain == nil || h.Eligible {
+		t.Fatalf("down draining host: got drain=%v eligible=%t, want the drain kept and ineligible", h.Drain, h.Eligible)
+	}
+	beat := ts.heartbeater(t, "h1")
+	beat()
+	waitFor(t, "host back", func() bool { return ts.host("h1").Status != gpupoolv1.HostStatus_HOST_STATUS_DOWN })
+	if got := ts.host("h1").Status; got != gpupoolv1.HostStatus_HOST_STATUS_DRAINING {
+		t.Fatalf("back with its lost lease still releasing: got %v, want draining", got)
+	}
+	// The agent re-registers (a restart): the drain survives that too.
+	ts.registerHost(t, "h1", 1, 81920)
+	beat(id)
+	waitFor(t, "host drained", func() bool { return ts.host("h1").Status == gpupoolv1.HostStatus_HOST_STATUS_DRAINED })
+	if h := ts.host("h1"); h.Eligible || h.Drain == nil {
+		t.Fatalf("drained host: got eligible=%t drain=%v, want ineligible with its drain", h.Eligible, h.Drain)
+	}
+}
+
+func TestDrainDeadlineSurvivesALeaderChangeAndFiresOnce(t *testing.T) {
+	ts := startServer(t)
+	ts.registerHost(t, "h1", 1, 81920)
+	id := ts.acquireOn(t, gpupoolv1.LeaseClass_LEASE_CLASS_GUARANTEED)
+	events, cancel := ts.s.fsm.Subscribe()
+	t.Cleanup(cancel)
+	ts.drain(t, &gpupoolv1.DrainHostRequest{HostId: "h1", DeadlineAfterMs: 20_000})
+	deadline := time.UnixMilli(ts.host("h1").Drain.DeadlineMs)
+
+	// Leadership moves: the new leader state is built from the replicated
+	// state alone, as on another server.
+	handOver := func() *leaderState {
+		t.Helper()
+		old := ts.s.currentLeader()
+		ts.s.notifyCh <- false
+		ts.s.notifyCh <- true
+		var ls *leaderState
+		waitFor(t, "a new leader", func() bool { ls = ts.s.currentLeader(); return ls != nil && ls != old })
+		return ls
+	}
+	ls := handOver()
+	if at, ok := ls.drain.Deadline("h1"); !ok || !at.Equal(deadline) {
+		t.Fatalf("drain deadline on the new leader: got %v armed=%t, want %v", at, ok, deadline)
+	}
+	beat := ts.heartbeater(t, "h1")
+	for range 6 { // 24 s: past the 20 s deadline
+		ts.clock.Advance(4 * time.Second)
+		beat()
+	}
+	if got := ts.leaseState(id); got != gpupoolv1.LeaseState_LEASE_STATE_RELEASING {
+		t.Fatalf("lease past the deadline after a leader change: got %v, want releasing", got)
+	}
+	if ls := handOver(); ls.drain.Len() != 0 {
+		t.Fatalf("drain timers on a leader after the deadline fired: got %d, want 0", ls.drain.Len())
+	}
+	revoked := 0
+	for done := false; !done; {
+		select {
+		case ev := <-events:
+			if ev.Lease.GetId() == id && ev.Type == gpupoolv1.LeaseEventType_LEASE_EVENT_TYPE_RELEASING {
+				revoked++
+			}
+		default:
+			done = true
+		}
+	}
+	if revoked != 1 {
+		t.Fatalf("revocations of the lease: got %d, want 1", revoked)
+	}
+}
+
+func TestDrainAndEligibilityRejectBadInputAndConflicts(t *testing.T) {
+	ts := startServer(t)
+	ts.registerHost(t, "h1", 1, 81920)
+	ts.acquireOn(t, gpupoolv1.LeaseClass_LEASE_CLASS_GUARANTEED)
+	for _, tc := range []struct {
+		name string
+		call func() error
+		code codes.Code
+		msg  string
+	}{
+		{"a negative deadline", func() error {
+			_, err := ts.c.Pool.DrainHost(ctx(t), &gpupoolv1.DrainHostRequest{HostId: "h1", DeadlineAfterMs: -1})
+			return err
+		}, codes.InvalidArgument, "deadline_after_ms -1: must be between 0 (no deadline) and"},
+		{"force with a deadline", func() error {
+			_, err := ts.c.Pool.DrainHost(ctx(t), &gpupoolv1.DrainHostRequest{HostId: "h1", Force: true, DeadlineAfterMs: 1000})
+			return err
+		}, codes.InvalidArgument, "force true with deadline_after_ms 1000"},
+		{"cancel with force", func() error {
+			_, err := ts.c.Pool.DrainHost(ctx(t), &gpupoolv1.DrainHostRequest{HostId: "h1", Force: true, Cancel: true})
+			return err
+		}, codes.InvalidArgument, "cancel true: cannot be combined"},
+		{"eligibility of no host", func() error {
+			_, err := ts.c.Pool.SetEligibility(ctx(t), &gpupoolv1.SetEligibilityRequest{Eligible: true})
+			return err
+		}, codes.InvalidArgument, "host_id: is required"},
+		{"eligibility of an unknown host", func() error {
+			_, err := ts.c.Pool.SetEligibility(ctx(t), &gpupoolv1.SetEligibilityRequest{HostId: "nope", Eligible: true})
+			return err
+		}, codes.NotFound, `host "nope": not found`},
+		{"disabling a ready host", func() error {
+			resp, err := ts.c.Pool.SetEligibility(ctx(t), &gpupoolv1.SetEligibilityRequest{HostId: "h1"})
+			if err == nil && (resp.Host.Eligible || resp.Host.Status != gpupoolv1.HostStatus_HOST_STATUS_READY) {
+				t.Errorf("disabled host: got %v eligible=%t, want ready, ineligible", resp.Host.Status, resp.Host.Eligible)
+			}
+			return err
+		}, codes.OK, ""},
+		{"enabling it again", func() error {
+			resp, err := ts.c.Pool.SetEligibility(ctx(t), &gpupoolv1.SetEligibilityRequest{HostId: "h1", Eligible: true})
+			if err == nil && !resp.Host.Eligible {
+				t.Errorf("enabled host: got ineligible")
+			}
+			return err
+		}, codes.OK, ""},
+		{"enabling a draining host", func() error {
+			ts.drain(t, &gpupoolv1.DrainHostRequest{HostId: "h1"})
+			_, err := ts.c.Pool.SetEligibility(ctx(t), &gpupoolv1.SetEligibilityRequest{HostId: "h1", Eligible: true})
+			return err
+		}, codes.FailedPrecondition, "host h1 is draining with 1 leases left: enable it once it is drained, or cancel the drain with 'gpupool host drain h1 --cancel'"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			err := tc.call()
+			if status.Code(err) != tc.code || (tc.msg != "" && !strings.Contains(status.Convert(err).Message(), tc.msg)) {
+				t.Fatalf("got %v, want %v %q", err, tc.code, tc.msg)
+			}
+		})
+	}
+}
