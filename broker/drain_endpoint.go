@@ -27,8 +27,10 @@ func validateDrain(req *gpupoolv1.DrainHostRequest) error {
 			req.DeadlineAfterMs, MaxDrainDeadline.Milliseconds(), MaxDrainDeadline)
 	case req.Force && req.DeadlineAfterMs != 0:
 		return status.Errorf(codes.InvalidArgument, "force true with deadline_after_ms %d: force revokes every lease now, so give one or the other", req.DeadlineAfterMs)
-	case req.Cancel && (req.Force || req.DeadlineAfterMs != 0):
-		return status.Error(codes.InvalidArgument, "cancel true: cannot be combined with force or deadline_after_ms")
+	case req.Cancel && (req.Force || req.DeadlineAfterMs != 0 || req.KeepDeadline):
+		return status.Error(codes.InvalidArgument, "cancel true: cannot be combined with force, deadline_after_ms or keep_deadline")
+	case req.Force && req.KeepDeadline:
+		return status.Error(codes.InvalidArgument, "force true with keep_deadline true: force revokes every lease now, so give one or the other")
 	}
 	return nil
 }
@@ -46,7 +48,7 @@ func (e poolService) DrainHost(ctx context.Context, req *gpupoolv1.DrainHostRequ
 		return nil, status.Errorf(codes.NotFound, "host %q: not found; see 'gpupool host ls'", req.HostId)
 	}
 	now := e.s.nowMs()
-	c := &gpupoolv1.DrainHostCommand{HostId: req.HostId, Cancel: req.Cancel, Reason: req.Reason, Force: req.Force, NowMs: now}
+	c := &gpupoolv1.DrainHostCommand{HostId: req.HostId, Cancel: req.Cancel, Reason: req.Reason, Force: req.Force, KeepDeadline: req.KeepDeadline, NowMs: now}
 	if req.DeadlineAfterMs > 0 {
 		c.DeadlineMs = now + req.DeadlineAfterMs
 	}
@@ -60,7 +62,7 @@ func (e poolService) DrainHost(ctx context.Context, req *gpupoolv1.DrainHostRequ
 			resp.Leases++
 		}
 	}
-	e.s.log.Info("host drain", "host", req.HostId, "cancel", req.Cancel, "force", req.Force, "deadline", fsm.DeadlineText(c.DeadlineMs),
+	e.s.log.Info("host drain", "host", req.HostId, "cancel", req.Cancel, "force", req.Force, "deadline", fsm.DeadlineText(res.Host.GetDrain().GetDeadlineMs()),
 		"status", fsm.HostStatusName(res.Host.GetStatus()), "leases", resp.Leases)
 	return resp, nil
 }
@@ -79,16 +81,22 @@ func (e poolService) SetEligibility(ctx context.Context, req *gpupoolv1.SetEligi
 	if h == nil {
 		return nil, status.Errorf(codes.NotFound, "host %q: not found; see 'gpupool host ls'", req.HostId)
 	}
-	if req.Eligible && h.Drain != nil && h.Status == gpupoolv1.HostStatus_HOST_STATUS_DRAINING {
+	if req.Eligible && h.Drain != nil && h.Status != gpupoolv1.HostStatus_HOST_STATUS_DRAINED {
+		// Draining, or down before it drained: enabling would drop a
+		// drain that is still going (and its deadline).
 		left := 0
 		for _, l := range st.HostLeases(h.Id) {
 			if !ended(l.State) {
 				left++
 			}
 		}
+		what := fmt.Sprintf("draining with %d leases left", left)
+		if h.Status != gpupoolv1.HostStatus_HOST_STATUS_DRAINING {
+			what = fmt.Sprintf("%s and not drained yet (%d leases left)", fsm.HostStatusName(h.Status), left)
+		}
 		return nil, status.Error(codes.FailedPrecondition, fmt.Sprintf(
-			"host %s is draining with %d leases left: enable it once it is drained, or cancel the drain with 'gpupool host drain %s --cancel'",
-			h.Id, left, h.Id))
+			"host %s is %s: enable it once it is drained, or cancel the drain with 'gpupool host drain %s --cancel'",
+			h.Id, what, h.Id))
 	}
 	res, err := e.s.apply(&gpupoolv1.SetHostEligibilityCommand{HostId: req.HostId, Eligible: req.Eligible, NowMs: e.s.nowMs()})
 	if err != nil {

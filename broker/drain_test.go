@@ -1,12 +1,16 @@
 package broker
 
 import (
+	"fmt"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/hashicorp/raft"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
 
 	gpupoolv1 "github.com/gpupool/gpupool/proto/gpupool/v1"
 )
@@ -179,16 +183,7 @@ func TestDrainDeadlineSurvivesALeaderChangeAndFiresOnce(t *testing.T) {
 
 	// Leadership moves: the new leader state is built from the replicated
 	// state alone, as on another server.
-	handOver := func() *leaderState {
-		t.Helper()
-		old := ts.s.currentLeader()
-		ts.s.notifyCh <- false
-		ts.s.notifyCh <- true
-		var ls *leaderState
-		waitFor(t, "a new leader", func() bool { ls = ts.s.currentLeader(); return ls != nil && ls != old })
-		return ls
-	}
-	ls := handOver()
+	ls := ts.handOver(t)
 	if at, ok := ls.drain.Deadline("h1"); !ok || !at.Equal(deadline) {
 		t.Fatalf("drain deadline on the new leader: got %v armed=%t, want %v", at, ok, deadline)
 	}
@@ -200,7 +195,7 @@ func TestDrainDeadlineSurvivesALeaderChangeAndFiresOnce(t *testing.T) {
 	if got := ts.leaseState(id); got != gpupoolv1.LeaseState_LEASE_STATE_RELEASING {
 		t.Fatalf("lease past the deadline after a leader change: got %v, want releasing", got)
 	}
-	if ls := handOver(); ls.drain.Len() != 0 {
+	if ls := ts.handOver(t); ls.drain.Len() != 0 {
 		t.Fatalf("drain timers on a leader after the deadline fired: got %d, want 0", ls.drain.Len())
 	}
 	revoked := 0
@@ -263,16 +258,161 @@ func TestDrainAndEligibilityRejectBadInputAndConflicts(t *testing.T) {
 			}
 			return err
 		}, codes.OK, ""},
+		{"cancelling the drain of a host that is not draining", func() error {
+			ts.c.Pool.SetEligibility(ctx(t), &gpupoolv1.SetEligibilityRequest{HostId: "h1"})
+			_, err := ts.c.Pool.DrainHost(ctx(t), &gpupoolv1.DrainHostRequest{HostId: "h1", Cancel: true})
+			if h := ts.host("h1"); h.Eligible {
+				t.Errorf("disabled host after a refused cancel: got eligible, want still disabled")
+			}
+			ts.c.Pool.SetEligibility(ctx(t), &gpupoolv1.SetEligibilityRequest{HostId: "h1", Eligible: true})
+			return err
+		}, codes.FailedPrecondition, "host h1 is not draining"},
+		{"keep_deadline with force", func() error {
+			_, err := ts.c.Pool.DrainHost(ctx(t), &gpupoolv1.DrainHostRequest{HostId: "h1", Force: true, KeepDeadline: true})
+			return err
+		}, codes.InvalidArgument, "force true with keep_deadline true"},
 		{"enabling a draining host", func() error {
 			ts.drain(t, &gpupoolv1.DrainHostRequest{HostId: "h1"})
 			_, err := ts.c.Pool.SetEligibility(ctx(t), &gpupoolv1.SetEligibilityRequest{HostId: "h1", Eligible: true})
 			return err
 		}, codes.FailedPrecondition, "host h1 is draining with 1 leases left: enable it once it is drained, or cancel the drain with 'gpupool host drain h1 --cancel'"},
+		{"enabling a draining host that went down before it drained", func() error {
+			ts.clock.Advance(6 * time.Second) // past the 5 s heartbeat TTL
+			waitFor(t, "host down", func() bool { return ts.host("h1").Status == gpupoolv1.HostStatus_HOST_STATUS_DOWN })
+			_, err := ts.c.Pool.SetEligibility(ctx(t), &gpupoolv1.SetEligibilityRequest{HostId: "h1", Eligible: true})
+			if h := ts.host("h1"); h.Drain == nil || h.Eligible {
+				t.Errorf("down draining host after a refused enable: got drain=%v eligible=%t, want its drain kept, ineligible", h.Drain, h.Eligible)
+			}
+			return err
+		}, codes.FailedPrecondition, "host h1 is down and not drained yet (1 leases left): enable it once it is drained, or cancel the drain with 'gpupool host drain h1 --cancel'"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			err := tc.call()
 			if status.Code(err) != tc.code || (tc.msg != "" && !strings.Contains(status.Convert(err).Message(), tc.msg)) {
 				t.Fatalf("got %v, want %v %q", err, tc.code, tc.msg)
+			}
+		})
+	}
+}
+
+func TestDrainDeadlineRevocationThatFailsToCommitIsRetriedWithBackoff(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		err  error
+	}{
+		{"a leadership transfer in progress", raft.ErrLeadershipTransferInProgress},
+		{"an enqueue timeout", raft.ErrEnqueueTimeout},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ts := startServer(t)
+			ts.registerHost(t, "h1", 1, 81920)
+			beat := ts.heartbeater(t, "h1")
+			id := ts.acquireOn(t, gpupoolv1.LeaseClass_LEASE_CLASS_GUARANTEED)
+			ts.drain(t, &gpupoolv1.DrainHostRequest{HostId: "h1", DeadlineAfterMs: 20_000})
+			var attempts atomic.Int32
+			fault := func(cmd proto.Message) error {
+				if c, ok := cmd.(*gpupoolv1.DrainHostCommand); ok && c.IfDeadlineMs != 0 && attempts.Add(1) <= 2 {
+					return tc.err
+				}
+				return nil
+			}
+			ts.s.applyFault.Store(&fault)
+			t.Cleanup(func() { ts.s.applyFault.Store(nil) })
+
+			for range 5 { // 20 s: the deadline fires, synchronously, in Advance
+				ts.clock.Advance(4 * time.Second)
+				beat()
+			}
+			ls := ts.s.currentLeader()
+			for i, wait := range []time.Duration{50 * time.Millisecond, 100 * time.Millisecond} {
+				if got := attempts.Load(); got != int32(i+1) {
+					t.Fatalf("revocation attempts: got %d, want %d", got, i+1)
+				}
+				if got := ts.leaseState(id); got != gpupoolv1.LeaseState_LEASE_STATE_GRANTED {
+					t.Fatalf("lease after %d failed attempts: got %v, want granted", i+1, got)
+				}
+				if at, ok := ls.drain.Deadline("h1"); !ok || !at.Equal(ts.clock.Now().Add(wait)) {
+					t.Fatalf("drain timer after %d failed attempts: got %v armed=%t, want a retry in %s", i+1, at, ok, wait)
+				}
+				ts.clock.Advance(wait)
+			}
+			if l := ts.s.fsm.State().Lease(id); attempts.Load() != 3 || l.State != gpupoolv1.LeaseState_LEASE_STATE_RELEASING || !strings.Contains(l.Reason, "deadline passed") {
+				t.Fatalf("after the third attempt: %d attempts, lease %v %q; want releasing, deadline passed", attempts.Load(), l.State, l.Reason)
+			}
+			waitFor(t, "the drain timer stopped", func() bool { return ls.drain.Len() == 0 })
+			ls.mu.Lock()
+			defer ls.mu.Unlock()
+			if len(ls.drainRetry) != 0 {
+				t.Fatalf("drain retries left after success: %v", ls.drainRetry)
+			}
+		})
+	}
+}
+
+// handOver moves leadership away and back, so the leader state is rebuilt
+// from the replicated state alone, as on another server.
+func (ts *testServer) handOver(t *testing.T) *leaderState {
+	t.Helper()
+	old := ts.s.currentLeader()
+	ts.s.notifyCh <- false
+	ts.s.notifyCh <- true
+	var ls *leaderState
+	waitFor(t, "a new leader", func() bool { ls = ts.s.currentLeader(); return ls != nil && ls != old })
+	return ls
+}
+
+func TestDrainNoticeReachesStreamsThatStartWatchingAfterTheDrain(t *testing.T) {
+	notice, releasing := gpupoolv1.LeaseEventType_LEASE_EVENT_TYPE_DRAIN_NOTICE, gpupoolv1.LeaseEventType_LEASE_EVENT_TYPE_RELEASING
+	for _, tc := range []struct {
+		name          string
+		watchFirst    bool  // the stream watches the lease before the drain starts
+		failover      bool  // leadership moves between the drain and the stream
+		deadlineAfter int64 // 0: no deadline
+		want          []gpupoolv1.LeaseEventType
+	}{
+		{"a stream watching when the drain starts gets it once", true, false, 30_000, []gpupoolv1.LeaseEventType{notice, releasing}},
+		{"a stream that starts after the drain gets it", false, false, 30_000, []gpupoolv1.LeaseEventType{notice, releasing}},
+		{"a stream that starts after a failover gets it", false, true, 30_000, []gpupoolv1.LeaseEventType{notice, releasing}},
+		{"a drain without a deadline is not announced late", false, false, 0, []gpupoolv1.LeaseEventType{releasing}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ts := startServer(t)
+			ts.registerHost(t, "h1", 1, 81920)
+			id := ts.acquireOn(t, gpupoolv1.LeaseClass_LEASE_CLASS_GUARANTEED)
+			var events <-chan *gpupoolv1.LeaseEvent
+			if tc.watchFirst {
+				events = ts.keepAliveEvents(t, id)
+			}
+			ts.drain(t, &gpupoolv1.DrainHostRequest{HostId: "h1", Reason: "kernel upgrade", DeadlineAfterMs: tc.deadlineAfter})
+			deadline := ts.host("h1").Drain.DeadlineMs
+			if tc.failover {
+				ts.handOver(t)
+			}
+			if !tc.watchFirst {
+				events = ts.keepAliveEvents(t, id)
+			}
+			// The release's event closes the sequence: whatever came
+			// before it on the stream is all the stream got.
+			if _, err := ts.c.Lease.Release(ctx(t), &gpupoolv1.ReleaseRequest{LeaseId: id}); err != nil {
+				t.Fatal(err)
+			}
+			var got []gpupoolv1.LeaseEventType
+			for len(got) == 0 || got[len(got)-1] != releasing {
+				select {
+				case ev, ok := <-events:
+					if !ok {
+						t.Fatalf("keepalive stream ended after %v", got)
+					}
+					if ev.Type == notice && (ev.DeadlineMs != deadline || !strings.Contains(ev.Message, "host h1 draining (kernel upgrade)")) {
+						t.Fatalf("DRAIN_NOTICE: got deadline %d %q, want deadline %d", ev.DeadlineMs, ev.Message, deadline)
+					}
+					got = append(got, ev.Type)
+				case <-ctx(t).Done():
+					t.Fatalf("events: got %v, want %v", got, tc.want)
+				}
+			}
+			if fmt.Sprint(got) != fmt.Sprint(tc.want) {
+				t.Fatalf("events: got %v, want %v", got, tc.want)
 			}
 		})
 	}

@@ -44,6 +44,7 @@ func toStatus(err error) error {
 	var fe *lease.FieldError
 	var pe *placement.Error
 	var ce *fsm.ConflictError
+	var pce *fsm.PreconditionError
 	var qe *fsm.QuotaError
 	switch {
 	case errors.As(err, &fe):
@@ -55,6 +56,8 @@ func toStatus(err error) error {
 		return status.Error(codes.ResourceExhausted, "no capacity now: "+pe.Reason)
 	case errors.As(err, &ce):
 		return status.Error(codes.Aborted, err.Error()+"; retry")
+	case errors.As(err, &pce):
+		return status.Error(codes.FailedPrecondition, err.Error())
 	case errors.As(err, &qe):
 		return status.Error(codes.ResourceExhausted, err.Error()+"; see 'gpupool operator quota ls'")
 	case errors.Is(err, fsm.ErrNotFound):

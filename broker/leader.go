@@ -31,6 +31,9 @@ type leaderState struct {
 	lastSeen  map[string]time.Time       // guarded by mu; host → last heartbeat
 	confirmed map[string]map[string]bool // guarded by mu; lease → hosts that confirmed teardown
 	reports   map[string]*hostReport     // guarded by mu; host → its agent's last live readings
+	// drainRetry is set while the drain timer of a host is re-armed to
+	// retry the deadline's revocation after its apply failed.
+	drainRetry map[string]drainRetry // guarded by mu; host → retry
 }
 
 // monitorLeadership starts and stops the leader's duties as raft reports
@@ -64,11 +67,13 @@ func (s *Server) startLeading() func() {
 		lastSeen:  map[string]time.Time{},
 		confirmed: map[string]map[string]bool{},
 		reports:   map[string]*hostReport{},
+
+		drainRetry: map[string]drainRetry{},
 	}
 	ls.ttl = lease.NewTimers(s.cfg.Clock, s.expireLease)
 	ls.heartbeat = lease.NewTimers(s.cfg.Clock, s.hostMissedHeartbeats)
 	ls.lockDelay = lease.NewTimers(s.cfg.Clock, s.lockDelayPassed)
-	ls.drain = lease.NewTimers(s.cfg.Clock, s.drainDeadlinePassed)
+	ls.drain = lease.NewTimers(s.cfg.Clock, func(id string) { s.drainDeadlinePassed(ls, id) })
 	events, cancel := s.fsm.Subscribe()
 	done := make(chan struct{})
 	go func() {

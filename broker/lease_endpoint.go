@@ -338,25 +338,79 @@ func (e leaseService) Watch(req *gpupoolv1.WatchLeasesRequest, stream grpc.Serve
 }
 
 // KeepAlive renews leases on the leader; followers proxy the stream.
+//
+// A drain notice follows the state, not the stream: when a stream first
+// renews a lease on a host that is draining towards a deadline, it gets
+// the DRAIN_NOTICE at once, so a holder that (re)connects after the drain
+// started (a new leader, a new process) still learns of the deadline.
 func (e leaseService) KeepAlive(stream grpc.BidiStreamingServer[gpupoolv1.KeepAliveRequest, gpupoolv1.KeepAliveResponse]) error {
 	watched := map[string]bool{}
+	noticed := map[drainNoticeKey]bool{} // DRAIN_NOTICEs sent on this stream
+	send := func(ev fsm.Event) error {
+		if ev.Type == gpupoolv1.LeaseEventType_LEASE_EVENT_TYPE_DRAIN_NOTICE {
+			// The same notice may come from the catch-up and from the
+			// Apply that raced with it: send it once.
+			k := drainNoticeKey{ev.Lease.Id, ev.DeadlineMs}
+			if noticed[k] {
+				return nil
+			}
+			noticed[k] = true
+		}
+		return stream.Send(&gpupoolv1.KeepAliveResponse{
+			LeaseId: ev.Lease.Id, State: ev.Lease.State,
+			Event: &gpupoolv1.LeaseEvent{Type: ev.Type, Lease: e.s.withLeaderView(ev.Lease), Index: ev.Index, Message: ev.Text(), DeadlineMs: ev.DeadlineMs},
+		})
+	}
 	return serveOnLeader(e.s, stream,
 		func(conn *grpc.ClientConn, ctx context.Context) (grpc.BidiStreamingClient[gpupoolv1.KeepAliveRequest, gpupoolv1.KeepAliveResponse], error) {
 			return gpupoolv1.NewLeaseServiceClient(conn).KeepAlive(ctx)
 		},
 		func(ls *leaderState, r *gpupoolv1.KeepAliveRequest) error {
+			first := !watched[r.LeaseId]
 			watched[r.LeaseId] = true
-			return stream.Send(e.s.renew(ls, r.LeaseId))
+			resp := e.s.renew(ls, r.LeaseId)
+			if err := stream.Send(resp); err != nil || !first || resp.Error != "" {
+				return err
+			}
+			for _, ev := range drainNotices(e.s.fsm.State(), r.LeaseId) {
+				if err := send(ev); err != nil {
+					return err
+				}
+			}
+			return nil
 		},
 		func(ev fsm.Event) error {
 			if ev.Lease == nil || !watched[ev.Lease.Id] || ev.Type == gpupoolv1.LeaseEventType_LEASE_EVENT_TYPE_GRANTED {
 				return nil
 			}
-			return stream.Send(&gpupoolv1.KeepAliveResponse{
-				LeaseId: ev.Lease.Id, State: ev.Lease.State,
-				Event: &gpupoolv1.LeaseEvent{Type: ev.Type, Lease: e.s.withLeaderView(ev.Lease), Index: ev.Index, Message: ev.Text(), DeadlineMs: ev.DeadlineMs},
-			})
+			return send(ev)
 		})
+}
+
+// drainNoticeKey names a DRAIN_NOTICE by its lease and deadline.
+type drainNoticeKey struct {
+	lease      string
+	deadlineMs int64
+}
+
+// drainNotices are the DRAIN_NOTICEs due to the holder of a granted lease:
+// one for each of its hosts whose drain, not yet forced, has a deadline.
+func drainNotices(st *state.Reader, leaseID string) []fsm.Event {
+	l := st.Lease(leaseID)
+	if l == nil || l.State != gpupoolv1.LeaseState_LEASE_STATE_GRANTED {
+		return nil
+	}
+	var evs []fsm.Event
+	for _, id := range state.LeaseHosts(l) {
+		h := st.Host(id)
+		if d := h.GetDrain(); d == nil || d.Force || d.DeadlineMs == 0 {
+			continue
+		}
+		ev := fsm.DrainNotice(h, l)
+		ev.Index = st.Index()
+		evs = append(evs, ev)
+	}
+	return evs
 }
 
 // serveOnLeader runs a bidi stream whose work needs the leader's memory.

@@ -24,9 +24,6 @@ func (e operatorService) SetQuota(ctx context.Context, req *gpupoolv1.SetQuotaRe
 	if err := fsm.ValidateQuota(req.Quota); err != nil {
 		return nil, toStatus(err)
 	}
-	if err := lease.ValidateTenant("quota.tenant", req.Quota.Tenant); err != nil {
-		return nil, toStatus(err)
-	}
 	if conn, fctx, err := e.s.leaderConn(ctx); err != nil {
 		return nil, err
 	} else if conn != nil {

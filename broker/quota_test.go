@@ -48,6 +48,8 @@ func TestQuotaCallsRejectBadInput(t *testing.T) {
 		{"a set without a quota", set(nil), codes.InvalidArgument, "quota: is required"},
 		{"a set without a tenant", set(&gpupoolv1.Quota{Gpus: 1}), codes.InvalidArgument, `quota.tenant "": is required`},
 		{"a set for a bad tenant name", set(&gpupoolv1.Quota{Tenant: "Sim Team"}), codes.InvalidArgument, `quota.tenant "Sim Team": must be 1-63 lowercase`},
+		{"a quota without a limit", set(&gpupoolv1.Quota{Tenant: "sim"}), codes.InvalidArgument,
+			"quota gpus=0 memory_mib=0 compute_percent=0: limits nothing (0 is unlimited); set at least one limit above 0, or lift tenant sim's limits with 'gpupool operator quota rm sim'"},
 		{"negative gpus", set(&gpupoolv1.Quota{Tenant: "sim", Gpus: -1}), codes.InvalidArgument, "quota.gpus -1: must be 0 (unlimited) or more"},
 		{"negative memory", set(&gpupoolv1.Quota{Tenant: "sim", MemoryMib: -5}), codes.InvalidArgument, "quota.memory_mib -5: must be 0 (unlimited) or more"},
 		{"negative compute", set(&gpupoolv1.Quota{Tenant: "sim", ComputePercent: -100}), codes.InvalidArgument, "quota.compute_percent -100"},
@@ -102,7 +104,7 @@ func TestQuotaIsSetListedEnforcedAndRemoved(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	wantUsage := &gpupoolv1.TenantUsage{Tenant: "sim", MemoryMib: 30 << 10, ComputePercent: 50, Leases: 1}
+	wantUsage := &gpupoolv1.TenantUsage{Tenant: "sim", Gpus: 1, MemoryMib: 30 << 10, ComputePercent: 50, Leases: 1}
 	if len(ls.Quotas) != 1 || !proto.Equal(ls.Quotas[0].Usage, wantUsage) {
 		t.Fatalf("ls: got %v, want sim using %v", ls.Quotas, wantUsage)
 	}
@@ -162,16 +164,23 @@ func TestConcurrentAcquiresNeverExceedTheQuota(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var gpus, mem, compute int64
+	// A slice's GPU share, in units of 1/(100*81920) of a GPU: the larger
+	// of compute/100 and memory/81920, or 1 when exclusive; GPUs are the
+	// summed shares rounded up.
+	const gpu = 100 * 81920
+	var shares, mem, compute int64
 	for _, l := range ls.Leases {
 		for _, s := range l.Slices {
 			if s.Exclusive {
-				gpus++
+				shares += gpu
+			} else {
+				shares += max(int64(s.ComputePercent)*81920, s.MemoryMib*100)
 			}
 			mem += s.MemoryMib
 			compute += int64(s.ComputePercent)
 		}
 	}
+	gpus := (shares + gpu - 1) / gpu
 	if len(ls.Leases) != granted || granted == 0 {
 		t.Fatalf("%d acquires succeeded but %d leases are listed; want equal and above 0", granted, len(ls.Leases))
 	}
@@ -234,5 +243,42 @@ func TestConcurrentGrantsInTheLogNeverExceedTheQuota(t *testing.T) {
 	}
 	if u := fsm.TenantUsage(ts.s.fsm.State(), "sim"); u.ComputePercent != quota || u.Leases != quota {
 		t.Fatalf("sim's usage: got %v, want %d%% in %d leases", u, quota, quota)
+	}
+}
+
+// TestAFractionalSliceOfAWholeGPUCountsAgainstTheGPUQuota: a slice that
+// takes all of a GPU's compute, or all its memory, is a GPU, so fractional
+// slices cannot bypass --gpus; smaller slices count their share.
+func TestAFractionalSliceOfAWholeGPUCountsAgainstTheGPUQuota(t *testing.T) {
+	ts := startServer(t)
+	ts.registerHost(t, "h1", 4, 81920)
+	ts.setQuota(t, &gpupoolv1.Quota{Tenant: "sim", Gpus: 1})
+	acquire := func(mem int64, compute int32) error {
+		_, err := ts.c.Lease.Acquire(ctx(t), &gpupoolv1.AcquireRequest{Request: tenantSlice("sim", mem, compute)})
+		return err
+	}
+	if err := acquire(80<<10, 100); err != nil {
+		t.Fatal(err)
+	}
+	want := "tenant sim: gpus 1 of 1 quota used, the lease needs 1; see 'gpupool operator quota ls'"
+	for _, r := range []struct {
+		mem     int64
+		compute int32
+	}{{80 << 10, 100}, {1 << 10, 100}, {80 << 10, 1}, {1 << 10, 1}} {
+		if st, _ := status.FromError(acquire(r.mem, r.compute)); st.Code() != codes.ResourceExhausted || st.Message() != want {
+			t.Fatalf("a slice of %d MiB, %d%% beside a whole GPU: got %v %q, want ResourceExhausted %q", r.mem, r.compute, st.Code(), st.Message(), want)
+		}
+	}
+
+	// Half GPUs: two fit a quota of 1, a third does not.
+	ts.setQuota(t, &gpupoolv1.Quota{Tenant: "other", Gpus: 1})
+	for i := range 2 {
+		if _, err := ts.c.Lease.Acquire(ctx(t), &gpupoolv1.AcquireRequest{Request: tenantSlice("other", 40<<10, 10)}); err != nil {
+			t.Fatalf("half GPU %d: %v", i, err)
+		}
+	}
+	_, err := ts.c.Lease.Acquire(ctx(t), &gpupoolv1.AcquireRequest{Request: tenantSlice("other", 1<<10, 50)})
+	if st, _ := status.FromError(err); st.Code() != codes.ResourceExhausted || !strings.HasPrefix(st.Message(), "tenant other: gpus 1 of 1 quota used") {
+		t.Fatalf("a third half GPU: got %v, want refused by the GPU quota", err)
 	}
 }

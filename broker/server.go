@@ -16,6 +16,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/hashicorp/go-hclog"
@@ -159,6 +160,10 @@ type Server struct {
 	peers  map[string]*gpupoolv1.ServerInfoResponse // guarded by peerMu; learned while forming
 
 	metrics *metrics
+
+	// applyFault, set by tests only, fails apply for the commands it
+	// returns an error for, before they reach raft.
+	applyFault atomic.Pointer[func(proto.Message) error]
 
 	shutdownOnce sync.Once
 	shutdownCh   chan struct{}
@@ -363,6 +368,11 @@ const applyTimeout = 10 * time.Second
 // (not leader, leadership lost) mapped to Unavailable. Only the leader
 // calls it.
 func (s *Server) apply(cmd proto.Message) (*fsm.Result, error) {
+	if fault := s.applyFault.Load(); fault != nil {
+		if err := (*fault)(cmd); err != nil {
+			return nil, raftError(err)
+		}
+	}
 	b, err := fsm.Encode(cmd)
 	if err != nil {
 		return nil, err

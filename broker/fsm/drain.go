@@ -71,6 +71,17 @@ func DeadlineText(deadlineMs int64) string {
 	return "deadline " + time.UnixMilli(deadlineMs).UTC().Format(time.RFC3339)
 }
 
+// DrainNotice is the DRAIN_NOTICE telling the holder of l, a lease on h,
+// that h is draining and when the lease is revoked. h must have a drain.
+// Apply sends it when a drain starts or its deadline changes; the leader
+// sends it again to each KeepAlive stream that starts renewing l later.
+func DrainNotice(h *gpupoolv1.Host, l *gpupoolv1.Lease) Event {
+	return Event{
+		Lease: l, Type: gpupoolv1.LeaseEventType_LEASE_EVENT_TYPE_DRAIN_NOTICE, DeadlineMs: h.Drain.DeadlineMs,
+		Message: fmt.Sprintf("host %s draining (%s), %s: release the lease before then or it is revoked", h.Id, h.Drain.Reason, DeadlineText(h.Drain.DeadlineMs)),
+	}
+}
+
 // applyDrainHost starts, updates or (with cancel) ends a host's drain.
 //
 // Starting or updating records the drain, makes the host ineligible, and
@@ -91,14 +102,16 @@ func applyDrainHost(w *state.Writer, index uint64, c *gpupoolv1.DrainHostCommand
 	if c.Cancel {
 		return applyCancelDrain(w, old, c)
 	}
-	if c.DeadlineMs < 0 || (c.Force && c.DeadlineMs != 0) {
-		return &Result{Err: fmt.Errorf("%w: drain of host %s with deadline %d and force %t", ErrInvalid, c.HostId, c.DeadlineMs, c.Force)}, nil
+	if c.DeadlineMs < 0 || (c.Force && (c.DeadlineMs != 0 || c.KeepDeadline)) {
+		return &Result{Err: fmt.Errorf("%w: drain of host %s with deadline %d, force %t and keep_deadline %t", ErrInvalid, c.HostId, c.DeadlineMs, c.Force, c.KeepDeadline)}, nil
 	}
 	h := clone(old)
 	if h.Drain == nil {
 		h.Drain = &gpupoolv1.HostDrain{StartedAtMs: c.NowMs, Reason: "drain requested"}
 	}
-	if c.IfDeadlineMs == 0 {
+	// keep_deadline leaves a drain under way as it is (a new reason only);
+	// deadline_ms is for a drain this command starts.
+	if c.IfDeadlineMs == 0 && (old.Drain == nil || !c.KeepDeadline) {
 		h.Drain.DeadlineMs = c.DeadlineMs
 	}
 	h.Drain.Reason = cmp.Or(c.Reason, h.Drain.Reason)
@@ -126,10 +139,7 @@ func applyDrainHost(w *state.Writer, index uint64, c *gpupoolv1.DrainHostCommand
 			continue
 		}
 		if renotify {
-			evs = append(evs, Event{
-				Lease: l, Type: gpupoolv1.LeaseEventType_LEASE_EVENT_TYPE_DRAIN_NOTICE, DeadlineMs: h.Drain.DeadlineMs,
-				Message: fmt.Sprintf("host %s draining (%s), %s: release the lease before then or it is revoked", h.Id, h.Drain.Reason, DeadlineText(h.Drain.DeadlineMs)),
-			})
+			evs = append(evs, DrainNotice(h, l))
 		}
 	}
 	if old.Status != gpupoolv1.HostStatus_HOST_STATUS_DOWN {
@@ -147,8 +157,12 @@ func applyDrainHost(w *state.Writer, index uint64, c *gpupoolv1.DrainHostCommand
 }
 
 // applyCancelDrain drops the drain record: the host is ready (unless down)
-// and eligible. Leases already revoked stay revoked.
+// and eligible. Leases already revoked stay revoked. A host without a drain
+// is refused: making it eligible would undo 'host eligibility --disable'.
 func applyCancelDrain(w *state.Writer, old *gpupoolv1.Host, c *gpupoolv1.DrainHostCommand) (*Result, []Event) {
+	if old.Drain == nil {
+		return precondition("host %s is not draining", old.Id)
+	}
 	h := clone(old)
 	h.Drain = nil
 	h.Eligible = true
@@ -164,8 +178,9 @@ func applyCancelDrain(w *state.Writer, old *gpupoolv1.Host, c *gpupoolv1.DrainHo
 }
 
 // applySetHostEligibility makes a host eligible or not. Enabling a host
-// ends its drain record, which needs the drain to be over: a draining host
-// is refused (cancel the drain instead).
+// ends its drain record, which needs the drain to be over: a host with a
+// drain that is not drained (draining, or down before it drained) is
+// refused (cancel the drain instead).
 func applySetHostEligibility(w *state.Writer, c *gpupoolv1.SetHostEligibilityCommand) (*Result, []Event) {
 	old := w.Host(c.HostId)
 	if old == nil {
@@ -174,13 +189,12 @@ func applySetHostEligibility(w *state.Writer, c *gpupoolv1.SetHostEligibilityCom
 	h := clone(old)
 	h.Eligible = c.Eligible
 	if c.Eligible && old.Drain != nil {
-		if old.Status == gpupoolv1.HostStatus_HOST_STATUS_DRAINING {
-			return conflict("host %s is still draining: cancel the drain to make it eligible now", old.Id)
+		if old.Status != gpupoolv1.HostStatus_HOST_STATUS_DRAINED {
+			return precondition("host %s is %s and not drained yet: cancel the drain with 'gpupool host drain %s --cancel' to make it eligible now",
+				old.Id, HostStatusName(old.Status), old.Id)
 		}
 		h.Drain = nil
-		if old.Status == gpupoolv1.HostStatus_HOST_STATUS_DRAINED {
-			h.Status, h.StatusReason, h.StatusChangedAtMs = gpupoolv1.HostStatus_HOST_STATUS_READY, "enabled after drain", c.NowMs
-		}
+		h.Status, h.StatusReason, h.StatusChangedAtMs = gpupoolv1.HostStatus_HOST_STATUS_READY, "enabled after drain", c.NowMs
 	}
 	if proto.Equal(h, old) {
 		return &Result{Host: old}, nil

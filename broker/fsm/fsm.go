@@ -34,6 +34,13 @@ type ConflictError struct{ Reason string }
 
 func (e *ConflictError) Error() string { return "grant no longer fits: " + e.Reason }
 
+// PreconditionError is a command the state does not allow as it is, such
+// as cancelling a drain that is not under way. Retrying will not help
+// until the state changes.
+type PreconditionError struct{ Reason string }
+
+func (e *PreconditionError) Error() string { return e.Reason }
+
 // Result is what Apply returns for every command.
 type Result struct {
 	Lease *gpupoolv1.Lease
@@ -160,6 +167,7 @@ func applyRegisterHost(w *state.Writer, index uint64, c *gpupoolv1.RegisterHostC
 		h.StatusChangedAtMs = c.NowMs
 		h.StatusReason = "registered"
 		h.AllocatedCpuMillicores, h.AllocatedMemoryMib = 0, 0
+		h.Drain = nil // only DrainHost starts a drain
 	} else {
 		h.RegisteredAtMs = old.RegisteredAtMs
 		h.Eligible = old.Eligible
@@ -339,6 +347,10 @@ func AnyHostDown(r *state.Reader, l *gpupoolv1.Lease) bool {
 
 func conflict(format string, a ...any) (*Result, []Event) {
 	return &Result{Err: &ConflictError{Reason: fmt.Sprintf(format, a...)}}, nil
+}
+
+func precondition(format string, a ...any) (*Result, []Event) {
+	return &Result{Err: &PreconditionError{Reason: fmt.Sprintf(format, a...)}}, nil
 }
 
 // HostStatusName is the lower-case name of a host status ("ready",

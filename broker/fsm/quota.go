@@ -2,6 +2,7 @@ package fsm
 
 import (
 	"fmt"
+	"math/big"
 	"strconv"
 
 	"github.com/gpupool/gpupool/broker/lease"
@@ -28,34 +29,88 @@ func (e *QuotaError) Error() string {
 		e.Tenant, e.Dimension, f(e.Used), f(e.Quota), f(e.Need))
 }
 
-// LeaseUsage is what a lease counts against its tenant's quota: an
-// exclusive slice 1 GPU, its memory (the whole device's) and its compute
-// (100 %); a fractional slice its memory and compute, and no GPU.
-func LeaseUsage(l *gpupoolv1.Lease) *gpupoolv1.TenantUsage {
-	u := &gpupoolv1.TenantUsage{Tenant: l.GetTenant(), Leases: 1}
+// LeaseUsage is what a lease counts against its tenant's quota, with its
+// GPUs rounded up to whole ones (see gpuShare).
+func LeaseUsage(r *state.Reader, l *gpupoolv1.Lease) *gpupoolv1.TenantUsage {
+	return leaseUsage(r, l).proto(l.GetTenant())
+}
+
+// TenantUsage sums what the tenant's leases that hold capacity (granted or
+// releasing, as device allocation counts them) count, with the GPU shares
+// summed exactly and rounded up once, not per lease. Its cost is linear in those leases.
+func TenantUsage(r *state.Reader, tenant string) *gpupoolv1.TenantUsage {
+	return tenantUsage(r, tenant).proto(tenant)
+}
+
+// usage is what leases count against a quota, with GPUs kept exact: a
+// tenant's GPUs are its slices' shares summed, then rounded up.
+type usage struct {
+	gpus            *big.Rat
+	memory, compute int64
+	leases          int32
+}
+
+func (u *usage) add(o usage) {
+	u.gpus.Add(u.gpus, o.gpus)
+	u.memory += o.memory
+	u.compute += o.compute
+	u.leases += o.leases
+}
+
+func (u usage) proto(tenant string) *gpupoolv1.TenantUsage {
+	return &gpupoolv1.TenantUsage{Tenant: tenant, Gpus: int32(ceilRat(u.gpus)),
+		MemoryMib: u.memory, ComputePercent: u.compute, Leases: u.leases}
+}
+
+func leaseUsage(r *state.Reader, l *gpupoolv1.Lease) usage {
+	u := usage{gpus: new(big.Rat), leases: 1}
 	for _, s := range l.GetSlices() {
-		if s.Exclusive {
-			u.Gpus++
-		}
-		u.MemoryMib += s.MemoryMib
-		u.ComputePercent += int64(s.ComputePercent)
+		u.gpus.Add(u.gpus, gpuShare(r, s))
+		u.memory += s.MemoryMib
+		u.compute += int64(s.ComputePercent)
 	}
 	return u
 }
 
-// TenantUsage sums LeaseUsage over the tenant's leases that hold capacity
-// (granted or releasing, as device allocation counts them). Its cost is
-// linear in those leases.
-func TenantUsage(r *state.Reader, tenant string) *gpupoolv1.TenantUsage {
-	u := &gpupoolv1.TenantUsage{Tenant: tenant}
+func tenantUsage(r *state.Reader, tenant string) usage {
+	u := usage{gpus: new(big.Rat)}
 	for _, l := range r.HoldingLeases(tenant) {
-		lu := LeaseUsage(l)
-		u.Gpus += lu.Gpus
-		u.MemoryMib += lu.MemoryMib
-		u.ComputePercent += lu.ComputePercent
-		u.Leases++
+		u.add(leaseUsage(r, l))
 	}
 	return u
+}
+
+// gpuShare is how much of a GPU a slice counts against a --gpus quota: 1
+// when it is exclusive or takes the whole device (100 % compute, or all
+// its memory), else the larger of its compute/100 and its memory over the
+// device's memory. Counting the larger share means a slice cannot hold
+// most of a GPU in one dimension while counting little in the other; a
+// tenant's shares are summed and rounded up, so eight 50 % slices count 4
+// GPUs. A slice whose device is not in the state (which a holding lease's
+// cannot be) counts 1, so an inconsistency never undercounts.
+func gpuShare(r *state.Reader, s *gpupoolv1.Slice) *big.Rat {
+	one := big.NewRat(1, 1)
+	if s.Exclusive || s.ComputePercent >= 100 {
+		return one
+	}
+	d := r.Device(s.Device)
+	if d == nil || d.MemoryMib <= 0 || s.MemoryMib >= d.MemoryMib {
+		return one
+	}
+	share := big.NewRat(max(int64(s.ComputePercent), 0), 100)
+	if m := big.NewRat(max(s.MemoryMib, 0), d.MemoryMib); m.Cmp(share) > 0 {
+		share = m
+	}
+	return share
+}
+
+// ceilRat rounds a non-negative x up to a whole number.
+func ceilRat(x *big.Rat) int64 {
+	q, m := new(big.Int).QuoRem(x.Num(), x.Denom(), new(big.Int))
+	if m.Sign() > 0 {
+		q.Add(q, big.NewInt(1))
+	}
+	return q.Int64()
 }
 
 // CheckQuota returns a *QuotaError when granting l would take its tenant
@@ -66,9 +121,16 @@ func CheckQuota(r *state.Reader, l *gpupoolv1.Lease) error {
 	if q == nil {
 		return nil
 	}
-	used := TenantUsage(r, l.Tenant)
-	for _, d := range dimensions(q, used, LeaseUsage(l)) {
-		if d.quota > 0 && d.need > 0 && d.used+d.need > d.quota {
+	used, need := tenantUsage(r, l.Tenant), leaseUsage(r, l)
+	after := usage{gpus: new(big.Rat)}
+	after.add(used)
+	after.add(need)
+	ds := dimensions(q, used.proto(l.Tenant), need.proto(l.Tenant))
+	// GPUs are rounded up on the tenant's total, not summed rounded: the
+	// lease fits when the total after it, rounded up, is within the quota.
+	ds[0].after = ceilRat(after.gpus)
+	for _, d := range ds {
+		if d.quota > 0 && d.need > 0 && d.after > d.quota {
 			return &QuotaError{Tenant: l.Tenant, Dimension: d.name, Used: d.used, Quota: d.quota, Need: d.need}
 		}
 	}
@@ -89,9 +151,28 @@ func OverQuota(q *gpupoolv1.Quota, used *gpupoolv1.TenantUsage) []string {
 	return out
 }
 
-// ValidateQuota checks a quota on its own: a tenant, and no negative limit.
-// The error is a *lease.FieldError naming the field.
+// ValidateQuota checks a quota a caller asks to set: a valid tenant name,
+// no negative limit, and at least one limit, since a quota of 0 (unlimited) in every
+// dimension limits nothing and is only mistaken for one; removing the quota
+// says that. The error is a *lease.FieldError naming the field.
 func ValidateQuota(q *gpupoolv1.Quota) error {
+	if err := validateQuotaLimits(q); err != nil {
+		return err
+	}
+	if err := lease.ValidateTenant("quota.tenant", q.Tenant); err != nil {
+		return err
+	}
+	if q.GetGpus() == 0 && q.GetMemoryMib() == 0 && q.GetComputePercent() == 0 {
+		return &lease.FieldError{Field: "quota", Value: "gpus=0 memory_mib=0 compute_percent=0",
+			Allowed: fmt.Sprintf("limits nothing (0 is unlimited); set at least one limit above 0, or lift tenant %s's limits with 'gpupool operator quota rm %s'", q.Tenant, q.Tenant)}
+	}
+	return nil
+}
+
+// validateQuotaLimits is what Apply checks: a tenant and no negative
+// limit. It does not refuse a quota without limits, which entries already
+// in a log may hold: replaying them must give the state it gave.
+func validateQuotaLimits(q *gpupoolv1.Quota) error {
 	if q.GetTenant() == "" {
 		return &lease.FieldError{Field: "quota.tenant", Value: `""`, Allowed: "is required"}
 	}
@@ -106,16 +187,20 @@ func ValidateQuota(q *gpupoolv1.Quota) error {
 // dimension is one limited quantity of a quota, with the tenant's use and a
 // lease's need of it.
 type dimension struct {
-	name, field       string
-	quota, used, need int64
+	name, field              string
+	quota, used, need, after int64 // after: used with the need granted
 }
 
 func dimensions(q *gpupoolv1.Quota, used, need *gpupoolv1.TenantUsage) []dimension {
-	return []dimension{
-		{"gpus", "gpus", int64(q.GetGpus()), int64(used.GetGpus()), int64(need.GetGpus())},
-		{"memory", "memory_mib", q.GetMemoryMib(), used.GetMemoryMib(), need.GetMemoryMib()},
-		{"compute", "compute_percent", q.GetComputePercent(), used.GetComputePercent(), need.GetComputePercent()},
+	ds := []dimension{
+		{name: "gpus", field: "gpus", quota: int64(q.GetGpus()), used: int64(used.GetGpus()), need: int64(need.GetGpus())},
+		{name: "memory", field: "memory_mib", quota: q.GetMemoryMib(), used: used.GetMemoryMib(), need: need.GetMemoryMib()},
+		{name: "compute", field: "compute_percent", quota: q.GetComputePercent(), used: used.GetComputePercent(), need: need.GetComputePercent()},
 	}
+	for i := range ds {
+		ds[i].after = ds[i].used + ds[i].need
+	}
+	return ds
 }
 
 // formatterOf formats an amount of a dimension the way users write it:
@@ -147,7 +232,7 @@ func applySetQuota(w *state.Writer, c *gpupoolv1.SetQuotaCommand) *Result {
 	}
 	q := clone(c.Quota)
 	q.Tenant = c.Tenant
-	if err := ValidateQuota(q); err != nil {
+	if err := validateQuotaLimits(q); err != nil {
 		return &Result{Err: err}
 	}
 	w.PutQuota(q)

@@ -410,7 +410,7 @@ func startBroker(t *testing.T) *client.Client {
 // eventually polls cond until it holds or 20 s pass.
 func eventually(t *testing.T, what string, cond func() (bool, string)) {
 	t.Helper()
-	deadline := time.Now().Add(20 * time.Second)
+	deadline := time.Now().Add(60 * time.Second)
 	tick := time.NewTicker(20 * time.Millisecond)
 	defer tick.Stop()
 	var last string

@@ -64,6 +64,8 @@ func (o *drainOpts) check(args []string) error {
 		return usagef("--deadline %s and --no-deadline: give one or the other", o.deadline)
 	case o.deadlineSet && o.deadline <= 0:
 		return usagef("--deadline %s: must be positive; use --force to revoke the leases now, or --no-deadline to wait for them to end", o.deadline)
+	case o.deadlineSet && o.deadline < time.Second:
+		return usagef("--deadline %s: must be at least 1s; use --force to revoke the leases now", o.deadline)
 	case o.deadline > maxDrainDeadline:
 		return usagef("--deadline %s: must be at most %s", o.deadline, maxDrainDeadline)
 	case len(o.reason) > 256:
@@ -77,11 +79,14 @@ func (o *drainOpts) check(args []string) error {
 	return nil
 }
 
-// request is the drain request for one host.
+// request is the drain request for one host. Without --deadline,
+// --no-deadline or --force it keeps the deadline of a drain under way (a
+// new --reason only); the default deadline is for a drain it starts.
 func (o *drainOpts) request(host string) *gpupoolv1.DrainHostRequest {
 	req := &gpupoolv1.DrainHostRequest{HostId: host, Cancel: o.cancel, Reason: o.reason, Force: o.force}
 	if !o.cancel && !o.force && !o.noDeadline {
 		req.DeadlineAfterMs = o.deadline.Milliseconds()
+		req.KeepDeadline = !o.deadlineSet
 	}
 	return req
 }
@@ -109,8 +114,14 @@ func parseSelector(s string) (map[string]string, error) {
 type drainTargets struct {
 	hosts []*gpupoolv1.Host
 	// prefix is set when HOST_ID named no host exactly but is a prefix of
-	// several: the operator must confirm.
+	// one or more: the operator must confirm (gpu-1 is not gpu-10).
 	prefix string
+}
+
+// several reports whether the command names hosts as a group (a selector
+// or a prefix), where hosts it does not apply to are skipped.
+func (t drainTargets) several(selector string) bool {
+	return selector != "" || t.prefix != ""
 }
 
 // resolveDrainTargets picks the hosts named by id (exactly, else as a
@@ -141,13 +152,10 @@ func resolveDrainTargets(all []*gpupoolv1.Host, id, selector string) (drainTarge
 			t.hosts = append(t.hosts, h)
 		}
 	}
-	switch len(t.hosts) {
-	case 0:
+	if len(t.hosts) == 0 {
 		return t, fmt.Errorf("host %q: not found; see 'gpupool host ls'", id)
-	case 1:
-	default:
-		t.prefix = id
 	}
+	t.prefix = id
 	return t, nil
 }
 
@@ -188,17 +196,20 @@ is kept by the brokers and survives a leader failover.
 The host is drained once its last lease is freed, and stays out of the pool
 until 'gpupool host eligibility HOST_ID --enable'. --cancel ends the drain at
 once: the host is ready and eligible again (revoked leases stay revoked).
-Draining a draining host replaces its deadline; without --deadline, --force,
---no-deadline or --reason it only monitors the drain under way.
+Draining a draining host with --deadline, --no-deadline or --force replaces
+its deadline; --reason alone keeps it; with none of these it only monitors
+the drain under way. --cancel of a host that is not draining fails (with
+--selector such hosts are skipped).
 
 --monitor, the default on a terminal, shows the leases left and the time to
 the deadline until the host is drained, redrawn every second. Ctrl-C detaches:
 the drain goes on. --detach returns at once (the default when stdout is not a
 terminal, e.g. in scripts). With -o json the final host is printed.
 
-HOST_ID may be a prefix of host names; when it matches several hosts, drain
-asks for confirmation, and fails under --yes or without a terminal: name
-the hosts by label with --selector key=value[,key=value] instead.`,
+HOST_ID may be a prefix of host names; when it is not exactly a host's name,
+drain asks for confirmation naming the hosts it matched (even one: gpu-1 is
+not gpu-10), and fails under --yes or without a terminal: name the host
+exactly, or the hosts by label with --selector key=value[,key=value].`,
 		Example: `  gpupool host drain gpu-node-3 --reason "kernel upgrade"
   gpupool host drain gpu-node-3 --deadline 15m --detach
   gpupool host drain gpu-node-3 --force
@@ -227,7 +238,7 @@ the hosts by label with --selector key=value[,key=value] instead.`,
 	f.BoolVar(&o.force, "force", false, "revoke every lease on the host now")
 	f.BoolVar(&o.monitor, "monitor", false, "show progress until the host is drained (default on a terminal)")
 	f.BoolVar(&o.detach, "detach", false, "return once the drain has started")
-	f.BoolVar(&o.yes, "yes", false, "do not ask for confirmation (a prefix matching several hosts still fails)")
+	f.BoolVar(&o.yes, "yes", false, "do not ask for confirmation (a HOST_ID that is only a prefix of host names still fails)")
 	f.BoolVar(&o.cancel, "cancel", false, "end the drain: the host is ready and eligible again")
 	f.StringVar(&o.reason, "reason", "", "why, shown as the host's status reason and in drain notices")
 	f.StringVar(&o.selector, "selector", "", "drain every host with these labels, key=value[,key=value]")
@@ -266,9 +277,18 @@ func runDrain(cmd *cobra.Command, o *drainOpts, id string) error {
 			final = append(final, &gpupoolv1.DrainHostResponse{Host: h})
 			continue
 		}
+		if o.cancel && h.GetDrain() == nil && t.several(o.selector) {
+			fmt.Fprintf(cmd.ErrOrStderr(), "host %s: not draining; skipped\n", h.GetId())
+			continue
+		}
 		cctx, cancel := call()
 		resp, err := c.Pool.DrainHost(cctx, o.request(h.GetId()))
 		cancel()
+		if o.cancel && status.Code(err) == codes.FailedPrecondition && t.several(o.selector) {
+			// Its drain ended since the list was read.
+			fmt.Fprintf(cmd.ErrOrStderr(), "host %s: %s; skipped\n", h.GetId(), status.Convert(err).Message())
+			continue
+		}
 		if err != nil {
 			return fmt.Errorf("host %s: %w", h.GetId(), err)
 		}
@@ -313,12 +333,18 @@ func runDrain(cmd *cobra.Command, o *drainOpts, id string) error {
 	return nil
 }
 
-// confirmPrefix asks before draining every host a prefix matched. Under
-// --yes or without a terminal it refuses: a prefix is too easy to get wrong
-// for a script to act on.
+// confirmPrefix asks before draining the hosts a HOST_ID matched only as a
+// prefix, even one (gpu-1 names gpu-10 when there is no gpu-1). Under --yes
+// or without a terminal it refuses: a prefix is too easy to get wrong for a
+// script to act on.
 func confirmPrefix(cmd *cobra.Command, o *drainOpts, t drainTargets) error {
 	ids := hostIDs(t.hosts)
 	what := fmt.Sprintf("HOST_ID %q matches %d hosts (%s)", t.prefix, len(ids), strings.Join(ids, ", "))
+	all := fmt.Sprintf("all %d", len(ids))
+	if len(ids) == 1 {
+		what = fmt.Sprintf("HOST_ID %q is no host; it is a prefix of %s", t.prefix, ids[0])
+		all = ids[0]
+	}
 	if o.yes {
 		return usagef("%s: --yes does not confirm a prefix; name one host exactly, or pick hosts by label with --selector", what)
 	}
@@ -329,7 +355,7 @@ func confirmPrefix(cmd *cobra.Command, o *drainOpts, t drainTargets) error {
 	if o.cancel {
 		verb = "Cancel the drain of"
 	}
-	ok, err := confirm(cmd.InOrStdin(), cmd.ErrOrStderr(), fmt.Sprintf("%s. %s all %d?", what, verb, len(ids)))
+	ok, err := confirm(cmd.InOrStdin(), cmd.ErrOrStderr(), fmt.Sprintf("%s. %s %s?", what, verb, all))
 	if err != nil {
 		return err
 	}

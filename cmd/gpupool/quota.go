@@ -19,11 +19,16 @@ func newQuotaCmd() *cobra.Command {
 		Use:   "quota",
 		Short: "Limit the GPUs, memory and compute each tenant may hold",
 		Long: `A quota caps what a tenant's leases hold at once, in up to three dimensions:
-  GPUs     whole GPUs: an exclusive slice counts 1, a fractional slice 0
+  GPUs     GPUs' worth, summed over slices and rounded up: a slice counts
+           1 when exclusive or when it takes 100% compute or all of the
+           GPU's memory, else the larger of compute/100 and its memory
+           over the GPU's (20% and 40 of 80 GiB is 0.5); so two 50% slices
+           count 1 GPU, and three count 2
   memory   GPU memory: a fractional slice its own, an exclusive one the GPU's
   compute  percent of one GPU, summed: 800 is eight GPUs' worth; an
            exclusive slice counts 100
-0 in a dimension is unlimited, and a tenant without a quota is unlimited.
+0 in a dimension is unlimited, and a tenant without a quota is unlimited;
+a quota needs at least one limit above 0.
 Granted leases count, and so do ending ones until their capacity is freed.
 
 The brokers check the quota in the same Raft entry that grants a lease, so
@@ -73,6 +78,9 @@ func (f *quotaFlags) quota(cmd *cobra.Command, tenant string) (*gpupoolv1.Quota,
 		}
 		q.ComputePercent = n
 	}
+	if q.Gpus == 0 && q.MemoryMib == 0 && q.ComputePercent == 0 {
+		return nil, usagef("a quota of 0 in every dimension limits nothing (0 is unlimited): give --gpus, --memory or --compute above 0; to lift every limit use 'gpupool operator quota rm %s'", tenant)
+	}
 	return q, nil
 }
 
@@ -82,7 +90,8 @@ func newQuotaSetCmd() *cobra.Command {
 		Use:   "set TENANT [--gpus N] [--memory SIZE] [--compute PERCENT]",
 		Short: "Set a tenant's quota, replacing the one it had",
 		Long: `Set gives TENANT a quota. It replaces the whole quota: a dimension not given
-is unlimited. A quota below what the tenant holds now is set all the same,
+is unlimited, and at least one must be above 0 (to lift every limit, use
+'gpupool operator quota rm TENANT'). A quota below what the tenant holds now is set all the same,
 with a warning saying what is over: running leases keep their capacity, and
 new grants are refused until usage is under the quota.`,
 		Example: `  # At most 8 whole GPUs, 320 GiB of GPU memory and 8 GPUs' worth of compute
@@ -111,7 +120,7 @@ new grants are refused until usage is under the quota.`,
 		},
 	}
 	fs := cmd.Flags()
-	fs.Int32Var(&f.gpus, "gpus", 0, "whole GPUs (exclusive slices) the tenant may hold; 0 is unlimited")
+	fs.Int32Var(&f.gpus, "gpus", 0, "GPUs' worth the tenant may hold: an exclusive or whole-device slice counts 1, a fractional one its larger share of compute or memory, summed and rounded up; 0 is unlimited")
 	fs.StringVar(&f.memory, "memory", "", "GPU memory the tenant may hold, e.g. 320GiB (a plain number is MiB); 0 is unlimited")
 	fs.StringVar(&f.compute, "compute", "", "compute in percent of one GPU, summed over slices: 800 is eight GPUs' worth; 0 is unlimited")
 	return cmd

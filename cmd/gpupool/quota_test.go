@@ -11,6 +11,8 @@ func TestQuotaCommandsRefuseBadInput(t *testing.T) {
 	checkUsageErrors(t, []usageCase{
 		{"set without a tenant", []string{"operator", "quota", "set", "--gpus", "8"}, []string{"accepts 1 arg(s), received 0", "set TENANT"}},
 		{"set without any limit", []string{"operator", "quota", "set", "sim"}, []string{"say what to limit: --gpus, --memory and/or --compute", "quota rm sim"}},
+		{"set with every limit 0", []string{"operator", "quota", "set", "sim", "--gpus", "0", "--memory", "0", "--compute", "0"}, []string{"a quota of 0 in every dimension limits nothing", "quota rm sim"}},
+		{"set with only a 0 limit", []string{"operator", "quota", "set", "sim", "--memory", "0GiB"}, []string{"limits nothing", "quota rm sim"}},
 		{"set with a bad tenant name", []string{"operator", "quota", "set", "Sim Team", "--gpus", "1"}, []string{`TENANT "Sim Team": must be 1-63 lowercase`}},
 		{"set with negative gpus", []string{"operator", "quota", "set", "sim", "--gpus", "-1"}, []string{"--gpus -1: must be 0 (unlimited) or more"}},
 		{"set with gpus that are not a number", []string{"operator", "quota", "set", "sim", "--gpus", "eight"}, []string{`"eight"`, "--gpus"}},

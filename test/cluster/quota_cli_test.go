@@ -18,15 +18,18 @@ func TestQuotaCLIAgainstARealCluster(t *testing.T) {
 		wantCode int
 		want     string // in stdout+stderr
 	}{
-		{"set prints the quota", []string{"operator", "quota", "set", "sim", "--gpus", "1", "--memory", "100GiB", "--compute", "150"}, 0, "0/1"},
+		{"set prints the quota", []string{"operator", "quota", "set", "sim", "--gpus", "2", "--memory", "100GiB", "--compute", "150"}, 0, "0/2"},
 		{"a whole GPU within the quota", []string{"lease", "acquire", "--exclusive", "--tenant", "sim"}, 0, "granted"},
-		{"a second whole GPU is over the GPU quota", []string{"lease", "acquire", "--exclusive", "--tenant", "sim"}, 1,
-			"tenant sim: gpus 1 of 1 quota used, the lease needs 1"},
 		{"a slice within the rest of the quota", []string{"lease", "acquire", "--memory", "10GiB", "--compute", "40", "--tenant", "sim"}, 0, "granted"},
+		// 1 + 0.4 GPUs used counts 2: a second whole GPU would make 3.
+		{"a second whole GPU is over the GPU quota", []string{"lease", "acquire", "--exclusive", "--tenant", "sim"}, 1,
+			"tenant sim: gpus 2 of 2 quota used, the lease needs 1"},
+		{"a quota without a limit is a usage error", []string{"operator", "quota", "set", "sim", "--gpus", "0", "--memory", "0", "--compute", "0"}, 2,
+			"'gpupool operator quota rm sim'"},
 		{"a slice over the compute quota", []string{"lease", "acquire", "--memory", "1GiB", "--compute", "20", "--tenant", "sim"}, 1,
 			"tenant sim: compute 140% of 150% quota used, the lease needs 20%"},
 		{"another tenant is not limited", []string{"lease", "acquire", "--exclusive", "--tenant", "train"}, 0, "granted"},
-		{"ls shows usage against quota", []string{"operator", "quota", "ls"}, 0, "sim     1/1   90GiB/100GiB  140%/150%  2"},
+		{"ls shows usage against quota", []string{"operator", "quota", "ls"}, 0, "sim     2/2   90GiB/100GiB  140%/150%  2"},
 		{"a quota below usage warns what is over", []string{"operator", "quota", "set", "sim", "--memory", "50GiB"}, 0,
 			"warning: tenant sim: memory 90 GiB used is over the new 50 GiB quota by 40 GiB"},
 		{"a negative quota is a usage error", []string{"operator", "quota", "set", "sim", "--gpus", "-1"}, 2, "--gpus -1"},
@@ -66,7 +69,7 @@ func TestQuotaCLIAgainstARealCluster(t *testing.T) {
 	if err := json.Unmarshal([]byte(out), &resp); err != nil {
 		t.Fatalf("ls -o json: %v\n%s", err, out)
 	}
-	if len(resp.Quotas) != 1 || resp.Quotas[0].Quota.Gpus != 4 || resp.Quotas[0].Usage.Gpus != 2 || resp.Quotas[0].Usage.Leases != 3 {
-		t.Fatalf("ls -o json: got %+v, want sim with 2 of 4 GPUs in 3 leases\n%s", resp, out)
+	if len(resp.Quotas) != 1 || resp.Quotas[0].Quota.Gpus != 4 || resp.Quotas[0].Usage.Gpus != 3 || resp.Quotas[0].Usage.Leases != 3 {
+		t.Fatalf("ls -o json: got %+v, want sim with 3 of 4 GPUs (1 + 0.4 + 1, rounded up) in 3 leases\n%s", resp, out)
 	}
 }

@@ -877,7 +877,7 @@ func (x *SetSigningKeysCommand) GetKeys() []*SigningKey {
 
 // DrainHostCommand starts (or updates) a host's drain, recorded in
 // Host.drain, or with cancel drops the record and makes the host ready and
-// eligible again. Starting revokes the host's preemptible leases (every
+// eligible again (a host without a drain is refused). Starting revokes the host's preemptible leases (every
 // lease with force) and sends the others a DRAIN_NOTICE.
 type DrainHostCommand struct {
 	state  protoimpl.MessageState `protogen:"open.v1"`
@@ -892,7 +892,10 @@ type DrainHostCommand struct {
 	// When set, apply only if the host's drain has this deadline and has not
 	// been forced yet: the leader's deadline timer sends it with force, so a
 	// late timer never acts on a cancelled or changed drain, and fires once.
-	IfDeadlineMs  int64 `protobuf:"varint,7,opt,name=if_deadline_ms,json=ifDeadlineMs,proto3" json:"if_deadline_ms,omitempty"`
+	IfDeadlineMs int64 `protobuf:"varint,7,opt,name=if_deadline_ms,json=ifDeadlineMs,proto3" json:"if_deadline_ms,omitempty"`
+	// When the host already has a drain, keep its deadline and ignore
+	// deadline_ms (which then applies only to a drain this starts).
+	KeepDeadline  bool `protobuf:"varint,8,opt,name=keep_deadline,json=keepDeadline,proto3" json:"keep_deadline,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -974,6 +977,13 @@ func (x *DrainHostCommand) GetIfDeadlineMs() int64 {
 		return x.IfDeadlineMs
 	}
 	return 0
+}
+
+func (x *DrainHostCommand) GetKeepDeadline() bool {
+	if x != nil {
+		return x.KeepDeadline
+	}
+	return false
 }
 
 // SetHostEligibilityCommand makes a host eligible for new leases or not.
@@ -1251,7 +1261,7 @@ const file_gpupool_v1_internal_proto_rawDesc = "" +
 	"\rcreated_at_ms\x18\x04 \x01(\x03R\vcreatedAtMs\x12&\n" +
 	"\x0fverify_until_ms\x18\x05 \x01(\x03R\rverifyUntilMs\"C\n" +
 	"\x15SetSigningKeysCommand\x12*\n" +
-	"\x04keys\x18\x01 \x03(\v2\x16.gpupool.v1.SigningKeyR\x04keys\"\xcf\x01\n" +
+	"\x04keys\x18\x01 \x03(\v2\x16.gpupool.v1.SigningKeyR\x04keys\"\xf4\x01\n" +
 	"\x10DrainHostCommand\x12\x17\n" +
 	"\ahost_id\x18\x01 \x01(\tR\x06hostId\x12\x16\n" +
 	"\x06cancel\x18\x02 \x01(\bR\x06cancel\x12\x16\n" +
@@ -1260,7 +1270,8 @@ const file_gpupool_v1_internal_proto_rawDesc = "" +
 	"\vdeadline_ms\x18\x05 \x01(\x03R\n" +
 	"deadlineMs\x12\x14\n" +
 	"\x05force\x18\x06 \x01(\bR\x05force\x12$\n" +
-	"\x0eif_deadline_ms\x18\a \x01(\x03R\fifDeadlineMs\"g\n" +
+	"\x0eif_deadline_ms\x18\a \x01(\x03R\fifDeadlineMs\x12#\n" +
+	"\rkeep_deadline\x18\b \x01(\bR\fkeepDeadline\"g\n" +
 	"\x19SetHostEligibilityCommand\x12\x17\n" +
 	"\ahost_id\x18\x01 \x01(\tR\x06hostId\x12\x1a\n" +
 	"\beligible\x18\x02 \x01(\bR\beligible\x12\x15\n" +

@@ -31,7 +31,11 @@ type DrainHostRequest struct {
 	// deadline. Must not be negative.
 	DeadlineAfterMs int64 `protobuf:"varint,4,opt,name=deadline_after_ms,json=deadlineAfterMs,proto3" json:"deadline_after_ms,omitempty"`
 	// Revoke every lease on the host now. Not with deadline_after_ms.
-	Force         bool `protobuf:"varint,5,opt,name=force,proto3" json:"force,omitempty"`
+	Force bool `protobuf:"varint,5,opt,name=force,proto3" json:"force,omitempty"`
+	// When the host is already draining, keep its deadline (and force):
+	// deadline_after_ms then applies only if no drain is under way. For a
+	// request that only changes the reason. Not with force or cancel.
+	KeepDeadline  bool `protobuf:"varint,6,opt,name=keep_deadline,json=keepDeadline,proto3" json:"keep_deadline,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -97,6 +101,13 @@ func (x *DrainHostRequest) GetDeadlineAfterMs() int64 {
 func (x *DrainHostRequest) GetForce() bool {
 	if x != nil {
 		return x.Force
+	}
+	return false
+}
+
+func (x *DrainHostRequest) GetKeepDeadline() bool {
+	if x != nil {
+		return x.KeepDeadline
 	}
 	return false
 }
@@ -863,13 +874,14 @@ var File_gpupool_v1_pool_proto protoreflect.FileDescriptor
 const file_gpupool_v1_pool_proto_rawDesc = "" +
 	"\n" +
 	"\x15gpupool/v1/pool.proto\x12\n" +
-	"gpupool.v1\x1a\x16gpupool/v1/types.proto\"\x9d\x01\n" +
+	"gpupool.v1\x1a\x16gpupool/v1/types.proto\"\xc2\x01\n" +
 	"\x10DrainHostRequest\x12\x17\n" +
 	"\ahost_id\x18\x01 \x01(\tR\x06hostId\x12\x16\n" +
 	"\x06cancel\x18\x02 \x01(\bR\x06cancel\x12\x16\n" +
 	"\x06reason\x18\x03 \x01(\tR\x06reason\x12*\n" +
 	"\x11deadline_after_ms\x18\x04 \x01(\x03R\x0fdeadlineAfterMs\x12\x14\n" +
-	"\x05force\x18\x05 \x01(\bR\x05force\"L\n" +
+	"\x05force\x18\x05 \x01(\bR\x05force\x12#\n" +
+	"\rkeep_deadline\x18\x06 \x01(\bR\fkeepDeadline\"L\n" +
 	"\x15SetEligibilityRequest\x12\x17\n" +
 	"\ahost_id\x18\x01 \x01(\tR\x06hostId\x12\x1a\n" +
 	"\beligible\x18\x02 \x01(\bR\beligible\">\n" +

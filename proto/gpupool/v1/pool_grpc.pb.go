@@ -45,7 +45,8 @@ type PoolServiceClient interface {
 	// at the deadline (all at once with force); holders get a DRAIN_NOTICE.
 	// The host is drained once its last lease is freed, and stays ineligible
 	// until SetEligibility enables it. Draining a draining host replaces its
-	// deadline and reason.
+	// deadline (unless keep_deadline) and reason. Cancel of a host that is
+	// not draining is FailedPrecondition.
 	DrainHost(ctx context.Context, in *DrainHostRequest, opts ...grpc.CallOption) (*DrainHostResponse, error)
 	// SetEligibility makes a host take new leases or not. Enabling a drained
 	// host ends its drain; a draining host is refused (cancel the drain).
@@ -138,7 +139,8 @@ type PoolServiceServer interface {
 	// at the deadline (all at once with force); holders get a DRAIN_NOTICE.
 	// The host is drained once its last lease is freed, and stays ineligible
 	// until SetEligibility enables it. Draining a draining host replaces its
-	// deadline and reason.
+	// deadline (unless keep_deadline) and reason. Cancel of a host that is
+	// not draining is FailedPrecondition.
 	DrainHost(context.Context, *DrainHostRequest) (*DrainHostResponse, error)
 	// SetEligibility makes a host take new leases or not. Enabling a drained
 	// host ends its drain; a draining host is refused (cancel the drain).

@@ -1794,7 +1794,9 @@ func (x *PublicKey) GetVerifyUntilMs() int64 {
 // Quota caps what a tenant's granted and releasing leases may hold in
 // total. 0 in a dimension means unlimited in it. An exclusive slice counts
 // 1 GPU, its device's memory and 100 % compute; a fractional slice counts
-// its memory and compute and no GPU.
+// its memory and compute, and as GPUs the larger of compute/100 and its
+// memory over the device's (1 when it takes either whole), summed over the
+// tenant's slices and rounded up.
 type Quota struct {
 	state     protoimpl.MessageState `protogen:"open.v1"`
 	Tenant    string                 `protobuf:"bytes,1,opt,name=tenant,proto3" json:"tenant,omitempty"`
