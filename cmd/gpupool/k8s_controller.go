@@ -3,7 +3,6 @@ package main
 import (
 	"errors"
 	"fmt"
-	"os"
 	"strings"
 	"time"
 
@@ -124,11 +123,6 @@ func runK8sController(cmd *cobra.Command, o controllerOpts) error {
 		}
 		if errs := validation.IsDNS1123Label(o.namespace); len(errs) > 0 {
 			return usagef("--leader-elect-namespace %q: must be a namespace name: %s", o.namespace, strings.Join(errs, "; "))
-		}
-	}
-	if o.kubeconfig != "" {
-		if _, err := os.Stat(o.kubeconfig); err != nil {
-			return usagef("--kubeconfig %s: %v", o.kubeconfig, err)
 		}
 	}
 	if o.qps <= 0 || o.burst < 1 {
