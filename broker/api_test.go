@@ -28,6 +28,7 @@ func startServer(t *testing.T) *testServer {
 	s, err := New(Config{
 		DataDir: t.TempDir(), BindAddr: "127.0.0.1:0", RaftBindAddr: "127.0.0.1:0", BootstrapExpect: 1,
 		Clock: fake, HeartbeatInterval: time.Second, HeartbeatTTL: 5 * time.Second, LockDelay: 10 * time.Second,
+		PreemptGrace: 2 * time.Second, PendingGrace: 3 * time.Second,
 	})
 	if err != nil {
 		t.Fatal(err)

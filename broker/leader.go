@@ -22,6 +22,12 @@ type leaderState struct {
 	heartbeat *lease.Timers // host id → down
 	lockDelay *lease.Timers // lease id → free without confirmation
 	drain     *lease.Timers // host id → drain deadline (absolute, from Host.drain)
+	// preempt: lease id → revocation of a preempted lease (from
+	// Lease.preempt_at_ms); pendingGrace: pending lease id → its end when
+	// no call waits on it.
+	preempt      *lease.Timers
+	pendingGrace *lease.Timers
+	kick         chan struct{} // asks for a pass of the queue
 
 	// expireMu orders renewals against expiry: a renewal that is answered
 	// happens entirely before or after an expiry is decided.
@@ -34,6 +40,7 @@ type leaderState struct {
 	// drainRetry is set while the drain timer of a host is re-armed to
 	// retry the deadline's revocation after its apply failed.
 	drainRetry map[string]drainRetry // guarded by mu; host → retry
+	waiters    map[string]int        // guarded by mu; pending lease → Acquire calls waiting on it
 }
 
 // monitorLeadership starts and stops the leader's duties as raft reports
@@ -69,11 +76,15 @@ func (s *Server) startLeading() func() {
 		reports:   map[string]*hostReport{},
 
 		drainRetry: map[string]drainRetry{},
+		waiters:    map[string]int{},
+		kick:       make(chan struct{}, 1),
 	}
 	ls.ttl = lease.NewTimers(s.cfg.Clock, s.expireLease)
 	ls.heartbeat = lease.NewTimers(s.cfg.Clock, s.hostMissedHeartbeats)
 	ls.lockDelay = lease.NewTimers(s.cfg.Clock, s.lockDelayPassed)
 	ls.drain = lease.NewTimers(s.cfg.Clock, func(id string) { s.drainDeadlinePassed(ls, id) })
+	ls.preempt = lease.NewTimers(s.cfg.Clock, func(id string) { s.preemptDeadlinePassed(ls, id) })
+	ls.pendingGrace = lease.NewTimers(s.cfg.Clock, func(id string) { s.pendingGraceOver(ls, id) })
 	events, cancel := s.fsm.Subscribe()
 	done := make(chan struct{})
 	go func() {
@@ -91,6 +102,8 @@ func (s *Server) startLeading() func() {
 		ls.heartbeat.StopAll()
 		ls.lockDelay.StopAll()
 		ls.drain.StopAll()
+		ls.preempt.StopAll()
+		ls.pendingGrace.StopAll()
 		s.log.Info("lost leadership", "id", s.cfg.NodeID)
 	}
 }
@@ -109,6 +122,13 @@ func (s *Server) lead(ls *leaderState, events <-chan fsm.Event) {
 	s.leader = ls
 	s.leaderMu.Unlock()
 	s.log.Info("became leader", "id", s.cfg.NodeID, "index", s.fsm.State().Index())
+	queueDone := make(chan struct{})
+	go func() {
+		defer close(queueDone)
+		s.runQueue(ls)
+	}()
+	defer func() { <-queueDone }()
+	ls.kickQueue()
 	for {
 		select {
 		case <-ls.stopCh:
@@ -194,7 +214,10 @@ func (s *Server) react(ls *leaderState, ev fsm.Event) {
 		ls.ttl.StopAll()
 		ls.lockDelay.StopAll()
 		ls.drain.StopAll()
+		ls.preempt.StopAll()
+		ls.pendingGrace.StopAll()
 		s.armAll(ls)
+		ls.kickQueue()
 		// A restored snapshot may predate signing keys.
 		go func() {
 			if err := s.ensureSigningKey(); err != nil {
@@ -203,8 +226,12 @@ func (s *Server) react(ls *leaderState, ev fsm.Event) {
 		}()
 	case ev.Host != nil:
 		s.reactHost(ls, st, ev.Host)
+		ls.kickQueue()
 	case ev.Lease != nil:
 		s.reactLease(ls, st, ev.Lease)
+		if ev.Type != gpupoolv1.LeaseEventType_LEASE_EVENT_TYPE_RELEASING {
+			ls.kickQueue()
+		}
 	}
 }
 
@@ -230,6 +257,7 @@ func (s *Server) reactHost(ls *leaderState, st *state.Reader, h *gpupoolv1.Host)
 }
 
 func (s *Server) reactLease(ls *leaderState, st *state.Reader, l *gpupoolv1.Lease) {
+	s.reactQueue(ls, st, l)
 	switch l.State {
 	case gpupoolv1.LeaseState_LEASE_STATE_GRANTED:
 		if _, ok := ls.ttl.Deadline(l.Id); !ok {

@@ -33,20 +33,24 @@ func (e leaseService) Acquire(ctx context.Context, req *gpupoolv1.AcquireRequest
 	if err := lease.Validate(r); err != nil {
 		return nil, toStatus(err)
 	}
+	if err := lease.ValidateWait(req.WaitMs); err != nil {
+		return nil, toStatus(err)
+	}
 	if conn, fctx, err := e.s.leaderConn(ctx); err != nil {
 		return nil, err
 	} else if conn != nil {
 		return gpupoolv1.NewLeaseServiceClient(conn).Acquire(fctx, req)
 	}
 	start := time.Now()
-	resp, err := e.s.acquire(r)
+	resp, err := e.s.acquire(ctx, r, time.Duration(req.WaitMs)*time.Millisecond)
 	err = toStatus(err)
 	e.s.metrics.observeAcquire(start, err)
 	return resp, err
 }
 
-// acquire places and grants a lease on the leader.
-func (s *Server) acquire(r *gpupoolv1.LeaseRequest) (*gpupoolv1.AcquireResponse, error) {
+// acquire places and grants a lease on the leader. With a wait, a request
+// that does not fit now joins the queue and the call waits for its grant.
+func (s *Server) acquire(ctx context.Context, r *gpupoolv1.LeaseRequest, wait time.Duration) (*gpupoolv1.AcquireResponse, error) {
 	r = proto.Clone(r).(*gpupoolv1.LeaseRequest)
 	if r.Tenant == "" {
 		r.Tenant = lease.DefaultTenant
@@ -55,11 +59,28 @@ func (s *Server) acquire(r *gpupoolv1.LeaseRequest) (*gpupoolv1.AcquireResponse,
 		r.Class = gpupoolv1.LeaseClass_LEASE_CLASS_GUARANTEED
 	}
 	s.placeMu.Lock()
-	defer s.placeMu.Unlock()
+	locked := true
+	defer func() {
+		if locked {
+			s.placeMu.Unlock()
+		}
+	}()
 	st := s.fsm.State()
 	if ex := st.LeaseByRequest(r.Tenant, r.RequestId); ex != nil {
 		if !proto.Equal(ex.Request, r) {
 			return nil, status.Errorf(codes.AlreadyExists, "request_id %q: already used by lease %s for a different request; use a new request_id", r.RequestId, ex.Id)
+		}
+		switch {
+		case ex.State == gpupoolv1.LeaseState_LEASE_STATE_PENDING && wait > 0:
+			s.placeMu.Unlock()
+			locked = false
+			return s.awaitGrant(ctx, ex.Id, wait)
+		case ex.State == gpupoolv1.LeaseState_LEASE_STATE_PENDING:
+			return nil, status.Errorf(codes.ResourceExhausted, "request_id %q: waiting in the queue as lease %s (%s); acquire with a wait to rejoin it",
+				r.RequestId, ex.Id, s.whyPending(st, ex))
+		case ex.FencingToken == 0:
+			return nil, status.Errorf(codes.ResourceExhausted, "request_id %q: its pending lease %s left the queue without a grant (%s); use a new request_id",
+				r.RequestId, ex.Id, ex.Reason)
 		}
 		return s.acquired(ex, true)
 	}
@@ -70,11 +91,26 @@ func (s *Server) acquire(r *gpupoolv1.LeaseRequest) (*gpupoolv1.AcquireResponse,
 			return nil, status.Errorf(codes.Unavailable, "no token signing key yet: %v; retry", err)
 		}
 	}
-	hosts := st.HostsWithDevices()
+	hosts := s.reservedPool(st, "")
 	if err := checkAgainstPool(r, hosts); err != nil {
 		return nil, err
 	}
+	queue := func(err error) (*gpupoolv1.AcquireResponse, error) {
+		if wait <= 0 {
+			return nil, err
+		}
+		pl, qerr := s.enqueue(r)
+		if qerr != nil {
+			return nil, qerr
+		}
+		s.placeMu.Unlock()
+		locked = false
+		return s.awaitGrant(ctx, pl.Id, wait)
+	}
 	slices, err := placement.Place(hosts, r, s.cfg.Policy)
+	if pe := (*placement.Error)(nil); errors.As(err, &pe) && !pe.Never {
+		return queue(err)
+	}
 	if err != nil {
 		return nil, err
 	}
@@ -96,7 +132,7 @@ func (s *Server) acquire(r *gpupoolv1.LeaseRequest) (*gpupoolv1.AcquireResponse,
 	}
 	// The fast path: Apply checks the quota again in the grant's entry.
 	if err := fsm.CheckQuota(st, l); err != nil {
-		return nil, err
+		return queue(err)
 	}
 	res, err := s.apply(&gpupoolv1.GrantLeaseCommand{Lease: l})
 	if err != nil {
@@ -201,6 +237,17 @@ func (s *Server) withLeaderView(l *gpupoolv1.Lease) *gpupoolv1.Lease {
 	return l
 }
 
+// view is l as reads show it: the leader's view, and for a pending lease
+// why it is not granted yet.
+func (s *Server) view(st *state.Reader, l *gpupoolv1.Lease) *gpupoolv1.Lease {
+	if l.State != gpupoolv1.LeaseState_LEASE_STATE_PENDING {
+		return s.withLeaderView(l)
+	}
+	l = proto.CloneOf(l)
+	l.PendingReason = s.whyPending(st, l)
+	return l
+}
+
 func (e leaseService) Release(ctx context.Context, req *gpupoolv1.ReleaseRequest) (*gpupoolv1.ReleaseResponse, error) {
 	if req.LeaseId == "" {
 		return nil, status.Error(codes.InvalidArgument, "lease_id: is required")
@@ -236,7 +283,7 @@ func (e leaseService) Get(ctx context.Context, req *gpupoolv1.GetLeaseRequest) (
 	if l == nil {
 		return nil, status.Errorf(codes.NotFound, "lease %q: not found", req.LeaseId)
 	}
-	return &gpupoolv1.GetLeaseResponse{Lease: e.s.withLeaderView(l)}, nil
+	return &gpupoolv1.GetLeaseResponse{Lease: e.s.view(e.s.fsm.State(), l)}, nil
 }
 
 // ended reports whether a lease state is final.
@@ -280,7 +327,7 @@ func (e leaseService) List(ctx context.Context, req *gpupoolv1.ListLeasesRequest
 	}
 	for _, l := range candidates {
 		if leaseMatches(l, req) {
-			resp.Leases = append(resp.Leases, e.s.withLeaderView(l))
+			resp.Leases = append(resp.Leases, e.s.view(st, l))
 		}
 	}
 	return resp, nil
@@ -339,18 +386,22 @@ func (e leaseService) Watch(req *gpupoolv1.WatchLeasesRequest, stream grpc.Serve
 
 // KeepAlive renews leases on the leader; followers proxy the stream.
 //
-// A drain notice follows the state, not the stream: when a stream first
-// renews a lease on a host that is draining towards a deadline, it gets
-// the DRAIN_NOTICE at once, so a holder that (re)connects after the drain
-// started (a new leader, a new process) still learns of the deadline.
+// Notices follow the state, not the stream: when a stream first renews a
+// lease, it gets at once the DRAIN_NOTICE of a host draining towards a
+// deadline, the lease's PREEMPT_NOTICE, and, for an elastic lease, a
+// GROWN for each extra it holds (then their notices once they are renewed
+// here), so a holder that (re)connects after the fact (a new leader, a new
+// process) still learns of them.
 func (e leaseService) KeepAlive(stream grpc.BidiStreamingServer[gpupoolv1.KeepAliveRequest, gpupoolv1.KeepAliveResponse]) error {
 	watched := map[string]bool{}
-	noticed := map[drainNoticeKey]bool{} // DRAIN_NOTICEs sent on this stream
+	noticed := map[noticeKey]bool{} // notices sent on this stream
 	send := func(ev fsm.Event) error {
-		if ev.Type == gpupoolv1.LeaseEventType_LEASE_EVENT_TYPE_DRAIN_NOTICE {
+		switch ev.Type {
+		case gpupoolv1.LeaseEventType_LEASE_EVENT_TYPE_DRAIN_NOTICE, gpupoolv1.LeaseEventType_LEASE_EVENT_TYPE_PREEMPT_NOTICE,
+			gpupoolv1.LeaseEventType_LEASE_EVENT_TYPE_GROWN:
 			// The same notice may come from the catch-up and from the
 			// Apply that raced with it: send it once.
-			k := drainNoticeKey{ev.Lease.Id, ev.DeadlineMs}
+			k := noticeKey{ev.Lease.Id, ev.Type, ev.DeadlineMs}
 			if noticed[k] {
 				return nil
 			}
@@ -372,7 +423,7 @@ func (e leaseService) KeepAlive(stream grpc.BidiStreamingServer[gpupoolv1.KeepAl
 			if err := stream.Send(resp); err != nil || !first || resp.Error != "" {
 				return err
 			}
-			for _, ev := range drainNotices(e.s.fsm.State(), r.LeaseId) {
+			for _, ev := range leaseNotices(e.s.fsm.State(), r.LeaseId) {
 				if err := send(ev); err != nil {
 					return err
 				}
@@ -380,22 +431,36 @@ func (e leaseService) KeepAlive(stream grpc.BidiStreamingServer[gpupoolv1.KeepAl
 			return nil
 		},
 		func(ev fsm.Event) error {
-			if ev.Lease == nil || !watched[ev.Lease.Id] || ev.Type == gpupoolv1.LeaseEventType_LEASE_EVENT_TYPE_GRANTED {
+			l := ev.Lease
+			if l == nil {
+				return nil
+			}
+			if ev.Type == gpupoolv1.LeaseEventType_LEASE_EVENT_TYPE_GRANTED {
+				if l.Parent == "" || !watched[l.Parent] {
+					return nil
+				}
+				ev.Type = gpupoolv1.LeaseEventType_LEASE_EVENT_TYPE_GROWN
+				ev.Message = fmt.Sprintf("elastic lease %s grew: extra slice %s", l.Parent, l.Id)
+				return send(ev)
+			}
+			if !watched[l.Id] && (l.Parent == "" || !watched[l.Parent]) {
 				return nil
 			}
 			return send(ev)
 		})
 }
 
-// drainNoticeKey names a DRAIN_NOTICE by its lease and deadline.
-type drainNoticeKey struct {
+// noticeKey names a notice by its lease, type and deadline.
+type noticeKey struct {
 	lease      string
+	typ        gpupoolv1.LeaseEventType
 	deadlineMs int64
 }
 
-// drainNotices are the DRAIN_NOTICEs due to the holder of a granted lease:
-// one for each of its hosts whose drain, not yet forced, has a deadline.
-func drainNotices(st *state.Reader, leaseID string) []fsm.Event {
+// leaseNotices are the notices due to the holder of a granted lease: a
+// DRAIN_NOTICE for each of its hosts whose drain, not yet forced, has a
+// deadline; its PREEMPT_NOTICE; a GROWN for each extra of an elastic lease.
+func leaseNotices(st *state.Reader, leaseID string) []fsm.Event {
 	l := st.Lease(leaseID)
 	if l == nil || l.State != gpupoolv1.LeaseState_LEASE_STATE_GRANTED {
 		return nil
@@ -409,6 +474,18 @@ func drainNotices(st *state.Reader, leaseID string) []fsm.Event {
 		ev := fsm.DrainNotice(h, l)
 		ev.Index = st.Index()
 		evs = append(evs, ev)
+	}
+	if l.PreemptAtMs != 0 {
+		evs = append(evs, fsm.Event{Lease: l, Type: gpupoolv1.LeaseEventType_LEASE_EVENT_TYPE_PREEMPT_NOTICE, Index: st.Index(),
+			DeadlineMs: l.PreemptAtMs, Message: fmt.Sprintf("preempted for %s", l.PreemptedFor)})
+	}
+	if l.GetRequest().GetElasticMax() > 0 {
+		for _, x := range st.Extras(l.Id) {
+			if x.State == gpupoolv1.LeaseState_LEASE_STATE_GRANTED {
+				evs = append(evs, fsm.Event{Lease: x, Type: gpupoolv1.LeaseEventType_LEASE_EVENT_TYPE_GROWN, Index: st.Index(),
+					Message: fmt.Sprintf("elastic lease %s holds extra slice %s", l.Id, x.Id)})
+			}
+		}
 	}
 	return evs
 }

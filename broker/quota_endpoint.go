@@ -34,6 +34,9 @@ func (e operatorService) SetQuota(ctx context.Context, req *gpupoolv1.SetQuotaRe
 	if _, err := e.s.apply(&gpupoolv1.SetQuotaCommand{Tenant: q.Tenant, Quota: q}); err != nil {
 		return nil, toStatus(err)
 	}
+	if ls := e.s.currentLeader(); ls != nil {
+		ls.kickQueue() // a raised quota may let a pending lease through
+	}
 	qs := quotaStatus(e.s.fsm.State(), q)
 	warnings := fsm.OverQuota(q, qs.Usage)
 	if len(warnings) > 0 {
@@ -61,6 +64,9 @@ func (e operatorService) RemoveQuota(ctx context.Context, req *gpupoolv1.RemoveQ
 	}
 	if _, err := e.s.apply(&gpupoolv1.SetQuotaCommand{Tenant: req.Tenant}); err != nil {
 		return nil, toStatus(err)
+	}
+	if ls := e.s.currentLeader(); ls != nil {
+		ls.kickQueue()
 	}
 	return &gpupoolv1.RemoveQuotaResponse{Quota: old}, nil
 }

@@ -54,6 +54,12 @@ type Config struct {
 	HeartbeatInterval time.Duration // how often agents heartbeat
 	HeartbeatTTL      time.Duration // a host is down after this long without one
 	LockDelay         time.Duration // capacity on a down host is freed after this long
+	// PreemptGrace is how long a preempted lease (or an elastic lease's
+	// extra taken back) keeps running after its notice.
+	PreemptGrace time.Duration
+	// PendingGrace is how long a pending lease waits for its client to
+	// return after a leader change before it leaves the queue.
+	PendingGrace time.Duration
 
 	Clock  clock.Clock
 	Logger *slog.Logger
@@ -66,6 +72,8 @@ const (
 	DefaultHeartbeatInterval = 2 * time.Second
 	DefaultHeartbeatTTL      = 10 * time.Second
 	DefaultLockDelay         = 15 * time.Second
+	DefaultPreemptGrace      = 30 * time.Second
+	DefaultPendingGrace      = 30 * time.Second
 )
 
 func (c *Config) setDefaults() error {
@@ -109,6 +117,15 @@ func (c *Config) setDefaults() error {
 	}
 	if c.LockDelay <= 0 {
 		c.LockDelay = DefaultLockDelay
+	}
+	if c.PreemptGrace < 0 {
+		return fmt.Errorf("broker: --preempt-grace %s: must not be negative", c.PreemptGrace)
+	}
+	if c.PreemptGrace == 0 {
+		c.PreemptGrace = DefaultPreemptGrace
+	}
+	if c.PendingGrace <= 0 {
+		c.PendingGrace = DefaultPendingGrace
 	}
 	if c.Clock == nil {
 		c.Clock = clock.Real

@@ -31,6 +31,9 @@ const (
 	SetQuotaType MessageType = 11
 	// SetHostEligibility changes which hosts take grants: not ignorable.
 	SetHostEligibilityType MessageType = 12
+	// The queue and preemption change which grants happen: not ignorable.
+	EnqueueLeaseType  MessageType = 13
+	PreemptLeasesType MessageType = 14
 )
 
 // IgnoreUnknownTypeFlag marks a command that servers which do not know its
@@ -67,6 +70,10 @@ func newMessage(t MessageType) proto.Message {
 		return &gpupoolv1.SetQuotaCommand{}
 	case SetHostEligibilityType:
 		return &gpupoolv1.SetHostEligibilityCommand{}
+	case EnqueueLeaseType:
+		return &gpupoolv1.EnqueueLeaseCommand{}
+	case PreemptLeasesType:
+		return &gpupoolv1.PreemptLeasesCommand{}
 	}
 	return nil
 }
@@ -98,6 +105,10 @@ func TypeOf(m proto.Message) (MessageType, error) {
 		return SetQuotaType, nil
 	case *gpupoolv1.SetHostEligibilityCommand:
 		return SetHostEligibilityType, nil
+	case *gpupoolv1.EnqueueLeaseCommand:
+		return EnqueueLeaseType, nil
+	case *gpupoolv1.PreemptLeasesCommand:
+		return PreemptLeasesType, nil
 	}
 	return 0, fmt.Errorf("fsm: %T is not a command", m)
 }

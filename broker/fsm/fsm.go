@@ -117,6 +117,10 @@ func (f *FSM) apply(index uint64, msg proto.Message) *Result {
 		res, evs = applySetHostEligibility(w, c)
 	case *gpupoolv1.SetQuotaCommand:
 		res = applySetQuota(w, c)
+	case *gpupoolv1.EnqueueLeaseCommand:
+		res, evs = applyEnqueueLease(w, index, c)
+	case *gpupoolv1.PreemptLeasesCommand:
+		res, evs = applyPreemptLeases(w, index, c)
 	default:
 		res = &Result{Err: fmt.Errorf("%w: %T", ErrInvalid, msg)}
 	}
@@ -262,11 +266,22 @@ func applyGrantLease(w *state.Writer, index uint64, c *gpupoolv1.GrantLeaseComma
 	if l.GetId() == "" || len(l.Slices) == 0 {
 		return &Result{Err: fmt.Errorf("%w: grant without lease id or slices", ErrInvalid)}, nil
 	}
-	if ex := w.LeaseByRequest(l.Tenant, l.RequestId); ex != nil {
-		return &Result{Lease: ex, Existing: true}, nil
-	}
-	if w.Lease(l.Id) != nil {
+	pending := w.Lease(l.Id)
+	if pending != nil && pending.State != gpupoolv1.LeaseState_LEASE_STATE_PENDING {
+		if pending.Tenant == l.Tenant && pending.RequestId == l.RequestId && l.RequestId != "" {
+			return &Result{Lease: pending, Existing: true}, nil
+		}
 		return &Result{Err: fmt.Errorf("%w: lease id %s already exists", ErrInvalid, l.Id)}, nil
+	}
+	if pending == nil {
+		if ex := w.LeaseByRequest(l.Tenant, l.RequestId); ex != nil {
+			return &Result{Lease: ex, Existing: true}, nil
+		}
+	} else if pending.Tenant != l.Tenant || pending.RequestId != l.RequestId {
+		return &Result{Err: fmt.Errorf("%w: grant of pending lease %s with another tenant or request id", ErrInvalid, l.Id)}, nil
+	}
+	if err := checkParent(&w.Reader, l); err != nil {
+		return &Result{Err: err}, nil
 	}
 	if err := CheckQuota(&w.Reader, l); err != nil {
 		return &Result{Err: err}, nil
@@ -329,6 +344,12 @@ func applyGrantLease(w *state.Writer, index uint64, c *gpupoolv1.GrantLeaseComma
 	l.CreateIndex, l.ModifyIndex = index, index
 	l.StateChangedAtMs = l.CreatedAtMs
 	l.Reason = "granted"
+	if pending != nil {
+		// The queue's arrival order and the wait stay on the record.
+		l.CreateIndex, l.CreatedAtMs = pending.CreateIndex, pending.CreatedAtMs
+		l.StateChangedAtMs = max(c.NowMs, l.CreatedAtMs)
+		l.Reason = fmt.Sprintf("granted from the queue after %s", waitedText(l.StateChangedAtMs-l.CreatedAtMs))
+	}
 	w.PutLease(l)
 	return &Result{Lease: l}, []Event{{Lease: l, Type: gpupoolv1.LeaseEventType_LEASE_EVENT_TYPE_GRANTED}}
 }
@@ -391,7 +412,14 @@ func applyEndLease(w *state.Writer, index uint64, c *gpupoolv1.EndLeaseCommand) 
 	if l == nil {
 		return &Result{Err: fmt.Errorf("lease %q: %w", c.LeaseId, ErrNotFound)}, nil
 	}
-	if l.State != gpupoolv1.LeaseState_LEASE_STATE_GRANTED && l.State != gpupoolv1.LeaseState_LEASE_STATE_PENDING {
+	if l.State == gpupoolv1.LeaseState_LEASE_STATE_PENDING {
+		// A pending lease holds nothing: it ends at once.
+		nl := endLease(l, index, c.EndState, c.Reason, c.NowMs)
+		nl.State, nl.EndState = c.EndState, gpupoolv1.LeaseState_LEASE_STATE_UNSPECIFIED
+		w.PutLease(nl)
+		return &Result{Lease: nl}, []Event{{Lease: nl, Type: gpupoolv1.LeaseEventType_LEASE_EVENT_TYPE_ENDED}}
+	}
+	if l.State != gpupoolv1.LeaseState_LEASE_STATE_GRANTED {
 		// Already ending or ended: ending is idempotent.
 		return &Result{Lease: l}, nil
 	}

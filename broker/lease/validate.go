@@ -87,6 +87,9 @@ func Validate(r *gpupoolv1.LeaseRequest) error {
 	if r.Priority < 0 || r.Priority > MaxPriority {
 		return &FieldError{"priority", r.Priority, fmt.Sprintf("must be between 0 and %d", MaxPriority)}
 	}
+	if err := validateElastic(r); err != nil {
+		return err
+	}
 	if r.Tenant != "" {
 		if err := ValidateTenant("tenant", r.Tenant); err != nil {
 			return err
@@ -97,6 +100,37 @@ func Validate(r *gpupoolv1.LeaseRequest) error {
 	}
 	if len(r.Holder) > 256 {
 		return &FieldError{"holder", fmt.Sprintf("(%d bytes)", len(r.Holder)), "must be at most 256 bytes"}
+	}
+	return nil
+}
+
+// validateElastic checks an elastic request: elastic_max is the most
+// slices in all, at least count; the lease itself is guaranteed (its
+// extras are preemptible), and its slices have no topology between them
+// because extras go wherever there is room.
+func validateElastic(r *gpupoolv1.LeaseRequest) error {
+	switch {
+	case r.ElasticMax == 0:
+		return nil
+	case r.ElasticMax < r.Count || r.ElasticMax > MaxCount:
+		return &FieldError{"elastic_max", r.ElasticMax, fmt.Sprintf("must be between count (%d, the guaranteed slices) and %d", r.Count, MaxCount)}
+	case r.Class == gpupoolv1.LeaseClass_LEASE_CLASS_PREEMPTIBLE:
+		return &FieldError{"class", "preemptible", "an elastic lease must be guaranteed (its extra slices are preemptible); drop class or elastic_max"}
+	case r.Topology != gpupoolv1.Topology_TOPOLOGY_UNSPECIFIED:
+		return &FieldError{"topology", r.Topology.String(), "must be unset for an elastic lease: its extra slices go wherever there is room"}
+	case r.HostCpuMillicores > 0 || r.HostMemoryMib > 0:
+		return &FieldError{"host_cpu_millicores", r.HostCpuMillicores, "host cpu and memory must be unset for an elastic lease: its extra slices may be on other hosts"}
+	}
+	return nil
+}
+
+// MaxWait is the longest an Acquire may wait in the queue.
+const MaxWait = 24 * time.Hour
+
+// ValidateWait checks an Acquire's wait_ms.
+func ValidateWait(ms int64) error {
+	if ms < 0 || time.Duration(ms)*time.Millisecond > MaxWait {
+		return &FieldError{"wait_ms", ms, fmt.Sprintf("must be between 0 (fail at once) and %d (24h)", MaxWait.Milliseconds())}
 	}
 	return nil
 }

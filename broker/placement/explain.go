@@ -136,12 +136,12 @@ func explainShortage(hosts []*gpupoolv1.Host, rq *request) string {
 	case rq.exclusive:
 		return fmt.Sprintf("no idle %s (all %d in use)", name, inUse)
 	}
-	want := fmt.Sprintf("no %s with %d MiB and %d%% compute free", name, rq.mem, rq.compute)
+	want := fmt.Sprintf("no %s with %s and %d%% compute free", name, memText(rq.mem), rq.compute)
 	switch {
 	case held == usable:
 		return fmt.Sprintf("%s (all %d held exclusively)", want, usable)
 	case mostFree < rq.mem:
-		return fmt.Sprintf("%s (%s %d MiB free)", want, count(withMostFree, "has", "have"), mostFree)
+		return fmt.Sprintf("%s (%s %s free)", want, count(withMostFree, "has", "have"), memText(mostFree))
 	}
 	return fmt.Sprintf("%s (%s the memory but at most %d%% compute free)", want,
 		count(withMem, "has", "have"), mostCompute)
@@ -219,8 +219,9 @@ func (p *pool) explainCount(now bool) string {
 // explainOutOfService counts the hosts and GPUs that match the constraints but take no
 // leases now: "1 host down", "2 hosts ineligible", "1 GPU unhealthy".
 func explainOutOfService(hosts []*gpupoolv1.Host, rq *request) []string {
-	var byStatus [5]int // indexed by HostStatus
-	var ineligible, unhealthy int
+	var byStatus [5][]string // host ids, indexed by HostStatus
+	var ineligible []string
+	var unhealthy int
 	for _, h := range hosts {
 		if h == nil || !rq.hostMatches(h) {
 			continue
@@ -240,17 +241,17 @@ func explainOutOfService(hosts []*gpupoolv1.Host, rq *request) []string {
 			if int(st) >= len(byStatus) {
 				st = gpupoolv1.HostStatus_HOST_STATUS_UNSPECIFIED
 			}
-			byStatus[st]++
+			byStatus[st] = append(byStatus[st], h.GetId())
 		case !h.GetEligible():
-			ineligible++
+			ineligible = append(ineligible, h.GetId())
 		default:
 			unhealthy += sick
 		}
 	}
 	var out []string
-	add := func(n int, what string) {
-		if n > 0 {
-			out = append(out, fmt.Sprintf("%s %s", count(n, "host", "hosts"), what))
+	add := func(ids []string, what string) {
+		if len(ids) > 0 {
+			out = append(out, hostsText(ids)+" "+what)
 		}
 	}
 	add(byStatus[gpupoolv1.HostStatus_HOST_STATUS_DOWN], "down")
@@ -262,6 +263,27 @@ func explainOutOfService(hosts []*gpupoolv1.Host, rq *request) []string {
 		out = append(out, count(unhealthy, "GPU unhealthy", "GPUs unhealthy"))
 	}
 	return out
+}
+
+// hostsText names up to three hosts ("host h1", "hosts h1, h2"), and
+// counts more ("5 hosts").
+func hostsText(ids []string) string {
+	switch {
+	case len(ids) == 1:
+		return "host " + ids[0]
+	case len(ids) <= 3:
+		slices.Sort(ids)
+		return "hosts " + strings.Join(ids, ", ")
+	}
+	return count(len(ids), "host", "hosts")
+}
+
+// memText renders MiB as GiB when whole ("40 GiB"), else in MiB.
+func memText(mib int64) string {
+	if mib != 0 && mib%1024 == 0 {
+		return fmt.Sprintf("%d GiB", mib/1024)
+	}
+	return fmt.Sprintf("%d MiB", mib)
 }
 
 // countLabel qualifies a count in a message: " exclusive with same-nvlink and host cpu/memory".

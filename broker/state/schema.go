@@ -8,6 +8,7 @@ package state
 
 import (
 	"fmt"
+	"maps"
 
 	"github.com/hashicorp/go-memdb"
 
@@ -50,7 +51,7 @@ func schema() *memdb.DBSchema {
 			indexID:   {Name: indexID, Unique: true, Indexer: &memdb.StringFieldIndex{Field: "Uuid"}},
 			indexHost: {Name: indexHost, Indexer: &memdb.StringFieldIndex{Field: "HostId"}},
 		}},
-		tableLeases: {Name: tableLeases, Indexes: map[string]*memdb.IndexSchema{
+		tableLeases: {Name: tableLeases, Indexes: withIndexes(queueIndexes(), map[string]*memdb.IndexSchema{
 			indexID:     {Name: indexID, Unique: true, Indexer: &memdb.StringFieldIndex{Field: "Id"}},
 			indexHost:   {Name: indexHost, AllowMissing: true, Indexer: leaseHostsIndex{}},
 			indexTenant: {Name: indexTenant, AllowMissing: true, Indexer: holdingTenantIndex{}},
@@ -60,8 +61,13 @@ func schema() *memdb.DBSchema {
 					&memdb.StringFieldIndex{Field: "RequestId"},
 				},
 			}},
-		}},
+		})},
 	}}
+}
+
+func withIndexes(extra, base map[string]*memdb.IndexSchema) map[string]*memdb.IndexSchema {
+	maps.Copy(base, extra)
+	return base
 }
 
 // leaseHostsIndex indexes a lease under every host its slices are on.

@@ -83,6 +83,7 @@ server with an empty data dir and only --join joins a running cluster.`,
 	f.DurationVar(&cfg.HeartbeatInterval, "heartbeat-interval", broker.DefaultHeartbeatInterval, "how often agents heartbeat")
 	f.DurationVar(&cfg.HeartbeatTTL, "heartbeat-ttl", broker.DefaultHeartbeatTTL, "a host without heartbeats for this long goes down")
 	f.DurationVar(&cfg.LockDelay, "lock-delay", broker.DefaultLockDelay, "how long a down host's leases keep their capacity before it is freed")
+	f.DurationVar(&cfg.PreemptGrace, "preempt-grace", broker.DefaultPreemptGrace, "how long a preempted lease (or an elastic lease's extra taken back) keeps running after its notice")
 	f.StringVar(&logLevel, "log-level", "info", "log level: debug, info, warn or error")
 	f.BoolVar(&raftLog, "raft-log", false, "also print raft's own warnings")
 	f.StringVar(&metrics, "metrics-bind", "", "serve Prometheus metrics at http://ADDR/metrics (e.g. 127.0.0.1:9641); empty serves none")

@@ -19,6 +19,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/gpupool/gpupool/broker"
 	"github.com/gpupool/gpupool/client"
 	gpupoolv1 "github.com/gpupool/gpupool/proto/gpupool/v1"
 )
@@ -33,6 +34,7 @@ type devOpts struct {
 	demo     bool
 	exit     bool
 	ip       string
+	grace    time.Duration
 }
 
 func newDevCmd() *cobra.Command {
@@ -63,6 +65,7 @@ the cluster fail over; Ctrl-C stops everything and deletes the data dirs
 	f.BoolVar(&o.demo, "demo", false, "once the pool is up, acquire a lease, show it in 'gpupool status', and release it")
 	f.BoolVar(&o.exit, "exit-after-demo", false, "stop everything after --demo (for scripts and tests)")
 	f.StringVar(&o.ip, "ip", "127.0.0.1", "loopback address to listen on")
+	f.DurationVar(&o.grace, "preempt-grace", broker.DefaultPreemptGrace, "how long preempted leases and elastic extras taken back keep running after their notice")
 	return cmd
 }
 
@@ -80,6 +83,9 @@ func (o devOpts) validate() error {
 	}
 	if o.exit && !o.demo {
 		return usagef("--exit-after-demo needs --demo")
+	}
+	if o.grace <= 0 {
+		return usagef("--preempt-grace %s: must be positive, e.g. 30s or 5s", o.grace)
 	}
 	if ip := net.ParseIP(o.ip); ip == nil || !ip.IsLoopback() {
 		return usagef("--ip %q: must be a loopback address such as 127.0.0.1 (dev has no TLS or auth)", o.ip)
@@ -134,6 +140,7 @@ func runDev(cmd *cobra.Command, o devOpts) error {
 		}
 		args := []string{"broker", "--node-id", fmt.Sprintf("broker-%d", i+1), "--data-dir", filepath.Join(dir, fmt.Sprintf("broker-%d", i+1)),
 			"--bind", a, "--bootstrap-expect", strconv.Itoa(o.brokers), "--heartbeat-interval", "1s", "--heartbeat-ttl", "5s", "--lock-delay", "10s",
+			"--preempt-grace", o.grace.String(),
 			"--metrics-bind", net.JoinHostPort(o.ip, strconv.Itoa(o.basePort+50+i))}
 		if len(join) > 0 {
 			args = append(args, "--join", strings.Join(join, ","))

@@ -442,8 +442,11 @@ func (x *SetHostStatusCommand) GetNowMs() int64 {
 type GrantLeaseCommand struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Complete except fencing_token, create_index and modify_index, which
-	// Apply sets from the log index.
-	Lease         *Lease `protobuf:"bytes,1,opt,name=lease,proto3" json:"lease,omitempty"`
+	// Apply sets from the log index. A grant whose lease id names a pending
+	// lease grants that lease (same tenant and request id).
+	Lease *Lease `protobuf:"bytes,1,opt,name=lease,proto3" json:"lease,omitempty"`
+	// When a pending lease is granted.
+	NowMs         int64 `protobuf:"varint,2,opt,name=now_ms,json=nowMs,proto3" json:"now_ms,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -483,6 +486,13 @@ func (x *GrantLeaseCommand) GetLease() *Lease {
 		return x.Lease
 	}
 	return nil
+}
+
+func (x *GrantLeaseCommand) GetNowMs() int64 {
+	if x != nil {
+		return x.NowMs
+	}
+	return 0
 }
 
 // EndLeaseCommand moves a granted lease to RELEASING with end_state.
@@ -1103,6 +1113,131 @@ func (x *SetQuotaCommand) GetQuota() *Quota {
 }
 
 // StateSnapshot is the whole FSM state, in the order of the store's indexes.
+// EnqueueLeaseCommand adds a pending lease to the queue (no slices yet).
+// Idempotent on (tenant, request_id). The grant of a pending lease is a
+// GrantLeaseCommand with the pending lease's id.
+type EnqueueLeaseCommand struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Lease         *Lease                 `protobuf:"bytes,1,opt,name=lease,proto3" json:"lease,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *EnqueueLeaseCommand) Reset() {
+	*x = EnqueueLeaseCommand{}
+	mi := &file_gpupool_v1_internal_proto_msgTypes[17]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *EnqueueLeaseCommand) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*EnqueueLeaseCommand) ProtoMessage() {}
+
+func (x *EnqueueLeaseCommand) ProtoReflect() protoreflect.Message {
+	mi := &file_gpupool_v1_internal_proto_msgTypes[17]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use EnqueueLeaseCommand.ProtoReflect.Descriptor instead.
+func (*EnqueueLeaseCommand) Descriptor() ([]byte, []int) {
+	return file_gpupool_v1_internal_proto_rawDescGZIP(), []int{17}
+}
+
+func (x *EnqueueLeaseCommand) GetLease() *Lease {
+	if x != nil {
+		return x.Lease
+	}
+	return nil
+}
+
+// PreemptLeasesCommand marks granted preemptible leases to be revoked at
+// deadline_ms to make room for the pending lease for_lease.
+type PreemptLeasesCommand struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	LeaseIds      []string               `protobuf:"bytes,1,rep,name=lease_ids,json=leaseIds,proto3" json:"lease_ids,omitempty"`
+	ForLease      string                 `protobuf:"bytes,2,opt,name=for_lease,json=forLease,proto3" json:"for_lease,omitempty"`
+	DeadlineMs    int64                  `protobuf:"varint,3,opt,name=deadline_ms,json=deadlineMs,proto3" json:"deadline_ms,omitempty"`
+	Reason        string                 `protobuf:"bytes,4,opt,name=reason,proto3" json:"reason,omitempty"`
+	NowMs         int64                  `protobuf:"varint,5,opt,name=now_ms,json=nowMs,proto3" json:"now_ms,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PreemptLeasesCommand) Reset() {
+	*x = PreemptLeasesCommand{}
+	mi := &file_gpupool_v1_internal_proto_msgTypes[18]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PreemptLeasesCommand) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PreemptLeasesCommand) ProtoMessage() {}
+
+func (x *PreemptLeasesCommand) ProtoReflect() protoreflect.Message {
+	mi := &file_gpupool_v1_internal_proto_msgTypes[18]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PreemptLeasesCommand.ProtoReflect.Descriptor instead.
+func (*PreemptLeasesCommand) Descriptor() ([]byte, []int) {
+	return file_gpupool_v1_internal_proto_rawDescGZIP(), []int{18}
+}
+
+func (x *PreemptLeasesCommand) GetLeaseIds() []string {
+	if x != nil {
+		return x.LeaseIds
+	}
+	return nil
+}
+
+func (x *PreemptLeasesCommand) GetForLease() string {
+	if x != nil {
+		return x.ForLease
+	}
+	return ""
+}
+
+func (x *PreemptLeasesCommand) GetDeadlineMs() int64 {
+	if x != nil {
+		return x.DeadlineMs
+	}
+	return 0
+}
+
+func (x *PreemptLeasesCommand) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
+func (x *PreemptLeasesCommand) GetNowMs() int64 {
+	if x != nil {
+		return x.NowMs
+	}
+	return 0
+}
+
 type StateSnapshot struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Servers       []*UpsertServerCommand `protobuf:"bytes,1,rep,name=servers,proto3" json:"servers,omitempty"`
@@ -1118,7 +1253,7 @@ type StateSnapshot struct {
 
 func (x *StateSnapshot) Reset() {
 	*x = StateSnapshot{}
-	mi := &file_gpupool_v1_internal_proto_msgTypes[17]
+	mi := &file_gpupool_v1_internal_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1130,7 +1265,7 @@ func (x *StateSnapshot) String() string {
 func (*StateSnapshot) ProtoMessage() {}
 
 func (x *StateSnapshot) ProtoReflect() protoreflect.Message {
-	mi := &file_gpupool_v1_internal_proto_msgTypes[17]
+	mi := &file_gpupool_v1_internal_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1143,7 +1278,7 @@ func (x *StateSnapshot) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StateSnapshot.ProtoReflect.Descriptor instead.
 func (*StateSnapshot) Descriptor() ([]byte, []int) {
-	return file_gpupool_v1_internal_proto_rawDescGZIP(), []int{17}
+	return file_gpupool_v1_internal_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *StateSnapshot) GetServers() []*UpsertServerCommand {
@@ -1230,9 +1365,10 @@ const file_gpupool_v1_internal_proto_rawDesc = "" +
 	"\ahost_id\x18\x01 \x01(\tR\x06hostId\x12.\n" +
 	"\x06status\x18\x02 \x01(\x0e2\x16.gpupool.v1.HostStatusR\x06status\x12\x16\n" +
 	"\x06reason\x18\x03 \x01(\tR\x06reason\x12\x15\n" +
-	"\x06now_ms\x18\x04 \x01(\x03R\x05nowMs\"<\n" +
+	"\x06now_ms\x18\x04 \x01(\x03R\x05nowMs\"S\n" +
 	"\x11GrantLeaseCommand\x12'\n" +
-	"\x05lease\x18\x01 \x01(\v2\x11.gpupool.v1.LeaseR\x05lease\"\xa4\x01\n" +
+	"\x05lease\x18\x01 \x01(\v2\x11.gpupool.v1.LeaseR\x05lease\x12\x15\n" +
+	"\x06now_ms\x18\x02 \x01(\x03R\x05nowMs\"\xa4\x01\n" +
 	"\x0fEndLeaseCommand\x12\x19\n" +
 	"\blease_id\x18\x01 \x01(\tR\aleaseId\x123\n" +
 	"\tend_state\x18\x02 \x01(\x0e2\x16.gpupool.v1.LeaseStateR\bendState\x12\x16\n" +
@@ -1278,7 +1414,16 @@ const file_gpupool_v1_internal_proto_rawDesc = "" +
 	"\x06now_ms\x18\x03 \x01(\x03R\x05nowMs\"R\n" +
 	"\x0fSetQuotaCommand\x12\x16\n" +
 	"\x06tenant\x18\x01 \x01(\tR\x06tenant\x12'\n" +
-	"\x05quota\x18\x02 \x01(\v2\x11.gpupool.v1.QuotaR\x05quota\"\xc7\x02\n" +
+	"\x05quota\x18\x02 \x01(\v2\x11.gpupool.v1.QuotaR\x05quota\">\n" +
+	"\x13EnqueueLeaseCommand\x12'\n" +
+	"\x05lease\x18\x01 \x01(\v2\x11.gpupool.v1.LeaseR\x05lease\"\xa0\x01\n" +
+	"\x14PreemptLeasesCommand\x12\x1b\n" +
+	"\tlease_ids\x18\x01 \x03(\tR\bleaseIds\x12\x1b\n" +
+	"\tfor_lease\x18\x02 \x01(\tR\bforLease\x12\x1f\n" +
+	"\vdeadline_ms\x18\x03 \x01(\x03R\n" +
+	"deadlineMs\x12\x16\n" +
+	"\x06reason\x18\x04 \x01(\tR\x06reason\x12\x15\n" +
+	"\x06now_ms\x18\x05 \x01(\x03R\x05nowMs\"\xc7\x02\n" +
 	"\rStateSnapshot\x129\n" +
 	"\aservers\x18\x01 \x03(\v2\x1f.gpupool.v1.UpsertServerCommandR\aservers\x12&\n" +
 	"\x05hosts\x18\x02 \x03(\v2\x10.gpupool.v1.HostR\x05hosts\x12,\n" +
@@ -1304,7 +1449,7 @@ func file_gpupool_v1_internal_proto_rawDescGZIP() []byte {
 	return file_gpupool_v1_internal_proto_rawDescData
 }
 
-var file_gpupool_v1_internal_proto_msgTypes = make([]protoimpl.MessageInfo, 18)
+var file_gpupool_v1_internal_proto_msgTypes = make([]protoimpl.MessageInfo, 20)
 var file_gpupool_v1_internal_proto_goTypes = []any{
 	(*ServerInfoRequest)(nil),         // 0: gpupool.v1.ServerInfoRequest
 	(*ServerInfoResponse)(nil),        // 1: gpupool.v1.ServerInfoResponse
@@ -1323,41 +1468,44 @@ var file_gpupool_v1_internal_proto_goTypes = []any{
 	(*DrainHostCommand)(nil),          // 14: gpupool.v1.DrainHostCommand
 	(*SetHostEligibilityCommand)(nil), // 15: gpupool.v1.SetHostEligibilityCommand
 	(*SetQuotaCommand)(nil),           // 16: gpupool.v1.SetQuotaCommand
-	(*StateSnapshot)(nil),             // 17: gpupool.v1.StateSnapshot
-	(*Host)(nil),                      // 18: gpupool.v1.Host
-	(*Device)(nil),                    // 19: gpupool.v1.Device
-	(HostStatus)(0),                   // 20: gpupool.v1.HostStatus
-	(*Lease)(nil),                     // 21: gpupool.v1.Lease
-	(LeaseState)(0),                   // 22: gpupool.v1.LeaseState
-	(*DeviceReport)(nil),              // 23: gpupool.v1.DeviceReport
-	(*AgentEvent)(nil),                // 24: gpupool.v1.AgentEvent
-	(*Quota)(nil),                     // 25: gpupool.v1.Quota
+	(*EnqueueLeaseCommand)(nil),       // 17: gpupool.v1.EnqueueLeaseCommand
+	(*PreemptLeasesCommand)(nil),      // 18: gpupool.v1.PreemptLeasesCommand
+	(*StateSnapshot)(nil),             // 19: gpupool.v1.StateSnapshot
+	(*Host)(nil),                      // 20: gpupool.v1.Host
+	(*Device)(nil),                    // 21: gpupool.v1.Device
+	(HostStatus)(0),                   // 22: gpupool.v1.HostStatus
+	(*Lease)(nil),                     // 23: gpupool.v1.Lease
+	(LeaseState)(0),                   // 24: gpupool.v1.LeaseState
+	(*DeviceReport)(nil),              // 25: gpupool.v1.DeviceReport
+	(*AgentEvent)(nil),                // 26: gpupool.v1.AgentEvent
+	(*Quota)(nil),                     // 27: gpupool.v1.Quota
 }
 var file_gpupool_v1_internal_proto_depIdxs = []int32{
-	18, // 0: gpupool.v1.RegisterHostCommand.host:type_name -> gpupool.v1.Host
-	19, // 1: gpupool.v1.RegisterHostCommand.devices:type_name -> gpupool.v1.Device
-	20, // 2: gpupool.v1.SetHostStatusCommand.status:type_name -> gpupool.v1.HostStatus
-	21, // 3: gpupool.v1.GrantLeaseCommand.lease:type_name -> gpupool.v1.Lease
-	22, // 4: gpupool.v1.EndLeaseCommand.end_state:type_name -> gpupool.v1.LeaseState
-	23, // 5: gpupool.v1.SetDeviceHealthCommand.devices:type_name -> gpupool.v1.DeviceReport
-	24, // 6: gpupool.v1.RecordAgentEventsCommand.events:type_name -> gpupool.v1.AgentEvent
+	20, // 0: gpupool.v1.RegisterHostCommand.host:type_name -> gpupool.v1.Host
+	21, // 1: gpupool.v1.RegisterHostCommand.devices:type_name -> gpupool.v1.Device
+	22, // 2: gpupool.v1.SetHostStatusCommand.status:type_name -> gpupool.v1.HostStatus
+	23, // 3: gpupool.v1.GrantLeaseCommand.lease:type_name -> gpupool.v1.Lease
+	24, // 4: gpupool.v1.EndLeaseCommand.end_state:type_name -> gpupool.v1.LeaseState
+	25, // 5: gpupool.v1.SetDeviceHealthCommand.devices:type_name -> gpupool.v1.DeviceReport
+	26, // 6: gpupool.v1.RecordAgentEventsCommand.events:type_name -> gpupool.v1.AgentEvent
 	12, // 7: gpupool.v1.SetSigningKeysCommand.keys:type_name -> gpupool.v1.SigningKey
-	25, // 8: gpupool.v1.SetQuotaCommand.quota:type_name -> gpupool.v1.Quota
-	4,  // 9: gpupool.v1.StateSnapshot.servers:type_name -> gpupool.v1.UpsertServerCommand
-	18, // 10: gpupool.v1.StateSnapshot.hosts:type_name -> gpupool.v1.Host
-	19, // 11: gpupool.v1.StateSnapshot.devices:type_name -> gpupool.v1.Device
-	21, // 12: gpupool.v1.StateSnapshot.leases:type_name -> gpupool.v1.Lease
-	12, // 13: gpupool.v1.StateSnapshot.signing_keys:type_name -> gpupool.v1.SigningKey
-	25, // 14: gpupool.v1.StateSnapshot.quotas:type_name -> gpupool.v1.Quota
-	0,  // 15: gpupool.v1.ClusterService.ServerInfo:input_type -> gpupool.v1.ServerInfoRequest
-	2,  // 16: gpupool.v1.ClusterService.Join:input_type -> gpupool.v1.JoinRequest
-	1,  // 17: gpupool.v1.ClusterService.ServerInfo:output_type -> gpupool.v1.ServerInfoResponse
-	3,  // 18: gpupool.v1.ClusterService.Join:output_type -> gpupool.v1.JoinResponse
-	17, // [17:19] is the sub-list for method output_type
-	15, // [15:17] is the sub-list for method input_type
-	15, // [15:15] is the sub-list for extension type_name
-	15, // [15:15] is the sub-list for extension extendee
-	0,  // [0:15] is the sub-list for field type_name
+	27, // 8: gpupool.v1.SetQuotaCommand.quota:type_name -> gpupool.v1.Quota
+	23, // 9: gpupool.v1.EnqueueLeaseCommand.lease:type_name -> gpupool.v1.Lease
+	4,  // 10: gpupool.v1.StateSnapshot.servers:type_name -> gpupool.v1.UpsertServerCommand
+	20, // 11: gpupool.v1.StateSnapshot.hosts:type_name -> gpupool.v1.Host
+	21, // 12: gpupool.v1.StateSnapshot.devices:type_name -> gpupool.v1.Device
+	23, // 13: gpupool.v1.StateSnapshot.leases:type_name -> gpupool.v1.Lease
+	12, // 14: gpupool.v1.StateSnapshot.signing_keys:type_name -> gpupool.v1.SigningKey
+	27, // 15: gpupool.v1.StateSnapshot.quotas:type_name -> gpupool.v1.Quota
+	0,  // 16: gpupool.v1.ClusterService.ServerInfo:input_type -> gpupool.v1.ServerInfoRequest
+	2,  // 17: gpupool.v1.ClusterService.Join:input_type -> gpupool.v1.JoinRequest
+	1,  // 18: gpupool.v1.ClusterService.ServerInfo:output_type -> gpupool.v1.ServerInfoResponse
+	3,  // 19: gpupool.v1.ClusterService.Join:output_type -> gpupool.v1.JoinResponse
+	18, // [18:20] is the sub-list for method output_type
+	16, // [16:18] is the sub-list for method input_type
+	16, // [16:16] is the sub-list for extension type_name
+	16, // [16:16] is the sub-list for extension extendee
+	0,  // [0:16] is the sub-list for field type_name
 }
 
 func init() { file_gpupool_v1_internal_proto_init() }
@@ -1373,7 +1521,7 @@ func file_gpupool_v1_internal_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_gpupool_v1_internal_proto_rawDesc), len(file_gpupool_v1_internal_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   18,
+			NumMessages:   20,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -38,21 +38,29 @@ const (
 	// The lease's host is draining: the lease is revoked at deadline_ms
 	// (0: no deadline; the holder should release when it can).
 	LeaseEventType_LEASE_EVENT_TYPE_DRAIN_NOTICE LeaseEventType = 9
+	// An elastic lease grew: lease is the new extra slice's own lease, whose
+	// parent is the elastic lease. Its holder renews it like the parent.
+	LeaseEventType_LEASE_EVENT_TYPE_GROWN LeaseEventType = 10
+	// The lease is preempted: revoked at deadline_ms to make room for the
+	// request message names. For an elastic lease's extra, this is a shrink.
+	LeaseEventType_LEASE_EVENT_TYPE_PREEMPT_NOTICE LeaseEventType = 11
 )
 
 // Enum value maps for LeaseEventType.
 var (
 	LeaseEventType_name = map[int32]string{
-		0: "LEASE_EVENT_TYPE_UNSPECIFIED",
-		1: "LEASE_EVENT_TYPE_SNAPSHOT",
-		2: "LEASE_EVENT_TYPE_GRANTED",
-		3: "LEASE_EVENT_TYPE_RELEASING",
-		4: "LEASE_EVENT_TYPE_ENDED",
-		5: "LEASE_EVENT_TYPE_LOST",
-		6: "LEASE_EVENT_TYPE_UPDATED",
-		7: "LEASE_EVENT_TYPE_VIOLATION",
-		8: "LEASE_EVENT_TYPE_DEVICE_UNHEALTHY",
-		9: "LEASE_EVENT_TYPE_DRAIN_NOTICE",
+		0:  "LEASE_EVENT_TYPE_UNSPECIFIED",
+		1:  "LEASE_EVENT_TYPE_SNAPSHOT",
+		2:  "LEASE_EVENT_TYPE_GRANTED",
+		3:  "LEASE_EVENT_TYPE_RELEASING",
+		4:  "LEASE_EVENT_TYPE_ENDED",
+		5:  "LEASE_EVENT_TYPE_LOST",
+		6:  "LEASE_EVENT_TYPE_UPDATED",
+		7:  "LEASE_EVENT_TYPE_VIOLATION",
+		8:  "LEASE_EVENT_TYPE_DEVICE_UNHEALTHY",
+		9:  "LEASE_EVENT_TYPE_DRAIN_NOTICE",
+		10: "LEASE_EVENT_TYPE_GROWN",
+		11: "LEASE_EVENT_TYPE_PREEMPT_NOTICE",
 	}
 	LeaseEventType_value = map[string]int32{
 		"LEASE_EVENT_TYPE_UNSPECIFIED":      0,
@@ -65,6 +73,8 @@ var (
 		"LEASE_EVENT_TYPE_VIOLATION":        7,
 		"LEASE_EVENT_TYPE_DEVICE_UNHEALTHY": 8,
 		"LEASE_EVENT_TYPE_DRAIN_NOTICE":     9,
+		"LEASE_EVENT_TYPE_GROWN":            10,
+		"LEASE_EVENT_TYPE_PREEMPT_NOTICE":   11,
 	}
 )
 
@@ -96,8 +106,12 @@ func (LeaseEventType) EnumDescriptor() ([]byte, []int) {
 }
 
 type AcquireRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Request       *LeaseRequest          `protobuf:"bytes,1,opt,name=request,proto3" json:"request,omitempty"`
+	state   protoimpl.MessageState `protogen:"open.v1"`
+	Request *LeaseRequest          `protobuf:"bytes,1,opt,name=request,proto3" json:"request,omitempty"`
+	// How long to wait in the pending queue when the request does not fit
+	// now; 0 fails at once. A waiter whose call ends (disconnect, deadline)
+	// leaves the queue.
+	WaitMs        int64 `protobuf:"varint,2,opt,name=wait_ms,json=waitMs,proto3" json:"wait_ms,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -137,6 +151,13 @@ func (x *AcquireRequest) GetRequest() *LeaseRequest {
 		return x.Request
 	}
 	return nil
+}
+
+func (x *AcquireRequest) GetWaitMs() int64 {
+	if x != nil {
+		return x.WaitMs
+	}
+	return 0
 }
 
 type AcquireResponse struct {
@@ -252,7 +273,8 @@ type LeaseEvent struct {
 	Message string                 `protobuf:"bytes,3,opt,name=message,proto3" json:"message,omitempty"`
 	// Raft index of the change.
 	Index uint64 `protobuf:"varint,4,opt,name=index,proto3" json:"index,omitempty"`
-	// For DRAIN_NOTICE: when the lease is revoked (Unix ms); 0 for no deadline.
+	// For DRAIN_NOTICE and PREEMPT_NOTICE: when the lease is revoked (Unix
+	// ms); 0 for no deadline.
 	DeadlineMs    int64 `protobuf:"varint,5,opt,name=deadline_ms,json=deadlineMs,proto3" json:"deadline_ms,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -792,9 +814,10 @@ var File_gpupool_v1_lease_proto protoreflect.FileDescriptor
 const file_gpupool_v1_lease_proto_rawDesc = "" +
 	"\n" +
 	"\x16gpupool/v1/lease.proto\x12\n" +
-	"gpupool.v1\x1a\x16gpupool/v1/types.proto\"D\n" +
+	"gpupool.v1\x1a\x16gpupool/v1/types.proto\"]\n" +
 	"\x0eAcquireRequest\x122\n" +
-	"\arequest\x18\x01 \x01(\v2\x18.gpupool.v1.LeaseRequestR\arequest\"\x85\x01\n" +
+	"\arequest\x18\x01 \x01(\v2\x18.gpupool.v1.LeaseRequestR\arequest\x12\x17\n" +
+	"\await_ms\x18\x02 \x01(\x03R\x06waitMs\"\x85\x01\n" +
 	"\x0fAcquireResponse\x12'\n" +
 	"\x05lease\x18\x01 \x01(\v2\x11.gpupool.v1.LeaseR\x05lease\x12\x1a\n" +
 	"\bexisting\x18\x02 \x01(\bR\bexisting\x12-\n" +
@@ -837,7 +860,7 @@ const file_gpupool_v1_lease_proto_rawDesc = "" +
 	"\x05index\x18\x02 \x01(\x04R\x05index\"G\n" +
 	"\x12WatchLeasesRequest\x12\x16\n" +
 	"\x06tenant\x18\x01 \x01(\tR\x06tenant\x12\x19\n" +
-	"\blease_id\x18\x02 \x01(\tR\aleaseId*\xce\x02\n" +
+	"\blease_id\x18\x02 \x01(\tR\aleaseId*\x8f\x03\n" +
 	"\x0eLeaseEventType\x12 \n" +
 	"\x1cLEASE_EVENT_TYPE_UNSPECIFIED\x10\x00\x12\x1d\n" +
 	"\x19LEASE_EVENT_TYPE_SNAPSHOT\x10\x01\x12\x1c\n" +
@@ -848,7 +871,10 @@ const file_gpupool_v1_lease_proto_rawDesc = "" +
 	"\x18LEASE_EVENT_TYPE_UPDATED\x10\x06\x12\x1e\n" +
 	"\x1aLEASE_EVENT_TYPE_VIOLATION\x10\a\x12%\n" +
 	"!LEASE_EVENT_TYPE_DEVICE_UNHEALTHY\x10\b\x12!\n" +
-	"\x1dLEASE_EVENT_TYPE_DRAIN_NOTICE\x10\t2\xb0\x03\n" +
+	"\x1dLEASE_EVENT_TYPE_DRAIN_NOTICE\x10\t\x12\x1a\n" +
+	"\x16LEASE_EVENT_TYPE_GROWN\x10\n" +
+	"\x12#\n" +
+	"\x1fLEASE_EVENT_TYPE_PREEMPT_NOTICE\x10\v2\xb0\x03\n" +
 	"\fLeaseService\x12B\n" +
 	"\aAcquire\x12\x1a.gpupool.v1.AcquireRequest\x1a\x1b.gpupool.v1.AcquireResponse\x12L\n" +
 	"\tKeepAlive\x12\x1c.gpupool.v1.KeepAliveRequest\x1a\x1d.gpupool.v1.KeepAliveResponse(\x010\x01\x12B\n" +

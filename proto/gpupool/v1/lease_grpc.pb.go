@@ -33,10 +33,14 @@ const (
 //
 // LeaseService hands out leases on whole GPUs and fractional slices.
 type LeaseServiceClient interface {
-	// Acquire places and grants a lease, or fails at once:
+	// Acquire places and grants a lease, or fails:
 	// InvalidArgument for a malformed request, FailedPrecondition for one
 	// that can never fit the pool, ResourceExhausted for one that does not
-	// fit now. Idempotent on (tenant, request_id).
+	// fit now (with wait_ms: not within the wait). With wait_ms, a request
+	// that does not fit now waits in the pending queue (priority, then
+	// arrival, with backfill) and may preempt preemptible leases; the call
+	// returns when it is granted. Idempotent on (tenant, request_id): a
+	// retry rejoins the same pending lease.
 	Acquire(ctx context.Context, in *AcquireRequest, opts ...grpc.CallOption) (*AcquireResponse, error)
 	// KeepAlive renews leases for as long as the stream lives. Every request
 	// renews one lease to its full TTL; the server answers each and also
@@ -137,10 +141,14 @@ type LeaseService_WatchClient = grpc.ServerStreamingClient[LeaseEvent]
 //
 // LeaseService hands out leases on whole GPUs and fractional slices.
 type LeaseServiceServer interface {
-	// Acquire places and grants a lease, or fails at once:
+	// Acquire places and grants a lease, or fails:
 	// InvalidArgument for a malformed request, FailedPrecondition for one
 	// that can never fit the pool, ResourceExhausted for one that does not
-	// fit now. Idempotent on (tenant, request_id).
+	// fit now (with wait_ms: not within the wait). With wait_ms, a request
+	// that does not fit now waits in the pending queue (priority, then
+	// arrival, with backfill) and may preempt preemptible leases; the call
+	// returns when it is granted. Idempotent on (tenant, request_id): a
+	// retry rejoins the same pending lease.
 	Acquire(context.Context, *AcquireRequest) (*AcquireResponse, error)
 	// KeepAlive renews leases for as long as the stream lives. Every request
 	// renews one lease to its full TTL; the server answers each and also

@@ -929,9 +929,15 @@ type LeaseRequest struct {
 	RequestId string `protobuf:"bytes,10,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
 	Tenant    string `protobuf:"bytes,11,opt,name=tenant,proto3" json:"tenant,omitempty"`
 	// Free-form identity of the holder: pod UID, job name.
-	Holder        string     `protobuf:"bytes,12,opt,name=holder,proto3" json:"holder,omitempty"`
-	Class         LeaseClass `protobuf:"varint,13,opt,name=class,proto3,enum=gpupool.v1.LeaseClass" json:"class,omitempty"`
-	Priority      int32      `protobuf:"varint,14,opt,name=priority,proto3" json:"priority,omitempty"`
+	Holder   string     `protobuf:"bytes,12,opt,name=holder,proto3" json:"holder,omitempty"`
+	Class    LeaseClass `protobuf:"varint,13,opt,name=class,proto3,enum=gpupool.v1.LeaseClass" json:"class,omitempty"`
+	Priority int32      `protobuf:"varint,14,opt,name=priority,proto3" json:"priority,omitempty"`
+	// Elastic: count slices are guaranteed, and the broker adds extra slices
+	// of the same size, one lease each (class preemptible, parent set), up
+	// to elastic_max slices in all while capacity is free; it takes them
+	// back, with a notice and a grace, when waiting work needs the room.
+	// 0: not elastic.
+	ElasticMax    int32 `protobuf:"varint,15,opt,name=elastic_max,json=elasticMax,proto3" json:"elastic_max,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1060,6 +1066,13 @@ func (x *LeaseRequest) GetClass() LeaseClass {
 func (x *LeaseRequest) GetPriority() int32 {
 	if x != nil {
 		return x.Priority
+	}
+	return 0
+}
+
+func (x *LeaseRequest) GetElasticMax() int32 {
+	if x != nil {
+		return x.ElasticMax
 	}
 	return 0
 }
@@ -1342,7 +1355,16 @@ type Lease struct {
 	LastViolation string `protobuf:"bytes,24,opt,name=last_violation,json=lastViolation,proto3" json:"last_violation,omitempty"`
 	// Newest agent event sequence applied to this lease, per reporting host
 	// (each agent numbers its own events), for deduplication.
-	LastEventSeq  map[string]uint64 `protobuf:"bytes,26,rep,name=last_event_seq,json=lastEventSeq,proto3" json:"last_event_seq,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"varint,2,opt,name=value"`
+	LastEventSeq map[string]uint64 `protobuf:"bytes,26,rep,name=last_event_seq,json=lastEventSeq,proto3" json:"last_event_seq,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"varint,2,opt,name=value"`
+	// For an elastic lease's extra slice: the elastic lease it belongs to.
+	Parent string `protobuf:"bytes,27,opt,name=parent,proto3" json:"parent,omitempty"`
+	// Set once the lease is preempted: when it is revoked (Unix ms), and the
+	// pending lease it makes room for.
+	PreemptAtMs  int64  `protobuf:"varint,28,opt,name=preempt_at_ms,json=preemptAtMs,proto3" json:"preempt_at_ms,omitempty"`
+	PreemptedFor string `protobuf:"bytes,29,opt,name=preempted_for,json=preemptedFor,proto3" json:"preempted_for,omitempty"`
+	// Read view only, for a pending lease: why it is not granted yet, from
+	// the real blockers (capacity, draining hosts, quota, queue).
+	PendingReason string `protobuf:"bytes,30,opt,name=pending_reason,json=pendingReason,proto3" json:"pending_reason,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1550,6 +1572,34 @@ func (x *Lease) GetLastEventSeq() map[string]uint64 {
 		return x.LastEventSeq
 	}
 	return nil
+}
+
+func (x *Lease) GetParent() string {
+	if x != nil {
+		return x.Parent
+	}
+	return ""
+}
+
+func (x *Lease) GetPreemptAtMs() int64 {
+	if x != nil {
+		return x.PreemptAtMs
+	}
+	return 0
+}
+
+func (x *Lease) GetPreemptedFor() string {
+	if x != nil {
+		return x.PreemptedFor
+	}
+	return ""
+}
+
+func (x *Lease) GetPendingReason() string {
+	if x != nil {
+		return x.PendingReason
+	}
+	return ""
 }
 
 // LeaseTokenClaims is what a lease token asserts. The brokers sign it; an
@@ -2022,7 +2072,7 @@ const file_gpupool_v1_types_proto_rawDesc = "" +
 	"\adevices\x18\x05 \x03(\tR\adevices\x1a9\n" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xff\x03\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xa0\x04\n" +
 	"\fLeaseRequest\x12\x14\n" +
 	"\x05count\x18\x01 \x01(\x05R\x05count\x12\x1c\n" +
 	"\texclusive\x18\x02 \x01(\bR\texclusive\x12\x1d\n" +
@@ -2040,7 +2090,9 @@ const file_gpupool_v1_types_proto_rawDesc = "" +
 	"\x06tenant\x18\v \x01(\tR\x06tenant\x12\x16\n" +
 	"\x06holder\x18\f \x01(\tR\x06holder\x12,\n" +
 	"\x05class\x18\r \x01(\x0e2\x16.gpupool.v1.LeaseClassR\x05class\x12\x1a\n" +
-	"\bpriority\x18\x0e \x01(\x05R\bpriority\"\x87\x02\n" +
+	"\bpriority\x18\x0e \x01(\x05R\bpriority\x12\x1f\n" +
+	"\velastic_max\x18\x0f \x01(\x05R\n" +
+	"elasticMax\"\x87\x02\n" +
 	"\x05Slice\x12\x12\n" +
 	"\x04host\x18\x01 \x01(\tR\x04host\x12\x16\n" +
 	"\x06device\x18\x02 \x01(\tR\x06device\x12\x1d\n" +
@@ -2062,7 +2114,7 @@ const file_gpupool_v1_types_proto_rawDesc = "" +
 	"\x04host\x18\x01 \x01(\tR\x04host\x12.\n" +
 	"\x06slices\x18\x02 \x03(\v2\x16.gpupool.v1.SliceUsageR\x06slices\x12\"\n" +
 	"\rsampled_at_ms\x18\x03 \x01(\x03R\vsampledAtMs\x12\x19\n" +
-	"\blease_id\x18\x04 \x01(\tR\aleaseId\"\xf6\a\n" +
+	"\blease_id\x18\x04 \x01(\tR\aleaseId\"\xfe\b\n" +
 	"\x05Lease\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x16\n" +
 	"\x06tenant\x18\x02 \x01(\tR\x06tenant\x12\x16\n" +
@@ -2092,7 +2144,11 @@ const file_gpupool_v1_types_proto_rawDesc = "" +
 	"violations\x18\x17 \x01(\x05R\n" +
 	"violations\x12%\n" +
 	"\x0elast_violation\x18\x18 \x01(\tR\rlastViolation\x12I\n" +
-	"\x0elast_event_seq\x18\x1a \x03(\v2#.gpupool.v1.Lease.LastEventSeqEntryR\flastEventSeq\x1a?\n" +
+	"\x0elast_event_seq\x18\x1a \x03(\v2#.gpupool.v1.Lease.LastEventSeqEntryR\flastEventSeq\x12\x16\n" +
+	"\x06parent\x18\x1b \x01(\tR\x06parent\x12\"\n" +
+	"\rpreempt_at_ms\x18\x1c \x01(\x03R\vpreemptAtMs\x12#\n" +
+	"\rpreempted_for\x18\x1d \x01(\tR\fpreemptedFor\x12%\n" +
+	"\x0epending_reason\x18\x1e \x01(\tR\rpendingReason\x1a?\n" +
 	"\x11LastEventSeqEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\x04R\x05value:\x028\x01J\x04\b\x19\x10\x1a\"\x8b\x02\n" +

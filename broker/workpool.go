@@ -1,0 +1,182 @@
+package broker
+
+import (
+	"slices"
+
+	"google.golang.org/protobuf/proto"
+
+	"github.com/gpupool/gpupool/broker/placement"
+	"github.com/gpupool/gpupool/broker/state"
+	gpupoolv1 "github.com/gpupool/gpupool/proto/gpupool/v1"
+)
+
+// workPool is a private copy of the pool that the queue changes as it
+// decides: grants it made, capacity it reserves for a pending lease whose
+// victims are still leaving, leases it considers freed. Placement reads it
+// like the state; nothing here is replicated.
+type workPool struct {
+	hosts []*gpupoolv1.Host
+	byID  map[string]*gpupoolv1.Host
+	devs  map[string]*gpupoolv1.Device
+}
+
+func newWorkPool(st *state.Reader) *workPool {
+	return copyPool(st.HostsWithDevices())
+}
+
+// copyPool deep-copies hosts and their devices.
+func copyPool(hosts []*gpupoolv1.Host) *workPool {
+	p := &workPool{hosts: make([]*gpupoolv1.Host, len(hosts)), byID: map[string]*gpupoolv1.Host{}, devs: map[string]*gpupoolv1.Device{}}
+	for i, h := range hosts {
+		c := proto.CloneOf(h)
+		p.hosts[i] = c
+		p.byID[c.Id] = c
+		for _, d := range c.Devices {
+			p.devs[d.Uuid] = d
+		}
+	}
+	return p
+}
+
+func (p *workPool) clone() *workPool { return copyPool(p.hosts) }
+
+// allocate counts l's slices and host resources as taken. It does not
+// check that they fit: a reservation may over-commit a device of the copy
+// on purpose, so nothing else is placed there.
+func (p *workPool) allocate(l *gpupoolv1.Lease) {
+	for _, s := range l.Slices {
+		if d := p.devs[s.Device]; d != nil {
+			placement.Allocate(d, s)
+		}
+	}
+	p.hostResources(l, 1)
+}
+
+// free counts l's slices and host resources as free.
+func (p *workPool) free(l *gpupoolv1.Lease) {
+	for _, s := range l.Slices {
+		if d := p.devs[s.Device]; d != nil {
+			placement.Free(d, s)
+		}
+	}
+	p.hostResources(l, -1)
+}
+
+func (p *workPool) hostResources(l *gpupoolv1.Lease, sign int64) {
+	if l.HostCpuMillicores == 0 && l.HostMemoryMib == 0 {
+		return
+	}
+	for _, id := range state.LeaseHosts(l) {
+		if h := p.byID[id]; h != nil {
+			h.AllocatedCpuMillicores = max(0, h.AllocatedCpuMillicores+sign*l.HostCpuMillicores)
+			h.AllocatedMemoryMib = max(0, h.AllocatedMemoryMib+sign*l.HostMemoryMib)
+		}
+	}
+}
+
+// place runs placement on the copy.
+func (p *workPool) place(r *gpupoolv1.LeaseRequest, policy string) ([]*gpupoolv1.Slice, error) {
+	ss, err := placement.Place(p.hosts, r, policy)
+	if err == nil {
+		setIsolation(ss, p.hosts)
+	}
+	return ss, err
+}
+
+// reservedPool is the pool as Acquire and the queue may place on: the
+// state, less what pending leases whose victims are still leaving will
+// take once they have gone. Without such leases it is the state itself.
+func (s *Server) reservedPool(st *state.Reader, except string) []*gpupoolv1.Host {
+	var reserving []*gpupoolv1.Lease
+	for _, r := range st.PendingLeases() {
+		if r.Id != except && len(st.PreemptedFor(r.Id)) > 0 {
+			reserving = append(reserving, r)
+		}
+	}
+	if len(reserving) == 0 {
+		return st.HostsWithDevices()
+	}
+	p := newWorkPool(st)
+	for _, r := range reserving {
+		p.reserve(st, r, s.cfg.Policy)
+	}
+	return p.hosts
+}
+
+// reserve places pending lease r on the copy as if its victims had gone,
+// and counts its slices as taken while the victims still hold theirs. It
+// reports whether r fits that way.
+func (p *workPool) reserve(st *state.Reader, r *gpupoolv1.Lease, policy string) bool {
+	work := p.clone()
+	for _, v := range st.PreemptedFor(r.Id) {
+		work.free(v)
+	}
+	ss, err := work.place(r.Request, policy)
+	if err != nil {
+		return false
+	}
+	p.allocate(&gpupoolv1.Lease{Slices: ss, HostCpuMillicores: r.HostCpuMillicores, HostMemoryMib: r.HostMemoryMib})
+	return true
+}
+
+// chooseVictims picks the preemptible leases to revoke so that r fits:
+// lowest priority first, then youngest, until r fits the pool without
+// them; then, from the last chosen back, it keeps out every victim the fit
+// does not need, so no victim can be spared. It returns nil when even all
+// candidates together do not make room: then nothing is preempted. It
+// also returns r's slices in the pool without the victims.
+func chooseVictims(p *workPool, r *gpupoolv1.LeaseRequest, policy string, cands []*gpupoolv1.Lease) ([]*gpupoolv1.Lease, []*gpupoolv1.Slice) {
+	cands = slices.Clone(cands)
+	slices.SortFunc(cands, victimOrder)
+	trial := p.clone()
+	var chosen []*gpupoolv1.Lease
+	var fit []*gpupoolv1.Slice
+	for _, c := range cands {
+		trial.free(c)
+		chosen = append(chosen, c)
+		if ss, err := trial.place(r, policy); err == nil {
+			fit = ss
+			break
+		}
+	}
+	if fit == nil {
+		return nil, nil
+	}
+	for i := len(chosen) - 2; i >= 0; i-- { // the last one was needed to fit
+		trial.allocate(chosen[i])
+		if ss, err := trial.place(r, policy); err == nil {
+			fit = ss
+			chosen = slices.Delete(chosen, i, i+1)
+			continue
+		}
+		trial.free(chosen[i])
+	}
+	return chosen, fit
+}
+
+// victimOrder sorts preemption candidates: lowest priority first, then
+// youngest, then by id for a stable order.
+func victimOrder(a, b *gpupoolv1.Lease) int {
+	if a.Priority != b.Priority {
+		return int(a.Priority) - int(b.Priority)
+	}
+	if a.CreatedAtMs != b.CreatedAtMs {
+		if a.CreatedAtMs > b.CreatedAtMs {
+			return -1
+		}
+		return 1
+	}
+	if a.CreateIndex != b.CreateIndex {
+		if a.CreateIndex > b.CreateIndex {
+			return -1
+		}
+		return 1
+	}
+	switch {
+	case a.Id < b.Id:
+		return -1
+	case a.Id > b.Id:
+		return 1
+	}
+	return 0
+}
