@@ -50,6 +50,9 @@ func testLog() []proto.Message {
 		&gpupoolv1.SetHostStatusCommand{HostId: "h2", Status: gpupoolv1.HostStatus_HOST_STATUS_DOWN, Reason: "no heartbeat", NowMs: 4000},
 		grant("l-6", "h2", 0, 1024, 10), // host down: refused
 		host("h1", 1),                   // device 1 disappears (free), device 0 stays
+		pendingLease("p-1", "r1"),
+		preemptible("v-1", "h1", 0),
+		&gpupoolv1.PreemptLeasesCommand{LeaseIds: []string{"v-1"}, ForLease: "p-1", DeadlineMs: 9000, Reason: "room"},
 	}
 }
 
