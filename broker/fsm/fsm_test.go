@@ -138,10 +138,10 @@ func TestApplyRefusesGrantsThatNoLongerFit(t *testing.T) {
 	}
 	st := f.State()
 	d := st.Device("GPU-h1-0")
-	if got, want := d.AllocatedMemoryMib, int64(40960+20480); got != want {
+	if got, want := d.AllocatedMemoryMib, int64(40960+20480+1024); got != want { // l-2, l-5, v-1
 		t.Errorf("GPU-h1-0 allocated memory: got %d, want %d", got, want)
 	}
-	if got, want := d.AllocatedComputePercent, int32(75); got != want {
+	if got, want := d.AllocatedComputePercent, int32(85); got != want {
 		t.Errorf("GPU-h1-0 allocated compute: got %d, want %d", got, want)
 	}
 	if st.Device("GPU-h1-1") != nil {
