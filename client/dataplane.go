@@ -52,10 +52,10 @@ func (c *Client) Attach(ctx context.Context, leaseID string) (*Lease, error) {
 // follow starts renewing l in the background.
 func (c *Client) follow(l *gpupoolv1.Lease, tokens []*gpupoolv1.HostToken) *Lease {
 	rctx, cancel := context.WithCancel(context.Background())
-	lease := &Lease{c: c, events: make(chan *gpupoolv1.LeaseEvent, 64), done: make(chan struct{}), cancel: cancel,
-		lease: l, tokens: map[string]*gpupoolv1.HostToken{}}
+	lease := &Lease{c: c, events: make(chan *gpupoolv1.LeaseEvent, 64), done: make(chan struct{}), cancel: cancel}
+	lease.parent.update(l)
+	lease.parent.setTokens(tokens)
 	lease.sessions.src = lease
-	lease.setTokens(tokens)
 	go lease.keepAlive(rctx)
 	return lease
 }
@@ -94,7 +94,13 @@ type Host struct {
 // "" means the host of its first slice. The agent's certificate is pinned
 // to the fingerprint the brokers hand out with the token.
 func (s *sessions) Dial(ctx context.Context, host string) (*Host, error) {
-	t, err := s.src.hostToken(host)
+	return dialHost(ctx, s.src, host)
+}
+
+// dialHost opens the data-plane session with host, authorized by the
+// tokens of src.
+func dialHost(ctx context.Context, src tokenSource, host string) (*Host, error) {
+	t, err := src.hostToken(host)
 	if err != nil {
 		return nil, err
 	}
@@ -105,7 +111,7 @@ func (s *sessions) Dial(ctx context.Context, host string) (*Host, error) {
 	if err != nil {
 		return nil, fmt.Errorf("reach the agent of %s at %s: %w", t.Host, t.Address, err)
 	}
-	return &Host{src: s.src, host: t.Host, conn: conn}, nil
+	return &Host{src: src, host: t.Host, conn: conn}, nil
 }
 
 // token is the lease's token for h's host at this moment.

@@ -7,10 +7,8 @@ import (
 	"sync"
 	"time"
 
-	"github.com/google/uuid"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
-	"google.golang.org/protobuf/proto"
 
 	gpupoolv1 "github.com/gpupool/gpupool/proto/gpupool/v1"
 )
@@ -26,6 +24,14 @@ var ErrLeaseEnded = errors.New("lease ended")
 // time, until it is released or closed, or it ends at the broker. Its
 // data-plane calls (Dial, Exec, Put, Get, Forward, Usage) present the
 // token of the latest renewal. It is safe for concurrent use.
+//
+// An elastic lease (LeaseRequest.elastic_max) also holds extras: slices
+// the brokers add while capacity is free, each its own preemptible lease
+// whose parent is this one. The Lease renews its extras on the same
+// stream and at the same pace as itself, and drops an extra when it ends
+// or cannot be renewed; the lease itself carries on. Slices lists what
+// is held, TokenFor and DialSlice reach an extra's hosts, and Events says
+// when the lease grows and shrinks.
 type Lease struct {
 	sessions
 	c      *Client
@@ -34,26 +40,10 @@ type Lease struct {
 	cancel context.CancelFunc
 
 	mu      sync.Mutex
-	lease   *gpupoolv1.Lease                // guarded by mu
-	tokens  map[string]*gpupoolv1.HostToken // guarded by mu; by host
-	err     error                           // guarded by mu; why renewal stopped
-	onRenew func()                          // guarded by mu; see OnRenew
-}
-
-// Acquire asks the brokers for a lease and keeps it alive in the
-// background until Release or Close; ctx bounds the request only. A
-// request without a request_id gets one, so a retried Acquire never
-// grants twice.
-func (c *Client) Acquire(ctx context.Context, req *gpupoolv1.LeaseRequest) (*Lease, error) {
-	req = proto.CloneOf(req)
-	if req.RequestId == "" {
-		req.RequestId = uuid.NewString()
-	}
-	resp, err := c.Lease.Acquire(ctx, &gpupoolv1.AcquireRequest{Request: req})
-	if err != nil {
-		return nil, err
-	}
-	return c.follow(resp.Lease, resp.Tokens), nil
+	parent  held    // guarded by mu; the lease itself
+	extras  []*held // guarded by mu; its live extras, oldest first
+	err     error   // guarded by mu; why renewal stopped
+	onRenew func()  // guarded by mu; see OnRenew
 }
 
 // ID is the lease's id.
@@ -63,25 +53,26 @@ func (l *Lease) ID() string { return l.Info().GetId() }
 func (l *Lease) Info() *gpupoolv1.Lease {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	return l.lease
+	return l.parent.lease
 }
 
 // Token returns the current token and agent address for one host of the
-// lease.
+// lease (not of its extras: see TokenFor).
 func (l *Lease) Token(host string) (*gpupoolv1.HostToken, bool) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	t, ok := l.tokens[host]
+	t, ok := l.parent.tokens[host]
 	return t, ok
 }
 
-// Tokens returns the current token of every host of the lease.
+// Tokens returns the current token of every host of the lease (not of its
+// extras: see TokenFor).
 func (l *Lease) Tokens() []*gpupoolv1.HostToken {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	var out []*gpupoolv1.HostToken
-	for _, s := range l.lease.GetSlices() {
-		if t := l.tokens[s.Host]; t != nil && !containsHost(out, s.Host) {
+	for _, s := range l.parent.lease.GetSlices() {
+		if t := l.parent.tokens[s.Host]; t != nil && !containsHost(out, s.Host) {
 			out = append(out, t)
 		}
 	}
@@ -105,15 +96,25 @@ func (l *Lease) hostToken(host string) (*gpupoolv1.HostToken, error) {
 	return t, nil
 }
 
-// OnRenew makes fn run after every renewal, once Token and Tokens return
-// the tokens it brought, replacing any fn set before; nil stops the
-// calls. fn runs on the goroutine that renews the lease, so it must
-// return promptly; it may call the Lease's methods. No call starts after
-// Close or Release returns.
+// OnRenew makes fn run after every renewal of the lease or of one of its
+// extras, once Token, Tokens and TokenFor return the tokens it brought,
+// replacing any fn set before; nil stops the calls. fn runs on the
+// goroutine that renews the lease, so it must return promptly; it may
+// call the Lease's methods. No call starts after Close or Release
+// returns.
 func (l *Lease) OnRenew(fn func()) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	l.onRenew = fn
+}
+
+func (l *Lease) renewed() {
+	l.mu.Lock()
+	fn := l.onRenew
+	l.mu.Unlock()
+	if fn != nil {
+		fn()
+	}
 }
 
 func containsHost(ts []*gpupoolv1.HostToken, host string) bool {
@@ -125,19 +126,30 @@ func containsHost(ts []*gpupoolv1.HostToken, host string) bool {
 	return false
 }
 
-func (l *Lease) setTokens(ts []*gpupoolv1.HostToken) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	for _, t := range ts {
-		l.tokens[t.Host] = t
+// Events carries what happens to the lease and its extras, as the brokers
+// say it: violations, unhealthy devices, drain notices (DRAIN_NOTICE,
+// with the deadline after which the lease is revoked in DeadlineMs),
+// preemption notices (PREEMPT_NOTICE, likewise), revocation, its end.
+//
+// For an elastic lease, an event whose Lease.Parent is ID() is about an
+// extra: GROWN when one is added, PREEMPT_NOTICE when it is to be taken
+// back (a shrink), RELEASING and ENDED when it is gone. GROWN comes once
+// per extra, after its first renewal, so that Slices and TokenFor already
+// know it. An extra that cannot be renewed is dropped with an ENDED event
+// of the client's making (Index 0) whose message says why. An extra's
+// end does not end the lease.
+//
+// Events is closed when renewal stops. Events that arrive while nobody
+// reads and 64 are waiting are dropped.
+func (l *Lease) Events() <-chan *gpupoolv1.LeaseEvent { return l.events }
+
+// emit passes ev on to Events, unless 64 are waiting.
+func (l *Lease) emit(ev *gpupoolv1.LeaseEvent) {
+	select {
+	case l.events <- ev:
+	default:
 	}
 }
-
-// Events carries what happens to the lease: violations, unhealthy
-// devices, drain notices (DRAIN_NOTICE, with the deadline after which the
-// lease is revoked in DeadlineMs), revocation, its end. It is closed when renewal stops. Events
-// that arrive while nobody reads and 64 are waiting are dropped.
-func (l *Lease) Events() <-chan *gpupoolv1.LeaseEvent { return l.events }
 
 // Done is closed when the lease is no longer renewed; Err says why.
 func (l *Lease) Done() <-chan struct{} { return l.done }
@@ -149,16 +161,16 @@ func (l *Lease) Err() error {
 	return l.err
 }
 
-// Close stops renewing without releasing: the lease expires after its
-// TTL unless someone else renews it.
+// Close stops renewing without releasing: the lease and its extras expire
+// after their TTL unless someone else renews them.
 func (l *Lease) Close() {
 	l.closeSessions()
 	l.cancel()
 	<-l.done
 }
 
-// Release stops renewing and releases the lease. Releasing a lease that
-// already ended is not an error.
+// Release stops renewing and releases the lease, which ends its extras
+// too. Releasing a lease that already ended is not an error.
 func (l *Lease) Release(ctx context.Context, reason string) error {
 	l.closeSessions()
 	l.cancel()
@@ -201,15 +213,18 @@ func (l *Lease) keepAlive(ctx context.Context) {
 	}
 }
 
+// stop records why renewal stopped. The extras are no longer renewed
+// either: they end with the lease, or expire after its TTL.
 func (l *Lease) stop(err error) {
 	l.mu.Lock()
 	l.err = err
+	l.extras = nil
 	l.mu.Unlock()
 }
 
-// session runs one KeepAlive stream: it renews every ttl/3 and passes
-// events on. It returns ErrLeaseEnded when the broker says the lease can
-// no longer be renewed.
+// session runs one KeepAlive stream: it renews the lease and its extras
+// every ttl/3 and passes events on. It returns ErrLeaseEnded when the
+// broker says the lease can no longer be renewed.
 func (l *Lease) session(ctx context.Context, ttl time.Duration, deadline *time.Time) error {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
@@ -233,10 +248,17 @@ func (l *Lease) session(ctx context.Context, ttl time.Duration, deadline *time.T
 			}
 		}
 	}()
+	send := func(ids ...string) error {
+		for _, id := range ids {
+			if err := stream.Send(&gpupoolv1.KeepAliveRequest{LeaseId: id}); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
 	every := max(ttl/3, minRenewEvery)
 	tick := time.NewTimer(0)
 	defer tick.Stop()
-	id := l.ID()
 	for {
 		select {
 		case <-ctx.Done():
@@ -248,37 +270,39 @@ func (l *Lease) session(ctx context.Context, ttl time.Duration, deadline *time.T
 				// No answer for a whole TTL: the stream may be half-open.
 				return errors.New("no renewal answered before the lease's TTL ran out")
 			}
-			if err := stream.Send(&gpupoolv1.KeepAliveRequest{LeaseId: id}); err != nil {
+			// The lease first: the brokers re-announce its live extras
+			// when a stream first renews it.
+			if err := send(l.renewalIDs()...); err != nil {
 				return err
 			}
 			tick.Reset(min(every, max(time.Until(*deadline), time.Millisecond)))
 		case r := <-answers:
 			if ev := r.GetEvent(); ev != nil {
-				if ev.Lease != nil {
-					l.mu.Lock()
-					l.lease = ev.Lease
-					l.mu.Unlock()
+				grown, err := l.handleEvent(ev)
+				if err != nil {
+					return err
 				}
-				select {
-				case l.events <- ev:
-				default:
+				if grown != "" {
+					// Renew a new extra at once: its tokens come with
+					// the answer.
+					if err := send(grown); err != nil {
+						return err
+					}
 				}
-				if ev.Type == gpupoolv1.LeaseEventType_LEASE_EVENT_TYPE_ENDED {
-					return fmt.Errorf("%w: %s", ErrLeaseEnded, ev.Message)
-				}
+				continue
+			}
+			if l.isExtraAnswer(r) {
+				l.handleExtraAnswer(r)
 				continue
 			}
 			if r.Error != "" || r.State != gpupoolv1.LeaseState_LEASE_STATE_GRANTED {
 				return fmt.Errorf("%w: %s", ErrLeaseEnded, r.Error)
 			}
 			*deadline = time.Now().Add(time.Duration(r.TtlMs) * time.Millisecond)
-			l.setTokens(r.Tokens)
 			l.mu.Lock()
-			renewed := l.onRenew
+			l.parent.setTokens(r.Tokens)
 			l.mu.Unlock()
-			if renewed != nil {
-				renewed()
-			}
+			l.renewed()
 		}
 	}
 }

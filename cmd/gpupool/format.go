@@ -6,10 +6,12 @@ package main
 // leases, sizes and ages in tables.
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
 	"io"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -275,6 +277,18 @@ func printLease(w io.Writer, l *gpupoolv1.Lease) error {
 	if l.GetHostCpuMillicores() != 0 || l.GetHostMemoryMib() != 0 {
 		kv.row("HOST CPU/MEMORY", fmt.Sprintf("%dm / %s", l.GetHostCpuMillicores(), quantity.FormatMiB(l.GetHostMemoryMib())))
 	}
+	if m := l.GetRequest().GetElasticMax(); m > 0 {
+		kv.row("ELASTIC", fmt.Sprintf("%d..%d slices: %d guaranteed, extras while capacity is free", l.GetRequest().GetCount(), m, l.GetRequest().GetCount()))
+	}
+	if l.GetParent() != "" {
+		kv.row("PARENT", l.GetParent()+" (this lease is an extra of that elastic lease)")
+	}
+	if l.GetState() == gpupoolv1.LeaseState_LEASE_STATE_PENDING {
+		kv.row("PENDING", orDash(l.GetPendingReason()))
+	}
+	if l.GetPreemptAtMs() > 0 {
+		kv.row("PREEMPTED", fmt.Sprintf("at %s for %s", formatTimeMs(l.GetPreemptAtMs()), orDash(l.GetPreemptedFor())))
+	}
 	if l.GetReason() != "" {
 		kv.row("REASON", l.GetReason())
 	}
@@ -351,6 +365,47 @@ func printLeases(w io.Writer, leases []*gpupoolv1.Lease, now time.Time) error {
 			sliceSummary(l.GetSlices()), l.GetFencingToken(), ageSince(now, l.GetCreatedAtMs()))
 	}
 	return t.flush()
+}
+
+// printPendingLeases prints the leases waiting in the queue, in the order
+// the queue serves them (higher priority first, then the longest
+// waiting), ages counted from now.
+func printPendingLeases(w io.Writer, leases []*gpupoolv1.Lease, now time.Time) error {
+	queue := slices.Clone(leases)
+	slices.SortStableFunc(queue, func(a, b *gpupoolv1.Lease) int {
+		if c := cmp.Compare(b.GetPriority(), a.GetPriority()); c != 0 {
+			return c
+		}
+		return cmp.Compare(a.GetCreatedAtMs(), b.GetCreatedAtMs())
+	})
+	t := newTable(w, "ID", "TENANT", "HOLDER", "PRIORITY", "WANTS", "WAITING", "WHY")
+	for _, l := range queue {
+		t.row(l.GetId(), orDash(l.GetTenant()), orDash(l.GetHolder()), l.GetPriority(),
+			requestSummary(l.GetRequest()), ageSince(now, l.GetCreatedAtMs()), orDash(l.GetPendingReason()))
+	}
+	return t.flush()
+}
+
+// requestSummary is what a request asks for in one cell: "2× 20GiB 25%",
+// "1× exclusive", "2..6× 20GiB 25%" for an elastic one.
+func requestSummary(r *gpupoolv1.LeaseRequest) string {
+	if r == nil {
+		return "-"
+	}
+	n := strconv.Itoa(int(r.GetCount()))
+	if r.GetElasticMax() > 0 {
+		n += ".." + strconv.Itoa(int(r.GetElasticMax()))
+	}
+	if r.GetExclusive() {
+		return n + "× exclusive"
+	}
+	return fmt.Sprintf("%s× %s %d%%", n, compactMiB(r.GetMemoryMib()), r.GetComputePercent())
+}
+
+// formatTimeMs formats a Unix-millisecond time for people, in UTC:
+// "2026-01-01 12:05:00 UTC".
+func formatTimeMs(ms int64) string {
+	return time.UnixMilli(ms).UTC().Format("2006-01-02 15:04:05 UTC")
 }
 
 // parsePercentFlag parses a percent flag value (see quantity.ParsePercent).

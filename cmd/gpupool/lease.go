@@ -6,6 +6,9 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"regexp"
+	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -27,10 +30,14 @@ plus compute %) on one or more pool hosts for as long as it is renewed. Its
 fencing token (the Raft index of the grant) lets agents refuse stale holders.
 
 A lease lives for its TTL unless renewed: keep it alive with 'gpupool lease
-keepalive', end it with 'gpupool lease release'.`,
+keepalive', end it with 'gpupool lease release'. A request that does not fit
+now can wait in the brokers' queue ('acquire --wait'); an elastic lease
+('acquire --elastic') grows extra slices while capacity is free.`,
 		Example: `  gpupool lease acquire --memory 20GiB --compute 25 --ttl 10m
+  gpupool lease acquire --memory 20GiB --compute 25 --elastic 2..6 --wait 10m
   gpupool lease keepalive l-42
   gpupool lease ls --tenant team-a
+  gpupool lease ls --pending
   gpupool lease release l-42`,
 	},
 		newLeaseAcquireCmd(),
@@ -60,11 +67,18 @@ type acquireFlags struct {
 	priority   int32
 	hostCPU    int64
 	hostMemory string
+	// wait and elastic are flags of 'lease acquire' only.
+	wait    time.Duration
+	elastic string
+
+	changed func(name string) bool // whether a flag was given
 }
 
 const (
 	minLeaseTTL = time.Second
 	maxLeaseTTL = 24 * time.Hour
+	// maxWait is the longest --wait the brokers accept.
+	maxWait = 24 * time.Hour
 )
 
 // newRequestID makes the idempotency key of an acquire that was given none.
@@ -89,6 +103,7 @@ func defaultHolder() string {
 
 func (f *acquireFlags) register(cmd *cobra.Command) {
 	fs := cmd.Flags()
+	f.changed = fs.Changed
 	fs.Int32Var(&f.gpus, "gpus", 1, "how many GPUs (or slices, one per GPU)")
 	fs.StringVar(&f.memory, "memory", "", "GPU memory per slice: 20GiB, 512MiB, or a plain number of MiB")
 	fs.StringVar(&f.compute, "compute", "", "compute per slice in percent of one GPU's SMs, 1-100 (a ceiling, not a reservation)")
@@ -108,14 +123,38 @@ func (f *acquireFlags) register(cmd *cobra.Command) {
 	fs.StringVar(&f.hostMemory, "host-memory", "", "host memory on the pool host for a workload started there, e.g. 16GiB")
 }
 
+// registerQueue adds the flags of 'lease acquire' that other commands
+// sharing acquireFlags do not have: waiting in the queue and elastic
+// leases.
+func (f *acquireFlags) registerQueue(cmd *cobra.Command) {
+	fs := cmd.Flags()
+	fs.DurationVar(&f.wait, "wait", 0, "wait this long in the queue when the request does not fit now (default 0: fail at once)")
+	fs.StringVar(&f.elastic, "elastic", "", "an elastic lease of MIN..MAX slices: MIN guaranteed, extras up to MAX while capacity is free, e.g. 2..6 (instead of --gpus)")
+}
+
 // leaseRequest checks the flags and builds the request they describe.
 // Every mistake is a usage error naming the flag and what is allowed.
 func (f *acquireFlags) leaseRequest() (*gpupoolv1.LeaseRequest, error) {
 	if f.gpus < 1 {
 		return nil, usagef("--gpus %d: must be at least 1", f.gpus)
 	}
+	if f.wait < 0 || f.wait > maxWait {
+		return nil, usagef("--wait %s: must be between 0 (the default: fail at once) and %s, e.g. --wait 10m", f.wait, maxWait)
+	}
+	count, elasticMax := f.gpus, int32(0)
+	if f.elastic != "" {
+		var err error
+		if count, elasticMax, err = parseElasticFlag(f.elastic); err != nil {
+			return nil, err
+		}
+		if f.changed != nil && f.changed("gpus") {
+			return nil, usagef("--elastic %s already sets how many slices (%d guaranteed, up to %d) and conflicts with --gpus %d: keep --elastic for an elastic lease, or keep --gpus for a fixed number of slices",
+				f.elastic, count, elasticMax, f.gpus)
+		}
+	}
 	req := &gpupoolv1.LeaseRequest{
-		Count:       f.gpus,
+		Count:       count,
+		ElasticMax:  elasticMax,
 		Exclusive:   f.exclusive,
 		Constraints: &gpupoolv1.Constraints{Model: f.model, Host: f.host},
 		TtlMs:       f.ttl.Milliseconds(),
@@ -169,6 +208,18 @@ func (f *acquireFlags) leaseRequest() (*gpupoolv1.LeaseRequest, error) {
 	if req.Class, err = parseEnumFlag[gpupoolv1.LeaseClass]("class", f.class); err != nil {
 		return nil, err
 	}
+	if elasticMax > 0 {
+		// An elastic lease's extras go wherever there is room, on any
+		// host.
+		switch {
+		case req.Class == gpupoolv1.LeaseClass_LEASE_CLASS_PREEMPTIBLE:
+			return nil, usagef("--elastic with --class preemptible: an elastic lease is guaranteed; its extras are preemptible: drop --class preemptible")
+		case f.topology != "":
+			return nil, usagef("--elastic with --topology %s: an elastic lease's extras go wherever there is room, so its slices have no topology: drop --topology, or drop --elastic", f.topology)
+		case f.hostCPU > 0 || f.hostMemory != "":
+			return nil, usagef("--elastic with --host-cpu or --host-memory: an elastic lease's extras may be on other hosts than the lease, so it holds no host CPU or memory: drop them, or drop --elastic")
+		}
+	}
 	if f.hostCPU < 0 {
 		return nil, usagef("--host-cpu %d: must not be negative (millicores: 1000 = one CPU)", f.hostCPU)
 	}
@@ -186,15 +237,53 @@ func (f *acquireFlags) leaseRequest() (*gpupoolv1.LeaseRequest, error) {
 	return req, nil
 }
 
+// parseElasticFlag reads --elastic MIN..MAX: MIN slices guaranteed, up
+// to MAX in all.
+func parseElasticFlag(v string) (lo, hi int32, err error) {
+	a, b, ok := strings.Cut(strings.TrimSpace(v), "..")
+	n, errA := strconv.ParseInt(strings.TrimSpace(a), 10, 32)
+	m, errB := strconv.ParseInt(strings.TrimSpace(b), 10, 32)
+	if !ok || errA != nil || errB != nil {
+		return 0, 0, usagef("--elastic %q: want MIN..MAX, e.g. --elastic 2..6 for 2 guaranteed slices and up to 6 while capacity is free", v)
+	}
+	lo, hi = int32(n), int32(m)
+	if lo < 1 {
+		return 0, 0, usagef("--elastic %s: MIN (%d) must be at least 1", v, lo)
+	}
+	if hi < lo {
+		return 0, 0, usagef("--elastic %s: MAX (%d) must be at least MIN (%d)", v, hi, lo)
+	}
+	return lo, hi, nil
+}
+
 func newLeaseAcquireCmd() *cobra.Command {
 	var f acquireFlags
 	cmd := &cobra.Command{
-		Use:   "acquire (--memory SIZE --compute PERCENT | --exclusive) [flags]",
-		Short: "Lease whole GPUs or fractional GPU slices",
-		Long: `Acquire places and grants a lease, or fails at once: it never waits for
-capacity. Ask either for whole GPUs (--exclusive) or for a slice of each GPU:
---memory (binary units: 20GiB, 512MiB; a plain number is MiB) and --compute
-(percent of one GPU's SMs, 1-100; a ceiling, not a reservation).
+		Use:   "acquire (--memory SIZE --compute PERCENT | --exclusive) [--gpus N | --elastic MIN..MAX] [--wait DURATION] [flags]",
+		Short: "Lease whole GPUs or fractional GPU slices, waiting in the queue if asked",
+		Long: `Acquire places and grants a lease. Ask either for whole GPUs (--exclusive) or
+for a slice of each GPU: --memory (binary units: 20GiB, 512MiB; a plain number
+is MiB) and --compute (percent of one GPU's SMs, 1-100; a ceiling, not a
+reservation).
+
+A request that does not fit now fails at once, unless --wait gives it time to
+wait in the brokers' pending queue. The queue is served by priority
+(--priority, higher first), then by arrival; a smaller request that fits is
+granted ahead of larger ones that do not (backfill), and waiting guaranteed
+work may preempt preemptible leases, which get a notice and a grace period
+first. While it waits, acquire prints to stderr why the request is still
+pending (no GPU with enough free memory, hosts draining, the tenant's quota)
+whenever that changes, and every 10s; 'gpupool lease ls --pending' shows the
+whole queue. Ctrl-C takes the request out of the queue.
+
+--elastic MIN..MAX asks for an elastic lease instead of --gpus: MIN slices are
+guaranteed (the lease itself), and the brokers add extra slices of the same
+size while capacity is free, up to MAX in all. Each extra is a preemptible
+lease of its own whose parent is the elastic lease; the brokers take extras
+back, with a notice and a grace period, when waiting work needs the room, and
+end them with the lease. The holder renews the extras like the lease itself:
+'gpupool lease keepalive' of the lease renews its extras too, as does a lease
+held through the Go SDK.
 
 The lease lives for --ttl unless renewed with 'gpupool lease keepalive'.
 Acquire is idempotent on (--tenant, --request-id): when no --request-id is
@@ -202,7 +291,7 @@ given a fresh one is made, so the client's own retries never grant twice;
 give your own to make re-running the command safe.
 
 The broker refuses a request that can never fit the pool (exit 1) and one
-that does not fit now (exit 1); a malformed one exits 2.`,
+that does not fit now, or not within --wait (exit 1); a malformed one exits 2.`,
 		Example: `  # A quarter of one GPU with 20 GiB of its memory, for 10 minutes
   gpupool lease acquire --memory 20GiB --compute 25 --ttl 10m
 
@@ -210,27 +299,91 @@ that does not fit now (exit 1); a malformed one exits 2.`,
   gpupool lease acquire --gpus 2 --exclusive --model 'A100*' --topology same-nvlink
 
   # A preemptible slice on hosts labelled zone=eu-1, as JSON
-  gpupool lease acquire --memory 8Gi --compute 10 --class preemptible --label zone=eu-1 -o json`,
+  gpupool lease acquire --memory 8Gi --compute 10 --class preemptible --label zone=eu-1 -o json
+
+  # Wait up to 10 minutes in the queue for a whole A100, ahead of priority 0
+  gpupool lease acquire --exclusive --model 'A100*' --wait 10m --priority 5
+
+  # An elastic lease: 2 slices guaranteed, up to 6 while capacity is free;
+  # keepalive renews the lease and its extras
+  gpupool lease acquire --memory 20GiB --compute 25 --elastic 2..6 --ttl 10m
+  gpupool lease keepalive l-42`,
 		Args: exactArgs(0),
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			req, err := f.leaseRequest()
 			if err != nil {
 				return err
 			}
-			return withClient(cmd, func(ctx context.Context, c *client.Client) error {
-				resp, err := c.Lease.Acquire(ctx, &gpupoolv1.AcquireRequest{Request: req})
-				if err != nil {
-					return err
+			c, err := dial()
+			if err != nil {
+				return err
+			}
+			defer c.Close()
+			// --timeout bounds the talk with the brokers; the wait in the
+			// queue comes on top.
+			ctx, cancel := context.WithTimeout(cmd.Context(), global.timeout+f.wait)
+			defer cancel()
+			var opts []client.AcquireOption
+			if f.wait > 0 {
+				q := &queueReporter{w: cmd.ErrOrStderr(), until: time.Now().Add(f.wait), now: time.Now}
+				opts = append(opts, client.WithWait(f.wait), client.WithPendingProgress(q.report))
+			}
+			resp, err := c.Grant(ctx, req, opts...)
+			if err != nil {
+				if f.wait > 0 && cmd.Context().Err() != nil {
+					return fmt.Errorf("stopped waiting: request %s left the queue", req.GetRequestId())
 				}
-				if resp.GetExisting() && global.output != "json" {
-					fmt.Fprintf(cmd.ErrOrStderr(), "request id %s matched lease %s granted earlier; showing it\n", req.GetRequestId(), resp.GetLease().GetId())
-				}
-				return render(cmd.OutOrStdout(), resp.GetLease(), func(w io.Writer) error { return printLease(w, resp.GetLease()) })
-			})
+				return err
+			}
+			if resp.GetExisting() && global.output != "json" {
+				fmt.Fprintf(cmd.ErrOrStderr(), "request id %s matched lease %s granted earlier; showing it\n", req.GetRequestId(), resp.GetLease().GetId())
+			}
+			return render(cmd.OutOrStdout(), resp.GetLease(), func(w io.Writer) error { return printLease(w, resp.GetLease()) })
 		},
 	}
 	f.register(cmd)
+	f.registerQueue(cmd)
 	return cmd
+}
+
+// queueReportEvery is how often 'lease acquire --wait' repeats why the
+// request is still pending when the reason does not change.
+const queueReportEvery = 10 * time.Second
+
+// queueReporter prints the progress of a request waiting in the queue: a
+// line whenever the reason it is pending changes, and every
+// queueReportEvery otherwise. Numbers do not count as a change: reasons
+// carry counts and countdowns ("revoked in 3s") that tick with every
+// look.
+type queueReporter struct {
+	w     io.Writer
+	until time.Time // when the wait runs out
+	now   func() time.Time
+
+	last   string    // the shape of the reason printed last
+	lastAt time.Time // when it was printed; zero before the first line
+}
+
+// digits are the runs of digits reasonShape masks.
+var digits = regexp.MustCompile(`[0-9]+`)
+
+// reasonShape is a pending reason without its numbers.
+func reasonShape(why string) string { return digits.ReplaceAllString(why, "#") }
+
+// report is called with the pending lease; see client.WithPendingProgress.
+func (q *queueReporter) report(l *gpupoolv1.Lease) {
+	now := q.now()
+	why := l.GetPendingReason()
+	if why == "" {
+		why = "the brokers have not said why yet"
+	}
+	shape := reasonShape(why)
+	if !q.lastAt.IsZero() && shape == q.last && now.Sub(q.lastAt) < queueReportEvery {
+		return
+	}
+	q.last, q.lastAt = shape, now
+	left := max(q.until.Sub(now), 0).Truncate(time.Second)
+	fmt.Fprintf(q.w, "waiting in queue (%s left): %s\n", left, why)
 }
 
 func newLeaseGetCmd() *cobra.Command {
@@ -246,6 +399,12 @@ watchdog and compute not limited), and the live usage the agent last reported
 (memory used by the lease's processes, the GPU's utilisation, processes).
 VIOLATIONS counts the times the watchdog stopped the lease's processes.
 Live usage is known to the leader only: with --stale it shows "-".
+
+A lease waiting in the queue shows why it is PENDING. An elastic lease shows
+its ELASTIC range; each of its extras is a lease of its own whose PARENT is
+the elastic lease. A preempted lease shows when it is revoked and for which
+waiting lease (PREEMPTED).
+
 NotFound (exit 1) for an unknown lease.`,
 		Example: `  gpupool lease get l-42
   gpupool lease get l-42 -o json`,
@@ -266,16 +425,27 @@ NotFound (exit 1) for an unknown lease.`,
 
 // listFlags are the flags of 'lease ls'.
 type listFlags struct {
-	tenant string
-	host   string
-	states []string
-	all    bool
-	stale  bool
+	tenant  string
+	host    string
+	states  []string
+	all     bool
+	pending bool
+	stale   bool
 }
 
 // listRequest checks the flags and builds the request they describe.
 func (f *listFlags) listRequest() (*gpupoolv1.ListLeasesRequest, error) {
 	req := &gpupoolv1.ListLeasesRequest{Tenant: f.tenant, Host: f.host, IncludeEnded: f.all, Stale: f.stale}
+	if f.pending {
+		switch {
+		case len(f.states) > 0:
+			return nil, usagef("--pending lists the leases waiting in the queue and conflicts with --state %s: keep --pending for the queue with why each lease waits, or keep --state", strings.Join(f.states, ","))
+		case f.all:
+			return nil, usagef("--pending lists the leases waiting in the queue and conflicts with --all, which adds ended leases: keep one of them")
+		}
+		req.States = []gpupoolv1.LeaseState{gpupoolv1.LeaseState_LEASE_STATE_PENDING}
+		return req, nil
+	}
 	for _, s := range f.states {
 		st, err := parseEnumFlag[gpupoolv1.LeaseState]("state", s)
 		if err != nil {
@@ -294,10 +464,16 @@ func newLeaseListCmd() *cobra.Command {
 		Short:   "List leases",
 		Long: `Ls lists leases, newest last. By default it shows every lease that has not
 ended (pending, granted, releasing); --all adds released, expired and revoked
-ones, and --state picks states explicitly.`,
+ones, and --state picks states explicitly.
+
+--pending shows the queue: the leases waiting for capacity ('gpupool lease
+acquire --wait'), in the order they are served (higher PRIORITY first, then
+the longest WAITING), with what each WANTS and WHY it is not granted yet. A
+smaller request that fits may be granted ahead of its turn (backfill).`,
 		Example: `  gpupool lease ls
   gpupool lease ls --tenant team-a --host gpu-node-3
   gpupool lease ls --state releasing,expired
+  gpupool lease ls --pending --tenant sim
   gpupool lease ls --all -o json`,
 		Args: exactArgs(0),
 		RunE: func(cmd *cobra.Command, _ []string) error {
@@ -310,7 +486,12 @@ ones, and --state picks states explicitly.`,
 				if err != nil {
 					return err
 				}
-				return render(cmd.OutOrStdout(), resp, func(w io.Writer) error { return printLeases(w, resp.GetLeases(), time.Now()) })
+				return render(cmd.OutOrStdout(), resp, func(w io.Writer) error {
+					if f.pending {
+						return printPendingLeases(w, resp.GetLeases(), time.Now())
+					}
+					return printLeases(w, resp.GetLeases(), time.Now())
+				})
 			})
 		},
 	}
@@ -319,6 +500,7 @@ ones, and --state picks states explicitly.`,
 	fs.StringVar(&f.host, "host", "", "only leases with a slice on this pool host")
 	fs.StringSliceVar(&f.states, "state", nil, "only leases in these states, comma-separated: "+strings.Join(enumLabels[gpupoolv1.LeaseState](), ", "))
 	fs.BoolVar(&f.all, "all", false, "include ended leases (released, expired, revoked)")
+	fs.BoolVar(&f.pending, "pending", false, "only leases waiting in the queue, in queue order, with why each waits")
 	addStaleFlag(cmd, &f.stale)
 	return cmd
 }
@@ -374,19 +556,28 @@ func newLeaseKeepAliveCmd() *cobra.Command {
 		Long: `Keepalive renews the given leases over one stream to the brokers, each at a
 third of its TTL (but no more often than every 500ms) unless --interval says
 otherwise, and prints every renewal and every event about the leases (lost
-host, revocation).
+host, revocation, preemption notices).
+
+An elastic lease's extras are renewed with it, at the same pace: keepalive
+prints "grew" when the brokers add an extra and renews it from then on,
+"shrinking" when an extra is to be taken back (with when), and "shrank" when
+it is gone. An extra that ends is dropped quietly: only the leases given
+count for the exit code.
 
 When the stream breaks (a broker restarts, a leader changes) keepalive
-reconnects to any broker and carries on; Ctrl-C stops it and exits 0. A lease
-that can no longer be renewed (released, expired, unknown) is dropped; when
-none is left keepalive exits 1.
+reconnects to any broker and carries on, extras included; Ctrl-C stops it and
+exits 0. A lease that can no longer be renewed (released, expired, unknown)
+is dropped, with its extras; when none is left keepalive exits 1.
 
---once renews every lease once and exits 1 if any renewal failed, within
---timeout.`,
+--once renews every lease given once and exits 1 if any renewal failed, within
+--timeout. It does not wait for extras: name them too to renew them once.`,
 		Example: `  gpupool lease keepalive l-42
   gpupool lease keepalive l-42 l-43 --interval 10s
   gpupool lease keepalive l-42 --once
-  gpupool lease keepalive l-42 -o json`,
+  gpupool lease keepalive l-42 -o json
+
+  # An elastic lease: renews l-42 and every extra it grows
+  gpupool lease keepalive l-42`,
 		Args: minArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if once && cmd.Flags().Changed("interval") {
@@ -436,10 +627,14 @@ func keepAlivePrinter(w io.Writer) func(*gpupoolv1.KeepAliveResponse) error {
 }
 
 // keepAliveLine describes one keepalive answer: "renewed l-1: ttl 10m0s",
-// "not renewed l-1: lease l-1 not found" or "event l-1: lost: host h1 is
-// down".
+// "not renewed l-1: lease l-1 not found", "event l-1: lost: host h1 is
+// down", or for an elastic lease's extras "grew l-1: extra l-9 on h2/0
+// 20GiB 25%", "shrinking l-1: …" and "shrank l-1: …".
 func keepAliveLine(r *gpupoolv1.KeepAliveResponse) string {
 	if ev := r.GetEvent(); ev != nil {
+		if line := extraEventLine(ev); line != "" {
+			return line
+		}
 		id := r.GetLeaseId()
 		if id == "" {
 			id = ev.GetLease().GetId()
@@ -448,12 +643,43 @@ func keepAliveLine(r *gpupoolv1.KeepAliveResponse) string {
 		if ev.GetMessage() != "" {
 			line += ": " + ev.GetMessage()
 		}
+		if ev.GetType() == gpupoolv1.LeaseEventType_LEASE_EVENT_TYPE_PREEMPT_NOTICE && ev.GetDeadlineMs() > 0 {
+			line += " (revoked at " + formatTimeMs(ev.GetDeadlineMs()) + ")"
+		}
 		return line
 	}
 	if why := renewalFailure(r); why != "" {
 		return fmt.Sprintf("not renewed %s: %s", r.GetLeaseId(), why)
 	}
 	return fmt.Sprintf("renewed %s: ttl %s", r.GetLeaseId(), formatMillis(r.GetTtlMs()))
+}
+
+// extraEventLine describes an event that grows or shrinks an elastic
+// lease, or returns "" for any other event.
+func extraEventLine(ev *gpupoolv1.LeaseEvent) string {
+	x := ev.GetLease()
+	if x.GetParent() == "" {
+		return ""
+	}
+	why := ""
+	if ev.GetMessage() != "" {
+		why = ": " + ev.GetMessage()
+	}
+	switch ev.GetType() {
+	case gpupoolv1.LeaseEventType_LEASE_EVENT_TYPE_GROWN:
+		return fmt.Sprintf("grew %s: extra %s on %s", x.GetParent(), x.GetId(), sliceSummary(x.GetSlices()))
+	case gpupoolv1.LeaseEventType_LEASE_EVENT_TYPE_PREEMPT_NOTICE:
+		when := "soon"
+		if ev.GetDeadlineMs() > 0 {
+			when = "at " + formatTimeMs(ev.GetDeadlineMs())
+		}
+		return fmt.Sprintf("shrinking %s: extra %s on %s is taken back %s%s", x.GetParent(), x.GetId(), sliceSummary(x.GetSlices()), when, why)
+	case gpupoolv1.LeaseEventType_LEASE_EVENT_TYPE_RELEASING:
+		return fmt.Sprintf("shrinking %s: extra %s is releasing%s", x.GetParent(), x.GetId(), why)
+	case gpupoolv1.LeaseEventType_LEASE_EVENT_TYPE_ENDED:
+		return fmt.Sprintf("shrank %s: extra %s ended%s", x.GetParent(), x.GetId(), why)
+	}
+	return ""
 }
 
 // renewalFailure says why a renewal answer is not a successful renewal, or
@@ -470,19 +696,23 @@ func renewalFailure(r *gpupoolv1.KeepAliveResponse) string {
 
 // renewals is the schedule of 'lease keepalive': which leases are still
 // being renewed, when each is due next, and which could not be renewed.
-// It does no I/O and reads no clock, so it is tested with plain times.
+// The extras of an elastic lease join the schedule when the lease grows
+// and leave it quietly when they end. It does no I/O and reads no clock,
+// so it is tested with plain times.
 type renewals struct {
 	ids      []string      // the leases, in the order given, without repeats
 	interval time.Duration // fixed pace; 0 paces each lease at a third of its TTL
 	once     bool          // renew each lease once, then drop it
 
-	active map[string]bool      // leases still to renew
-	next   map[string]time.Time // when an active lease is due; zero while waiting for an answer
-	failed map[string]string    // lease → why it could not be renewed
+	extras   []string             // extras of those leases, in the order they grew
+	parentOf map[string]string    // extra → the lease it belongs to
+	active   map[string]bool      // leases and extras still to renew
+	next     map[string]time.Time // when an active lease is due; zero while waiting for an answer
+	failed   map[string]string    // lease → why it could not be renewed
 }
 
 func newRenewals(ids []string, interval time.Duration, once bool) *renewals {
-	r := &renewals{interval: interval, once: once,
+	r := &renewals{interval: interval, once: once, parentOf: map[string]string{},
 		active: map[string]bool{}, next: map[string]time.Time{}, failed: map[string]string{}}
 	for _, id := range ids {
 		if !r.active[id] {
@@ -493,11 +723,11 @@ func newRenewals(ids []string, interval time.Duration, once bool) *renewals {
 	return r
 }
 
-// due lists the active leases to renew at now, in the order given; all
-// lists every active lease, as on a new stream.
+// due lists the active leases to renew at now, in the order given, then
+// their extras; all lists every active lease, as on a new stream.
 func (r *renewals) due(now time.Time, all bool) []string {
 	var out []string
-	for _, id := range r.ids {
+	for _, id := range slices.Concat(r.ids, r.extras) {
 		if !r.active[id] {
 			continue
 		}
@@ -518,15 +748,28 @@ func (r *renewals) sent(id string, now time.Time) {
 }
 
 // answer records an answer received at now. Answers about leases not
-// being renewed are ignored.
+// being renewed are ignored. A GROWN event adds the new extra of a lease
+// being renewed, due at once (but not with --once, which renews the
+// leases given only).
 func (r *renewals) answer(resp *gpupoolv1.KeepAliveResponse, now time.Time) {
 	if ev := resp.GetEvent(); ev != nil {
 		id := resp.GetLeaseId()
 		if id == "" {
 			id = ev.GetLease().GetId()
 		}
-		if r.active[id] && ev.GetType() == gpupoolv1.LeaseEventType_LEASE_EVENT_TYPE_ENDED {
-			r.drop(id, "lease ended: "+orDash(ev.GetMessage()))
+		switch ev.GetType() {
+		case gpupoolv1.LeaseEventType_LEASE_EVENT_TYPE_GROWN:
+			if x := ev.GetLease(); r.active[x.GetParent()] && !r.active[x.GetId()] && x.GetId() != "" && !r.once {
+				r.grow(x.GetId(), x.GetParent(), now)
+			}
+		case gpupoolv1.LeaseEventType_LEASE_EVENT_TYPE_RELEASING:
+			if r.active[id] && r.parentOf[id] != "" {
+				r.drop(id, "") // an extra taken back cannot be renewed
+			}
+		case gpupoolv1.LeaseEventType_LEASE_EVENT_TYPE_ENDED:
+			if r.active[id] {
+				r.drop(id, "lease ended: "+orDash(ev.GetMessage()))
+			}
 		}
 		return
 	}
@@ -546,12 +789,39 @@ func (r *renewals) answer(resp *gpupoolv1.KeepAliveResponse, now time.Time) {
 	}
 }
 
-// drop stops renewing id; a non-empty why records a failure.
+// repeated reports whether resp announces an extra already being
+// renewed, as the brokers do again on every new stream.
+func (r *renewals) repeated(resp *gpupoolv1.KeepAliveResponse) bool {
+	ev := resp.GetEvent()
+	return ev.GetType() == gpupoolv1.LeaseEventType_LEASE_EVENT_TYPE_GROWN && r.active[ev.GetLease().GetId()]
+}
+
+// grow adds extra, an extra of parent, to the schedule, due at now.
+func (r *renewals) grow(extra, parent string, now time.Time) {
+	if _, known := r.parentOf[extra]; !known {
+		r.extras = append(r.extras, extra)
+		r.parentOf[extra] = parent
+	}
+	r.active[extra] = true
+	r.next[extra] = now
+}
+
+// drop stops renewing id and, for a lease given, its extras. A non-empty
+// why records a failure of a lease given; an extra that ends or cannot be
+// renewed is not one.
 func (r *renewals) drop(id, why string) {
 	delete(r.active, id)
 	delete(r.next, id)
+	if r.parentOf[id] != "" {
+		return
+	}
 	if why != "" {
 		r.failed[id] = why
+	}
+	for _, x := range r.extras {
+		if r.parentOf[x] == id {
+			r.drop(x, "")
+		}
 	}
 }
 
@@ -737,8 +1007,10 @@ func (k *keepAliver) step(ctx context.Context, recv <-chan received, send func([
 			return streamError(m.err)
 		}
 		*answered = true
-		if err := k.print(m.resp); err != nil {
-			return err
+		if !r.repeated(m.resp) {
+			if err := k.print(m.resp); err != nil {
+				return err
+			}
 		}
 		r.answer(m.resp, k.now())
 		return nil

@@ -51,6 +51,20 @@ func TestLeaseCommandsRefuseBadInput(t *testing.T) {
 		{"acquire with an unknown flag", with("--gpu", "2"), []string{"--gpu"}},
 		{"acquire with a non-number for --gpus", with("--gpus", "two"), []string{"--gpus"}},
 		{"acquire with a bad --ttl", with("--ttl", "5"), []string{"--ttl"}},
+		{"acquire with a negative wait", with("--wait", "-1s"), []string{"--wait -1s", "between 0 (the default: fail at once) and 24h0m0s", "--wait 10m"}},
+		{"acquire with a wait over a day", with("--wait", "25h"), []string{"--wait 25h0m0s", "between 0"}},
+		{"acquire with a wait that is not a duration", with("--wait", "10"), []string{"--wait"}},
+		{"acquire with an elastic range without ..", with("--elastic", "2-6"), []string{`--elastic "2-6"`, "MIN..MAX", "--elastic 2..6"}},
+		{"acquire with an elastic range missing its MAX", with("--elastic", "2.."), []string{`--elastic "2.."`, "MIN..MAX"}},
+		{"acquire with an elastic range of words", with("--elastic", "two..six"), []string{`--elastic "two..six"`, "MIN..MAX"}},
+		{"acquire with an elastic MIN of 0", with("--elastic", "0..4"), []string{"--elastic 0..4: MIN (0) must be at least 1"}},
+		{"acquire with an elastic MAX under its MIN", with("--elastic", "5..2"), []string{"--elastic 5..2: MAX (2) must be at least MIN (5)"}},
+		{"acquire with --elastic and --gpus", with("--elastic", "2..6", "--gpus", "3"), []string{"--elastic 2..6", "--gpus 3", "keep --elastic", "keep --gpus"}},
+		{"acquire with --elastic and the default --gpus given", with("--gpus", "1", "--elastic", "2..6"), []string{"conflicts with --gpus 1"}},
+		{"acquire of a preemptible elastic lease", with("--elastic", "2..6", "--class", "preemptible"), []string{"an elastic lease is guaranteed; its extras are preemptible", "drop --class preemptible"}},
+		{"acquire of an elastic lease with a topology", with("--elastic", "2..6", "--topology", "same-host"), []string{"--elastic with --topology same-host", "drop --topology"}},
+		{"acquire of an elastic lease with host memory", with("--elastic", "2..6", "--host-memory", "16GiB"), []string{"--elastic with --host-cpu or --host-memory", "other hosts"}},
+		{"run has no --wait", []string{"run", "--exclusive", "--wait", "1m", "--", "true"}, []string{"--wait"}},
 		{"keepalive without a lease", []string{"lease", "keepalive"}, []string{"requires at least 1 arg(s)", "LEASE_ID..."}},
 		{"keepalive --once with --interval", []string{"lease", "keepalive", "l-1", "--once", "--interval", "5s"}, []string{"--interval", "--once"}},
 		{"keepalive with a tiny --interval", []string{"lease", "keepalive", "l-1", "--interval", "1ms"}, []string{"--interval 1ms", "at least 100ms"}},
@@ -60,6 +74,8 @@ func TestLeaseCommandsRefuseBadInput(t *testing.T) {
 		{"get with a bad -o", []string{"lease", "get", "l-1", "-o", "yaml"}, []string{`--output "yaml"`, "table or json"}},
 		{"ls with an unknown state", []string{"lease", "ls", "--state", "granted,bogus"}, []string{`--state "bogus"`, "pending, granted, releasing, released, expired, revoked"}},
 		{"ls with a positional argument", []string{"lease", "ls", "l-1"}, []string{"accepts 0 arg(s)"}},
+		{"ls --pending with --state", []string{"lease", "ls", "--pending", "--state", "granted"}, []string{"--pending", "conflicts with --state granted", "keep --pending", "or keep --state"}},
+		{"ls --pending with --all", []string{"lease", "ls", "--pending", "--all"}, []string{"--pending", "conflicts with --all", "keep one"}},
 		{"release without a lease", []string{"lease", "release"}, []string{"accepts 1 arg(s), received 0", "gpupool lease release LEASE_ID"}},
 	})
 }
@@ -70,6 +86,7 @@ func parseAcquire(t *testing.T, args ...string) (*gpupoolv1.LeaseRequest, error)
 	var f acquireFlags
 	cmd := &cobra.Command{}
 	f.register(cmd)
+	f.registerQueue(cmd)
 	if err := cmd.ParseFlags(args); err != nil {
 		t.Fatalf("parse %v: %v", args, err)
 	}
@@ -107,6 +124,24 @@ func TestAcquireBuildsTheRequest(t *testing.T) {
 				HostCpuMillicores: 2000, HostMemoryMib: 16384,
 				Constraints: &gpupoolv1.Constraints{Model: "A100*", MinMemoryMib: 40960, Host: "h1",
 					Labels: map[string]string{"zone": "eu-1", "rack": "r2"}},
+			},
+		},
+		{
+			name: "an elastic lease guarantees MIN slices and grows up to MAX",
+			args: []string{"--memory", "20GiB", "--compute", "25", "--elastic", "2..6", "--holder", "me@box", "--wait", "10m"},
+			want: &gpupoolv1.LeaseRequest{
+				Count: 2, ElasticMax: 6, MemoryMib: 20480, ComputePercent: 25, TtlMs: 300000,
+				RequestId: "generated-id", Tenant: "default", Holder: "me@box",
+				Class: gpupoolv1.LeaseClass_LEASE_CLASS_GUARANTEED, Constraints: &gpupoolv1.Constraints{},
+			},
+		},
+		{
+			name: "an elastic range may be fixed",
+			args: []string{"--exclusive", "--elastic", " 3..3 ", "--holder", "me@box"},
+			want: &gpupoolv1.LeaseRequest{
+				Count: 3, ElasticMax: 3, Exclusive: true, TtlMs: 300000,
+				RequestId: "generated-id", Tenant: "default", Holder: "me@box",
+				Class: gpupoolv1.LeaseClass_LEASE_CLASS_GUARANTEED, Constraints: &gpupoolv1.Constraints{},
 			},
 		},
 	}
@@ -158,6 +193,173 @@ func TestListRequest(t *testing.T) {
 		States: []gpupoolv1.LeaseState{gpupoolv1.LeaseState_LEASE_STATE_GRANTED, gpupoolv1.LeaseState_LEASE_STATE_RELEASING}}
 	if !proto.Equal(got, want) {
 		t.Errorf("got %v, want %v", got, want)
+	}
+}
+
+func TestListPendingAsksForPendingLeasesOnly(t *testing.T) {
+	f := listFlags{tenant: "sim", pending: true}
+	got, err := f.listRequest()
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := &gpupoolv1.ListLeasesRequest{Tenant: "sim", States: []gpupoolv1.LeaseState{gpupoolv1.LeaseState_LEASE_STATE_PENDING}}
+	if !proto.Equal(got, want) {
+		t.Errorf("got %v, want %v", got, want)
+	}
+}
+
+// pendingLease is a lease waiting in the queue since created.
+func pendingLease(id string, priority int32, created time.Time, req *gpupoolv1.LeaseRequest, why string) *gpupoolv1.Lease {
+	return &gpupoolv1.Lease{Id: id, Tenant: "sim", Holder: "bob@box", State: gpupoolv1.LeaseState_LEASE_STATE_PENDING,
+		Priority: priority, CreatedAtMs: created.UnixMilli(), Request: req, RequestId: "req-" + id, PendingReason: why}
+}
+
+func TestPrintPendingLeasesInQueueOrderWithWhy(t *testing.T) {
+	now := time.Date(2026, 1, 1, 12, 5, 0, 0, time.UTC)
+	slice := &gpupoolv1.LeaseRequest{Count: 2, MemoryMib: 40960, ComputePercent: 50}
+	whole := &gpupoolv1.LeaseRequest{Count: 1, Exclusive: true}
+	elastic := &gpupoolv1.LeaseRequest{Count: 2, ElasticMax: 6, MemoryMib: 20480, ComputePercent: 25}
+	leases := []*gpupoolv1.Lease{
+		pendingLease("l-late", 0, now.Add(-30*time.Second), whole, "host gpu-07 draining"),
+		pendingLease("l-early", 0, now.Add(-3*time.Minute), slice, "no A100 with 40 GiB free (12 have 20 GiB)"),
+		pendingLease("l-urgent", 5, now.Add(-10*time.Second), elastic, "tenant sim at 90% of memory quota"),
+		pendingLease("l-quiet", 0, now.Add(-time.Minute), nil, ""),
+	}
+	var buf bytes.Buffer
+	if err := printPendingLeases(&buf, leases, now); err != nil {
+		t.Fatal(err)
+	}
+	lines := strings.Split(strings.TrimRight(buf.String(), "\n"), "\n")
+	want := [][]string{
+		{"ID", "TENANT", "HOLDER", "PRIORITY", "WANTS", "WAITING", "WHY"},
+		{"l-urgent", "sim", "bob@box", "5", "2..6× 20GiB 25%", "10s", "tenant sim at 90% of memory quota"},
+		{"l-early", "0", "2× 40GiB 50%", "3m", "no A100 with 40 GiB free (12 have 20 GiB)"},
+		{"l-quiet", "0", "-", "60s", "-"},
+		{"l-late", "0", "1× exclusive", "30s", "host gpu-07 draining"},
+	}
+	if len(lines) != len(want) {
+		t.Fatalf("got %d lines, want %d:\n%s", len(lines), len(want), buf.String())
+	}
+	for i, cols := range want {
+		if !strings.HasPrefix(lines[i], cols[0]) {
+			t.Errorf("line %d = %q, want it to start with %q (queue order: priority, then arrival)", i, lines[i], cols[0])
+		}
+		for _, c := range cols[1:] {
+			if !strings.Contains(lines[i], c) {
+				t.Errorf("line %d = %q, want it to contain %q", i, lines[i], c)
+			}
+		}
+	}
+	if !strings.HasSuffix(lines[1], "tenant sim at 90% of memory quota") {
+		t.Errorf("line 1 = %q, want WHY last so long reasons do not push columns", lines[1])
+	}
+}
+
+func TestPrintPendingLeasesJSONIsTheListWithReasons(t *testing.T) {
+	setOutput(t, "json")
+	var buf bytes.Buffer
+	resp := &gpupoolv1.ListLeasesResponse{Leases: []*gpupoolv1.Lease{
+		pendingLease("l-1", 3, time.UnixMilli(1000), &gpupoolv1.LeaseRequest{Count: 1, Exclusive: true}, "host gpu-07 draining")}}
+	if err := render(&buf, resp, func(io.Writer) error { t.Error("printed a table under -o json"); return nil }); err != nil {
+		t.Fatal(err)
+	}
+	var got struct {
+		Leases []map[string]any `json:"leases"`
+	}
+	if err := json.Unmarshal(buf.Bytes(), &got); err != nil {
+		t.Fatalf("output is not JSON: %v\n%s", err, buf.String())
+	}
+	if len(got.Leases) != 1 || got.Leases[0]["pending_reason"] != "host gpu-07 draining" || got.Leases[0]["state"] != "LEASE_STATE_PENDING" {
+		t.Errorf("JSON leases = %v, want l-1 pending with its pending_reason", got.Leases)
+	}
+}
+
+func TestPrintLeaseShowsQueueElasticAndPreemption(t *testing.T) {
+	tests := []struct {
+		name  string
+		lease func(l *gpupoolv1.Lease)
+		want  []string
+		not   []string
+	}{
+		{
+			name: "a pending lease says why it waits",
+			lease: func(l *gpupoolv1.Lease) {
+				l.State, l.Slices, l.PendingReason = gpupoolv1.LeaseState_LEASE_STATE_PENDING, nil, "host gpu-07 draining"
+			},
+			want: []string{"STATE          pending", "PENDING        host gpu-07 draining"},
+			not:  []string{"PARENT", "PREEMPTED", "none reported yet"},
+		},
+		{
+			name: "an elastic lease shows its range",
+			lease: func(l *gpupoolv1.Lease) {
+				l.Request = &gpupoolv1.LeaseRequest{Count: 2, ElasticMax: 6}
+			},
+			want: []string{"ELASTIC        2..6 slices: 2 guaranteed"},
+			not:  []string{"PENDING", "PARENT"},
+		},
+		{
+			name: "an extra names its parent",
+			lease: func(l *gpupoolv1.Lease) {
+				l.Parent, l.Class = "l-100", gpupoolv1.LeaseClass_LEASE_CLASS_PREEMPTIBLE
+			},
+			want: []string{"PARENT         l-100 (this lease is an extra of that elastic lease)", "CLASS          preemptible"},
+		},
+		{
+			name: "a preempted lease says when and for whom",
+			lease: func(l *gpupoolv1.Lease) {
+				l.PreemptAtMs, l.PreemptedFor = time.Date(2026, 1, 1, 12, 30, 0, 0, time.UTC).UnixMilli(), "l-900"
+			},
+			want: []string{"PREEMPTED      at 2026-01-01 12:30:00 UTC for l-900"},
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			l := sampleLease()
+			tt.lease(l)
+			var buf bytes.Buffer
+			if err := printLease(&buf, l); err != nil {
+				t.Fatal(err)
+			}
+			for _, w := range tt.want {
+				if !strings.Contains(buf.String(), w) {
+					t.Errorf("printLease output lacks %q:\n%s", w, buf.String())
+				}
+			}
+			for _, n := range tt.not {
+				if strings.Contains(buf.String(), n) {
+					t.Errorf("printLease output has %q:\n%s", n, buf.String())
+				}
+			}
+		})
+	}
+}
+
+func TestQueueReporterSaysWhenTheReasonChangesAndEvery10s(t *testing.T) {
+	t0 := time.Date(2026, 1, 1, 12, 0, 0, 0, time.UTC)
+	now := t0
+	var buf bytes.Buffer
+	q := &queueReporter{w: &buf, until: t0.Add(10 * time.Minute), now: func() time.Time { return now }}
+	for _, step := range []struct {
+		at  time.Duration
+		why string
+	}{
+		{300 * time.Millisecond, "no A100 with 40 GiB free (12 have 20 GiB)"},
+		{2 * time.Second, "no A100 with 40 GiB free (12 have 20 GiB)"}, // same reason, too soon
+		{3 * time.Second, "no A100 with 40 GiB free (11 have 20 GiB)"}, // only a number changed
+		{4 * time.Second, "host gpu-07 draining"},                      // a new reason
+		{6 * time.Second, "host gpu-07 draining"},                      // too soon
+		{14 * time.Second, "host gpu-07 draining"},                     // 10s since the last line
+		{11 * time.Minute, ""},                                         // past the wait, no reason
+	} {
+		now = t0.Add(step.at)
+		q.report(&gpupoolv1.Lease{Id: "l-1", State: gpupoolv1.LeaseState_LEASE_STATE_PENDING, PendingReason: step.why})
+	}
+	want := "waiting in queue (9m59s left): no A100 with 40 GiB free (12 have 20 GiB)\n" +
+		"waiting in queue (9m56s left): host gpu-07 draining\n" +
+		"waiting in queue (9m46s left): host gpu-07 draining\n" +
+		"waiting in queue (0s left): the brokers have not said why yet\n"
+	if buf.String() != want {
+		t.Errorf("got\n%s\nwant\n%s", buf.String(), want)
 	}
 }
 
@@ -296,12 +498,45 @@ func TestKeepAliveLine(t *testing.T) {
 		{"a lease no longer granted", &gpupoolv1.KeepAliveResponse{LeaseId: "l-9", State: gpupoolv1.LeaseState_LEASE_STATE_EXPIRED}, "not renewed l-9: lease is expired, not granted"},
 		{"an event", &gpupoolv1.KeepAliveResponse{Event: &gpupoolv1.LeaseEvent{Type: gpupoolv1.LeaseEventType_LEASE_EVENT_TYPE_LOST,
 			Lease: &gpupoolv1.Lease{Id: "l-5"}, Message: "host h1 is down"}}, "event l-5: lost: host h1 is down"},
+		{"an elastic lease grows", grownResp(extraLease("x-9", "l-5")), "grew l-5: extra x-9 on h2/1 20GiB 25%"},
+		{"an extra is to be taken back", extraEvent(gpupoolv1.LeaseEventType_LEASE_EVENT_TYPE_PREEMPT_NOTICE, "x-9", "l-5", "room for l-77", noon),
+			"shrinking l-5: extra x-9 on h2/1 20GiB 25% is taken back at 2026-01-01 12:00:00 UTC: room for l-77"},
+		{"an extra is released", extraEvent(gpupoolv1.LeaseEventType_LEASE_EVENT_TYPE_RELEASING, "x-9", "l-5", "preempted", 0),
+			"shrinking l-5: extra x-9 is releasing: preempted"},
+		{"an extra ends", extraEvent(gpupoolv1.LeaseEventType_LEASE_EVENT_TYPE_ENDED, "x-9", "l-5", "revoked", 0), "shrank l-5: extra x-9 ended: revoked"},
+		{"a preemptible lease is to be preempted", &gpupoolv1.KeepAliveResponse{LeaseId: "l-5", Event: &gpupoolv1.LeaseEvent{
+			Type: gpupoolv1.LeaseEventType_LEASE_EVENT_TYPE_PREEMPT_NOTICE, Lease: &gpupoolv1.Lease{Id: "l-5"}, Message: "room for l-77", DeadlineMs: noon}},
+			"event l-5: preempt-notice: room for l-77 (revoked at 2026-01-01 12:00:00 UTC)"},
 	}
 	for _, tt := range tests {
 		if got := keepAliveLine(tt.in); got != tt.want {
 			t.Errorf("%s: got %q, want %q", tt.name, got, tt.want)
 		}
 	}
+}
+
+var noon = time.Date(2026, 1, 1, 12, 0, 0, 0, time.UTC).UnixMilli()
+
+// extraLease is an extra of parent with one slice on h2.
+func extraLease(id, parent string) *gpupoolv1.Lease {
+	return &gpupoolv1.Lease{Id: id, Parent: parent, State: gpupoolv1.LeaseState_LEASE_STATE_GRANTED, Class: gpupoolv1.LeaseClass_LEASE_CLASS_PREEMPTIBLE,
+		Slices: []*gpupoolv1.Slice{{Host: "h2", DeviceIndex: 1, MemoryMib: 20480, ComputePercent: 25}}}
+}
+
+// grownResp announces extra x.
+func grownResp(x *gpupoolv1.Lease) *gpupoolv1.KeepAliveResponse {
+	return &gpupoolv1.KeepAliveResponse{LeaseId: x.Id, State: x.State, Event: &gpupoolv1.LeaseEvent{Type: gpupoolv1.LeaseEventType_LEASE_EVENT_TYPE_GROWN, Lease: x}}
+}
+
+// extraEvent is an event about extra id of parent.
+func extraEvent(typ gpupoolv1.LeaseEventType, id, parent, msg string, deadlineMs int64) *gpupoolv1.KeepAliveResponse {
+	return &gpupoolv1.KeepAliveResponse{LeaseId: id, Event: &gpupoolv1.LeaseEvent{Type: typ, Lease: extraLease(id, parent), Message: msg, DeadlineMs: deadlineMs}}
+}
+
+// endedResp says lease id ended.
+func endedResp(id, msg string) *gpupoolv1.KeepAliveResponse {
+	return &gpupoolv1.KeepAliveResponse{LeaseId: id, Event: &gpupoolv1.LeaseEvent{Type: gpupoolv1.LeaseEventType_LEASE_EVENT_TYPE_ENDED,
+		Lease: &gpupoolv1.Lease{Id: id}, Message: msg}}
 }
 
 func granted(id string, ttl time.Duration) *gpupoolv1.KeepAliveResponse {
@@ -367,6 +602,63 @@ func TestRenewalsOnceDropsEachLeaseWhenAnswered(t *testing.T) {
 	r.answer(granted("l-2", time.Minute), time.Time{})
 	if !r.done() || r.err() != nil {
 		t.Errorf("done = %v, err = %v; want done with no error", r.done(), r.err())
+	}
+}
+
+func TestRenewalsFollowTheExtrasOfAnElasticLease(t *testing.T) {
+	t0 := time.Unix(1000, 0)
+	r := newRenewals([]string{"l-1", "l-2"}, 0, false)
+	r.sent("l-1", t0)
+	r.sent("l-2", t0)
+	r.answer(granted("l-1", 30*time.Second), t0)
+	r.answer(granted("l-2", 30*time.Second), t0)
+
+	r.answer(grownResp(extraLease("x-1", "l-1")), t0)
+	r.answer(grownResp(extraLease("x-2", "l-1")), t0)
+	r.answer(grownResp(extraLease("x-3", "l-other")), t0) // not a lease being renewed
+	if got := r.due(t0, false); strings.Join(got, ",") != "x-1,x-2" {
+		t.Fatalf("due after growing = %v, want the new extras at once", got)
+	}
+	if !r.repeated(grownResp(extraLease("x-1", "l-1"))) || r.repeated(grownResp(extraLease("x-4", "l-1"))) {
+		t.Errorf("repeated: want true for x-1 (known), false for x-4 (new)")
+	}
+	r.sent("x-1", t0)
+	r.sent("x-2", t0)
+	r.answer(granted("x-1", 30*time.Second), t0)
+	r.answer(granted("x-2", 30*time.Second), t0)
+	if got := r.due(t0.Add(10*time.Second), false); strings.Join(got, ",") != "l-1,l-2,x-1,x-2" {
+		t.Errorf("due at t0+10s = %v, want the leases given, then the extras", got)
+	}
+	if got := r.due(t0, true); strings.Join(got, ",") != "l-1,l-2,x-1,x-2" {
+		t.Errorf("due on a new stream = %v, want the extras too", got)
+	}
+
+	// An extra that ends, or cannot be renewed, is dropped quietly.
+	r.answer(extraEvent(gpupoolv1.LeaseEventType_LEASE_EVENT_TYPE_ENDED, "x-1", "l-1", "revoked", 0), t0)
+	r.answer(&gpupoolv1.KeepAliveResponse{LeaseId: "x-2", Error: "lease x-2 not found"}, t0)
+	if got := r.due(t0, true); strings.Join(got, ",") != "l-1,l-2" {
+		t.Errorf("due after the extras ended = %v, want l-1,l-2", got)
+	}
+	if err := r.err(); err != nil {
+		t.Errorf("err = %v, want none: an extra's end is not a failure", err)
+	}
+
+	// A lease that ends takes its extras with it.
+	r.answer(grownResp(extraLease("x-5", "l-1")), t0)
+	r.answer(endedResp("l-1", "released"), t0)
+	if got := r.due(t0, true); strings.Join(got, ",") != "l-2" {
+		t.Errorf("due after l-1 ended = %v, want l-2 alone", got)
+	}
+	if err := r.err(); err == nil || !strings.Contains(err.Error(), "1 of 2 leases not renewed: l-1: lease ended: released") {
+		t.Errorf("err = %v, want l-1's end counted among the leases given", err)
+	}
+}
+
+func TestRenewalsOnceDoesNotTakeOnExtras(t *testing.T) {
+	r := newRenewals([]string{"l-1"}, 0, true)
+	r.answer(grownResp(extraLease("x-1", "l-1")), time.Time{})
+	if got := r.due(time.Time{}, true); strings.Join(got, ",") != "l-1" {
+		t.Errorf("due = %v, want l-1 alone with --once", got)
 	}
 }
 
@@ -506,6 +798,52 @@ func TestKeepAliveCarriesOnAcrossFailoverUntilNoLeaseIsLeft(t *testing.T) {
 	}
 	if want := "renewed l-1: ttl 30s\nnot renewed l-1: lease is expired, not granted\n"; out.String() != want {
 		t.Errorf("stdout %q, want %q", out.String(), want)
+	}
+}
+
+func TestKeepAliveRenewsTheExtrasOfAnElasticLeaseAcrossReconnects(t *testing.T) {
+	setOutput(t, "table")
+	x := extraLease("x-1", "l-1")
+	b := &fakeBroker{scripts: []func(string) []received{
+		func(id string) []received {
+			if id == "l-1" { // the first renewal of l-1 on a stream announces its extras
+				return []received{{resp: granted(id, time.Minute)}, {resp: grownResp(x)}}
+			}
+			return []received{{err: status.Error(codes.Unavailable, "leader lost")}}
+		},
+		func(id string) []received {
+			if id == "l-1" {
+				return []received{{resp: granted(id, time.Minute)}, {resp: grownResp(x)}}
+			}
+			return []received{{resp: granted(id, time.Minute)},
+				{resp: extraEvent(gpupoolv1.LeaseEventType_LEASE_EVENT_TYPE_PREEMPT_NOTICE, "x-1", "l-1", "room for l-7", noon)},
+				{resp: extraEvent(gpupoolv1.LeaseEventType_LEASE_EVENT_TYPE_ENDED, "x-1", "l-1", "revoked", 0)},
+				{resp: endedResp("l-1", "released")}}
+		},
+	}}
+	k, out, _ := newTestKeepAliver(b, newRenewals([]string{"l-1"}, 0, false))
+	err := k.run(context.Background())
+	if err == nil || err.Error() != "1 of 1 leases not renewed: l-1: lease ended: released" {
+		t.Errorf("run = %v, want l-1's end alone", err)
+	}
+	if len(b.streams) != 2 {
+		t.Fatalf("opened %d streams, want 2", len(b.streams))
+	}
+	if got := strings.Join(b.streams[0].sent, ","); got != "l-1,x-1" {
+		t.Errorf("first stream renewed %s, want l-1, then x-1 once it grew", got)
+	}
+	if got := strings.Join(b.streams[1].sent, ","); got != "l-1,x-1" {
+		t.Errorf("second stream renewed %s, want l-1 and x-1 at once", got)
+	}
+	want := "renewed l-1: ttl 1m0s\n" +
+		"grew l-1: extra x-1 on h2/1 20GiB 25%\n" +
+		"renewed l-1: ttl 1m0s\n" + // x-1 announced again: not printed
+		"renewed x-1: ttl 1m0s\n" +
+		"shrinking l-1: extra x-1 on h2/1 20GiB 25% is taken back at 2026-01-01 12:00:00 UTC: room for l-7\n" +
+		"shrank l-1: extra x-1 ended: revoked\n" +
+		"event l-1: ended: released\n"
+	if out.String() != want {
+		t.Errorf("stdout\n%s\nwant\n%s", out.String(), want)
 	}
 }
 
