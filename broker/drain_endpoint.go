@@ -90,9 +90,9 @@ func (e poolService) SetEligibility(ctx context.Context, req *gpupoolv1.SetEligi
 				left++
 			}
 		}
-		what := fmt.Sprintf("draining with %d leases left", left)
+		what := fmt.Sprintf("draining with %s left", plural(left, "lease", "leases"))
 		if h.Status != gpupoolv1.HostStatus_HOST_STATUS_DRAINING {
-			what = fmt.Sprintf("%s and not drained yet (%d leases left)", fsm.HostStatusName(h.Status), left)
+			what = fmt.Sprintf("%s and not drained yet (%s left)", fsm.HostStatusName(h.Status), plural(left, "lease", "leases"))
 		}
 		return nil, status.Error(codes.FailedPrecondition, fmt.Sprintf(
 			"host %s is %s: enable it once it is drained, or cancel the drain with 'gpupool host drain %s --cancel'",

@@ -275,7 +275,7 @@ func TestDrainAndEligibilityRejectBadInputAndConflicts(t *testing.T) {
 			ts.drain(t, &gpupoolv1.DrainHostRequest{HostId: "h1"})
 			_, err := ts.c.Pool.SetEligibility(ctx(t), &gpupoolv1.SetEligibilityRequest{HostId: "h1", Eligible: true})
 			return err
-		}, codes.FailedPrecondition, "host h1 is draining with 1 leases left: enable it once it is drained, or cancel the drain with 'gpupool host drain h1 --cancel'"},
+		}, codes.FailedPrecondition, "host h1 is draining with 1 lease left: enable it once it is drained, or cancel the drain with 'gpupool host drain h1 --cancel'"},
 		{"enabling a draining host that went down before it drained", func() error {
 			ts.clock.Advance(6 * time.Second) // past the 5 s heartbeat TTL
 			waitFor(t, "host down", func() bool { return ts.host("h1").Status == gpupoolv1.HostStatus_HOST_STATUS_DOWN })
@@ -284,7 +284,7 @@ func TestDrainAndEligibilityRejectBadInputAndConflicts(t *testing.T) {
 				t.Errorf("down draining host after a refused enable: got drain=%v eligible=%t, want its drain kept, ineligible", h.Drain, h.Eligible)
 			}
 			return err
-		}, codes.FailedPrecondition, "host h1 is down and not drained yet (1 leases left): enable it once it is drained, or cancel the drain with 'gpupool host drain h1 --cancel'"},
+		}, codes.FailedPrecondition, "host h1 is down and not drained yet (1 lease left): enable it once it is drained, or cancel the drain with 'gpupool host drain h1 --cancel'"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			err := tc.call()

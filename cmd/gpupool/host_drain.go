@@ -368,7 +368,7 @@ func confirmPrefix(cmd *cobra.Command, o *drainOpts, t drainTargets) error {
 // printDrainStarted prints what a drain request did to one host.
 func printDrainStarted(w io.Writer, resp *gpupoolv1.DrainHostResponse, now time.Time) {
 	h := resp.GetHost()
-	fmt.Fprintf(w, "host %s: %s, eligible=%s, %d leases on it", h.GetId(), enumLabel(h.GetStatus()), yesNo(h.GetEligible()), resp.GetLeases())
+	fmt.Fprintf(w, "host %s: %s, eligible=%s, %s on it", h.GetId(), enumLabel(h.GetStatus()), yesNo(h.GetEligible()), leasesText(int(resp.GetLeases())))
 	if d := h.GetDrain(); d != nil {
 		fmt.Fprintf(w, "; %s", deadlineText(d, now))
 	}
@@ -421,7 +421,7 @@ func (p drainProgress) line(id string, now time.Time) string {
 	case h.GetStatus() == gpupoolv1.HostStatus_HOST_STATUS_DRAINED:
 		return fmt.Sprintf("%s: drained", id)
 	}
-	return fmt.Sprintf("%s: %s, %d leases left, %s", id, enumLabel(h.GetStatus()), len(p.resp.GetLeases()), deadlineText(h.GetDrain(), now))
+	return fmt.Sprintf("%s: %s, %s left, %s", id, enumLabel(h.GetStatus()), leasesText(len(p.resp.GetLeases())), deadlineText(h.GetDrain(), now))
 }
 
 // monitorDrain shows the drain of hosts until every one is done, and
@@ -515,4 +515,12 @@ draining is refused: cancel the drain with 'gpupool host drain HOST_ID --cancel'
 	cmd.Flags().BoolVar(&enable, "enable", false, "let the host take new leases (ends a finished drain)")
 	cmd.Flags().BoolVar(&disable, "disable", false, "stop new leases landing on the host")
 	return cmd
+}
+
+// leasesText is "1 lease" or "n leases".
+func leasesText(n int) string {
+	if n == 1 {
+		return "1 lease"
+	}
+	return fmt.Sprintf("%d leases", n)
 }

@@ -135,7 +135,7 @@ func TestDrainProgressLines(t *testing.T) {
 		{"draining with a deadline", drainProgress{resp: &gpupoolv1.GetHostResponse{Host: host(gpupoolv1.HostStatus_HOST_STATUS_DRAINING, deadline), Leases: make([]*gpupoolv1.Lease, 2)}},
 			"gpu-3: draining, 2 leases left, deadline in 58m (13:58:20 UTC)", false},
 		{"draining without a deadline", drainProgress{resp: &gpupoolv1.GetHostResponse{Host: host(gpupoolv1.HostStatus_HOST_STATUS_DRAINING, &gpupoolv1.HostDrain{}), Leases: make([]*gpupoolv1.Lease, 1)}},
-			"gpu-3: draining, 1 leases left, no deadline", false},
+			"gpu-3: draining, 1 lease left, no deadline", false},
 		{"drained", drainProgress{resp: &gpupoolv1.GetHostResponse{Host: host(gpupoolv1.HostStatus_HOST_STATUS_DRAINED, deadline)}}, "gpu-3: drained", true},
 		{"down with nothing left", drainProgress{resp: &gpupoolv1.GetHostResponse{Host: host(gpupoolv1.HostStatus_HOST_STATUS_DOWN, deadline)}},
 			"gpu-3: down, 0 leases left", true},

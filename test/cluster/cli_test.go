@@ -80,7 +80,7 @@ func TestCLIAgainstARealCluster(t *testing.T) {
 		{"compute over 100 is a usage error", []string{"lease", "acquire", "--memory", "1GiB", "--compute", "101"}, 2, "--compute"},
 		{"exclusive with memory is a usage error", []string{"lease", "acquire", "--exclusive", "--memory", "1GiB"}, 2, "--exclusive"},
 		{"draining an unknown host fails", []string{"host", "drain", "host-9"}, 1, `host "host-9": not found`},
-		{"drain marks the host draining", []string{"host", "drain", "host-1", "--reason", "kernel upgrade"}, 0, "host host-1: draining, eligible=no, 1 leases on it"},
+		{"drain marks the host draining", []string{"host", "drain", "host-1", "--reason", "kernel upgrade"}, 0, "host host-1: draining, eligible=no, 1 lease on it"},
 		{"a draining host takes no new lease", []string{"lease", "acquire", "--memory", "1GiB", "--compute", "5"}, 1, "draining"},
 		{"cancel makes it ready again", []string{"host", "drain", "host-1", "--cancel"}, 0, "host host-1: ready, eligible=yes"},
 		{"release shows the ending", []string{"lease", "release", id}, 0, "released " + id},
