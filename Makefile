@@ -8,7 +8,7 @@ PROTO_FILES := $(wildcard proto/gpupool/v1/*.proto)
 export CGO_CFLAGS ?= -O2 -g -Wno-deprecated-declarations
 PKG_RACE := ./broker/... ./agent/... ./client/... ./internal/... ./token/... ./dataplane/...
 
-.PHONY: all build test dev proto proto-check lint bench bench-dataplane tools clean test-unit test-cluster helm chart test-k8s bench-k8s
+.PHONY: all build test dev proto proto-check lint bench bench-dataplane tools clean test-unit test-cluster helm chart test-k8s bench-k8s elastic-demo
 
 all: build
 
@@ -83,6 +83,9 @@ bench: bench-dataplane ## Go benchmarks of placement and the FSM, and the data-p
 
 bench-dataplane: ## QUIC data plane against TCP+TLS on loopback: 1 GiB each way and exec latency; writes bench/results/dataplane.json
 	$(GO) run ./bench/dataplane
+
+elastic-demo: ## examples/elastic-sim on a local 'gpupool dev' while guaranteed work comes and goes (about 2 minutes; ports 7641+ free); writes bench/results/elastic-sim.{png,csv}
+	bash examples/elastic-sim/demo.sh
 
 # Helm, pinned, built from source through the Go module proxy (no binary
 # download). `go install` skips Helm's own Makefile, which stamps the version

@@ -33,9 +33,9 @@ const (
 	Height = 400
 )
 
-// legendHeadroom is how much the Y axis is stretched above the data, as
-// a fraction of its range, to make room for the legend.
-const legendHeadroom = 0.15
+// legendRowHeadroom is how much the Y axis is stretched above the data
+// per legend row, as a fraction of its range, to make room for the legend.
+const legendRowHeadroom = 0.075
 
 // ErrNoSeries is returned for a chart without any series.
 var ErrNoSeries = errors.New("plot: no series to draw: give at least one")
@@ -120,7 +120,7 @@ func (c Chart) WritePNG(w io.Writer) error {
 	p.Y.Tick.Marker = plainTicks
 	p.Add(plotter.NewGrid())
 	p.Legend.Top = true
-	named := false
+	named := 0
 	for i, s := range c.Series {
 		line, err := plotter.NewLine(points(s))
 		if err != nil {
@@ -134,15 +134,15 @@ func (c Chart) WritePNG(w io.Writer) error {
 		p.Add(line)
 		if s.Name != "" {
 			p.Legend.Add(s.Name, line)
-			named = true
+			named++
 		}
 	}
 	if c.ZeroY {
 		p.Y.Min = math.Min(p.Y.Min, 0)
 	}
-	if named {
+	if named > 0 {
 		// Headroom above the data, so that the legend does not hide it.
-		p.Y.Max += legendHeadroom * (p.Y.Max - p.Y.Min)
+		p.Y.Max += legendRowHeadroom * float64(max(named, 2)) * (p.Y.Max - p.Y.Min)
 	}
 	canvas := vgimg.NewWith(vgimg.UseImage(image.NewRGBA(image.Rect(0, 0, Width, Height))))
 	p.Draw(draw.New(canvas))

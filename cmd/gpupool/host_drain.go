@@ -385,7 +385,10 @@ func deadlineText(d *gpupoolv1.HostDrain, now time.Time) string {
 		return "no deadline"
 	}
 	at := time.UnixMilli(d.GetDeadlineMs())
-	return fmt.Sprintf("deadline in %s (%s)", humanDuration(at.Sub(now).Round(time.Second)), at.UTC().Format("15:04:05 UTC"))
+	if left := at.Sub(now).Round(time.Second); left > 0 {
+		return fmt.Sprintf("deadline in %s (%s)", humanDuration(left), at.UTC().Format("15:04:05 UTC"))
+	}
+	return fmt.Sprintf("deadline passed (%s): revoking", at.UTC().Format("15:04:05 UTC"))
 }
 
 // errDetached means the operator pressed Ctrl-C while monitoring.

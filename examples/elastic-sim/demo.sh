@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # demo.sh runs elastic-sim against a local 'gpupool dev' pool while
-# guaranteed work comes and goes, and leaves a chart of the slices it held.
+# guaranteed work comes and goes, and leaves a chart of the slices it held
+# and of that guaranteed work (elastic-sim's --show-pool, on by default).
 #
 # Usage: examples/elastic-sim/demo.sh [OUT.png]
 #

@@ -44,6 +44,8 @@ runs one worker per slice it holds and spreads its work over them:
 
 Each tick prints the slices held, the units done and the rate; every
 change prints a line as it happens (+ grew, - shrink notice, - shrank).
+With --show-pool (the default) each tick also records the GPUs the pool's
+other guaranteed leases hold, the load the lease shrinks and grows for.
 The job ends after --work units, after --duration, or on Ctrl-C; it then
 releases the lease and writes --csv and --plot.
 
@@ -85,6 +87,7 @@ type options struct {
 	tick     time.Duration
 	csv      string
 	plot     string
+	showPool bool // record the GPUs other guaranteed leases hold
 }
 
 func main() {
@@ -154,8 +157,9 @@ func parseFlags(args []string, help io.Writer) (options, error) {
 	work := fs.Int64("work", 0, "work units in all: the job ends when they are done (0: endless)")
 	perGPU := fs.Int("units-per-gpu", 100, fmt.Sprintf("work `units` a whole GPU is given per tick, 1-%d; a slice is given its compute share of them", maxUnitsTick))
 	tick := fs.Duration("tick", time.Second, "how often to hand out work, print progress and record a CSV row (at least 100ms)")
-	csvPath := fs.String("csv", "", "at exit, write one row a tick to this `file`: t_seconds,slices,leaving,units_done")
+	csvPath := fs.String("csv", "", "at exit, write one row a tick to this `file`: t_seconds,slices,leaving,units_done,other_guaranteed_gpus")
 	plotPath := fs.String("plot", "", "at exit, draw the slices held over time as a step chart in this PNG `file`")
+	showPool := fs.Bool("show-pool", true, "once a tick, list the pool's granted leases and record the GPUs other guaranteed leases hold, the load the lease shrinks for (a CSV column and a line on the chart; --show-pool=false to skip)")
 
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
@@ -166,7 +170,7 @@ func parseFlags(args []string, help io.Writer) (options, error) {
 	o := options{
 		brokers: client.ParseAddrs(*brokers), min: int32(*minSlices), max: int32(*maxSlices),
 		tenant: strings.TrimSpace(*tenant), holder: *holder, ttl: *ttl, wait: *wait, duration: *duration,
-		work: *work, perGPU: *perGPU, tick: *tick, csv: *csvPath, plot: *plotPath,
+		work: *work, perGPU: *perGPU, tick: *tick, csv: *csvPath, plot: *plotPath, showPool: *showPool,
 	}
 	var err error
 	if o.memory, err = quantity.ParseMemoryMiB(*memory); err != nil {
@@ -264,14 +268,29 @@ func simulate(ctx context.Context, o options, out io.Writer) error {
 	fmt.Fprintf(out, "granted %s at %s\n", l.ID(), granted.Format(time.TimeOnly))
 
 	j := newJob(jobConfig{parent: l.ID(), perGPU: o.perGPU, total: o.work, run: monteCarloPi, out: out})
+	var watch *poolWatch
+	var poolRead <-chan struct{} // nil, so never ready, without --show-pool
+	if o.showPool {
+		watch = newPoolWatch(l.ID(), poolListTimeout, listGranted(c))
+		poolRead = watch.updated()
+		stopWatch := watch.start(ctx)
+		defer stopWatch()
+	}
 	var samples []sample
 	record := func(s sample, now time.Time) {
 		s.at = now.Sub(granted)
 		samples = append(samples, s)
 	}
-	// tick hands out work and prints the progress line.
+	// tick hands out work, records how the job stands and prints the
+	// progress line. It asks for a reading of the pool's load, which
+	// replaces the last one in the tick's sample when it comes.
 	tick := func(now time.Time) {
-		record(j.tick(), now)
+		s := j.tick()
+		if watch != nil {
+			s.otherGPUs, s.otherKnown = watch.last()
+			watch.refresh()
+		}
+		record(s, now)
 		prev := sample{}
 		if n := len(samples); n > 1 {
 			prev = samples[n-2]
@@ -319,6 +338,14 @@ loop:
 		case now := <-ticker.C:
 			j.sync(l.Slices(), now)
 			tick(now)
+		case <-poolRead:
+			// The reading the last tick asked for (or a later one, when
+			// listing took longer than a tick).
+			last := &samples[len(samples)-1]
+			last.otherGPUs, last.otherKnown = watch.last()
+			if msg := watch.warning(); msg != "" {
+				fmt.Fprintln(out, msg)
+			}
 		}
 	}
 	if lost != nil {
@@ -329,7 +356,7 @@ loop:
 	end := time.Now()
 	done, t := j.results()
 	last := samples[len(samples)-1]
-	record(sample{slices: last.slices, leaving: last.leaving, done: done}, end)
+	record(sample{slices: last.slices, leaving: last.leaving, done: done, otherGPUs: last.otherGPUs, otherKnown: last.otherKnown}, end)
 	most := 0
 	for _, s := range samples {
 		most = max(most, s.slices)

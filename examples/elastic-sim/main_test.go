@@ -7,6 +7,7 @@ import (
 	"math"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -56,6 +57,29 @@ func TestParseFlagsBuildsTheElasticRequest(t *testing.T) {
 	}
 }
 
+func TestThePoolIsShownUnlessTurnedOff(t *testing.T) {
+	tests := []struct {
+		name string
+		args []string
+		want bool
+	}{
+		{"by default", nil, true},
+		{"asked for", []string{"--show-pool"}, true},
+		{"turned off", []string{"--show-pool=false"}, false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			o, err := parseFlags(tt.args, &strings.Builder{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if o.showPool != tt.want {
+				t.Errorf("got showPool %v, want %v", o.showPool, tt.want)
+			}
+		})
+	}
+}
+
 func TestTheBrokersDefaultToTheCLIs(t *testing.T) {
 	t.Setenv("GPUPOOL_ADDR", "10.0.0.5:7641,10.0.0.6:7641")
 	o, err := parseFlags(nil, &strings.Builder{})
@@ -72,7 +96,7 @@ func TestHelpNamesEveryFlag(t *testing.T) {
 	if _, err := parseFlags([]string{"--help"}, &help); !errors.Is(err, flag.ErrHelp) {
 		t.Fatalf("got %v, want flag.ErrHelp", err)
 	}
-	for _, f := range []string{"--brokers", "--min", "--max", "--memory", "--compute", "--tenant", "--duration", "--work", "--csv", "--plot", "--tick"} {
+	for _, f := range []string{"--brokers", "--min", "--max", "--memory", "--compute", "--tenant", "--duration", "--work", "--csv", "--plot", "--tick", "--show-pool"} {
 		if !strings.Contains(help.String(), f+" ") {
 			t.Errorf("--help does not mention %s", f)
 		}
@@ -100,27 +124,94 @@ func TestSampleLineShowsSlicesUnitsAndRate(t *testing.T) {
 	}
 }
 
-func TestRecordsAreWrittenAsCSVAndAChart(t *testing.T) {
-	dir := filepath.Join(t.TempDir(), "new-dir")
-	samples := []sample{
-		{at: 0, slices: 2},
-		{at: 1500 * time.Millisecond, slices: 8, done: 100},
-		{at: 3 * time.Second, slices: 8, leaving: 6, done: 250},
+func TestTheCSVHasARowATickAndTheOtherGuaranteedGPUs(t *testing.T) {
+	const header = "t_seconds,slices,leaving,units_done,other_guaranteed_gpus\n"
+	tests := []struct {
+		name    string
+		samples []sample
+		want    string // after the header
+	}{
+		{"without a reading of the pool the last column is empty", []sample{
+			{at: 0, slices: 2},
+			{at: 1500 * time.Millisecond, slices: 8, done: 100},
+			{at: 3 * time.Second, slices: 8, leaving: 6, done: 250},
+		}, "0.000,2,0,0,\n1.500,8,0,100,\n3.000,8,6,250,\n"},
+		{"readings are written as decimals without trailing zeros", []sample{
+			{at: 0, slices: 2, otherGPUs: 0, otherKnown: true},
+			{at: time.Second, slices: 8, leaving: 4, done: 50, otherGPUs: 6, otherKnown: true},
+			{at: 2 * time.Second, slices: 4, done: 90, otherGPUs: 6.75, otherKnown: true},
+		}, "0.000,2,0,0,0\n1.000,8,4,50,6\n2.000,4,0,90,6.75\n"},
+		{"a tick before the first reading has an empty cell", []sample{
+			{at: 0, slices: 2},
+			{at: time.Second, slices: 3, done: 10, otherGPUs: 0.25, otherKnown: true},
+		}, "0.000,2,0,0,\n1.000,3,0,10,0.25\n"},
 	}
-	csvPath := filepath.Join(dir, "sim.csv")
-	if err := writeCSV(csvPath, samples); err != nil {
-		t.Fatal(err)
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			path := filepath.Join(t.TempDir(), "new-dir", "sim.csv")
+			if err := writeCSV(path, tt.samples); err != nil {
+				t.Fatal(err)
+			}
+			b, err := os.ReadFile(path)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if want := header + tt.want; string(b) != want {
+				t.Errorf("got CSV\n%s\nwant\n%s", b, want)
+			}
+		})
 	}
-	b, err := os.ReadFile(csvPath)
-	if err != nil {
-		t.Fatal(err)
-	}
-	want := "t_seconds,slices,leaving,units_done\n0.000,2,0,0\n1.500,8,0,100\n3.000,8,6,250\n"
-	if string(b) != want {
-		t.Errorf("got CSV\n%s\nwant\n%s", b, want)
-	}
+}
 
-	pngPath := filepath.Join(dir, "sim.png")
+func TestTheChartShowsTheOtherGuaranteedGPUsWhenKnown(t *testing.T) {
+	tests := []struct {
+		name       string
+		samples    []sample
+		wantSeries []string
+		wantY      string
+		wantOther  []float64 // Y of the third series, if any
+	}{
+		{"without readings, the slices alone", []sample{{at: 0, slices: 2}, {at: time.Second, slices: 8}},
+			[]string{"slices held", "of which leaving"}, "slices", nil},
+		{"with readings, a third line on the same axis", []sample{
+			{at: 0, slices: 2, otherKnown: true},
+			{at: time.Second, slices: 8, leaving: 4, otherGPUs: 6, otherKnown: true},
+		}, []string{"slices held", "of which leaving", "other guaranteed GPUs"}, "slices / GPUs", []float64{0, 6}},
+		{"ticks without a reading are left out of the third line", []sample{
+			{at: 0, slices: 2},
+			{at: time.Second, slices: 8, otherGPUs: 1.5, otherKnown: true},
+		}, []string{"slices held", "of which leaving", "other guaranteed GPUs"}, "slices / GPUs", []float64{1.5}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			c := chart("title", tt.samples)
+			var names []string
+			for _, s := range c.Series {
+				names = append(names, s.Name)
+				if !s.Step {
+					t.Errorf("series %q is not a step line, want every series one", s.Name)
+				}
+			}
+			if got, want := strings.Join(names, ", "), strings.Join(tt.wantSeries, ", "); got != want {
+				t.Errorf("got series %s, want %s", got, want)
+			}
+			if c.YLabel != tt.wantY {
+				t.Errorf("got Y label %q, want %q", c.YLabel, tt.wantY)
+			}
+			if tt.wantOther != nil && len(c.Series) == 3 && !slices.Equal(c.Series[2].Y, tt.wantOther) {
+				t.Errorf("got other guaranteed GPUs %v, want %v", c.Series[2].Y, tt.wantOther)
+			}
+		})
+	}
+}
+
+func TestTheChartIsWrittenAsAPNG(t *testing.T) {
+	samples := []sample{
+		{at: 0, slices: 2, otherKnown: true},
+		{at: 1500 * time.Millisecond, slices: 8, done: 100, otherKnown: true},
+		{at: 3 * time.Second, slices: 8, leaving: 6, done: 250, otherGPUs: 6, otherKnown: true},
+	}
+	pngPath := filepath.Join(t.TempDir(), "new-dir", "sim.png")
 	if err := writePlot(pngPath, "title", samples); err != nil {
 		t.Fatal(err)
 	}
