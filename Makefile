@@ -22,7 +22,7 @@ test: tools proto-check lint test-unit ## everything CI runs by default
 
 test-unit:
 	$(GO) test -race -count=1 -timeout 15m $(PKG_RACE)
-	$(GO) test -count=1 -timeout 15m ./cmd/... ./proto/... ./bench/... ./test/...
+	$(GO) test -count=1 -timeout 15m ./cmd/... ./proto/... ./bench/... ./examples/... ./test/...
 
 # The Kubernetes integration suite: its own module (test/k8s), which builds
 # kube-apiserver, kube-scheduler and kube-controller-manager from
