@@ -39,8 +39,9 @@ type leaderState struct {
 	reports   map[string]*hostReport     // guarded by mu; host → its agent's last live readings
 	// drainRetry is set while the drain timer of a host is re-armed to
 	// retry the deadline's revocation after its apply failed.
-	drainRetry map[string]drainRetry // guarded by mu; host → retry
-	waiters    map[string]int        // guarded by mu; pending lease → Acquire calls waiting on it
+	drainRetry map[string]drainRetry      // guarded by mu; host → retry
+	waiters    map[string]int             // guarded by mu; pending lease → Acquire calls waiting on it
+	leaseWatch map[string][]chan struct{} // guarded by mu; lease → channels signalled when it changes
 }
 
 // monitorLeadership starts and stops the leader's duties as raft reports
@@ -77,6 +78,7 @@ func (s *Server) startLeading() func() {
 
 		drainRetry: map[string]drainRetry{},
 		waiters:    map[string]int{},
+		leaseWatch: map[string][]chan struct{}{},
 		kick:       make(chan struct{}, 1),
 	}
 	ls.ttl = lease.NewTimers(s.cfg.Clock, s.expireLease)
@@ -140,6 +142,7 @@ func (s *Server) lead(ls *leaderState, events <-chan fsm.Event) {
 				events, cancel = s.fsm.Subscribe()
 				defer cancel()
 				s.armAll(ls)
+				ls.kickQueue()
 				continue
 			}
 			s.react(ls, ev)

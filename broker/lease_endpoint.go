@@ -109,6 +109,9 @@ func (s *Server) acquire(ctx context.Context, r *gpupoolv1.LeaseRequest, wait ti
 	}
 	slices, err := placement.Place(hosts, r, s.cfg.Policy)
 	if pe := (*placement.Error)(nil); errors.As(err, &pe) && !pe.Never {
+		if wait <= 0 {
+			return nil, s.preemptionHint(st, hosts, r, pe)
+		}
 		return queue(err)
 	}
 	if err != nil {
@@ -239,12 +242,12 @@ func (s *Server) withLeaderView(l *gpupoolv1.Lease) *gpupoolv1.Lease {
 
 // view is l as reads show it: the leader's view, and for a pending lease
 // why it is not granted yet.
-func (s *Server) view(st *state.Reader, l *gpupoolv1.Lease) *gpupoolv1.Lease {
+func (s *Server) view(why *pendingExplainer, l *gpupoolv1.Lease) *gpupoolv1.Lease {
 	if l.State != gpupoolv1.LeaseState_LEASE_STATE_PENDING {
 		return s.withLeaderView(l)
 	}
 	l = proto.CloneOf(l)
-	l.PendingReason = s.whyPending(st, l)
+	l.PendingReason = why.reason(l)
 	return l
 }
 
@@ -283,7 +286,8 @@ func (e leaseService) Get(ctx context.Context, req *gpupoolv1.GetLeaseRequest) (
 	if l == nil {
 		return nil, status.Errorf(codes.NotFound, "lease %q: not found", req.LeaseId)
 	}
-	return &gpupoolv1.GetLeaseResponse{Lease: e.s.view(e.s.fsm.State(), l)}, nil
+	st := e.s.fsm.State()
+	return &gpupoolv1.GetLeaseResponse{Lease: e.s.view(e.s.pendingExplainer(st), l)}, nil
 }
 
 // ended reports whether a lease state is final.
@@ -325,9 +329,10 @@ func (e leaseService) List(ctx context.Context, req *gpupoolv1.ListLeasesRequest
 	if req.Host != "" {
 		candidates = st.HostLeases(req.Host)
 	}
+	why := e.s.pendingExplainer(st)
 	for _, l := range candidates {
 		if leaseMatches(l, req) {
-			resp.Leases = append(resp.Leases, e.s.view(st, l))
+			resp.Leases = append(resp.Leases, e.s.view(why, l))
 		}
 	}
 	return resp, nil
@@ -553,6 +558,13 @@ func (s *Server) renew(ls *leaderState, id string) *gpupoolv1.KeepAliveResponse 
 	}
 	if l.State != gpupoolv1.LeaseState_LEASE_STATE_GRANTED {
 		return &gpupoolv1.KeepAliveResponse{LeaseId: id, State: l.State, Error: fmt.Sprintf("lease %s is %s and cannot be renewed: %s", id, stateName(l.State), l.Reason)}
+	}
+	if l.Parent != "" {
+		// An extra lives no longer than its elastic lease, even while the
+		// leader has yet to end it.
+		if p := s.fsm.State().Lease(l.Parent); p == nil || p.State != gpupoolv1.LeaseState_LEASE_STATE_GRANTED {
+			return &gpupoolv1.KeepAliveResponse{LeaseId: id, State: l.State, Error: fmt.Sprintf("lease %s is an extra of elastic lease %s, which ended", id, l.Parent)}
+		}
 	}
 	ttl := time.Duration(l.TtlMs) * time.Millisecond
 	deadline := ls.ttl.Reset(id, ttl)

@@ -74,6 +74,7 @@ const (
 	granted         outcome = iota
 	waitingCapacity         // waits for room: nothing may grow into it
 	waitingQuota            // waits for its tenant's quota: does not block others
+	waitingNever            // cannot fit the pool as it is built now: blocks nothing
 )
 
 func (s *Server) schedule(ls *leaderState) {
@@ -101,67 +102,96 @@ func (s *Server) schedule(ls *leaderState) {
 func (s *Server) scheduleOne(ls *leaderState, pool *workPool, r *gpupoolv1.Lease) outcome {
 	st := s.fsm.State()
 	victims := st.PreemptedFor(r.Id)
-	if len(victims) > 0 {
-		if pool.reserve(st, r, s.cfg.Policy) {
-			return waitingCapacity
-		}
-		// The pool changed since the victims were chosen: they no longer
-		// make room alone. Choose more below, counting them as gone.
+	ss, err := pool.place(r.Request, s.cfg.Policy)
+	roomNow := err == nil
+	if roomNow && fsm.CheckQuota(st, grantOf(r, ss)) == nil {
+		// It fits as the pool is, victims or not (their preemption is
+		// withdrawn once r is granted).
+		return s.grantPending(ls, pool, r, ss)
 	}
-	work := pool
+	if pe := (*placement.Error)(nil); errors.As(err, &pe) && pe.Never {
+		return waitingNever
+	}
 	if len(victims) > 0 {
-		work = pool.clone()
+		work := pool.clone()
 		for _, v := range victims {
 			work.free(v)
 		}
-	}
-	ss, err := work.place(r.Request, s.cfg.Policy)
-	if err == nil {
-		l := grantOf(r, ss)
-		if fsm.CheckQuota(st, l) != nil {
-			return waitingQuota
-		}
-		res, err := s.apply(&gpupoolv1.GrantLeaseCommand{Lease: l, NowMs: s.nowMs()})
-		if err != nil {
-			s.log.Debug("granting a pending lease failed", "lease", r.Id, "err", err)
+		if ss, err := work.place(r.Request, s.cfg.Policy); err == nil && fsm.CheckQuotaWithout(st, grantOf(r, ss), victims) == nil {
+			// Reserved until the victims are gone.
+			pool.allocate(&gpupoolv1.Lease{Slices: ss, HostCpuMillicores: r.HostCpuMillicores, HostMemoryMib: r.HostMemoryMib})
 			return waitingCapacity
 		}
-		pool.allocate(res.Lease)
-		ls.ttl.Reset(res.Lease.Id, lease.TTL(res.Lease.Request))
-		s.log.Info("pending lease granted", "lease", r.Id, "tenant", r.Tenant, "waited", time.Duration(res.Lease.StateChangedAtMs-res.Lease.CreatedAtMs)*time.Millisecond)
-		return granted
 	}
-	if pe := (*placement.Error)(nil); !errors.As(err, &pe) || pe.Never || r.Class == gpupoolv1.LeaseClass_LEASE_CLASS_PREEMPTIBLE {
-		return waitingCapacity
+	blocked := waitingCapacity
+	if roomNow {
+		blocked = waitingQuota
 	}
-	more, ss := chooseVictims(work, r.Request, s.cfg.Policy, preemptionCandidates(st, r))
+	if r.Class == gpupoolv1.LeaseClass_LEASE_CLASS_PREEMPTIBLE {
+		return blocked
+	}
+	// Victims beyond those already leaving, counting those as gone: room
+	// on the pool and in the tenant's quota.
+	work := pool.clone()
+	for _, v := range victims {
+		work.free(v)
+	}
+	more, ss := chooseVictimsFor(work, preemptionCandidates(st, r), func(trial *workPool, chosen []*gpupoolv1.Lease) []*gpupoolv1.Slice {
+		ss, err := trial.place(r.Request, s.cfg.Policy)
+		if err != nil || fsm.CheckQuotaWithout(st, grantOf(r, ss), append(slices.Clone(victims), chosen...)) != nil {
+			return nil
+		}
+		return ss
+	})
 	if more == nil {
-		return waitingCapacity
-	}
-	if fsm.CheckQuota(st, grantOf(r, ss)) != nil {
-		// Room made for a grant the quota refuses would be wasted.
-		return waitingQuota
-	}
-	ids := make([]string, len(more))
-	for i, v := range more {
-		ids[i] = v.Id
+		if len(victims) > 0 {
+			// Its victims no longer make room (the pool or the quota
+			// changed): spare them.
+			go s.applyLogged("withdraw a preemption", withdrawal(r.Id, ids(victims)))
+		}
+		return blocked
 	}
 	deadline := s.cfg.Clock.Now().Add(s.cfg.PreemptGrace)
 	reason := fmt.Sprintf("preempted for %s (tenant %s, guaranteed, priority %d): %s", r.Id, r.Tenant, r.Priority, requestText(r.Request))
-	if _, err := s.apply(&gpupoolv1.PreemptLeasesCommand{LeaseIds: ids, ForLease: r.Id, DeadlineMs: deadline.UnixMilli(), Reason: reason, NowMs: s.nowMs()}); err != nil {
-		s.log.Warn("preempting leases failed", "for", r.Id, "leases", ids, "err", err)
+	if _, err := s.apply(&gpupoolv1.PreemptLeasesCommand{LeaseIds: ids(more), ForLease: r.Id, DeadlineMs: deadline.UnixMilli(), Reason: reason, NowMs: s.nowMs()}); err != nil {
+		s.log.Warn("preempting leases failed", "for", r.Id, "leases", ids(more), "err", err)
 		return waitingCapacity
 	}
-	s.log.Info("leases preempted", "for", r.Id, "leases", ids, "grace", s.cfg.PreemptGrace)
-	pool.reserve(s.fsm.State(), r, s.cfg.Policy)
+	s.log.Info("leases preempted", "for", r.Id, "leases", ids(more), "grace", s.cfg.PreemptGrace)
+	pool.allocate(&gpupoolv1.Lease{Slices: ss, HostCpuMillicores: r.HostCpuMillicores, HostMemoryMib: r.HostMemoryMib})
 	return waitingCapacity
 }
 
+// grantPending grants pending lease r on slices ss.
+func (s *Server) grantPending(ls *leaderState, pool *workPool, r *gpupoolv1.Lease, ss []*gpupoolv1.Slice) outcome {
+	res, err := s.apply(&gpupoolv1.GrantLeaseCommand{Lease: grantOf(r, ss), NowMs: s.nowMs()})
+	if err != nil {
+		s.log.Debug("granting a pending lease failed", "lease", r.Id, "err", err)
+		return waitingCapacity
+	}
+	if res.Lease.State != gpupoolv1.LeaseState_LEASE_STATE_GRANTED || res.Lease.Id != r.Id {
+		return granted // it left the queue meanwhile; nothing was allocated
+	}
+	pool.allocate(res.Lease)
+	ls.ttl.Reset(res.Lease.Id, lease.TTL(res.Lease.Request))
+	s.log.Info("pending lease granted", "lease", r.Id, "tenant", r.Tenant, "waited", time.Duration(res.Lease.StateChangedAtMs-res.Lease.CreatedAtMs)*time.Millisecond)
+	return granted
+}
+
+func ids(ls []*gpupoolv1.Lease) []string {
+	out := make([]string, len(ls))
+	for i, l := range ls {
+		out[i] = l.Id
+	}
+	return out
+}
+
 // preemptionCandidates are the leases r may preempt: granted preemptible
-// leases (elastic extras included) of priority at most r's, not already
-// preempted. A guaranteed lease is never preempted.
+// leases of priority at most r's, and every elastic extra (extras only
+// use room nobody waits for), not already preempted. A guaranteed lease
+// is never preempted.
 func preemptionCandidates(st *state.Reader, r *gpupoolv1.Lease) []*gpupoolv1.Lease {
-	return slices.DeleteFunc(st.Preemptible(), func(l *gpupoolv1.Lease) bool { return l.Priority > r.Priority })
+	return slices.DeleteFunc(st.Preemptible(), func(l *gpupoolv1.Lease) bool { return l.Parent == "" && l.Priority > r.Priority })
 }
 
 // grantOf is the grant of pending lease r on slices ss.
@@ -307,21 +337,25 @@ func (s *Server) awaitGrant(ctx context.Context, id string, wait time.Duration) 
 	if ls == nil {
 		return nil, status.Error(codes.Unavailable, "leader is still starting; retry with the same request id to rejoin the queue")
 	}
-	events, cancel := s.fsm.Subscribe()
-	defer func() { cancel() }()
+	changed, unwatch := ls.watchLease(id)
+	defer unwatch()
 	timeout := make(chan struct{})
 	t := s.cfg.Clock.AfterFunc(wait, func() { close(timeout) })
 	defer t.Stop()
 	ls.addWaiter(id) // after the timer: a waiter seen waiting has its wait running
 	ls.kickQueue()
-	leave := func(end gpupoolv1.LeaseState, reason string) {
+	// leave takes the lease out of the queue unless another call still
+	// waits on it. The end applies only while the lease is pending, so it
+	// cannot undo a grant that raced with it; it returns the lease after.
+	leave := func(end gpupoolv1.LeaseState, reason string) *gpupoolv1.Lease {
 		if ls.removeWaiter(id) > 0 {
-			return
+			return s.fsm.State().Lease(id)
 		}
-		_, err := s.apply(&gpupoolv1.EndLeaseCommand{LeaseId: id, EndState: end, Reason: reason, NowMs: s.nowMs()})
+		_, err := s.apply(&gpupoolv1.EndLeaseCommand{LeaseId: id, EndState: end, Reason: reason, NowMs: s.nowMs(), IfPending: true})
 		if err != nil {
 			s.log.Debug("taking a pending lease out of the queue failed", "lease", id, "err", err)
 		}
+		return s.fsm.State().Lease(id)
 	}
 	for {
 		l := s.fsm.State().Lease(id)
@@ -338,23 +372,50 @@ func (s *Server) awaitGrant(ctx context.Context, id string, wait time.Duration) 
 		}
 		select {
 		case <-ctx.Done():
+			// A grant that raced with the departure is left to its TTL:
+			// nobody is there to hold it.
 			leave(gpupoolv1.LeaseState_LEASE_STATE_RELEASED, "left the queue: the waiting client went away")
 			return nil, status.FromContextError(ctx.Err()).Err()
 		case <-timeout:
 			why := s.whyPending(s.fsm.State(), l)
-			leave(gpupoolv1.LeaseState_LEASE_STATE_EXPIRED, fmt.Sprintf("not granted within the wait of %s: %s", wait, why))
-			if now := s.fsm.State().Lease(id); now != nil && now.State == gpupoolv1.LeaseState_LEASE_STATE_GRANTED {
+			if now := leave(gpupoolv1.LeaseState_LEASE_STATE_EXPIRED, fmt.Sprintf("not granted within the wait of %s: %s", wait, why)); now.GetState() == gpupoolv1.LeaseState_LEASE_STATE_GRANTED {
 				return s.acquired(now, false) // granted as the wait ended
 			}
 			return nil, status.Errorf(codes.ResourceExhausted, "not granted within the wait of %s: %s", wait, why)
 		case <-ls.stopCh:
 			ls.removeWaiter(id)
 			return nil, status.Errorf(codes.Unavailable, "%v while waiting; retry with the same request id to rejoin the queue", ErrLeadershipLost)
-		case _, ok := <-events:
-			if !ok {
-				cancel()
-				events, cancel = s.fsm.Subscribe()
-			}
+		case <-changed:
+		}
+	}
+}
+
+// watchLease returns a channel that receives (coalesced) whenever lease
+// id changes, and a function to stop watching. The leader's react loop
+// signals it, so a waiter costs one small channel, not a subscription.
+func (ls *leaderState) watchLease(id string) (<-chan struct{}, func()) {
+	ch := make(chan struct{}, 1)
+	ls.mu.Lock()
+	ls.leaseWatch[id] = append(ls.leaseWatch[id], ch)
+	ls.mu.Unlock()
+	return ch, func() {
+		ls.mu.Lock()
+		defer ls.mu.Unlock()
+		ls.leaseWatch[id] = slices.DeleteFunc(ls.leaseWatch[id], func(c chan struct{}) bool { return c == ch })
+		if len(ls.leaseWatch[id]) == 0 {
+			delete(ls.leaseWatch, id)
+		}
+	}
+}
+
+// leaseChanged signals the watchers of lease id.
+func (ls *leaderState) leaseChanged(id string) {
+	ls.mu.Lock()
+	defer ls.mu.Unlock()
+	for _, ch := range ls.leaseWatch[id] {
+		select {
+		case ch <- struct{}{}:
+		default:
 		}
 	}
 }
@@ -367,7 +428,7 @@ func (s *Server) pendingGraceOver(ls *leaderState, id string) {
 		return
 	}
 	_, err := s.apply(&gpupoolv1.EndLeaseCommand{
-		LeaseId: id, EndState: gpupoolv1.LeaseState_LEASE_STATE_EXPIRED, NowMs: s.nowMs(),
+		LeaseId: id, EndState: gpupoolv1.LeaseState_LEASE_STATE_EXPIRED, NowMs: s.nowMs(), IfPending: true,
 		Reason: fmt.Sprintf("left the queue: no client waited for it for %s", s.cfg.PendingGrace),
 	})
 	s.logTimerErr("end an abandoned pending lease", id, err)
@@ -410,6 +471,7 @@ func withdrawal(forLease string, ids []string) *gpupoolv1.PreemptLeasesCommand {
 // reactQueue keeps the queue's timers and follow-ups in step with a
 // changed lease.
 func (s *Server) reactQueue(ls *leaderState, st *state.Reader, l *gpupoolv1.Lease) {
+	ls.leaseChanged(l.Id)
 	switch {
 	case l.State == gpupoolv1.LeaseState_LEASE_STATE_PENDING:
 		if _, armed := ls.pendingGrace.Deadline(l.Id); !armed && !ls.waiting(l.Id) {
@@ -461,42 +523,56 @@ func (s *Server) applyLogged(what string, cmd proto.Message) {
 // pool (less what others reserved), hosts out of service, its tenant's
 // quota, and the requests ahead of it.
 func (s *Server) whyPending(st *state.Reader, l *gpupoolv1.Lease) string {
-	return pendingReason(st, s.reservedPool(st, l.Id), l, s.cfg.Policy, s.cfg.Clock.Now())
+	return s.pendingExplainer(st).reason(l)
 }
 
-func pendingReason(st *state.Reader, hosts []*gpupoolv1.Host, l *gpupoolv1.Lease, policy string, now time.Time) string {
+// pendingExplainer explains pending leases of one state: the pool less the
+// reservations and the queue's order are computed once, however many
+// leases a List explains.
+type pendingExplainer struct {
+	st     *state.Reader
+	policy string
+	now    time.Time
+	hosts  []*gpupoolv1.Host
+	ahead  map[string]int // pending lease → requests ahead of it
+}
+
+func (s *Server) pendingExplainer(st *state.Reader) *pendingExplainer {
+	e := &pendingExplainer{st: st, policy: s.cfg.Policy, now: s.cfg.Clock.Now(), ahead: map[string]int{}}
+	for i, r := range st.PendingLeases() {
+		e.ahead[r.Id] = i
+	}
+	return e
+}
+
+func (e *pendingExplainer) reason(l *gpupoolv1.Lease) string {
+	st := e.st
 	var parts []string
 	if vs := st.PreemptedFor(l.Id); len(vs) > 0 {
-		ids := make([]string, len(vs))
 		var last int64
-		for i, v := range vs {
-			ids[i] = v.Id
+		for _, v := range vs {
 			last = max(last, v.PreemptAtMs)
 		}
 		parts = append(parts, fmt.Sprintf("preempting %s (%s), revoked in %s", plural(len(vs), "lease", "leases"),
-			strings.Join(ids, ", "), max(0, time.UnixMilli(last).Sub(now)).Round(time.Second)))
-	}
-	ss, err := placement.Place(hosts, l.Request, policy)
-	switch {
-	case err != nil && len(parts) == 0:
-		parts = append(parts, err.Error())
-	case err == nil:
-		if qerr := fsm.CheckQuota(st, grantOf(l, ss)); qerr != nil {
-			parts = append(parts, qerr.Error())
-		} else if len(parts) == 0 {
+			strings.Join(ids(vs), ", "), max(0, time.UnixMilli(last).Sub(e.now)).Round(time.Second)))
+	} else {
+		if e.hosts == nil {
+			// Its own reservation is not in it: only leases with victims have one.
+			e.hosts = reservedHosts(st, "", e.policy)
+		}
+		ss, err := placement.Place(e.hosts, l.Request, e.policy)
+		switch {
+		case err != nil:
+			parts = append(parts, err.Error())
+		case fsm.CheckQuota(st, grantOf(l, ss)) != nil:
+			parts = append(parts, fsm.CheckQuota(st, grantOf(l, ss)).Error())
+		default:
 			parts = append(parts, "fits now: the queue grants it next")
 		}
 	}
 	parts = append(parts, quotaPressure(st, l.Tenant)...)
-	ahead := 0
-	for _, r := range st.PendingLeases() {
-		if r.Id == l.Id {
-			break
-		}
-		ahead++
-	}
-	if ahead > 0 {
-		parts = append(parts, fmt.Sprintf("%s ahead in the queue", plural(ahead, "request", "requests")))
+	if n := e.ahead[l.Id]; n > 0 {
+		parts = append(parts, fmt.Sprintf("%s ahead in the queue", plural(n, "request", "requests")))
 	}
 	return strings.Join(parts, "; ")
 }
@@ -530,4 +606,19 @@ func plural(n int, one, many string) string {
 		return "1 " + one
 	}
 	return fmt.Sprintf("%d %s", n, many)
+}
+
+// preemptionHint is the error for a guaranteed request without a wait
+// that does not fit now: placement's reason, and, when preempting
+// preemptible leases would make room, how to get it.
+func (s *Server) preemptionHint(st *state.Reader, hosts []*gpupoolv1.Host, r *gpupoolv1.LeaseRequest, pe *placement.Error) error {
+	if r.Class == gpupoolv1.LeaseClass_LEASE_CLASS_PREEMPTIBLE {
+		return pe
+	}
+	victims, _ := chooseVictims(copyPool(hosts), r, s.cfg.Policy, preemptionCandidates(st, &gpupoolv1.Lease{Priority: r.Priority}))
+	if victims == nil {
+		return pe
+	}
+	return &placement.Error{Reason: fmt.Sprintf("%s; preempting %s would make room: acquire with a wait of more than the %s grace (e.g. --wait 2m)",
+		pe.Reason, plural(len(victims), "preemptible lease", "preemptible leases"), s.cfg.PreemptGrace)}
 }

@@ -479,3 +479,51 @@ func TestAnElasticLeaseGrowsShrinksWithNoticesAndGrowsBack(t *testing.T) {
 	}
 	waitFor(t, "the extras end with the lease", func() bool { return len(ts.extras(parent.Id)) == 0 })
 }
+
+func TestVictimsAreSparedWhenRoomAppearsElsewhere(t *testing.T) {
+	ts := startServer(t)
+	ts.registerHost(t, "h1", 2, 81920)
+	beat := ts.heartbeater(t, "h1")
+	g := ts.acquire(t, whole(1))
+	pr := whole(1)
+	pr.Class = pre
+	v := ts.acquire(t, pr)
+	a := ts.wait(t, "a", whole(1), time.Hour)
+	waitFor(t, "v preempted", func() bool { return ts.lease(v.Id).PreemptAtMs != 0 })
+	ts.release(t, beat, g.Id) // room elsewhere before the grace ends
+	a.granted(t)
+	waitFor(t, "v spared", func() bool { return ts.lease(v.Id).PreemptAtMs == 0 })
+	if l := ts.lease(v.Id); l.State != gpupoolv1.LeaseState_LEASE_STATE_GRANTED {
+		t.Fatalf("v is %v, want granted", l.State)
+	}
+}
+
+func TestExtrasOfAHigherPriorityElasticLeaseAreStillTakenBack(t *testing.T) {
+	ts := startServer(t)
+	ts.registerHost(t, "h1", 2, 81920)
+	r := whole(1)
+	r.ElasticMax, r.Priority = 2, 9
+	parent := ts.acquire(t, r)
+	waitFor(t, "growth", func() bool { return len(ts.extras(parent.Id)) == 1 })
+	// Without a wait, the refusal says how to get the room.
+	_, err := ts.c.Lease.Acquire(ctx(t), &gpupoolv1.AcquireRequest{Request: whole(1)})
+	if status.Code(err) != codes.ResourceExhausted || !strings.Contains(err.Error(), "preempting 1 preemptible lease would make room: acquire with a wait of more than the 2s grace") {
+		t.Fatalf("acquire without a wait: %v", err)
+	}
+	ts.wait(t, "low", whole(1), time.Hour) // priority 0
+	waitFor(t, "the extra preempted", func() bool { return ts.extras(parent.Id)[0].PreemptAtMs != 0 })
+}
+
+func TestATenantsOwnExtrasMakeRoomInItsQuota(t *testing.T) {
+	ts := startServer(t)
+	ts.registerHost(t, "h1", 4, 81920)
+	ts.setQuota(t, &gpupoolv1.Quota{Tenant: "sim", Gpus: 2})
+	r := whole(1)
+	r.ElasticMax, r.Tenant = 4, "sim"
+	parent := ts.acquire(t, r)
+	waitFor(t, "growth up to the quota", func() bool { return len(ts.extras(parent.Id)) == 1 })
+	g := whole(1)
+	g.Tenant = "sim"
+	ts.wait(t, "sim-guaranteed", g, time.Hour) // 2 GPUs free, but sim's quota is full
+	waitFor(t, "sim's extra preempted for its own guaranteed work", func() bool { return ts.extras(parent.Id)[0].PreemptAtMs != 0 })
+}

@@ -83,10 +83,14 @@ func (p *workPool) place(r *gpupoolv1.LeaseRequest, policy string) ([]*gpupoolv1
 	return ss, err
 }
 
-// reservedPool is the pool as Acquire and the queue may place on: the
-// state, less what pending leases whose victims are still leaving will
-// take once they have gone. Without such leases it is the state itself.
+// reservedPool is the pool as Acquire may place on: the state, less what
+// pending leases whose victims are still leaving will take once they have
+// gone. Without such leases it is the state itself.
 func (s *Server) reservedPool(st *state.Reader, except string) []*gpupoolv1.Host {
+	return reservedHosts(st, except, s.cfg.Policy)
+}
+
+func reservedHosts(st *state.Reader, except, policy string) []*gpupoolv1.Host {
 	var reserving []*gpupoolv1.Lease
 	for _, r := range st.PendingLeases() {
 		if r.Id != except && len(st.PreemptedFor(r.Id)) > 0 {
@@ -98,7 +102,7 @@ func (s *Server) reservedPool(st *state.Reader, except string) []*gpupoolv1.Host
 	}
 	p := newWorkPool(st)
 	for _, r := range reserving {
-		p.reserve(st, r, s.cfg.Policy)
+		p.reserve(st, r, policy)
 	}
 	return p.hosts
 }
@@ -119,39 +123,51 @@ func (p *workPool) reserve(st *state.Reader, r *gpupoolv1.Lease, policy string) 
 	return true
 }
 
-// chooseVictims picks the preemptible leases to revoke so that r fits:
-// lowest priority first, then youngest, until r fits the pool without
-// them; then, from the last chosen back, it keeps out every victim the fit
-// does not need, so no victim can be spared. It returns nil when even all
-// candidates together do not make room: then nothing is preempted. It
-// also returns r's slices in the pool without the victims.
+// chooseVictims picks the preemptible leases to revoke so that r fits the
+// pool: see chooseVictimsFor.
 func chooseVictims(p *workPool, r *gpupoolv1.LeaseRequest, policy string, cands []*gpupoolv1.Lease) ([]*gpupoolv1.Lease, []*gpupoolv1.Slice) {
+	return chooseVictimsFor(p, cands, func(trial *workPool, _ []*gpupoolv1.Lease) []*gpupoolv1.Slice {
+		ss, err := trial.place(r, policy)
+		if err != nil {
+			return nil
+		}
+		return ss
+	})
+}
+
+// chooseVictimsFor picks victims among cands: lowest priority first, then
+// youngest, until fit finds a placement on the pool without them; then,
+// from the last chosen back, it keeps out every victim the fit does not
+// need, so no victim can be spared. It returns nil when even all
+// candidates together do not make room: then nothing is preempted. It
+// also returns the placement fit found without the victims. fit gets the
+// pool less the victims, and the victims (for a quota check).
+func chooseVictimsFor(p *workPool, cands []*gpupoolv1.Lease, fit func(trial *workPool, chosen []*gpupoolv1.Lease) []*gpupoolv1.Slice) ([]*gpupoolv1.Lease, []*gpupoolv1.Slice) {
 	cands = slices.Clone(cands)
 	slices.SortFunc(cands, victimOrder)
 	trial := p.clone()
 	var chosen []*gpupoolv1.Lease
-	var fit []*gpupoolv1.Slice
+	var ss []*gpupoolv1.Slice
 	for _, c := range cands {
 		trial.free(c)
 		chosen = append(chosen, c)
-		if ss, err := trial.place(r, policy); err == nil {
-			fit = ss
+		if ss = fit(trial, chosen); ss != nil {
 			break
 		}
 	}
-	if fit == nil {
+	if ss == nil {
 		return nil, nil
 	}
 	for i := len(chosen) - 2; i >= 0; i-- { // the last one was needed to fit
 		trial.allocate(chosen[i])
-		if ss, err := trial.place(r, policy); err == nil {
-			fit = ss
-			chosen = slices.Delete(chosen, i, i+1)
+		without := slices.Delete(slices.Clone(chosen), i, i+1)
+		if fewer := fit(trial, without); fewer != nil {
+			ss, chosen = fewer, without
 			continue
 		}
 		trial.free(chosen[i])
 	}
-	return chosen, fit
+	return chosen, ss
 }
 
 // victimOrder sorts preemption candidates: lowest priority first, then

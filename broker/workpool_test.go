@@ -54,14 +54,6 @@ const (
 	gua = gpupoolv1.LeaseClass_LEASE_CLASS_GUARANTEED
 )
 
-func ids(ls []*gpupoolv1.Lease) []string {
-	out := []string{}
-	for _, l := range ls {
-		out = append(out, l.Id)
-	}
-	return out
-}
-
 func TestChooseVictimsLowestPriorityThenYoungestAndNoMore(t *testing.T) {
 	// Three whole GPUs held by preemptible leases: a (priority 1, oldest),
 	// b (priority 0, old) and c (priority 0, youngest).

@@ -43,8 +43,12 @@ func (h *held) update(l *gpupoolv1.Lease) {
 		return
 	}
 	h.lease = l
-	if l.GetPreemptAtMs() > 0 {
+	switch {
+	case l.GetPreemptAtMs() > 0:
 		h.leaving, h.leaveAtMs = true, l.GetPreemptAtMs()
+	case l.GetState() == gpupoolv1.LeaseState_LEASE_STATE_GRANTED:
+		// Granted and not preempted: a preemption was withdrawn.
+		h.leaving, h.leaveAtMs = false, 0
 	}
 }
 

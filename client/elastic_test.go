@@ -395,6 +395,14 @@ func TestAShrinkNoticeMarksTheExtraAndItsEndLeavesTheLeaseRunning(t *testing.T) 
 		t.Errorf("LeaveAtMs = %d, want %d", ss[1].LeaveAtMs, leaveAt)
 	}
 
+	// The brokers withdraw the preemption: the extra stays, not leaving.
+	st.push <- &gpupoolv1.KeepAliveResponse{LeaseId: "e-1", Event: &gpupoolv1.LeaseEvent{
+		Type: gpupoolv1.LeaseEventType_LEASE_EVENT_TYPE_UPDATED, Lease: extra("e-1", "h2"), Message: "preemption withdrawn"}}
+	nextEvent(t, l, gpupoolv1.LeaseEventType_LEASE_EVENT_TYPE_UPDATED)
+	if got, want := sliceIDs(l.Slices()), "p-1/h1 e-1/h2+"; got != want {
+		t.Fatalf("Slices after the withdrawal = %q, want %q", got, want)
+	}
+
 	f.end(st, "e-1")
 	if ev := nextEvent(t, l, gpupoolv1.LeaseEventType_LEASE_EVENT_TYPE_ENDED); ev.Lease.GetId() != "e-1" {
 		t.Fatalf("ENDED for %s, want e-1", ev.Lease.GetId())

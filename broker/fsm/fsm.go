@@ -412,6 +412,9 @@ func applyEndLease(w *state.Writer, index uint64, c *gpupoolv1.EndLeaseCommand) 
 	if l == nil {
 		return &Result{Err: fmt.Errorf("lease %q: %w", c.LeaseId, ErrNotFound)}, nil
 	}
+	if c.IfPending && l.State != gpupoolv1.LeaseState_LEASE_STATE_PENDING {
+		return &Result{Lease: l}, nil
+	}
 	if l.State == gpupoolv1.LeaseState_LEASE_STATE_PENDING {
 		// A pending lease holds nothing: it ends at once.
 		nl := endLease(l, index, c.EndState, c.Reason, c.NowMs)

@@ -74,6 +74,13 @@ func TestQueueCommands(t *testing.T) {
 					t.Fatalf("got %v %q", l.State, l.Reason)
 				}
 			}},
+		{"the end of a wait does not undo a grant that came first", []proto.Message{pendingLease("p-1", "r1"), granted("p-1", "r1")},
+			&gpupoolv1.EndLeaseCommand{LeaseId: "p-1", EndState: gpupoolv1.LeaseState_LEASE_STATE_EXPIRED, Reason: "wait over", NowMs: 5000, IfPending: true},
+			func(t *testing.T, f *FSM, res *Result) {
+				if l := f.State().Lease("p-1"); res.Err != nil || l.State != gpupoolv1.LeaseState_LEASE_STATE_GRANTED {
+					t.Fatalf("err %v: %v", res.Err, l.State)
+				}
+			}},
 		{"preemption marks the leases and notifies", []proto.Message{preemptible("v-1", "h1", 0), pendingLease("p-1", "r1")},
 			&gpupoolv1.PreemptLeasesCommand{LeaseIds: []string{"v-1"}, ForLease: "p-1", DeadlineMs: 9000, Reason: "room for p-1"},
 			func(t *testing.T, f *FSM, res *Result) {

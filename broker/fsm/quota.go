@@ -117,11 +117,26 @@ func ceilRat(x *big.Rat) int64 {
 // over quota in a dimension the lease needs, else nil. A tenant without a
 // quota, and a dimension whose quota is 0, are unlimited.
 func CheckQuota(r *state.Reader, l *gpupoolv1.Lease) error {
+	return CheckQuotaWithout(r, l, nil)
+}
+
+// CheckQuotaWithout is CheckQuota as if the tenant's leases in gone had
+// freed their capacity: the quota a preemption would make room in.
+func CheckQuotaWithout(r *state.Reader, l *gpupoolv1.Lease, gone []*gpupoolv1.Lease) error {
 	q := r.Quota(l.GetTenant())
 	if q == nil {
 		return nil
 	}
 	used, need := tenantUsage(r, l.Tenant), leaseUsage(r, l)
+	for _, g := range gone {
+		if g.Tenant == l.Tenant && state.Holding(g.State) {
+			u := leaseUsage(r, g)
+			used.gpus.Sub(used.gpus, u.gpus)
+			used.memory -= u.memory
+			used.compute -= u.compute
+			used.leases -= u.leases
+		}
+	}
 	after := usage{gpus: new(big.Rat)}
 	after.add(used)
 	after.add(need)

@@ -497,12 +497,15 @@ func (x *GrantLeaseCommand) GetNowMs() int64 {
 
 // EndLeaseCommand moves a granted lease to RELEASING with end_state.
 type EndLeaseCommand struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	LeaseId       string                 `protobuf:"bytes,1,opt,name=lease_id,json=leaseId,proto3" json:"lease_id,omitempty"`
-	EndState      LeaseState             `protobuf:"varint,2,opt,name=end_state,json=endState,proto3,enum=gpupool.v1.LeaseState" json:"end_state,omitempty"`
-	Reason        string                 `protobuf:"bytes,3,opt,name=reason,proto3" json:"reason,omitempty"`
-	NowMs         int64                  `protobuf:"varint,4,opt,name=now_ms,json=nowMs,proto3" json:"now_ms,omitempty"`
-	Lost          bool                   `protobuf:"varint,5,opt,name=lost,proto3" json:"lost,omitempty"`
+	state    protoimpl.MessageState `protogen:"open.v1"`
+	LeaseId  string                 `protobuf:"bytes,1,opt,name=lease_id,json=leaseId,proto3" json:"lease_id,omitempty"`
+	EndState LeaseState             `protobuf:"varint,2,opt,name=end_state,json=endState,proto3,enum=gpupool.v1.LeaseState" json:"end_state,omitempty"`
+	Reason   string                 `protobuf:"bytes,3,opt,name=reason,proto3" json:"reason,omitempty"`
+	NowMs    int64                  `protobuf:"varint,4,opt,name=now_ms,json=nowMs,proto3" json:"now_ms,omitempty"`
+	Lost     bool                   `protobuf:"varint,5,opt,name=lost,proto3" json:"lost,omitempty"`
+	// Only if the lease is still pending: the end of a wait must not undo
+	// a grant that just happened.
+	IfPending     bool `protobuf:"varint,6,opt,name=if_pending,json=ifPending,proto3" json:"if_pending,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -568,6 +571,13 @@ func (x *EndLeaseCommand) GetNowMs() int64 {
 func (x *EndLeaseCommand) GetLost() bool {
 	if x != nil {
 		return x.Lost
+	}
+	return false
+}
+
+func (x *EndLeaseCommand) GetIfPending() bool {
+	if x != nil {
+		return x.IfPending
 	}
 	return false
 }
@@ -1368,13 +1378,15 @@ const file_gpupool_v1_internal_proto_rawDesc = "" +
 	"\x06now_ms\x18\x04 \x01(\x03R\x05nowMs\"S\n" +
 	"\x11GrantLeaseCommand\x12'\n" +
 	"\x05lease\x18\x01 \x01(\v2\x11.gpupool.v1.LeaseR\x05lease\x12\x15\n" +
-	"\x06now_ms\x18\x02 \x01(\x03R\x05nowMs\"\xa4\x01\n" +
+	"\x06now_ms\x18\x02 \x01(\x03R\x05nowMs\"\xc3\x01\n" +
 	"\x0fEndLeaseCommand\x12\x19\n" +
 	"\blease_id\x18\x01 \x01(\tR\aleaseId\x123\n" +
 	"\tend_state\x18\x02 \x01(\x0e2\x16.gpupool.v1.LeaseStateR\bendState\x12\x16\n" +
 	"\x06reason\x18\x03 \x01(\tR\x06reason\x12\x15\n" +
 	"\x06now_ms\x18\x04 \x01(\x03R\x05nowMs\x12\x12\n" +
-	"\x04lost\x18\x05 \x01(\bR\x04lost\"\x88\x01\n" +
+	"\x04lost\x18\x05 \x01(\bR\x04lost\x12\x1d\n" +
+	"\n" +
+	"if_pending\x18\x06 \x01(\bR\tifPending\"\x88\x01\n" +
 	"\x10FreeLeaseCommand\x12\x19\n" +
 	"\blease_id\x18\x01 \x01(\tR\aleaseId\x12\x16\n" +
 	"\x06reason\x18\x02 \x01(\tR\x06reason\x12\x15\n" +
