@@ -126,7 +126,7 @@ func newCluster(t *testing.T, agents int) *cluster {
 		cl.brokers = append(cl.brokers, cl.newProc(fmt.Sprintf("broker-%d", i+1),
 			"broker", "--node-id", fmt.Sprintf("broker-%d", i+1), "--data-dir", filepath.Join(cl.dir, fmt.Sprintf("broker-%d", i+1)),
 			"--bind", cl.addrs[i], "--raft-bind", raftAddrs[i], "--bootstrap-expect", "3", "--join", strings.Join(join, ","),
-			"--heartbeat-interval", "500ms", "--heartbeat-ttl", "5s", "--log-level", "debug"))
+			"--heartbeat-interval", "500ms", "--heartbeat-ttl", "5s", "--preempt-grace", "3s", "--log-level", "debug"))
 	}
 	for i := range agents {
 		cl.agents = append(cl.agents, cl.newAgent(i))
