@@ -127,9 +127,23 @@ func (f *acquireFlags) register(cmd *cobra.Command) {
 // sharing acquireFlags do not have: waiting in the queue and elastic
 // leases.
 func (f *acquireFlags) registerQueue(cmd *cobra.Command) {
+	f.registerWait(cmd)
 	fs := cmd.Flags()
-	fs.DurationVar(&f.wait, "wait", 0, "wait this long in the queue when the request does not fit now (default 0: fail at once)")
 	fs.StringVar(&f.elastic, "elastic", "", "an elastic lease of MIN..MAX slices: MIN guaranteed, extras up to MAX while capacity is free, e.g. 2..6 (instead of --gpus)")
+}
+
+func (f *acquireFlags) registerWait(cmd *cobra.Command) {
+	cmd.Flags().DurationVar(&f.wait, "wait", 0, "wait this long in the queue when the request does not fit now (default 0: fail at once)")
+}
+
+// acquireOptions are the client options for --wait: the wait, and the
+// progress printed to w while waiting.
+func (f *acquireFlags) acquireOptions(w io.Writer) []client.AcquireOption {
+	if f.wait <= 0 {
+		return nil
+	}
+	q := &queueReporter{w: w, until: time.Now().Add(f.wait), now: time.Now}
+	return []client.AcquireOption{client.WithWait(f.wait), client.WithPendingProgress(q.report)}
 }
 
 // leaseRequest checks the flags and builds the request they describe.
@@ -323,12 +337,7 @@ that does not fit now, or not within --wait (exit 1); a malformed one exits 2.`,
 			// queue comes on top.
 			ctx, cancel := context.WithTimeout(cmd.Context(), global.timeout+f.wait)
 			defer cancel()
-			var opts []client.AcquireOption
-			if f.wait > 0 {
-				q := &queueReporter{w: cmd.ErrOrStderr(), until: time.Now().Add(f.wait), now: time.Now}
-				opts = append(opts, client.WithWait(f.wait), client.WithPendingProgress(q.report))
-			}
-			resp, err := c.Grant(ctx, req, opts...)
+			resp, err := c.Grant(ctx, req, f.acquireOptions(cmd.ErrOrStderr())...)
 			if err != nil {
 				if f.wait > 0 && cmd.Context().Err() != nil {
 					return fmt.Errorf("stopped waiting: request %s left the queue", req.GetRequestId())

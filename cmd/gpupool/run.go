@@ -44,6 +44,9 @@ runs in the lease's own directory with the lease's environment:
 GPUPOOL_LEASE_ID, CUDA_VISIBLE_DEVICES (the leased GPUs' UUIDs) and, on MPS
 hosts, the memory and thread limits of the slice.
 
+--wait DURATION lets the request wait in the brokers' queue when the pool is
+full, printing why it waits (see 'gpupool lease acquire --help').
+
 --upload PATH copies a local file into the lease directory before the command
 runs (as its base name); --download PATH copies a file of the lease directory
 back to the current directory afterwards. Both check SHA-256 checksums.
@@ -79,11 +82,12 @@ released when run ends.`,
 				}
 			}
 			return withClient(cmd, func(ctx context.Context, c *client.Client) error {
-				return runRemote(cmd, c, req, uploads, downloads, args)
+				return runRemote(cmd, c, req, f.wait, f.acquireOptions(cmd.ErrOrStderr()), uploads, downloads, args)
 			})
 		},
 	}
 	f.register(cmd)
+	f.registerWait(cmd)
 	// run renews its lease every 20 s while it runs, so a short TTL frees
 	// the GPU soon after a run that died without releasing.
 	f.ttl = time.Minute
@@ -94,14 +98,14 @@ released when run ends.`,
 }
 
 // runRemote is 'gpupool run' once the flags are checked.
-func runRemote(cmd *cobra.Command, c *client.Client, req *gpupoolv1.LeaseRequest, uploads, downloads, argv []string) error {
+func runRemote(cmd *cobra.Command, c *client.Client, req *gpupoolv1.LeaseRequest, wait time.Duration, opts []client.AcquireOption, uploads, downloads, argv []string) error {
 	stderr := cmd.ErrOrStderr()
 	// The command's own context ends with Ctrl-C; the lease and the
 	// session live on until the remote command had its chance to exit.
 	base := context.WithoutCancel(cmd.Context())
 	ctx := cmd.Context() // ends with Ctrl-C: stops uploads and downloads
-	acqCtx, cancel := context.WithTimeout(ctx, global.timeout)
-	l, err := c.Acquire(acqCtx, req)
+	acqCtx, cancel := context.WithTimeout(ctx, global.timeout+wait)
+	l, err := c.Acquire(acqCtx, req, opts...)
 	cancel()
 	if err != nil {
 		if ctx.Err() != nil {
