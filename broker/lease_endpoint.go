@@ -575,9 +575,7 @@ func (s *Server) renew(ls *leaderState, id string) *gpupoolv1.KeepAliveResponse 
 	return resp
 }
 
-func stateName(s gpupoolv1.LeaseState) string {
-	return strings.ToLower(strings.TrimPrefix(s.String(), "LEASE_STATE_"))
-}
+func stateName(s gpupoolv1.LeaseState) string { return fsm.LeaseStateName(s) }
 
 type recvResult[T any] struct {
 	msg *T

@@ -2,6 +2,7 @@ package fsm
 
 import (
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/gpupool/gpupool/broker/state"
@@ -109,21 +110,7 @@ func checkParent(r *state.Reader, l *gpupoolv1.Lease) error {
 
 // LeaseStateName is the lower-case name of a lease state ("granted").
 func LeaseStateName(s gpupoolv1.LeaseState) string {
-	switch s {
-	case gpupoolv1.LeaseState_LEASE_STATE_PENDING:
-		return "pending"
-	case gpupoolv1.LeaseState_LEASE_STATE_GRANTED:
-		return "granted"
-	case gpupoolv1.LeaseState_LEASE_STATE_RELEASING:
-		return "releasing"
-	case gpupoolv1.LeaseState_LEASE_STATE_RELEASED:
-		return "released"
-	case gpupoolv1.LeaseState_LEASE_STATE_EXPIRED:
-		return "expired"
-	case gpupoolv1.LeaseState_LEASE_STATE_REVOKED:
-		return "revoked"
-	}
-	return "unknown"
+	return strings.ToLower(strings.TrimPrefix(s.String(), "LEASE_STATE_"))
 }
 
 func className(c gpupoolv1.LeaseClass) string {
