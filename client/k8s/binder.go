@@ -222,6 +222,10 @@ type Binder struct {
 	mu     sync.Mutex
 	held   map[string]*heldClaim                // guarded by mu; by claim key namespace/name
 	failed map[string]map[string]*failureCounts // guarded by mu; by claim key, then request id
+	// ended remembers, while the device stays allocated, the leases that
+	// ended under a claim: a sync that reads the claim before its status
+	// says so neither acquires again nor warns the pods twice.
+	ended map[string]map[string]*endedLease // guarded by mu; by claim key, then request id
 }
 
 // failureCounts counts, for one request id, the syncs in a row that failed
@@ -263,6 +267,7 @@ func NewBinder(kube kubernetes.Interface, broker Broker, cfg BinderConfig) *Bind
 		),
 		held:   map[string]*heldClaim{},
 		failed: map[string]map[string]*failureCounts{},
+		ended:  map[string]map[string]*endedLease{},
 	}
 	b.claimFactory = informers.NewSharedInformerFactory(kube, 10*time.Minute)
 	claims := b.claimFactory.Resource().V1().ResourceClaims()
@@ -559,6 +564,14 @@ func (b *Binder) resetFailures(key, id string, kind failureKind) {
 func (b *Binder) pruneFailures(key string, want map[string]bool) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
+	for id := range b.ended[key] {
+		if !want[id] {
+			delete(b.ended[key], id)
+		}
+	}
+	if len(b.ended[key]) == 0 {
+		delete(b.ended, key)
+	}
 	for id := range b.failed[key] {
 		if !want[id] {
 			delete(b.failed[key], id)
@@ -567,6 +580,50 @@ func (b *Binder) pruneFailures(key string, want map[string]bool) {
 	if len(b.failed[key]) == 0 {
 		delete(b.failed, key)
 	}
+}
+
+// endedLease is the outcome of a lease that ended under its claim, and
+// whether its pods were told.
+type endedLease struct {
+	o        outcome
+	notified bool
+}
+
+// recordEnded remembers that lease id of key ended with outcome o.
+func (b *Binder) recordEnded(key, id string, o outcome) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.ended[key] == nil {
+		b.ended[key] = map[string]*endedLease{}
+	}
+	if b.ended[key][id] == nil {
+		b.ended[key][id] = &endedLease{o: o}
+	}
+}
+
+// endedOutcome returns the outcome of lease id of key if it ended.
+func (b *Binder) endedOutcome(key, id string) *outcome {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if e := b.ended[key][id]; e != nil {
+		o := e.o
+		return &o
+	}
+	return nil
+}
+
+// notifyOnce reports whether the pods of key still need to be told that
+// lease id ended, and records that they are.
+func (b *Binder) notifyOnce(key, id string) bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	e := b.ended[key][id]
+	if e == nil {
+		return true
+	}
+	first := !e.notified
+	e.notified = true
+	return first
 }
 
 // forget drops the record of key once it holds no lease.
@@ -688,6 +745,9 @@ func (b *Binder) ensure(ctx context.Context, key string, claim *resourceapi.Reso
 			}
 		}
 	}
+	if o := b.endedOutcome(key, id); o != nil {
+		return o, nil // it ended under the claim: no other lease for this allocation
+	}
 	if ds := deviceStatus(claim, r); ds != nil && meta.IsStatusConditionTrue(ds.Conditions, ConditionLeaseFailed) {
 		return nil, nil // wait for the scheduler to allocate the claim again
 	}
@@ -730,7 +790,9 @@ func (b *Binder) ensure(ctx context.Context, key string, claim *resourceapi.Reso
 		// The request id names a lease that ended: this allocation cannot
 		// get another one.
 		l.Close()
-		return &outcome{reason: ReasonLeaseEnded, message: endMessage(info, nil)}, nil
+		o := outcome{reason: ReasonLeaseEnded, message: endMessage(info, nil)}
+		b.recordEnded(key, id, o)
+		return &o, nil
 	}
 	b.keep(key, claim.UID, id, l)
 	b.log.Info("lease granted", "claim", key, "device", r.Pool+"/"+r.Device, "lease", l.Info().GetId())
@@ -752,9 +814,11 @@ func (b *Binder) reattach(ctx context.Context, key string, uid types.UID, id str
 		b.log.Info("renewing lease again", "claim", key, "lease", info.GetId(), "renewal_stopped_by", l.Err())
 		return &outcome{lease: nl}, nil
 	case errors.Is(err, client.ErrLeaseEnded) || status.Code(err) == codes.NotFound:
+		o := outcome{reason: ReasonLeaseEnded, message: endMessage(info, l.Err())}
+		b.recordEnded(key, id, o)
 		b.drop(key, id)
 		b.log.Warn("lease ended under its claim", "claim", key, "lease", info.GetId(), "err", err)
-		return &outcome{reason: ReasonLeaseEnded, message: endMessage(info, l.Err())}, nil
+		return &o, nil
 	}
 	return nil, fmt.Errorf("renew lease %s again: %w", info.GetId(), err)
 }
@@ -932,12 +996,17 @@ func (b *Binder) writeStatus(ctx context.Context, claim *resourceapi.ResourceCla
 		if _, err := b.kube.ResourceV1().ResourceClaims(c.Namespace).UpdateStatus(ctx, c, metav1.UpdateOptions{}); err != nil {
 			return err
 		}
-		for _, msg := range ended {
-			b.eventOnPods(claim, ReasonLeaseEnded, msg)
+		for _, n := range ended {
+			if b.notifyOnce(cache.MetaObjectToName(claim).String(), n.id) {
+				b.eventOnPods(claim, ReasonLeaseEnded, n.msg)
+			}
 		}
 		return nil
 	})
 }
+
+// endNote is the message for the pods of a claim whose lease id ended.
+type endNote struct{ id, msg string }
 
 // desiredDevices is claim's status.devices[] with outcomes applied, and the
 // messages of the leases that ended under a claim that had them.
@@ -947,7 +1016,7 @@ func (b *Binder) writeStatus(ctx context.Context, claim *resourceapi.ResourceCla
 // being tried again, say), no share of that device says Leased=True: the
 // pod would be bound with that share unleased. And once all have one, a
 // share that is not leased comes before the leased ones.
-func (b *Binder) desiredDevices(claim *resourceapi.ResourceClaim, outcomes map[string]outcome) ([]resourceapi.AllocatedDeviceStatus, []string) {
+func (b *Binder) desiredDevices(claim *resourceapi.ResourceClaim, outcomes map[string]outcome) ([]resourceapi.AllocatedDeviceStatus, []endNote) {
 	var out []resourceapi.AllocatedDeviceStatus
 	for _, d := range claim.Status.Devices {
 		if d.Driver != DriverName {
@@ -974,7 +1043,7 @@ func (b *Binder) desiredDevices(claim *resourceapi.ResourceClaim, outcomes map[s
 	wait := outcome{waiting: true, reason: ReasonWaitingForOtherShares,
 		message: "leased; waiting for the leases of the other shares of this device in the claim"}
 
-	var ended []string
+	var ended []endNote
 	for _, r := range results {
 		prior := deviceStatus(claim, r)
 		o, ok := outcomes[RequestID(claim.UID, r)]
@@ -997,7 +1066,7 @@ func (b *Binder) desiredDevices(claim *resourceapi.ResourceClaim, outcomes map[s
 			ds = *prior.DeepCopy()
 		}
 		if o.lease == nil && o.reason == ReasonLeaseEnded && prior != nil && meta.IsStatusConditionTrue(prior.Conditions, ConditionLeased) {
-			ended = append(ended, fmt.Sprintf("the gpupool lease for device %s of pool %s in claim %s ended: %s", r.Device, r.Pool, claim.Name, o.message))
+			ended = append(ended, endNote{RequestID(claim.UID, r), fmt.Sprintf("the gpupool lease for device %s of pool %s in claim %s ended: %s", r.Device, r.Pool, claim.Name, o.message)})
 		}
 		if o.lease != nil && waiting[poolDevice{r.Pool, r.Device}] {
 			o = wait

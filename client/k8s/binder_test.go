@@ -658,8 +658,20 @@ func TestBinderReportsALeaseEndingUnderARunningPod(t *testing.T) {
 			t.Errorf("event %q, want %q... with the reason", ev, want)
 		}
 	}
-	if reqs, _, _ := b.snapshot(); len(reqs) != 1 {
-		t.Errorf("%d acquires, want 1: an ended lease is not replaced under a running pod", len(reqs))
+	// A sync that read the claim before its status said LeaseFailed may
+	// acquire again, with the same request id: that returns the ended
+	// lease. No other lease may be granted under the running pod.
+	reqs, _, _ := b.snapshot()
+	for _, r := range reqs {
+		if r.RequestId != reqs[0].RequestId {
+			t.Errorf("acquire with request id %s after %s: an ended lease is replaced under a running pod", r.RequestId, reqs[0].RequestId)
+		}
+	}
+	b.mu.Lock()
+	n := len(b.leases)
+	b.mu.Unlock()
+	if n != 1 || b.state("l-1") != gpupoolv1.LeaseState_LEASE_STATE_REVOKED {
+		t.Errorf("%d leases, l-1 %v; want only l-1, revoked", n, b.state("l-1"))
 	}
 }
 
