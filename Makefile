@@ -82,7 +82,7 @@ bench: bench-dataplane ## Go benchmarks of placement and the FSM, and the data-p
 	$(GO) test -run '^$$' -bench . -benchmem ./broker/...
 
 bench-dataplane: ## QUIC data plane against TCP+TLS on loopback: 1 GiB each way and exec latency; writes bench/results/dataplane.json
-	$(GO) run ./bench/dataplane
+	$(GO) run ./cmd/gpupool bench dataplane
 
 elastic-demo: ## examples/elastic-sim on a local 'gpupool dev' while guaranteed work comes and goes (about 2 minutes; ports 7641+ free); writes bench/results/elastic-sim.{png,csv}
 	bash examples/elastic-sim/demo.sh

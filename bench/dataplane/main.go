@@ -1,4 +1,4 @@
-// Command dataplane benchmarks the data plane (package dataplane: framed
+// Package dataplanebench benchmarks the data plane (package dataplane: framed
 // protobuf over QUIC) against a baseline of the same operations over plain
 // TCP + TLS 1.3, side by side on loopback in one process: bulk throughput
 // both ways, and exec round-trip latency.
@@ -6,7 +6,7 @@
 // The data is generated from a seeded PRNG while it is sent and is never
 // held in memory, so runs with the same --seed and --size move the same
 // bytes; only the timings differ from run to run.
-package main
+package dataplanebench
 
 import (
 	"context"
@@ -14,14 +14,11 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"os"
-	"os/signal"
-	"syscall"
 
 	"github.com/gpupool/gpupool/internal/quantity"
 )
 
-const usageHead = `Usage: go run ./bench/dataplane [flags]
+const usageHead = `Usage: gpupool bench dataplane [flags]
 
 Benchmarks the data plane (QUIC, package dataplane) against the same
 operations over plain TCP + TLS 1.3, side by side on loopback:
@@ -36,9 +33,9 @@ Progress goes to stderr, a markdown table to stdout, and the results as JSON
 to --out. Exit code 1 when the benchmark fails, 2 for a usage error.
 
 Examples:
-  go run ./bench/dataplane
-  go run ./bench/dataplane --size 256MiB --execs 1000
-  go run ./bench/dataplane --seed 7 --out /tmp/dataplane.json --tmpdir /var/tmp
+  gpupool bench dataplane
+  gpupool bench dataplane --size 256MiB --execs 1000
+  gpupool bench dataplane --seed 7 --out /tmp/dataplane.json --tmpdir /var/tmp
 
 Flags:
 `
@@ -55,16 +52,13 @@ type options struct {
 	tmp   string // parent of the run's directory; "" means os.TempDir()
 }
 
-func main() {
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	code := run(ctx, os.Args[1:], os.Stdout, os.Stderr)
-	stop()
-	os.Exit(code)
+// Run runs the benchmark for the command-line arguments args and returns
+// the exit code: 0, 1 when the benchmark failed, 2 for a usage error.
+// 'gpupool bench dataplane' calls it.
+func Run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	return run(ctx, args, stdout, stderr)
 }
 
-// run runs the benchmark for the command-line arguments args and returns
-// the exit code: 0, 1 when the benchmark failed, 2 for a usage error.
-// --help prints the usage to stdout and returns 0.
 func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	opts, err := parseFlags(args, stdout)
 	if errors.Is(err, flag.ErrHelp) {

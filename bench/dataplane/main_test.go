@@ -1,4 +1,4 @@
-package main
+package dataplanebench
 
 import (
 	"bytes"

@@ -110,6 +110,7 @@ Start a local cluster with 'gpupool dev', then try:
 		newOperatorCmd(),
 		newK8sNodePluginCmd(),
 		newK8sControllerCmd(),
+		newBenchCmd(),
 	)
 	return root
 }

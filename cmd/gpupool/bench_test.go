@@ -1,0 +1,27 @@
+package main
+
+import (
+	"bytes"
+	"strings"
+	"testing"
+)
+
+func TestBenchRefusesMissingAndUnknownBenchmarks(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		args []string
+		code int
+		want string
+	}{
+		{"no benchmark", []string{"bench"}, 2, "name a benchmark: dataplane"},
+		{"an unknown benchmark", []string{"bench", "nope"}, 2, `unknown benchmark "nope": must be one of dataplane`},
+		{"a benchmark's own bad flag", []string{"bench", "dataplane", "--size", "1x"}, 2, `unknown unit "x"`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var out, errb bytes.Buffer
+			if code := run(tc.args, &out, &errb); code != tc.code || !strings.Contains(errb.String(), tc.want) {
+				t.Fatalf("exit %d (want %d), stderr %q, want %q in it", code, tc.code, errb.String(), tc.want)
+			}
+		})
+	}
+}
