@@ -90,6 +90,32 @@ func (a *Agent) heartbeat(ctx context.Context, ac gpupoolv1.AgentServiceClient, 
 	if err := send(); err != nil {
 		return false, err
 	}
+	// Later sends run on their own goroutine, so this loop keeps taking
+	// the broker's responses while a send waits on flow control. Sending
+	// from the loop would deadlock under load: a blocked send stops the
+	// loop, which stops Recv, which fills the broker's window, which
+	// blocks the broker's sends and with them its reads of this stream.
+	sendKick := make(chan struct{}, 1)
+	sendErr := make(chan error, 1)
+	go func() {
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-sendKick:
+			}
+			if err := send(); err != nil {
+				sendErr <- err
+				return
+			}
+		}
+	}()
+	kick := func() {
+		select {
+		case sendKick <- struct{}{}:
+		default: // a send is due already; it carries the news too
+		}
+	}
 	tick := time.NewTicker(interval)
 	defer tick.Stop()
 	quiet := time.NewTimer(silence())
@@ -102,14 +128,12 @@ func (a *Agent) heartbeat(ctx context.Context, ac gpupoolv1.AgentServiceClient, 
 			return progressed, err
 		case <-quiet.C:
 			return progressed, status.Errorf(codes.Unavailable, "no heartbeat response for %s", silence())
+		case err := <-sendErr:
+			return progressed, err
 		case <-tick.C:
-			if err := send(); err != nil {
-				return progressed, err
-			}
+			kick()
 		case <-a.kickCh:
-			if err := send(); err != nil {
-				return progressed, err
-			}
+			kick()
 		case resp := <-responses:
 			if !progressed {
 				progressed = true
