@@ -52,25 +52,36 @@ func (e *Error) Error() string { return e.Reason }
 // give the same slices. Applying the returned slices one after the other with CheckSlice and
 // Allocate succeeds for every slice (two slices of one request may share a device).
 //
-// An unknown policy is a plain error. A request that does not fit is an *Error whose Never
-// field says whether it could fit in an empty pool.
+// Constraints.Model is a shell glob, or several separated by "|" ("V100M16|V100M32"): a device
+// matches when its model matches any of them.
+//
+// Place accepts the policies in Policies; PlaceWith accepts more. An unknown policy is a plain
+// error. A request that does not fit is an *Error whose Never field says whether it could fit
+// in an empty pool.
 func Place(hosts []*gpupoolv1.Host, req *gpupoolv1.LeaseRequest, policy string) ([]*gpupoolv1.Slice, error) {
 	if !slices.Contains(Policies, policy) {
 		return nil, fmt.Errorf("policy %q: must be one of %s", policy, strings.Join(Policies, ", "))
 	}
+	return place(hosts, req, &Options{Policy: policy})
+}
+
+// place is Place and PlaceWith after the policy was checked.
+func place(hosts []*gpupoolv1.Host, req *gpupoolv1.LeaseRequest, opts *Options) ([]*gpupoolv1.Slice, error) {
 	if req == nil {
 		return nil, &Error{Never: true, Reason: "empty lease request"}
 	}
-	rq, reason := newRequest(req, policy)
+	rq, reason := newRequest(req, opts)
 	if reason != "" {
 		return nil, &Error{Never: true, Reason: reason}
 	}
 
 	now := newPool(hosts, rq, viewNow)
+	defer now.free()
 	if picks := now.search(); picks != nil {
 		return now.slices(picks), nil
 	}
 	empty := newPool(hosts, rq, viewEmpty)
+	defer empty.free()
 	if empty.search() == nil {
 		return nil, &Error{Never: true, Reason: explainNever(hosts, rq, empty)}
 	}

@@ -5,6 +5,7 @@ import (
 	"math"
 	"slices"
 	"strings"
+	"sync"
 
 	gpupoolv1 "github.com/gpupool/gpupool/proto/gpupool/v1"
 )
@@ -22,6 +23,13 @@ type pool struct {
 
 	// Scratch reused across trials, so a search allocates per call, not per host.
 	picks, best, order []int
+
+	// scored: the policy rates hosts with hostScore (only under viewNow: under viewEmpty a
+	// search only asks whether the request fits). top is the best rating so far.
+	scored bool
+	top    rating
+	// before and after are scratch for hostScore and fgdPick.
+	before, after nodeState
 }
 
 type hostState struct {
@@ -47,8 +55,20 @@ func newPool(hosts []*gpupoolv1.Host, rq *request, v view) *pool {
 	for _, h := range hosts {
 		ndev += len(h.GetDevices())
 	}
-	// One allocation each, sized for the whole pool: growing them costs more than the slack.
-	p := &pool{rq: rq, v: v, hosts: make([]hostState, 0, len(hosts)), cands: make([]cand, 0, ndev)}
+	// Sized for the whole pool: growing them costs more than the slack. The buffers of a pool
+	// released with free are reused.
+	p, _ := pools.Get().(*pool)
+	if p == nil {
+		p = &pool{}
+	}
+	if cap(p.hosts) < len(hosts) {
+		p.hosts = make([]hostState, 0, len(hosts))
+	}
+	if cap(p.cands) < ndev {
+		p.cands = make([]cand, 0, ndev)
+	}
+	p.rq, p.v, p.hosts, p.cands = rq, v, p.hosts[:0], p.cands[:0]
+	p.scored, p.top = v == viewNow && scoredPolicy(rq.opts.Policy), rating{}
 	for _, h := range hosts {
 		if h == nil || !v.hostUsable(h) || !rq.hostMatches(h) {
 			continue
@@ -75,6 +95,17 @@ func newPool(hosts []*gpupoolv1.Host, rq *request, v view) *pool {
 		p.hosts = append(p.hosts, hs)
 	}
 	return p
+}
+
+// pools holds released pools, for their buffers.
+var pools sync.Pool
+
+// free releases p for reuse. p must not be used after.
+func (p *pool) free() {
+	clear(p.hosts)
+	clear(p.cands)
+	p.rq = nil
+	pools.Put(p)
 }
 
 // slots is how many more slices of the request fit on c in the current trial.
@@ -211,8 +242,14 @@ func (p *pool) search() []int {
 	found := false
 	try := func(hs *hostState, root string, picks []int) {
 		if picks != nil {
-			if s := p.score(hs, root); !found || p.better(s, best) {
-				best, found = s, true
+			var better bool
+			if p.scored {
+				better = p.rateBetter(hs, root, !found)
+			} else if s := p.score(hs, root); !found || p.better(s, best) {
+				best, better = s, true
+			}
+			if better {
+				found = true
 				p.best = append(p.best[:0], picks...)
 			}
 		}
@@ -234,7 +271,11 @@ func (p *pool) search() []int {
 				}
 			}
 		default:
-			try(hs, "", p.greedy(hs.lo, hs.hi, "", n))
+			if p.scored && p.rq.opts.Policy == FGD && n == 1 && !p.rq.exclusive {
+				try(hs, "", p.fgdPick(hs))
+			} else {
+				try(hs, "", p.greedy(hs.lo, hs.hi, "", n))
+			}
 		}
 	}
 	if !found {

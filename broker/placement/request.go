@@ -3,6 +3,7 @@ package placement
 import (
 	"fmt"
 	"path"
+	"strings"
 
 	gpupoolv1 "github.com/gpupool/gpupool/proto/gpupool/v1"
 )
@@ -18,6 +19,8 @@ type request struct {
 	topo      gpupoolv1.Topology
 	cons      *gpupoolv1.Constraints // never nil
 	binpack   bool
+	opts      *Options // never nil
+	models    []string // the model constraint's alternatives; nil when unset
 
 	// oneHost: every slice on one host. distinct: every slice on its own device.
 	oneHost, distinct bool
@@ -31,7 +34,7 @@ type request struct {
 }
 
 // newRequest validates req. It returns a reason when req can never be placed whatever the pool.
-func newRequest(req *gpupoolv1.LeaseRequest, policy string) (*request, string) {
+func newRequest(req *gpupoolv1.LeaseRequest, opts *Options) (*request, string) {
 	rq := &request{
 		count:     int(req.GetCount()),
 		exclusive: req.GetExclusive(),
@@ -39,7 +42,8 @@ func newRequest(req *gpupoolv1.LeaseRequest, policy string) (*request, string) {
 		hostMem:   req.GetHostMemoryMib(),
 		topo:      req.GetTopology(),
 		cons:      req.GetConstraints(),
-		binpack:   policy == Binpack,
+		binpack:   opts.Policy == Binpack || scoredPolicy(opts.Policy),
+		opts:      opts,
 	}
 	if rq.cons == nil {
 		rq.cons = &gpupoolv1.Constraints{}
@@ -67,8 +71,16 @@ func newRequest(req *gpupoolv1.LeaseRequest, policy string) (*request, string) {
 	case topologyName(rq.topo) == "":
 		return nil, fmt.Sprintf("topology %d: unknown", rq.topo)
 	}
-	if _, err := path.Match(rq.cons.GetModel(), ""); err != nil {
-		return nil, fmt.Sprintf("model %q: not a valid glob pattern", rq.cons.GetModel())
+	if m := rq.cons.GetModel(); m != "" {
+		rq.models = strings.Split(m, "|")
+		for _, alt := range rq.models {
+			if alt == "" {
+				return nil, fmt.Sprintf("model %q: empty alternative: separate glob patterns with a single |", m)
+			}
+			if _, err := path.Match(alt, ""); err != nil {
+				return nil, fmt.Sprintf("model %q: not a valid glob pattern", m)
+			}
+		}
 	}
 	rq.oneHost = rq.hostCPU > 0 || rq.hostMem > 0 || rq.topo == gpupoolv1.Topology_TOPOLOGY_SAME_HOST ||
 		rq.topo == gpupoolv1.Topology_TOPOLOGY_SAME_NVLINK || rq.topo == gpupoolv1.Topology_TOPOLOGY_SAME_PCIE_ROOT
@@ -138,15 +150,24 @@ func (rq *request) deviceMatches(d *gpupoolv1.Device) bool {
 	if rq.devices != nil && !rq.devices[d.GetUuid()] {
 		return false
 	}
-	glob := rq.cons.GetModel()
-	if glob == "" {
+	if rq.models == nil {
 		return true
 	}
 	if m := d.GetModel(); m != rq.lastModel || rq.lastModel == "" {
-		ok, _ := path.Match(glob, m) // the pattern was validated in newRequest
-		rq.lastModel, rq.lastModelOK = m, ok
+		rq.lastModel, rq.lastModelOK = m, modelMatches(rq.models, m)
 	}
 	return rq.lastModelOK
+}
+
+// modelMatches reports whether model matches one of the glob patterns alts, which were
+// validated.
+func modelMatches(alts []string, model string) bool {
+	for _, alt := range alts {
+		if ok, _ := path.Match(alt, model); ok {
+			return true
+		}
+	}
+	return false
 }
 
 // view selects how the pool is read.

@@ -8,6 +8,8 @@ import (
 	"github.com/spf13/cobra"
 
 	dataplanebench "github.com/gpupool/gpupool/bench/dataplane"
+	leasebench "github.com/gpupool/gpupool/bench/lease"
+	placementbench "github.com/gpupool/gpupool/bench/placement"
 )
 
 // benchmark is one of the harness's benchmarks: its package's Run, which
@@ -19,6 +21,8 @@ type benchmark struct {
 
 // benchmarks lists the benchmarks in the order 'make bench' runs them.
 var benchmarks = []benchmark{
+	{"placement", "the broker's placement engine replays the Alibaba openb trace: unallocated GPU share per policy, FGD included, and placements/s", placementbench.Run},
+	{"lease", "acquire+release of a fractional slice on 3 gpupool brokers against an allocator on a 3-member etcd cluster, 1-256 clients", leasebench.Run},
 	{"dataplane", "the QUIC data plane against TCP+TLS on loopback: bulk throughput and exec latency", dataplanebench.Run},
 }
 
@@ -42,8 +46,10 @@ Benchmarks never run in 'make test'; 'make bench' runs all of them.
 
 Benchmarks: ` + benchmarkNames() + `.
 'gpupool bench NAME --help' shows a benchmark's flags.`,
-		Example: `  gpupool bench dataplane --size 256MiB
-  gpupool bench dataplane --help`,
+		Example: `  gpupool bench placement --policy all --seeds 10
+  gpupool bench lease --clients 1,16 --duration 5s
+  gpupool bench dataplane --size 256MiB
+  gpupool bench placement --help`,
 		Args: func(cmd *cobra.Command, args []string) error {
 			if len(args) == 0 {
 				return usagef("name a benchmark: %s", benchmarkNames())

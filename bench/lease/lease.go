@@ -1,0 +1,166 @@
+// Package lease benchmarks gpupool's lease path against the allocator a
+// team would write on etcd: three gpupool brokers (Raft on bbolt, fsync on)
+// with four simulated agents, and a three-member etcd cluster (fsync on)
+// running our first-fit allocator, each as separate processes on loopback.
+// Both serve the same workload, acquire a fractional slice and release it,
+// from several numbers of concurrent clients for a fixed time each.
+//
+// Run is the whole command; 'gpupool bench lease' calls it.
+package leasebench
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+)
+
+const usageHead = `Usage: gpupool bench lease [flags]
+
+Benchmarks gpupool's lease path against an allocator written on etcd:
+
+  - gpupool: three brokers (--bootstrap-expect 3, Raft on bbolt with fsync)
+    and four simulated agents (8xA100-80GB each), as child processes;
+  - etcd: three members of --etcd (3.4.x, default fsync) and our allocator
+    (bench/lease/allocator.go): one key per device, first fit, a
+    compare-and-swap transaction on the device's mod revision, and an etcd
+    lease for the TTL.
+
+Each client loops: acquire a slice of 1 GiB and 1 % compute, then release
+it. Each level of --clients runs for --warmup untimed, then --duration
+timed, on gpupool then on etcd.
+
+Progress goes to stderr, a markdown table to stdout; DIR/lease.json,
+DIR/lease.md and DIR/lease.png are written. Exit code 1 when the benchmark
+fails, 2 for a usage error.
+
+Examples:
+  gpupool bench lease
+  gpupool bench lease --clients 1,16 --duration 3s --out /tmp/lease
+  gpupool bench lease --gpupool /tmp/gpupool --etcd /usr/local/bin/etcd --tmpdir /var/tmp
+
+Flags:
+`
+
+// maxClients bounds one level of --clients: each client is a goroutine
+// with a request in flight, and the pool holds 2560 slices.
+const maxClients = 1024
+
+// options is a validated command line.
+type options struct {
+	clients  []int         // concurrency levels, in the order given
+	duration time.Duration // timed length of each level, per system
+	warmup   time.Duration // untimed start of each level, per system
+	out      string        // directory of lease.{json,md,png}
+	gpupool  string        // the gpupool binary; "" builds one
+	etcd     string        // the etcd binary
+	tmp      string        // parent of the run's data dirs; "" means os.TempDir()
+}
+
+// Run runs the benchmark for the command-line arguments args and returns
+// the exit code: 0, 1 when the benchmark failed, 2 for a usage error.
+// --help prints the usage to stdout and returns 0. Progress goes to
+// stderr, the results table to stdout.
+func Run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	opts, err := parseFlags(args, stdout)
+	if errors.Is(err, flag.ErrHelp) {
+		return 0
+	}
+	if err != nil {
+		fmt.Fprintf(stderr, "bench/lease: %v\nRun with --help for the usage.\n", err)
+		return 2
+	}
+	res, err := benchmark(ctx, opts, newProgress(stderr))
+	if err != nil {
+		fmt.Fprintf(stderr, "bench/lease: %v\n", err)
+		return 1
+	}
+	writeTable(stdout, res)
+	if err := writeResults(opts.out, res); err != nil {
+		fmt.Fprintf(stderr, "bench/lease: %v\n", err)
+		return 1
+	}
+	fmt.Fprintf(stderr, "results written to %s/lease.{json,md,png}\n", opts.out)
+	return 0
+}
+
+// parseFlags parses and validates args. On --help it writes the usage to
+// help and returns flag.ErrHelp.
+func parseFlags(args []string, help io.Writer) (options, error) {
+	fs := flag.NewFlagSet("bench/lease", flag.ContinueOnError)
+	// Errors are returned, not printed: Run prints them once.
+	fs.SetOutput(io.Discard)
+	clients := fs.String("clients", "1,16,64,256", "concurrency `levels`, comma-separated, each between 1 and "+strconv.Itoa(maxClients))
+	duration := fs.Duration("duration", 10*time.Second, "how long each level is timed, per system")
+	warmup := fs.Duration("warmup", 2*time.Second, "untimed run before each level's timed run, per system")
+	out := fs.String("out", "bench/results", "`dir`ectory to write lease.json, lease.md and lease.png to; created if missing")
+	gpupool := fs.String("gpupool", "", "the gpupool `binary` (default: build ./cmd/gpupool into the run's temp dir)")
+	etcd := fs.String("etcd", "/usr/bin/etcd", "the etcd `binary`, 3.4 or newer (bench/lease/install-etcd.sh installs Debian's)")
+	tmp := fs.String("tmpdir", "", "`dir`ectory for both clusters' data dirs, on a disk that honours fsync, not tmpfs (default $TMPDIR or /tmp)")
+
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			printUsage(help, fs)
+		}
+		return options{}, err
+	}
+	if fs.NArg() > 0 {
+		return options{}, fmt.Errorf("unexpected argument %q: this command takes only flags", fs.Arg(0))
+	}
+	levels, err := parseLevels(*clients)
+	if err != nil {
+		return options{}, err
+	}
+	switch {
+	case *duration < 100*time.Millisecond:
+		return options{}, fmt.Errorf("--duration %s: must be at least 100ms", *duration)
+	case *warmup < 0:
+		return options{}, fmt.Errorf("--warmup %s: must not be negative", *warmup)
+	case *out == "":
+		return options{}, errors.New("--out: must name a directory, e.g. bench/results")
+	case *etcd == "":
+		return options{}, errors.New("--etcd: must name the etcd binary, e.g. /usr/bin/etcd")
+	}
+	return options{clients: levels, duration: *duration, warmup: *warmup, out: *out, gpupool: *gpupool, etcd: *etcd, tmp: *tmp}, nil
+}
+
+// parseLevels parses --clients: distinct whole numbers between 1 and
+// maxClients, comma-separated.
+func parseLevels(s string) ([]int, error) {
+	var levels []int
+	for f := range strings.SplitSeq(s, ",") {
+		f = strings.TrimSpace(f)
+		n, err := strconv.Atoi(f)
+		switch {
+		case f == "":
+			return nil, fmt.Errorf("--clients %q: empty level: give numbers separated by commas, e.g. 1,16,64", s)
+		case err != nil:
+			return nil, fmt.Errorf("--clients %q: level %q is not a whole number", s, f)
+		case n < 1 || n > maxClients:
+			return nil, fmt.Errorf("--clients %q: level %d must be between 1 and %d", s, n, maxClients)
+		case slices.Contains(levels, n):
+			return nil, fmt.Errorf("--clients %q: level %d is given twice", s, n)
+		}
+		levels = append(levels, n)
+	}
+	return levels, nil
+}
+
+// printUsage writes the usage, spelling flags with two dashes as the
+// examples do (one dash works too).
+func printUsage(w io.Writer, fs *flag.FlagSet) {
+	fmt.Fprint(w, usageHead)
+	fs.VisitAll(func(f *flag.Flag) {
+		arg, usage := flag.UnquoteUsage(f)
+		def := ""
+		if f.DefValue != "" {
+			def = fmt.Sprintf(" (default %s)", f.DefValue)
+		}
+		fmt.Fprintf(w, "  --%s %s\n    \t%s%s\n", f.Name, arg, usage, def)
+	})
+}

@@ -1,0 +1,94 @@
+package leasebench
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/gpupool/gpupool/bench/plot"
+)
+
+// writeTable writes res as markdown: both systems per level, the ratios,
+// then the run's setup and what each side does per cycle.
+func writeTable(w io.Writer, res *results) {
+	fmt.Fprintln(w, "| clients | system | cycles/s | samples | acquire p50 (ms) | acquire p99 (ms) | release p50 (ms) | cycle p50 (ms) | cycle p99 (ms) | errors | CAS retries |")
+	fmt.Fprintln(w, "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+	for _, l := range res.Levels {
+		for _, s := range l.sides() {
+			fmt.Fprintf(w, "| %d | %s | %.0f | %d | %.2f | %.2f | %.2f | %.2f | %.2f | %d | %d |\n",
+				l.Clients, s.name, s.f.CyclesPerSec, s.f.Samples, s.f.Acquire.P50, s.f.Acquire.P99, s.f.Release.P50,
+				s.f.Cycle.P50, s.f.Cycle.P99, s.f.errors(), s.f.Retries)
+		}
+	}
+	fmt.Fprintln(w, "\nRatio gpupool/etcd (throughput: above 1 favours gpupool; latencies: below 1 favours gpupool):")
+	fmt.Fprintln(w, "\n| clients | cycles/s | acquire p50 | acquire p99 | cycle p50 | cycle p99 |")
+	fmt.Fprintln(w, "|---:|---:|---:|---:|---:|---:|")
+	for _, l := range res.Levels {
+		r := l.Ratio
+		fmt.Fprintf(w, "| %d | %.2f | %.2f | %.2f | %.2f | %.2f |\n", l.Clients, r.CyclesPerSec, r.AcquireP50, r.AcquireP99, r.CycleP50, r.CycleP99)
+	}
+	c, m := res.Config, res.Machine
+	fmt.Fprintf(w, "\nEach client loops: acquire a slice of %d MiB and %d%% compute (TTL %s) on a pool of %s (%d such slices at once), then release it. "+
+		"Each level ran %s untimed, then %s timed, on gpupool (a fresh cluster per level) then on etcd (one cluster throughout); cycles/s counts the cycles that started and ended in the timed window, the latencies every cycle that started in it. "+
+		"On loopback (127.0.0.x), data dirs on %s; etcd %s (client %s). "+
+		"%s, %d CPUs, %s; load average %v (start, end); the run took %s.\n",
+		c.SliceMemoryMiB, c.SliceComputePercent, time.Duration(c.TTLSeconds*float64(time.Second)), c.Pool, c.PoolSlices,
+		time.Duration(c.WarmupSeconds*float64(time.Second)), time.Duration(c.DurationSeconds*float64(time.Second)),
+		c.DataDirFS, c.EtcdVersion, c.EtcdClient, m.CPUModel, m.CPUs, m.GoVersion, strings.Join(res.LoadAvg, " / "),
+		time.Duration(res.ElapsedSeconds*float64(time.Second)).Round(time.Second))
+	for _, l := range res.Levels {
+		for _, s := range l.sides() {
+			if s.f.FirstAcquireError != "" {
+				fmt.Fprintf(w, "\n%s, %d clients: %d acquires failed, the first with: %s\n", s.name, l.Clients, s.f.AcquireErrors, s.f.FirstAcquireError)
+			}
+			if s.f.IdleError != "" {
+				fmt.Fprintf(w, "\n%s, after %d clients: not idle again within a minute after it (%s)\n", s.name, l.Clients, s.f.IdleError)
+			}
+			if s.f.FirstReleaseError != "" {
+				fmt.Fprintf(w, "\n%s, %d clients: %d releases failed, the first with: %s\n", s.name, l.Clients, s.f.ReleaseErrors, s.f.FirstReleaseError)
+			}
+		}
+	}
+	for _, s := range res.Systems {
+		fmt.Fprintf(w, "\n- **%s**: %s.\n", s.Name, s.Does)
+	}
+}
+
+// writeResults writes res to dir as lease.json, lease.md and lease.png,
+// creating dir.
+func writeResults(dir string, res *results) error {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return err
+	}
+	b, err := json.MarshalIndent(res, "", "  ")
+	if err != nil {
+		return err
+	}
+	if err := os.WriteFile(filepath.Join(dir, "lease.json"), append(b, '\n'), 0o644); err != nil {
+		return err
+	}
+	var md bytes.Buffer
+	fmt.Fprintf(&md, "# gpupool vs an allocator on etcd: acquire + release a fractional slice\n\n%s, on %s.\n\n", res.Date, res.Machine.Hostname)
+	writeTable(&md, res)
+	if err := os.WriteFile(filepath.Join(dir, "lease.md"), md.Bytes(), 0o644); err != nil {
+		return err
+	}
+	var x, g, e []float64
+	for _, l := range res.Levels {
+		x = append(x, float64(l.Clients))
+		g = append(g, l.Gpupool.CyclesPerSec)
+		e = append(e, l.Etcd.CyclesPerSec)
+	}
+	return plot.Chart{
+		Title:  "Acquire + release cycles per second",
+		XLabel: "concurrent clients",
+		YLabel: "cycles/s",
+		ZeroY:  true,
+		Series: []plot.Series{{Name: "gpupool (3 brokers)", X: x, Y: g}, {Name: "etcd allocator (3 members)", X: x, Y: e}},
+	}.Save(filepath.Join(dir, "lease.png"))
+}

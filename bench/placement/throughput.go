@@ -1,0 +1,73 @@
+package placement
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"time"
+
+	"github.com/gpupool/gpupool/broker/placement"
+)
+
+// throughputBudget bounds the time one policy's placements/s measurement takes.
+const throughputBudget = 20 * time.Second
+
+// throughput measures the engine alone: placements per second of policy on an empty synthetic
+// pool of cfg.SyntheticHosts hosts with 8 GPUs each (models of the trace in turn, CPU and
+// memory of the trace's largest node), placing the GPU tasks of a in order, up to
+// cfg.SyntheticTasks of them or throughputBudget. Failed placements count too.
+func throughput(ctx context.Context, cfg *config, nodes []node, a *arrival, policy string) (float64, error) {
+	var models []string
+	var big node
+	for _, n := range nodes {
+		if n.gpus > 0 && !slices.Contains(models, n.model) {
+			models = append(models, n.model)
+		}
+		if n.cpu > big.cpu {
+			big = n
+		}
+	}
+	synth := make([]node, cfg.SyntheticHosts)
+	for i := range synth {
+		synth[i] = node{name: fmt.Sprintf("synth-%05d", i), cpu: big.cpu, mem: big.mem, gpus: 8, model: models[i%len(models)]}
+	}
+	c := newCluster(synth)
+	rank := make(map[string]int, len(synth))
+	for i, n := range synth {
+		rank[n.name] = i
+	}
+	opts := options(policy, a, rank)
+	var learner placement.MixLearner
+	var n int
+	var spent time.Duration
+	for i := range a.tasks {
+		if n >= cfg.SyntheticTasks || spent > throughputBudget {
+			break
+		}
+		if err := ctx.Err(); err != nil {
+			return 0, err
+		}
+		t := &a.tasks[i]
+		if t.gpus == 0 {
+			continue
+		}
+		req := t.request()
+		t0 := time.Now()
+		if policy == placement.FGD {
+			learner.Observe(t.shape())
+			opts.Mix = learner.Mix()
+		}
+		ss, err := placement.PlaceWith(c.hosts, req, opts)
+		var pe *placement.Error
+		switch {
+		case err == nil:
+			c.apply(req, ss)
+		case !errors.As(err, &pe):
+			return 0, fmt.Errorf("%s on the synthetic pool: %w", policy, err)
+		}
+		spent += time.Since(t0)
+		n++
+	}
+	return float64(n) / spent.Seconds(), nil
+}

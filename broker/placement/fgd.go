@@ -1,0 +1,270 @@
+package placement
+
+import (
+	"cmp"
+	"fmt"
+	"maps"
+	"slices"
+	"strings"
+	"sync"
+
+	gpupoolv1 "github.com/gpupool/gpupool/proto/gpupool/v1"
+)
+
+// Shape is one kind of task in a Mix: what a task asks of one host.
+type Shape struct {
+	// CPU and Memory are the host millicores and MiB.
+	CPU, Memory int64
+	// GPUs is how many GPUs the task takes, 0 for a task without GPUs.
+	GPUs int32
+	// Milli is the share of each GPU in thousandths: 1000 for whole GPUs, 0 without GPUs.
+	Milli int32
+	// Models lists the GPU models the task accepts as Constraints.Model spells them
+	// ("V100M16|V100M32", globs allowed); "" accepts any.
+	Models string
+}
+
+// ShapeOf is the shape of a request: its host CPU and memory, its count, its share of each GPU
+// (compute percent × 10 for a fractional slice, 1000 for an exclusive one) and its model
+// constraint.
+func ShapeOf(req *gpupoolv1.LeaseRequest) Shape {
+	s := Shape{
+		CPU: req.GetHostCpuMillicores(), Memory: req.GetHostMemoryMib(),
+		GPUs: req.GetCount(), Milli: 1000, Models: req.GetConstraints().GetModel(),
+	}
+	if !req.GetExclusive() {
+		s.Milli = req.GetComputePercent() * 10
+	}
+	return s
+}
+
+// Mix is the task mix FGD expects: shapes with their probabilities. A Mix is safe for
+// concurrent use. It remembers the fragmentation of every host state it has rated, so a pool
+// whose hosts mostly stay the same between placements costs one map look-up per host.
+type Mix struct {
+	shapes []Shape
+	alts   [][]string // shapes[i].Models split at "|"; nil for any model
+	probs  []float64  // sum to 1, or empty
+
+	mu      sync.Mutex
+	memo    map[nodeKey]float64 // guarded by mu
+	allowed map[string][]bool   // model → whether each shape accepts it; guarded by mu
+}
+
+// NewMix returns the mix of shapes with the given weights, normalised to probabilities.
+// Weights must be positive and as many as shapes; a model pattern must be valid as in
+// Constraints.Model. An empty mix rates every host as unfragmented.
+func NewMix(shapes []Shape, weights []float64) (*Mix, error) {
+	if len(shapes) != len(weights) {
+		return nil, fmt.Errorf("mix: %d shapes but %d weights: give one weight per shape", len(shapes), len(weights))
+	}
+	m := &Mix{
+		shapes: slices.Clone(shapes), alts: make([][]string, len(shapes)), probs: make([]float64, len(shapes)),
+		memo: make(map[nodeKey]float64), allowed: make(map[string][]bool),
+	}
+	var sum float64
+	for i, w := range weights {
+		if !(w > 0) {
+			return nil, fmt.Errorf("mix: shape %d weight %v: must be positive", i, w)
+		}
+		sum += w
+	}
+	for i, s := range shapes {
+		m.probs[i] = weights[i] / sum
+		if s.Models == "" {
+			continue
+		}
+		rq, reason := newRequest(&gpupoolv1.LeaseRequest{Count: 1, Exclusive: true,
+			Constraints: &gpupoolv1.Constraints{Model: s.Models}}, &Options{Policy: Binpack})
+		if reason != "" {
+			return nil, fmt.Errorf("mix: shape %d: %s", i, reason)
+		}
+		m.alts[i] = rq.models
+	}
+	return m, nil
+}
+
+// MixFromCounts keeps the most frequent shapes of counts until they cover the fraction
+// coverage (0 < coverage ≤ 1) of all tasks, as the FGD paper keeps 95 %, and returns their
+// mix. Equal counts keep shapes in a fixed order, so the result is deterministic.
+func MixFromCounts(counts map[Shape]int, coverage float64) *Mix {
+	shapes := slices.SortedFunc(maps.Keys(counts), func(a, b Shape) int {
+		return cmp.Or(cmp.Compare(counts[b], counts[a]), cmp.Compare(a.GPUs, b.GPUs), cmp.Compare(a.Milli, b.Milli),
+			cmp.Compare(a.CPU, b.CPU), cmp.Compare(a.Memory, b.Memory), strings.Compare(a.Models, b.Models))
+	})
+	var total int
+	for _, n := range counts {
+		total += n
+	}
+	var kept []Shape
+	var weights []float64
+	var sum int
+	for _, s := range shapes {
+		if counts[s] <= 0 || (len(kept) > 0 && float64(sum) >= coverage*float64(total)) {
+			break
+		}
+		kept = append(kept, s)
+		weights = append(weights, float64(counts[s]))
+		sum += counts[s]
+	}
+	m, err := NewMix(kept, weights)
+	if err != nil { // a count came with a model pattern no request could have: drop the pattern
+		for i := range kept {
+			kept[i].Models = ""
+		}
+		m, _ = NewMix(kept, weights)
+	}
+	return m
+}
+
+// Len is the number of shapes in the mix.
+func (m *Mix) Len() int { return len(m.shapes) }
+
+// MixLearner learns a Mix online from the shapes of the tasks it observes. It is not safe for
+// concurrent use.
+type MixLearner struct {
+	// Coverage is the share of tasks the mix covers, as in MixFromCounts; 0.95 when zero.
+	Coverage float64
+
+	counts map[Shape]int
+	total  int
+	next   int // rebuild the mix when total reaches next
+	mix    *Mix
+}
+
+// Observe counts one more task of shape s.
+func (l *MixLearner) Observe(s Shape) {
+	if l.counts == nil {
+		l.counts = make(map[Shape]int)
+	}
+	l.counts[s]++
+	l.total++
+}
+
+// Mix returns the mix of the tasks observed so far. It is rebuilt after 1, 2, 4, … 256
+// observations and every 256 after that, so that the fragmentation it remembers pays off; in
+// between, it is the last one built.
+func (l *MixLearner) Mix() *Mix {
+	if l.mix == nil || l.total >= l.next {
+		l.mix = MixFromCounts(l.counts, cmp.Or(l.Coverage, 0.95))
+		switch {
+		case l.next < 1:
+			l.next = 1
+		case l.next < 256:
+			l.next *= 2
+		default:
+			l.next += 256
+		}
+		for l.next <= l.total {
+			l.next = min(l.next*2, l.next+256)
+		}
+	}
+	return l.mix
+}
+
+// maxKeyGPUs is the most GPUs a host may have for its fragmentation to be remembered.
+const maxKeyGPUs = 16
+
+// nodeState is a host as FGD sees it: free host CPU and memory, and the free share of each
+// usable GPU in thousandths with its model.
+type nodeState struct {
+	cpu, mem int64
+	free     []int32
+	models   []string
+}
+
+// nodeKey identifies a nodeState up to the order of its GPUs.
+type nodeKey struct {
+	model    string
+	cpu, mem int64
+	n        int
+	free     [maxKeyGPUs]int16 // descending
+}
+
+// key returns st's key, or false when st is not remembered (too many GPUs, mixed models).
+func (st *nodeState) key() (nodeKey, bool) {
+	k := nodeKey{cpu: st.cpu, mem: st.mem, n: len(st.free)}
+	if k.n > maxKeyGPUs {
+		return k, false
+	}
+	for i, f := range st.free {
+		if i > 0 && st.models[i] != st.models[0] {
+			return k, false
+		}
+		k.free[i] = int16(f)
+	}
+	if k.n > 0 {
+		k.model = st.models[0]
+	}
+	slices.SortFunc(k.free[:k.n], func(a, b int16) int { return cmp.Compare(b, a) })
+	return k, true
+}
+
+// Frag is the expected fragmentation of a host in thousandths of a GPU: for each shape, the
+// free GPU capacity of the host that a task of the shape cannot use, weighted by the shape's
+// probability. A task cannot use any of it when it does not fit on the host at all (no
+// accepted model, too little free CPU or memory, fewer GPUs with its share free than it
+// asks); otherwise it cannot use the GPUs whose free share is less than its share, nor GPUs
+// of a model it does not accept. A task without GPUs cannot use any.
+//
+// free and models describe the usable GPUs: free share in thousandths and model.
+func (m *Mix) Frag(cpu, mem int64, free []int32, models []string) float64 {
+	return m.frag(&nodeState{cpu: cpu, mem: mem, free: free, models: models})
+}
+
+func (m *Mix) frag(st *nodeState) float64 {
+	k, ok := st.key()
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if ok {
+		if f, hit := m.memo[k]; hit {
+			return f
+		}
+	}
+	var f float64
+	for i := range m.shapes {
+		f += m.probs[i] * float64(m.shapeFragLocked(i, st))
+	}
+	if ok {
+		m.memo[k] = f
+	}
+	return f
+}
+
+// shapeFragLocked is the free capacity of st that shape i cannot use.
+func (m *Mix) shapeFragLocked(i int, st *nodeState) int64 {
+	s := &m.shapes[i]
+	var total, unusable int64
+	var fit int32
+	for g, f := range st.free {
+		total += int64(f)
+		switch {
+		case !m.acceptsLocked(i, st.models[g]):
+			unusable += int64(f)
+		case f >= s.Milli:
+			fit++
+		default:
+			unusable += int64(f)
+		}
+	}
+	if s.GPUs == 0 || fit < s.GPUs || st.cpu < s.CPU || st.mem < s.Memory {
+		return total
+	}
+	return unusable
+}
+
+// acceptsLocked reports whether shape i accepts GPUs of model.
+func (m *Mix) acceptsLocked(i int, model string) bool {
+	if m.alts[i] == nil {
+		return true
+	}
+	ok, hit := m.allowed[model]
+	if !hit {
+		ok = make([]bool, len(m.shapes))
+		for j, alts := range m.alts {
+			ok[j] = alts == nil || modelMatches(alts, model)
+		}
+		m.allowed[model] = ok
+	}
+	return ok[i]
+}

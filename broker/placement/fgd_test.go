@@ -1,0 +1,102 @@
+package placement
+
+import (
+	"math"
+	"testing"
+
+	gpupoolv1 "github.com/gpupool/gpupool/proto/gpupool/v1"
+)
+
+func mustMix(t *testing.T, shapes []Shape, weights []float64) *Mix {
+	t.Helper()
+	m, err := NewMix(shapes, weights)
+	if err != nil {
+		t.Fatalf("NewMix: %v", err)
+	}
+	return m
+}
+
+func TestFragCountsTheCapacityAShapeCannotUse(t *testing.T) {
+	half := Shape{CPU: 1000, GPUs: 1, Milli: 500}
+	two := Shape{GPUs: 2, Milli: 1000}
+	free := []int32{1000, 300, 600}
+	v100 := []string{"V100", "V100", "V100"}
+	for _, tc := range []struct {
+		name   string
+		mix    *Mix
+		cpu    int64
+		free   []int32
+		models []string
+		want   float64
+	}{
+		{"a half-GPU task cannot use a GPU with 300 free", mustMix(t, []Shape{half}, []float64{1}), 4000, free, v100, 300},
+		{"a task that lacks CPU cannot use any GPU", mustMix(t, []Shape{half}, []float64{1}), 500, free, v100, 1900},
+		{"a task for another model cannot use any GPU",
+			mustMix(t, []Shape{{CPU: 1000, GPUs: 1, Milli: 500, Models: "T4"}}, []float64{1}), 4000, free, v100, 1900},
+		{"a 2-GPU task on a host with one whole GPU free cannot use any", mustMix(t, []Shape{two}, []float64{1}), 4000, free, v100, 1900},
+		{"shapes weigh by probability: 0.5×300 + 0.5×1900", mustMix(t, []Shape{half, two}, []float64{1, 1}), 4000, free, v100, 1100},
+		{"weights are normalised: 0.75×300 + 0.25×1900", mustMix(t, []Shape{half, two}, []float64{3, 1}), 4000, free, v100, 700},
+		{"a task without GPUs cannot use any", mustMix(t, []Shape{{CPU: 1000}}, []float64{1}), 4000, free, v100, 1900},
+		{"a GPU of a model the task does not accept is unusable, the others count as usual",
+			mustMix(t, []Shape{{GPUs: 1, Milli: 1000, Models: "A|B"}}, []float64{1}), 0,
+			[]int32{1000, 1000, 200}, []string{"A", "C", "B"}, 1200},
+		{"an empty mix sees no fragmentation", mustMix(t, nil, nil), 4000, free, v100, 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			for range 2 { // the second read comes from the memo
+				if got := tc.mix.Frag(tc.cpu, 1<<20, tc.free, tc.models); got != tc.want {
+					t.Errorf("got %v, want %v", got, tc.want)
+				}
+			}
+		})
+	}
+}
+
+func TestFGDPlacesWhereFragmentationGrowsLeast(t *testing.T) {
+	// Tasks of 600 milli are expected. A GPU with 400 free is a fragment for them: filling it
+	// with a 400-milli task removes the fragment (Δ = −400), while opening a whole GPU leaves
+	// 600 free that they can still use (Δ = 0).
+	mix := mustMix(t, []Shape{{GPUs: 1, Milli: 600}}, []float64{1})
+	sixty := func(d *gpupoolv1.Device) { used(a100Mem*6/10, 60)(d) }
+	req := frac(a100Mem*4/10, 40).hostRes(1000, 1024)
+	runScoredCases(t, []scoredCase{
+		{
+			name:  "fills the fragment on another host",
+			hosts: poolOf(idle("host-1", 2), host("host-2", gpu(0), gpu(1, sixty))),
+			req:   req, opts: Options{Policy: FGD, Mix: mix},
+			want: "host-2/1",
+		},
+		{
+			name:  "fills the fragment rather than an idle GPU of the same host",
+			hosts: poolOf(host("host-1", gpu(0), gpu(1, sixty), gpu(2))),
+			req:   req, opts: Options{Policy: FGD, Mix: mix},
+			want: "host-1/1",
+		},
+	})
+}
+
+func TestMixFromCountsKeepsTheMostFrequentShapes(t *testing.T) {
+	a, b, c := Shape{GPUs: 1, Milli: 1000}, Shape{GPUs: 1, Milli: 500}, Shape{GPUs: 2, Milli: 1000}
+	m := MixFromCounts(map[Shape]int{a: 6, b: 3, c: 1}, 0.9)
+	if m.Len() != 2 {
+		t.Fatalf("got %d shapes, want 2 (6+3 of 10 tasks cover 90 %%)", m.Len())
+	}
+	// a: 2/3, b: 1/3. Free [1000, 400]: a cannot use 400, b cannot use 400: 400 in all.
+	if got := m.Frag(0, 0, []int32{1000, 400}, []string{"X", "X"}); math.Abs(got-400) > 1e-9 {
+		t.Errorf("frag: got %v, want 400", got)
+	}
+}
+
+func TestMixLearnerFollowsTheTasksItSees(t *testing.T) {
+	var l MixLearner
+	if got := l.Mix().Len(); got != 0 {
+		t.Fatalf("before any task: got %d shapes, want 0", got)
+	}
+	l.Observe(ShapeOf(excl().n(2).req))
+	if got := l.Mix().Len(); got != 1 {
+		t.Errorf("after one task: got %d shapes, want 1", got)
+	}
+	if got := ShapeOf(frac(1024, 35).hostRes(2000, 3).req); got != (Shape{CPU: 2000, Memory: 3, GPUs: 1, Milli: 350}) {
+		t.Errorf("ShapeOf: got %+v, want 35 %% as 350 milli", got)
+	}
+}

@@ -1,0 +1,74 @@
+package placement
+
+import (
+	"fmt"
+	"math/rand"
+	"slices"
+	"strings"
+
+	gpupoolv1 "github.com/gpupool/gpupool/proto/gpupool/v1"
+)
+
+// Names of the scored policies. Each rates every host that fits with an integer from 0 to 100
+// and takes the highest; equal scores go to the host first in Options.Rank, then by host id.
+// Within the host, a fractional slice goes on the fullest GPU that fits (FGD: the GPU that
+// grows fragmentation least) and whole GPUs are the lowest-index idle ones. They reproduce the
+// baselines of the FGD paper (Weng et al., USENIX ATC '23) for the placement benchmark; a
+// request whose slices may span hosts is placed as binpack places it.
+const (
+	// BestFit takes the host with the least CPU, memory and GPU left after the placement,
+	// as the mean of the three free fractions.
+	BestFit = "best-fit"
+	// DotProduct takes the host whose free CPU, memory and GPU vector has the smallest dot
+	// product with the request's, both relative to the host's capacity.
+	DotProduct = "dot-product"
+	// GPUPacking puts a fractional slice on a GPU already in use first, then on a host with a
+	// GPU in use, and only then opens an idle host.
+	GPUPacking = "gpu-packing"
+	// GPUClustering puts a request on a host that already holds leases of the same per-GPU
+	// share, else on an idle host, and only then on a host with other shares.
+	GPUClustering = "gpu-clustering"
+	// Random takes a host that fits uniformly at random, drawn from Options.Rand.
+	Random = "random"
+	// FGD (fragmentation gradient descent) takes the host and GPU where the placement grows
+	// the host's expected GPU fragmentation under Options.Mix the least.
+	FGD = "fgd"
+)
+
+// AllPolicies lists every policy PlaceWith accepts. Place and the broker accept only Policies.
+var AllPolicies = []string{Binpack, Spread, BestFit, DotProduct, GPUPacking, GPUClustering, Random, FGD}
+
+// Options chooses how PlaceWith places a request.
+type Options struct {
+	// Policy is one of AllPolicies.
+	Policy string
+	// Mix is the task mix FGD weighs fragmentation by. Required for FGD, ignored otherwise.
+	Mix *Mix
+	// Rank orders hosts for the scored policies when their scores tie: lower first; a host
+	// missing from Rank comes after every ranked one. Ties left break by host id.
+	Rank map[string]int
+	// Rand draws the host for Random. Required for Random, ignored otherwise. PlaceWith draws
+	// one number per host that fits, in the order hosts are given.
+	Rand *rand.Rand
+}
+
+// PlaceWith is Place with options: it accepts every policy in AllPolicies. The contract of
+// Place holds, except that Random depends on the order of hosts and consumes Options.Rand.
+//
+// A scored policy other than Random places a request its way only when the request takes one
+// host (host CPU or memory, or a same-host, same-nvlink or same-pcie-root topology); other
+// requests are placed as binpack places them.
+func PlaceWith(hosts []*gpupoolv1.Host, req *gpupoolv1.LeaseRequest, opts Options) ([]*gpupoolv1.Slice, error) {
+	switch {
+	case !slices.Contains(AllPolicies, opts.Policy):
+		return nil, fmt.Errorf("policy %q: must be one of %s", opts.Policy, strings.Join(AllPolicies, ", "))
+	case opts.Policy == FGD && opts.Mix == nil:
+		return nil, fmt.Errorf("policy %q: needs a task mix (Options.Mix)", opts.Policy)
+	case opts.Policy == Random && opts.Rand == nil:
+		return nil, fmt.Errorf("policy %q: needs a random source (Options.Rand)", opts.Policy)
+	}
+	return place(hosts, req, &opts)
+}
+
+// scoredPolicy reports whether policy rates hosts with hostScore.
+func scoredPolicy(policy string) bool { return policy != Binpack && policy != Spread }
