@@ -8,7 +8,7 @@ PROTO_FILES := $(wildcard proto/gpupool/v1/*.proto)
 export CGO_CFLAGS ?= -O2 -g -Wno-deprecated-declarations
 PKG_RACE := ./broker/... ./agent/... ./client/... ./internal/... ./token/... ./dataplane/...
 
-.PHONY: all build test dev proto proto-check lint bench bench-dataplane tools clean test-unit test-cluster helm chart test-k8s bench-k8s elastic-demo
+.PHONY: all build test dev proto proto-check lint bench bench-dataplane bench-placement bench-lease bench-failover bench-scale bench-go tools clean test-unit test-cluster helm chart test-k8s bench-k8s elastic-demo
 
 all: build
 
@@ -78,11 +78,26 @@ lint: ## gofmt + go vet
 	if [ -n "$$out" ]; then echo "gofmt wants to rewrite:"; echo "$$out"; exit 1; fi
 	$(GO) vet ./...
 
-bench: bench-dataplane ## Go benchmarks of placement and the FSM, and the data-plane benchmark (the full harness is tracked in issue 7)
+bench: build bench-placement bench-lease bench-failover bench-scale bench-dataplane ## every benchmark (about 25 minutes on 2 cores); writes bench/results/*.{json,md,png}; see bench/README.md
+
+bench-placement: build ## the broker's placement engine on the Alibaba openb trace, 9 policies incl. FGD, 10 seeds (about 9 min)
+	$(BIN)/gpupool bench placement
+
+bench-lease: build ## acquire+release on 3 gpupool brokers against an allocator on 3 etcd members, 1-256 clients (installs Debian's etcd-server; about 5 min)
+	bash bench/lease/install-etcd.sh
+	$(BIN)/gpupool bench lease --gpupool $(BIN)/gpupool
+
+bench-failover: build ## kill -9 the leader 10 times under load: time to the next acquire, leases lost (about 2 min)
+	$(BIN)/gpupool bench failover --gpupool $(BIN)/gpupool
+
+bench-scale: build ## one broker with 10k hosts x 8 GPUs and up to 100k leases: RSS, snapshot, restart (at most about 8 min)
+	$(BIN)/gpupool bench scale --gpupool $(BIN)/gpupool
+
+bench-go: ## Go micro-benchmarks of placement and the FSM
 	$(GO) test -run '^$$' -bench . -benchmem ./broker/...
 
-bench-dataplane: ## QUIC data plane against TCP+TLS on loopback: 1 GiB each way and exec latency; writes bench/results/dataplane.json
-	$(GO) run ./cmd/gpupool bench dataplane
+bench-dataplane: build ## QUIC data plane against TCP+TLS on loopback: 1 GiB each way and exec latency; writes bench/results/dataplane.json
+	$(BIN)/gpupool bench dataplane
 
 elastic-demo: ## examples/elastic-sim on a local 'gpupool dev' while guaranteed work comes and goes (about 2 minutes; ports 7641+ free); writes bench/results/elastic-sim.{png,csv}
 	bash examples/elastic-sim/demo.sh

@@ -8,8 +8,10 @@ import (
 	"github.com/spf13/cobra"
 
 	dataplanebench "github.com/gpupool/gpupool/bench/dataplane"
+	failoverbench "github.com/gpupool/gpupool/bench/failover"
 	leasebench "github.com/gpupool/gpupool/bench/lease"
 	placementbench "github.com/gpupool/gpupool/bench/placement"
+	scalebench "github.com/gpupool/gpupool/bench/scale"
 )
 
 // benchmark is one of the harness's benchmarks: its package's Run, which
@@ -23,6 +25,8 @@ type benchmark struct {
 var benchmarks = []benchmark{
 	{"placement", "the broker's placement engine replays the Alibaba openb trace: unallocated GPU share per policy, FGD included, and placements/s", placementbench.Run},
 	{"lease", "acquire+release of a fractional slice on 3 gpupool brokers against an allocator on a 3-member etcd cluster, 1-256 clients", leasebench.Run},
+	{"failover", "kill -9 the leader under steady acquire load, 10 times: time to the next acquire, acknowledged leases lost", failoverbench.Run},
+	{"scale", "one broker with 10k hosts, 80k GPUs and 100k leases: memory, snapshot size and time, restart-to-ready", scalebench.Run},
 	{"dataplane", "the QUIC data plane against TCP+TLS on loopback: bulk throughput and exec latency", dataplanebench.Run},
 }
 

@@ -13,8 +13,8 @@ func TestBenchRefusesMissingAndUnknownBenchmarks(t *testing.T) {
 		code int
 		want string
 	}{
-		{"no benchmark", []string{"bench"}, 2, "name a benchmark: placement, lease"},
-		{"an unknown benchmark", []string{"bench", "nope"}, 2, `unknown benchmark "nope": must be one of placement, lease`},
+		{"no benchmark", []string{"bench"}, 2, "name a benchmark: placement, lease, failover, scale, dataplane"},
+		{"an unknown benchmark", []string{"bench", "nope"}, 2, `unknown benchmark "nope": must be one of placement, lease, failover, scale, dataplane`},
 		{"a benchmark's own bad flag", []string{"bench", "dataplane", "--size", "1x"}, 2, `unknown unit "x"`},
 		{"an unknown placement policy", []string{"bench", "placement", "--policy", "bogus"}, 2, "bogus"},
 		{"a bad client list", []string{"bench", "lease", "--clients", "0"}, 2, "--clients"},
