@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"time"
 
@@ -248,11 +249,47 @@ func (l *Lease) session(ctx context.Context, ttl time.Duration, deadline *time.T
 			}
 		}
 	}()
-	send := func(ids ...string) error {
-		for _, id := range ids {
-			if err := stream.Send(&gpupoolv1.KeepAliveRequest{LeaseId: id}); err != nil {
-				return err
+	// Renewals are sent from their own goroutine, so this loop keeps taking
+	// answers while a send waits on flow control: sending from the loop
+	// can deadlock with a broker that pushes many events (a blocked send
+	// stops the loop, which stops Recv, which blocks the broker's sends
+	// and with them its reads of this stream).
+	var (
+		sendMu  sync.Mutex
+		pending []string // guarded by sendMu; ids to renew, in order
+	)
+	sendKick := make(chan struct{}, 1)
+	sendErr := make(chan error, 1)
+	go func() {
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-sendKick:
 			}
+			sendMu.Lock()
+			ids := pending
+			pending = nil
+			sendMu.Unlock()
+			for _, id := range ids {
+				if err := stream.Send(&gpupoolv1.KeepAliveRequest{LeaseId: id}); err != nil {
+					sendErr <- err
+					return
+				}
+			}
+		}
+	}()
+	send := func(ids ...string) error {
+		sendMu.Lock()
+		for _, id := range ids {
+			if !slices.Contains(pending, id) {
+				pending = append(pending, id)
+			}
+		}
+		sendMu.Unlock()
+		select {
+		case sendKick <- struct{}{}:
+		default:
 		}
 		return nil
 	}
@@ -264,6 +301,8 @@ func (l *Lease) session(ctx context.Context, ttl time.Duration, deadline *time.T
 		case <-ctx.Done():
 			return ctx.Err()
 		case err := <-recvErr:
+			return err
+		case err := <-sendErr:
 			return err
 		case <-tick.C:
 			if time.Now().After(*deadline) {
