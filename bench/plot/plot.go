@@ -12,6 +12,7 @@ import (
 	"errors"
 	"fmt"
 	"image"
+	"image/color"
 	"io"
 	"math"
 	"path/filepath"
@@ -19,7 +20,6 @@ import (
 
 	gonumplot "gonum.org/v1/plot"
 	"gonum.org/v1/plot/plotter"
-	"gonum.org/v1/plot/plotutil"
 	"gonum.org/v1/plot/vg"
 	"gonum.org/v1/plot/vg/draw"
 	"gonum.org/v1/plot/vg/vgimg"
@@ -126,7 +126,10 @@ func (c Chart) WritePNG(w io.Writer) error {
 		if err != nil {
 			return &SeriesError{Index: i, Name: s.Name, Reason: err.Error()}
 		}
-		line.Color = plotutil.Color(i)
+		line.Color = seriesColor(i)
+		if i >= len(palette) {
+			line.Dashes = []vg.Length{vg.Points(4), vg.Points(2)} // colours repeat: dash the second round
+		}
 		line.Width = vg.Points(1.5)
 		if s.Step {
 			line.StepStyle = plotter.PostStep
@@ -197,3 +200,13 @@ func points(s Series) plotter.XYs {
 	}
 	return xys
 }
+
+// palette has one distinct colour per series for up to 12 series; more
+// reuse them, dashed.
+var palette = []color.RGBA{
+	{0xe6, 0x19, 0x4b, 0xff}, {0x3c, 0xb4, 0x4b, 0xff}, {0x43, 0x63, 0xd8, 0xff}, {0xf5, 0x82, 0x31, 0xff},
+	{0x91, 0x1e, 0xb4, 0xff}, {0x42, 0xd4, 0xf4, 0xff}, {0xf0, 0x32, 0xe6, 0xff}, {0x9a, 0x63, 0x24, 0xff},
+	{0x46, 0x99, 0x90, 0xff}, {0x80, 0x00, 0x00, 0xff}, {0x00, 0x00, 0x75, 0xff}, {0x80, 0x80, 0x00, 0xff},
+}
+
+func seriesColor(i int) color.Color { return palette[i%len(palette)] }
