@@ -104,7 +104,7 @@ func runRound(ctx context.Context, cl *cluster, o options, round int, held [][]s
 
 	killAt := time.Now()
 	rl.kill(killAt)
-	cl.brokers[li].kill()
+	cl.brokers[li].Kill()
 	rr.KillAtS = killAt.Sub(rl.start).Seconds()
 
 	// The survivors' own view of the election, polled locally.
@@ -150,7 +150,7 @@ func runRound(ctx context.Context, cl *cluster, o options, round int, held [][]s
 	rr.NewLeader = brokerID(newLeader)
 
 	restartAt := time.Now()
-	if err := cl.brokers[li].start(); err != nil {
+	if err := cl.brokers[li].Start(); err != nil {
 		return rr, rl, err
 	}
 	if err := catchUp(ctx, cl, li, newLeader, o.timeout); err != nil {
@@ -202,8 +202,8 @@ func catchUp(ctx context.Context, cl *cluster, i, leader int, timeout time.Durat
 		return err
 	}
 	return poll(ctx, timeout, func(ctx context.Context) error {
-		if !cl.brokers[i].running() {
-			return backoffStop{fmt.Errorf("%s exited: %s", cl.brokers[i].name, cl.brokers[i].cmd.ProcessState)}
+		if !cl.brokers[i].Running() {
+			return backoffStop{Err: fmt.Errorf("%s exited: %s", cl.brokers[i].Name, cl.brokers[i].Cmd.ProcessState)}
 		}
 		st, err := cl.direct[i].Pool.Status(ctx, &gpupoolv1.StatusRequest{Stale: true})
 		if err != nil {

@@ -63,14 +63,14 @@ func startBroker(ctx context.Context, bin, dir string) (*broker, error) {
 	if err != nil {
 		return nil, err
 	}
-	b := &broker{addr: addr, proc: &proc{name: brokerID, bin: bin, log: filepath.Join(dir, brokerID+".log"), args: []string{
+	b := &broker{addr: addr, proc: &proc{Name: brokerID, Bin: bin, Log: filepath.Join(dir, brokerID+".log"), Args: []string{
 		"broker", "--node-id", brokerID, "--data-dir", filepath.Join(dir, brokerID), "--bind", addr, "--raft-bind", raftAddr,
 		"--bootstrap-expect", "1", "--heartbeat-ttl", heartbeatTTL.String(), "--log-level", "warn",
 	}}}
 	if b.c, err = client.Dial([]string{addr}, grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(maxMsg))); err != nil {
 		return nil, err
 	}
-	if err := b.proc.start(); err != nil {
+	if err := b.proc.Start(); err != nil {
 		b.c.Close()
 		return nil, err
 	}
@@ -78,15 +78,15 @@ func startBroker(ctx context.Context, bin, dir string) (*broker, error) {
 }
 
 func (b *broker) stop() {
-	b.proc.kill()
+	b.proc.Kill()
 	b.c.Close()
 }
 
 // waitLeader waits until the broker leads.
 func (b *broker) waitLeader(ctx context.Context) error {
 	return poll(ctx, 120*time.Second, func(ctx context.Context) error {
-		if !b.proc.running() {
-			return backoffStop{fmt.Errorf("%s exited: %s\n---- %s, last 2 KiB ----\n%s", b.proc.name, b.proc.cmd.ProcessState, b.proc.log, b.proc.logTail(2048))}
+		if !b.proc.Running() {
+			return backoffStop{Err: fmt.Errorf("%s exited: %s\n---- %s, last 2 KiB ----\n%s", b.proc.Name, b.proc.Cmd.ProcessState, b.proc.Log, b.proc.LogTail(2048))}
 		}
 		r, err := b.c.Operator.RaftPeers(ctx, &gpupoolv1.RaftPeersRequest{})
 		if err != nil {
@@ -125,7 +125,7 @@ func benchmark(ctx context.Context, o options, p *progress) (*results, error) {
 		return nil, fmt.Errorf("the broker did not start: %w", err)
 	}
 	fail := func(what string, err error) (*results, error) {
-		return nil, fmt.Errorf("%s: %w\n---- %s, last 2 KiB ----\n%s", what, err, b.proc.log, b.proc.logTail(2048))
+		return nil, fmt.Errorf("%s: %w\n---- %s, last 2 KiB ----\n%s", what, err, b.proc.Log, b.proc.LogTail(2048))
 	}
 	p.logf("broker %s on %s (single server, --heartbeat-ttl %s)", brokerID, b.addr, heartbeatTTL)
 
@@ -137,7 +137,7 @@ func benchmark(ctx context.Context, o options, p *progress) (*results, error) {
 	}
 	m := &res.Metrics
 
-	rssStart, _ := readMemory(b.proc.cmd.Process.Pid)
+	rssStart, _ := readMemory(b.proc.Cmd.Process.Pid)
 	m.RSSEmptyMiB = rssStart.RSSMiB
 
 	// Hosts.
@@ -183,7 +183,7 @@ func benchmark(ctx context.Context, o options, p *progress) (*results, error) {
 	p.logf("pool: %d ready hosts, %d GPUs, %d granted leases, applied index %d", st.HostsReady, st.Gpus, granted, st.AppliedIndex)
 
 	runtime.GC()
-	mem, err := readMemory(b.proc.cmd.Process.Pid)
+	mem, err := readMemory(b.proc.Cmd.Process.Pid)
 	if err != nil {
 		return fail("read the broker's memory", err)
 	}
@@ -219,15 +219,15 @@ func benchmark(ctx context.Context, o options, p *progress) (*results, error) {
 
 	// Restart.
 	p.logf("killing the broker (SIGKILL) and restarting it on its data dir")
-	b.proc.kill()
+	b.proc.Kill()
 	t0 = time.Now()
-	if err := b.proc.start(); err != nil {
+	if err := b.proc.Start(); err != nil {
 		return fail("restart", err)
 	}
 	probe := ids[0]
 	err = poll(ctx, 10*time.Minute, func(ctx context.Context) error {
-		if !b.proc.running() {
-			return backoffStop{fmt.Errorf("exited: %s", b.proc.cmd.ProcessState)}
+		if !b.proc.Running() {
+			return backoffStop{Err: fmt.Errorf("exited: %s", b.proc.Cmd.ProcessState)}
 		}
 		_, err := b.c.Lease.Get(ctx, &gpupoolv1.GetLeaseRequest{LeaseId: probe})
 		return err
@@ -255,7 +255,7 @@ func benchmark(ctx context.Context, o options, p *progress) (*results, error) {
 	if len(list.Leases) != granted+1 {
 		return fail("restart: list", fmt.Errorf("%d leases after the restart, want %d", len(list.Leases), granted+1))
 	}
-	if mem, err := readMemory(b.proc.cmd.Process.Pid); err == nil {
+	if mem, err := readMemory(b.proc.Cmd.Process.Pid); err == nil {
 		m.RSSRestartedMiB = mem.RSSMiB
 	}
 	p.logf("consistent List of %d leases in %.2fs", len(list.Leases), m.ListSeconds)
