@@ -59,7 +59,7 @@ func benchmark(ctx context.Context, opts options, p *progress) (*results, error)
 		return nil, err
 	}
 	defer os.RemoveAll(dir)
-	p.logf("working in %s", dir)
+	p.Logf("working in %s", dir)
 
 	cert, fp, err := dataplane.LoadOrCreateCert(filepath.Join(dir, "cert"))
 	if err != nil {
@@ -72,7 +72,7 @@ func benchmark(ctx context.Context, opts options, p *progress) (*results, error)
 	defer func() {
 		for _, s := range sides {
 			if err := s.close(); err != nil {
-				p.logf("stopping %s: %v", s.name(), err)
+				p.Logf("stopping %s: %v", s.name(), err)
 			}
 		}
 	}()
@@ -167,7 +167,7 @@ func newBulkResult(size int64, elapsed time.Duration, sum string) bulkResult {
 // generating them on the way.
 func measurePut(ctx context.Context, s side, size int64, seed uint64, p *progress) (bulkResult, error) {
 	what := fmt.Sprintf("put %s over %s", formatBytes(size), s.name())
-	r := &meteredReader{r: newData(seed, size), m: p.meter(what, size)}
+	r := &meteredReader{r: newData(seed, size), m: newMeter(p, what, size)}
 	start := time.Now()
 	sum, err := s.put(ctx, r, size, bulkFile)
 	elapsed := time.Since(start)
@@ -175,14 +175,14 @@ func measurePut(ctx context.Context, s side, size int64, seed uint64, p *progres
 		return bulkResult{}, fmt.Errorf("%s: %w", what, err)
 	}
 	res := newBulkResult(size, elapsed, sum)
-	p.logf("%s: %.2fs, %.1f MiB/s", what, res.Seconds, res.MiBps)
+	p.Logf("%s: %.2fs, %.1f MiB/s", what, res.Seconds, res.MiBps)
 	return res, nil
 }
 
 // measureGet times getting back the file measurePut put through s.
 func measureGet(ctx context.Context, s side, size int64, p *progress) (bulkResult, error) {
 	what := fmt.Sprintf("get %s over %s", formatBytes(size), s.name())
-	w := &meteredWriter{w: io.Discard, m: p.meter(what, size)}
+	w := &meteredWriter{w: io.Discard, m: newMeter(p, what, size)}
 	start := time.Now()
 	sum, err := s.get(ctx, bulkFile, w)
 	elapsed := time.Since(start)
@@ -193,7 +193,7 @@ func measureGet(ctx context.Context, s side, size int64, p *progress) (bulkResul
 		return bulkResult{}, fmt.Errorf("%s: received %d bytes, want %d", what, w.n, size)
 	}
 	res := newBulkResult(size, elapsed, sum)
-	p.logf("%s: %.2fs, %.1f MiB/s", what, res.Seconds, res.MiBps)
+	p.Logf("%s: %.2fs, %.1f MiB/s", what, res.Seconds, res.MiBps)
 	return res, nil
 }
 
@@ -211,7 +211,7 @@ func newData(seed uint64, size int64) io.Reader {
 // latencies of each side, in the order of sides.
 func measureExecs(ctx context.Context, sides []side, n int, p *progress) ([][]time.Duration, error) {
 	lat := make([][]time.Duration, len(sides))
-	p.logf("exec %q: %d warm-up and %d timed runs per side, alternating", execArgv, warmupExecs, n)
+	p.Logf("exec %q: %d warm-up and %d timed runs per side, alternating", execArgv, warmupExecs, n)
 	for i := range warmupExecs + n {
 		for j, s := range sides {
 			start := time.Now()
@@ -228,12 +228,12 @@ func measureExecs(ctx context.Context, sides []side, n int, p *progress) ([][]ti
 			}
 		}
 		if done := i + 1 - warmupExecs; done > 0 && done%max(n/4, 1) == 0 && done < n {
-			p.logf("exec: %d/%d timed runs per side", done, n)
+			p.Logf("exec: %d/%d timed runs per side", done, n)
 		}
 	}
 	for j, s := range sides {
 		st := summarize(lat[j])
-		p.logf("exec over %s: p50 %s, p90 %s, p99 %s, mean %s", s.name(), st.p50, st.p90, st.p99, st.mean)
+		p.Logf("exec over %s: p50 %s, p90 %s, p99 %s, mean %s", s.name(), st.p50, st.p90, st.p99, st.mean)
 	}
 	return lat, nil
 }

@@ -1,33 +1,19 @@
 package dataplanebench
 
 import (
-	"fmt"
 	"io"
-	"sync"
 	"time"
+
+	"github.com/gpupool/gpupool/bench/internal/benchproc"
 )
 
-// progress writes progress lines, each stamped with the time since the
-// run started. Safe for concurrent use.
-type progress struct {
-	start time.Time
+// progress is the benchmarks' shared progress printer.
+type progress = benchproc.Progress
 
-	mu sync.Mutex
-	w  io.Writer // guarded by mu
-}
-
-func newProgress(w io.Writer) *progress {
-	return &progress{w: w, start: time.Now()}
-}
-
-func (p *progress) logf(format string, args ...any) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	fmt.Fprintf(p.w, "[%7.2fs] %s\n", time.Since(p.start).Seconds(), fmt.Sprintf(format, args...))
-}
+var newProgress = benchproc.NewProgress
 
 // meter returns a meter for a transfer of total bytes described by what.
-func (p *progress) meter(what string, total int64) *meter {
+func newMeter(p *progress, what string, total int64) *meter {
 	return &meter{p: p, what: what, total: total, start: time.Now(), next: 1}
 }
 
@@ -45,7 +31,7 @@ type meter struct {
 func (m *meter) add(n int) {
 	m.done += int64(n)
 	for m.next < 4 && m.done*4 >= m.total*m.next {
-		m.p.logf("%s: %d%% after %.2fs", m.what, 25*m.next, time.Since(m.start).Seconds())
+		m.p.Logf("%s: %d%% after %.2fs", m.what, 25*m.next, time.Since(m.start).Seconds())
 		m.next++
 	}
 }

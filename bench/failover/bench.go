@@ -24,10 +24,10 @@ func benchmark(ctx context.Context, o options, p *progress) (*results, error) {
 		return nil, err
 	}
 	defer os.RemoveAll(dir)
-	p.logf("working in %s", dir)
+	p.Logf("working in %s", dir)
 	bin := o.gpupool
 	if bin == "" {
-		p.logf("building gpupool")
+		p.Logf("building gpupool")
 		if bin, err = buildGpupool(ctx, dir); err != nil {
 			return nil, err
 		}
@@ -62,12 +62,12 @@ func benchmark(ctx context.Context, o options, p *progress) (*results, error) {
 			v := led.view()
 			if lost, _, cerr := check(ctx, cl.c, v, false); cerr == nil {
 				res.Summary.addLost(annotate(lost, led))
-				p.logf("after the failure: %d of %d acknowledged, unreleased leases lost", len(lost), len(v.held))
+				p.Logf("after the failure: %d of %d acknowledged, unreleased leases lost", len(lost), len(v.held))
 			}
 			return res, fmt.Errorf("%w%s", err, cl.logTails())
 		}
 		res.Rounds = append(res.Rounds, rr)
-		p.logf("round %d: killed %s, next acquire after %.0f ms, new leader %s; %s restarted and caught up in %.0f ms; %d acknowledged leases checked, %d lost on the leader, %d on the restarted broker",
+		p.Logf("round %d: killed %s, next acquire after %.0f ms, new leader %s; %s restarted and caught up in %.0f ms; %d acknowledged leases checked, %d lost on the leader, %d on the restarted broker",
 			r, rr.Killed, rr.KillToAcquireMs, rr.NewLeader, rr.Killed, rr.RestartCatchUpMs, rr.Checked, len(rr.Lost), len(rr.LostOnRestarted))
 	}
 	res.finish(start)

@@ -106,7 +106,7 @@ func startCluster(ctx context.Context, bin, dir string, p *progress) (*cluster, 
 		}
 		cl.direct = append(cl.direct, d)
 	}
-	p.logf("started %d brokers (%s) and %d agents (%s); waiting for the hosts", brokers, strings.Join(cl.addrs, ", "), agents, agentSpec)
+	p.Logf("started %d brokers (%s) and %d agents (%s); waiting for the hosts", brokers, strings.Join(cl.addrs, ", "), agents, agentSpec)
 	if err := cl.waitHosts(ctx, 60*time.Second, append(cl.brokers, cl.agents...)); err != nil {
 		return fail(err)
 	}

@@ -90,7 +90,7 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 			fmt.Fprintf(stderr, "bench/failover: %v\n", werr)
 			return 1
 		}
-		p.logf("results written to %s", filepath.Join(opts.out, "failover.{json,md,png}"))
+		p.Logf("results written to %s", filepath.Join(opts.out, "failover.{json,md,png}"))
 	}
 	if err != nil {
 		fmt.Fprintf(stderr, "bench/failover: %v\n", err)

@@ -172,24 +172,24 @@ func benchmark(ctx context.Context, opts options, p *progress) (_ *results, err 
 	}
 	defer func() {
 		if err != nil {
-			p.logf("kept %s for the servers' logs", dir)
+			p.Logf("kept %s for the servers' logs", dir)
 			return
 		}
 		os.RemoveAll(dir)
 	}()
 	res.Config.DataDirFS = filesystem(dir)
 	if res.Config.DataDirFS == "tmpfs" {
-		p.logf("warning: %s is on tmpfs, where fsync costs nothing; pass --tmpdir on a disk", dir)
+		p.Logf("warning: %s is on tmpfs, where fsync costs nothing; pass --tmpdir on a disk", dir)
 	}
 	if opts.gpupool == "" {
-		p.logf("building gpupool")
+		p.Logf("building gpupool")
 		if opts.gpupool, err = buildGpupool(ctx, dir); err != nil {
 			return nil, err
 		}
 		res.Config.GpupoolBinary = "built from this tree"
 	}
 
-	p.logf("starting 3 etcd %s members (data in %s, %s)", res.Config.EtcdVersion, dir, res.Config.DataDirFS)
+	p.Logf("starting 3 etcd %s members (data in %s, %s)", res.Config.EtcdVersion, dir, res.Config.DataDirFS)
 	ec, err := startEtcd(ctx, dir, opts.etcd)
 	if err != nil {
 		return nil, err
@@ -209,7 +209,7 @@ func benchmark(ctx context.Context, opts options, p *progress) (_ *results, err 
 		if err := os.Mkdir(gdir, 0o755); err != nil {
 			return nil, err
 		}
-		p.logf("starting 3 gpupool brokers and %d simulated agents", hosts)
+		p.Logf("starting 3 gpupool brokers and %d simulated agents", hosts)
 		gc, err := startGpupool(ctx, gdir, opts.gpupool, hosts)
 		if err != nil {
 			return nil, fmt.Errorf("gpupool did not come up: %w", err)
@@ -225,7 +225,7 @@ func benchmark(ctx context.Context, opts options, p *progress) (_ *results, err 
 		lv.Ratio = ratios(lv.Gpupool, lv.Etcd)
 		res.Levels = append(res.Levels, lv)
 	}
-	p.logf("stopping the clusters")
+	p.Logf("stopping the clusters")
 	res.ElapsedSeconds = time.Since(began).Seconds()
 	res.LoadAvg = append(res.LoadAvg, loadAvg())
 	return res, nil
@@ -234,7 +234,7 @@ func benchmark(ctx context.Context, opts options, p *progress) (_ *results, err 
 // measure runs one level of clients on sys, waits for it to be idle
 // again, and checks that none of its servers died.
 func measure(ctx context.Context, p *progress, opts options, name string, clients int, sys system, servers []*child) (figures, error) {
-	p.logf("%s, %d clients: %s warm-up, then %s timed", name, clients, opts.warmup, opts.duration)
+	p.Logf("%s, %d clients: %s warm-up, then %s timed", name, clients, opts.warmup, opts.duration)
 	f := runLevel(ctx, sys, clients, opts.warmup, opts.duration)
 	if ctx.Err() != nil {
 		return f, fmt.Errorf("%w: %v", errStopped, ctx.Err())
@@ -242,18 +242,18 @@ func measure(ctx context.Context, p *progress, opts options, name string, client
 	idleFrom := time.Now()
 	if err := sys.idle(ctx); err != nil {
 		f.IdleError = err.Error()
-		p.logf("warning: %s, after %d clients: not back to idle: %v", name, clients, err)
+		p.Logf("warning: %s, after %d clients: not back to idle: %v", name, clients, err)
 	}
 	f.IdleSeconds = time.Since(idleFrom).Seconds()
 	if err := diedError(servers); err != nil {
 		return f, err
 	}
-	p.logf("%s, %d clients: %.0f cycles/s; acquire p50 %.2f ms, p99 %.2f ms; cycle p50 %.2f ms, p99 %.2f ms; "+
+	p.Logf("%s, %d clients: %.0f cycles/s; acquire p50 %.2f ms, p99 %.2f ms; cycle p50 %.2f ms, p99 %.2f ms; "+
 		"%d errors, %d retries; waited %.2fs for idle",
 		name, clients, f.CyclesPerSec, f.Acquire.P50, f.Acquire.P99, f.Cycle.P50, f.Cycle.P99,
 		f.errors(), f.Retries, f.IdleSeconds)
 	if f.FirstAcquireError != "" || f.FirstReleaseError != "" {
-		p.logf("%s, %d clients: first errors: acquire %q, release %q", name, clients, f.FirstAcquireError, f.FirstReleaseError)
+		p.Logf("%s, %d clients: first errors: acquire %q, release %q", name, clients, f.FirstAcquireError, f.FirstReleaseError)
 	}
 	return f, nil
 }

@@ -108,10 +108,10 @@ func benchmark(ctx context.Context, o options, p *progress) (*results, error) {
 		return nil, err
 	}
 	defer os.RemoveAll(dir)
-	p.logf("working in %s", dir)
+	p.Logf("working in %s", dir)
 	bin := o.gpupool
 	if bin == "" {
-		p.logf("building gpupool")
+		p.Logf("building gpupool")
 		if bin, err = buildGpupool(ctx, dir); err != nil {
 			return nil, err
 		}
@@ -127,7 +127,7 @@ func benchmark(ctx context.Context, o options, p *progress) (*results, error) {
 	fail := func(what string, err error) (*results, error) {
 		return nil, fmt.Errorf("%s: %w\n---- %s, last 2 KiB ----\n%s", what, err, b.proc.Log, b.proc.LogTail(2048))
 	}
-	p.logf("broker %s on %s (single server, --heartbeat-ttl %s)", brokerID, b.addr, heartbeatTTL)
+	p.Logf("broker %s on %s (single server, --heartbeat-ttl %s)", brokerID, b.addr, heartbeatTTL)
 
 	res := &results{
 		Benchmark: "scale",
@@ -166,7 +166,7 @@ func benchmark(ctx context.Context, o options, p *progress) (*results, error) {
 	m.LeasesGranted = granted
 	m.GrantSeconds, m.LeasesPerSecond = d.Seconds(), float64(granted)/d.Seconds()
 	if granted < o.leases {
-		p.logf("--grant-budget %s spent: granted %d of %d leases; at %.1f/s the rest would take %s", o.grantBudget, granted, o.leases,
+		p.Logf("--grant-budget %s spent: granted %d of %d leases; at %.1f/s the rest would take %s", o.grantBudget, granted, o.leases,
 			m.LeasesPerSecond, (time.Duration(float64(o.leases-granted)/m.LeasesPerSecond) * time.Second).Round(time.Second))
 	}
 	m.AcquireP50Ms, m.AcquireP99Ms = percentile(lat, 50), percentile(lat, 99)
@@ -180,7 +180,7 @@ func benchmark(ctx context.Context, o options, p *progress) (*results, error) {
 			st.HostsReady, st.Gpus, have, st.LeasesByState, o.hosts, o.hosts*o.gpusPerHost, granted))
 	}
 	m.AppliedIndex = st.AppliedIndex
-	p.logf("pool: %d ready hosts, %d GPUs, %d granted leases, applied index %d", st.HostsReady, st.Gpus, granted, st.AppliedIndex)
+	p.Logf("pool: %d ready hosts, %d GPUs, %d granted leases, applied index %d", st.HostsReady, st.Gpus, granted, st.AppliedIndex)
 
 	runtime.GC()
 	mem, err := readMemory(b.proc.Cmd.Process.Pid)
@@ -188,7 +188,7 @@ func benchmark(ctx context.Context, o options, p *progress) (*results, error) {
 		return fail("read the broker's memory", err)
 	}
 	m.RSSLoadedMiB, m.PeakRSSMiB = mem.RSSMiB, mem.HWMMiB
-	p.logf("broker memory: VmRSS %.0f MiB, VmHWM %.0f MiB", mem.RSSMiB, mem.HWMMiB)
+	p.Logf("broker memory: VmRSS %.0f MiB, VmHWM %.0f MiB", mem.RSSMiB, mem.HWMMiB)
 
 	// Snapshots.
 	t0 := time.Now()
@@ -197,10 +197,10 @@ func benchmark(ctx context.Context, o options, p *progress) (*results, error) {
 		return fail("operator snapshot save", err)
 	}
 	m.SnapshotSaveSeconds, m.SnapshotSaveBytes = time.Since(t0).Seconds(), n
-	p.logf("operator snapshot save: %d bytes in %.2fs", n, m.SnapshotSaveSeconds)
+	p.Logf("operator snapshot save: %d bytes in %.2fs", n, m.SnapshotSaveSeconds)
 	snapDir := filepath.Join(dir, brokerID, "raft", "snapshots")
 	if o.snapshotWait > 0 {
-		p.logf("waiting up to %s for a Raft snapshot at index %d or later", o.snapshotWait, st.AppliedIndex-8192)
+		p.Logf("waiting up to %s for a Raft snapshot at index %d or later", o.snapshotWait, st.AppliedIndex-8192)
 		_ = poll(ctx, o.snapshotWait, func(context.Context) error {
 			s, err := newestSnapshot(snapDir)
 			if err == nil && s.Index+8192 < st.AppliedIndex {
@@ -211,14 +211,14 @@ func benchmark(ctx context.Context, o options, p *progress) (*results, error) {
 	}
 	if s, err := newestSnapshot(snapDir); err == nil {
 		res.RaftSnapshot = &s
-		p.logf("newest Raft snapshot: index %d of %d, %d bytes, written in %.2fs", s.Index, st.AppliedIndex, s.Size, s.WriteSeconds)
+		p.Logf("newest Raft snapshot: index %d of %d, %d bytes, written in %.2fs", s.Index, st.AppliedIndex, s.Size, s.WriteSeconds)
 	} else {
-		p.logf("no Raft snapshot in %s: %v", snapDir, err)
+		p.Logf("no Raft snapshot in %s: %v", snapDir, err)
 	}
 	m.RaftDBBytes = fileSize(filepath.Join(dir, brokerID, "raft", "raft.db"))
 
 	// Restart.
-	p.logf("killing the broker (SIGKILL) and restarting it on its data dir")
+	p.Logf("killing the broker (SIGKILL) and restarting it on its data dir")
 	b.proc.Kill()
 	t0 = time.Now()
 	if err := b.proc.Start(); err != nil {
@@ -243,7 +243,7 @@ func benchmark(ctx context.Context, o options, p *progress) (*results, error) {
 		return fail("restart: acquire", err)
 	}
 	m.RestartToAcquireSeconds = time.Since(t0).Seconds()
-	p.logf("restarted: consistent Get after %.2fs, Acquire granted after %.2fs", m.RestartToReadSeconds, m.RestartToAcquireSeconds)
+	p.Logf("restarted: consistent Get after %.2fs, Acquire granted after %.2fs", m.RestartToReadSeconds, m.RestartToAcquireSeconds)
 	t1 := time.Now()
 	cctx, cancel = context.WithTimeout(ctx, callTimeout)
 	list, err := b.c.Lease.List(cctx, &gpupoolv1.ListLeasesRequest{})
@@ -258,7 +258,7 @@ func benchmark(ctx context.Context, o options, p *progress) (*results, error) {
 	if mem, err := readMemory(b.proc.Cmd.Process.Pid); err == nil {
 		m.RSSRestartedMiB = mem.RSSMiB
 	}
-	p.logf("consistent List of %d leases in %.2fs", len(list.Leases), m.ListSeconds)
+	p.Logf("consistent List of %d leases in %.2fs", len(list.Leases), m.ListSeconds)
 	res.ElapsedSeconds = time.Since(start).Seconds()
 	return res, nil
 }
@@ -331,7 +331,7 @@ func parallel(ctx context.Context, n, workers int, budget time.Duration, p *prog
 				d := done.Add(1)
 				el := time.Since(start)
 				if last := lastLog.Load(); d%step == 0 || int(d) == n || (el-time.Duration(last) > progressEvery && lastLog.CompareAndSwap(last, int64(el))) {
-					p.logf("%s: %d of %d (%.1f/s)", what, d, n, float64(d)/el.Seconds())
+					p.Logf("%s: %d of %d (%.1f/s)", what, d, n, float64(d)/el.Seconds())
 				}
 			}
 		})

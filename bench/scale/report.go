@@ -7,8 +7,9 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
 	"time"
+
+	"github.com/gpupool/gpupool/bench/internal/benchproc"
 )
 
 // results is what a run measured; it is written as JSON as is.
@@ -132,19 +133,7 @@ func writeMarkdown(w io.Writer, res *results) {
 
 func mib(b int64) string { return fmt.Sprintf("%.1f MiB", float64(b)/(1<<20)) }
 
-// progress writes progress lines, each stamped with the time since the
-// run started. Safe for concurrent use.
-type progress struct {
-	start time.Time
+// progress is the benchmarks' shared progress printer.
+type progress = benchproc.Progress
 
-	mu sync.Mutex
-	w  io.Writer // guarded by mu
-}
-
-func newProgress(w io.Writer) *progress { return &progress{w: w, start: time.Now()} }
-
-func (p *progress) logf(format string, args ...any) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	fmt.Fprintf(p.w, "[%7.2fs] %s\n", time.Since(p.start).Seconds(), fmt.Sprintf(format, args...))
-}
+var newProgress = benchproc.NewProgress

@@ -93,7 +93,7 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "bench/scale: %v\n", err)
 		return 1
 	}
-	p.logf("results written to %s", filepath.Join(opts.out, "scale.{json,md}"))
+	p.Logf("results written to %s", filepath.Join(opts.out, "scale.{json,md}"))
 	return 0
 }
 

@@ -1,6 +1,7 @@
 // Package benchproc runs the gpupool processes a benchmark needs: start,
 // kill and restart them with their output in a log file, build the
-// binary, find free ports and poll until a condition holds.
+// binary, find free ports and poll until a condition holds; and print
+// their progress.
 package benchproc
 
 import (
