@@ -615,7 +615,11 @@ func (s *Server) preemptionHint(st *state.Reader, hosts []*gpupoolv1.Host, r *gp
 	if r.Class == gpupoolv1.LeaseClass_LEASE_CLASS_PREEMPTIBLE {
 		return pe
 	}
-	victims, _ := chooseVictims(copyPool(hosts), r, s.cfg.Policy, preemptionCandidates(st, &gpupoolv1.Lease{Priority: r.Priority}))
+	cands := preemptionCandidates(st, &gpupoolv1.Lease{Priority: r.Priority})
+	if len(cands) == 0 {
+		return pe // the common case of a full pool: nothing to copy
+	}
+	victims, _ := chooseVictims(copyPool(hosts), r, s.cfg.Policy, cands)
 	if victims == nil {
 		return pe
 	}

@@ -143,6 +143,9 @@ func chooseVictims(p *workPool, r *gpupoolv1.LeaseRequest, policy string, cands 
 // also returns the placement fit found without the victims. fit gets the
 // pool less the victims, and the victims (for a quota check).
 func chooseVictimsFor(p *workPool, cands []*gpupoolv1.Lease, fit func(trial *workPool, chosen []*gpupoolv1.Lease) []*gpupoolv1.Slice) ([]*gpupoolv1.Lease, []*gpupoolv1.Slice) {
+	if len(cands) == 0 {
+		return nil, nil // no copy of the pool for nothing to try
+	}
 	cands = slices.Clone(cands)
 	slices.SortFunc(cands, victimOrder)
 	trial := p.clone()
