@@ -22,7 +22,7 @@ type testServer struct {
 	clock *clock.Fake
 }
 
-func startServer(t *testing.T) *testServer {
+func startServer(t testing.TB) *testServer {
 	t.Helper()
 	fake := clock.NewFake(time.Unix(1_700_000_000, 0))
 	s, err := New(Config{
@@ -44,7 +44,7 @@ func startServer(t *testing.T) *testServer {
 }
 
 // waitFor polls cond until it holds or 20 s pass.
-func waitFor(t *testing.T, what string, cond func() bool) {
+func waitFor(t testing.TB, what string, cond func() bool) {
 	t.Helper()
 	deadline := time.Now().Add(20 * time.Second)
 	for !cond() {
@@ -55,13 +55,13 @@ func waitFor(t *testing.T, what string, cond func() bool) {
 	}
 }
 
-func ctx(t *testing.T) context.Context {
+func ctx(t testing.TB) context.Context {
 	c, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	t.Cleanup(cancel)
 	return c
 }
 
-func (ts *testServer) registerHost(t *testing.T, id string, gpus int, memMiB int64) {
+func (ts *testServer) registerHost(t testing.TB, id string, gpus int, memMiB int64) {
 	t.Helper()
 	h := &gpupoolv1.Host{Id: id, Address: "127.0.0.1:1", CpuMillicores: 64000, MemoryMib: 256 << 10}
 	for i := range gpus {

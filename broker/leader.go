@@ -120,6 +120,7 @@ func (s *Server) lead(ls *leaderState, events <-chan fsm.Event) {
 		return
 	}
 	s.armAll(ls)
+	s.placer.relearn(s.fsm.State())
 	s.leaderMu.Lock()
 	s.leader = ls
 	s.leaderMu.Unlock()

@@ -65,6 +65,12 @@ func (s *Server) acquire(ctx context.Context, r *gpupoolv1.LeaseRequest, wait ti
 			s.placeMu.Unlock()
 		}
 	}()
+	if s.fsm.State().Quota(r.Tenant) != nil {
+		// The quota check below reads the state alone: let the tenant's
+		// grants in flight land first.
+		s.grants.drain()
+	}
+	inflight := s.grants.snapshot() // before the state: see overlay
 	st := s.fsm.State()
 	if ex := st.LeaseByRequest(r.Tenant, r.RequestId); ex != nil {
 		if !proto.Equal(ex.Request, r) {
@@ -91,7 +97,7 @@ func (s *Server) acquire(ctx context.Context, r *gpupoolv1.LeaseRequest, wait ti
 			return nil, status.Errorf(codes.Unavailable, "no token signing key yet: %v; retry", err)
 		}
 	}
-	hosts := s.reservedPool(st, "")
+	hosts := overlay(st, s.reservedPool(st, ""), inflight)
 	if err := checkAgainstPool(r, hosts); err != nil {
 		return nil, err
 	}
@@ -107,7 +113,8 @@ func (s *Server) acquire(ctx context.Context, r *gpupoolv1.LeaseRequest, wait ti
 		locked = false
 		return s.awaitGrant(ctx, pl.Id, wait)
 	}
-	slices, err := placement.Place(hosts, r, s.cfg.Policy)
+	s.placer.observe(hosts, r)
+	slices, err := s.placer.place(hosts, r)
 	if pe := (*placement.Error)(nil); errors.As(err, &pe) && !pe.Never {
 		if wait <= 0 {
 			return nil, s.preemptionHint(st, hosts, r, pe)
@@ -137,7 +144,14 @@ func (s *Server) acquire(ctx context.Context, r *gpupoolv1.LeaseRequest, wait ti
 	if err := fsm.CheckQuota(st, l); err != nil {
 		return queue(err)
 	}
-	res, err := s.apply(&gpupoolv1.GrantLeaseCommand{Lease: l})
+	// The grant commits without placeMu: the next acquire places on the
+	// state plus the grants in flight, and their fsyncs are batched.
+	g := s.applyAsync(&gpupoolv1.GrantLeaseCommand{Lease: l})
+	s.grants.add(l)
+	s.placeMu.Unlock()
+	locked = false
+	res, err := g.wait()
+	s.grants.done(l.Id)
 	if err != nil {
 		return nil, err
 	}

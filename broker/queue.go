@@ -80,6 +80,7 @@ const (
 func (s *Server) schedule(ls *leaderState) {
 	s.placeMu.Lock()
 	defer s.placeMu.Unlock()
+	s.grants.drain() // the pass works on a copy of the state alone
 	st := s.fsm.State()
 	queue := st.PendingLeases()
 	parents := st.ElasticLeases()
@@ -102,7 +103,7 @@ func (s *Server) schedule(ls *leaderState) {
 func (s *Server) scheduleOne(ls *leaderState, pool *workPool, r *gpupoolv1.Lease) outcome {
 	st := s.fsm.State()
 	victims := st.PreemptedFor(r.Id)
-	ss, err := pool.place(r.Request, s.cfg.Policy)
+	ss, err := pool.place(r.Request, s.placer)
 	roomNow := err == nil
 	if roomNow && fsm.CheckQuota(st, grantOf(r, ss)) == nil {
 		// It fits as the pool is, victims or not (their preemption is
@@ -117,7 +118,7 @@ func (s *Server) scheduleOne(ls *leaderState, pool *workPool, r *gpupoolv1.Lease
 		for _, v := range victims {
 			work.free(v)
 		}
-		if ss, err := work.place(r.Request, s.cfg.Policy); err == nil && fsm.CheckQuotaWithout(st, grantOf(r, ss), victims) == nil {
+		if ss, err := work.place(r.Request, s.placer); err == nil && fsm.CheckQuotaWithout(st, grantOf(r, ss), victims) == nil {
 			// Reserved until the victims are gone.
 			pool.allocate(&gpupoolv1.Lease{Slices: ss, HostCpuMillicores: r.HostCpuMillicores, HostMemoryMib: r.HostMemoryMib})
 			return waitingCapacity
@@ -137,7 +138,7 @@ func (s *Server) scheduleOne(ls *leaderState, pool *workPool, r *gpupoolv1.Lease
 		work.free(v)
 	}
 	more, ss := chooseVictimsFor(work, preemptionCandidates(st, r), func(trial *workPool, chosen []*gpupoolv1.Lease) []*gpupoolv1.Slice {
-		ss, err := trial.place(r.Request, s.cfg.Policy)
+		ss, err := trial.place(r.Request, s.placer)
 		if err != nil || fsm.CheckQuotaWithout(st, grantOf(r, ss), append(slices.Clone(victims), chosen...)) != nil {
 			return nil
 		}
@@ -247,7 +248,7 @@ func (s *Server) grow(ls *leaderState, pool *workPool) {
 // growOne grants elastic lease p one extra slice if the pool has room.
 func (s *Server) growOne(ls *leaderState, pool *workPool, p *gpupoolv1.Lease) bool {
 	req := extraRequest(p.Request)
-	ss, err := pool.place(req, s.cfg.Policy)
+	ss, err := pool.place(req, s.placer)
 	if err != nil {
 		return false
 	}
@@ -531,14 +532,14 @@ func (s *Server) whyPending(st *state.Reader, l *gpupoolv1.Lease) string {
 // leases a List explains.
 type pendingExplainer struct {
 	st     *state.Reader
-	policy string
+	placer *placer
 	now    time.Time
 	hosts  []*gpupoolv1.Host
 	ahead  map[string]int // pending lease → requests ahead of it
 }
 
 func (s *Server) pendingExplainer(st *state.Reader) *pendingExplainer {
-	e := &pendingExplainer{st: st, policy: s.cfg.Policy, now: s.cfg.Clock.Now(), ahead: map[string]int{}}
+	e := &pendingExplainer{st: st, placer: s.placer, now: s.cfg.Clock.Now(), ahead: map[string]int{}}
 	for i, r := range st.PendingLeases() {
 		e.ahead[r.Id] = i
 	}
@@ -558,9 +559,9 @@ func (e *pendingExplainer) reason(l *gpupoolv1.Lease) string {
 	} else {
 		if e.hosts == nil {
 			// Its own reservation is not in it: only leases with victims have one.
-			e.hosts = reservedHosts(st, "", e.policy)
+			e.hosts = reservedHosts(st, "", e.placer)
 		}
-		ss, err := placement.Place(e.hosts, l.Request, e.policy)
+		ss, err := e.placer.place(e.hosts, l.Request)
 		switch {
 		case err != nil:
 			parts = append(parts, err.Error())
@@ -619,7 +620,7 @@ func (s *Server) preemptionHint(st *state.Reader, hosts []*gpupoolv1.Host, r *gp
 	if len(cands) == 0 {
 		return pe // the common case of a full pool: nothing to copy
 	}
-	victims, _ := chooseVictims(copyPool(hosts), r, s.cfg.Policy, cands)
+	victims, _ := chooseVictims(copyPool(hosts), r, s.placer, cands)
 	if victims == nil {
 		return pe
 	}

@@ -13,6 +13,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -27,7 +28,6 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/gpupool/gpupool/broker/fsm"
-	"github.com/gpupool/gpupool/broker/placement"
 	"github.com/gpupool/gpupool/internal/clock"
 	gpupoolv1 "github.com/gpupool/gpupool/proto/gpupool/v1"
 )
@@ -48,7 +48,7 @@ type Config struct {
 	BootstrapExpect int
 	// Join lists other servers' gRPC addresses.
 	Join []string
-	// Policy is the placement policy (placement.Binpack by default).
+	// Policy is one of Policies (placement.FGD by default).
 	Policy string
 
 	HeartbeatInterval time.Duration // how often agents heartbeat
@@ -101,10 +101,10 @@ func (c *Config) setDefaults() error {
 		return errors.New("broker: set --bootstrap-expect N to form a new cluster, or --join to join one")
 	}
 	if c.Policy == "" {
-		c.Policy = placement.Binpack
+		c.Policy = Policies[0]
 	}
-	if !validPolicy(c.Policy) {
-		return fmt.Errorf("broker: --policy %q: must be one of %s", c.Policy, strings.Join(placement.Policies, ", "))
+	if !slices.Contains(Policies, c.Policy) {
+		return fmt.Errorf("broker: --policy %q: must be one of %s", c.Policy, strings.Join(Policies, ", "))
 	}
 	if c.HeartbeatInterval <= 0 {
 		c.HeartbeatInterval = DefaultHeartbeatInterval
@@ -139,15 +139,6 @@ func (c *Config) setDefaults() error {
 	return nil
 }
 
-func validPolicy(p string) bool {
-	for _, q := range placement.Policies {
-		if p == q {
-			return true
-		}
-	}
-	return false
-}
-
 // Server is one broker server.
 type Server struct {
 	cfg  Config
@@ -164,6 +155,10 @@ type Server struct {
 	// placeMu serialises placement and grant on the leader, so that two
 	// acquires never pick the same free capacity.
 	placeMu sync.Mutex
+	// placer places with the policy, and learns FGD's mix on the leader.
+	placer *placer
+	// grants are the grants Acquire placed that are not applied yet.
+	grants *inflight
 	// keysMu serialises changes to the token signing keys.
 	keysMu sync.Mutex
 
@@ -210,6 +205,8 @@ func New(cfg Config) (*Server, error) {
 		peers:      map[string]*gpupoolv1.ServerInfoResponse{},
 		shutdownCh: make(chan struct{}),
 		notifyCh:   make(chan bool, 16),
+		placer:     newPlacer(cfg.Policy),
+		grants:     newInflight(),
 	}
 	s.metrics = newMetrics(s)
 	if err := s.openRaft(); err != nil {
@@ -385,19 +382,5 @@ const applyTimeout = 10 * time.Second
 // (not leader, leadership lost) mapped to Unavailable. Only the leader
 // calls it.
 func (s *Server) apply(cmd proto.Message) (*fsm.Result, error) {
-	if fault := s.applyFault.Load(); fault != nil {
-		if err := (*fault)(cmd); err != nil {
-			return nil, raftError(err)
-		}
-	}
-	b, err := fsm.Encode(cmd)
-	if err != nil {
-		return nil, err
-	}
-	f := s.raft.Apply(b, applyTimeout)
-	if err := f.Error(); err != nil {
-		return nil, raftError(err)
-	}
-	res := f.Response().(*fsm.Result)
-	return res, res.Err
+	return s.applyAsync(cmd).wait()
 }

@@ -75,8 +75,8 @@ func (p *workPool) hostResources(l *gpupoolv1.Lease, sign int64) {
 }
 
 // place runs placement on the copy.
-func (p *workPool) place(r *gpupoolv1.LeaseRequest, policy string) ([]*gpupoolv1.Slice, error) {
-	ss, err := placement.Place(p.hosts, r, policy)
+func (p *workPool) place(r *gpupoolv1.LeaseRequest, pl *placer) ([]*gpupoolv1.Slice, error) {
+	ss, err := pl.place(p.hosts, r)
 	if err == nil {
 		setIsolation(ss, p.hosts)
 	}
@@ -87,10 +87,10 @@ func (p *workPool) place(r *gpupoolv1.LeaseRequest, policy string) ([]*gpupoolv1
 // pending leases whose victims are still leaving will take once they have
 // gone. Without such leases it is the state itself.
 func (s *Server) reservedPool(st *state.Reader, except string) []*gpupoolv1.Host {
-	return reservedHosts(st, except, s.cfg.Policy)
+	return reservedHosts(st, except, s.placer)
 }
 
-func reservedHosts(st *state.Reader, except, policy string) []*gpupoolv1.Host {
+func reservedHosts(st *state.Reader, except string, pl *placer) []*gpupoolv1.Host {
 	var reserving []*gpupoolv1.Lease
 	for _, r := range st.PendingLeases() {
 		if r.Id != except && len(st.PreemptedFor(r.Id)) > 0 {
@@ -102,7 +102,7 @@ func reservedHosts(st *state.Reader, except, policy string) []*gpupoolv1.Host {
 	}
 	p := newWorkPool(st)
 	for _, r := range reserving {
-		p.reserve(st, r, policy)
+		p.reserve(st, r, pl)
 	}
 	return p.hosts
 }
@@ -110,12 +110,12 @@ func reservedHosts(st *state.Reader, except, policy string) []*gpupoolv1.Host {
 // reserve places pending lease r on the copy as if its victims had gone,
 // and counts its slices as taken while the victims still hold theirs. It
 // reports whether r fits that way.
-func (p *workPool) reserve(st *state.Reader, r *gpupoolv1.Lease, policy string) bool {
+func (p *workPool) reserve(st *state.Reader, r *gpupoolv1.Lease, pl *placer) bool {
 	work := p.clone()
 	for _, v := range st.PreemptedFor(r.Id) {
 		work.free(v)
 	}
-	ss, err := work.place(r.Request, policy)
+	ss, err := work.place(r.Request, pl)
 	if err != nil {
 		return false
 	}
@@ -125,9 +125,9 @@ func (p *workPool) reserve(st *state.Reader, r *gpupoolv1.Lease, policy string) 
 
 // chooseVictims picks the preemptible leases to revoke so that r fits the
 // pool: see chooseVictimsFor.
-func chooseVictims(p *workPool, r *gpupoolv1.LeaseRequest, policy string, cands []*gpupoolv1.Lease) ([]*gpupoolv1.Lease, []*gpupoolv1.Slice) {
+func chooseVictims(p *workPool, r *gpupoolv1.LeaseRequest, pl *placer, cands []*gpupoolv1.Lease) ([]*gpupoolv1.Lease, []*gpupoolv1.Slice) {
 	return chooseVictimsFor(p, cands, func(trial *workPool, _ []*gpupoolv1.Lease) []*gpupoolv1.Slice {
-		ss, err := trial.place(r, policy)
+		ss, err := trial.place(r, pl)
 		if err != nil {
 			return nil
 		}

@@ -38,6 +38,18 @@ func ShapeOf(req *gpupoolv1.LeaseRequest) Shape {
 	return s
 }
 
+// ShapeOn is ShapeOf for a pool whose GPUs have gpuMemMiB of memory: a fractional slice's
+// share of a GPU is the larger of its compute share and its memory share, as FGD rates a
+// GPU's free share by the scarcer of the two. gpuMemMiB ≤ 0 counts compute alone.
+func ShapeOn(req *gpupoolv1.LeaseRequest, gpuMemMiB int64) Shape {
+	s := ShapeOf(req)
+	if !req.GetExclusive() && gpuMemMiB > 0 {
+		memMilli := (req.GetMemoryMib()*1000 + gpuMemMiB - 1) / gpuMemMiB
+		s.Milli = int32(min(1000, max(int64(s.Milli), memMilli)))
+	}
+	return s
+}
+
 // Mix is the task mix FGD expects: shapes with their probabilities. A Mix is safe for
 // concurrent use. It remembers the fragmentation of every host state it has rated, so a pool
 // whose hosts mostly stay the same between placements costs one map look-up per host.

@@ -100,3 +100,26 @@ func TestMixLearnerFollowsTheTasksItSees(t *testing.T) {
 		t.Errorf("ShapeOf: got %+v, want 35 %% as 350 milli", got)
 	}
 }
+
+func TestShapeOnWeighsMemoryAgainstTheGPU(t *testing.T) {
+	tests := []struct {
+		name   string
+		req    *gpupoolv1.LeaseRequest
+		gpuMem int64
+		want   int32
+	}{
+		{"compute is the larger share", frac(8192, 50).req, 81920, 500},
+		{"memory is the larger share", frac(40960, 10).req, 81920, 500},
+		{"memory rounds up", frac(1, 1).req, 81920, 10},
+		{"no GPU size counts compute alone", frac(40960, 10).req, 0, 100},
+		{"never more than a GPU", frac(163840, 10).req, 81920, 1000},
+		{"an exclusive GPU is whole", excl().req, 81920, 1000},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			if got := ShapeOn(tt.req, tt.gpuMem).Milli; got != tt.want {
+				t.Fatalf("Milli = %d, want %d", got, tt.want)
+			}
+		})
+	}
+}

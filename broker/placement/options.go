@@ -56,8 +56,8 @@ type Options struct {
 // Place holds, except that Random depends on the order of hosts and consumes Options.Rand.
 //
 // A scored policy other than Random places a request its way only when the request takes one
-// host (host CPU or memory, or a same-host, same-nvlink or same-pcie-root topology); other
-// requests are placed as binpack places them.
+// host (one slice, host CPU or memory, or a same-host, same-nvlink or same-pcie-root topology);
+// other requests are placed as binpack places them.
 func PlaceWith(hosts []*gpupoolv1.Host, req *gpupoolv1.LeaseRequest, opts Options) ([]*gpupoolv1.Slice, error) {
 	switch {
 	case !slices.Contains(AllPolicies, opts.Policy):

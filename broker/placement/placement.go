@@ -23,7 +23,7 @@ const (
 	Spread = "spread"
 )
 
-// Policies lists the accepted policy names, for error messages and flags.
+// Policies lists the policies Place accepts: those that need no options.
 var Policies = []string{Binpack, Spread}
 
 // Error explains why a request could not be placed.

@@ -30,6 +30,64 @@ type pool struct {
 	top    rating
 	// before and after are scratch for hostScore and fgdPick.
 	before, after nodeState
+	// rated holds, per host shape, the score FGD gave the first host of that shape in this
+	// search (-1: no slice fit): hosts that look alike rate alike, so the others need only
+	// their tie-break. lastScore is the score rateBetter computed last.
+	rated     map[hostShape]int
+	lastScore int
+}
+
+// hostShape is what FGD's rating of a host depends on: the host as FGD sees it, and its
+// candidates' free memory, compute and size in a fixed order.
+type hostShape struct {
+	node  nodeKey
+	n     int
+	cands [maxKeyGPUs]candShape
+}
+
+type candShape struct {
+	freeMem, size int64
+	freeCompute   int32
+}
+
+// shape returns hs's hostShape, or false when it has too many GPUs or mixed models.
+func (p *pool) shape(hs *hostState) (hostShape, bool) {
+	var k hostShape
+	p.node(hs, false, &p.before)
+	node, ok := p.before.key()
+	if !ok || hs.hi-hs.lo > maxKeyGPUs {
+		return k, false
+	}
+	k.node, k.n = node, hs.hi-hs.lo
+	for i := hs.lo; i < hs.hi; i++ {
+		c := &p.cands[i]
+		k.cands[i-hs.lo] = candShape{freeMem: c.baseMem, size: c.d.GetMemoryMib(), freeCompute: c.baseCompute}
+	}
+	slices.SortFunc(k.cands[:k.n], func(a, b candShape) int {
+		return cmp.Or(cmp.Compare(a.freeMem, b.freeMem), cmp.Compare(a.freeCompute, b.freeCompute), cmp.Compare(a.size, b.size))
+	})
+	return k, true
+}
+
+// fgdTry rates one fractional slice on hs with FGD, as try would, skipping the work when a
+// host of the same shape was rated already and hs cannot win on the tie-break.
+func (p *pool) fgdTry(hs *hostState, found bool, try func(*hostState, string, []int)) {
+	k, ok := p.shape(hs)
+	if ok {
+		if score, seen := p.rated[k]; seen {
+			if score < 0 || (found && !p.rating(hs, "", score).beats(p.top)) {
+				return
+			}
+		}
+	}
+	p.lastScore = -1
+	try(hs, "", p.fgdPick(hs))
+	if ok {
+		if p.rated == nil {
+			p.rated = map[hostShape]int{}
+		}
+		p.rated[k] = p.lastScore
+	}
 }
 
 type hostState struct {
@@ -104,6 +162,7 @@ var pools sync.Pool
 func (p *pool) free() {
 	clear(p.hosts)
 	clear(p.cands)
+	clear(p.rated)
 	p.rq = nil
 	pools.Put(p)
 }
@@ -232,7 +291,8 @@ func (p *pool) firstOfRoot(hs *hostState, i int) bool {
 // the request does not fit.
 func (p *pool) search() []int {
 	n := p.rq.count
-	if !p.rq.oneHost {
+	// A single slice is on one host anyway: the scored policies rate the hosts for it.
+	if !p.rq.oneHost && !(p.scored && n == 1) {
 		if p.capacity(0, len(p.cands), "", int64(n)) < int64(n) {
 			return nil
 		}
@@ -272,7 +332,7 @@ func (p *pool) search() []int {
 			}
 		default:
 			if p.scored && p.rq.opts.Policy == FGD && n == 1 && !p.rq.exclusive {
-				try(hs, "", p.fgdPick(hs))
+				p.fgdTry(hs, found, try)
 			} else {
 				try(hs, "", p.greedy(hs.lo, hs.hi, "", n))
 			}

@@ -33,17 +33,24 @@ func (p *pool) rateBetter(hs *hostState, root string, first bool) bool {
 		p.top.score++
 		return p.rq.opts.Rand.Intn(p.top.score) == 0
 	}
-	r := rating{score: p.hostScore(hs), rank: math.MaxInt, host: hs.h.GetId(), root: root}
-	if p.rq.opts.Rank == nil {
-		r.rank = 0
-	} else if n, ok := p.rq.opts.Rank[r.host]; ok {
-		r.rank = n
-	}
+	p.lastScore = p.hostScore(hs)
+	r := p.rating(hs, root, p.lastScore)
 	if first || r.beats(p.top) {
 		p.top = r
 		return true
 	}
 	return false
+}
+
+// rating is hs's rating with the given score.
+func (p *pool) rating(hs *hostState, root string, score int) rating {
+	r := rating{score: score, rank: math.MaxInt, host: hs.h.GetId(), root: root}
+	if p.rq.opts.Rank == nil {
+		r.rank = 0
+	} else if n, ok := p.rq.opts.Rank[r.host]; ok {
+		r.rank = n
+	}
+	return r
 }
 
 // node reads hs's host for FGD and the scored policies: its free host CPU and memory and the

@@ -18,6 +18,7 @@ import (
 const (
 	tableServers = "servers"
 	tableHosts   = "hosts"
+	tablePool    = "pool"
 	tableDevices = "devices"
 	tableLeases  = "leases"
 	tableMeta    = "meta"
@@ -45,6 +46,11 @@ func schema() *memdb.DBSchema {
 			indexID: {Name: indexID, Unique: true, Indexer: &memdb.StringFieldIndex{Field: "Tenant"}},
 		}},
 		tableHosts: {Name: tableHosts, Indexes: map[string]*memdb.IndexSchema{
+			indexID: {Name: indexID, Unique: true, Indexer: &memdb.StringFieldIndex{Field: "Id"}},
+		}},
+		// tablePool holds each host with its devices filled in: what
+		// placement reads, kept up to date by the Writer at Commit.
+		tablePool: {Name: tablePool, Indexes: map[string]*memdb.IndexSchema{
 			indexID: {Name: indexID, Unique: true, Indexer: &memdb.StringFieldIndex{Field: "Id"}},
 		}},
 		tableDevices: {Name: tableDevices, Indexes: map[string]*memdb.IndexSchema{

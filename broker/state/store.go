@@ -36,7 +36,7 @@ func (s *Store) Read() *Reader {
 
 // Write starts the one write transaction. Call Commit or Abort.
 func (s *Store) Write() *Writer {
-	return &Writer{Reader{txn: s.db.Load().Txn(true)}}
+	return &Writer{Reader: Reader{txn: s.db.Load().Txn(true)}}
 }
 
 // Reader is a snapshot-consistent view of the state.
@@ -112,23 +112,13 @@ func (r *Reader) HostDevices(hostID string) []*gpupoolv1.Device {
 	return devs
 }
 
-// HostsWithDevices returns every host with its devices filled in, as
-// placement wants them. The hosts are copies; the devices are shared and
-// must not be modified.
+// HostsWithDevices returns every host, by id, with its devices filled in,
+// as placement wants them. Hosts and devices are shared with the store:
+// they must not be modified (clone them first). The view is kept up to
+// date write by write, so reading it costs no copying, however large the
+// pool.
 func (r *Reader) HostsWithDevices() []*gpupoolv1.Host {
-	hosts := r.Hosts()
-	byHost := map[string][]*gpupoolv1.Device{}
-	for _, d := range r.Devices() {
-		byHost[d.HostId] = append(byHost[d.HostId], d)
-	}
-	out := make([]*gpupoolv1.Host, len(hosts))
-	for i, h := range hosts {
-		c := proto.Clone(h).(*gpupoolv1.Host)
-		c.Devices = byHost[h.Id]
-		sortDevices(c.Devices)
-		out[i] = c
-	}
-	return out
+	return all[gpupoolv1.Host](r, tablePool, indexID)
 }
 
 // Lease returns a lease, or nil.
@@ -162,6 +152,32 @@ func (r *Reader) SigningKeys() []*gpupoolv1.SigningKey {
 // Writer is the single write transaction.
 type Writer struct {
 	Reader
+	// dirty holds the hosts whose pool view Commit must rebuild.
+	dirty map[string]struct{}
+}
+
+func (w *Writer) touch(hostID string) {
+	if w.dirty == nil {
+		w.dirty = map[string]struct{}{}
+	}
+	w.dirty[hostID] = struct{}{}
+}
+
+// rebuildPool refreshes the pool view of every host written to.
+func (w *Writer) rebuildPool() {
+	for id := range w.dirty {
+		h := w.Host(id)
+		if h == nil {
+			if _, err := w.txn.DeleteAll(tablePool, indexID, id); err != nil {
+				panic(fmt.Sprintf("state: delete pool view %s: %v", id, err))
+			}
+			continue
+		}
+		v := proto.CloneOf(h)
+		v.Devices = w.HostDevices(id)
+		w.insert(tablePool, v)
+	}
+	w.dirty = nil
 }
 
 func (w *Writer) insert(table string, obj any) {
@@ -174,16 +190,23 @@ func (w *Writer) insert(table string, obj any) {
 func (w *Writer) PutServer(s *gpupoolv1.UpsertServerCommand) { w.insert(tableServers, s) }
 
 // PutHost inserts or replaces a host. Its Devices field must be empty.
-func (w *Writer) PutHost(h *gpupoolv1.Host) { w.insert(tableHosts, h) }
+func (w *Writer) PutHost(h *gpupoolv1.Host) {
+	w.insert(tableHosts, h)
+	w.touch(h.Id)
+}
 
 // PutDevice inserts or replaces a device.
-func (w *Writer) PutDevice(d *gpupoolv1.Device) { w.insert(tableDevices, d) }
+func (w *Writer) PutDevice(d *gpupoolv1.Device) {
+	w.insert(tableDevices, d)
+	w.touch(d.HostId)
+}
 
 // DeleteDevice removes a device.
 func (w *Writer) DeleteDevice(d *gpupoolv1.Device) {
 	if err := w.txn.Delete(tableDevices, d); err != nil {
 		panic(fmt.Sprintf("state: delete device %s: %v", d.Uuid, err))
 	}
+	w.touch(d.HostId)
 }
 
 // PutLease inserts or replaces a lease.
@@ -191,6 +214,7 @@ func (w *Writer) PutLease(l *gpupoolv1.Lease) { w.insert(tableLeases, l) }
 
 // Commit makes the writes visible and records index as the applied index.
 func (w *Writer) Commit(index uint64) {
+	w.rebuildPool()
 	w.insert(tableMeta, &metaEntry{Key: metaApplied, Value: index})
 	w.txn.Commit()
 }
@@ -235,7 +259,7 @@ func (s *Store) Restore(b []byte) error {
 		return err
 	}
 	txn := db.Txn(true)
-	w := &Writer{Reader{txn: txn}}
+	w := &Writer{Reader: Reader{txn: txn}}
 	for _, v := range snap.Servers {
 		w.PutServer(v)
 	}

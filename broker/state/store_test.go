@@ -56,3 +56,60 @@ func TestStoreIndexesAndRestore(t *testing.T) {
 		t.Fatal("a failed restore changed the state")
 	}
 }
+
+func TestPoolViewFollowsEveryWrite(t *testing.T) {
+	s := New()
+	w := s.Write()
+	w.PutHost(&gpupoolv1.Host{Id: "h1"})
+	w.PutHost(&gpupoolv1.Host{Id: "h2"})
+	w.PutDevice(&gpupoolv1.Device{Uuid: "GPU-a", HostId: "h1", Index: 0})
+	w.PutDevice(&gpupoolv1.Device{Uuid: "GPU-b", HostId: "h1", Index: 1})
+	w.Commit(1)
+	before := s.Read()
+
+	w = s.Write()
+	w.PutDevice(&gpupoolv1.Device{Uuid: "GPU-a", HostId: "h1", Index: 0, AllocatedMemoryMib: 512})
+	w.DeleteDevice(&gpupoolv1.Device{Uuid: "GPU-b", HostId: "h1", Index: 1})
+	w.PutHost(&gpupoolv1.Host{Id: "h2", Eligible: true})
+	w.Commit(2)
+
+	view := func(r *Reader) map[string]*gpupoolv1.Host {
+		out := map[string]*gpupoolv1.Host{}
+		for _, h := range r.HostsWithDevices() {
+			out[h.Id] = h
+		}
+		return out
+	}
+	old, now := view(before), view(s.Read())
+	restored := New()
+	b, err := s.Read().Encode()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := restored.Restore(b); err != nil {
+		t.Fatal(err)
+	}
+	again := view(restored.Read())
+	tests := []struct {
+		name string
+		got  any
+		want any
+	}{
+		{"an older read still sees both devices", len(old["h1"].Devices), 2},
+		{"an older read sees the old allocation", old["h1"].Devices[0].AllocatedMemoryMib, int64(0)},
+		{"a deleted device leaves the view", len(now["h1"].Devices), 1},
+		{"a changed device shows in the view", now["h1"].Devices[0].AllocatedMemoryMib, int64(512)},
+		{"a changed host shows in the view", now["h2"].Eligible, true},
+		{"a host without devices has none", len(now["h2"].Devices), 0},
+		{"the stored host keeps no devices", len(s.Read().Host("h1").Devices), 0},
+		{"a restore rebuilds the view", again["h1"].Devices[0].AllocatedMemoryMib, int64(512)},
+		{"a restore keeps every host", len(again), 2},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			if tt.got != tt.want {
+				t.Fatalf("got %v, want %v", tt.got, tt.want)
+			}
+		})
+	}
+}

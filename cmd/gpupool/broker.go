@@ -10,7 +10,6 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/gpupool/gpupool/broker"
-	"github.com/gpupool/gpupool/broker/placement"
 	"github.com/gpupool/gpupool/client"
 )
 
@@ -79,7 +78,7 @@ server with an empty data dir and only --join joins a running cluster.`,
 	f.IntVar(&cfg.BootstrapExpect, "bootstrap-expect", 0, "form a new cluster once this many servers know each other")
 	f.StringVar(&join, "join", "", "other servers' gRPC addresses, comma-separated")
 	f.StringVar(&cfg.NodeID, "node-id", "", "server id (default: the one stored in --data-dir, or a new random one)")
-	f.StringVar(&cfg.Policy, "policy", placement.Binpack, "placement policy: "+strings.Join(placement.Policies, ", "))
+	f.StringVar(&cfg.Policy, "policy", broker.Policies[0], "placement policy: "+strings.Join(broker.Policies, ", ")+" (fgd: fragmentation gradient descent over the mix of requests the leader sees; binpack: fullest GPU that fits; spread: emptiest)")
 	f.DurationVar(&cfg.HeartbeatInterval, "heartbeat-interval", broker.DefaultHeartbeatInterval, "how often agents heartbeat")
 	f.DurationVar(&cfg.HeartbeatTTL, "heartbeat-ttl", broker.DefaultHeartbeatTTL, "a host without heartbeats for this long goes down")
 	f.DurationVar(&cfg.LockDelay, "lock-delay", broker.DefaultLockDelay, "how long a down host's leases keep their capacity before it is freed")

@@ -1,0 +1,89 @@
+package broker
+
+import (
+	"testing"
+
+	"github.com/gpupool/gpupool/broker/placement"
+	"github.com/gpupool/gpupool/broker/state"
+	gpupoolv1 "github.com/gpupool/gpupool/proto/gpupool/v1"
+)
+
+// placerHosts are two ready hosts of one 80 GiB GPU: h1's has 45 % of its
+// compute taken, h2's is idle.
+func placerHosts() []*gpupoolv1.Host {
+	gpu := func(host string, used int32) *gpupoolv1.Device {
+		return &gpupoolv1.Device{Uuid: "GPU-" + host, HostId: host, Model: "A100-SXM4-80GB", MemoryMib: 81920,
+			AllocatedComputePercent: used, LeaseCount: min(used, 1)}
+	}
+	host := func(id string, used int32) *gpupoolv1.Host {
+		return &gpupoolv1.Host{Id: id, Status: gpupoolv1.HostStatus_HOST_STATUS_READY, Eligible: true,
+			Devices: []*gpupoolv1.Device{gpu(id, used)}}
+	}
+	return []*gpupoolv1.Host{host("h1", 45), host("h2", 0)}
+}
+
+func TestPlacerFGDLearnsTheMixAndAvoidsFragments(t *testing.T) {
+	half := &gpupoolv1.LeaseRequest{Count: 1, MemoryMib: 1024, ComputePercent: 50}
+	small := &gpupoolv1.LeaseRequest{Count: 1, MemoryMib: 1024, ComputePercent: 10}
+	tests := []struct {
+		name     string
+		policy   string
+		observed []*gpupoolv1.LeaseRequest
+		want     string
+	}{
+		// A 10 % slice on h1 would leave 45 % there, which no half-GPU
+		// task can use: FGD opens h2, binpack fills h1.
+		{"fgd keeps room for the half-GPU tasks it has seen", placement.FGD, []*gpupoolv1.LeaseRequest{half, half, half, small}, "h2"},
+		{"binpack fills the fullest GPU", placement.Binpack, []*gpupoolv1.LeaseRequest{half, half, half, small}, "h1"},
+		{"fgd with only small tasks seen leaves nothing unusable either way, and packs", placement.FGD, []*gpupoolv1.LeaseRequest{small}, "h1"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			hosts := placerHosts()
+			p := newPlacer(tt.policy)
+			for _, r := range tt.observed {
+				p.observe(hosts, r)
+			}
+			ss, err := p.place(hosts, small)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if ss[0].Host != tt.want {
+				t.Fatalf("placed on %s, want %s", ss[0].Host, tt.want)
+			}
+		})
+	}
+}
+
+func TestPlacerRelearnsFromTheLiveLeases(t *testing.T) {
+	half := &gpupoolv1.LeaseRequest{Count: 1, MemoryMib: 1024, ComputePercent: 50}
+	s := state.New()
+	w := s.Write()
+	for _, h := range placerHosts() {
+		devs := h.Devices
+		h.Devices = nil
+		w.PutHost(h)
+		for _, d := range devs {
+			w.PutDevice(d)
+		}
+	}
+	for i, st := range []gpupoolv1.LeaseState{gpupoolv1.LeaseState_LEASE_STATE_GRANTED, gpupoolv1.LeaseState_LEASE_STATE_PENDING,
+		gpupoolv1.LeaseState_LEASE_STATE_RELEASED} {
+		w.PutLease(&gpupoolv1.Lease{Id: "l-" + string(rune('a'+i)), State: st, Request: half})
+	}
+	w.Commit(1)
+
+	p := newPlacer(placement.FGD)
+	p.observe(placerHosts(), &gpupoolv1.LeaseRequest{Count: 1, MemoryMib: 1024, ComputePercent: 10}) // forgotten
+	p.relearn(s.Read())
+	if got := p.options().Mix.Len(); got != 1 {
+		t.Fatalf("the relearned mix has %d shapes, want 1 (the half-GPU shape of the granted and pending leases)", got)
+	}
+	ss, err := p.place(s.Read().HostsWithDevices(), &gpupoolv1.LeaseRequest{Count: 1, MemoryMib: 1024, ComputePercent: 10})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ss[0].Host != "h2" {
+		t.Fatalf("placed on %s, want h2", ss[0].Host)
+	}
+}
