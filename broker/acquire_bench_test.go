@@ -2,29 +2,46 @@ package broker
 
 import (
 	"fmt"
+	"sync/atomic"
 	"testing"
 
 	gpupoolv1 "github.com/gpupool/gpupool/proto/gpupool/v1"
 )
 
-// BenchmarkAcquireLargePool grants fractional slices one after another on
-// a leader holding many hosts: the cost of placement and grant per lease
-// as the pool grows.
+// BenchmarkAcquireLargePool grants fractional slices on a leader holding
+// many hosts of 8 GPUs, with FGD: the cost of placement and grant per lease
+// as the pool grows, with every host looked at and with the broker's
+// default placement window, one client at a time and 32 at once.
 func BenchmarkAcquireLargePool(b *testing.B) {
 	for _, hosts := range []int{1000, 10000} {
-		b.Run(fmt.Sprintf("hosts=%d", hosts), func(b *testing.B) {
-			ts := startServer(b)
-			for i := range hosts {
-				ts.registerHost(b, fmt.Sprintf("h%05d", i), 8, 81920)
+		ts := startServer(b)
+		for i := range hosts {
+			ts.registerHost(b, fmt.Sprintf("h%05d", i), 8, 81920)
+		}
+		var n atomic.Int64
+		acquire := func(b *testing.B) {
+			r := slice(2048, 5)
+			r.RequestId = fmt.Sprintf("r%d", n.Add(1))
+			if _, err := ts.c.Lease.Acquire(ctx(b), &gpupoolv1.AcquireRequest{Request: r}); err != nil {
+				b.Fatal(err)
 			}
-			b.ResetTimer()
-			for i := range b.N {
-				r := slice(10240, 10)
-				r.RequestId = fmt.Sprintf("r%d", i)
-				if _, err := ts.c.Lease.Acquire(ctx(b), &gpupoolv1.AcquireRequest{Request: r}); err != nil {
-					b.Fatal(err)
+		}
+		for _, window := range []int{0, 1024} {
+			b.Run(fmt.Sprintf("hosts=%d/window=%d/clients=1", hosts, window), func(b *testing.B) {
+				ts.s.placer.window = window
+				for range b.N {
+					acquire(b)
 				}
-			}
-		})
+			})
+			b.Run(fmt.Sprintf("hosts=%d/window=%d/clients=32", hosts, window), func(b *testing.B) {
+				ts.s.placer.window = window
+				b.SetParallelism(16) // × GOMAXPROCS 2
+				b.RunParallel(func(pb *testing.PB) {
+					for pb.Next() {
+						acquire(b)
+					}
+				})
+			})
+		}
 	}
 }

@@ -124,7 +124,7 @@ func (s *Server) acquire(ctx context.Context, r *gpupoolv1.LeaseRequest, wait ti
 	if err != nil {
 		return nil, err
 	}
-	setIsolation(slices, hosts)
+	setIsolation(slices, st.Host)
 	now := s.nowMs()
 	l := &gpupoolv1.Lease{
 		Id:                "l-" + randomHex(8),
@@ -187,16 +187,12 @@ func (s *Server) acquired(l *gpupoolv1.Lease, existing bool) (*gpupoolv1.Acquire
 // setIsolation decides how the agent will isolate each slice: exclusive
 // slices own their GPU; fractional ones use MPS where the host's agent can
 // run it, else the watchdog alone.
-func setIsolation(ss []*gpupoolv1.Slice, hosts []*gpupoolv1.Host) {
-	mps := map[string]bool{}
-	for _, h := range hosts {
-		mps[h.Id] = h.Mps
-	}
+func setIsolation(ss []*gpupoolv1.Slice, host func(id string) *gpupoolv1.Host) {
 	for _, sl := range ss {
 		switch {
 		case sl.Exclusive:
 			sl.Isolation = gpupoolv1.Isolation_ISOLATION_EXCLUSIVE
-		case mps[sl.Host]:
+		case host(sl.Host).GetMps():
 			sl.Isolation = gpupoolv1.Isolation_ISOLATION_MPS
 		default:
 			sl.Isolation = gpupoolv1.Isolation_ISOLATION_WATCHDOG

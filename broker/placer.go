@@ -2,6 +2,7 @@ package broker
 
 import (
 	"sync"
+	"sync/atomic"
 
 	"github.com/gpupool/gpupool/broker/placement"
 	"github.com/gpupool/gpupool/broker/state"
@@ -19,13 +20,20 @@ var Policies = []string{placement.FGD, placement.Binpack, placement.Spread}
 // here is replicated; a new leader learns the mix again from the state.
 type placer struct {
 	policy string
+	// window is how many hosts a placement looks at first (0: all). On a
+	// larger pool each placement looks at the next window of hosts, round
+	// robin, and at all of them only when the request fits none there, as
+	// the Kubernetes scheduler scores a share of the nodes: placement
+	// cost stays flat however large the pool grows.
+	window int
+	next   atomic.Int64 // where the next window starts
 
 	mu      sync.Mutex
 	learner placement.MixLearner // guarded by mu
 	refMem  int64                // the largest GPU memory seen, MiB; guarded by mu
 }
 
-func newPlacer(policy string) *placer { return &placer{policy: policy} }
+func newPlacer(policy string, window int) *placer { return &placer{policy: policy, window: window} }
 
 // options are the placement options as learned so far.
 func (p *placer) options() placement.Options {
@@ -38,9 +46,20 @@ func (p *placer) options() placement.Options {
 	return o
 }
 
-// place places r on hosts.
+// place places r on hosts: on the next window of them if it fits there,
+// else on all of them.
 func (p *placer) place(hosts []*gpupoolv1.Host, r *gpupoolv1.LeaseRequest) ([]*gpupoolv1.Slice, error) {
-	return placement.PlaceWith(hosts, r, p.options())
+	opts := p.options()
+	if n := len(hosts); p.window > 0 && n > p.window {
+		from := int(p.next.Add(int64(p.window))-int64(p.window)) % n
+		part := make([]*gpupoolv1.Host, 0, p.window)
+		part = append(part, hosts[from:min(n, from+p.window)]...)
+		part = append(part, hosts[:p.window-len(part)]...)
+		if ss, err := placement.PlaceWith(part, r, opts); err == nil {
+			return ss, nil
+		}
+	}
+	return placement.PlaceWith(hosts, r, opts)
 }
 
 // observe counts r in the mix FGD expects. hosts tell how large a GPU is,

@@ -1,6 +1,8 @@
 package broker
 
 import (
+	"slices"
+	"strings"
 	"testing"
 
 	"github.com/gpupool/gpupool/broker/placement"
@@ -40,7 +42,7 @@ func TestPlacerFGDLearnsTheMixAndAvoidsFragments(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			hosts := placerHosts()
-			p := newPlacer(tt.policy)
+			p := newPlacer(tt.policy, 0)
 			for _, r := range tt.observed {
 				p.observe(hosts, r)
 			}
@@ -73,7 +75,7 @@ func TestPlacerRelearnsFromTheLiveLeases(t *testing.T) {
 	}
 	w.Commit(1)
 
-	p := newPlacer(placement.FGD)
+	p := newPlacer(placement.FGD, 0)
 	p.observe(placerHosts(), &gpupoolv1.LeaseRequest{Count: 1, MemoryMib: 1024, ComputePercent: 10}) // forgotten
 	p.relearn(s.Read())
 	if got := p.options().Mix.Len(); got != 1 {
@@ -85,5 +87,41 @@ func TestPlacerRelearnsFromTheLiveLeases(t *testing.T) {
 	}
 	if ss[0].Host != "h2" {
 		t.Fatalf("placed on %s, want h2", ss[0].Host)
+	}
+}
+
+func TestPlacerWindowRotatesAndFallsBackToTheWholePool(t *testing.T) {
+	var hosts []*gpupoolv1.Host
+	for i := range 5 {
+		id := string(rune('a' + i))
+		mem := int64(81920)
+		if i == 4 {
+			mem = 163840 // only host e has a GPU this large
+		}
+		hosts = append(hosts, &gpupoolv1.Host{Id: id, Status: gpupoolv1.HostStatus_HOST_STATUS_READY, Eligible: true,
+			Devices: []*gpupoolv1.Device{{Uuid: "GPU-" + id, HostId: id, Model: "A100", MemoryMib: mem}}})
+	}
+	p := newPlacer(placement.Binpack, 2)
+	small := &gpupoolv1.LeaseRequest{Count: 1, MemoryMib: 1024, ComputePercent: 10}
+	var got []string
+	for range 3 {
+		ss, err := p.place(hosts, small)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got = append(got, ss[0].Host)
+	}
+	// Windows [a b], [c d], [e a]: binpack takes the first of equal hosts.
+	if want := []string{"a", "c", "a"}; !slices.Equal(got, want) {
+		t.Fatalf("placed on %v, want %v", got, want)
+	}
+	big := &gpupoolv1.LeaseRequest{Count: 1, MemoryMib: 120000, ComputePercent: 10}
+	ss, err := p.place(hosts, big) // window [b c] has no room: the whole pool does
+	if err != nil || ss[0].Host != "e" {
+		t.Fatalf("a request only host e fits: got %v, %v", ss, err)
+	}
+	if _, err := p.place(hosts, &gpupoolv1.LeaseRequest{Count: 1, MemoryMib: 200000, ComputePercent: 10}); err == nil ||
+		!strings.Contains(err.Error(), "163840") {
+		t.Fatalf("a request nothing fits: got %v, want the reason from the whole pool (largest GPU 163840 MiB)", err)
 	}
 }

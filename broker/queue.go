@@ -80,13 +80,12 @@ const (
 func (s *Server) schedule(ls *leaderState) {
 	s.placeMu.Lock()
 	defer s.placeMu.Unlock()
+	if st := s.fsm.State(); len(st.PendingLeases()) == 0 && len(st.ElasticLeases()) == 0 {
+		return
+	}
 	s.grants.drain() // the pass works on a copy of the state alone
 	st := s.fsm.State()
 	queue := st.PendingLeases()
-	parents := st.ElasticLeases()
-	if len(queue) == 0 && len(parents) == 0 {
-		return
-	}
 	pool := newWorkPool(st)
 	blocked := false
 	for _, r := range queue {

@@ -50,6 +50,9 @@ type Config struct {
 	Join []string
 	// Policy is one of Policies (placement.FGD by default).
 	Policy string
+	// PlacementWindow is how many hosts a placement looks at first, round
+	// robin over the pool, before it looks at all of them (0: all at once).
+	PlacementWindow int
 
 	HeartbeatInterval time.Duration // how often agents heartbeat
 	HeartbeatTTL      time.Duration // a host is down after this long without one
@@ -105,6 +108,9 @@ func (c *Config) setDefaults() error {
 	}
 	if !slices.Contains(Policies, c.Policy) {
 		return fmt.Errorf("broker: --policy %q: must be one of %s", c.Policy, strings.Join(Policies, ", "))
+	}
+	if c.PlacementWindow < 0 {
+		return fmt.Errorf("broker: --placement-window %d: must be 0 (every host) or more", c.PlacementWindow)
 	}
 	if c.HeartbeatInterval <= 0 {
 		c.HeartbeatInterval = DefaultHeartbeatInterval
@@ -205,7 +211,7 @@ func New(cfg Config) (*Server, error) {
 		peers:      map[string]*gpupoolv1.ServerInfoResponse{},
 		shutdownCh: make(chan struct{}),
 		notifyCh:   make(chan bool, 16),
-		placer:     newPlacer(cfg.Policy),
+		placer:     newPlacer(cfg.Policy, cfg.PlacementWindow),
 		grants:     newInflight(),
 	}
 	s.metrics = newMetrics(s)

@@ -78,7 +78,7 @@ func (p *workPool) hostResources(l *gpupoolv1.Lease, sign int64) {
 func (p *workPool) place(r *gpupoolv1.LeaseRequest, pl *placer) ([]*gpupoolv1.Slice, error) {
 	ss, err := pl.place(p.hosts, r)
 	if err == nil {
-		setIsolation(ss, p.hosts)
+		setIsolation(ss, func(id string) *gpupoolv1.Host { return p.byID[id] })
 	}
 	return ss, err
 }
