@@ -10,11 +10,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"strings"
 	"time"
 
 	"github.com/google/uuid"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/backoff"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/resolver"
@@ -52,6 +54,14 @@ func ParseAddrs(s string) []string {
 	return out
 }
 
+// Reconnect makes a connection try a server again within a second of it
+// coming back: gRPC's default backoff grows to two minutes, and a broker
+// that was down for a while may be the next leader.
+var Reconnect = grpc.WithConnectParams(grpc.ConnectParams{
+	Backoff:           backoff.Config{BaseDelay: 100 * time.Millisecond, Multiplier: 1.6, Jitter: 0.2, MaxDelay: time.Second},
+	MinConnectTimeout: 5 * time.Second,
+})
+
 // Dial connects to the brokers at addrs. It does not wait for any of them
 // to answer: the first call does.
 func Dial(addrs []string, opts ...grpc.DialOption) (*Client, error) {
@@ -69,6 +79,7 @@ func Dial(addrs []string, opts ...grpc.DialOption) (*Client, error) {
 		grpc.WithTransportCredentials(insecure.NewCredentials()),
 		grpc.WithDefaultServiceConfig(`{"loadBalancingConfig":[{"round_robin":{}}]}`),
 		grpc.WithChainUnaryInterceptor(ensureRequestID, RetryUnavailable),
+		Reconnect,
 	}
 	conn, err := grpc.NewClient(r.Scheme()+":///brokers", append(base, opts...)...)
 	if err != nil {
@@ -102,25 +113,30 @@ func ensureRequestID(ctx context.Context, method string, req, reply any, cc *grp
 	return invoker(ctx, method, req, reply, cc, opts...)
 }
 
+// maxRetryBackoff bounds the wait between retries of an Unavailable call.
+// A leader election takes 1-3 s; a longer wait would mostly add to it.
+const maxRetryBackoff = 250 * time.Millisecond
+
 // RetryUnavailable retries a unary call that failed with Unavailable, with
-// backoff, until the call's context ends. Callers that need a bound set a
-// deadline. Every other outcome is returned as is.
+// jittered backoff from 25 ms to maxRetryBackoff, until the call's context
+// ends. Callers that need a bound set a deadline. Every other outcome is
+// returned as is.
 func RetryUnavailable(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
-	backoff := 50 * time.Millisecond
+	backoff := 25 * time.Millisecond
 	for {
 		err := invoker(ctx, method, req, reply, cc, opts...)
 		if status.Code(err) != codes.Unavailable {
 			return err
 		}
-		t := time.NewTimer(backoff)
+		// Up to half again as long, so that clients a failover stopped
+		// together do not come back in step.
+		t := time.NewTimer(backoff + rand.N(backoff/2+1))
 		select {
 		case <-ctx.Done():
 			t.Stop()
 			return err
 		case <-t.C:
 		}
-		if backoff < time.Second {
-			backoff *= 2
-		}
+		backoff = min(2*backoff, maxRetryBackoff)
 	}
 }
