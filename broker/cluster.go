@@ -31,6 +31,7 @@ func (s *Server) selfInfo() *gpupoolv1.ServerInfoResponse {
 		RpcAddress:      s.Addr(),
 		Clustered:       s.clustered(),
 		BootstrapExpect: int32(s.cfg.BootstrapExpect),
+		AppliedIndex:    s.fsm.State().Index(),
 	}
 	if _, id := s.raft.LeaderWithID(); id != "" {
 		info.LeaderId = string(id)

@@ -31,9 +31,12 @@ func (e operatorService) SetQuota(ctx context.Context, req *gpupoolv1.SetQuotaRe
 	}
 	q := proto.Clone(req.Quota).(*gpupoolv1.Quota)
 	q.UpdatedAtMs = e.s.nowMs()
-	if _, err := e.s.apply(&gpupoolv1.SetQuotaCommand{Tenant: q.Tenant, Quota: q}); err != nil {
+	by := callerFrom(ctx).actor()
+	q.UpdatedBy = by
+	if _, err := e.s.apply(&gpupoolv1.SetQuotaCommand{Tenant: q.Tenant, Quota: q, Actor: by}); err != nil {
 		return nil, toStatus(err)
 	}
+	e.s.log.Info("quota set", "tenant", q.Tenant, "gpus", q.Gpus, "memory_mib", q.MemoryMib, "compute_percent", q.ComputePercent, "by", ActorText(by))
 	if ls := e.s.currentLeader(); ls != nil {
 		ls.kickQueue() // a raised quota may let a pending lease through
 	}
@@ -62,9 +65,11 @@ func (e operatorService) RemoveQuota(ctx context.Context, req *gpupoolv1.RemoveQ
 	if old == nil {
 		return nil, noQuota(e.s.fsm.State(), req.Tenant)
 	}
-	if _, err := e.s.apply(&gpupoolv1.SetQuotaCommand{Tenant: req.Tenant}); err != nil {
+	by := callerFrom(ctx).actor()
+	if _, err := e.s.apply(&gpupoolv1.SetQuotaCommand{Tenant: req.Tenant, Actor: by}); err != nil {
 		return nil, toStatus(err)
 	}
+	e.s.log.Info("quota removed", "tenant", req.Tenant, "by", ActorText(by))
 	if ls := e.s.currentLeader(); ls != nil {
 		ls.kickQueue()
 	}
