@@ -319,7 +319,7 @@ func (ls *leaderState) waiting(id string) bool {
 func (s *Server) enqueue(r *gpupoolv1.LeaseRequest, by *gpupoolv1.Actor) (*gpupoolv1.Lease, error) {
 	l := &gpupoolv1.Lease{
 		GrantedBy: by,
-		Id: "l-" + randomHex(8), Tenant: r.Tenant, Holder: r.Holder, Request: r, Class: r.Class, Priority: r.Priority,
+		Id:        "l-" + randomHex(8), Tenant: r.Tenant, Holder: r.Holder, Request: r, Class: r.Class, Priority: r.Priority,
 		TtlMs: r.TtlMs, CreatedAtMs: s.nowMs(), RequestId: r.RequestId,
 		HostCpuMillicores: r.HostCpuMillicores, HostMemoryMib: r.HostMemoryMib,
 	}
