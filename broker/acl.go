@@ -192,8 +192,7 @@ func (c *caller) scopeRequest(r *gpupoolv1.LeaseRequest) error {
 		return status.Errorf(codes.PermissionDenied, "request.priority %d: %s may ask for priority %d at most", r.Priority, c, *t.MaxPriority)
 	}
 	if t.PreemptibleOnly && r.Class != gpupoolv1.LeaseClass_LEASE_CLASS_PREEMPTIBLE {
-		return status.Errorf(codes.PermissionDenied, "request.class %s: %s may ask for preemptible leases only",
-			strings.ToLower(strings.TrimPrefix(r.Class.String(), "LEASE_CLASS_")), c)
+		return status.Errorf(codes.PermissionDenied, "request.class guaranteed: %s may ask for preemptible leases only", c)
 	}
 	return nil
 }
