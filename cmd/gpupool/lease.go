@@ -17,6 +17,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/gpupool/gpupool/broker"
 	"github.com/gpupool/gpupool/client"
 	gpupoolv1 "github.com/gpupool/gpupool/proto/gpupool/v1"
 )
@@ -654,6 +655,9 @@ func keepAliveLine(r *gpupoolv1.KeepAliveResponse) string {
 		}
 		if ev.GetType() == gpupoolv1.LeaseEventType_LEASE_EVENT_TYPE_PREEMPT_NOTICE && ev.GetDeadlineMs() > 0 {
 			line += " (revoked at " + formatTimeMs(ev.GetDeadlineMs()) + ")"
+		}
+		if a := ev.GetActor(); a != nil {
+			line += " [by " + broker.ActorText(a) + "]"
 		}
 		return line
 	}
