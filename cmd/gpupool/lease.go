@@ -115,7 +115,7 @@ func (f *acquireFlags) register(cmd *cobra.Command) {
 	fs.StringArrayVar(&f.labels, "label", nil, "only hosts with this label, key=value (repeatable)")
 	fs.StringVar(&f.topology, "topology", "", "how the GPUs relate: "+strings.Join(enumLabels[gpupoolv1.Topology](), ", ")+" (default: no constraint)")
 	fs.DurationVar(&f.ttl, "ttl", 5*time.Minute, "how long the lease lives without renewal, 1s to 24h")
-	fs.StringVar(&f.tenant, "tenant", "default", "tenant whose quota the lease counts against")
+	fs.StringVar(&f.tenant, "tenant", "", `tenant whose quota the lease counts against (default: your client token's first tenant, else "default")`)
 	fs.StringVar(&f.holder, "holder", defaultHolder(), "who holds the lease (free-form: job name, pod UID)")
 	fs.StringVar(&f.requestID, "request-id", "", "idempotency key: acquiring again with the same tenant and key returns the same lease (default: a new UUID)")
 	fs.StringVar(&f.class, "class", "guaranteed", "lease class: "+strings.Join(enumLabels[gpupoolv1.LeaseClass](), ", "))
@@ -217,7 +217,7 @@ func (f *acquireFlags) leaseRequest() (*gpupoolv1.LeaseRequest, error) {
 	if f.ttl < minLeaseTTL || f.ttl > maxLeaseTTL {
 		return nil, usagef("--ttl %s: must be between %s and %s", f.ttl, minLeaseTTL, maxLeaseTTL)
 	}
-	if strings.TrimSpace(f.tenant) == "" {
+	if f.changed("tenant") && strings.TrimSpace(f.tenant) == "" {
 		return nil, usagef("--tenant is empty: name the tenant whose quota the lease counts against, e.g. --tenant default")
 	}
 	if req.Class, err = parseEnumFlag[gpupoolv1.LeaseClass]("class", f.class); err != nil {
