@@ -51,6 +51,10 @@ const (
 	rightAgent
 	// rightManage: a management token.
 	rightManage
+	// rightJoin: open while the cluster forms (before the ACL bootstrap),
+	// then a management token: otherwise anyone could join as a voter and
+	// read the whole state from the log.
+	rightJoin
 )
 
 func (r right) String() string {
@@ -61,7 +65,7 @@ func (r right) String() string {
 		return "pool read access (a client or management token)"
 	case rightAgent:
 		return "agent access (an agent join token or a management token)"
-	case rightManage:
+	case rightManage, rightJoin:
 		return "management (a management token)"
 	}
 	return "a valid token"
@@ -72,7 +76,7 @@ func (r right) String() string {
 // TestEveryMethodHasARight keeps it complete.
 var methodRights = map[string]right{
 	gpupoolv1.ClusterService_ServerInfo_FullMethodName: rightOpen,
-	gpupoolv1.ClusterService_Join_FullMethodName:       rightOpen,
+	gpupoolv1.ClusterService_Join_FullMethodName:       rightJoin,
 	gpupoolv1.AclService_Bootstrap_FullMethodName:      rightOpen,
 
 	gpupoolv1.AclService_WhoAmI_FullMethodName:      rightAny,
@@ -338,8 +342,13 @@ func authorize(c *caller, method string) error {
 
 // check authenticates and authorizes one call.
 func (s *Server) check(ctx context.Context, method string) (*caller, error) {
-	if methodRights[method] == rightOpen {
+	switch methodRights[method] {
+	case rightOpen:
 		return anonymous, nil
+	case rightJoin:
+		if s.fsm.State().ACLBootstrapIndex() == 0 {
+			return anonymous, nil
+		}
 	}
 	c, err := s.authenticate(ctx)
 	if err != nil {
@@ -402,6 +411,15 @@ func (a *aclStream) SendMsg(m any) error {
 		return err
 	}
 	return a.ServerStream.SendMsg(m)
+}
+
+// withOwnToken adds the server's own token (Config.Token) to an outgoing
+// call to another server: the Join of a server joining or moving.
+func (s *Server) withOwnToken(ctx context.Context) context.Context {
+	if s.cfg.Token == "" {
+		return ctx
+	}
+	return metadata.AppendToOutgoingContext(ctx, AuthHeader, "Bearer "+s.cfg.Token)
 }
 
 // forwardAuth copies the caller's authorization header from an incoming

@@ -479,3 +479,25 @@ func TestWithoutACLEveryoneActsAsAnonymous(t *testing.T) {
 		t.Errorf("granted_by without ACL: got %q, want anonymous", got)
 	}
 }
+
+func TestJoinIsOpenOnlyUntilTheACLBootstrap(t *testing.T) {
+	ts := startServer(t, func(c *Config) { c.ACL = true })
+	join := func(c *client.Client) error {
+		_, err := gpupoolv1.NewClusterServiceClient(c.Conn()).Join(ctx(t), &gpupoolv1.JoinRequest{})
+		return err
+	}
+	// Before the bootstrap the cluster forms without tokens: the request
+	// reaches the handler, which refuses it for its empty fields.
+	wantStatus(t, join(ts.c), codes.InvalidArgument, "id, raft_address and rpc_address")
+
+	boot, err := gpupoolv1.NewAclServiceClient(ts.c.Conn()).Bootstrap(ctx(t), &gpupoolv1.AclBootstrapRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	as := &aclServer{testServer: ts, mgmt: boot.Secret}
+	as.c = ts.clientWith(t, boot.Secret)
+	_, cSecret := as.token(t, clientToken("a"))
+	wantStatus(t, join(ts.clientWith(t, "")), codes.Unauthenticated, "no ACL token")
+	wantStatus(t, join(ts.clientWith(t, cSecret)), codes.PermissionDenied, "Join", "lacks management")
+	wantStatus(t, join(as.c), codes.InvalidArgument, "id, raft_address and rpc_address")
+}

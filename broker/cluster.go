@@ -146,7 +146,7 @@ func (s *Server) joinVia(addr string) error {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	_, err = gpupoolv1.NewClusterServiceClient(conn).Join(ctx, &gpupoolv1.JoinRequest{
+	_, err = gpupoolv1.NewClusterServiceClient(conn).Join(s.withOwnToken(ctx), &gpupoolv1.JoinRequest{
 		Id: s.cfg.NodeID, RaftAddress: string(s.transport.LocalAddr()), RpcAddress: s.Addr(),
 	})
 	return err

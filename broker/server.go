@@ -63,6 +63,10 @@ type Config struct {
 	// ACL makes every RPC present a valid ACL token (see acl.go). Off,
 	// the broker accepts everyone: tests and `gpupool dev` only.
 	ACL bool
+	// Token is this server's own ACL token, a management token, sent when
+	// it asks to join a cluster whose ACL is bootstrapped (a new server,
+	// or one whose address changed). Not needed to form a new cluster.
+	Token string
 
 	Clock  clock.Clock
 	Logger *slog.Logger

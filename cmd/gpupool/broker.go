@@ -38,7 +38,10 @@ server with an empty data dir and only --join joins a running cluster.
 
 Security. ACL is on (--acl): every call needs a token (--token on the CLI,
 GPUPOOL_TOKEN), except the first 'gpupool operator acl bootstrap', which
-creates the management token. --insecure turns ACL off: every caller may do
+creates the management token. A server joining a cluster whose ACL is
+bootstrapped (a new server, or one restarted on a new address) sends --token
+(GPUPOOL_TOKEN), a management token; forming a new cluster needs none.
+--insecure turns ACL off: every caller may do
 everything. It is for tests and benchmarks on a closed machine only. See
 docs/security.md.`,
 		Example: `  # a 3-server cluster on one machine
@@ -68,6 +71,7 @@ docs/security.md.`,
 			if err := aclMode(cmd, &cfg, insecure); err != nil {
 				return err
 			}
+			cfg.Token = global.token
 			cfg.Logger = logger
 			if raftLog {
 				cfg.RaftLogOutput = os.Stderr
