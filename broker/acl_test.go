@@ -501,3 +501,23 @@ func TestJoinIsOpenOnlyUntilTheACLBootstrap(t *testing.T) {
 	wantStatus(t, join(ts.clientWith(t, cSecret)), codes.PermissionDenied, "Join", "lacks management")
 	wantStatus(t, join(as.c), codes.InvalidArgument, "id, raft_address and rpc_address")
 }
+
+func TestACLShowsClientsTheirOwnQuotasOnly(t *testing.T) {
+	as := startACLServer(t)
+	for _, tenant := range []string{"a", "b"} {
+		if _, err := as.c.Operator.SetQuota(ctx(t), &gpupoolv1.SetQuotaRequest{Quota: &gpupoolv1.Quota{Tenant: tenant, Gpus: 2}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	_, secret := as.token(t, clientToken("a"))
+	c := as.clientWith(t, secret)
+	resp, err := c.Operator.ListQuotas(ctx(t), &gpupoolv1.ListQuotasRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(resp.Quotas) != 1 || resp.Quotas[0].Quota.Tenant != "a" {
+		t.Errorf("a's quota list: got %v, want a's quota only", resp.Quotas)
+	}
+	_, err = c.Operator.ListQuotas(ctx(t), &gpupoolv1.ListQuotasRequest{Tenant: "b"})
+	wantStatus(t, err, codes.PermissionDenied, `not tenant "b"`)
+}

@@ -78,9 +78,13 @@ func (e operatorService) RemoveQuota(ctx context.Context, req *gpupoolv1.RemoveQ
 
 // ListQuotas lists the quotas, each with its tenant's usage.
 func (e operatorService) ListQuotas(ctx context.Context, req *gpupoolv1.ListQuotasRequest) (*gpupoolv1.ListQuotasResponse, error) {
+	c := callerFrom(ctx)
 	if req.Tenant != "" {
 		if err := lease.ValidateTenant("tenant", req.Tenant); err != nil {
 			return nil, toStatus(err)
+		}
+		if err := c.mayActFor(req.Tenant, "tenant"); err != nil {
+			return nil, err
 		}
 	}
 	if conn, fctx, err := e.s.readConn(ctx, req.Stale); err != nil {
@@ -91,11 +95,14 @@ func (e operatorService) ListQuotas(ctx context.Context, req *gpupoolv1.ListQuot
 	st := e.s.fsm.State()
 	resp := &gpupoolv1.ListQuotasResponse{}
 	for _, q := range st.Quotas() {
-		if req.Tenant == "" || q.Tenant == req.Tenant {
+		if (req.Tenant == "" || q.Tenant == req.Tenant) && c.mayActFor(q.Tenant, "") == nil {
 			resp.Quotas = append(resp.Quotas, quotaStatus(st, q))
 		}
 	}
 	if req.Tenant != "" && len(resp.Quotas) == 0 {
+		if !c.management() {
+			return nil, status.Errorf(codes.NotFound, "tenant %q: has no quota", req.Tenant)
+		}
 		return nil, noQuota(st, req.Tenant)
 	}
 	return resp, nil

@@ -25,7 +25,7 @@ token is a random secret; the brokers store only its SHA-256 and its scope:
 
   management  everything: tokens, quotas, drains, the Raft cluster, every tenant
   client      leases of its tenants (--tenant, --tenants), within --max-priority
-              and --preemptible-only, and reads of the pool
+              and --preemptible-only, reads of the pool and of its tenants' quotas
   agent       an agent's join token: register and heartbeat as one --host-id
 
 'bootstrap' creates the first management token, once per cluster. Pass a
