@@ -306,6 +306,13 @@ func TestACLIsolatesTenants(t *testing.T) {
 	if resp, err := ka.Recv(); err != nil || !strings.Contains(resp.Error, "renew lease "+aLease) || resp.TtlMs != 0 {
 		t.Errorf("b renewing a's lease: got %v, %v; want a refusal naming the lease", resp, err)
 	}
+	host, err := b.Pool.GetHost(ctx(t), &gpupoolv1.GetHostRequest{HostId: "h1"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(host.Leases) != 0 {
+		t.Errorf("b's host get: got %d leases, want none of a's", len(host.Leases))
+	}
 	list, err := b.Lease.List(ctx(t), &gpupoolv1.ListLeasesRequest{IncludeEnded: true})
 	if err != nil {
 		t.Fatal(err)
