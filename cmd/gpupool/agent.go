@@ -182,22 +182,23 @@ func runAgent(cmd *cobra.Command, o agentOpts) error {
 	if o.simControl != "" && !cmd.Flags().Changed("simulate") {
 		return usagef("--sim-control needs --simulate: only simulated GPUs can be driven")
 	}
+	token := globalToken()
 	if o.tokenFile != "" {
-		if global.token != "" {
+		if token != "" {
 			return usagef("--token-file with --token (or GPUPOOL_TOKEN): give one or the other")
 		}
 		b, err := os.ReadFile(o.tokenFile)
 		if err != nil {
 			return usagef("--token-file %s: %v", o.tokenFile, err)
 		}
-		if global.token = strings.TrimSpace(string(b)); global.token == "" {
+		if token = strings.TrimSpace(string(b)); token == "" {
 			return usagef("--token-file %s: the file is empty; it must hold the agent's join token", o.tokenFile)
 		}
 	}
 	switch {
-	case o.insecure && global.token != "":
+	case o.insecure && token != "":
 		return usagef("--token with --insecure: --insecure runs without a token; give one or the other")
-	case !o.insecure && global.token == "":
+	case !o.insecure && token == "":
 		return usagef("--token is required: an agent join token for this host ('gpupool operator acl token create --kind agent --host-id ID'), or --insecure for brokers without ACL")
 	case o.insecure:
 		fmt.Fprintln(cmd.ErrOrStderr(), "WARNING: --insecure: the agent sends no ACL token; only brokers started with --insecure accept it")
@@ -234,7 +235,7 @@ func runAgent(cmd *cobra.Command, o agentOpts) error {
 
 	a, err := agent.New(agent.Config{
 		Brokers:       addrs,
-		Token:         global.token,
+		Token:         token,
 		HostID:        hostID,
 		Address:       o.address,
 		Labels:        labels,

@@ -32,6 +32,12 @@ func TestAgentCommandRefusesBadInput(t *testing.T) {
 		{"neither a token nor --insecure", []string{"agent", "--broker", "127.0.0.1:1", "--host-id", "sim-1", "--simulate", "8xA100-80GB"},
 			[]string{"--token is required", "--kind agent --host-id", "--insecure"}},
 		{"a token with --insecure", with("--token", "abc"), []string{"--token with --insecure"}},
+		{"a missing token file", []string{"agent", "--broker", "127.0.0.1:1", "--host-id", "sim-1", "--token-file", filepath.Join(t.TempDir(), "absent")},
+			[]string{"--token-file", "no such file"}},
+		{"an empty token file", []string{"agent", "--broker", "127.0.0.1:1", "--host-id", "sim-1", "--token-file", emptyFile(t)},
+			[]string{"--token-file", "the file is empty"}},
+		{"a token file and a token", []string{"agent", "--broker", "127.0.0.1:1", "--host-id", "sim-1", "--token-file", emptyFile(t), "--token", "abc"},
+			[]string{"--token-file with --token"}},
 	})
 }
 
@@ -76,4 +82,14 @@ func TestDefaultHostIDIsTheStartOfTheMachineID(t *testing.T) {
 			}
 		})
 	}
+}
+
+// emptyFile returns the path of a new empty file.
+func emptyFile(t *testing.T) string {
+	t.Helper()
+	p := filepath.Join(t.TempDir(), "empty")
+	if err := os.WriteFile(p, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return p
 }

@@ -71,7 +71,7 @@ docs/security.md.`,
 			if err := aclMode(cmd, &cfg, insecure); err != nil {
 				return err
 			}
-			cfg.Token = global.token
+			cfg.Token = globalToken()
 			cfg.Logger = logger
 			if raftLog {
 				cfg.RaftLogOutput = os.Stderr

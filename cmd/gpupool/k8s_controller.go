@@ -147,7 +147,7 @@ func runK8sController(cmd *cobra.Command, o controllerOpts) error {
 	}
 	err = k8s.Run(cmd.Context(), k8s.Config{
 		Brokers:      addrs,
-		Token:        global.token,
+		Token:        globalToken(),
 		Kube:         kubeCfg,
 		Tenant:       o.tenant,
 		NodeSelector: selector,
