@@ -13,7 +13,6 @@ import (
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 
-	"github.com/gpupool/gpupool/broker/fsm"
 	gpupoolv1 "github.com/gpupool/gpupool/proto/gpupool/v1"
 )
 
@@ -125,7 +124,8 @@ var anonymous = &caller{}
 type callerKey struct{}
 
 // callerFrom returns the caller the interceptors verified; a context they
-// did not see (in-process calls) acts as the broker itself.
+// did not see (the server's own in-process calls) gets the anonymous
+// caller, which may do everything.
 func callerFrom(ctx context.Context) *caller {
 	if c, ok := ctx.Value(callerKey{}).(*caller); ok {
 		return c
@@ -443,9 +443,6 @@ func ActorText(a *gpupoolv1.Actor) string {
 	}
 	return fmt.Sprintf("%s (%s)", a.Name, a.AccessorId)
 }
-
-// eventActor is who caused an event, for watchers.
-func eventActor(ev fsm.Event) *gpupoolv1.Actor { return fsm.EventActor(ev) }
 
 // mayTouch returns PermissionDenied when the caller may not act on lease
 // l (another tenant's), naming the lease's tenant and the caller's. A nil
