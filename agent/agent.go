@@ -50,6 +50,8 @@ type Config struct {
 	// Brokers are the gRPC addresses of the broker servers; any of them
 	// will do.
 	Brokers []string
+	// Token is the agent's ACL join token (empty for brokers without ACL).
+	Token string
 	// HostID names this host, stable across restarts.
 	HostID string
 	// Address is the data-plane address (host:port) advertised to lease
@@ -264,10 +266,10 @@ func (a *Agent) Run(ctx context.Context) error {
 	}
 	a.log.Info("agent starting", attrs...)
 
-	c, err := client.Dial(a.cfg.Brokers, grpc.WithConnectParams(grpc.ConnectParams{
+	c, err := client.Dial(a.cfg.Brokers, append(client.Options{Token: a.cfg.Token}.DialOptions(), grpc.WithConnectParams(grpc.ConnectParams{
 		Backoff:           backoff.Config{BaseDelay: 100 * time.Millisecond, Multiplier: 1.6, Jitter: 0.2, MaxDelay: maxRetryDelay},
 		MinConnectTimeout: 5 * time.Second,
-	}))
+	}))...)
 	if err != nil {
 		return fmt.Errorf("agent: %w", err)
 	}

@@ -22,14 +22,19 @@ type testServer struct {
 	clock *clock.Fake
 }
 
-func startServer(t testing.TB) *testServer {
+// startServer starts a server; opts change its Config first.
+func startServer(t testing.TB, opts ...func(*Config)) *testServer {
 	t.Helper()
 	fake := clock.NewFake(time.Unix(1_700_000_000, 0))
-	s, err := New(Config{
+	cfg := Config{
 		DataDir: t.TempDir(), BindAddr: "127.0.0.1:0", RaftBindAddr: "127.0.0.1:0", BootstrapExpect: 1,
 		Clock: fake, HeartbeatInterval: time.Second, HeartbeatTTL: 5 * time.Second, LockDelay: 10 * time.Second,
 		PreemptGrace: 2 * time.Second, PendingGrace: 3 * time.Second,
-	})
+	}
+	for _, o := range opts {
+		o(&cfg)
+	}
+	s, err := New(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}

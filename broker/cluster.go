@@ -32,6 +32,7 @@ func (s *Server) selfInfo() *gpupoolv1.ServerInfoResponse {
 		RpcAddress:      s.Addr(),
 		Clustered:       s.clustered(),
 		BootstrapExpect: int32(s.cfg.BootstrapExpect),
+		AppliedIndex:    s.fsm.State().Index(),
 	}
 	if _, id := s.raft.LeaderWithID(); id != "" {
 		info.LeaderId = string(id)
@@ -146,7 +147,7 @@ func (s *Server) joinVia(addr string) error {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	_, err = gpupoolv1.NewClusterServiceClient(conn).Join(ctx, &gpupoolv1.JoinRequest{
+	_, err = gpupoolv1.NewClusterServiceClient(conn).Join(s.withOwnToken(ctx), &gpupoolv1.JoinRequest{
 		Id: s.cfg.NodeID, RaftAddress: string(s.transport.LocalAddr()), RpcAddress: s.Addr(),
 	})
 	return err

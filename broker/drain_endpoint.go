@@ -48,7 +48,8 @@ func (e poolService) DrainHost(ctx context.Context, req *gpupoolv1.DrainHostRequ
 		return nil, status.Errorf(codes.NotFound, "host %q: not found; see 'gpupool host ls'", req.HostId)
 	}
 	now := e.s.nowMs()
-	c := &gpupoolv1.DrainHostCommand{HostId: req.HostId, Cancel: req.Cancel, Reason: req.Reason, Force: req.Force, KeepDeadline: req.KeepDeadline, NowMs: now}
+	c := &gpupoolv1.DrainHostCommand{HostId: req.HostId, Cancel: req.Cancel, Reason: req.Reason, Force: req.Force, KeepDeadline: req.KeepDeadline, NowMs: now,
+		Actor: callerFrom(ctx).actor()}
 	if req.DeadlineAfterMs > 0 {
 		c.DeadlineMs = now + req.DeadlineAfterMs
 	}
@@ -63,7 +64,7 @@ func (e poolService) DrainHost(ctx context.Context, req *gpupoolv1.DrainHostRequ
 		}
 	}
 	e.s.log.Info("host drain", "host", req.HostId, "cancel", req.Cancel, "force", req.Force, "deadline", fsm.DeadlineText(res.Host.GetDrain().GetDeadlineMs()),
-		"status", fsm.HostStatusName(res.Host.GetStatus()), "leases", resp.Leases)
+		"status", fsm.HostStatusName(res.Host.GetStatus()), "leases", resp.Leases, "by", ActorText(callerFrom(ctx).actor()))
 	return resp, nil
 }
 

@@ -40,7 +40,9 @@ func (s *Server) leaderConn(ctx context.Context) (*grpc.ClientConn, context.Cont
 	if err != nil {
 		return nil, nil, status.Errorf(codes.Unavailable, "connect to leader %s at %s: %v", id, addr, err)
 	}
-	out := metadata.AppendToOutgoingContext(ctx, forwardedKey, s.cfg.NodeID)
+	// The caller's own token goes along and the leader checks it again:
+	// the forwarded marker grants nothing.
+	out := metadata.AppendToOutgoingContext(forwardAuth(ctx, ctx), forwardedKey, s.cfg.NodeID)
 	return conn, out, nil
 }
 

@@ -29,7 +29,14 @@ type leaseService struct {
 }
 
 func (e leaseService) Acquire(ctx context.Context, req *gpupoolv1.AcquireRequest) (*gpupoolv1.AcquireResponse, error) {
-	r := req.GetRequest()
+	if req.GetRequest() == nil {
+		return nil, toStatus(lease.Validate(nil))
+	}
+	req = proto.CloneOf(req)
+	r := req.Request
+	if err := callerFrom(ctx).scopeRequest(r); err != nil {
+		return nil, err
+	}
 	if err := lease.Validate(r); err != nil {
 		return nil, toStatus(err)
 	}
@@ -105,7 +112,7 @@ func (s *Server) acquire(ctx context.Context, r *gpupoolv1.LeaseRequest, wait ti
 		if wait <= 0 {
 			return nil, err
 		}
-		pl, qerr := s.enqueue(r)
+		pl, qerr := s.enqueue(r, callerFrom(ctx).actor())
 		if qerr != nil {
 			return nil, qerr
 		}
@@ -139,6 +146,7 @@ func (s *Server) acquire(ctx context.Context, r *gpupoolv1.LeaseRequest, wait ti
 		RequestId:         r.RequestId,
 		HostCpuMillicores: r.HostCpuMillicores,
 		HostMemoryMib:     r.HostMemoryMib,
+		GrantedBy:         callerFrom(ctx).actor(),
 	}
 	// The fast path: Apply checks the quota again in the grant's entry.
 	if err := fsm.CheckQuota(st, l); err != nil {
@@ -270,12 +278,16 @@ func (e leaseService) Release(ctx context.Context, req *gpupoolv1.ReleaseRequest
 	} else if conn != nil {
 		return gpupoolv1.NewLeaseServiceClient(conn).Release(fctx, req)
 	}
+	c := callerFrom(ctx)
+	if err := c.mayTouch(e.s.fsm.State().Lease(req.LeaseId), "release"); err != nil {
+		return nil, err
+	}
 	reason := "released by the holder"
 	if req.Reason != "" {
 		reason += ": " + req.Reason
 	}
 	res, err := e.s.apply(&gpupoolv1.EndLeaseCommand{
-		LeaseId: req.LeaseId, EndState: gpupoolv1.LeaseState_LEASE_STATE_RELEASED, Reason: reason, NowMs: e.s.nowMs(),
+		LeaseId: req.LeaseId, EndState: gpupoolv1.LeaseState_LEASE_STATE_RELEASED, Reason: reason, NowMs: e.s.nowMs(), Actor: c.actor(),
 	})
 	if err != nil {
 		return nil, toStatus(err)
@@ -295,6 +307,9 @@ func (e leaseService) Get(ctx context.Context, req *gpupoolv1.GetLeaseRequest) (
 	l := e.s.fsm.State().Lease(req.LeaseId)
 	if l == nil {
 		return nil, status.Errorf(codes.NotFound, "lease %q: not found", req.LeaseId)
+	}
+	if err := callerFrom(ctx).mayTouch(l, "get"); err != nil {
+		return nil, err
 	}
 	st := e.s.fsm.State()
 	return &gpupoolv1.GetLeaseResponse{Lease: e.s.view(e.s.pendingExplainer(st), l)}, nil
@@ -328,6 +343,12 @@ func (e leaseService) List(ctx context.Context, req *gpupoolv1.ListLeasesRequest
 			return nil, status.Errorf(codes.InvalidArgument, "states %d: must be one of pending, granted, releasing, released, expired, revoked", st)
 		}
 	}
+	c := callerFrom(ctx)
+	if req.Tenant != "" {
+		if err := c.mayActFor(req.Tenant, "tenant"); err != nil {
+			return nil, err
+		}
+	}
 	if conn, fctx, err := e.s.readConn(ctx, req.Stale); err != nil {
 		return nil, err
 	} else if conn != nil {
@@ -341,7 +362,7 @@ func (e leaseService) List(ctx context.Context, req *gpupoolv1.ListLeasesRequest
 	}
 	why := e.s.pendingExplainer(st)
 	for _, l := range candidates {
-		if leaseMatches(l, req) {
+		if leaseMatches(l, req) && c.sees(l) {
 			resp.Leases = append(resp.Leases, e.s.view(why, l))
 		}
 	}
@@ -351,10 +372,23 @@ func (e leaseService) List(ctx context.Context, req *gpupoolv1.ListLeasesRequest
 // Watch is served from this server's own state: every server applies the
 // same log, so any of them can stream its changes.
 func (e leaseService) Watch(req *gpupoolv1.WatchLeasesRequest, stream grpc.ServerStreamingServer[gpupoolv1.LeaseEvent]) error {
+	c := callerFrom(stream.Context())
+	if req.Tenant != "" {
+		if err := c.mayActFor(req.Tenant, "tenant"); err != nil {
+			return err
+		}
+	}
+	if req.LeaseId != "" {
+		if l := e.s.fsm.State().Lease(req.LeaseId); l != nil {
+			if err := c.mayTouch(l, "watch"); err != nil {
+				return err
+			}
+		}
+	}
 	events, cancel := e.s.fsm.Subscribe()
 	defer cancel()
 	match := func(l *gpupoolv1.Lease) bool {
-		return (req.Tenant == "" || l.Tenant == req.Tenant) && (req.LeaseId == "" || l.Id == req.LeaseId)
+		return (req.Tenant == "" || l.Tenant == req.Tenant) && (req.LeaseId == "" || l.Id == req.LeaseId) && c.sees(l)
 	}
 	sendAll := func() (uint64, error) {
 		st := e.s.fsm.State()
@@ -362,7 +396,8 @@ func (e leaseService) Watch(req *gpupoolv1.WatchLeasesRequest, stream grpc.Serve
 			if ended(l.State) || !match(l) {
 				continue
 			}
-			ev := &gpupoolv1.LeaseEvent{Type: gpupoolv1.LeaseEventType_LEASE_EVENT_TYPE_SNAPSHOT, Lease: l, Index: l.ModifyIndex}
+			ev := &gpupoolv1.LeaseEvent{Type: gpupoolv1.LeaseEventType_LEASE_EVENT_TYPE_SNAPSHOT, Lease: l, Index: l.ModifyIndex,
+				Actor: fsm.EventActor(fsm.Event{Type: gpupoolv1.LeaseEventType_LEASE_EVENT_TYPE_SNAPSHOT, Lease: l})}
 			if err := stream.Send(ev); err != nil {
 				return 0, err
 			}
@@ -392,7 +427,7 @@ func (e leaseService) Watch(req *gpupoolv1.WatchLeasesRequest, stream grpc.Serve
 			if ev.Lease == nil || ev.Index <= since || !match(ev.Lease) {
 				continue
 			}
-			if err := stream.Send(&gpupoolv1.LeaseEvent{Type: ev.Type, Lease: ev.Lease, Index: ev.Index, Message: ev.Text(), DeadlineMs: ev.DeadlineMs}); err != nil {
+			if err := stream.Send(&gpupoolv1.LeaseEvent{Type: ev.Type, Lease: ev.Lease, Index: ev.Index, Message: ev.Text(), DeadlineMs: ev.DeadlineMs, Actor: fsm.EventActor(ev)}); err != nil {
 				return err
 			}
 		}
@@ -408,6 +443,7 @@ func (e leaseService) Watch(req *gpupoolv1.WatchLeasesRequest, stream grpc.Serve
 // here), so a holder that (re)connects after the fact (a new leader, a new
 // process) still learns of them.
 func (e leaseService) KeepAlive(stream grpc.BidiStreamingServer[gpupoolv1.KeepAliveRequest, gpupoolv1.KeepAliveResponse]) error {
+	c := callerFrom(stream.Context())
 	watched := map[string]bool{}
 	noticed := map[noticeKey]bool{} // notices sent on this stream
 	send := func(ev fsm.Event) error {
@@ -424,7 +460,7 @@ func (e leaseService) KeepAlive(stream grpc.BidiStreamingServer[gpupoolv1.KeepAl
 		}
 		return stream.Send(&gpupoolv1.KeepAliveResponse{
 			LeaseId: ev.Lease.Id, State: ev.Lease.State,
-			Event: &gpupoolv1.LeaseEvent{Type: ev.Type, Lease: e.s.withLeaderView(ev.Lease), Index: ev.Index, Message: ev.Text(), DeadlineMs: ev.DeadlineMs},
+			Event: &gpupoolv1.LeaseEvent{Type: ev.Type, Lease: e.s.withLeaderView(ev.Lease), Index: ev.Index, Message: ev.Text(), DeadlineMs: ev.DeadlineMs, Actor: fsm.EventActor(ev)},
 		})
 	}
 	return serveOnLeader(e.s, stream,
@@ -432,6 +468,9 @@ func (e leaseService) KeepAlive(stream grpc.BidiStreamingServer[gpupoolv1.KeepAl
 			return gpupoolv1.NewLeaseServiceClient(conn).KeepAlive(ctx)
 		},
 		func(ls *leaderState, r *gpupoolv1.KeepAliveRequest) error {
+			if err := c.mayTouch(e.s.fsm.State().Lease(r.LeaseId), "renew"); err != nil {
+				return stream.Send(&gpupoolv1.KeepAliveResponse{LeaseId: r.LeaseId, Error: status.Convert(err).Message()})
+			}
 			first := !watched[r.LeaseId]
 			watched[r.LeaseId] = true
 			resp := e.s.renew(ls, r.LeaseId)

@@ -82,8 +82,9 @@ func (e poolService) GetHost(ctx context.Context, req *gpupoolv1.GetHostRequest)
 	h.Devices = st.HostDevices(h.Id)
 	h = e.s.withLiveView(h)
 	resp := &gpupoolv1.GetHostResponse{Host: h}
+	c := callerFrom(ctx)
 	for _, l := range st.HostLeases(h.Id) {
-		if !ended(l.State) {
+		if !ended(l.State) && c.sees(l) {
 			resp.Leases = append(resp.Leases, e.s.withLeaderView(l))
 		}
 	}

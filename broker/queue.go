@@ -316,9 +316,10 @@ func (ls *leaderState) waiting(id string) bool {
 }
 
 // enqueue adds r to the queue as a pending lease and returns it.
-func (s *Server) enqueue(r *gpupoolv1.LeaseRequest) (*gpupoolv1.Lease, error) {
+func (s *Server) enqueue(r *gpupoolv1.LeaseRequest, by *gpupoolv1.Actor) (*gpupoolv1.Lease, error) {
 	l := &gpupoolv1.Lease{
-		Id: "l-" + randomHex(8), Tenant: r.Tenant, Holder: r.Holder, Request: r, Class: r.Class, Priority: r.Priority,
+		GrantedBy: by,
+		Id:        "l-" + randomHex(8), Tenant: r.Tenant, Holder: r.Holder, Request: r, Class: r.Class, Priority: r.Priority,
 		TtlMs: r.TtlMs, CreatedAtMs: s.nowMs(), RequestId: r.RequestId,
 		HostCpuMillicores: r.HostCpuMillicores, HostMemoryMib: r.HostMemoryMib,
 	}

@@ -313,7 +313,7 @@ func TestAPendingLeaseWithoutAWaiterLeavesAfterTheGrace(t *testing.T) {
 	// came back: nobody waits on it here.
 	r := whole(1)
 	r.Tenant, r.RequestId, r.Class = "default", "orphan", gua
-	l, err := ts.s.enqueue(r)
+	l, err := ts.s.enqueue(r, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

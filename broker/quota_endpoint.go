@@ -31,9 +31,12 @@ func (e operatorService) SetQuota(ctx context.Context, req *gpupoolv1.SetQuotaRe
 	}
 	q := proto.Clone(req.Quota).(*gpupoolv1.Quota)
 	q.UpdatedAtMs = e.s.nowMs()
-	if _, err := e.s.apply(&gpupoolv1.SetQuotaCommand{Tenant: q.Tenant, Quota: q}); err != nil {
+	by := callerFrom(ctx).actor()
+	q.UpdatedBy = by
+	if _, err := e.s.apply(&gpupoolv1.SetQuotaCommand{Tenant: q.Tenant, Quota: q, Actor: by}); err != nil {
 		return nil, toStatus(err)
 	}
+	e.s.log.Info("quota set", "tenant", q.Tenant, "gpus", q.Gpus, "memory_mib", q.MemoryMib, "compute_percent", q.ComputePercent, "by", ActorText(by))
 	if ls := e.s.currentLeader(); ls != nil {
 		ls.kickQueue() // a raised quota may let a pending lease through
 	}
@@ -62,9 +65,11 @@ func (e operatorService) RemoveQuota(ctx context.Context, req *gpupoolv1.RemoveQ
 	if old == nil {
 		return nil, noQuota(e.s.fsm.State(), req.Tenant)
 	}
-	if _, err := e.s.apply(&gpupoolv1.SetQuotaCommand{Tenant: req.Tenant}); err != nil {
+	by := callerFrom(ctx).actor()
+	if _, err := e.s.apply(&gpupoolv1.SetQuotaCommand{Tenant: req.Tenant, Actor: by}); err != nil {
 		return nil, toStatus(err)
 	}
+	e.s.log.Info("quota removed", "tenant", req.Tenant, "by", ActorText(by))
 	if ls := e.s.currentLeader(); ls != nil {
 		ls.kickQueue()
 	}
@@ -73,9 +78,13 @@ func (e operatorService) RemoveQuota(ctx context.Context, req *gpupoolv1.RemoveQ
 
 // ListQuotas lists the quotas, each with its tenant's usage.
 func (e operatorService) ListQuotas(ctx context.Context, req *gpupoolv1.ListQuotasRequest) (*gpupoolv1.ListQuotasResponse, error) {
+	c := callerFrom(ctx)
 	if req.Tenant != "" {
 		if err := lease.ValidateTenant("tenant", req.Tenant); err != nil {
 			return nil, toStatus(err)
+		}
+		if err := c.mayActFor(req.Tenant, "tenant"); err != nil {
+			return nil, err
 		}
 	}
 	if conn, fctx, err := e.s.readConn(ctx, req.Stale); err != nil {
@@ -86,11 +95,14 @@ func (e operatorService) ListQuotas(ctx context.Context, req *gpupoolv1.ListQuot
 	st := e.s.fsm.State()
 	resp := &gpupoolv1.ListQuotasResponse{}
 	for _, q := range st.Quotas() {
-		if req.Tenant == "" || q.Tenant == req.Tenant {
+		if (req.Tenant == "" || q.Tenant == req.Tenant) && c.mayActFor(q.Tenant, "") == nil {
 			resp.Quotas = append(resp.Quotas, quotaStatus(st, q))
 		}
 	}
 	if req.Tenant != "" && len(resp.Quotas) == 0 {
+		if !c.management() {
+			return nil, status.Errorf(codes.NotFound, "tenant %q: has no quota", req.Tenant)
+		}
 		return nil, noQuota(st, req.Tenant)
 	}
 	return resp, nil

@@ -104,7 +104,7 @@ func (s *Server) askAddressUpdate() (string, error) {
 			continue
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		ctx = metadata.AppendToOutgoingContext(ctx, addressUpdateKey, "1")
+		ctx = metadata.AppendToOutgoingContext(s.withOwnToken(ctx), addressUpdateKey, "1")
 		_, err = gpupoolv1.NewClusterServiceClient(conn).Join(ctx, req)
 		cancel()
 		if err == nil {

@@ -63,6 +63,13 @@ type Config struct {
 	// PendingGrace is how long a pending lease waits for its client to
 	// return after a leader change before it leaves the queue.
 	PendingGrace time.Duration
+	// ACL makes every RPC present a valid ACL token (see acl.go). Off,
+	// the broker accepts everyone: tests and `gpupool dev` only.
+	ACL bool
+	// Token is this server's own ACL token, a management token, sent when
+	// it asks to join a cluster whose ACL is bootstrapped (a new server,
+	// or one whose address changed). Not needed to form a new cluster.
+	Token string
 
 	Clock  clock.Clock
 	Logger *slog.Logger
@@ -226,13 +233,13 @@ func New(cfg Config) (*Server, error) {
 		return nil, fmt.Errorf("broker: listen on --bind %s: %w", cfg.BindAddr, err)
 	}
 	s.listener = lis
-	s.grpc = grpc.NewServer()
+	s.grpc = grpc.NewServer(grpc.ChainUnaryInterceptor(s.unaryACL), grpc.ChainStreamInterceptor(s.streamACL))
 	s.registerServices()
 	s.goFunc(func() { _ = s.grpc.Serve(lis) })
 	s.goFunc(s.monitorLeadership)
 	s.goFunc(s.formCluster)
 	s.goFunc(s.keepOwnAddressCurrent)
-	s.log.Info("broker started", "id", s.cfg.NodeID, "rpc", s.Addr(), "raft", s.cfg.RaftBindAddr, "data_dir", s.cfg.DataDir)
+	s.log.Info("broker started", "id", s.cfg.NodeID, "rpc", s.Addr(), "raft", s.cfg.RaftBindAddr, "data_dir", s.cfg.DataDir, "acl", s.cfg.ACL)
 	return s, nil
 }
 

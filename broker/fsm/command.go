@@ -34,6 +34,9 @@ const (
 	// The queue and preemption change which grants happen: not ignorable.
 	EnqueueLeaseType  MessageType = 13
 	PreemptLeasesType MessageType = 14
+	// ACL tokens decide who may call: not ignorable.
+	CreateACLTokenType MessageType = 15
+	RevokeACLTokenType MessageType = 16
 )
 
 // IgnoreUnknownTypeFlag marks a command that servers which do not know its
@@ -74,6 +77,10 @@ func newMessage(t MessageType) proto.Message {
 		return &gpupoolv1.EnqueueLeaseCommand{}
 	case PreemptLeasesType:
 		return &gpupoolv1.PreemptLeasesCommand{}
+	case CreateACLTokenType:
+		return &gpupoolv1.CreateAclTokenCommand{}
+	case RevokeACLTokenType:
+		return &gpupoolv1.RevokeAclTokenCommand{}
 	}
 	return nil
 }
@@ -109,6 +116,10 @@ func TypeOf(m proto.Message) (MessageType, error) {
 		return EnqueueLeaseType, nil
 	case *gpupoolv1.PreemptLeasesCommand:
 		return PreemptLeasesType, nil
+	case *gpupoolv1.CreateAclTokenCommand:
+		return CreateACLTokenType, nil
+	case *gpupoolv1.RevokeAclTokenCommand:
+		return RevokeACLTokenType, nil
 	}
 	return 0, fmt.Errorf("fsm: %T is not a command", m)
 }

@@ -77,7 +77,7 @@ func DeadlineText(deadlineMs int64) string {
 // sends it again to each KeepAlive stream that starts renewing l later.
 func DrainNotice(h *gpupoolv1.Host, l *gpupoolv1.Lease) Event {
 	return Event{
-		Lease: l, Type: gpupoolv1.LeaseEventType_LEASE_EVENT_TYPE_DRAIN_NOTICE, DeadlineMs: h.Drain.DeadlineMs,
+		Lease: l, Type: gpupoolv1.LeaseEventType_LEASE_EVENT_TYPE_DRAIN_NOTICE, DeadlineMs: h.Drain.DeadlineMs, Actor: h.Drain.By,
 		Message: fmt.Sprintf("host %s draining (%s), %s: release the lease before then or it is revoked", h.Id, h.Drain.Reason, DeadlineText(h.Drain.DeadlineMs)),
 	}
 }
@@ -115,6 +115,9 @@ func applyDrainHost(w *state.Writer, index uint64, c *gpupoolv1.DrainHostCommand
 		h.Drain.DeadlineMs = c.DeadlineMs
 	}
 	h.Drain.Reason = cmp.Or(c.Reason, h.Drain.Reason)
+	if c.Actor != nil && c.IfDeadlineMs == 0 {
+		h.Drain.By = clone(c.Actor)
+	}
 	h.Drain.Force = h.Drain.Force || c.Force
 	h.Eligible = false
 	h.StatusReason = h.Drain.Reason
@@ -134,6 +137,7 @@ func applyDrainHost(w *state.Writer, index uint64, c *gpupoolv1.DrainHostCommand
 		}
 		if h.Drain.Force || l.Class == gpupoolv1.LeaseClass_LEASE_CLASS_PREEMPTIBLE {
 			nl := endLease(l, index, gpupoolv1.LeaseState_LEASE_STATE_REVOKED, fmt.Sprintf("host %s drained: %s", h.Id, why), c.NowMs)
+			nl.EndedBy = actorOr(c.Actor)
 			w.PutLease(nl)
 			evs = append(evs, Event{Lease: nl, Type: gpupoolv1.LeaseEventType_LEASE_EVENT_TYPE_RELEASING})
 			continue

@@ -19,6 +19,9 @@ type Event struct {
 	// DeadlineMs is, for a DRAIN_NOTICE, when the lease is revoked (Unix
 	// ms; 0 for no deadline).
 	DeadlineMs int64
+	// Actor is who caused the event when the lease does not say (a
+	// drain's notice); see EventActor.
+	Actor *gpupoolv1.Actor
 	// Reset means the whole state was replaced (snapshot restore):
 	// subscribers must re-read everything.
 	Reset bool
@@ -31,6 +34,26 @@ func (e Event) Text() string {
 		return e.Message
 	}
 	return e.Lease.Reason
+}
+
+// EventActor is who caused the event, for the audit trail: the event's own
+// actor, else the lease's granted_by for a grant and ended_by for an end.
+// Nil when the record does not say (records older than the audit fields).
+func EventActor(e Event) *gpupoolv1.Actor {
+	if e.Actor != nil || e.Lease == nil {
+		return e.Actor
+	}
+	switch e.Type {
+	case gpupoolv1.LeaseEventType_LEASE_EVENT_TYPE_GRANTED, gpupoolv1.LeaseEventType_LEASE_EVENT_TYPE_GROWN,
+		gpupoolv1.LeaseEventType_LEASE_EVENT_TYPE_SNAPSHOT:
+		return e.Lease.GrantedBy
+	case gpupoolv1.LeaseEventType_LEASE_EVENT_TYPE_RELEASING, gpupoolv1.LeaseEventType_LEASE_EVENT_TYPE_ENDED,
+		gpupoolv1.LeaseEventType_LEASE_EVENT_TYPE_LOST:
+		return e.Lease.EndedBy
+	case gpupoolv1.LeaseEventType_LEASE_EVENT_TYPE_PREEMPT_NOTICE:
+		return BrokerActor()
+	}
+	return nil
 }
 
 // subscriberBuffer is how many events a subscriber may lag before it is

@@ -45,6 +45,8 @@ func (e *PreconditionError) Error() string { return e.Reason }
 type Result struct {
 	Lease *gpupoolv1.Lease
 	Host  *gpupoolv1.Host
+	// Token is the ACL token a token command created or revoked.
+	Token *gpupoolv1.AclToken
 	// Existing is set when a grant matched an earlier one by request id.
 	Existing bool
 	Err      error
@@ -121,6 +123,10 @@ func (f *FSM) apply(index uint64, msg proto.Message) *Result {
 		res, evs = applyEnqueueLease(w, index, c)
 	case *gpupoolv1.PreemptLeasesCommand:
 		res, evs = applyPreemptLeases(w, index, c)
+	case *gpupoolv1.CreateAclTokenCommand:
+		res = applyCreateACLToken(w, index, c)
+	case *gpupoolv1.RevokeAclTokenCommand:
+		res = applyRevokeACLToken(w, c)
 	default:
 		res = &Result{Err: fmt.Errorf("%w: %T", ErrInvalid, msg)}
 	}
@@ -344,7 +350,11 @@ func applyGrantLease(w *state.Writer, index uint64, c *gpupoolv1.GrantLeaseComma
 	l.CreateIndex, l.ModifyIndex = index, index
 	l.StateChangedAtMs = l.CreatedAtMs
 	l.Reason = "granted"
+	l.GrantedBy = actorOr(l.GrantedBy)
 	if pending != nil {
+		if pending.GrantedBy != nil {
+			l.GrantedBy = clone(pending.GrantedBy)
+		}
 		// The queue's arrival order and the wait stay on the record.
 		l.CreateIndex, l.CreatedAtMs = pending.CreateIndex, pending.CreatedAtMs
 		l.StateChangedAtMs = max(c.NowMs, l.CreatedAtMs)
@@ -399,6 +409,7 @@ func endLease(l *gpupoolv1.Lease, index uint64, end gpupoolv1.LeaseState, reason
 	nl.StateChangedAtMs = nowMs
 	nl.ModifyIndex = index
 	nl.ExpiresAtMs = 0
+	nl.EndedBy = BrokerActor()
 	return nl
 }
 
@@ -418,6 +429,7 @@ func applyEndLease(w *state.Writer, index uint64, c *gpupoolv1.EndLeaseCommand) 
 	if l.State == gpupoolv1.LeaseState_LEASE_STATE_PENDING {
 		// A pending lease holds nothing: it ends at once.
 		nl := endLease(l, index, c.EndState, c.Reason, c.NowMs)
+		nl.EndedBy = actorOr(c.Actor)
 		nl.State, nl.EndState = c.EndState, gpupoolv1.LeaseState_LEASE_STATE_UNSPECIFIED
 		w.PutLease(nl)
 		return &Result{Lease: nl}, []Event{{Lease: nl, Type: gpupoolv1.LeaseEventType_LEASE_EVENT_TYPE_ENDED}}
@@ -427,6 +439,7 @@ func applyEndLease(w *state.Writer, index uint64, c *gpupoolv1.EndLeaseCommand) 
 		return &Result{Lease: l}, nil
 	}
 	nl := endLease(l, index, c.EndState, c.Reason, c.NowMs)
+	nl.EndedBy = actorOr(c.Actor)
 	nl.Lost = c.Lost
 	w.PutLease(nl)
 	return &Result{Lease: nl}, []Event{{Lease: nl, Type: gpupoolv1.LeaseEventType_LEASE_EVENT_TYPE_RELEASING}}

@@ -53,6 +53,9 @@ func testLog() []proto.Message {
 		pendingLease("p-1", "r1"),
 		preemptible("v-1", "h1", 0),
 		&gpupoolv1.PreemptLeasesCommand{LeaseIds: []string{"v-1"}, ForLease: "p-1", DeadlineMs: 9000, Reason: "room"},
+		bootstrapToken("t-boot", 1),
+		createToken(clientTok("t-a", 2, "a")),
+		&gpupoolv1.RevokeAclTokenCommand{AccessorId: "t-a", NowMs: 9500, Actor: &gpupoolv1.Actor{AccessorId: "t-boot", Name: "bootstrap"}},
 	}
 }
 

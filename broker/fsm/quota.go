@@ -247,6 +247,9 @@ func applySetQuota(w *state.Writer, c *gpupoolv1.SetQuotaCommand) *Result {
 	}
 	q := clone(c.Quota)
 	q.Tenant = c.Tenant
+	if c.Actor != nil {
+		q.UpdatedBy = clone(c.Actor)
+	}
 	if err := validateQuotaLimits(q); err != nil {
 		return &Result{Err: err}
 	}

@@ -42,6 +42,10 @@ func schema() *memdb.DBSchema {
 		tableKeys: {Name: tableKeys, Indexes: map[string]*memdb.IndexSchema{
 			indexID: {Name: indexID, Unique: true, Indexer: &memdb.StringFieldIndex{Field: "Id"}},
 		}},
+		tableACLTokens: {Name: tableACLTokens, Indexes: map[string]*memdb.IndexSchema{
+			indexID:         {Name: indexID, Unique: true, Indexer: &memdb.StringFieldIndex{Field: "AccessorId"}},
+			indexSecretHash: {Name: indexSecretHash, Unique: true, Indexer: secretHashIndex{}},
+		}},
 		tableQuotas: {Name: tableQuotas, Indexes: map[string]*memdb.IndexSchema{
 			indexID: {Name: indexID, Unique: true, Indexer: &memdb.StringFieldIndex{Field: "Tenant"}},
 		}},

@@ -244,6 +244,9 @@ func (r *Reader) Encode() ([]byte, error) {
 
 		SigningKeys: r.SigningKeys(),
 		Quotas:      r.Quotas(),
+
+		AclTokens:         r.ACLTokens(),
+		AclBootstrapIndex: r.ACLBootstrapIndex(),
 	}
 	return proto.MarshalOptions{Deterministic: true}.Marshal(snap)
 }
@@ -275,6 +278,12 @@ func (s *Store) Restore(b []byte) error {
 	w.SetSigningKeys(snap.SigningKeys)
 	for _, v := range snap.Quotas {
 		w.PutQuota(v)
+	}
+	for _, v := range snap.AclTokens {
+		w.PutACLToken(v)
+	}
+	if snap.AclBootstrapIndex != 0 {
+		w.SetACLBootstrapIndex(snap.AclBootstrapIndex)
 	}
 	w.Commit(snap.Index)
 	s.db.Store(db)

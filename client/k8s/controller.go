@@ -44,6 +44,10 @@ var ErrLostLeadership = errors.New("k8s controller: lost leadership")
 type Config struct {
 	// Brokers are the broker addresses.
 	Brokers []string
+	// Token is the controller's ACL token: a client token for Tenant (it
+	// lists, acquires and releases that tenant's leases and reads the
+	// pool). Empty for brokers without ACL.
+	Token string
 	// Kube reaches the apiserver.
 	Kube *rest.Config
 	// Tenant of the binder's leases; empty means DefaultTenant.
@@ -112,7 +116,7 @@ func Run(ctx context.Context, cfg Config) error {
 	if err != nil {
 		return fmt.Errorf("k8s controller: %w", err)
 	}
-	c, err := client.Dial(cfg.Brokers)
+	c, err := client.Dial(cfg.Brokers, client.Options{Token: cfg.Token}.DialOptions()...)
 	if err != nil {
 		return err
 	}

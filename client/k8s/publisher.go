@@ -129,7 +129,7 @@ func CheckPoolName(hostID string) error {
 // one. Every slice it returns passes the apiserver's validation.
 func BuildResources(hosts []*gpupoolv1.Host, leases []*gpupoolv1.Lease, cfg PublisherConfig) *resourceslice.DriverResources {
 	cfg = cfg.withDefaults()
-	held := heldOutside(leases, cfg.Tenant)
+	held := heldOutside(hosts, leases, cfg.Tenant)
 	sel := nodeSelector(cfg.NodeSelector)
 	out := &resourceslice.DriverResources{Pools: map[string]resourceslice.Pool{}}
 	for _, h := range hosts {
@@ -175,23 +175,41 @@ type usage struct {
 	exclusive bool
 }
 
-// heldOutside sums, per device UUID, the slices of leases of other tenants
-// than tenant that hold capacity: granted or releasing.
-func heldOutside(leases []*gpupoolv1.Lease, tenant string) map[string]usage {
-	out := map[string]usage{}
+// heldOutside is, per device UUID, what leases of other tenants than
+// tenant hold of it (granted or releasing). It is the larger of two
+// readings: the other tenants' leases the controller can see, and the
+// device's allocation less the tenant's own leases. A controller whose ACL
+// token is scoped to its own tenant sees only its own leases, so the second
+// reading is what keeps it from offering capacity other tenants hold.
+func heldOutside(hosts []*gpupoolv1.Host, leases []*gpupoolv1.Lease, tenant string) map[string]usage {
+	others, own := map[string]usage{}, map[string]usage{}
 	for _, l := range leases {
-		if l.GetTenant() == tenant {
-			continue
-		}
 		if s := l.GetState(); s != gpupoolv1.LeaseState_LEASE_STATE_GRANTED && s != gpupoolv1.LeaseState_LEASE_STATE_RELEASING {
 			continue
 		}
+		sum := others
+		if l.GetTenant() == tenant {
+			sum = own
+		}
 		for _, s := range l.GetSlices() {
-			u := out[s.GetDevice()]
+			u := sum[s.GetDevice()]
 			u.memoryMiB += s.GetMemoryMib()
 			u.compute += int64(s.GetComputePercent())
 			u.exclusive = u.exclusive || s.GetExclusive()
-			out[s.GetDevice()] = u
+			sum[s.GetDevice()] = u
+		}
+	}
+	out := others
+	for _, h := range hosts {
+		for _, d := range h.GetDevices() {
+			mine := own[d.GetUuid()]
+			u := out[d.GetUuid()]
+			u.memoryMiB = max(u.memoryMiB, d.GetAllocatedMemoryMib()-mine.memoryMiB)
+			u.compute = max(u.compute, int64(d.GetAllocatedComputePercent())-mine.compute)
+			u.exclusive = u.exclusive || (d.GetAllocatedExclusive() && !mine.exclusive)
+			if u != (usage{}) {
+				out[d.GetUuid()] = u
+			}
 		}
 	}
 	return out

@@ -38,6 +38,14 @@ func readyHost(id string, n int32) *gpupoolv1.Host {
 	return h
 }
 
+// allocated sets gpu-0's allocation as the brokers report it: every
+// holding lease of every tenant.
+func allocated(h *gpupoolv1.Host, memMiB int64, compute int32, exclusive bool) *gpupoolv1.Host {
+	d := h.Devices[0]
+	d.AllocatedMemoryMib, d.AllocatedComputePercent, d.AllocatedExclusive = memMiB, compute, exclusive
+	return h
+}
+
 func withStatus(h *gpupoolv1.Host, s gpupoolv1.HostStatus, reason string) *gpupoolv1.Host {
 	h.Status, h.StatusReason = s, reason
 	return h
@@ -108,6 +116,15 @@ func TestBuildResourcesPublishesWhatIsLeftForKubernetes(t *testing.T) {
 		{"1 MiB left takes no step: the apiserver wants min plus a step within the capacity",
 			readyHost("h1", 1), []*gpupoolv1.Lease{lease("ml", granted, "GPU-h1-0", 81919, 50, false)},
 			published{memory: "1Mi", compute: "50", memoryPolicy: "80Gi/1Mi/none"}},
+		{"with a tenant-scoped token, other tenants' use is the allocation less Kubernetes' own leases",
+			allocated(readyHost("h1", 1), 30720, 40, false), []*gpupoolv1.Lease{lease(DefaultTenant, granted, "GPU-h1-0", 10240, 15, false)},
+			published{memory: "60Gi", compute: "75", memoryPolicy: "80Gi/1Mi/1Mi"}},
+		{"with a tenant-scoped token, a GPU allocated whole to another tenant is busy",
+			allocated(readyHost("h1", 1), 81920, 100, true), nil,
+			published{memory: "0", compute: "0", taints: []string{TaintBusy + "=:NoSchedule"}}},
+		{"a GPU Kubernetes holds whole is not busy for it",
+			allocated(readyHost("h1", 1), 81920, 100, true), []*gpupoolv1.Lease{lease(DefaultTenant, granted, "GPU-h1-0", 81920, 100, true)},
+			published{memory: "80Gi", compute: "100", memoryPolicy: "80Gi/1Mi/1Mi"}},
 		{"a draining host's GPUs are tainted NoExecute with the reason",
 			withStatus(readyHost("h1", 1), gpupoolv1.HostStatus_HOST_STATUS_DRAINING, "drain requested"), nil,
 			published{memory: "80Gi", compute: "100", memoryPolicy: "80Gi/1Mi/1Mi", taints: []string{TaintDraining + "=drain-requested:NoExecute"}}},

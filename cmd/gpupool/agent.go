@@ -24,6 +24,8 @@ import (
 var machineIDFile = "/etc/machine-id"
 
 type agentOpts struct {
+	insecure   bool
+	tokenFile  string
 	dataBind   string
 	dataDir    string
 	mps        string
@@ -79,13 +81,21 @@ new leases.
 With --simulate, tests and demos drive the simulated GPUs through a control
 socket (--sim-control): see 'gpupool agent simulate --help'.
 
+Security. The agent joins with an agent token (--token or GPUPOOL_TOKEN)
+made for its --host-id ('gpupool operator acl token create --kind agent
+--host-id ID'); the brokers refuse it for any other host id. --insecure runs
+without a token, against brokers started with --insecure.
+
 --broker defaults to $GPUPOOL_ADDR, else --addr. --host-id defaults to the
 first 12 characters of /etc/machine-id, else the hostname.`,
 		Example: `  # offer this host's GPUs to a cluster
   gpupool agent --broker 10.0.0.1:7641,10.0.0.2:7641,10.0.0.3:7641 --label zone=eu-1a
 
-  # a simulated DGX A100 for a local 'gpupool dev' cluster
-  gpupool agent --simulate 8xA100-80GB --host-id sim-1
+  # with its join token
+  GPUPOOL_TOKEN=<agent secret> gpupool agent --broker 10.0.0.1:7641 --host-id gpu-07
+
+  # a simulated DGX A100 for brokers without ACL
+  gpupool agent --simulate 8xA100-80GB --host-id sim-1 --insecure
 
   # a simulated mixed host that also offers host CPU and memory
   gpupool agent --simulate 4xA100-80GB,4xH100-80GB --host-id sim-2 --cpu 32000 --host-memory 131072`,
@@ -93,6 +103,8 @@ first 12 characters of /etc/machine-id, else the hostname.`,
 		RunE: func(cmd *cobra.Command, _ []string) error { return runAgent(cmd, o) },
 	}
 	f := cmd.Flags()
+	f.StringVar(&o.tokenFile, "token-file", "", "read the agent join token from this file (e.g. a mounted Kubernetes Secret) instead of --token")
+	f.BoolVar(&o.insecure, "insecure", false, "talk to the brokers without an ACL token (brokers started with --insecure): for tests and benchmarks only")
 	f.StringVar(&o.brokers, "broker", "", "broker addresses, comma-separated (default $GPUPOOL_ADDR, else --addr)")
 	f.StringVar(&o.simulate, "simulate", "", "simulate GPUs instead of using NVML, e.g. 8xA100-80GB, 4xA100-80GB,4xH100-80GB or 8xA100-40GB:nvlink=4:pcie=4")
 	f.StringVar(&o.hostID, "host-id", "", "stable id of this host (default: /etc/machine-id's first 12 characters, else the hostname)")
@@ -170,6 +182,27 @@ func runAgent(cmd *cobra.Command, o agentOpts) error {
 	if o.simControl != "" && !cmd.Flags().Changed("simulate") {
 		return usagef("--sim-control needs --simulate: only simulated GPUs can be driven")
 	}
+	token := globalToken()
+	if o.tokenFile != "" {
+		if token != "" {
+			return usagef("--token-file with --token (or GPUPOOL_TOKEN): give one or the other")
+		}
+		b, err := os.ReadFile(o.tokenFile)
+		if err != nil {
+			return usagef("--token-file %s: %v", o.tokenFile, err)
+		}
+		if token = strings.TrimSpace(string(b)); token == "" {
+			return usagef("--token-file %s: the file is empty; it must hold the agent's join token", o.tokenFile)
+		}
+	}
+	switch {
+	case o.insecure && token != "":
+		return usagef("--token with --insecure: --insecure runs without a token; give one or the other")
+	case !o.insecure && token == "":
+		return usagef("--token is required: an agent join token for this host ('gpupool operator acl token create --kind agent --host-id ID'), or --insecure for brokers without ACL")
+	case o.insecure:
+		fmt.Fprintln(cmd.ErrOrStderr(), "WARNING: --insecure: the agent sends no ACL token; only brokers started with --insecure accept it")
+	}
 	mpsCtl, err := newMPS(o.mps, filepath.Join(o.dataDir, "mps"), logger)
 	if err != nil {
 		return err
@@ -202,6 +235,7 @@ func runAgent(cmd *cobra.Command, o agentOpts) error {
 
 	a, err := agent.New(agent.Config{
 		Brokers:       addrs,
+		Token:         token,
 		HostID:        hostID,
 		Address:       o.address,
 		Labels:        labels,

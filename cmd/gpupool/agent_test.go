@@ -7,14 +7,14 @@ import (
 )
 
 func TestAgentCommandRefusesBadInput(t *testing.T) {
-	sim := []string{"agent", "--broker", "127.0.0.1:1", "--host-id", "sim-1", "--simulate", "8xA100-80GB"}
+	sim := []string{"agent", "--insecure", "--broker", "127.0.0.1:1", "--host-id", "sim-1", "--simulate", "8xA100-80GB"}
 	with := func(extra ...string) []string { return append(append([]string{}, sim...), extra...) }
 	checkUsageErrors(t, []usageCase{
 		{"a label without =", with("--label", "foo"), []string{`--label "foo"`, "key=value"}},
 		{"a label without a key", with("--label", "=x"), []string{`--label "=x"`, "key=value"}},
-		{"a zero count of simulated GPUs", []string{"agent", "--broker", "127.0.0.1:1", "--simulate", "0xA100-80GB"}, []string{`--simulate "0xA100-80GB"`, "count 0 must be between 1 and 64"}},
-		{"an unknown simulated model", []string{"agent", "--broker", "127.0.0.1:1", "--simulate", "8xB200"}, []string{`model "B200"`, "A100-40GB, A100-80GB, H100-80GB"}},
-		{"an empty simulation spec", []string{"agent", "--broker", "127.0.0.1:1", "--simulate", ""}, []string{`--simulate ""`, "NxMODEL"}},
+		{"a zero count of simulated GPUs", []string{"agent", "--insecure", "--broker", "127.0.0.1:1", "--simulate", "0xA100-80GB"}, []string{`--simulate "0xA100-80GB"`, "count 0 must be between 1 and 64"}},
+		{"an unknown simulated model", []string{"agent", "--insecure", "--broker", "127.0.0.1:1", "--simulate", "8xB200"}, []string{`model "B200"`, "A100-40GB, A100-80GB, H100-80GB"}},
+		{"an empty simulation spec", []string{"agent", "--insecure", "--broker", "127.0.0.1:1", "--simulate", ""}, []string{`--simulate ""`, "NxMODEL"}},
 		{"a host id with a space", with("--host-id", "gpu 7"), []string{`--host-id "gpu 7"`, "letters, digits"}},
 		{"negative host CPU", with("--cpu", "-5"), []string{"--cpu -5", "0 or more"}},
 		{"negative host memory", with("--host-memory", "-1"), []string{"--host-memory -1", "0 or more"}},
@@ -29,6 +29,15 @@ func TestAgentCommandRefusesBadInput(t *testing.T) {
 		{"an empty data dir", with("--data-dir", ""), []string{"--data-dir is empty"}},
 		{"a control socket without simulation", []string{"agent", "--broker", "127.0.0.1:1", "--sim-control", "/tmp/x.sock"}, []string{"--sim-control needs --simulate"}},
 		{"an unknown flag", with("--watchdog", "1s"), []string{"unknown flag: --watchdog"}},
+		{"neither a token nor --insecure", []string{"agent", "--broker", "127.0.0.1:1", "--host-id", "sim-1", "--simulate", "8xA100-80GB"},
+			[]string{"--token is required", "--kind agent --host-id", "--insecure"}},
+		{"a token with --insecure", with("--token", "abc"), []string{"--token with --insecure"}},
+		{"a missing token file", []string{"agent", "--broker", "127.0.0.1:1", "--host-id", "sim-1", "--token-file", filepath.Join(t.TempDir(), "absent")},
+			[]string{"--token-file", "no such file"}},
+		{"an empty token file", []string{"agent", "--broker", "127.0.0.1:1", "--host-id", "sim-1", "--token-file", emptyFile(t)},
+			[]string{"--token-file", "the file is empty"}},
+		{"a token file and a token", []string{"agent", "--broker", "127.0.0.1:1", "--host-id", "sim-1", "--token-file", emptyFile(t), "--token", "abc"},
+			[]string{"--token-file with --token"}},
 	})
 }
 
@@ -73,4 +82,14 @@ func TestDefaultHostIDIsTheStartOfTheMachineID(t *testing.T) {
 			}
 		})
 	}
+}
+
+// emptyFile returns the path of a new empty file.
+func emptyFile(t *testing.T) string {
+	t.Helper()
+	p := filepath.Join(t.TempDir(), "empty")
+	if err := os.WriteFile(p, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return p
 }

@@ -20,6 +20,7 @@ func newBrokerCmd() *cobra.Command {
 		logLevel string
 		raftLog  bool
 		metrics  string
+		insecure bool
 	)
 	cmd := &cobra.Command{
 		Use:   "broker --data-dir DIR --bind ADDR (--bootstrap-expect N | --join ADDR,...)",
@@ -32,14 +33,27 @@ A new cluster forms once --bootstrap-expect servers can reach each other
 through --join. A server restarted on its data dir rejoins by itself, also on a
 new --raft-bind/--bind address (it asks the leader, through --join, to update
 its address; restart servers one at a time so a majority stays reachable); a
-server with an empty data dir and only --join joins a running cluster.`,
+server with an empty data dir and only --join joins a running cluster.
+
+Security. ACL is on (--acl): every call needs a token (--token on the CLI,
+GPUPOOL_TOKEN), except the first 'gpupool operator acl bootstrap', which
+creates the management token. A server joining a cluster whose ACL is
+bootstrapped (a new server, or one restarted on a new address) sends --token
+(GPUPOOL_TOKEN), a management token; forming a new cluster needs none.
+--insecure turns ACL off: every caller may do
+everything. It is for tests and benchmarks on a closed machine only. See
+docs/security.md.`,
 		Example: `  # a 3-server cluster on one machine
   gpupool broker --data-dir /var/lib/gpupool/b1 --bind 127.0.0.1:7641 --bootstrap-expect 3 --join 127.0.0.1:7643,127.0.0.1:7645
   gpupool broker --data-dir /var/lib/gpupool/b2 --bind 127.0.0.1:7643 --bootstrap-expect 3 --join 127.0.0.1:7641,127.0.0.1:7645
   gpupool broker --data-dir /var/lib/gpupool/b3 --bind 127.0.0.1:7645 --bootstrap-expect 3 --join 127.0.0.1:7641,127.0.0.1:7643
 
-  # a single server for experiments
-  gpupool broker --data-dir /tmp/gp --bind 127.0.0.1:7641 --bootstrap-expect 1`,
+  # a single server for experiments, then its first token
+  gpupool broker --data-dir /tmp/gp --bind 127.0.0.1:7641 --bootstrap-expect 1
+  gpupool operator acl bootstrap --addr 127.0.0.1:7641
+
+  # a throw-away server for a benchmark: no ACL
+  gpupool broker --data-dir /tmp/gp --bind 127.0.0.1:7641 --bootstrap-expect 1 --insecure`,
 		Args: noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			logger, err := newLogger(logLevel)
@@ -53,6 +67,10 @@ server with an empty data dir and only --join joins a running cluster.`,
 			if cfg.BootstrapExpect == 0 && len(cfg.Join) == 0 {
 				return usagef("give --bootstrap-expect N to form a new cluster of N servers, or --join ADDR,... to join a running one")
 			}
+			if err := aclMode(cmd, &cfg, insecure); err != nil {
+				return err
+			}
+			cfg.Token = globalToken()
 			cfg.Logger = logger
 			if raftLog {
 				cfg.RaftLogOutput = os.Stderr
@@ -65,7 +83,11 @@ server with an empty data dir and only --join joins a running cluster.`,
 				s.Shutdown()
 				return err
 			}
-			fmt.Fprintf(cmd.ErrOrStderr(), "broker %s serving gRPC on %s, raft on %s, data in %s\n", s.ID(), s.Addr(), cfg.RaftBindAddr, cfg.DataDir)
+			acl := "ACL on"
+			if !cfg.ACL {
+				acl = "ACL OFF (--insecure)"
+			}
+			fmt.Fprintf(cmd.ErrOrStderr(), "broker %s serving gRPC on %s, raft on %s, data in %s, %s\n", s.ID(), s.Addr(), cfg.RaftBindAddr, cfg.DataDir, acl)
 			<-cmd.Context().Done()
 			logger.Info("shutting down", "id", s.ID())
 			return s.Shutdown()
@@ -87,7 +109,29 @@ server with an empty data dir and only --join joins a running cluster.`,
 	f.StringVar(&logLevel, "log-level", "info", "log level: debug, info, warn or error")
 	f.BoolVar(&raftLog, "raft-log", false, "also print raft's own warnings")
 	f.StringVar(&metrics, "metrics-bind", "", "serve Prometheus metrics at http://ADDR/metrics (e.g. 127.0.0.1:9641); empty serves none")
+	f.BoolVar(&cfg.ACL, "acl", true, "check an ACL token on every call (off only with --insecure)")
+	f.BoolVar(&insecure, "insecure", false, "accept every call without a token: for tests and benchmarks only, never for a real pool")
 	return cmd
+}
+
+// insecureWarning is printed by a broker or agent started with --insecure.
+const insecureWarning = `WARNING: --insecure: ACL is OFF. Every caller that can reach this server may
+acquire, release and watch any tenant's leases, drain hosts and restore
+snapshots. Use it for tests and benchmarks on a closed machine only.`
+
+// aclMode applies --acl and --insecure: ACL stays on unless --insecure.
+func aclMode(cmd *cobra.Command, cfg *broker.Config, insecure bool) error {
+	if !cfg.ACL && !insecure {
+		return usagef("--acl=false: ACL can only be turned off with --insecure, which says what it costs")
+	}
+	if insecure {
+		if cmd.Flags().Changed("acl") && cfg.ACL {
+			return usagef("--acl with --insecure: --insecure turns ACL off; give one or the other")
+		}
+		cfg.ACL = false
+		fmt.Fprintln(cmd.ErrOrStderr(), insecureWarning)
+	}
+	return nil
 }
 
 // noArgs rejects positional arguments with a usage error.

@@ -93,6 +93,11 @@ func (o devOpts) validate() error {
 	return nil
 }
 
+// devBanner is what dev says first: it runs without any security.
+const devBanner = `*** gpupool dev: a local pool for trying things out. NOT FOR PRODUCTION. ***
+*** No TLS and no ACL: the brokers accept every call from anyone who can ***
+*** reach 127.0.0.1, with no token. See docs/security.md for a real pool.  ***`
+
 // devChild is one process of the dev pool.
 type devChild struct {
 	name string
@@ -140,7 +145,7 @@ func runDev(cmd *cobra.Command, o devOpts) error {
 		}
 		args := []string{"broker", "--node-id", fmt.Sprintf("broker-%d", i+1), "--data-dir", filepath.Join(dir, fmt.Sprintf("broker-%d", i+1)),
 			"--bind", a, "--bootstrap-expect", strconv.Itoa(o.brokers), "--heartbeat-interval", "1s", "--heartbeat-ttl", "5s", "--lock-delay", "10s",
-			"--preempt-grace", o.grace.String(),
+			"--preempt-grace", o.grace.String(), "--insecure",
 			"--metrics-bind", net.JoinHostPort(o.ip, strconv.Itoa(o.basePort+50+i))}
 		if len(join) > 0 {
 			args = append(args, "--join", strings.Join(join, ","))
@@ -149,7 +154,7 @@ func runDev(cmd *cobra.Command, o devOpts) error {
 	}
 	for i := range o.hosts {
 		children = append(children, &devChild{name: fmt.Sprintf("host-%d", i+1), args: []string{
-			"agent", "--broker", strings.Join(addrs, ","), "--simulate", o.simulate, "--host-id", fmt.Sprintf("host-%d", i+1),
+			"agent", "--insecure", "--broker", strings.Join(addrs, ","), "--simulate", o.simulate, "--host-id", fmt.Sprintf("host-%d", i+1),
 			"--data-bind", net.JoinHostPort(o.ip, strconv.Itoa(o.basePort+100+i)),
 			"--data-dir", filepath.Join(dir, fmt.Sprintf("host-%d", i+1)),
 			"--metrics-bind", net.JoinHostPort(o.ip, strconv.Itoa(o.basePort+150+i)),
@@ -165,7 +170,7 @@ func runDev(cmd *cobra.Command, o devOpts) error {
 	}
 	defer stopAll(children)
 
-	fmt.Fprintf(out, "\ngpupool dev: a local pool for trying things out. NOT FOR PRODUCTION: no TLS, no authentication.\n\n")
+	fmt.Fprintf(out, "\n%s\n\n", devBanner)
 	for i, c := range children[:o.brokers] {
 		fmt.Fprintf(out, "  %-9s pid %-7d gRPC %s  raft %s:%d  metrics http://%s:%d/metrics  data %s\n",
 			c.name, c.cmd.Process.Pid, addrs[i], o.ip, o.basePort+2*i+1, o.ip, o.basePort+50+i, filepath.Join(dir, c.name))

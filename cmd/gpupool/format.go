@@ -20,6 +20,7 @@ import (
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/reflect/protoreflect"
 
+	"github.com/gpupool/gpupool/broker"
 	"github.com/gpupool/gpupool/client"
 	"github.com/gpupool/gpupool/internal/quantity"
 	gpupoolv1 "github.com/gpupool/gpupool/proto/gpupool/v1"
@@ -291,6 +292,12 @@ func printLease(w io.Writer, l *gpupoolv1.Lease) error {
 	}
 	if l.GetReason() != "" {
 		kv.row("REASON", l.GetReason())
+	}
+	if a := l.GetGrantedBy(); a != nil {
+		kv.row("GRANTED BY", broker.ActorText(a))
+	}
+	if a := l.GetEndedBy(); a != nil {
+		kv.row("ENDED BY", broker.ActorText(a))
 	}
 	if l.GetViolations() > 0 {
 		kv.row("VIOLATIONS", fmt.Sprintf("%d, last: %s", l.GetViolations(), l.GetLastViolation()))

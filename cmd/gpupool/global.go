@@ -22,6 +22,7 @@ type globalOpts struct {
 	addr    string
 	output  string
 	timeout time.Duration
+	token   string
 }
 
 var global globalOpts
@@ -35,6 +36,16 @@ func addGlobalFlags(root *cobra.Command) {
 	pf.StringVar(&global.addr, "addr", def, "broker addresses, comma-separated (env GPUPOOL_ADDR)")
 	pf.StringVarP(&global.output, "output", "o", "table", "output format: table or json")
 	pf.DurationVar(&global.timeout, "timeout", 30*time.Second, "how long to wait for the brokers")
+	// The default is not the environment's: --help would print the secret.
+	pf.StringVar(&global.token, "token", "", "ACL token secret sent to the brokers (default $GPUPOOL_TOKEN); see 'gpupool operator acl'")
+}
+
+// globalToken is --token, else $GPUPOOL_TOKEN.
+func globalToken() string {
+	if global.token != "" {
+		return global.token
+	}
+	return os.Getenv("GPUPOOL_TOKEN")
 }
 
 // checkOutput validates -o; commands call it before doing anything.
@@ -55,7 +66,7 @@ func dial() (*client.Client, error) {
 	if len(addrs) == 0 {
 		return nil, usagef("--addr is empty: give one or more broker addresses, e.g. 127.0.0.1:7641")
 	}
-	return client.Dial(addrs)
+	return client.Dial(addrs, client.Options{Token: globalToken()}.DialOptions()...)
 }
 
 // callCtx bounds one call by --timeout.

@@ -12,6 +12,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/gpupool/gpupool/broker"
 	"github.com/gpupool/gpupool/client"
 	"github.com/gpupool/gpupool/internal/quantity"
 	gpupoolv1 "github.com/gpupool/gpupool/proto/gpupool/v1"
@@ -307,6 +308,9 @@ func printHostDetail(w io.Writer, resp *gpupoolv1.GetHostResponse, now time.Time
 	kv.row("ELIGIBLE", yesNo(h.GetEligible()))
 	if d := h.GetDrain(); d != nil {
 		kv.row("DRAIN", fmt.Sprintf("%s; started %s ago; %s", d.GetReason(), ageSince(now, d.GetStartedAtMs()), deadlineText(d, now)))
+		if d.GetBy() != nil {
+			kv.row("DRAINED BY", broker.ActorText(d.GetBy()))
+		}
 	}
 	kv.row("ADDRESS", orDash(h.GetAddress()))
 	kv.row("HEARTBEAT", heartbeatAge(h.GetLastHeartbeatAgeMs()))

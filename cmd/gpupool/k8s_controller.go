@@ -63,7 +63,12 @@ pod. Leases are renewed, and released when the claim is deallocated or
 deleted; a new leader takes over the leases of the last one and releases those
 whose claim is gone.
 
-The brokers are --addr (default $GPUPOOL_ADDR). --kubeconfig defaults to the
+The brokers are --addr (default $GPUPOOL_ADDR). With ACL on (the brokers'
+default) it needs its own token, --token or $GPUPOOL_TOKEN: a client token for
+--tenant ('gpupool operator acl token create --kind client --tenant k8s'),
+which lets it manage that tenant's leases and read the pool, and nothing else.
+It then sees other tenants' use of a GPU only as the GPU's allocation.
+--kubeconfig defaults to the
 in-cluster service account, else $KUBECONFIG or ~/.kube/config. It needs RBAC
 for resourceslices (get, list, watch, create, update, delete), resourceclaims
 (get, list, watch), resourceclaims/status (update), resourceclaims/driver
@@ -142,6 +147,7 @@ func runK8sController(cmd *cobra.Command, o controllerOpts) error {
 	}
 	err = k8s.Run(cmd.Context(), k8s.Config{
 		Brokers:      addrs,
+		Token:        globalToken(),
 		Kube:         kubeCfg,
 		Tenant:       o.tenant,
 		NodeSelector: selector,

@@ -17,6 +17,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/gpupool/gpupool/broker"
 	"github.com/gpupool/gpupool/client"
 	gpupoolv1 "github.com/gpupool/gpupool/proto/gpupool/v1"
 )
@@ -114,7 +115,7 @@ func (f *acquireFlags) register(cmd *cobra.Command) {
 	fs.StringArrayVar(&f.labels, "label", nil, "only hosts with this label, key=value (repeatable)")
 	fs.StringVar(&f.topology, "topology", "", "how the GPUs relate: "+strings.Join(enumLabels[gpupoolv1.Topology](), ", ")+" (default: no constraint)")
 	fs.DurationVar(&f.ttl, "ttl", 5*time.Minute, "how long the lease lives without renewal, 1s to 24h")
-	fs.StringVar(&f.tenant, "tenant", "default", "tenant whose quota the lease counts against")
+	fs.StringVar(&f.tenant, "tenant", "", `tenant whose quota the lease counts against (default: your client token's first tenant, else "default")`)
 	fs.StringVar(&f.holder, "holder", defaultHolder(), "who holds the lease (free-form: job name, pod UID)")
 	fs.StringVar(&f.requestID, "request-id", "", "idempotency key: acquiring again with the same tenant and key returns the same lease (default: a new UUID)")
 	fs.StringVar(&f.class, "class", "guaranteed", "lease class: "+strings.Join(enumLabels[gpupoolv1.LeaseClass](), ", "))
@@ -216,7 +217,7 @@ func (f *acquireFlags) leaseRequest() (*gpupoolv1.LeaseRequest, error) {
 	if f.ttl < minLeaseTTL || f.ttl > maxLeaseTTL {
 		return nil, usagef("--ttl %s: must be between %s and %s", f.ttl, minLeaseTTL, maxLeaseTTL)
 	}
-	if strings.TrimSpace(f.tenant) == "" {
+	if f.changed("tenant") && strings.TrimSpace(f.tenant) == "" {
 		return nil, usagef("--tenant is empty: name the tenant whose quota the lease counts against, e.g. --tenant default")
 	}
 	if req.Class, err = parseEnumFlag[gpupoolv1.LeaseClass]("class", f.class); err != nil {
@@ -654,6 +655,9 @@ func keepAliveLine(r *gpupoolv1.KeepAliveResponse) string {
 		}
 		if ev.GetType() == gpupoolv1.LeaseEventType_LEASE_EVENT_TYPE_PREEMPT_NOTICE && ev.GetDeadlineMs() > 0 {
 			line += " (revoked at " + formatTimeMs(ev.GetDeadlineMs()) + ")"
+		}
+		if a := ev.GetActor(); a != nil {
+			line += " [by " + broker.ActorText(a) + "]"
 		}
 		return line
 	}

@@ -109,7 +109,7 @@ func TestAcquireBuildsTheRequest(t *testing.T) {
 			args: []string{"--memory", "20GiB", "--compute", "25%", "--holder", "me@box"},
 			want: &gpupoolv1.LeaseRequest{
 				Count: 1, MemoryMib: 20480, ComputePercent: 25, TtlMs: 300000,
-				RequestId: "generated-id", Tenant: "default", Holder: "me@box",
+				RequestId: "generated-id", Holder: "me@box",
 				Class: gpupoolv1.LeaseClass_LEASE_CLASS_GUARANTEED, Constraints: &gpupoolv1.Constraints{},
 			},
 		},
@@ -132,7 +132,7 @@ func TestAcquireBuildsTheRequest(t *testing.T) {
 			args: []string{"--memory", "20GiB", "--compute", "25", "--elastic", "2..6", "--holder", "me@box", "--wait", "10m"},
 			want: &gpupoolv1.LeaseRequest{
 				Count: 2, ElasticMax: 6, MemoryMib: 20480, ComputePercent: 25, TtlMs: 300000,
-				RequestId: "generated-id", Tenant: "default", Holder: "me@box",
+				RequestId: "generated-id", Holder: "me@box",
 				Class: gpupoolv1.LeaseClass_LEASE_CLASS_GUARANTEED, Constraints: &gpupoolv1.Constraints{},
 			},
 		},
@@ -141,7 +141,7 @@ func TestAcquireBuildsTheRequest(t *testing.T) {
 			args: []string{"--exclusive", "--elastic", " 3..3 ", "--holder", "me@box"},
 			want: &gpupoolv1.LeaseRequest{
 				Count: 3, ElasticMax: 3, Exclusive: true, TtlMs: 300000,
-				RequestId: "generated-id", Tenant: "default", Holder: "me@box",
+				RequestId: "generated-id", Holder: "me@box",
 				Class: gpupoolv1.LeaseClass_LEASE_CLASS_GUARANTEED, Constraints: &gpupoolv1.Constraints{},
 			},
 		},

@@ -75,6 +75,12 @@ func errorMessage(err error) string {
 		if st.Code() == codes.DeadlineExceeded {
 			return "timed out waiting for the brokers: " + st.Message()
 		}
+		if st.Code() == codes.Unauthenticated {
+			return "unauthenticated: " + st.Message()
+		}
+		if st.Code() == codes.PermissionDenied {
+			return "permission denied: " + st.Message()
+		}
 		return st.Message()
 	}
 	return err.Error()

@@ -33,16 +33,17 @@ const snapshotChunkSize = 1 << 20
 func newOperatorCmd() *cobra.Command {
 	return newGroupCmd(&cobra.Command{
 		Use:   "operator",
-		Short: "Manage the broker cluster: Raft membership, leadership, snapshots, tenant quotas",
+		Short: "Manage the broker cluster: Raft membership, leadership, snapshots, tenant quotas, ACL tokens",
 		Long: `Operator commands act on the broker cluster itself rather than on the pool:
 list and remove Raft peers, move leadership, save or restore a snapshot
 of the whole state (hosts, devices, leases), and cap what each tenant may
-hold with quotas.`,
+hold with quotas, and manage the ACL tokens that say who may call the brokers.`,
 		Example: `  gpupool operator raft peers
   gpupool operator raft transfer-leadership --to broker-2
   gpupool operator snapshot save backup.snap
   gpupool operator snapshot restore backup.snap
-  gpupool operator quota set sim --gpus 8 --memory 320GiB --compute 800`,
+  gpupool operator quota set sim --gpus 8 --memory 320GiB --compute 800
+  gpupool operator acl bootstrap`,
 	},
 		newGroupCmd(&cobra.Command{
 			Use:   "raft",
@@ -83,6 +84,7 @@ plus a minute), then is dropped.`,
 			newKeysRotateCmd(),
 		),
 		newQuotaCmd(),
+		newACLCmd(),
 	)
 }
 

@@ -58,7 +58,7 @@ Examples:
   gpupool dev                # in another terminal: a local pool
   go run ./examples/elastic-sim --min 2 --max 16 --memory 20GiB --compute 25 --plot elastic.png
   go run ./examples/elastic-sim --work 5000 --csv /tmp/sim.csv
-  GPUPOOL_ADDR=10.0.0.5:7641 go run ./examples/elastic-sim --duration 10m
+  GPUPOOL_ADDR=10.0.0.5:7641 GPUPOOL_TOKEN=<client token> go run ./examples/elastic-sim --duration 10m
 
 Flags:
 `
@@ -242,7 +242,9 @@ func (o options) request() *gpupoolv1.LeaseRequest {
 // releases the lease and writes the CSV and the chart. It returns an
 // error wrapping errLeaseLost when the lease ended under the job.
 func simulate(ctx context.Context, o options, out io.Writer) error {
-	c, err := client.Dial(o.brokers)
+	// With ACL on, the job's client token comes from $GPUPOOL_TOKEN, as
+	// for the CLI; 'gpupool dev' needs none.
+	c, err := client.Dial(o.brokers, client.Options{Token: os.Getenv("GPUPOOL_TOKEN")}.DialOptions()...)
 	if err != nil {
 		return err
 	}

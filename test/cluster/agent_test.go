@@ -69,7 +69,7 @@ func TestAgentWithoutNVMLReportsNoGPUsAndStaysUp(t *testing.T) {
 		t.Skip("starts real processes")
 	}
 	cl := newCluster(t, 0)
-	p := cl.newProc("nvml-host", "agent", "--broker", strings.Join(cl.addrs, ","), "--host-id", "nvml-host", "--data-bind", "127.0.0.1:0",
+	p := cl.newProc("nvml-host", "agent", "--insecure", "--broker", strings.Join(cl.addrs, ","), "--host-id", "nvml-host", "--data-bind", "127.0.0.1:0",
 		"--data-dir", filepath.Join(cl.dir, "nvml-host"))
 	cl.agents = append(cl.agents, p) // stopped with the cluster
 	p.start(t)

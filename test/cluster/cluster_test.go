@@ -105,11 +105,30 @@ type cluster struct {
 	agents  []*proc
 	addrs   []string
 	c       *client.Client
+	// secure clusters run with ACL on: agents and clients need tokens.
+	secure bool
 }
 
+// newCluster starts three brokers without ACL (--insecure) and agents
+// simulated agents, and waits for the agents to register.
 func newCluster(t *testing.T, agents int) *cluster {
 	t.Helper()
-	cl := &cluster{t: t, dir: t.TempDir()}
+	return startCluster(t, &cluster{t: t, dir: t.TempDir()}, agents)
+}
+
+// newSecureCluster starts three brokers with ACL on (the default) and no
+// agents; cl.c carries no token.
+func newSecureCluster(t *testing.T) *cluster {
+	t.Helper()
+	return startCluster(t, &cluster{t: t, dir: t.TempDir(), secure: true}, 0)
+}
+
+func startCluster(t *testing.T, cl *cluster, agents int) *cluster {
+	t.Helper()
+	var aclArgs []string
+	if !cl.secure {
+		aclArgs = []string{"--insecure"}
+	}
 	var raftAddrs []string
 	for i := range 3 {
 		ip := fmt.Sprintf("127.0.0.%d", i+2)
@@ -123,10 +142,10 @@ func newCluster(t *testing.T, agents int) *cluster {
 				join = append(join, a)
 			}
 		}
-		cl.brokers = append(cl.brokers, cl.newProc(fmt.Sprintf("broker-%d", i+1),
-			"broker", "--node-id", fmt.Sprintf("broker-%d", i+1), "--data-dir", filepath.Join(cl.dir, fmt.Sprintf("broker-%d", i+1)),
+		args := []string{"broker", "--node-id", fmt.Sprintf("broker-%d", i+1), "--data-dir", filepath.Join(cl.dir, fmt.Sprintf("broker-%d", i+1)),
 			"--bind", cl.addrs[i], "--raft-bind", raftAddrs[i], "--bootstrap-expect", "3", "--join", strings.Join(join, ","),
-			"--heartbeat-interval", "500ms", "--heartbeat-ttl", "5s", "--preempt-grace", "3s", "--log-level", "debug"))
+			"--heartbeat-interval", "500ms", "--heartbeat-ttl", "5s", "--preempt-grace", "3s", "--log-level", "debug"}
+		cl.brokers = append(cl.brokers, cl.newProc(fmt.Sprintf("broker-%d", i+1), append(args, aclArgs...)...))
 	}
 	for i := range agents {
 		cl.agents = append(cl.agents, cl.newAgent(i))
@@ -154,7 +173,9 @@ func newCluster(t *testing.T, agents int) *cluster {
 	}
 	t.Cleanup(func() { c.Close() })
 	cl.c = c
-	cl.waitForHosts(agents)
+	if !cl.secure {
+		cl.waitForHosts(agents)
+	}
 	return cl
 }
 
@@ -168,6 +189,9 @@ func (cl *cluster) newAgent(i int, extra ...string) *proc {
 	name := fmt.Sprintf("host-%d", i+1)
 	args := append([]string{"agent", "--broker", strings.Join(cl.addrs, ","), "--simulate", "8xA100-80GB", "--host-id", name,
 		"--data-dir", cl.agentDir(i), "--data-bind", "127.0.0.1:0", "--log-level", "debug"}, agentWatchdog...)
+	if !cl.secure {
+		args = append(args, "--insecure")
+	}
 	return cl.newProc(name, append(args, extra...)...)
 }
 
@@ -447,7 +471,7 @@ func TestBrokerRefusesACorruptDataDir(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			tt.setup()
-			out, err := exec.Command(binary, "broker", "--data-dir", dir, "--bind", freePort(t, "127.0.0.1"), "--bootstrap-expect", "1").CombinedOutput()
+			out, err := exec.Command(binary, "broker", "--insecure", "--data-dir", dir, "--bind", freePort(t, "127.0.0.1"), "--bootstrap-expect", "1").CombinedOutput()
 			if err == nil || !strings.Contains(string(out), tt.want) {
 				t.Fatalf("got err %v, output %q; want a failure mentioning %q", err, out, tt.want)
 			}

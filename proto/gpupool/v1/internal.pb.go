@@ -72,8 +72,11 @@ type ServerInfoResponse struct {
 	LeaderRpcAddress string `protobuf:"bytes,6,opt,name=leader_rpc_address,json=leaderRpcAddress,proto3" json:"leader_rpc_address,omitempty"`
 	// The server's --bootstrap-expect; servers bootstrap only when they agree.
 	BootstrapExpect int32 `protobuf:"varint,7,opt,name=bootstrap_expect,json=bootstrapExpect,proto3" json:"bootstrap_expect,omitempty"`
-	unknownFields   protoimpl.UnknownFields
-	sizeCache       protoimpl.SizeCache
+	// The server's last applied Raft index: a follower that does not know
+	// a token waits until it has applied as much as the leader had.
+	AppliedIndex  uint64 `protobuf:"varint,8,opt,name=applied_index,json=appliedIndex,proto3" json:"applied_index,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *ServerInfoResponse) Reset() {
@@ -151,6 +154,13 @@ func (x *ServerInfoResponse) GetLeaderRpcAddress() string {
 func (x *ServerInfoResponse) GetBootstrapExpect() int32 {
 	if x != nil {
 		return x.BootstrapExpect
+	}
+	return 0
+}
+
+func (x *ServerInfoResponse) GetAppliedIndex() uint64 {
+	if x != nil {
+		return x.AppliedIndex
 	}
 	return 0
 }
@@ -505,7 +515,9 @@ type EndLeaseCommand struct {
 	Lost     bool                   `protobuf:"varint,5,opt,name=lost,proto3" json:"lost,omitempty"`
 	// Only if the lease is still pending: the end of a wait must not undo
 	// a grant that just happened.
-	IfPending     bool `protobuf:"varint,6,opt,name=if_pending,json=ifPending,proto3" json:"if_pending,omitempty"`
+	IfPending bool `protobuf:"varint,6,opt,name=if_pending,json=ifPending,proto3" json:"if_pending,omitempty"`
+	// Who ends it; unset for the leader's timers ("broker").
+	Actor         *Actor `protobuf:"bytes,7,opt,name=actor,proto3" json:"actor,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -580,6 +592,13 @@ func (x *EndLeaseCommand) GetIfPending() bool {
 		return x.IfPending
 	}
 	return false
+}
+
+func (x *EndLeaseCommand) GetActor() *Actor {
+	if x != nil {
+		return x.Actor
+	}
+	return nil
 }
 
 // FreeLeaseCommand frees a releasing lease's capacity and moves it to its
@@ -915,7 +934,9 @@ type DrainHostCommand struct {
 	IfDeadlineMs int64 `protobuf:"varint,7,opt,name=if_deadline_ms,json=ifDeadlineMs,proto3" json:"if_deadline_ms,omitempty"`
 	// When the host already has a drain, keep its deadline and ignore
 	// deadline_ms (which then applies only to a drain this starts).
-	KeepDeadline  bool `protobuf:"varint,8,opt,name=keep_deadline,json=keepDeadline,proto3" json:"keep_deadline,omitempty"`
+	KeepDeadline bool `protobuf:"varint,8,opt,name=keep_deadline,json=keepDeadline,proto3" json:"keep_deadline,omitempty"`
+	// Who drains; unset for the leader's deadline timer ("broker").
+	Actor         *Actor `protobuf:"bytes,9,opt,name=actor,proto3" json:"actor,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1006,6 +1027,13 @@ func (x *DrainHostCommand) GetKeepDeadline() bool {
 	return false
 }
 
+func (x *DrainHostCommand) GetActor() *Actor {
+	if x != nil {
+		return x.Actor
+	}
+	return nil
+}
+
 // SetHostEligibilityCommand makes a host eligible for new leases or not.
 // Enabling a drained host ends its drain; a draining one is refused.
 type SetHostEligibilityCommand struct {
@@ -1071,9 +1099,11 @@ func (x *SetHostEligibilityCommand) GetNowMs() int64 {
 // SetQuotaCommand sets a tenant's quota, replacing the one it had; without
 // quota it removes the tenant's quota (NotFound when there is none).
 type SetQuotaCommand struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Tenant        string                 `protobuf:"bytes,1,opt,name=tenant,proto3" json:"tenant,omitempty"`
-	Quota         *Quota                 `protobuf:"bytes,2,opt,name=quota,proto3" json:"quota,omitempty"`
+	state  protoimpl.MessageState `protogen:"open.v1"`
+	Tenant string                 `protobuf:"bytes,1,opt,name=tenant,proto3" json:"tenant,omitempty"`
+	Quota  *Quota                 `protobuf:"bytes,2,opt,name=quota,proto3" json:"quota,omitempty"`
+	// Who sets or removes it.
+	Actor         *Actor `protobuf:"bytes,3,opt,name=actor,proto3" json:"actor,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1122,6 +1152,131 @@ func (x *SetQuotaCommand) GetQuota() *Quota {
 	return nil
 }
 
+func (x *SetQuotaCommand) GetActor() *Actor {
+	if x != nil {
+		return x.Actor
+	}
+	return nil
+}
+
+// CreateAclTokenCommand stores a new ACL token (hashed; the handler stamps
+// the accessor id, times and the secret's hash). With bootstrap it is the
+// cluster's first management token and is refused once any bootstrap has
+// applied. A token whose accessor id or secret hash exists is refused.
+type CreateAclTokenCommand struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Token         *AclToken              `protobuf:"bytes,1,opt,name=token,proto3" json:"token,omitempty"`
+	Bootstrap     bool                   `protobuf:"varint,2,opt,name=bootstrap,proto3" json:"bootstrap,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CreateAclTokenCommand) Reset() {
+	*x = CreateAclTokenCommand{}
+	mi := &file_gpupool_v1_internal_proto_msgTypes[17]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CreateAclTokenCommand) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CreateAclTokenCommand) ProtoMessage() {}
+
+func (x *CreateAclTokenCommand) ProtoReflect() protoreflect.Message {
+	mi := &file_gpupool_v1_internal_proto_msgTypes[17]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CreateAclTokenCommand.ProtoReflect.Descriptor instead.
+func (*CreateAclTokenCommand) Descriptor() ([]byte, []int) {
+	return file_gpupool_v1_internal_proto_rawDescGZIP(), []int{17}
+}
+
+func (x *CreateAclTokenCommand) GetToken() *AclToken {
+	if x != nil {
+		return x.Token
+	}
+	return nil
+}
+
+func (x *CreateAclTokenCommand) GetBootstrap() bool {
+	if x != nil {
+		return x.Bootstrap
+	}
+	return false
+}
+
+// RevokeAclTokenCommand revokes a token; revoking a revoked token keeps
+// the first revocation.
+type RevokeAclTokenCommand struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	AccessorId    string                 `protobuf:"bytes,1,opt,name=accessor_id,json=accessorId,proto3" json:"accessor_id,omitempty"`
+	NowMs         int64                  `protobuf:"varint,2,opt,name=now_ms,json=nowMs,proto3" json:"now_ms,omitempty"`
+	Actor         *Actor                 `protobuf:"bytes,3,opt,name=actor,proto3" json:"actor,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RevokeAclTokenCommand) Reset() {
+	*x = RevokeAclTokenCommand{}
+	mi := &file_gpupool_v1_internal_proto_msgTypes[18]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RevokeAclTokenCommand) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RevokeAclTokenCommand) ProtoMessage() {}
+
+func (x *RevokeAclTokenCommand) ProtoReflect() protoreflect.Message {
+	mi := &file_gpupool_v1_internal_proto_msgTypes[18]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RevokeAclTokenCommand.ProtoReflect.Descriptor instead.
+func (*RevokeAclTokenCommand) Descriptor() ([]byte, []int) {
+	return file_gpupool_v1_internal_proto_rawDescGZIP(), []int{18}
+}
+
+func (x *RevokeAclTokenCommand) GetAccessorId() string {
+	if x != nil {
+		return x.AccessorId
+	}
+	return ""
+}
+
+func (x *RevokeAclTokenCommand) GetNowMs() int64 {
+	if x != nil {
+		return x.NowMs
+	}
+	return 0
+}
+
+func (x *RevokeAclTokenCommand) GetActor() *Actor {
+	if x != nil {
+		return x.Actor
+	}
+	return nil
+}
+
 // StateSnapshot is the whole FSM state, in the order of the store's indexes.
 // EnqueueLeaseCommand adds a pending lease to the queue (no slices yet).
 // Idempotent on (tenant, request_id). The grant of a pending lease is a
@@ -1135,7 +1290,7 @@ type EnqueueLeaseCommand struct {
 
 func (x *EnqueueLeaseCommand) Reset() {
 	*x = EnqueueLeaseCommand{}
-	mi := &file_gpupool_v1_internal_proto_msgTypes[17]
+	mi := &file_gpupool_v1_internal_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1147,7 +1302,7 @@ func (x *EnqueueLeaseCommand) String() string {
 func (*EnqueueLeaseCommand) ProtoMessage() {}
 
 func (x *EnqueueLeaseCommand) ProtoReflect() protoreflect.Message {
-	mi := &file_gpupool_v1_internal_proto_msgTypes[17]
+	mi := &file_gpupool_v1_internal_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1160,7 +1315,7 @@ func (x *EnqueueLeaseCommand) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EnqueueLeaseCommand.ProtoReflect.Descriptor instead.
 func (*EnqueueLeaseCommand) Descriptor() ([]byte, []int) {
-	return file_gpupool_v1_internal_proto_rawDescGZIP(), []int{17}
+	return file_gpupool_v1_internal_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *EnqueueLeaseCommand) GetLease() *Lease {
@@ -1185,7 +1340,7 @@ type PreemptLeasesCommand struct {
 
 func (x *PreemptLeasesCommand) Reset() {
 	*x = PreemptLeasesCommand{}
-	mi := &file_gpupool_v1_internal_proto_msgTypes[18]
+	mi := &file_gpupool_v1_internal_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1197,7 +1352,7 @@ func (x *PreemptLeasesCommand) String() string {
 func (*PreemptLeasesCommand) ProtoMessage() {}
 
 func (x *PreemptLeasesCommand) ProtoReflect() protoreflect.Message {
-	mi := &file_gpupool_v1_internal_proto_msgTypes[18]
+	mi := &file_gpupool_v1_internal_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1210,7 +1365,7 @@ func (x *PreemptLeasesCommand) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PreemptLeasesCommand.ProtoReflect.Descriptor instead.
 func (*PreemptLeasesCommand) Descriptor() ([]byte, []int) {
-	return file_gpupool_v1_internal_proto_rawDescGZIP(), []int{18}
+	return file_gpupool_v1_internal_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *PreemptLeasesCommand) GetLeaseIds() []string {
@@ -1249,21 +1404,24 @@ func (x *PreemptLeasesCommand) GetNowMs() int64 {
 }
 
 type StateSnapshot struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Servers       []*UpsertServerCommand `protobuf:"bytes,1,rep,name=servers,proto3" json:"servers,omitempty"`
-	Hosts         []*Host                `protobuf:"bytes,2,rep,name=hosts,proto3" json:"hosts,omitempty"`
-	Devices       []*Device              `protobuf:"bytes,3,rep,name=devices,proto3" json:"devices,omitempty"`
-	Leases        []*Lease               `protobuf:"bytes,4,rep,name=leases,proto3" json:"leases,omitempty"`
-	Index         uint64                 `protobuf:"varint,5,opt,name=index,proto3" json:"index,omitempty"`
-	SigningKeys   []*SigningKey          `protobuf:"bytes,6,rep,name=signing_keys,json=signingKeys,proto3" json:"signing_keys,omitempty"`
-	Quotas        []*Quota               `protobuf:"bytes,7,rep,name=quotas,proto3" json:"quotas,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	state       protoimpl.MessageState `protogen:"open.v1"`
+	Servers     []*UpsertServerCommand `protobuf:"bytes,1,rep,name=servers,proto3" json:"servers,omitempty"`
+	Hosts       []*Host                `protobuf:"bytes,2,rep,name=hosts,proto3" json:"hosts,omitempty"`
+	Devices     []*Device              `protobuf:"bytes,3,rep,name=devices,proto3" json:"devices,omitempty"`
+	Leases      []*Lease               `protobuf:"bytes,4,rep,name=leases,proto3" json:"leases,omitempty"`
+	Index       uint64                 `protobuf:"varint,5,opt,name=index,proto3" json:"index,omitempty"`
+	SigningKeys []*SigningKey          `protobuf:"bytes,6,rep,name=signing_keys,json=signingKeys,proto3" json:"signing_keys,omitempty"`
+	Quotas      []*Quota               `protobuf:"bytes,7,rep,name=quotas,proto3" json:"quotas,omitempty"`
+	AclTokens   []*AclToken            `protobuf:"bytes,8,rep,name=acl_tokens,json=aclTokens,proto3" json:"acl_tokens,omitempty"`
+	// Raft index of the ACL bootstrap; 0 before it.
+	AclBootstrapIndex uint64 `protobuf:"varint,9,opt,name=acl_bootstrap_index,json=aclBootstrapIndex,proto3" json:"acl_bootstrap_index,omitempty"`
+	unknownFields     protoimpl.UnknownFields
+	sizeCache         protoimpl.SizeCache
 }
 
 func (x *StateSnapshot) Reset() {
 	*x = StateSnapshot{}
-	mi := &file_gpupool_v1_internal_proto_msgTypes[19]
+	mi := &file_gpupool_v1_internal_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1275,7 +1433,7 @@ func (x *StateSnapshot) String() string {
 func (*StateSnapshot) ProtoMessage() {}
 
 func (x *StateSnapshot) ProtoReflect() protoreflect.Message {
-	mi := &file_gpupool_v1_internal_proto_msgTypes[19]
+	mi := &file_gpupool_v1_internal_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1288,7 +1446,7 @@ func (x *StateSnapshot) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StateSnapshot.ProtoReflect.Descriptor instead.
 func (*StateSnapshot) Descriptor() ([]byte, []int) {
-	return file_gpupool_v1_internal_proto_rawDescGZIP(), []int{19}
+	return file_gpupool_v1_internal_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *StateSnapshot) GetServers() []*UpsertServerCommand {
@@ -1340,13 +1498,27 @@ func (x *StateSnapshot) GetQuotas() []*Quota {
 	return nil
 }
 
+func (x *StateSnapshot) GetAclTokens() []*AclToken {
+	if x != nil {
+		return x.AclTokens
+	}
+	return nil
+}
+
+func (x *StateSnapshot) GetAclBootstrapIndex() uint64 {
+	if x != nil {
+		return x.AclBootstrapIndex
+	}
+	return 0
+}
+
 var File_gpupool_v1_internal_proto protoreflect.FileDescriptor
 
 const file_gpupool_v1_internal_proto_rawDesc = "" +
 	"\n" +
 	"\x19gpupool/v1/internal.proto\x12\n" +
 	"gpupool.v1\x1a\x16gpupool/v1/agent.proto\x1a\x16gpupool/v1/types.proto\"\x13\n" +
-	"\x11ServerInfoRequest\"\xfc\x01\n" +
+	"\x11ServerInfoRequest\"\xa1\x02\n" +
 	"\x12ServerInfoResponse\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12!\n" +
 	"\fraft_address\x18\x02 \x01(\tR\vraftAddress\x12\x1f\n" +
@@ -1355,7 +1527,8 @@ const file_gpupool_v1_internal_proto_rawDesc = "" +
 	"\tclustered\x18\x04 \x01(\bR\tclustered\x12\x1b\n" +
 	"\tleader_id\x18\x05 \x01(\tR\bleaderId\x12,\n" +
 	"\x12leader_rpc_address\x18\x06 \x01(\tR\x10leaderRpcAddress\x12)\n" +
-	"\x10bootstrap_expect\x18\a \x01(\x05R\x0fbootstrapExpect\"a\n" +
+	"\x10bootstrap_expect\x18\a \x01(\x05R\x0fbootstrapExpect\x12#\n" +
+	"\rapplied_index\x18\b \x01(\x04R\fappliedIndex\"a\n" +
 	"\vJoinRequest\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12!\n" +
 	"\fraft_address\x18\x02 \x01(\tR\vraftAddress\x12\x1f\n" +
@@ -1378,7 +1551,7 @@ const file_gpupool_v1_internal_proto_rawDesc = "" +
 	"\x06now_ms\x18\x04 \x01(\x03R\x05nowMs\"S\n" +
 	"\x11GrantLeaseCommand\x12'\n" +
 	"\x05lease\x18\x01 \x01(\v2\x11.gpupool.v1.LeaseR\x05lease\x12\x15\n" +
-	"\x06now_ms\x18\x02 \x01(\x03R\x05nowMs\"\xc3\x01\n" +
+	"\x06now_ms\x18\x02 \x01(\x03R\x05nowMs\"\xec\x01\n" +
 	"\x0fEndLeaseCommand\x12\x19\n" +
 	"\blease_id\x18\x01 \x01(\tR\aleaseId\x123\n" +
 	"\tend_state\x18\x02 \x01(\x0e2\x16.gpupool.v1.LeaseStateR\bendState\x12\x16\n" +
@@ -1386,7 +1559,8 @@ const file_gpupool_v1_internal_proto_rawDesc = "" +
 	"\x06now_ms\x18\x04 \x01(\x03R\x05nowMs\x12\x12\n" +
 	"\x04lost\x18\x05 \x01(\bR\x04lost\x12\x1d\n" +
 	"\n" +
-	"if_pending\x18\x06 \x01(\bR\tifPending\"\x88\x01\n" +
+	"if_pending\x18\x06 \x01(\bR\tifPending\x12'\n" +
+	"\x05actor\x18\a \x01(\v2\x11.gpupool.v1.ActorR\x05actor\"\x88\x01\n" +
 	"\x10FreeLeaseCommand\x12\x19\n" +
 	"\blease_id\x18\x01 \x01(\tR\aleaseId\x12\x16\n" +
 	"\x06reason\x18\x02 \x01(\tR\x06reason\x12\x15\n" +
@@ -1409,7 +1583,7 @@ const file_gpupool_v1_internal_proto_rawDesc = "" +
 	"\rcreated_at_ms\x18\x04 \x01(\x03R\vcreatedAtMs\x12&\n" +
 	"\x0fverify_until_ms\x18\x05 \x01(\x03R\rverifyUntilMs\"C\n" +
 	"\x15SetSigningKeysCommand\x12*\n" +
-	"\x04keys\x18\x01 \x03(\v2\x16.gpupool.v1.SigningKeyR\x04keys\"\xf4\x01\n" +
+	"\x04keys\x18\x01 \x03(\v2\x16.gpupool.v1.SigningKeyR\x04keys\"\x9d\x02\n" +
 	"\x10DrainHostCommand\x12\x17\n" +
 	"\ahost_id\x18\x01 \x01(\tR\x06hostId\x12\x16\n" +
 	"\x06cancel\x18\x02 \x01(\bR\x06cancel\x12\x16\n" +
@@ -1419,14 +1593,24 @@ const file_gpupool_v1_internal_proto_rawDesc = "" +
 	"deadlineMs\x12\x14\n" +
 	"\x05force\x18\x06 \x01(\bR\x05force\x12$\n" +
 	"\x0eif_deadline_ms\x18\a \x01(\x03R\fifDeadlineMs\x12#\n" +
-	"\rkeep_deadline\x18\b \x01(\bR\fkeepDeadline\"g\n" +
+	"\rkeep_deadline\x18\b \x01(\bR\fkeepDeadline\x12'\n" +
+	"\x05actor\x18\t \x01(\v2\x11.gpupool.v1.ActorR\x05actor\"g\n" +
 	"\x19SetHostEligibilityCommand\x12\x17\n" +
 	"\ahost_id\x18\x01 \x01(\tR\x06hostId\x12\x1a\n" +
 	"\beligible\x18\x02 \x01(\bR\beligible\x12\x15\n" +
-	"\x06now_ms\x18\x03 \x01(\x03R\x05nowMs\"R\n" +
+	"\x06now_ms\x18\x03 \x01(\x03R\x05nowMs\"{\n" +
 	"\x0fSetQuotaCommand\x12\x16\n" +
 	"\x06tenant\x18\x01 \x01(\tR\x06tenant\x12'\n" +
-	"\x05quota\x18\x02 \x01(\v2\x11.gpupool.v1.QuotaR\x05quota\">\n" +
+	"\x05quota\x18\x02 \x01(\v2\x11.gpupool.v1.QuotaR\x05quota\x12'\n" +
+	"\x05actor\x18\x03 \x01(\v2\x11.gpupool.v1.ActorR\x05actor\"a\n" +
+	"\x15CreateAclTokenCommand\x12*\n" +
+	"\x05token\x18\x01 \x01(\v2\x14.gpupool.v1.AclTokenR\x05token\x12\x1c\n" +
+	"\tbootstrap\x18\x02 \x01(\bR\tbootstrap\"x\n" +
+	"\x15RevokeAclTokenCommand\x12\x1f\n" +
+	"\vaccessor_id\x18\x01 \x01(\tR\n" +
+	"accessorId\x12\x15\n" +
+	"\x06now_ms\x18\x02 \x01(\x03R\x05nowMs\x12'\n" +
+	"\x05actor\x18\x03 \x01(\v2\x11.gpupool.v1.ActorR\x05actor\">\n" +
 	"\x13EnqueueLeaseCommand\x12'\n" +
 	"\x05lease\x18\x01 \x01(\v2\x11.gpupool.v1.LeaseR\x05lease\"\xa0\x01\n" +
 	"\x14PreemptLeasesCommand\x12\x1b\n" +
@@ -1435,7 +1619,7 @@ const file_gpupool_v1_internal_proto_rawDesc = "" +
 	"\vdeadline_ms\x18\x03 \x01(\x03R\n" +
 	"deadlineMs\x12\x16\n" +
 	"\x06reason\x18\x04 \x01(\tR\x06reason\x12\x15\n" +
-	"\x06now_ms\x18\x05 \x01(\x03R\x05nowMs\"\xc7\x02\n" +
+	"\x06now_ms\x18\x05 \x01(\x03R\x05nowMs\"\xac\x03\n" +
 	"\rStateSnapshot\x129\n" +
 	"\aservers\x18\x01 \x03(\v2\x1f.gpupool.v1.UpsertServerCommandR\aservers\x12&\n" +
 	"\x05hosts\x18\x02 \x03(\v2\x10.gpupool.v1.HostR\x05hosts\x12,\n" +
@@ -1443,7 +1627,10 @@ const file_gpupool_v1_internal_proto_rawDesc = "" +
 	"\x06leases\x18\x04 \x03(\v2\x11.gpupool.v1.LeaseR\x06leases\x12\x14\n" +
 	"\x05index\x18\x05 \x01(\x04R\x05index\x129\n" +
 	"\fsigning_keys\x18\x06 \x03(\v2\x16.gpupool.v1.SigningKeyR\vsigningKeys\x12)\n" +
-	"\x06quotas\x18\a \x03(\v2\x11.gpupool.v1.QuotaR\x06quotas2\x98\x01\n" +
+	"\x06quotas\x18\a \x03(\v2\x11.gpupool.v1.QuotaR\x06quotas\x123\n" +
+	"\n" +
+	"acl_tokens\x18\b \x03(\v2\x14.gpupool.v1.AclTokenR\taclTokens\x12.\n" +
+	"\x13acl_bootstrap_index\x18\t \x01(\x04R\x11aclBootstrapIndex2\x98\x01\n" +
 	"\x0eClusterService\x12K\n" +
 	"\n" +
 	"ServerInfo\x12\x1d.gpupool.v1.ServerInfoRequest\x1a\x1e.gpupool.v1.ServerInfoResponse\x129\n" +
@@ -1461,7 +1648,7 @@ func file_gpupool_v1_internal_proto_rawDescGZIP() []byte {
 	return file_gpupool_v1_internal_proto_rawDescData
 }
 
-var file_gpupool_v1_internal_proto_msgTypes = make([]protoimpl.MessageInfo, 20)
+var file_gpupool_v1_internal_proto_msgTypes = make([]protoimpl.MessageInfo, 22)
 var file_gpupool_v1_internal_proto_goTypes = []any{
 	(*ServerInfoRequest)(nil),         // 0: gpupool.v1.ServerInfoRequest
 	(*ServerInfoResponse)(nil),        // 1: gpupool.v1.ServerInfoResponse
@@ -1480,44 +1667,54 @@ var file_gpupool_v1_internal_proto_goTypes = []any{
 	(*DrainHostCommand)(nil),          // 14: gpupool.v1.DrainHostCommand
 	(*SetHostEligibilityCommand)(nil), // 15: gpupool.v1.SetHostEligibilityCommand
 	(*SetQuotaCommand)(nil),           // 16: gpupool.v1.SetQuotaCommand
-	(*EnqueueLeaseCommand)(nil),       // 17: gpupool.v1.EnqueueLeaseCommand
-	(*PreemptLeasesCommand)(nil),      // 18: gpupool.v1.PreemptLeasesCommand
-	(*StateSnapshot)(nil),             // 19: gpupool.v1.StateSnapshot
-	(*Host)(nil),                      // 20: gpupool.v1.Host
-	(*Device)(nil),                    // 21: gpupool.v1.Device
-	(HostStatus)(0),                   // 22: gpupool.v1.HostStatus
-	(*Lease)(nil),                     // 23: gpupool.v1.Lease
-	(LeaseState)(0),                   // 24: gpupool.v1.LeaseState
-	(*DeviceReport)(nil),              // 25: gpupool.v1.DeviceReport
-	(*AgentEvent)(nil),                // 26: gpupool.v1.AgentEvent
-	(*Quota)(nil),                     // 27: gpupool.v1.Quota
+	(*CreateAclTokenCommand)(nil),     // 17: gpupool.v1.CreateAclTokenCommand
+	(*RevokeAclTokenCommand)(nil),     // 18: gpupool.v1.RevokeAclTokenCommand
+	(*EnqueueLeaseCommand)(nil),       // 19: gpupool.v1.EnqueueLeaseCommand
+	(*PreemptLeasesCommand)(nil),      // 20: gpupool.v1.PreemptLeasesCommand
+	(*StateSnapshot)(nil),             // 21: gpupool.v1.StateSnapshot
+	(*Host)(nil),                      // 22: gpupool.v1.Host
+	(*Device)(nil),                    // 23: gpupool.v1.Device
+	(HostStatus)(0),                   // 24: gpupool.v1.HostStatus
+	(*Lease)(nil),                     // 25: gpupool.v1.Lease
+	(LeaseState)(0),                   // 26: gpupool.v1.LeaseState
+	(*Actor)(nil),                     // 27: gpupool.v1.Actor
+	(*DeviceReport)(nil),              // 28: gpupool.v1.DeviceReport
+	(*AgentEvent)(nil),                // 29: gpupool.v1.AgentEvent
+	(*Quota)(nil),                     // 30: gpupool.v1.Quota
+	(*AclToken)(nil),                  // 31: gpupool.v1.AclToken
 }
 var file_gpupool_v1_internal_proto_depIdxs = []int32{
-	20, // 0: gpupool.v1.RegisterHostCommand.host:type_name -> gpupool.v1.Host
-	21, // 1: gpupool.v1.RegisterHostCommand.devices:type_name -> gpupool.v1.Device
-	22, // 2: gpupool.v1.SetHostStatusCommand.status:type_name -> gpupool.v1.HostStatus
-	23, // 3: gpupool.v1.GrantLeaseCommand.lease:type_name -> gpupool.v1.Lease
-	24, // 4: gpupool.v1.EndLeaseCommand.end_state:type_name -> gpupool.v1.LeaseState
-	25, // 5: gpupool.v1.SetDeviceHealthCommand.devices:type_name -> gpupool.v1.DeviceReport
-	26, // 6: gpupool.v1.RecordAgentEventsCommand.events:type_name -> gpupool.v1.AgentEvent
-	12, // 7: gpupool.v1.SetSigningKeysCommand.keys:type_name -> gpupool.v1.SigningKey
-	27, // 8: gpupool.v1.SetQuotaCommand.quota:type_name -> gpupool.v1.Quota
-	23, // 9: gpupool.v1.EnqueueLeaseCommand.lease:type_name -> gpupool.v1.Lease
-	4,  // 10: gpupool.v1.StateSnapshot.servers:type_name -> gpupool.v1.UpsertServerCommand
-	20, // 11: gpupool.v1.StateSnapshot.hosts:type_name -> gpupool.v1.Host
-	21, // 12: gpupool.v1.StateSnapshot.devices:type_name -> gpupool.v1.Device
-	23, // 13: gpupool.v1.StateSnapshot.leases:type_name -> gpupool.v1.Lease
-	12, // 14: gpupool.v1.StateSnapshot.signing_keys:type_name -> gpupool.v1.SigningKey
-	27, // 15: gpupool.v1.StateSnapshot.quotas:type_name -> gpupool.v1.Quota
-	0,  // 16: gpupool.v1.ClusterService.ServerInfo:input_type -> gpupool.v1.ServerInfoRequest
-	2,  // 17: gpupool.v1.ClusterService.Join:input_type -> gpupool.v1.JoinRequest
-	1,  // 18: gpupool.v1.ClusterService.ServerInfo:output_type -> gpupool.v1.ServerInfoResponse
-	3,  // 19: gpupool.v1.ClusterService.Join:output_type -> gpupool.v1.JoinResponse
-	18, // [18:20] is the sub-list for method output_type
-	16, // [16:18] is the sub-list for method input_type
-	16, // [16:16] is the sub-list for extension type_name
-	16, // [16:16] is the sub-list for extension extendee
-	0,  // [0:16] is the sub-list for field type_name
+	22, // 0: gpupool.v1.RegisterHostCommand.host:type_name -> gpupool.v1.Host
+	23, // 1: gpupool.v1.RegisterHostCommand.devices:type_name -> gpupool.v1.Device
+	24, // 2: gpupool.v1.SetHostStatusCommand.status:type_name -> gpupool.v1.HostStatus
+	25, // 3: gpupool.v1.GrantLeaseCommand.lease:type_name -> gpupool.v1.Lease
+	26, // 4: gpupool.v1.EndLeaseCommand.end_state:type_name -> gpupool.v1.LeaseState
+	27, // 5: gpupool.v1.EndLeaseCommand.actor:type_name -> gpupool.v1.Actor
+	28, // 6: gpupool.v1.SetDeviceHealthCommand.devices:type_name -> gpupool.v1.DeviceReport
+	29, // 7: gpupool.v1.RecordAgentEventsCommand.events:type_name -> gpupool.v1.AgentEvent
+	12, // 8: gpupool.v1.SetSigningKeysCommand.keys:type_name -> gpupool.v1.SigningKey
+	27, // 9: gpupool.v1.DrainHostCommand.actor:type_name -> gpupool.v1.Actor
+	30, // 10: gpupool.v1.SetQuotaCommand.quota:type_name -> gpupool.v1.Quota
+	27, // 11: gpupool.v1.SetQuotaCommand.actor:type_name -> gpupool.v1.Actor
+	31, // 12: gpupool.v1.CreateAclTokenCommand.token:type_name -> gpupool.v1.AclToken
+	27, // 13: gpupool.v1.RevokeAclTokenCommand.actor:type_name -> gpupool.v1.Actor
+	25, // 14: gpupool.v1.EnqueueLeaseCommand.lease:type_name -> gpupool.v1.Lease
+	4,  // 15: gpupool.v1.StateSnapshot.servers:type_name -> gpupool.v1.UpsertServerCommand
+	22, // 16: gpupool.v1.StateSnapshot.hosts:type_name -> gpupool.v1.Host
+	23, // 17: gpupool.v1.StateSnapshot.devices:type_name -> gpupool.v1.Device
+	25, // 18: gpupool.v1.StateSnapshot.leases:type_name -> gpupool.v1.Lease
+	12, // 19: gpupool.v1.StateSnapshot.signing_keys:type_name -> gpupool.v1.SigningKey
+	30, // 20: gpupool.v1.StateSnapshot.quotas:type_name -> gpupool.v1.Quota
+	31, // 21: gpupool.v1.StateSnapshot.acl_tokens:type_name -> gpupool.v1.AclToken
+	0,  // 22: gpupool.v1.ClusterService.ServerInfo:input_type -> gpupool.v1.ServerInfoRequest
+	2,  // 23: gpupool.v1.ClusterService.Join:input_type -> gpupool.v1.JoinRequest
+	1,  // 24: gpupool.v1.ClusterService.ServerInfo:output_type -> gpupool.v1.ServerInfoResponse
+	3,  // 25: gpupool.v1.ClusterService.Join:output_type -> gpupool.v1.JoinResponse
+	24, // [24:26] is the sub-list for method output_type
+	22, // [22:24] is the sub-list for method input_type
+	22, // [22:22] is the sub-list for extension type_name
+	22, // [22:22] is the sub-list for extension extendee
+	0,  // [0:22] is the sub-list for field type_name
 }
 
 func init() { file_gpupool_v1_internal_proto_init() }
@@ -1533,7 +1730,7 @@ func file_gpupool_v1_internal_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_gpupool_v1_internal_proto_rawDesc), len(file_gpupool_v1_internal_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   20,
+			NumMessages:   22,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -275,7 +275,9 @@ type LeaseEvent struct {
 	Index uint64 `protobuf:"varint,4,opt,name=index,proto3" json:"index,omitempty"`
 	// For DRAIN_NOTICE and PREEMPT_NOTICE: when the lease is revoked (Unix
 	// ms); 0 for no deadline.
-	DeadlineMs    int64 `protobuf:"varint,5,opt,name=deadline_ms,json=deadlineMs,proto3" json:"deadline_ms,omitempty"`
+	DeadlineMs int64 `protobuf:"varint,5,opt,name=deadline_ms,json=deadlineMs,proto3" json:"deadline_ms,omitempty"`
+	// Audit: who caused the change ("broker" for the leader's timers).
+	Actor         *Actor `protobuf:"bytes,6,opt,name=actor,proto3" json:"actor,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -343,6 +345,13 @@ func (x *LeaseEvent) GetDeadlineMs() int64 {
 		return x.DeadlineMs
 	}
 	return 0
+}
+
+func (x *LeaseEvent) GetActor() *Actor {
+	if x != nil {
+		return x.Actor
+	}
+	return nil
 }
 
 type KeepAliveResponse struct {
@@ -823,7 +832,7 @@ const file_gpupool_v1_lease_proto_rawDesc = "" +
 	"\bexisting\x18\x02 \x01(\bR\bexisting\x12-\n" +
 	"\x06tokens\x18\x03 \x03(\v2\x15.gpupool.v1.HostTokenR\x06tokens\"-\n" +
 	"\x10KeepAliveRequest\x12\x19\n" +
-	"\blease_id\x18\x01 \x01(\tR\aleaseId\"\xb6\x01\n" +
+	"\blease_id\x18\x01 \x01(\tR\aleaseId\"\xdf\x01\n" +
 	"\n" +
 	"LeaseEvent\x12.\n" +
 	"\x04type\x18\x01 \x01(\x0e2\x1a.gpupool.v1.LeaseEventTypeR\x04type\x12'\n" +
@@ -831,7 +840,8 @@ const file_gpupool_v1_lease_proto_rawDesc = "" +
 	"\amessage\x18\x03 \x01(\tR\amessage\x12\x14\n" +
 	"\x05index\x18\x04 \x01(\x04R\x05index\x12\x1f\n" +
 	"\vdeadline_ms\x18\x05 \x01(\x03R\n" +
-	"deadlineMs\"\xe6\x01\n" +
+	"deadlineMs\x12'\n" +
+	"\x05actor\x18\x06 \x01(\v2\x11.gpupool.v1.ActorR\x05actor\"\xe6\x01\n" +
 	"\x11KeepAliveResponse\x12\x19\n" +
 	"\blease_id\x18\x01 \x01(\tR\aleaseId\x12\x15\n" +
 	"\x06ttl_ms\x18\x02 \x01(\x03R\x05ttlMs\x12,\n" +
@@ -914,7 +924,8 @@ var file_gpupool_v1_lease_proto_goTypes = []any{
 	(*LeaseRequest)(nil),       // 13: gpupool.v1.LeaseRequest
 	(*Lease)(nil),              // 14: gpupool.v1.Lease
 	(*HostToken)(nil),          // 15: gpupool.v1.HostToken
-	(LeaseState)(0),            // 16: gpupool.v1.LeaseState
+	(*Actor)(nil),              // 16: gpupool.v1.Actor
+	(LeaseState)(0),            // 17: gpupool.v1.LeaseState
 }
 var file_gpupool_v1_lease_proto_depIdxs = []int32{
 	13, // 0: gpupool.v1.AcquireRequest.request:type_name -> gpupool.v1.LeaseRequest
@@ -922,30 +933,31 @@ var file_gpupool_v1_lease_proto_depIdxs = []int32{
 	15, // 2: gpupool.v1.AcquireResponse.tokens:type_name -> gpupool.v1.HostToken
 	0,  // 3: gpupool.v1.LeaseEvent.type:type_name -> gpupool.v1.LeaseEventType
 	14, // 4: gpupool.v1.LeaseEvent.lease:type_name -> gpupool.v1.Lease
-	16, // 5: gpupool.v1.KeepAliveResponse.state:type_name -> gpupool.v1.LeaseState
-	4,  // 6: gpupool.v1.KeepAliveResponse.event:type_name -> gpupool.v1.LeaseEvent
-	15, // 7: gpupool.v1.KeepAliveResponse.tokens:type_name -> gpupool.v1.HostToken
-	14, // 8: gpupool.v1.ReleaseResponse.lease:type_name -> gpupool.v1.Lease
-	14, // 9: gpupool.v1.GetLeaseResponse.lease:type_name -> gpupool.v1.Lease
-	16, // 10: gpupool.v1.ListLeasesRequest.states:type_name -> gpupool.v1.LeaseState
-	14, // 11: gpupool.v1.ListLeasesResponse.leases:type_name -> gpupool.v1.Lease
-	1,  // 12: gpupool.v1.LeaseService.Acquire:input_type -> gpupool.v1.AcquireRequest
-	3,  // 13: gpupool.v1.LeaseService.KeepAlive:input_type -> gpupool.v1.KeepAliveRequest
-	6,  // 14: gpupool.v1.LeaseService.Release:input_type -> gpupool.v1.ReleaseRequest
-	8,  // 15: gpupool.v1.LeaseService.Get:input_type -> gpupool.v1.GetLeaseRequest
-	10, // 16: gpupool.v1.LeaseService.List:input_type -> gpupool.v1.ListLeasesRequest
-	12, // 17: gpupool.v1.LeaseService.Watch:input_type -> gpupool.v1.WatchLeasesRequest
-	2,  // 18: gpupool.v1.LeaseService.Acquire:output_type -> gpupool.v1.AcquireResponse
-	5,  // 19: gpupool.v1.LeaseService.KeepAlive:output_type -> gpupool.v1.KeepAliveResponse
-	7,  // 20: gpupool.v1.LeaseService.Release:output_type -> gpupool.v1.ReleaseResponse
-	9,  // 21: gpupool.v1.LeaseService.Get:output_type -> gpupool.v1.GetLeaseResponse
-	11, // 22: gpupool.v1.LeaseService.List:output_type -> gpupool.v1.ListLeasesResponse
-	4,  // 23: gpupool.v1.LeaseService.Watch:output_type -> gpupool.v1.LeaseEvent
-	18, // [18:24] is the sub-list for method output_type
-	12, // [12:18] is the sub-list for method input_type
-	12, // [12:12] is the sub-list for extension type_name
-	12, // [12:12] is the sub-list for extension extendee
-	0,  // [0:12] is the sub-list for field type_name
+	16, // 5: gpupool.v1.LeaseEvent.actor:type_name -> gpupool.v1.Actor
+	17, // 6: gpupool.v1.KeepAliveResponse.state:type_name -> gpupool.v1.LeaseState
+	4,  // 7: gpupool.v1.KeepAliveResponse.event:type_name -> gpupool.v1.LeaseEvent
+	15, // 8: gpupool.v1.KeepAliveResponse.tokens:type_name -> gpupool.v1.HostToken
+	14, // 9: gpupool.v1.ReleaseResponse.lease:type_name -> gpupool.v1.Lease
+	14, // 10: gpupool.v1.GetLeaseResponse.lease:type_name -> gpupool.v1.Lease
+	17, // 11: gpupool.v1.ListLeasesRequest.states:type_name -> gpupool.v1.LeaseState
+	14, // 12: gpupool.v1.ListLeasesResponse.leases:type_name -> gpupool.v1.Lease
+	1,  // 13: gpupool.v1.LeaseService.Acquire:input_type -> gpupool.v1.AcquireRequest
+	3,  // 14: gpupool.v1.LeaseService.KeepAlive:input_type -> gpupool.v1.KeepAliveRequest
+	6,  // 15: gpupool.v1.LeaseService.Release:input_type -> gpupool.v1.ReleaseRequest
+	8,  // 16: gpupool.v1.LeaseService.Get:input_type -> gpupool.v1.GetLeaseRequest
+	10, // 17: gpupool.v1.LeaseService.List:input_type -> gpupool.v1.ListLeasesRequest
+	12, // 18: gpupool.v1.LeaseService.Watch:input_type -> gpupool.v1.WatchLeasesRequest
+	2,  // 19: gpupool.v1.LeaseService.Acquire:output_type -> gpupool.v1.AcquireResponse
+	5,  // 20: gpupool.v1.LeaseService.KeepAlive:output_type -> gpupool.v1.KeepAliveResponse
+	7,  // 21: gpupool.v1.LeaseService.Release:output_type -> gpupool.v1.ReleaseResponse
+	9,  // 22: gpupool.v1.LeaseService.Get:output_type -> gpupool.v1.GetLeaseResponse
+	11, // 23: gpupool.v1.LeaseService.List:output_type -> gpupool.v1.ListLeasesResponse
+	4,  // 24: gpupool.v1.LeaseService.Watch:output_type -> gpupool.v1.LeaseEvent
+	19, // [19:25] is the sub-list for method output_type
+	13, // [13:19] is the sub-list for method input_type
+	13, // [13:13] is the sub-list for extension type_name
+	13, // [13:13] is the sub-list for extension extendee
+	0,  // [0:13] is the sub-list for field type_name
 }
 
 func init() { file_gpupool_v1_lease_proto_init() }

@@ -360,6 +360,62 @@ func (Topology) EnumDescriptor() ([]byte, []int) {
 	return file_gpupool_v1_types_proto_rawDescGZIP(), []int{5}
 }
 
+type TokenKind int32
+
+const (
+	TokenKind_TOKEN_KIND_UNSPECIFIED TokenKind = 0
+	// Everything, including creating and revoking tokens.
+	TokenKind_TOKEN_KIND_MANAGEMENT TokenKind = 1
+	// Leases of its tenants (acquire, renew, release, list, get, watch) and
+	// reads of the pool, within its priority and class limits.
+	TokenKind_TOKEN_KIND_CLIENT TokenKind = 2
+	// An agent's join token: register and heartbeat as its one host.
+	TokenKind_TOKEN_KIND_AGENT TokenKind = 3
+)
+
+// Enum value maps for TokenKind.
+var (
+	TokenKind_name = map[int32]string{
+		0: "TOKEN_KIND_UNSPECIFIED",
+		1: "TOKEN_KIND_MANAGEMENT",
+		2: "TOKEN_KIND_CLIENT",
+		3: "TOKEN_KIND_AGENT",
+	}
+	TokenKind_value = map[string]int32{
+		"TOKEN_KIND_UNSPECIFIED": 0,
+		"TOKEN_KIND_MANAGEMENT":  1,
+		"TOKEN_KIND_CLIENT":      2,
+		"TOKEN_KIND_AGENT":       3,
+	}
+)
+
+func (x TokenKind) Enum() *TokenKind {
+	p := new(TokenKind)
+	*p = x
+	return p
+}
+
+func (x TokenKind) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (TokenKind) Descriptor() protoreflect.EnumDescriptor {
+	return file_gpupool_v1_types_proto_enumTypes[6].Descriptor()
+}
+
+func (TokenKind) Type() protoreflect.EnumType {
+	return &file_gpupool_v1_types_proto_enumTypes[6]
+}
+
+func (x TokenKind) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use TokenKind.Descriptor instead.
+func (TokenKind) EnumDescriptor() ([]byte, []int) {
+	return file_gpupool_v1_types_proto_rawDescGZIP(), []int{6}
+}
+
 // Device is one physical GPU (or one MIG instance) on a pool host.
 type Device struct {
 	state     protoimpl.MessageState `protogen:"open.v1"`
@@ -766,7 +822,9 @@ type HostDrain struct {
 	DeadlineMs int64  `protobuf:"varint,2,opt,name=deadline_ms,json=deadlineMs,proto3" json:"deadline_ms,omitempty"`
 	Reason     string `protobuf:"bytes,3,opt,name=reason,proto3" json:"reason,omitempty"`
 	// Every lease was revoked: by --force, or because the deadline passed.
-	Force         bool `protobuf:"varint,4,opt,name=force,proto3" json:"force,omitempty"`
+	Force bool `protobuf:"varint,4,opt,name=force,proto3" json:"force,omitempty"`
+	// Who started (or last changed) the drain.
+	By            *Actor `protobuf:"bytes,5,opt,name=by,proto3" json:"by,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -827,6 +885,13 @@ func (x *HostDrain) GetForce() bool {
 		return x.Force
 	}
 	return false
+}
+
+func (x *HostDrain) GetBy() *Actor {
+	if x != nil {
+		return x.By
+	}
+	return nil
 }
 
 type Constraints struct {
@@ -1365,6 +1430,11 @@ type Lease struct {
 	// Read view only, for a pending lease: why it is not granted yet, from
 	// the real blockers (capacity, draining hosts, quota, queue).
 	PendingReason string `protobuf:"bytes,30,opt,name=pending_reason,json=pendingReason,proto3" json:"pending_reason,omitempty"`
+	// Audit: who acquired the lease (for a pending lease granted by the
+	// queue, who asked for it), and who ended it ("broker" for the leader's
+	// timers: expiry, host down, drain deadline, preemption).
+	GrantedBy     *Actor `protobuf:"bytes,31,opt,name=granted_by,json=grantedBy,proto3" json:"granted_by,omitempty"`
+	EndedBy       *Actor `protobuf:"bytes,32,opt,name=ended_by,json=endedBy,proto3" json:"ended_by,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1600,6 +1670,20 @@ func (x *Lease) GetPendingReason() string {
 		return x.PendingReason
 	}
 	return ""
+}
+
+func (x *Lease) GetGrantedBy() *Actor {
+	if x != nil {
+		return x.GrantedBy
+	}
+	return nil
+}
+
+func (x *Lease) GetEndedBy() *Actor {
+	if x != nil {
+		return x.EndedBy
+	}
+	return nil
 }
 
 // LeaseTokenClaims is what a lease token asserts. The brokers sign it; an
@@ -1855,8 +1939,10 @@ type Quota struct {
 	// Percent of one GPU's SMs, summed over slices: 800 is eight GPUs' worth.
 	ComputePercent int64 `protobuf:"varint,4,opt,name=compute_percent,json=computePercent,proto3" json:"compute_percent,omitempty"`
 	UpdatedAtMs    int64 `protobuf:"varint,5,opt,name=updated_at_ms,json=updatedAtMs,proto3" json:"updated_at_ms,omitempty"`
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
+	// Audit: who set the quota.
+	UpdatedBy     *Actor `protobuf:"bytes,6,opt,name=updated_by,json=updatedBy,proto3" json:"updated_by,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Quota) Reset() {
@@ -1922,6 +2008,13 @@ func (x *Quota) GetUpdatedAtMs() int64 {
 		return x.UpdatedAtMs
 	}
 	return 0
+}
+
+func (x *Quota) GetUpdatedBy() *Actor {
+	if x != nil {
+		return x.UpdatedBy
+	}
+	return nil
 }
 
 // TenantUsage is what a tenant's granted and releasing leases hold, counted
@@ -2002,6 +2095,234 @@ func (x *TenantUsage) GetLeases() int32 {
 	return 0
 }
 
+// Actor is who did something, for the audit trail: a token's accessor id
+// and name, or name "broker" (no accessor) for what the leader's timers
+// do, or "anonymous" when the broker runs without ACL.
+type Actor struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	AccessorId    string                 `protobuf:"bytes,1,opt,name=accessor_id,json=accessorId,proto3" json:"accessor_id,omitempty"`
+	Name          string                 `protobuf:"bytes,2,opt,name=name,proto3" json:"name,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Actor) Reset() {
+	*x = Actor{}
+	mi := &file_gpupool_v1_types_proto_msgTypes[14]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Actor) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Actor) ProtoMessage() {}
+
+func (x *Actor) ProtoReflect() protoreflect.Message {
+	mi := &file_gpupool_v1_types_proto_msgTypes[14]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Actor.ProtoReflect.Descriptor instead.
+func (*Actor) Descriptor() ([]byte, []int) {
+	return file_gpupool_v1_types_proto_rawDescGZIP(), []int{14}
+}
+
+func (x *Actor) GetAccessorId() string {
+	if x != nil {
+		return x.AccessorId
+	}
+	return ""
+}
+
+func (x *Actor) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+// AclToken is a token as the brokers store it: never its secret, only the
+// secret's SHA-256.
+type AclToken struct {
+	state      protoimpl.MessageState `protogen:"open.v1"`
+	AccessorId string                 `protobuf:"bytes,1,opt,name=accessor_id,json=accessorId,proto3" json:"accessor_id,omitempty"`
+	Name       string                 `protobuf:"bytes,2,opt,name=name,proto3" json:"name,omitempty"`
+	Kind       TokenKind              `protobuf:"varint,3,opt,name=kind,proto3,enum=gpupool.v1.TokenKind" json:"kind,omitempty"`
+	// Client tokens: the tenants it may act for, its default first.
+	Tenants         []string `protobuf:"bytes,4,rep,name=tenants,proto3" json:"tenants,omitempty"`
+	MaxPriority     *int32   `protobuf:"varint,5,opt,name=max_priority,json=maxPriority,proto3,oneof" json:"max_priority,omitempty"`
+	PreemptibleOnly bool     `protobuf:"varint,6,opt,name=preemptible_only,json=preemptibleOnly,proto3" json:"preemptible_only,omitempty"`
+	// Agent tokens: its host.
+	HostId      string `protobuf:"bytes,7,opt,name=host_id,json=hostId,proto3" json:"host_id,omitempty"`
+	CreatedAtMs int64  `protobuf:"varint,8,opt,name=created_at_ms,json=createdAtMs,proto3" json:"created_at_ms,omitempty"`
+	// 0 for no expiry.
+	ExpiresAtMs int64  `protobuf:"varint,9,opt,name=expires_at_ms,json=expiresAtMs,proto3" json:"expires_at_ms,omitempty"`
+	Revoked     bool   `protobuf:"varint,10,opt,name=revoked,proto3" json:"revoked,omitempty"`
+	RevokedAtMs int64  `protobuf:"varint,11,opt,name=revoked_at_ms,json=revokedAtMs,proto3" json:"revoked_at_ms,omitempty"`
+	CreatedBy   *Actor `protobuf:"bytes,12,opt,name=created_by,json=createdBy,proto3" json:"created_by,omitempty"`
+	RevokedBy   *Actor `protobuf:"bytes,13,opt,name=revoked_by,json=revokedBy,proto3" json:"revoked_by,omitempty"`
+	// SHA-256 of the secret. Only in the state; lists leave it out.
+	SecretSha256 []byte `protobuf:"bytes,14,opt,name=secret_sha256,json=secretSha256,proto3" json:"secret_sha256,omitempty"`
+	// Read view only: the token expired (expires_at_ms has passed on the
+	// answering server's clock).
+	Expired bool `protobuf:"varint,15,opt,name=expired,proto3" json:"expired,omitempty"`
+	// Set on the bootstrap token.
+	Bootstrap     bool `protobuf:"varint,16,opt,name=bootstrap,proto3" json:"bootstrap,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *AclToken) Reset() {
+	*x = AclToken{}
+	mi := &file_gpupool_v1_types_proto_msgTypes[15]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *AclToken) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*AclToken) ProtoMessage() {}
+
+func (x *AclToken) ProtoReflect() protoreflect.Message {
+	mi := &file_gpupool_v1_types_proto_msgTypes[15]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use AclToken.ProtoReflect.Descriptor instead.
+func (*AclToken) Descriptor() ([]byte, []int) {
+	return file_gpupool_v1_types_proto_rawDescGZIP(), []int{15}
+}
+
+func (x *AclToken) GetAccessorId() string {
+	if x != nil {
+		return x.AccessorId
+	}
+	return ""
+}
+
+func (x *AclToken) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *AclToken) GetKind() TokenKind {
+	if x != nil {
+		return x.Kind
+	}
+	return TokenKind_TOKEN_KIND_UNSPECIFIED
+}
+
+func (x *AclToken) GetTenants() []string {
+	if x != nil {
+		return x.Tenants
+	}
+	return nil
+}
+
+func (x *AclToken) GetMaxPriority() int32 {
+	if x != nil && x.MaxPriority != nil {
+		return *x.MaxPriority
+	}
+	return 0
+}
+
+func (x *AclToken) GetPreemptibleOnly() bool {
+	if x != nil {
+		return x.PreemptibleOnly
+	}
+	return false
+}
+
+func (x *AclToken) GetHostId() string {
+	if x != nil {
+		return x.HostId
+	}
+	return ""
+}
+
+func (x *AclToken) GetCreatedAtMs() int64 {
+	if x != nil {
+		return x.CreatedAtMs
+	}
+	return 0
+}
+
+func (x *AclToken) GetExpiresAtMs() int64 {
+	if x != nil {
+		return x.ExpiresAtMs
+	}
+	return 0
+}
+
+func (x *AclToken) GetRevoked() bool {
+	if x != nil {
+		return x.Revoked
+	}
+	return false
+}
+
+func (x *AclToken) GetRevokedAtMs() int64 {
+	if x != nil {
+		return x.RevokedAtMs
+	}
+	return 0
+}
+
+func (x *AclToken) GetCreatedBy() *Actor {
+	if x != nil {
+		return x.CreatedBy
+	}
+	return nil
+}
+
+func (x *AclToken) GetRevokedBy() *Actor {
+	if x != nil {
+		return x.RevokedBy
+	}
+	return nil
+}
+
+func (x *AclToken) GetSecretSha256() []byte {
+	if x != nil {
+		return x.SecretSha256
+	}
+	return nil
+}
+
+func (x *AclToken) GetExpired() bool {
+	if x != nil {
+		return x.Expired
+	}
+	return false
+}
+
+func (x *AclToken) GetBootstrap() bool {
+	if x != nil {
+		return x.Bootstrap
+	}
+	return false
+}
+
 var File_gpupool_v1_types_proto protoreflect.FileDescriptor
 
 const file_gpupool_v1_types_proto_rawDesc = "" +
@@ -2057,13 +2378,14 @@ const file_gpupool_v1_types_proto_rawDesc = "" +
 	"\x05drain\x18\x14 \x01(\v2\x15.gpupool.v1.HostDrainR\x05drain\x1a9\n" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"~\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xa1\x01\n" +
 	"\tHostDrain\x12\"\n" +
 	"\rstarted_at_ms\x18\x01 \x01(\x03R\vstartedAtMs\x12\x1f\n" +
 	"\vdeadline_ms\x18\x02 \x01(\x03R\n" +
 	"deadlineMs\x12\x16\n" +
 	"\x06reason\x18\x03 \x01(\tR\x06reason\x12\x14\n" +
-	"\x05force\x18\x04 \x01(\bR\x05force\"\xef\x01\n" +
+	"\x05force\x18\x04 \x01(\bR\x05force\x12!\n" +
+	"\x02by\x18\x05 \x01(\v2\x11.gpupool.v1.ActorR\x02by\"\xef\x01\n" +
 	"\vConstraints\x12\x14\n" +
 	"\x05model\x18\x01 \x01(\tR\x05model\x12$\n" +
 	"\x0emin_memory_mib\x18\x02 \x01(\x03R\fminMemoryMib\x12\x12\n" +
@@ -2114,7 +2436,7 @@ const file_gpupool_v1_types_proto_rawDesc = "" +
 	"\x04host\x18\x01 \x01(\tR\x04host\x12.\n" +
 	"\x06slices\x18\x02 \x03(\v2\x16.gpupool.v1.SliceUsageR\x06slices\x12\"\n" +
 	"\rsampled_at_ms\x18\x03 \x01(\x03R\vsampledAtMs\x12\x19\n" +
-	"\blease_id\x18\x04 \x01(\tR\aleaseId\"\xfe\b\n" +
+	"\blease_id\x18\x04 \x01(\tR\aleaseId\"\xde\t\n" +
 	"\x05Lease\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x16\n" +
 	"\x06tenant\x18\x02 \x01(\tR\x06tenant\x12\x16\n" +
@@ -2148,7 +2470,10 @@ const file_gpupool_v1_types_proto_rawDesc = "" +
 	"\x06parent\x18\x1b \x01(\tR\x06parent\x12\"\n" +
 	"\rpreempt_at_ms\x18\x1c \x01(\x03R\vpreemptAtMs\x12#\n" +
 	"\rpreempted_for\x18\x1d \x01(\tR\fpreemptedFor\x12%\n" +
-	"\x0epending_reason\x18\x1e \x01(\tR\rpendingReason\x1a?\n" +
+	"\x0epending_reason\x18\x1e \x01(\tR\rpendingReason\x120\n" +
+	"\n" +
+	"granted_by\x18\x1f \x01(\v2\x11.gpupool.v1.ActorR\tgrantedBy\x12,\n" +
+	"\bended_by\x18  \x01(\v2\x11.gpupool.v1.ActorR\aendedBy\x1a?\n" +
 	"\x11LastEventSeqEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\x04R\x05value:\x028\x01J\x04\b\x19\x10\x1a\"\x8b\x02\n" +
@@ -2172,21 +2497,49 @@ const file_gpupool_v1_types_proto_rawDesc = "" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x1d\n" +
 	"\n" +
 	"public_key\x18\x02 \x01(\fR\tpublicKey\x12&\n" +
-	"\x0fverify_until_ms\x18\x03 \x01(\x03R\rverifyUntilMs\"\x9f\x01\n" +
+	"\x0fverify_until_ms\x18\x03 \x01(\x03R\rverifyUntilMs\"\xd1\x01\n" +
 	"\x05Quota\x12\x16\n" +
 	"\x06tenant\x18\x01 \x01(\tR\x06tenant\x12\x12\n" +
 	"\x04gpus\x18\x02 \x01(\x05R\x04gpus\x12\x1d\n" +
 	"\n" +
 	"memory_mib\x18\x03 \x01(\x03R\tmemoryMib\x12'\n" +
 	"\x0fcompute_percent\x18\x04 \x01(\x03R\x0ecomputePercent\x12\"\n" +
-	"\rupdated_at_ms\x18\x05 \x01(\x03R\vupdatedAtMs\"\x99\x01\n" +
+	"\rupdated_at_ms\x18\x05 \x01(\x03R\vupdatedAtMs\x120\n" +
+	"\n" +
+	"updated_by\x18\x06 \x01(\v2\x11.gpupool.v1.ActorR\tupdatedBy\"\x99\x01\n" +
 	"\vTenantUsage\x12\x16\n" +
 	"\x06tenant\x18\x01 \x01(\tR\x06tenant\x12\x12\n" +
 	"\x04gpus\x18\x02 \x01(\x05R\x04gpus\x12\x1d\n" +
 	"\n" +
 	"memory_mib\x18\x03 \x01(\x03R\tmemoryMib\x12'\n" +
 	"\x0fcompute_percent\x18\x04 \x01(\x03R\x0ecomputePercent\x12\x16\n" +
-	"\x06leases\x18\x05 \x01(\x05R\x06leases*\x89\x01\n" +
+	"\x06leases\x18\x05 \x01(\x05R\x06leases\"<\n" +
+	"\x05Actor\x12\x1f\n" +
+	"\vaccessor_id\x18\x01 \x01(\tR\n" +
+	"accessorId\x12\x12\n" +
+	"\x04name\x18\x02 \x01(\tR\x04name\"\xc8\x04\n" +
+	"\bAclToken\x12\x1f\n" +
+	"\vaccessor_id\x18\x01 \x01(\tR\n" +
+	"accessorId\x12\x12\n" +
+	"\x04name\x18\x02 \x01(\tR\x04name\x12)\n" +
+	"\x04kind\x18\x03 \x01(\x0e2\x15.gpupool.v1.TokenKindR\x04kind\x12\x18\n" +
+	"\atenants\x18\x04 \x03(\tR\atenants\x12&\n" +
+	"\fmax_priority\x18\x05 \x01(\x05H\x00R\vmaxPriority\x88\x01\x01\x12)\n" +
+	"\x10preemptible_only\x18\x06 \x01(\bR\x0fpreemptibleOnly\x12\x17\n" +
+	"\ahost_id\x18\a \x01(\tR\x06hostId\x12\"\n" +
+	"\rcreated_at_ms\x18\b \x01(\x03R\vcreatedAtMs\x12\"\n" +
+	"\rexpires_at_ms\x18\t \x01(\x03R\vexpiresAtMs\x12\x18\n" +
+	"\arevoked\x18\n" +
+	" \x01(\bR\arevoked\x12\"\n" +
+	"\rrevoked_at_ms\x18\v \x01(\x03R\vrevokedAtMs\x120\n" +
+	"\n" +
+	"created_by\x18\f \x01(\v2\x11.gpupool.v1.ActorR\tcreatedBy\x120\n" +
+	"\n" +
+	"revoked_by\x18\r \x01(\v2\x11.gpupool.v1.ActorR\trevokedBy\x12#\n" +
+	"\rsecret_sha256\x18\x0e \x01(\fR\fsecretSha256\x12\x18\n" +
+	"\aexpired\x18\x0f \x01(\bR\aexpired\x12\x1c\n" +
+	"\tbootstrap\x18\x10 \x01(\bR\tbootstrapB\x0f\n" +
+	"\r_max_priority*\x89\x01\n" +
 	"\n" +
 	"HostStatus\x12\x1b\n" +
 	"\x17HOST_STATUS_UNSPECIFIED\x10\x00\x12\x15\n" +
@@ -2222,7 +2575,12 @@ const file_gpupool_v1_types_proto_rawDesc = "" +
 	"\x12TOPOLOGY_SAME_HOST\x10\x01\x12\x1a\n" +
 	"\x16TOPOLOGY_DISTINCT_GPUS\x10\x02\x12\x18\n" +
 	"\x14TOPOLOGY_SAME_NVLINK\x10\x03\x12\x1b\n" +
-	"\x17TOPOLOGY_SAME_PCIE_ROOT\x10\x04B7Z5github.com/gpupool/gpupool/proto/gpupool/v1;gpupoolv1b\x06proto3"
+	"\x17TOPOLOGY_SAME_PCIE_ROOT\x10\x04*o\n" +
+	"\tTokenKind\x12\x1a\n" +
+	"\x16TOKEN_KIND_UNSPECIFIED\x10\x00\x12\x19\n" +
+	"\x15TOKEN_KIND_MANAGEMENT\x10\x01\x12\x15\n" +
+	"\x11TOKEN_KIND_CLIENT\x10\x02\x12\x14\n" +
+	"\x10TOKEN_KIND_AGENT\x10\x03B7Z5github.com/gpupool/gpupool/proto/gpupool/v1;gpupoolv1b\x06proto3"
 
 var (
 	file_gpupool_v1_types_proto_rawDescOnce sync.Once
@@ -2236,8 +2594,8 @@ func file_gpupool_v1_types_proto_rawDescGZIP() []byte {
 	return file_gpupool_v1_types_proto_rawDescData
 }
 
-var file_gpupool_v1_types_proto_enumTypes = make([]protoimpl.EnumInfo, 6)
-var file_gpupool_v1_types_proto_msgTypes = make([]protoimpl.MessageInfo, 17)
+var file_gpupool_v1_types_proto_enumTypes = make([]protoimpl.EnumInfo, 7)
+var file_gpupool_v1_types_proto_msgTypes = make([]protoimpl.MessageInfo, 19)
 var file_gpupool_v1_types_proto_goTypes = []any{
 	(HostStatus)(0),          // 0: gpupool.v1.HostStatus
 	(DeviceHealth)(0),        // 1: gpupool.v1.DeviceHealth
@@ -2245,49 +2603,59 @@ var file_gpupool_v1_types_proto_goTypes = []any{
 	(LeaseClass)(0),          // 3: gpupool.v1.LeaseClass
 	(Isolation)(0),           // 4: gpupool.v1.Isolation
 	(Topology)(0),            // 5: gpupool.v1.Topology
-	(*Device)(nil),           // 6: gpupool.v1.Device
-	(*Host)(nil),             // 7: gpupool.v1.Host
-	(*HostDrain)(nil),        // 8: gpupool.v1.HostDrain
-	(*Constraints)(nil),      // 9: gpupool.v1.Constraints
-	(*LeaseRequest)(nil),     // 10: gpupool.v1.LeaseRequest
-	(*Slice)(nil),            // 11: gpupool.v1.Slice
-	(*SliceUsage)(nil),       // 12: gpupool.v1.SliceUsage
-	(*LeaseUsage)(nil),       // 13: gpupool.v1.LeaseUsage
-	(*Lease)(nil),            // 14: gpupool.v1.Lease
-	(*LeaseTokenClaims)(nil), // 15: gpupool.v1.LeaseTokenClaims
-	(*HostToken)(nil),        // 16: gpupool.v1.HostToken
-	(*PublicKey)(nil),        // 17: gpupool.v1.PublicKey
-	(*Quota)(nil),            // 18: gpupool.v1.Quota
-	(*TenantUsage)(nil),      // 19: gpupool.v1.TenantUsage
-	nil,                      // 20: gpupool.v1.Host.LabelsEntry
-	nil,                      // 21: gpupool.v1.Constraints.LabelsEntry
-	nil,                      // 22: gpupool.v1.Lease.LastEventSeqEntry
+	(TokenKind)(0),           // 6: gpupool.v1.TokenKind
+	(*Device)(nil),           // 7: gpupool.v1.Device
+	(*Host)(nil),             // 8: gpupool.v1.Host
+	(*HostDrain)(nil),        // 9: gpupool.v1.HostDrain
+	(*Constraints)(nil),      // 10: gpupool.v1.Constraints
+	(*LeaseRequest)(nil),     // 11: gpupool.v1.LeaseRequest
+	(*Slice)(nil),            // 12: gpupool.v1.Slice
+	(*SliceUsage)(nil),       // 13: gpupool.v1.SliceUsage
+	(*LeaseUsage)(nil),       // 14: gpupool.v1.LeaseUsage
+	(*Lease)(nil),            // 15: gpupool.v1.Lease
+	(*LeaseTokenClaims)(nil), // 16: gpupool.v1.LeaseTokenClaims
+	(*HostToken)(nil),        // 17: gpupool.v1.HostToken
+	(*PublicKey)(nil),        // 18: gpupool.v1.PublicKey
+	(*Quota)(nil),            // 19: gpupool.v1.Quota
+	(*TenantUsage)(nil),      // 20: gpupool.v1.TenantUsage
+	(*Actor)(nil),            // 21: gpupool.v1.Actor
+	(*AclToken)(nil),         // 22: gpupool.v1.AclToken
+	nil,                      // 23: gpupool.v1.Host.LabelsEntry
+	nil,                      // 24: gpupool.v1.Constraints.LabelsEntry
+	nil,                      // 25: gpupool.v1.Lease.LastEventSeqEntry
 }
 var file_gpupool_v1_types_proto_depIdxs = []int32{
 	1,  // 0: gpupool.v1.Device.health:type_name -> gpupool.v1.DeviceHealth
-	20, // 1: gpupool.v1.Host.labels:type_name -> gpupool.v1.Host.LabelsEntry
+	23, // 1: gpupool.v1.Host.labels:type_name -> gpupool.v1.Host.LabelsEntry
 	0,  // 2: gpupool.v1.Host.status:type_name -> gpupool.v1.HostStatus
-	6,  // 3: gpupool.v1.Host.devices:type_name -> gpupool.v1.Device
-	8,  // 4: gpupool.v1.Host.drain:type_name -> gpupool.v1.HostDrain
-	21, // 5: gpupool.v1.Constraints.labels:type_name -> gpupool.v1.Constraints.LabelsEntry
-	9,  // 6: gpupool.v1.LeaseRequest.constraints:type_name -> gpupool.v1.Constraints
-	5,  // 7: gpupool.v1.LeaseRequest.topology:type_name -> gpupool.v1.Topology
-	3,  // 8: gpupool.v1.LeaseRequest.class:type_name -> gpupool.v1.LeaseClass
-	4,  // 9: gpupool.v1.Slice.isolation:type_name -> gpupool.v1.Isolation
-	12, // 10: gpupool.v1.LeaseUsage.slices:type_name -> gpupool.v1.SliceUsage
-	10, // 11: gpupool.v1.Lease.request:type_name -> gpupool.v1.LeaseRequest
-	11, // 12: gpupool.v1.Lease.slices:type_name -> gpupool.v1.Slice
-	3,  // 13: gpupool.v1.Lease.class:type_name -> gpupool.v1.LeaseClass
-	2,  // 14: gpupool.v1.Lease.state:type_name -> gpupool.v1.LeaseState
-	2,  // 15: gpupool.v1.Lease.end_state:type_name -> gpupool.v1.LeaseState
-	13, // 16: gpupool.v1.Lease.usage:type_name -> gpupool.v1.LeaseUsage
-	22, // 17: gpupool.v1.Lease.last_event_seq:type_name -> gpupool.v1.Lease.LastEventSeqEntry
-	11, // 18: gpupool.v1.LeaseTokenClaims.slices:type_name -> gpupool.v1.Slice
-	19, // [19:19] is the sub-list for method output_type
-	19, // [19:19] is the sub-list for method input_type
-	19, // [19:19] is the sub-list for extension type_name
-	19, // [19:19] is the sub-list for extension extendee
-	0,  // [0:19] is the sub-list for field type_name
+	7,  // 3: gpupool.v1.Host.devices:type_name -> gpupool.v1.Device
+	9,  // 4: gpupool.v1.Host.drain:type_name -> gpupool.v1.HostDrain
+	21, // 5: gpupool.v1.HostDrain.by:type_name -> gpupool.v1.Actor
+	24, // 6: gpupool.v1.Constraints.labels:type_name -> gpupool.v1.Constraints.LabelsEntry
+	10, // 7: gpupool.v1.LeaseRequest.constraints:type_name -> gpupool.v1.Constraints
+	5,  // 8: gpupool.v1.LeaseRequest.topology:type_name -> gpupool.v1.Topology
+	3,  // 9: gpupool.v1.LeaseRequest.class:type_name -> gpupool.v1.LeaseClass
+	4,  // 10: gpupool.v1.Slice.isolation:type_name -> gpupool.v1.Isolation
+	13, // 11: gpupool.v1.LeaseUsage.slices:type_name -> gpupool.v1.SliceUsage
+	11, // 12: gpupool.v1.Lease.request:type_name -> gpupool.v1.LeaseRequest
+	12, // 13: gpupool.v1.Lease.slices:type_name -> gpupool.v1.Slice
+	3,  // 14: gpupool.v1.Lease.class:type_name -> gpupool.v1.LeaseClass
+	2,  // 15: gpupool.v1.Lease.state:type_name -> gpupool.v1.LeaseState
+	2,  // 16: gpupool.v1.Lease.end_state:type_name -> gpupool.v1.LeaseState
+	14, // 17: gpupool.v1.Lease.usage:type_name -> gpupool.v1.LeaseUsage
+	25, // 18: gpupool.v1.Lease.last_event_seq:type_name -> gpupool.v1.Lease.LastEventSeqEntry
+	21, // 19: gpupool.v1.Lease.granted_by:type_name -> gpupool.v1.Actor
+	21, // 20: gpupool.v1.Lease.ended_by:type_name -> gpupool.v1.Actor
+	12, // 21: gpupool.v1.LeaseTokenClaims.slices:type_name -> gpupool.v1.Slice
+	21, // 22: gpupool.v1.Quota.updated_by:type_name -> gpupool.v1.Actor
+	6,  // 23: gpupool.v1.AclToken.kind:type_name -> gpupool.v1.TokenKind
+	21, // 24: gpupool.v1.AclToken.created_by:type_name -> gpupool.v1.Actor
+	21, // 25: gpupool.v1.AclToken.revoked_by:type_name -> gpupool.v1.Actor
+	26, // [26:26] is the sub-list for method output_type
+	26, // [26:26] is the sub-list for method input_type
+	26, // [26:26] is the sub-list for extension type_name
+	26, // [26:26] is the sub-list for extension extendee
+	0,  // [0:26] is the sub-list for field type_name
 }
 
 func init() { file_gpupool_v1_types_proto_init() }
@@ -2295,13 +2663,14 @@ func file_gpupool_v1_types_proto_init() {
 	if File_gpupool_v1_types_proto != nil {
 		return
 	}
+	file_gpupool_v1_types_proto_msgTypes[15].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_gpupool_v1_types_proto_rawDesc), len(file_gpupool_v1_types_proto_rawDesc)),
-			NumEnums:      6,
-			NumMessages:   17,
+			NumEnums:      7,
+			NumMessages:   19,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

@@ -148,3 +148,14 @@ status` reach the brokers without flags.
 - name: GPUPOOL_ADDR
   value: {{ include "gpupool.brokerAddrs" . | quote }}
 {{- end }}
+
+{{/*
+The Secrets that hold the ACL tokens (acl.tokensSecret, acl.agentTokensSecret).
+*/}}
+{{- define "gpupool.tokensSecret" -}}
+{{- default (printf "%s-tokens" (include "gpupool.fullname" .)) .Values.acl.tokensSecret }}
+{{- end }}
+
+{{- define "gpupool.agentTokensSecret" -}}
+{{- default (printf "%s-agent-tokens" (include "gpupool.fullname" .)) .Values.acl.agentTokensSecret }}
+{{- end }}

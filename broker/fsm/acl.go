@@ -1,0 +1,132 @@
+package fsm
+
+import (
+	"fmt"
+	"slices"
+
+	"github.com/gpupool/gpupool/broker/lease"
+	"github.com/gpupool/gpupool/broker/state"
+	gpupoolv1 "github.com/gpupool/gpupool/proto/gpupool/v1"
+)
+
+// BrokerActor is the actor of what the leader does on its own: lease
+// expiry, a host going down, a drain deadline, preemption, elastic growth.
+func BrokerActor() *gpupoolv1.Actor { return &gpupoolv1.Actor{Name: "broker"} }
+
+// actorOr returns a, or the broker when a is unset.
+func actorOr(a *gpupoolv1.Actor) *gpupoolv1.Actor {
+	if a == nil {
+		return BrokerActor()
+	}
+	return clone(a)
+}
+
+// SecretHashLen is the length of a token secret's SHA-256.
+const SecretHashLen = 32
+
+// ValidateACLToken checks that a token's kind and scope fit together. It
+// returns a *lease.FieldError naming the field, so the API and Apply refuse
+// the same tokens with the same words.
+func ValidateACLToken(t *gpupoolv1.AclToken) error {
+	if t.GetName() == "" {
+		return &lease.FieldError{Field: "name", Value: `""`, Allowed: "is required"}
+	}
+	if len(t.Name) > 128 {
+		return &lease.FieldError{Field: "name", Value: fmt.Sprintf("of %d bytes", len(t.Name)), Allowed: "must be at most 128 bytes"}
+	}
+	client := t.Kind == gpupoolv1.TokenKind_TOKEN_KIND_CLIENT
+	switch t.Kind {
+	case gpupoolv1.TokenKind_TOKEN_KIND_MANAGEMENT, gpupoolv1.TokenKind_TOKEN_KIND_CLIENT, gpupoolv1.TokenKind_TOKEN_KIND_AGENT:
+	default:
+		return &lease.FieldError{Field: "kind", Value: t.Kind, Allowed: "must be management, client or agent"}
+	}
+	if client && len(t.Tenants) == 0 {
+		return &lease.FieldError{Field: "tenants", Value: "[]", Allowed: "a client token needs at least one tenant"}
+	}
+	if !client && len(t.Tenants) > 0 {
+		return &lease.FieldError{Field: "tenants", Value: t.Tenants, Allowed: "only client tokens have tenants"}
+	}
+	for i, tn := range t.Tenants {
+		if err := lease.ValidateTenant(fmt.Sprintf("tenants[%d]", i), tn); err != nil {
+			return err
+		}
+		if slices.Index(t.Tenants, tn) != i {
+			return &lease.FieldError{Field: fmt.Sprintf("tenants[%d]", i), Value: fmt.Sprintf("%q", tn), Allowed: "is listed twice"}
+		}
+	}
+	if t.MaxPriority != nil {
+		if !client {
+			return &lease.FieldError{Field: "max_priority", Value: *t.MaxPriority, Allowed: "only client tokens have a priority limit"}
+		}
+		if *t.MaxPriority < 0 || *t.MaxPriority > lease.MaxPriority {
+			return &lease.FieldError{Field: "max_priority", Value: *t.MaxPriority, Allowed: fmt.Sprintf("must be between 0 and %d", lease.MaxPriority)}
+		}
+	}
+	if t.PreemptibleOnly && !client {
+		return &lease.FieldError{Field: "preemptible_only", Value: true, Allowed: "only client tokens can be limited to preemptible leases"}
+	}
+	agent := t.Kind == gpupoolv1.TokenKind_TOKEN_KIND_AGENT
+	if agent && t.HostId == "" {
+		return &lease.FieldError{Field: "host_id", Value: `""`, Allowed: "an agent token needs the host id it joins as"}
+	}
+	if !agent && t.HostId != "" {
+		return &lease.FieldError{Field: "host_id", Value: fmt.Sprintf("%q", t.HostId), Allowed: "only agent tokens have a host id"}
+	}
+	if t.ExpiresAtMs < 0 {
+		return &lease.FieldError{Field: "expires_at_ms", Value: t.ExpiresAtMs, Allowed: "must be 0 (never) or a time"}
+	}
+	return nil
+}
+
+// applyCreateACLToken stores a new token, refused whole when it is
+// malformed, collides with a stored one, or is a second bootstrap.
+func applyCreateACLToken(w *state.Writer, index uint64, c *gpupoolv1.CreateAclTokenCommand) *Result {
+	t := clone(c.GetToken())
+	if t.GetAccessorId() == "" || len(t.SecretSha256) != SecretHashLen {
+		return &Result{Err: fmt.Errorf("%w: token without accessor id or a %d-byte secret hash", ErrInvalid, SecretHashLen)}
+	}
+	if err := ValidateACLToken(t); err != nil {
+		return &Result{Err: fmt.Errorf("%w: token %s: %v", ErrInvalid, t.AccessorId, err)}
+	}
+	if t.Revoked || t.Expired {
+		return &Result{Err: fmt.Errorf("%w: token %s: a new token cannot be revoked or expired", ErrInvalid, t.AccessorId)}
+	}
+	if c.Bootstrap {
+		if t.Kind != gpupoolv1.TokenKind_TOKEN_KIND_MANAGEMENT {
+			return &Result{Err: fmt.Errorf("%w: the bootstrap token must be a management token", ErrInvalid)}
+		}
+		if at := w.ACLBootstrapIndex(); at != 0 {
+			return &Result{Err: &PreconditionError{Reason: fmt.Sprintf("ACL already bootstrapped (log index %d): a cluster has one bootstrap token; create more tokens with a management token ('gpupool operator acl token create')", at)}}
+		}
+		t.Bootstrap = true
+		w.SetACLBootstrapIndex(index)
+	} else {
+		t.Bootstrap = false
+	}
+	if w.ACLToken(t.AccessorId) != nil {
+		return &Result{Err: fmt.Errorf("%w: token accessor id %s already exists", ErrInvalid, t.AccessorId)}
+	}
+	if w.ACLTokenBySecret(t.SecretSha256) != nil {
+		return &Result{Err: fmt.Errorf("%w: token %s: its secret hash is already stored", ErrInvalid, t.AccessorId)}
+	}
+	w.PutACLToken(t)
+	return &Result{Token: t}
+}
+
+// applyRevokeACLToken marks a token revoked. A revoked token keeps its
+// first revocation.
+func applyRevokeACLToken(w *state.Writer, c *gpupoolv1.RevokeAclTokenCommand) *Result {
+	old := w.ACLToken(c.GetAccessorId())
+	if old == nil {
+		return &Result{Err: fmt.Errorf("token %q: %w", c.GetAccessorId(), ErrNotFound)}
+	}
+	if old.Revoked {
+		return &Result{Token: old}
+	}
+	t := clone(old)
+	t.Revoked = true
+	t.RevokedAtMs = c.NowMs
+	t.RevokedBy = actorOr(c.Actor)
+	w.PutACLToken(t)
+	return &Result{Token: t}
+}

@@ -1,0 +1,170 @@
+package cluster_test
+
+import (
+	"encoding/json"
+	"fmt"
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/gpupool/gpupool/client"
+	gpupoolv1 "github.com/gpupool/gpupool/proto/gpupool/v1"
+)
+
+// tokenJSON is what 'operator acl bootstrap|token create -o json' prints.
+type tokenJSON struct {
+	Token struct {
+		AccessorID string `json:"accessor_id"`
+		Name       string `json:"name"`
+	} `json:"token"`
+	Secret string `json:"secret"`
+}
+
+func TestACLOnRealProcesses(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts real processes")
+	}
+	cl := newSecureCluster(t)
+	addr := "--addr=" + strings.Join(cl.addrs, ",")
+	run := func(args ...string) (string, string, int) {
+		t.Helper()
+		return gpupool(t, append(args, addr, "--timeout=60s")...)
+	}
+	mustRun := func(args ...string) string {
+		t.Helper()
+		out, stderr, code := run(args...)
+		if code != 0 {
+			t.Fatalf("gpupool %s: exit %d: %s", strings.Join(args, " "), code, stderr)
+		}
+		return out
+	}
+	newToken := func(args ...string) tokenJSON {
+		t.Helper()
+		var tok tokenJSON
+		out := mustRun(args...)
+		if err := json.Unmarshal([]byte(out), &tok); err != nil || tok.Secret == "" {
+			t.Fatalf("gpupool %s: %v; output %q", strings.Join(args, " "), err, out)
+		}
+		return tok
+	}
+
+	// Without a token, nothing but the bootstrap.
+	_, stderr, code := run("lease", "ls")
+	if code != 1 || !strings.Contains(stderr, "unauthenticated: no ACL token") {
+		t.Fatalf("lease ls without a token: exit %d, %q; want 1 and unauthenticated", code, stderr)
+	}
+	boot := newToken("operator", "acl", "bootstrap", "-o", "json")
+	_, stderr, code = run("operator", "acl", "bootstrap")
+	if code != 1 || !strings.Contains(stderr, "already bootstrapped") {
+		t.Fatalf("second bootstrap: exit %d, %q; want 1 and already bootstrapped", code, stderr)
+	}
+	mgmt := "--token=" + boot.Secret
+	a := newToken("operator", "acl", "token", "create", "--kind", "client", "--tenant", "team-a", "-o", "json", mgmt)
+	b := newToken("operator", "acl", "token", "create", "--kind", "client", "--tenant", "team-b", "-o", "json", mgmt)
+	agent1 := newToken("operator", "acl", "token", "create", "--kind", "agent", "--host-id", "host-1", "-o", "json", mgmt)
+
+	// An agent joins with its own host's token; another host's is refused.
+	cl.agents = append(cl.agents, cl.newAgent(0, "--token", agent1.Secret), cl.newAgent(1, "--token", agent1.Secret))
+	for _, p := range cl.agents {
+		p.start(t)
+	}
+	mc, err := client.Dial(cl.addrs, client.Options{Token: boot.Secret}.DialOptions()...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { mc.Close() })
+	cl.c = mc
+	cl.waitForHosts(1)
+	eventually(t, "host-2's agent refused", 30*time.Second, func() error {
+		log, _ := os.ReadFile(cl.agents[1].log.Name())
+		if !strings.Contains(string(log), "PermissionDenied") || !strings.Contains(string(log), "not of host") {
+			return fmt.Errorf("its log does not say so yet")
+		}
+		return nil
+	})
+	hosts, err := mc.Pool.ListHosts(ctxFor(t, 10*time.Second), &gpupoolv1.ListHostsRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(hosts.Hosts) != 1 || hosts.Hosts[0].Id != "host-1" {
+		t.Fatalf("hosts: got %v, want host-1 only", hosts.Hosts)
+	}
+
+	// Tenants are isolated.
+	out := mustRun("lease", "acquire", "--memory", "20GiB", "--compute", "25", "-o", "json", "--token="+a.Secret)
+	var lease struct {
+		ID     string `json:"id"`
+		Tenant string `json:"tenant"`
+	}
+	if err := json.Unmarshal([]byte(out), &lease); err != nil || lease.Tenant != "team-a" {
+		t.Fatalf("team-a's acquire: tenant %q (%v), want team-a; output %s", lease.Tenant, err, out)
+	}
+	for _, cmd := range [][]string{{"lease", "get", lease.ID}, {"lease", "release", lease.ID}} {
+		_, stderr, code := run(append(cmd, "--token="+b.Secret)...)
+		if code != 1 || !strings.Contains(stderr, "permission denied") || !strings.Contains(stderr, `tenant "team-a"`) {
+			t.Errorf("team-b: gpupool %s: exit %d, %q; want 1, permission denied naming tenant team-a", strings.Join(cmd, " "), code, stderr)
+		}
+	}
+	if out := mustRun("lease", "ls", "-o", "json", "--token="+b.Secret); strings.Contains(out, lease.ID) {
+		t.Errorf("team-b's lease ls shows team-a's lease:\n%s", out)
+	}
+	_, stderr, code = run("lease", "acquire", "--memory", "1GiB", "--compute", "5", "--tenant", "team-a", "--token="+b.Secret)
+	if code != 1 || !strings.Contains(stderr, `not tenant "team-a"`) {
+		t.Errorf("team-b acquiring for team-a: exit %d, %q; want 1 and a refusal", code, stderr)
+	}
+	_, stderr, code = run("host", "drain", "host-1", "--force", "--token="+a.Secret)
+	if code != 1 || !strings.Contains(stderr, "lacks management") {
+		t.Errorf("a client token draining: exit %d, %q; want 1, lacks management", code, stderr)
+	}
+	if out := mustRun("lease", "get", lease.ID, "--token="+a.Secret); !strings.Contains(out, "GRANTED BY") || !strings.Contains(out, a.Token.AccessorID) {
+		t.Errorf("lease get does not say who acquired it:\n%s", out)
+	}
+
+	// Through a follower: the leader checks the caller's own token, so a
+	// forwarded call can do no more than the caller.
+	leader := cl.leader()
+	follower := cl.addrs[(leader+1)%3]
+	viaFollower := func(secret string) *client.Client {
+		c, err := client.Dial([]string{follower}, client.Options{Token: secret}.DialOptions()...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { c.Close() })
+		return c
+	}
+	_, err = viaFollower(b.Secret).Lease.Release(ctxFor(t, 30*time.Second), &gpupoolv1.ReleaseRequest{LeaseId: lease.ID})
+	if status.Code(err) != codes.PermissionDenied || !strings.Contains(status.Convert(err).Message(), "team-a") {
+		t.Errorf("team-b releasing team-a's lease through follower %s: got %v, want PermissionDenied", follower, err)
+	}
+	_, err = viaFollower("").Lease.Release(ctxFor(t, 30*time.Second), &gpupoolv1.ReleaseRequest{LeaseId: lease.ID})
+	if status.Code(err) != codes.Unauthenticated {
+		t.Errorf("a release without a token through follower %s: got %v, want Unauthenticated", follower, err)
+	}
+	// A token made a moment ago works on a follower at once.
+	fresh, err := gpupoolv1.NewAclServiceClient(mc.Conn()).CreateToken(ctxFor(t, 30*time.Second),
+		&gpupoolv1.CreateAclTokenRequest{Name: "fresh", Kind: gpupoolv1.TokenKind_TOKEN_KIND_CLIENT, Tenants: []string{"team-a"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := viaFollower(fresh.Secret).Lease.Get(ctxFor(t, 30*time.Second), &gpupoolv1.GetLeaseRequest{LeaseId: lease.ID, Stale: true}); err != nil {
+		t.Errorf("a token created a moment ago, on follower %s: %v", follower, err)
+	}
+
+	// Revoked: refused with the reason; the owner's release is audited.
+	mustRun("operator", "acl", "token", "revoke", b.Token.AccessorID, mgmt)
+	_, stderr, code = run("lease", "ls", "--token="+b.Secret)
+	if code != 1 || !strings.Contains(stderr, "revoked") {
+		t.Errorf("a revoked token: exit %d, %q; want 1 and revoked", code, stderr)
+	}
+	if out := mustRun("operator", "acl", "token", "ls", mgmt); !strings.Contains(out, "revoked") || strings.Contains(out, b.Secret) {
+		t.Errorf("token ls: want b listed as revoked and no secret:\n%s", out)
+	}
+	mustRun("lease", "release", lease.ID, "--token="+a.Secret)
+	if out := mustRun("lease", "get", lease.ID, mgmt); !strings.Contains(out, "ENDED BY") || !strings.Contains(out, a.Token.AccessorID) {
+		t.Errorf("lease get does not say who released it:\n%s", out)
+	}
+}
