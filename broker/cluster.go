@@ -10,7 +10,6 @@ import (
 	"github.com/hashicorp/raft"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 
@@ -158,7 +157,7 @@ func (s *Server) connTo(addr string) (*grpc.ClientConn, error) {
 	if c, ok := s.conns[addr]; ok {
 		return c, nil
 	}
-	c, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	c, err := grpc.NewClient(addr, s.peerDialOptions()...)
 	if err != nil {
 		return nil, err
 	}

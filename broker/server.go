@@ -29,6 +29,7 @@ import (
 	"github.com/gpupool/gpupool/broker/fsm"
 	"github.com/gpupool/gpupool/broker/placement"
 	"github.com/gpupool/gpupool/internal/clock"
+	"github.com/gpupool/gpupool/internal/pki"
 	gpupoolv1 "github.com/gpupool/gpupool/proto/gpupool/v1"
 )
 
@@ -60,6 +61,12 @@ type Config struct {
 	// PendingGrace is how long a pending lease waits for its client to
 	// return after a leader change before it leaves the queue.
 	PendingGrace time.Duration
+
+	// TLS, when set, makes every connection mutual TLS: gRPC (clients,
+	// agents and the other servers must present a certificate of the
+	// cluster CA) and Raft (brokers only). Nil serves plaintext to anyone:
+	// only for tests and 'gpupool dev' ('gpupool broker --insecure').
+	TLS *pki.Source
 
 	Clock  clock.Clock
 	Logger *slog.Logger
@@ -223,7 +230,7 @@ func New(cfg Config) (*Server, error) {
 		return nil, fmt.Errorf("broker: listen on --bind %s: %w", cfg.BindAddr, err)
 	}
 	s.listener = lis
-	s.grpc = grpc.NewServer()
+	s.grpc = grpc.NewServer(s.grpcServerOptions()...)
 	s.registerServices()
 	s.goFunc(func() { _ = s.grpc.Serve(lis) })
 	s.goFunc(s.monitorLeadership)
@@ -307,9 +314,18 @@ func (s *Server) openRaft() error {
 	if addr.Port == 0 {
 		advertise = nil // tests bind :0; advertise what the kernel chose
 	}
-	trans, err := raft.NewTCPTransport(s.cfg.RaftBindAddr, advertise, 3, 10*time.Second, s.cfg.RaftLogOutput)
-	if err != nil {
-		return fmt.Errorf("broker: listen on --raft-bind %s: %w", s.cfg.RaftBindAddr, err)
+	var trans *raft.NetworkTransport
+	if s.cfg.TLS != nil {
+		stream, err := newTLSStreamLayer(s.cfg.RaftBindAddr, advertise, s.cfg.TLS)
+		if err != nil {
+			return fmt.Errorf("broker: listen on --raft-bind %s: %w", s.cfg.RaftBindAddr, err)
+		}
+		trans = raft.NewNetworkTransport(stream, 3, 10*time.Second, s.cfg.RaftLogOutput)
+	} else {
+		trans, err = raft.NewTCPTransport(s.cfg.RaftBindAddr, advertise, 3, 10*time.Second, s.cfg.RaftLogOutput)
+		if err != nil {
+			return fmt.Errorf("broker: listen on --raft-bind %s: %w", s.cfg.RaftBindAddr, err)
+		}
 	}
 	s.transport = trans
 

@@ -225,9 +225,16 @@ func checkHost(h string) error {
 	return nil
 }
 
+// BrokerPeerName is a DNS name every broker certificate carries besides
+// its --host addresses. Brokers verify each other by it (and the broker
+// role), not by the address they dial: a broker's Raft and gRPC addresses
+// may change (a new pod IP) without a new certificate.
+const BrokerPeerName = "broker.gpupool.internal"
+
 // Issue signs a certificate for req with a new key and returns both as
 // PEM. Brokers get server and client authentication (they dial each
-// other); agents and clients client authentication only.
+// other) and the DNS name BrokerPeerName; agents and clients client
+// authentication only.
 func (ca *CA) Issue(req Request) (certPEM, keyPEM []byte, err error) {
 	if err := ca.Validate(req); err != nil {
 		return nil, nil, fmt.Errorf("pki: %w", err)
@@ -252,6 +259,7 @@ func (ca *CA) Issue(req Request) (certPEM, keyPEM []byte, err error) {
 	}
 	if req.Role == RoleBroker {
 		tmpl.ExtKeyUsage = append(tmpl.ExtKeyUsage, x509.ExtKeyUsageServerAuth)
+		tmpl.DNSNames = append(tmpl.DNSNames, BrokerPeerName)
 	}
 	for _, h := range req.Hosts {
 		if ip := net.ParseIP(h); ip != nil {

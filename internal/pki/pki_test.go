@@ -5,6 +5,7 @@ import (
 	"crypto/x509"
 	"encoding/pem"
 	"errors"
+	"io"
 	"net"
 	"os"
 	"path/filepath"
@@ -106,7 +107,14 @@ func TestIssuedCertificatesCarryRoleHostsAndUsage(t *testing.T) {
 			for _, ip := range cert.IPAddresses {
 				hosts = append(hosts, ip.String())
 			}
-			hosts = append(hosts, cert.DNSNames...)
+			for _, n := range cert.DNSNames {
+				if n != pki.BrokerPeerName {
+					hosts = append(hosts, n)
+				}
+			}
+			if wantPeer := tt.req.Role == pki.RoleBroker; slices.Contains(cert.DNSNames, pki.BrokerPeerName) != wantPeer {
+				t.Errorf("DNS names %v: want %s only on brokers", cert.DNSNames, pki.BrokerPeerName)
+			}
 			if !slices.Equal(hosts, tt.req.Hosts) {
 				t.Errorf("SANs %v, want %v", hosts, tt.req.Hosts)
 			}
@@ -180,8 +188,7 @@ func TestNewSourceRefusesUnusableFiles(t *testing.T) {
 }
 
 // tlsServer accepts TLS connections with cfg and answers each handshake
-// that succeeds with one byte, so that a TLS 1.3 client learns whether the
-// server accepted its certificate.
+// that succeeds with one byte, then waits for the client to hang up.
 func tlsServer(t *testing.T, cfg *tls.Config) string {
 	t.Helper()
 	l, err := tls.Listen("tcp", "127.0.0.1:0", cfg)
@@ -199,6 +206,7 @@ func tlsServer(t *testing.T, cfg *tls.Config) string {
 				defer c.Close()
 				if c.(*tls.Conn).Handshake() == nil {
 					c.Write([]byte("k"))
+					io.Copy(io.Discard, c) // until the client hangs up
 				}
 			}()
 		}
@@ -231,7 +239,7 @@ func staticClient(t *testing.T, files pki.Files, withCert bool) *tls.Config {
 		t.Fatal(err)
 	}
 	pool.AppendCertsFromPEM(b)
-	cfg := &tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS13}
+	cfg := &tls.Config{RootCAs: pool}
 	if withCert {
 		pair, err := tls.LoadX509KeyPair(files.Cert, files.Key)
 		if err != nil {
@@ -243,8 +251,14 @@ func staticClient(t *testing.T, files pki.Files, withCert bool) *tls.Config {
 }
 
 func TestServerRefusesPeersWithoutAGoodCertificate(t *testing.T) {
-	ca := pkitest.NewCA(t)
-	other := pkitest.NewCA(t)
+	for _, alg := range pki.Algorithms {
+		t.Run(string(alg), func(t *testing.T) { testServerRefuses(t, alg) })
+	}
+}
+
+func testServerRefuses(t *testing.T, alg pki.Algorithm) {
+	ca := pkitest.NewCAWith(t, alg)
+	other := pkitest.NewCAWith(t, alg)
 	server := pkitest.Source(t, ca.Issue(t, "broker-1", pki.RoleBroker, "127.0.0.1"))
 	addr := tlsServer(t, server.ServerConfig(pki.RoleBroker, pki.RoleClient))
 	now := time.Now()
@@ -255,7 +269,7 @@ func TestServerRefusesPeersWithoutAGoodCertificate(t *testing.T) {
 		want string // "" accepts
 	}{
 		{"a client of the CA is accepted", pkitest.Source(t, good).ClientConfig(), ""},
-		{"a client without a certificate is refused", staticClient(t, good, false), "certificate required"},
+		{"a client without a certificate is refused", staticClient(t, good, false), "handshake failure"},
 		{"a client of another CA is refused", func() *tls.Config {
 			c := staticClient(t, other.Issue(t, "mallory", pki.RoleClient), true)
 			c.RootCAs = staticClient(t, good, false).RootCAs

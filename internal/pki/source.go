@@ -93,17 +93,35 @@ func (s *Source) current() *material {
 	return s.cur
 }
 
+// Protocol versions and cipher suites of every connection. TLS 1.2,
+// because a TLS 1.3 server judges the client's certificate after the
+// client's handshake has ended: a client that writes first (gRPC does)
+// reads a reset connection ("broken pipe") instead of the server's reason
+// ("expired certificate"). In TLS 1.2 the verdict is part of the client's
+// handshake, so users read why they were refused. Forward-secret AEAD
+// suites only.
+const tlsVersion = tls.VersionTLS12
+
+var cipherSuites = []uint16{
+	tls.TLS_ECDHE_ECDSA_WITH_AES_128_GCM_SHA256,
+	tls.TLS_ECDHE_ECDSA_WITH_AES_256_GCM_SHA384,
+	tls.TLS_ECDHE_ECDSA_WITH_CHACHA20_POLY1305_SHA256,
+}
+
 // ServerConfig is the configuration of a TLS server that requires every
 // peer to present a certificate signed by the CA with one of the allowed
 // roles (any role when none are given). Each handshake uses the current
 // certificate and CA pool.
 func (s *Source) ServerConfig(allowed ...Role) *tls.Config {
 	return &tls.Config{
-		MinVersion: tls.VersionTLS13,
+		MinVersion: tlsVersion,
+		MaxVersion: tlsVersion,
 		GetConfigForClient: func(*tls.ClientHelloInfo) (*tls.Config, error) {
 			m := s.current()
 			return &tls.Config{
-				MinVersion:       tls.VersionTLS13,
+				MinVersion:       tlsVersion,
+				MaxVersion:       tlsVersion,
+				CipherSuites:     cipherSuites,
 				Certificates:     []tls.Certificate{*m.cert},
 				ClientCAs:        m.pool,
 				ClientAuth:       tls.RequireAndVerifyClientCert,
@@ -120,13 +138,23 @@ func (s *Source) ServerConfig(allowed ...Role) *tls.Config {
 func (s *Source) ClientConfig() *tls.Config {
 	m := s.current()
 	return &tls.Config{
-		MinVersion: tls.VersionTLS13,
-		RootCAs:    m.pool,
+		MinVersion:   tlsVersion,
+		MaxVersion:   tlsVersion,
+		CipherSuites: cipherSuites,
+		RootCAs:      m.pool,
 		GetClientCertificate: func(*tls.CertificateRequestInfo) (*tls.Certificate, error) {
 			return s.current().cert, nil
 		},
 		VerifyConnection: requireRole("server", []Role{RoleBroker}),
 	}
+}
+
+// PeerConfig is ClientConfig for a broker dialing another broker: it
+// verifies the peer by BrokerPeerName instead of the address dialed.
+func (s *Source) PeerConfig() *tls.Config {
+	cfg := s.ClientConfig()
+	cfg.ServerName = BrokerPeerName
+	return cfg
 }
 
 // requireRole checks the verified peer certificate carries one of the

@@ -16,11 +16,17 @@ type CA struct {
 	Dir string
 }
 
-// NewCA creates a CA in a new temporary directory of t.
+// NewCA creates an ECDSA CA in a new temporary directory of t.
 func NewCA(t testing.TB) *CA {
 	t.Helper()
+	return NewCAWith(t, pki.ECDSAP256)
+}
+
+// NewCAWith creates a CA with keys of alg in a new temporary directory.
+func NewCAWith(t testing.TB, alg pki.Algorithm) *CA {
+	t.Helper()
 	dir := t.TempDir()
-	ca, err := pki.InitCA(dir, pki.ECDSAP256, "gpupool test CA", time.Now(), 24*time.Hour)
+	ca, err := pki.InitCA(dir, alg, "gpupool test CA", time.Now(), 24*time.Hour)
 	if err != nil {
 		t.Fatal(err)
 	}
