@@ -2,6 +2,7 @@ package k8s
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -44,6 +45,9 @@ var ErrLostLeadership = errors.New("k8s controller: lost leadership")
 type Config struct {
 	// Brokers are the broker addresses.
 	Brokers []string
+	// TLS, when set, makes the connection to the brokers mutual TLS (see
+	// client.Options.TLS); nil is plaintext.
+	TLS *tls.Config
 	// Kube reaches the apiserver.
 	Kube *rest.Config
 	// Tenant of the binder's leases; empty means DefaultTenant.
@@ -112,7 +116,7 @@ func Run(ctx context.Context, cfg Config) error {
 	if err != nil {
 		return fmt.Errorf("k8s controller: %w", err)
 	}
-	c, err := client.Dial(cfg.Brokers)
+	c, err := client.DialWith(cfg.Brokers, client.Options{TLS: cfg.TLS})
 	if err != nil {
 		return err
 	}

@@ -18,6 +18,7 @@ import (
 	"github.com/gpupool/gpupool/agent/device"
 	"github.com/gpupool/gpupool/agent/mps"
 	"github.com/gpupool/gpupool/client"
+	"github.com/gpupool/gpupool/internal/pki"
 )
 
 // machineIDFile names this host for --host-id's default.
@@ -38,6 +39,7 @@ type agentOpts struct {
 	cpu        int64
 	hostMemory int64
 	logLevel   string
+	insecure   bool
 }
 
 func newAgentCmd() *cobra.Command {
@@ -79,16 +81,26 @@ new leases.
 With --simulate, tests and demos drive the simulated GPUs through a control
 socket (--sim-control): see 'gpupool agent simulate --help'.
 
---broker defaults to $GPUPOOL_ADDR, else --addr. --host-id defaults to the
-first 12 characters of /etc/machine-id, else the hostname.`,
-		Example: `  # offer this host's GPUs to a cluster
-  gpupool agent --broker 10.0.0.1:7641,10.0.0.2:7641,10.0.0.3:7641 --label zone=eu-1a
+Security. The connection to the brokers is mutual TLS with the agent's
+certificate (--tls-ca, --tls-cert, --tls-key; issue it with 'gpupool operator
+tls issue --role agent --host-id ID'), reloaded when the files change. A
+certificate bound to a host id serves only that host, and gives --host-id its
+default. Without TLS files the agent refuses to start, unless --insecure says to
+connect in plaintext (tests and local experiments only). The QUIC data plane is
+TLS too, and admits only holders of a lease token the brokers signed.
 
-  # a simulated DGX A100 for a local 'gpupool dev' cluster
-  gpupool agent --simulate 8xA100-80GB --host-id sim-1
+--broker defaults to $GPUPOOL_ADDR, else --addr. --host-id defaults to the
+host id of the certificate, else the first 12 characters of /etc/machine-id,
+else the hostname.`,
+		Example: `  # offer this host's GPUs to a cluster
+  gpupool agent --broker 10.0.0.1:7641,10.0.0.2:7641,10.0.0.3:7641 --label zone=eu-1a \
+    --tls-ca /etc/gpupool/ca.pem --tls-cert /etc/gpupool/gpu-7.pem --tls-key /etc/gpupool/gpu-7-key.pem
+
+  # a simulated DGX A100 for a local 'gpupool dev' cluster (no TLS)
+  gpupool agent --simulate 8xA100-80GB --host-id sim-1 --insecure
 
   # a simulated mixed host that also offers host CPU and memory
-  gpupool agent --simulate 4xA100-80GB,4xH100-80GB --host-id sim-2 --cpu 32000 --host-memory 131072`,
+  gpupool agent --simulate 4xA100-80GB,4xH100-80GB --host-id sim-2 --cpu 32000 --host-memory 131072 --insecure`,
 		Args: noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error { return runAgent(cmd, o) },
 	}
@@ -110,6 +122,7 @@ first 12 characters of /etc/machine-id, else the hostname.`,
 	f.DurationVar(&o.enforce.Grace, "watchdog-grace", agent.DefaultGrace, "how long a lease may exceed its memory before its processes are stopped")
 	f.DurationVar(&o.enforce.KillAfter, "kill-after", agent.DefaultKillAfter, "how long a process has after SIGTERM before SIGKILL")
 	f.DurationVar(&o.enforce.ExpiryGrace, "expiry-grace", agent.DefaultExpiryGrace, "how long past its expiry a lease's processes run while the brokers are unreachable")
+	f.BoolVar(&o.insecure, "insecure", false, insecureUsage)
 	cmd.AddCommand(newAgentSimulateCmd())
 	return cmd
 }
@@ -133,7 +146,19 @@ func runAgent(cmd *cobra.Command, o agentOpts) error {
 	if err != nil {
 		return err
 	}
+	src, err := global.tls.serverTLS("gpupool agent", pki.RoleAgent, o.insecure, logger, cmd.ErrOrStderr())
+	if err != nil {
+		return err
+	}
 	hostID := o.hostID
+	if src != nil {
+		switch bound := src.Identity().HostID; {
+		case bound != "" && hostID == "":
+			hostID = bound
+		case bound != "" && hostID != bound:
+			return usagef("--host-id %q: --tls-cert %s is bound to host %q; use that host's certificate, or --host-id %s", hostID, global.tls.cert, bound, bound)
+		}
+	}
 	if hostID == "" {
 		if hostID, err = defaultHostID(); err != nil {
 			return err
@@ -214,6 +239,7 @@ func runAgent(cmd *cobra.Command, o agentOpts) error {
 		Enforcement:   o.enforce,
 		MPS:           mpsCtl,
 		DataBind:      o.dataBind,
+		TLS:           tlsConfigOf(src),
 	})
 	if err != nil {
 		return usagef("%v", err)

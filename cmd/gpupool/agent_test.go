@@ -7,18 +7,18 @@ import (
 )
 
 func TestAgentCommandRefusesBadInput(t *testing.T) {
-	sim := []string{"agent", "--broker", "127.0.0.1:1", "--host-id", "sim-1", "--simulate", "8xA100-80GB"}
+	sim := []string{"agent", "--insecure", "--broker", "127.0.0.1:1", "--host-id", "sim-1", "--simulate", "8xA100-80GB"}
 	with := func(extra ...string) []string { return append(append([]string{}, sim...), extra...) }
 	checkUsageErrors(t, []usageCase{
 		{"a label without =", with("--label", "foo"), []string{`--label "foo"`, "key=value"}},
 		{"a label without a key", with("--label", "=x"), []string{`--label "=x"`, "key=value"}},
-		{"a zero count of simulated GPUs", []string{"agent", "--broker", "127.0.0.1:1", "--simulate", "0xA100-80GB"}, []string{`--simulate "0xA100-80GB"`, "count 0 must be between 1 and 64"}},
-		{"an unknown simulated model", []string{"agent", "--broker", "127.0.0.1:1", "--simulate", "8xB200"}, []string{`model "B200"`, "A100-40GB, A100-80GB, H100-80GB"}},
-		{"an empty simulation spec", []string{"agent", "--broker", "127.0.0.1:1", "--simulate", ""}, []string{`--simulate ""`, "NxMODEL"}},
+		{"a zero count of simulated GPUs", []string{"agent", "--insecure", "--broker", "127.0.0.1:1", "--simulate", "0xA100-80GB"}, []string{`--simulate "0xA100-80GB"`, "count 0 must be between 1 and 64"}},
+		{"an unknown simulated model", []string{"agent", "--insecure", "--broker", "127.0.0.1:1", "--simulate", "8xB200"}, []string{`model "B200"`, "A100-40GB, A100-80GB, H100-80GB"}},
+		{"an empty simulation spec", []string{"agent", "--insecure", "--broker", "127.0.0.1:1", "--simulate", ""}, []string{`--simulate ""`, "NxMODEL"}},
 		{"a host id with a space", with("--host-id", "gpu 7"), []string{`--host-id "gpu 7"`, "letters, digits"}},
 		{"negative host CPU", with("--cpu", "-5"), []string{"--cpu -5", "0 or more"}},
 		{"negative host memory", with("--host-memory", "-1"), []string{"--host-memory -1", "0 or more"}},
-		{"an empty broker list", []string{"agent", "--broker", " , ", "--simulate", "1xA100-80GB"}, []string{"--broker is empty"}},
+		{"an empty broker list", []string{"agent", "--insecure", "--broker", " , ", "--simulate", "1xA100-80GB"}, []string{"--broker is empty"}},
 		{"a positional argument", with("extra"), []string{"takes no arguments", `"extra"`}},
 		{"an unknown --mps mode", with("--mps", "maybe"), []string{`--mps "maybe"`, "auto, on or off"}},
 		{"--mps on without the binary", append(with("--mps", "on"), "--data-dir", "/nonexistent"), []string{"--mps on", "nvidia-cuda-mps-control is not on PATH"}},
@@ -27,7 +27,7 @@ func TestAgentCommandRefusesBadInput(t *testing.T) {
 		{"a zero kill-after", with("--kill-after", "0s"), []string{"--kill-after 0s"}},
 		{"a zero expiry grace", with("--expiry-grace", "0s"), []string{"--expiry-grace 0s"}},
 		{"an empty data dir", with("--data-dir", ""), []string{"--data-dir is empty"}},
-		{"a control socket without simulation", []string{"agent", "--broker", "127.0.0.1:1", "--sim-control", "/tmp/x.sock"}, []string{"--sim-control needs --simulate"}},
+		{"a control socket without simulation", []string{"agent", "--insecure", "--broker", "127.0.0.1:1", "--sim-control", "/tmp/x.sock"}, []string{"--sim-control needs --simulate"}},
 		{"an unknown flag", with("--watchdog", "1s"), []string{"unknown flag: --watchdog"}},
 	})
 }

@@ -12,6 +12,7 @@ import (
 	"github.com/gpupool/gpupool/broker"
 	"github.com/gpupool/gpupool/broker/placement"
 	"github.com/gpupool/gpupool/client"
+	"github.com/gpupool/gpupool/internal/pki"
 )
 
 func newBrokerCmd() *cobra.Command {
@@ -21,6 +22,7 @@ func newBrokerCmd() *cobra.Command {
 		logLevel string
 		raftLog  bool
 		metrics  string
+		insecure bool
 	)
 	cmd := &cobra.Command{
 		Use:   "broker --data-dir DIR --bind ADDR (--bootstrap-expect N | --join ADDR,...)",
@@ -33,14 +35,24 @@ A new cluster forms once --bootstrap-expect servers can reach each other
 through --join. A server restarted on its data dir rejoins by itself, also on a
 new --raft-bind/--bind address (it asks the leader, through --join, to update
 its address; restart servers one at a time so a majority stays reachable); a
-server with an empty data dir and only --join joins a running cluster.`,
-		Example: `  # a 3-server cluster on one machine
-  gpupool broker --data-dir /var/lib/gpupool/b1 --bind 127.0.0.1:7641 --bootstrap-expect 3 --join 127.0.0.1:7643,127.0.0.1:7645
-  gpupool broker --data-dir /var/lib/gpupool/b2 --bind 127.0.0.1:7643 --bootstrap-expect 3 --join 127.0.0.1:7641,127.0.0.1:7645
-  gpupool broker --data-dir /var/lib/gpupool/b3 --bind 127.0.0.1:7645 --bootstrap-expect 3 --join 127.0.0.1:7641,127.0.0.1:7643
+server with an empty data dir and only --join joins a running cluster.
 
-  # a single server for experiments
-  gpupool broker --data-dir /tmp/gp --bind 127.0.0.1:7641 --bootstrap-expect 1`,
+Security. Every connection is mutual TLS: gRPC from clients, agents and the
+other servers, and Raft between servers (only broker certificates). Give the
+cluster CA and this server's certificate with --tls-ca, --tls-cert and
+--tls-key (see 'gpupool operator tls --help'); the certificate must name the
+addresses clients dial (--host when it is issued). The files are read again
+when they change, so a rotated certificate is used without a restart. Without
+them the broker refuses to start, unless --insecure says to serve plaintext to
+anyone (tests and local experiments only).`,
+		Example: `  # a 3-server cluster with TLS (certificates from 'gpupool operator tls issue --role broker')
+  export GPUPOOL_TLS_CA=/etc/gpupool/ca.pem
+  gpupool broker --data-dir /var/lib/gpupool/b1 --bind 10.0.0.1:7641 --bootstrap-expect 3 --join 10.0.0.2:7641,10.0.0.3:7641 \
+    --tls-cert /etc/gpupool/broker-1.pem --tls-key /etc/gpupool/broker-1-key.pem
+  # ... and the same on 10.0.0.2 and 10.0.0.3 with their own certificates
+
+  # a single server for experiments, without TLS
+  gpupool broker --data-dir /tmp/gp --bind 127.0.0.1:7641 --bootstrap-expect 1 --insecure`,
 		Args: noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			logger, err := newLogger(logLevel)
@@ -54,6 +66,9 @@ server with an empty data dir and only --join joins a running cluster.`,
 			if cfg.BootstrapExpect == 0 && len(cfg.Join) == 0 {
 				return usagef("give --bootstrap-expect N to form a new cluster of N servers, or --join ADDR,... to join a running one")
 			}
+			if cfg.TLS, err = global.tls.serverTLS("gpupool broker", pki.RoleBroker, insecure, logger, cmd.ErrOrStderr()); err != nil {
+				return err
+			}
 			cfg.Logger = logger
 			if raftLog {
 				cfg.RaftLogOutput = os.Stderr
@@ -66,7 +81,11 @@ server with an empty data dir and only --join joins a running cluster.`,
 				s.Shutdown()
 				return err
 			}
-			fmt.Fprintf(cmd.ErrOrStderr(), "broker %s serving gRPC on %s, raft on %s, data in %s\n", s.ID(), s.Addr(), cfg.RaftBindAddr, cfg.DataDir)
+			security := "plaintext (--insecure)"
+			if cfg.TLS != nil {
+				security = fmt.Sprintf("mutual TLS as %q (certificate valid until %s)", cfg.TLS.Identity().Name, cfg.TLS.NotAfter().Format(time.RFC3339))
+			}
+			fmt.Fprintf(cmd.ErrOrStderr(), "broker %s serving gRPC on %s, raft on %s, data in %s, %s\n", s.ID(), s.Addr(), cfg.RaftBindAddr, cfg.DataDir, security)
 			<-cmd.Context().Done()
 			logger.Info("shutting down", "id", s.ID())
 			return s.Shutdown()
@@ -87,6 +106,7 @@ server with an empty data dir and only --join joins a running cluster.`,
 	f.StringVar(&logLevel, "log-level", "info", "log level: debug, info, warn or error")
 	f.BoolVar(&raftLog, "raft-log", false, "also print raft's own warnings")
 	f.StringVar(&metrics, "metrics-bind", "", "serve Prometheus metrics at http://ADDR/metrics (e.g. 127.0.0.1:9641); empty serves none")
+	f.BoolVar(&insecure, "insecure", false, insecureUsage)
 	return cmd
 }
 

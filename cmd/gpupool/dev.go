@@ -120,6 +120,17 @@ func runDev(cmd *cobra.Command, o devOpts) error {
 	if !o.keep && o.dataDir == "" {
 		defer os.RemoveAll(dir)
 	}
+	// The pool runs without TLS: certificates from the environment would
+	// contradict its --insecure children and its own demo's plaintext calls.
+	for _, f := range []string{"tls-ca", "tls-cert", "tls-key"} {
+		if cmd.Flags().Changed(f) {
+			return usagef("--%s: gpupool dev runs without TLS; start brokers with 'gpupool broker' for a cluster with TLS", f)
+		}
+	}
+	for _, env := range []string{envTLSCA, envTLSCert, envTLSKey} {
+		os.Unsetenv(env)
+	}
+	global.tls = tlsOpts{}
 
 	var addrs []string
 	for i := range o.brokers {
@@ -141,7 +152,7 @@ func runDev(cmd *cobra.Command, o devOpts) error {
 		args := []string{"broker", "--node-id", fmt.Sprintf("broker-%d", i+1), "--data-dir", filepath.Join(dir, fmt.Sprintf("broker-%d", i+1)),
 			"--bind", a, "--bootstrap-expect", strconv.Itoa(o.brokers), "--heartbeat-interval", "1s", "--heartbeat-ttl", "5s", "--lock-delay", "10s",
 			"--preempt-grace", o.grace.String(),
-			"--metrics-bind", net.JoinHostPort(o.ip, strconv.Itoa(o.basePort+50+i))}
+			"--metrics-bind", net.JoinHostPort(o.ip, strconv.Itoa(o.basePort+50+i)), "--insecure"}
 		if len(join) > 0 {
 			args = append(args, "--join", strings.Join(join, ","))
 		}
@@ -152,7 +163,7 @@ func runDev(cmd *cobra.Command, o devOpts) error {
 			"agent", "--broker", strings.Join(addrs, ","), "--simulate", o.simulate, "--host-id", fmt.Sprintf("host-%d", i+1),
 			"--data-bind", net.JoinHostPort(o.ip, strconv.Itoa(o.basePort+100+i)),
 			"--data-dir", filepath.Join(dir, fmt.Sprintf("host-%d", i+1)),
-			"--metrics-bind", net.JoinHostPort(o.ip, strconv.Itoa(o.basePort+150+i)),
+			"--metrics-bind", net.JoinHostPort(o.ip, strconv.Itoa(o.basePort+150+i)), "--insecure",
 		}})
 	}
 
@@ -165,7 +176,7 @@ func runDev(cmd *cobra.Command, o devOpts) error {
 	}
 	defer stopAll(children)
 
-	fmt.Fprintf(out, "\ngpupool dev: a local pool for trying things out. NOT FOR PRODUCTION: no TLS, no authentication.\n\n")
+	fmt.Fprint(out, devBanner)
 	for i, c := range children[:o.brokers] {
 		fmt.Fprintf(out, "  %-9s pid %-7d gRPC %s  raft %s:%d  metrics http://%s:%d/metrics  data %s\n",
 			c.name, c.cmd.Process.Pid, addrs[i], o.ip, o.basePort+2*i+1, o.ip, o.basePort+50+i, filepath.Join(dir, c.name))
@@ -195,6 +206,17 @@ func runDev(cmd *cobra.Command, o devOpts) error {
 	fmt.Fprintln(out, "\ngpupool dev: stopping")
 	return nil
 }
+
+// devBanner says loudly what dev leaves out.
+const devBanner = `
+****************************************************************************
+*  gpupool dev: a local pool for trying things out. NOT FOR PRODUCTION.    *
+*  It runs WITHOUT TLS and WITHOUT authentication: every process on this   *
+*  machine can lease, release, drain and join the cluster. For a real      *
+*  cluster see 'gpupool operator tls --help' and the README's Production.  *
+****************************************************************************
+
+`
 
 func checkFree(addr string) error {
 	l, err := net.Listen("tcp", addr)

@@ -22,6 +22,7 @@ type globalOpts struct {
 	addr    string
 	output  string
 	timeout time.Duration
+	tls     tlsOpts
 }
 
 var global globalOpts
@@ -35,6 +36,7 @@ func addGlobalFlags(root *cobra.Command) {
 	pf.StringVar(&global.addr, "addr", def, "broker addresses, comma-separated (env GPUPOOL_ADDR)")
 	pf.StringVarP(&global.output, "output", "o", "table", "output format: table or json")
 	pf.DurationVar(&global.timeout, "timeout", 30*time.Second, "how long to wait for the brokers")
+	addTLSFlags(pf, &global.tls)
 }
 
 // checkOutput validates -o; commands call it before doing anything.
@@ -46,7 +48,8 @@ func checkOutput() error {
 	return usagef("--output %q: must be table or json", global.output)
 }
 
-// dial connects to the brokers named by --addr.
+// dial connects to the brokers named by --addr, over mutual TLS when the
+// --tls-* flags are given.
 func dial() (*client.Client, error) {
 	if err := checkOutput(); err != nil {
 		return nil, err
@@ -55,7 +58,11 @@ func dial() (*client.Client, error) {
 	if len(addrs) == 0 {
 		return nil, usagef("--addr is empty: give one or more broker addresses, e.g. 127.0.0.1:7641")
 	}
-	return client.Dial(addrs)
+	tc, err := global.tls.clientTLS(nil)
+	if err != nil {
+		return nil, err
+	}
+	return client.DialWith(addrs, client.Options{TLS: tc})
 }
 
 // callCtx bounds one call by --timeout.

@@ -36,13 +36,14 @@ func newOperatorCmd() *cobra.Command {
 		Short: "Manage the broker cluster: Raft membership, leadership, snapshots, tenant quotas",
 		Long: `Operator commands act on the broker cluster itself rather than on the pool:
 list and remove Raft peers, move leadership, save or restore a snapshot
-of the whole state (hosts, devices, leases), and cap what each tenant may
-hold with quotas.`,
+of the whole state (hosts, devices, leases), cap what each tenant may
+hold with quotas, and make the certificates of the cluster's mutual TLS.`,
 		Example: `  gpupool operator raft peers
   gpupool operator raft transfer-leadership --to broker-2
   gpupool operator snapshot save backup.snap
   gpupool operator snapshot restore backup.snap
-  gpupool operator quota set sim --gpus 8 --memory 320GiB --compute 800`,
+  gpupool operator quota set sim --gpus 8 --memory 320GiB --compute 800
+  gpupool operator tls init --dir /etc/gpupool/ca`,
 	},
 		newGroupCmd(&cobra.Command{
 			Use:   "raft",
@@ -83,6 +84,7 @@ plus a minute), then is dropped.`,
 			newKeysRotateCmd(),
 		),
 		newQuotaCmd(),
+		newTLSCmd(),
 	)
 }
 

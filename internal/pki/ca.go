@@ -53,8 +53,8 @@ const (
 
 // Errors of the CA directory.
 var (
-	ErrCAExists = errors.New("pki: a CA already exists")
-	ErrNoCA     = errors.New("pki: no CA")
+	ErrCAExists = errors.New("a CA already exists")
+	ErrNoCA     = errors.New("no CA")
 )
 
 // CA is a loaded certificate authority: its certificate and signing key.
@@ -74,7 +74,7 @@ func InitCA(dir string, alg Algorithm, name string, now time.Time, validity time
 	}
 	for _, f := range []string{CACertFile, CAKeyFile} {
 		if _, err := os.Stat(filepath.Join(dir, f)); err == nil {
-			return nil, fmt.Errorf("%w in %s (%s); use it, or give another directory", ErrCAExists, dir, f)
+			return nil, fmt.Errorf("%s: %w (%s); use it, or give another directory", dir, ErrCAExists, f)
 		}
 	}
 	key, err := newKey(alg)
@@ -126,14 +126,14 @@ func InitCA(dir string, alg Algorithm, name string, now time.Time, validity time
 func LoadCA(dir string) (*CA, error) {
 	certPEM, err := os.ReadFile(filepath.Join(dir, CACertFile))
 	if errors.Is(err, fs.ErrNotExist) {
-		return nil, fmt.Errorf("%w in %s: no %s (create one with 'gpupool operator tls init --dir %s')", ErrNoCA, dir, CACertFile, dir)
+		return nil, fmt.Errorf("%s: %w: no %s in it (create one with 'gpupool operator tls init --dir %s')", dir, ErrNoCA, CACertFile, dir)
 	}
 	if err != nil {
 		return nil, fmt.Errorf("pki: %w", err)
 	}
 	keyPEM, err := os.ReadFile(filepath.Join(dir, CAKeyFile))
 	if err != nil {
-		return nil, fmt.Errorf("%w in %s: cannot read the CA key %s: %v", ErrNoCA, dir, CAKeyFile, err)
+		return nil, fmt.Errorf("%s: %w: cannot read the CA key %s: %v", dir, ErrNoCA, CAKeyFile, err)
 	}
 	pair, err := parseKeyPair(certPEM, keyPEM)
 	if err != nil {
@@ -186,7 +186,7 @@ func (ca *CA) Validate(req Request) error {
 	}
 	switch {
 	case req.Role == RoleBroker && len(req.Hosts) == 0:
-		return errors.New("host: a broker certificate needs the IP addresses or DNS names the other servers and clients dial it at, e.g. 10.0.0.1,broker-1.example")
+		return errors.New("host: a broker certificate needs the IP addresses or DNS names clients and agents dial it at, e.g. 10.0.0.1,broker-1.example")
 	case req.Role != RoleBroker && len(req.Hosts) > 0:
 		return fmt.Errorf("host: only broker certificates carry addresses; a %s only dials brokers", req.Role)
 	case req.Role != RoleAgent && req.HostID != "":
