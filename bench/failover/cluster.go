@@ -75,13 +75,14 @@ func startCluster(ctx context.Context, bin, dir string, p *progress) (*cluster, 
 		cl.brokers = append(cl.brokers, &proc{Name: name, Bin: bin, Log: filepath.Join(dir, name+".log"), Args: []string{
 			"broker", "--node-id", name, "--data-dir", filepath.Join(dir, name),
 			"--bind", cl.addrs[i], "--raft-bind", raftAddrs[i], "--bootstrap-expect", "3", "--join", strings.Join(join, ","),
+			"--insecure", // the benchmark measures failover, not TLS
 		}})
 	}
 	for i := range agents {
 		name := fmt.Sprintf("host-%d", i+1)
 		cl.agents = append(cl.agents, &proc{Name: name, Bin: bin, Log: filepath.Join(dir, name+".log"), Args: []string{
 			"agent", "--broker", strings.Join(cl.addrs, ","), "--simulate", agentSpec, "--host-id", name,
-			"--data-dir", filepath.Join(dir, name), "--data-bind", "127.0.0.1:0", "--mps", "off",
+			"--data-dir", filepath.Join(dir, name), "--data-bind", "127.0.0.1:0", "--mps", "off", "--insecure",
 		}})
 	}
 	for _, pr := range append(cl.brokers, cl.agents...) {

@@ -66,7 +66,7 @@ func startGpupool(ctx context.Context, dir, bin string, hosts int) (*gpupoolClus
 		id := fmt.Sprintf("broker-%d", i+1)
 		if err := start(id, "broker", "--node-id", id, "--data-dir", filepath.Join(dir, id),
 			"--bind", addrs[i], "--raft-bind", raftAddrs[i], "--bootstrap-expect", "3", "--join", strings.Join(join, ","),
-			"--log-level", "warn"); err != nil {
+			"--log-level", "warn", "--insecure"); err != nil { // compared with a plaintext etcd
 			cl.stop()
 			return nil, err
 		}
@@ -75,7 +75,7 @@ func startGpupool(ctx context.Context, dir, bin string, hosts int) (*gpupoolClus
 		id := fmt.Sprintf("host-%d", i+1)
 		if err := start(id, "agent", "--broker", strings.Join(addrs, ","), "--simulate", fmt.Sprintf("%dx%s", gpusPerHost, gpuModel),
 			"--host-id", id, "--data-dir", filepath.Join(dir, id), "--data-bind", "127.0.0.1:0", "--mps", "off",
-			"--log-level", "warn"); err != nil {
+			"--log-level", "warn", "--insecure"); err != nil {
 			cl.stop()
 			return nil, err
 		}

@@ -65,7 +65,7 @@ func startBroker(ctx context.Context, bin, dir string) (*broker, error) {
 	}
 	b := &broker{addr: addr, proc: &proc{Name: brokerID, Bin: bin, Log: filepath.Join(dir, brokerID+".log"), Args: []string{
 		"broker", "--node-id", brokerID, "--data-dir", filepath.Join(dir, brokerID), "--bind", addr, "--raft-bind", raftAddr,
-		"--bootstrap-expect", "1", "--heartbeat-ttl", heartbeatTTL.String(), "--log-level", "warn",
+		"--bootstrap-expect", "1", "--heartbeat-ttl", heartbeatTTL.String(), "--log-level", "warn", "--insecure",
 	}}}
 	if b.c, err = client.Dial([]string{addr}, grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(maxMsg))); err != nil {
 		return nil, err

@@ -70,7 +70,7 @@ func TestAgentWithoutNVMLReportsNoGPUsAndStaysUp(t *testing.T) {
 	}
 	cl := newCluster(t, 0)
 	p := cl.newProc("nvml-host", "agent", "--broker", strings.Join(cl.addrs, ","), "--host-id", "nvml-host", "--data-bind", "127.0.0.1:0",
-		"--data-dir", filepath.Join(cl.dir, "nvml-host"))
+		"--data-dir", filepath.Join(cl.dir, "nvml-host"), "--insecure")
 	cl.agents = append(cl.agents, p) // stopped with the cluster
 	p.start(t)
 	cl.waitForHosts(1)

@@ -18,6 +18,8 @@ import (
 	"time"
 
 	"github.com/gpupool/gpupool/client"
+	"github.com/gpupool/gpupool/internal/pki"
+	"github.com/gpupool/gpupool/internal/pki/pkitest"
 	gpupoolv1 "github.com/gpupool/gpupool/proto/gpupool/v1"
 )
 
@@ -105,11 +107,26 @@ type cluster struct {
 	agents  []*proc
 	addrs   []string
 	c       *client.Client
+	// ca, when set, issued every broker, agent and client certificate of
+	// the cluster; nil runs everything with --insecure.
+	ca      *pkitest.CA
+	clientF pki.Files // the clients' certificate; issued on first use
 }
 
-func newCluster(t *testing.T, agents int) *cluster {
+// clusterOption changes a cluster before it starts.
+type clusterOption func(*cluster)
+
+// withTLS runs the cluster with mutual TLS: a CA in the test's temporary
+// directory, a certificate per broker (for its 127.0.0.x address and
+// brokerIPs), per agent (bound to its host id) and one for the clients.
+func withTLS(cl *cluster) { cl.ca = pkitest.NewCA(cl.t) }
+
+func newCluster(t *testing.T, agents int, opts ...clusterOption) *cluster {
 	t.Helper()
 	cl := &cluster{t: t, dir: t.TempDir()}
+	for _, o := range opts {
+		o(cl)
+	}
 	var raftAddrs []string
 	for i := range 3 {
 		ip := fmt.Sprintf("127.0.0.%d", i+2)
@@ -123,10 +140,11 @@ func newCluster(t *testing.T, agents int) *cluster {
 				join = append(join, a)
 			}
 		}
-		cl.brokers = append(cl.brokers, cl.newProc(fmt.Sprintf("broker-%d", i+1),
-			"broker", "--node-id", fmt.Sprintf("broker-%d", i+1), "--data-dir", filepath.Join(cl.dir, fmt.Sprintf("broker-%d", i+1)),
+		name := fmt.Sprintf("broker-%d", i+1)
+		args := []string{"broker", "--node-id", name, "--data-dir", filepath.Join(cl.dir, name),
 			"--bind", cl.addrs[i], "--raft-bind", raftAddrs[i], "--bootstrap-expect", "3", "--join", strings.Join(join, ","),
-			"--heartbeat-interval", "500ms", "--heartbeat-ttl", "5s", "--preempt-grace", "3s", "--log-level", "debug"))
+			"--heartbeat-interval", "500ms", "--heartbeat-ttl", "5s", "--preempt-grace", "3s", "--log-level", "debug"}
+		cl.brokers = append(cl.brokers, cl.newProc(name, append(args, cl.security(name, pki.RoleBroker)...)...))
 	}
 	for i := range agents {
 		cl.agents = append(cl.agents, cl.newAgent(i))
@@ -148,14 +166,69 @@ func newCluster(t *testing.T, agents int) *cluster {
 			}
 		}
 	})
-	c, err := client.Dial(cl.addrs)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { c.Close() })
-	cl.c = c
+	cl.c = cl.dial(cl.addrs...)
 	cl.waitForHosts(agents)
 	return cl
+}
+
+// brokerIPs are the addresses a broker may move to (readdress_test.go),
+// besides its own: its certificate names them all.
+func brokerIPs(i int) []string {
+	return []string{fmt.Sprintf("127.0.0.%d", i+2), fmt.Sprintf("127.0.0.%d", i+12)}
+}
+
+// security are the flags that give the process name its certificate, or
+// --insecure in a cluster without TLS. Brokers are named broker-N,
+// agents by their host id.
+func (cl *cluster) security(name string, role pki.Role) []string {
+	if cl.ca == nil {
+		return []string{"--insecure"}
+	}
+	req := pki.Request{Name: name, Role: role, NotBefore: time.Now().Add(-time.Minute), NotAfter: time.Now().Add(time.Hour)}
+	switch role {
+	case pki.RoleBroker:
+		var i int
+		fmt.Sscanf(name, "broker-%d", &i)
+		req.Hosts = brokerIPs(i - 1)
+	case pki.RoleAgent:
+		req.HostID = name
+	}
+	return tlsFlags(cl.ca.IssueRequest(cl.t, req))
+}
+
+func tlsFlags(f pki.Files) []string {
+	return []string{"--tls-ca", f.CA, "--tls-cert", f.Cert, "--tls-key", f.Key}
+}
+
+// clientFlags are the flags a CLI command needs to reach the cluster.
+func (cl *cluster) clientFlags() []string {
+	if cl.ca == nil {
+		return nil
+	}
+	return tlsFlags(cl.clientFiles())
+}
+
+func (cl *cluster) clientFiles() pki.Files {
+	if cl.clientF.Cert == "" {
+		cl.clientF = cl.ca.Issue(cl.t, "test-client", pki.RoleClient)
+	}
+	return cl.clientF
+}
+
+// dial connects a client to addrs, with a client certificate when the
+// cluster runs TLS.
+func (cl *cluster) dial(addrs ...string) *client.Client {
+	cl.t.Helper()
+	var o client.Options
+	if cl.ca != nil {
+		o.TLS = pkitest.Source(cl.t, cl.clientFiles()).ClientConfig()
+	}
+	c, err := client.DialWith(addrs, o)
+	if err != nil {
+		cl.t.Fatal(err)
+	}
+	cl.t.Cleanup(func() { c.Close() })
+	return c
 }
 
 // agentWatchdog are the agents' enforcement flags: short, so that tests
@@ -168,6 +241,7 @@ func (cl *cluster) newAgent(i int, extra ...string) *proc {
 	name := fmt.Sprintf("host-%d", i+1)
 	args := append([]string{"agent", "--broker", strings.Join(cl.addrs, ","), "--simulate", "8xA100-80GB", "--host-id", name,
 		"--data-dir", cl.agentDir(i), "--data-bind", "127.0.0.1:0", "--log-level", "debug"}, agentWatchdog...)
+	args = append(args, cl.security(name, pki.RoleAgent)...)
 	return cl.newProc(name, append(args, extra...)...)
 }
 
@@ -302,7 +376,9 @@ func TestClusterKeepsEveryAcknowledgedLeaseThroughLeaderKillRestartAndFullRestar
 	if testing.Short() {
 		t.Skip("starts real processes")
 	}
-	cl := newCluster(t, 2) // 16 GPUs of 80 GiB
+	// With real certificates: every connection of the run, Raft included,
+	// is mutual TLS.
+	cl := newCluster(t, 2, withTLS) // 16 GPUs of 80 GiB
 
 	// 200 leases of 4 GiB and 5 %: 20 fit per GPU, 320 in the pool.
 	acked := map[string]*gpupoolv1.Lease{}
@@ -392,11 +468,7 @@ func TestClusterKeepsEveryAcknowledgedLeaseThroughLeaderKillRestartAndFullRestar
 
 	// The killed server restarts from its data dir and catches up.
 	cl.brokers[old].start(t)
-	direct, err := client.Dial([]string{cl.addrs[old]})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer direct.Close()
+	direct := cl.dial(cl.addrs[old])
 	eventually(t, "the restarted server to catch up", 30*time.Second, func() error {
 		resp, err := direct.Lease.List(ctxFor(t, 5*time.Second), &gpupoolv1.ListLeasesRequest{IncludeEnded: true, Stale: true})
 		if err != nil {
@@ -447,7 +519,7 @@ func TestBrokerRefusesACorruptDataDir(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			tt.setup()
-			out, err := exec.Command(binary, "broker", "--data-dir", dir, "--bind", freePort(t, "127.0.0.1"), "--bootstrap-expect", "1").CombinedOutput()
+			out, err := exec.Command(binary, "broker", "--data-dir", dir, "--bind", freePort(t, "127.0.0.1"), "--bootstrap-expect", "1", "--insecure").CombinedOutput()
 			if err == nil || !strings.Contains(string(out), tt.want) {
 				t.Fatalf("got err %v, output %q; want a failure mentioning %q", err, out, tt.want)
 			}
