@@ -117,7 +117,7 @@ func TestBrokersMovedOneAtATimeKeepALeaderAndTheirLeases(t *testing.T) {
 			// operator raft peers shows the new addresses and a leader.
 			addr := "--addr=" + strings.Join(cur, ",")
 			eventually(t, "raft peers to show a leader", 30*time.Second, func() error {
-				out, stderr, code := gpupool(t, "operator", "raft", "peers", addr)
+				out, stderr, code := gpupool(t, append([]string{"operator", "raft", "peers", addr}, cl.clientFlags()...)...)
 				if code != 0 {
 					return fmt.Errorf("exit %d: %s", code, stderr)
 				}
