@@ -251,6 +251,9 @@ func (s *Server) goFunc(f func()) {
 // Addr is the gRPC address the server listens on.
 func (s *Server) Addr() string { return s.listener.Addr().String() }
 
+// RaftAddr is the address the Raft transport listens on.
+func (s *Server) RaftAddr() string { return string(s.transport.LocalAddr()) }
+
 // ID is the server's Raft id.
 func (s *Server) ID() string { return s.cfg.NodeID }
 

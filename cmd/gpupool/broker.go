@@ -85,7 +85,7 @@ anyone (tests and local experiments only).`,
 			if cfg.TLS != nil {
 				security = fmt.Sprintf("mutual TLS as %q (certificate valid until %s)", cfg.TLS.Identity().Name, cfg.TLS.NotAfter().Format(time.RFC3339))
 			}
-			fmt.Fprintf(cmd.ErrOrStderr(), "broker %s serving gRPC on %s, raft on %s, data in %s, %s\n", s.ID(), s.Addr(), cfg.RaftBindAddr, cfg.DataDir, security)
+			fmt.Fprintf(cmd.ErrOrStderr(), "broker %s serving gRPC on %s, raft on %s, data in %s, %s\n", s.ID(), s.Addr(), s.RaftAddr(), cfg.DataDir, security)
 			<-cmd.Context().Done()
 			logger.Info("shutting down", "id", s.ID())
 			return s.Shutdown()

@@ -228,7 +228,7 @@ func checkFree(addr string) error {
 
 func (c *devChild) start(self string, out io.Writer, mu *sync.Mutex) error {
 	c.cmd = exec.Command(self, c.args...)
-	c.cmd.Env = append(os.Environ(), "GPUPOOL_DEV=1")
+	c.cmd.Env = append(os.Environ(), devChildEnv+"=1")
 	// Children die with dev, even if dev is killed.
 	c.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	pr, pw := io.Pipe()

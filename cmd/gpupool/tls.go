@@ -75,6 +75,8 @@ func (o tlsOpts) serverTLS(what string, role pki.Role, insecure bool, logger *sl
 		return nil, err
 	}
 	switch {
+	case insecure && os.Getenv(devChildEnv) != "":
+		return nil, nil // gpupool dev's banner has said it for all its children
 	case insecure:
 		fmt.Fprintf(stderr, "WARNING: %s runs with --insecure: no TLS and no authentication; anyone who can reach its ports is trusted. Only for tests and local experiments.\n", what)
 		return nil, nil
@@ -87,6 +89,9 @@ func (o tlsOpts) serverTLS(what string, role pki.Role, insecure bool, logger *sl
 	}
 	return src, nil
 }
+
+// devChildEnv marks the brokers and agents that 'gpupool dev' starts.
+const devChildEnv = "GPUPOOL_DEV"
 
 // insecureUsage is the help of --insecure on the broker and the agent.
 const insecureUsage = "run without TLS and without authentication: every caller is trusted. Only for tests and local experiments; prints a warning"

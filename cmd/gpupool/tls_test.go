@@ -110,3 +110,28 @@ func TestBrokerAndAgentRefuseToStartWithoutTLS(t *testing.T) {
 		{"dev with TLS flags", with([]string{"dev"}, cert("alice")...), []string{"--tls-ca", "gpupool dev runs without TLS"}},
 	})
 }
+
+func TestInsecureWarnsOnceExceptUnderDev(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		dev      bool
+		warnings int
+	}{
+		{"a broker started by hand warns", false, 1},
+		{"a broker started by gpupool dev leaves it to dev's banner", true, 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if tc.dev {
+				t.Setenv(devChildEnv, "1")
+			}
+			var stderr strings.Builder
+			src, err := tlsOpts{}.serverTLS("gpupool broker", pki.RoleBroker, true, nil, &stderr)
+			if err != nil || src != nil {
+				t.Fatalf("got %v, %v; want no source and no error", src, err)
+			}
+			if n := strings.Count(stderr.String(), "WARNING"); n != tc.warnings {
+				t.Errorf("stderr %q has %d warnings, want %d", stderr.String(), n, tc.warnings)
+			}
+		})
+	}
+}
