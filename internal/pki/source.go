@@ -68,9 +68,6 @@ func (s *Source) Identity() Identity { return s.current().id }
 // NotAfter is when the current certificate expires.
 func (s *Source) NotAfter() time.Time { return s.current().cert.Leaf.NotAfter }
 
-// Files are the files the source reads.
-func (s *Source) Files() Files { return s.files }
-
 // current returns the material to use now, reloading it first when a file
 // changed and the new set is consistent.
 func (s *Source) current() *material {
