@@ -15,6 +15,7 @@ package agent
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -81,6 +82,9 @@ type Config struct {
 	// DataBind is where the data plane (QUIC) listens; empty runs none.
 	// When Address is empty, the address it listens on is advertised.
 	DataBind string
+	// TLS, when set, makes the connection to the brokers mutual TLS with
+	// the agent's certificate (see client.Options.TLS); nil is plaintext.
+	TLS *tls.Config
 }
 
 // validHostID is what a host id may look like: it shows up in CLI tables,
@@ -266,10 +270,10 @@ func (a *Agent) Run(ctx context.Context) error {
 	}
 	a.log.Info("agent starting", attrs...)
 
-	c, err := client.Dial(a.cfg.Brokers, append(client.Options{Token: a.cfg.Token}.DialOptions(), grpc.WithConnectParams(grpc.ConnectParams{
+	c, err := client.DialWith(a.cfg.Brokers, client.Options{TLS: a.cfg.TLS, Token: a.cfg.Token, DialOptions: []grpc.DialOption{grpc.WithConnectParams(grpc.ConnectParams{
 		Backoff:           backoff.Config{BaseDelay: 100 * time.Millisecond, Multiplier: 1.6, Jitter: 0.2, MaxDelay: maxRetryDelay},
 		MinConnectTimeout: 5 * time.Second,
-	}))...)
+	})}})
 	if err != nil {
 		return fmt.Errorf("agent: %w", err)
 	}

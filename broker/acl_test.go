@@ -37,7 +37,7 @@ func startACLServer(t *testing.T) *aclServer {
 // clientWith dials the server with an ACL token ("" for none).
 func (ts *testServer) clientWith(t *testing.T, secret string) *client.Client {
 	t.Helper()
-	c, err := client.Dial([]string{ts.s.Addr()}, client.Options{Token: secret}.DialOptions()...)
+	c, err := client.DialWith([]string{ts.s.Addr()}, client.Options{Token: secret})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -10,7 +10,6 @@ import (
 	"github.com/hashicorp/raft"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 
@@ -160,7 +159,7 @@ func (s *Server) connTo(addr string) (*grpc.ClientConn, error) {
 	if c, ok := s.conns[addr]; ok {
 		return c, nil
 	}
-	c, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()), client.Reconnect)
+	c, err := grpc.NewClient(addr, append(s.peerDialOptions(), client.Reconnect)...)
 	if err != nil {
 		return nil, err
 	}

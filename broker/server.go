@@ -29,6 +29,7 @@ import (
 
 	"github.com/gpupool/gpupool/broker/fsm"
 	"github.com/gpupool/gpupool/internal/clock"
+	"github.com/gpupool/gpupool/internal/pki"
 	gpupoolv1 "github.com/gpupool/gpupool/proto/gpupool/v1"
 )
 
@@ -70,6 +71,12 @@ type Config struct {
 	// it asks to join a cluster whose ACL is bootstrapped (a new server,
 	// or one whose address changed). Not needed to form a new cluster.
 	Token string
+
+	// TLS, when set, makes every connection mutual TLS: gRPC (clients,
+	// agents and the other servers must present a certificate of the
+	// cluster CA) and Raft (brokers only). Nil serves plaintext to anyone:
+	// only for tests and 'gpupool dev' ('gpupool broker --insecure').
+	TLS *pki.Source
 
 	Clock  clock.Clock
 	Logger *slog.Logger
@@ -233,7 +240,9 @@ func New(cfg Config) (*Server, error) {
 		return nil, fmt.Errorf("broker: listen on --bind %s: %w", cfg.BindAddr, err)
 	}
 	s.listener = lis
-	s.grpc = grpc.NewServer(grpc.ChainUnaryInterceptor(s.unaryACL), grpc.ChainStreamInterceptor(s.streamACL))
+	// TLS's role checks run first, then the ACL's token checks.
+	s.grpc = grpc.NewServer(append(s.grpcServerOptions(),
+		grpc.ChainUnaryInterceptor(s.unaryACL), grpc.ChainStreamInterceptor(s.streamACL))...)
 	s.registerServices()
 	s.goFunc(func() { _ = s.grpc.Serve(lis) })
 	s.goFunc(s.monitorLeadership)
@@ -253,6 +262,9 @@ func (s *Server) goFunc(f func()) {
 
 // Addr is the gRPC address the server listens on.
 func (s *Server) Addr() string { return s.listener.Addr().String() }
+
+// RaftAddr is the address the Raft transport listens on.
+func (s *Server) RaftAddr() string { return string(s.transport.LocalAddr()) }
 
 // ID is the server's Raft id.
 func (s *Server) ID() string { return s.cfg.NodeID }
@@ -317,9 +329,18 @@ func (s *Server) openRaft() error {
 	if addr.Port == 0 {
 		advertise = nil // tests bind :0; advertise what the kernel chose
 	}
-	trans, err := raft.NewTCPTransport(s.cfg.RaftBindAddr, advertise, 3, 10*time.Second, s.cfg.RaftLogOutput)
-	if err != nil {
-		return fmt.Errorf("broker: listen on --raft-bind %s: %w", s.cfg.RaftBindAddr, err)
+	var trans *raft.NetworkTransport
+	if s.cfg.TLS != nil {
+		stream, err := newTLSStreamLayer(s.cfg.RaftBindAddr, advertise, s.cfg.TLS)
+		if err != nil {
+			return fmt.Errorf("broker: listen on --raft-bind %s: %w", s.cfg.RaftBindAddr, err)
+		}
+		trans = raft.NewNetworkTransport(stream, 3, 10*time.Second, s.cfg.RaftLogOutput)
+	} else {
+		trans, err = raft.NewTCPTransport(s.cfg.RaftBindAddr, advertise, 3, 10*time.Second, s.cfg.RaftLogOutput)
+		if err != nil {
+			return fmt.Errorf("broker: listen on --raft-bind %s: %w", s.cfg.RaftBindAddr, err)
+		}
 	}
 	s.transport = trans
 

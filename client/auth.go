@@ -6,27 +6,8 @@ import (
 	"google.golang.org/grpc"
 )
 
-// Options are what a client needs besides the broker addresses. Turn them
-// into dial options with DialOptions:
-//
-//	c, err := client.Dial(addrs, client.Options{Token: secret}.DialOptions()...)
-type Options struct {
-	// Token is the ACL token's secret, sent on every call (unary and
-	// streaming) as "authorization: Bearer <secret>". Empty sends none,
-	// which only brokers without ACL (--insecure, gpupool dev) accept.
-	Token string
-}
-
-// DialOptions returns the grpc dial options for o.
-func (o Options) DialOptions() []grpc.DialOption {
-	var opts []grpc.DialOption
-	if o.Token != "" {
-		opts = append(opts, WithToken(o.Token))
-	}
-	return opts
-}
-
-// WithToken makes every call on the connection carry the ACL token secret.
+// WithToken makes every call on the connection carry the ACL token secret;
+// DialWith adds it for Options.Token.
 func WithToken(secret string) grpc.DialOption {
 	return grpc.WithPerRPCCredentials(bearer(secret))
 }

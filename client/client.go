@@ -8,9 +8,11 @@ package client
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"net"
 	"strings"
 	"time"
 
@@ -18,6 +20,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/backoff"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/resolver"
 	"google.golang.org/grpc/resolver/manual"
@@ -30,8 +33,13 @@ import (
 // DefaultAddrs are the broker addresses `gpupool dev` listens on.
 var DefaultAddrs = []string{"127.0.0.1:7641", "127.0.0.1:7643", "127.0.0.1:7645"}
 
-// ErrNoAddrs is returned by Dial when it is given no broker address.
-var ErrNoAddrs = errors.New("client: no broker address given")
+// Errors of Dial and DialWith.
+var (
+	ErrNoAddrs = errors.New("client: no broker address given")
+	// ErrNoClientCert: brokers accept only clients with a certificate of
+	// the cluster CA, so TLS without one cannot work.
+	ErrNoClientCert = errors.New("client: TLS without a client certificate: the brokers require one (Options.TLS Certificates or GetClientCertificate; in the CLI --tls-cert and --tls-key)")
+)
 
 // Client holds one connection spread over all broker servers.
 type Client struct {
@@ -62,26 +70,71 @@ var Reconnect = grpc.WithConnectParams(grpc.ConnectParams{
 	MinConnectTimeout: 5 * time.Second,
 })
 
-// Dial connects to the brokers at addrs. It does not wait for any of them
-// to answer: the first call does.
+// Options configure DialWith.
+type Options struct {
+	// TLS, when set, makes every connection to the brokers mutual TLS: it
+	// must trust the cluster CA (RootCAs) and present a certificate the CA
+	// issued (Certificates or GetClientCertificate). Each broker's
+	// certificate must name the host of the address it is dialed at.
+	// internal/pki's Source.ClientConfig builds one from files that are
+	// reloaded when they change. Nil dials plaintext, which only brokers
+	// started with --insecure (and 'gpupool dev') accept.
+	TLS *tls.Config
+	// Token is the ACL token's secret, sent on every call (unary and
+	// streaming) as "authorization: Bearer <secret>". Empty sends none,
+	// which only brokers without ACL (--insecure, gpupool dev) accept.
+	Token string
+	// DialOptions are applied after the client's own.
+	DialOptions []grpc.DialOption
+}
+
+// Dial connects to the brokers at addrs in plaintext, without a token;
+// see DialWith.
 func Dial(addrs []string, opts ...grpc.DialOption) (*Client, error) {
+	return DialWith(addrs, Options{DialOptions: opts})
+}
+
+// DialWith connects to the brokers at addrs. It does not wait for any of
+// them to answer: the first call does.
+func DialWith(addrs []string, o Options) (*Client, error) {
 	if len(addrs) == 0 {
 		return nil, ErrNoAddrs
+	}
+	creds := insecure.NewCredentials()
+	if o.TLS != nil && len(o.TLS.Certificates) == 0 && o.TLS.GetClientCertificate == nil {
+		return nil, ErrNoClientCert
+	}
+	if o.TLS != nil {
+		creds = credentials.NewTLS(o.TLS)
 	}
 	r := manual.NewBuilderWithScheme("gpupool")
 	state := resolver.State{}
 	for _, a := range addrs {
-		state.Addresses = append(state.Addresses, resolver.Address{Addr: a})
+		addr := resolver.Address{Addr: a}
+		if o.TLS != nil && o.TLS.ServerName == "" {
+			// Verify each broker by the host it is dialed at, not by
+			// the target's made-up authority.
+			if host, _, err := net.SplitHostPort(a); err == nil {
+				addr.ServerName = host
+			}
+		}
+		state.Addresses = append(state.Addresses, addr)
 	}
 	r.InitialState(state)
 	base := []grpc.DialOption{
 		grpc.WithResolvers(r),
-		grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithTransportCredentials(creds),
 		grpc.WithDefaultServiceConfig(`{"loadBalancingConfig":[{"round_robin":{}}]}`),
 		grpc.WithChainUnaryInterceptor(ensureRequestID, RetryUnavailable),
 		Reconnect,
 	}
-	conn, err := grpc.NewClient(r.Scheme()+":///brokers", append(base, opts...)...)
+	if o.TLS == nil {
+		base = append(base, grpc.WithChainUnaryInterceptor(hintTLSUnary), grpc.WithChainStreamInterceptor(hintTLSStream))
+	}
+	if o.Token != "" {
+		base = append(base, WithToken(o.Token))
+	}
+	conn, err := grpc.NewClient(r.Scheme()+":///brokers", append(base, o.DialOptions...)...)
 	if err != nil {
 		return nil, fmt.Errorf("client: dial %s: %w", strings.Join(addrs, ","), err)
 	}
@@ -119,13 +172,14 @@ const maxRetryBackoff = 250 * time.Millisecond
 
 // RetryUnavailable retries a unary call that failed with Unavailable, with
 // jittered backoff from 25 ms to maxRetryBackoff, until the call's context
-// ends. Callers that need a bound set a deadline. Every other outcome is
-// returned as is.
+// ends. Callers that need a bound set a deadline. A TLS failure (a
+// certificate the other side refused) does not heal by waiting and is
+// returned at once, as is every other outcome.
 func RetryUnavailable(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
 	backoff := 25 * time.Millisecond
 	for {
 		err := invoker(ctx, method, req, reply, cc, opts...)
-		if status.Code(err) != codes.Unavailable {
+		if status.Code(err) != codes.Unavailable || IsTLSError(err) {
 			return err
 		}
 		// Up to half again as long, so that clients a failover stopped
@@ -140,3 +194,49 @@ func RetryUnavailable(ctx context.Context, method string, req, reply any, cc *gr
 		backoff = min(2*backoff, maxRetryBackoff)
 	}
 }
+
+// IsTLSError reports whether err is a connection that failed in its TLS
+// handshake: a certificate one side did not accept, TLS against a
+// plaintext server, or a plaintext client a TLS broker dropped. gRPC
+// reports these as Unavailable with the TLS error's text, so the text is
+// all there is to go by.
+func IsTLSError(err error) bool {
+	st, ok := status.FromError(err)
+	if !ok || st.Code() != codes.Unavailable {
+		return false
+	}
+	m := st.Message()
+	return strings.Contains(m, "tls: ") || strings.Contains(m, "x509: ") || strings.Contains(m, plaintextHint)
+}
+
+// plaintextHint explains the error a plaintext client gets from a TLS
+// broker: the broker drops the connection before HTTP/2 starts.
+const plaintextHint = "; this client dials without TLS: if the brokers serve TLS, give it the cluster CA and a client certificate"
+
+// addTLSHint adds plaintextHint to an Unavailable error that looks like a
+// TLS broker refusing a plaintext connection.
+func addTLSHint(err error) error {
+	st, ok := status.FromError(err)
+	if !ok || st.Code() != codes.Unavailable || !strings.Contains(st.Message(), "error reading server preface") {
+		return err
+	}
+	return status.Error(codes.Unavailable, st.Message()+plaintextHint)
+}
+
+func hintTLSUnary(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
+	return addTLSHint(invoker(ctx, method, req, reply, cc, opts...))
+}
+
+func hintTLSStream(ctx context.Context, desc *grpc.StreamDesc, cc *grpc.ClientConn, method string, streamer grpc.Streamer, opts ...grpc.CallOption) (grpc.ClientStream, error) {
+	cs, err := streamer(ctx, desc, cc, method, opts...)
+	if err != nil {
+		return nil, addTLSHint(err)
+	}
+	return hintedStream{cs}, nil
+}
+
+// hintedStream adds plaintextHint to the errors of a stream's messages.
+type hintedStream struct{ grpc.ClientStream }
+
+func (s hintedStream) RecvMsg(m any) error { return addTLSHint(s.ClientStream.RecvMsg(m)) }
+func (s hintedStream) SendMsg(m any) error { return addTLSHint(s.ClientStream.SendMsg(m)) }

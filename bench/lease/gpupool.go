@@ -64,6 +64,7 @@ func startGpupool(ctx context.Context, dir, bin string, hosts int) (*gpupoolClus
 			}
 		}
 		id := fmt.Sprintf("broker-%d", i+1)
+		// --insecure: compared with a plaintext etcd without auth.
 		if err := start(id, "broker", "--insecure", "--node-id", id, "--data-dir", filepath.Join(dir, id),
 			"--bind", addrs[i], "--raft-bind", raftAddrs[i], "--bootstrap-expect", "3", "--join", strings.Join(join, ","),
 			"--log-level", "warn"); err != nil {

@@ -2,6 +2,7 @@ package k8s
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -48,6 +49,9 @@ type Config struct {
 	// lists, acquires and releases that tenant's leases and reads the
 	// pool). Empty for brokers without ACL.
 	Token string
+	// TLS, when set, makes the connection to the brokers mutual TLS (see
+	// client.Options.TLS); nil is plaintext.
+	TLS *tls.Config
 	// Kube reaches the apiserver.
 	Kube *rest.Config
 	// Tenant of the binder's leases; empty means DefaultTenant.
@@ -116,7 +120,7 @@ func Run(ctx context.Context, cfg Config) error {
 	if err != nil {
 		return fmt.Errorf("k8s controller: %w", err)
 	}
-	c, err := client.Dial(cfg.Brokers, client.Options{Token: cfg.Token}.DialOptions()...)
+	c, err := client.DialWith(cfg.Brokers, client.Options{TLS: cfg.TLS, Token: cfg.Token})
 	if err != nil {
 		return err
 	}

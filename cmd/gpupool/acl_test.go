@@ -35,7 +35,7 @@ func TestACLCommandsRefuseBadInput(t *testing.T) {
 func TestBrokerACLFlagsRefuseBadCombinations(t *testing.T) {
 	base := []string{"broker", "--data-dir", t.TempDir(), "--bind", "127.0.0.1:0", "--raft-bind", "127.0.0.1:0", "--bootstrap-expect", "1"}
 	checkUsageErrors(t, []usageCase{
-		{"ACL off without --insecure", append(append([]string{}, base...), "--acl=false"), []string{"--acl=false", "only be turned off with --insecure"}},
+		{"ACL off without TLS", append(append([]string{}, base...), "--acl=false"), []string{"needs TLS", "--insecure"}},
 		{"--acl with --insecure", append(append([]string{}, base...), "--acl", "--insecure"), []string{"--acl with --insecure"}},
 	})
 }

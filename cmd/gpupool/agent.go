@@ -18,13 +18,13 @@ import (
 	"github.com/gpupool/gpupool/agent/device"
 	"github.com/gpupool/gpupool/agent/mps"
 	"github.com/gpupool/gpupool/client"
+	"github.com/gpupool/gpupool/internal/pki"
 )
 
 // machineIDFile names this host for --host-id's default.
 var machineIDFile = "/etc/machine-id"
 
 type agentOpts struct {
-	insecure   bool
 	tokenFile  string
 	dataBind   string
 	dataDir    string
@@ -40,6 +40,7 @@ type agentOpts struct {
 	cpu        int64
 	hostMemory int64
 	logLevel   string
+	insecure   bool
 }
 
 func newAgentCmd() *cobra.Command {
@@ -81,30 +82,37 @@ new leases.
 With --simulate, tests and demos drive the simulated GPUs through a control
 socket (--sim-control): see 'gpupool agent simulate --help'.
 
-Security. The agent joins with an agent token (--token or GPUPOOL_TOKEN)
-made for its --host-id ('gpupool operator acl token create --kind agent
---host-id ID'); the brokers refuse it for any other host id. --insecure runs
-without a token, against brokers started with --insecure.
+Security. The connection to the brokers is mutual TLS with the agent's
+certificate (--tls-ca, --tls-cert, --tls-key; issue it with 'gpupool operator
+tls issue --role agent --host-id ID'), reloaded when the files change. A
+certificate bound to a host id serves only that host, and gives --host-id its
+default. The agent joins with an agent token (--token, GPUPOOL_TOKEN or
+--token-file) made for its host id ('gpupool operator acl token create --kind
+agent --host-id ID'); the brokers refuse it for any other host id, and refuse
+an agent without a token unless they run with --acl=false. Without TLS files
+the agent refuses to start, unless --insecure says to connect in plaintext
+without a token, to brokers started with --insecure (tests and local
+experiments only). The QUIC data plane is TLS too, and admits only holders of
+a lease token the brokers signed.
 
 --broker defaults to $GPUPOOL_ADDR, else --addr. --host-id defaults to the
-first 12 characters of /etc/machine-id, else the hostname.`,
+host id of the certificate, else the first 12 characters of /etc/machine-id,
+else the hostname.`,
 		Example: `  # offer this host's GPUs to a cluster
-  gpupool agent --broker 10.0.0.1:7641,10.0.0.2:7641,10.0.0.3:7641 --label zone=eu-1a
+  export GPUPOOL_TOKEN=<agent secret for gpu-7>
+  gpupool agent --broker 10.0.0.1:7641,10.0.0.2:7641,10.0.0.3:7641 --label zone=eu-1a \
+    --tls-ca /etc/gpupool/ca.pem --tls-cert /etc/gpupool/gpu-7.pem --tls-key /etc/gpupool/gpu-7-key.pem
 
-  # with its join token
-  GPUPOOL_TOKEN=<agent secret> gpupool agent --broker 10.0.0.1:7641 --host-id gpu-07
-
-  # a simulated DGX A100 for brokers without ACL
+  # a simulated DGX A100 for a local 'gpupool dev' cluster (no TLS, no token)
   gpupool agent --simulate 8xA100-80GB --host-id sim-1 --insecure
 
   # a simulated mixed host that also offers host CPU and memory
-  gpupool agent --simulate 4xA100-80GB,4xH100-80GB --host-id sim-2 --cpu 32000 --host-memory 131072`,
+  gpupool agent --simulate 4xA100-80GB,4xH100-80GB --host-id sim-2 --cpu 32000 --host-memory 131072 --insecure`,
 		Args: noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error { return runAgent(cmd, o) },
 	}
 	f := cmd.Flags()
 	f.StringVar(&o.tokenFile, "token-file", "", "read the agent join token from this file (e.g. a mounted Kubernetes Secret) instead of --token")
-	f.BoolVar(&o.insecure, "insecure", false, "talk to the brokers without an ACL token (brokers started with --insecure): for tests and benchmarks only")
 	f.StringVar(&o.brokers, "broker", "", "broker addresses, comma-separated (default $GPUPOOL_ADDR, else --addr)")
 	f.StringVar(&o.simulate, "simulate", "", "simulate GPUs instead of using NVML, e.g. 8xA100-80GB, 4xA100-80GB,4xH100-80GB or 8xA100-40GB:nvlink=4:pcie=4")
 	f.StringVar(&o.hostID, "host-id", "", "stable id of this host (default: /etc/machine-id's first 12 characters, else the hostname)")
@@ -122,6 +130,7 @@ first 12 characters of /etc/machine-id, else the hostname.`,
 	f.DurationVar(&o.enforce.Grace, "watchdog-grace", agent.DefaultGrace, "how long a lease may exceed its memory before its processes are stopped")
 	f.DurationVar(&o.enforce.KillAfter, "kill-after", agent.DefaultKillAfter, "how long a process has after SIGTERM before SIGKILL")
 	f.DurationVar(&o.enforce.ExpiryGrace, "expiry-grace", agent.DefaultExpiryGrace, "how long past its expiry a lease's processes run while the brokers are unreachable")
+	f.BoolVar(&o.insecure, "insecure", false, insecureUsage)
 	cmd.AddCommand(newAgentSimulateCmd())
 	return cmd
 }
@@ -145,7 +154,19 @@ func runAgent(cmd *cobra.Command, o agentOpts) error {
 	if err != nil {
 		return err
 	}
+	src, err := global.tls.serverTLS("gpupool agent", pki.RoleAgent, o.insecure, logger, cmd.ErrOrStderr())
+	if err != nil {
+		return err
+	}
 	hostID := o.hostID
+	if src != nil {
+		switch bound := src.Identity().HostID; {
+		case bound != "" && hostID == "":
+			hostID = bound
+		case bound != "" && hostID != bound:
+			return usagef("--host-id %q: --tls-cert %s is bound to host %q; use that host's certificate, or --host-id %s", hostID, global.tls.cert, bound, bound)
+		}
+	}
 	if hostID == "" {
 		if hostID, err = defaultHostID(); err != nil {
 			return err
@@ -199,9 +220,9 @@ func runAgent(cmd *cobra.Command, o agentOpts) error {
 	case o.insecure && token != "":
 		return usagef("--token with --insecure: --insecure runs without a token; give one or the other")
 	case !o.insecure && token == "":
-		return usagef("--token is required: an agent join token for this host ('gpupool operator acl token create --kind agent --host-id ID'), or --insecure for brokers without ACL")
-	case o.insecure:
-		fmt.Fprintln(cmd.ErrOrStderr(), "WARNING: --insecure: the agent sends no ACL token; only brokers started with --insecure accept it")
+		// Brokers with ACL on refuse it, and say so in the agent's log.
+		fmt.Fprintln(cmd.ErrOrStderr(), "WARNING: no --token: only brokers running with --acl=false accept this agent; "+
+			"give it a join token for this host ('gpupool operator acl token create --kind agent --host-id ID')")
 	}
 	mpsCtl, err := newMPS(o.mps, filepath.Join(o.dataDir, "mps"), logger)
 	if err != nil {
@@ -248,6 +269,7 @@ func runAgent(cmd *cobra.Command, o agentOpts) error {
 		Enforcement:   o.enforce,
 		MPS:           mpsCtl,
 		DataBind:      o.dataBind,
+		TLS:           tlsConfigOf(src),
 	})
 	if err != nil {
 		return usagef("%v", err)

@@ -4,11 +4,18 @@ import (
 	"os"
 	"path/filepath"
 	"testing"
+
+	"github.com/gpupool/gpupool/internal/pki"
+	"github.com/gpupool/gpupool/internal/pki/pkitest"
 )
 
 func TestAgentCommandRefusesBadInput(t *testing.T) {
 	sim := []string{"agent", "--insecure", "--broker", "127.0.0.1:1", "--host-id", "sim-1", "--simulate", "8xA100-80GB"}
 	with := func(extra ...string) []string { return append(append([]string{}, sim...), extra...) }
+	// TLS as in production, so that the token checks are what refuses.
+	f := pkitest.NewCA(t).Issue(t, "sim-1", pki.RoleAgent)
+	secure := []string{"agent", "--broker", "127.0.0.1:1", "--host-id", "sim-1", "--tls-ca", f.CA, "--tls-cert", f.Cert, "--tls-key", f.Key}
+	withTLS := func(extra ...string) []string { return append(append([]string{}, secure...), extra...) }
 	checkUsageErrors(t, []usageCase{
 		{"a label without =", with("--label", "foo"), []string{`--label "foo"`, "key=value"}},
 		{"a label without a key", with("--label", "=x"), []string{`--label "=x"`, "key=value"}},
@@ -18,7 +25,7 @@ func TestAgentCommandRefusesBadInput(t *testing.T) {
 		{"a host id with a space", with("--host-id", "gpu 7"), []string{`--host-id "gpu 7"`, "letters, digits"}},
 		{"negative host CPU", with("--cpu", "-5"), []string{"--cpu -5", "0 or more"}},
 		{"negative host memory", with("--host-memory", "-1"), []string{"--host-memory -1", "0 or more"}},
-		{"an empty broker list", []string{"agent", "--broker", " , ", "--simulate", "1xA100-80GB"}, []string{"--broker is empty"}},
+		{"an empty broker list", []string{"agent", "--insecure", "--broker", " , ", "--simulate", "1xA100-80GB"}, []string{"--broker is empty"}},
 		{"a positional argument", with("extra"), []string{"takes no arguments", `"extra"`}},
 		{"an unknown --mps mode", with("--mps", "maybe"), []string{`--mps "maybe"`, "auto, on or off"}},
 		{"--mps on without the binary", append(with("--mps", "on"), "--data-dir", "/nonexistent"), []string{"--mps on", "nvidia-cuda-mps-control is not on PATH"}},
@@ -27,16 +34,16 @@ func TestAgentCommandRefusesBadInput(t *testing.T) {
 		{"a zero kill-after", with("--kill-after", "0s"), []string{"--kill-after 0s"}},
 		{"a zero expiry grace", with("--expiry-grace", "0s"), []string{"--expiry-grace 0s"}},
 		{"an empty data dir", with("--data-dir", ""), []string{"--data-dir is empty"}},
-		{"a control socket without simulation", []string{"agent", "--broker", "127.0.0.1:1", "--sim-control", "/tmp/x.sock"}, []string{"--sim-control needs --simulate"}},
+		{"a control socket without simulation", []string{"agent", "--insecure", "--broker", "127.0.0.1:1", "--sim-control", "/tmp/x.sock"}, []string{"--sim-control needs --simulate"}},
 		{"an unknown flag", with("--watchdog", "1s"), []string{"unknown flag: --watchdog"}},
-		{"neither a token nor --insecure", []string{"agent", "--broker", "127.0.0.1:1", "--host-id", "sim-1", "--simulate", "8xA100-80GB"},
-			[]string{"--token is required", "--kind agent --host-id", "--insecure"}},
+		{"neither TLS nor --insecure", []string{"agent", "--broker", "127.0.0.1:1", "--host-id", "sim-1", "--simulate", "8xA100-80GB"},
+			[]string{"needs TLS", "--tls-ca", "--insecure"}},
 		{"a token with --insecure", with("--token", "abc"), []string{"--token with --insecure"}},
-		{"a missing token file", []string{"agent", "--broker", "127.0.0.1:1", "--host-id", "sim-1", "--token-file", filepath.Join(t.TempDir(), "absent")},
+		{"a missing token file", withTLS("--token-file", filepath.Join(t.TempDir(), "absent")),
 			[]string{"--token-file", "no such file"}},
-		{"an empty token file", []string{"agent", "--broker", "127.0.0.1:1", "--host-id", "sim-1", "--token-file", emptyFile(t)},
+		{"an empty token file", withTLS("--token-file", emptyFile(t)),
 			[]string{"--token-file", "the file is empty"}},
-		{"a token file and a token", []string{"agent", "--broker", "127.0.0.1:1", "--host-id", "sim-1", "--token-file", emptyFile(t), "--token", "abc"},
+		{"a token file and a token", withTLS("--token-file", emptyFile(t), "--token", "abc"),
 			[]string{"--token-file with --token"}},
 	})
 }

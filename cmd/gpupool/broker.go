@@ -11,6 +11,7 @@ import (
 
 	"github.com/gpupool/gpupool/broker"
 	"github.com/gpupool/gpupool/client"
+	"github.com/gpupool/gpupool/internal/pki"
 )
 
 func newBrokerCmd() *cobra.Command {
@@ -35,24 +36,30 @@ new --raft-bind/--bind address (it asks the leader, through --join, to update
 its address; restart servers one at a time so a majority stays reachable); a
 server with an empty data dir and only --join joins a running cluster.
 
-Security. ACL is on (--acl): every call needs a token (--token on the CLI,
+Security. Every connection is mutual TLS: gRPC from clients, agents and the
+other servers, and Raft between servers (only broker certificates). Give the
+cluster CA and this server's certificate with --tls-ca, --tls-cert and
+--tls-key (see 'gpupool operator tls --help'); the certificate must name the
+addresses clients dial (--host when it is issued). The files are read again
+when they change, so a rotated certificate is used without a restart. Without
+them the broker refuses to start.
+
+ACL is on (--acl): every call needs a token (--token on the CLI,
 GPUPOOL_TOKEN), except the first 'gpupool operator acl bootstrap', which
 creates the management token. A server joining a cluster whose ACL is
 bootstrapped (a new server, or one restarted on a new address) sends --token
 (GPUPOOL_TOKEN), a management token; forming a new cluster needs none.
---insecure turns ACL off: every caller may do
-everything. It is for tests and benchmarks on a closed machine only. See
-docs/security.md.`,
-		Example: `  # a 3-server cluster on one machine
-  gpupool broker --data-dir /var/lib/gpupool/b1 --bind 127.0.0.1:7641 --bootstrap-expect 3 --join 127.0.0.1:7643,127.0.0.1:7645
-  gpupool broker --data-dir /var/lib/gpupool/b2 --bind 127.0.0.1:7643 --bootstrap-expect 3 --join 127.0.0.1:7641,127.0.0.1:7645
-  gpupool broker --data-dir /var/lib/gpupool/b3 --bind 127.0.0.1:7645 --bootstrap-expect 3 --join 127.0.0.1:7641,127.0.0.1:7643
 
-  # a single server for experiments, then its first token
-  gpupool broker --data-dir /tmp/gp --bind 127.0.0.1:7641 --bootstrap-expect 1
-  gpupool operator acl bootstrap --addr 127.0.0.1:7641
+--insecure turns both off: plaintext, and every caller may do everything. It
+is for tests and benchmarks on a closed machine only. See docs/security.md.`,
+		Example: `  # a 3-server cluster with TLS (certificates from 'gpupool operator tls issue --role broker')
+  export GPUPOOL_TLS_CA=/etc/gpupool/ca.pem
+  gpupool broker --data-dir /var/lib/gpupool/b1 --bind 10.0.0.1:7641 --bootstrap-expect 3 --join 10.0.0.2:7641,10.0.0.3:7641 \
+    --tls-cert /etc/gpupool/broker-1.pem --tls-key /etc/gpupool/broker-1-key.pem
+  # ... and the same on 10.0.0.2 and 10.0.0.3 with their own certificates; then the first token:
+  gpupool operator acl bootstrap --addr 10.0.0.1:7641 --tls-cert /etc/gpupool/admin.pem --tls-key /etc/gpupool/admin-key.pem
 
-  # a throw-away server for a benchmark: no ACL
+  # a throw-away single server for an experiment or a benchmark: no TLS, no ACL
   gpupool broker --data-dir /tmp/gp --bind 127.0.0.1:7641 --bootstrap-expect 1 --insecure`,
 		Args: noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
@@ -66,6 +73,9 @@ docs/security.md.`,
 			}
 			if cfg.BootstrapExpect == 0 && len(cfg.Join) == 0 {
 				return usagef("give --bootstrap-expect N to form a new cluster of N servers, or --join ADDR,... to join a running one")
+			}
+			if cfg.TLS, err = global.tls.serverTLS("gpupool broker", pki.RoleBroker, insecure, logger, cmd.ErrOrStderr()); err != nil {
+				return err
 			}
 			if err := aclMode(cmd, &cfg, insecure); err != nil {
 				return err
@@ -83,11 +93,11 @@ docs/security.md.`,
 				s.Shutdown()
 				return err
 			}
-			acl := "ACL on"
-			if !cfg.ACL {
-				acl = "ACL OFF (--insecure)"
+			security := "plaintext, ACL OFF (--insecure)"
+			if cfg.TLS != nil {
+				security = fmt.Sprintf("mutual TLS as %q (certificate valid until %s), ACL on", cfg.TLS.Identity().Name, cfg.TLS.NotAfter().Format(time.RFC3339))
 			}
-			fmt.Fprintf(cmd.ErrOrStderr(), "broker %s serving gRPC on %s, raft on %s, data in %s, %s\n", s.ID(), s.Addr(), cfg.RaftBindAddr, cfg.DataDir, acl)
+			fmt.Fprintf(cmd.ErrOrStderr(), "broker %s serving gRPC on %s, raft on %s, data in %s, %s\n", s.ID(), s.Addr(), s.RaftAddr(), cfg.DataDir, security)
 			<-cmd.Context().Done()
 			logger.Info("shutting down", "id", s.ID())
 			return s.Shutdown()
@@ -109,27 +119,23 @@ docs/security.md.`,
 	f.StringVar(&logLevel, "log-level", "info", "log level: debug, info, warn or error")
 	f.BoolVar(&raftLog, "raft-log", false, "also print raft's own warnings")
 	f.StringVar(&metrics, "metrics-bind", "", "serve Prometheus metrics at http://ADDR/metrics (e.g. 127.0.0.1:9641); empty serves none")
-	f.BoolVar(&cfg.ACL, "acl", true, "check an ACL token on every call (off only with --insecure)")
-	f.BoolVar(&insecure, "insecure", false, "accept every call without a token: for tests and benchmarks only, never for a real pool")
+	f.BoolVar(&cfg.ACL, "acl", true, "check an ACL token on every call; --acl=false trusts every certificate of the cluster CA (prints a warning), --insecure turns it off too")
+	f.BoolVar(&insecure, "insecure", false, insecureUsage)
 	return cmd
 }
 
-// insecureWarning is printed by a broker or agent started with --insecure.
-const insecureWarning = `WARNING: --insecure: ACL is OFF. Every caller that can reach this server may
-acquire, release and watch any tenant's leases, drain hosts and restore
-snapshots. Use it for tests and benchmarks on a closed machine only.`
-
-// aclMode applies --acl and --insecure: ACL stays on unless --insecure.
+// aclMode applies --acl and --insecure. ACL is on unless --insecure turns
+// it off with TLS, or --acl=false turns it off on a TLS cluster, where
+// the certificate then is the only proof a caller needs.
 func aclMode(cmd *cobra.Command, cfg *broker.Config, insecure bool) error {
-	if !cfg.ACL && !insecure {
-		return usagef("--acl=false: ACL can only be turned off with --insecure, which says what it costs")
-	}
-	if insecure {
-		if cmd.Flags().Changed("acl") && cfg.ACL {
-			return usagef("--acl with --insecure: --insecure turns ACL off; give one or the other")
-		}
-		cfg.ACL = false
-		fmt.Fprintln(cmd.ErrOrStderr(), insecureWarning)
+	switch {
+	case insecure && cmd.Flags().Changed("acl") && cfg.ACL:
+		return usagef("--acl with --insecure: --insecure turns ACL off; give one or the other")
+	case insecure:
+		cfg.ACL = false // serverTLS printed the warning
+	case !cfg.ACL:
+		fmt.Fprintln(cmd.ErrOrStderr(), "WARNING: --acl=false: no ACL tokens. Every holder of a certificate from the cluster CA may "+
+			"acquire, release and watch any tenant's leases, drain hosts and restore snapshots.")
 	}
 	return nil
 }

@@ -93,11 +93,6 @@ func (o devOpts) validate() error {
 	return nil
 }
 
-// devBanner is what dev says first: it runs without any security.
-const devBanner = `*** gpupool dev: a local pool for trying things out. NOT FOR PRODUCTION. ***
-*** No TLS and no ACL: the brokers accept every call from anyone who can ***
-*** reach 127.0.0.1, with no token. See docs/security.md for a real pool.  ***`
-
 // devChild is one process of the dev pool.
 type devChild struct {
 	name string
@@ -125,6 +120,17 @@ func runDev(cmd *cobra.Command, o devOpts) error {
 	if !o.keep && o.dataDir == "" {
 		defer os.RemoveAll(dir)
 	}
+	// The pool runs without TLS: certificates from the environment would
+	// contradict its --insecure children and its own demo's plaintext calls.
+	for _, f := range []string{"tls-ca", "tls-cert", "tls-key"} {
+		if cmd.Flags().Changed(f) {
+			return usagef("--%s: gpupool dev runs without TLS; start brokers with 'gpupool broker' for a cluster with TLS", f)
+		}
+	}
+	for _, env := range []string{envTLSCA, envTLSCert, envTLSKey} {
+		os.Unsetenv(env)
+	}
+	global.tls = tlsOpts{}
 
 	var addrs []string
 	for i := range o.brokers {
@@ -170,7 +176,7 @@ func runDev(cmd *cobra.Command, o devOpts) error {
 	}
 	defer stopAll(children)
 
-	fmt.Fprintf(out, "\n%s\n\n", devBanner)
+	fmt.Fprint(out, devBanner)
 	for i, c := range children[:o.brokers] {
 		fmt.Fprintf(out, "  %-9s pid %-7d gRPC %s  raft %s:%d  metrics http://%s:%d/metrics  data %s\n",
 			c.name, c.cmd.Process.Pid, addrs[i], o.ip, o.basePort+2*i+1, o.ip, o.basePort+50+i, filepath.Join(dir, c.name))
@@ -201,6 +207,17 @@ func runDev(cmd *cobra.Command, o devOpts) error {
 	return nil
 }
 
+// devBanner says loudly what dev leaves out.
+const devBanner = `
+****************************************************************************
+*  gpupool dev: a local pool for trying things out. NOT FOR PRODUCTION.    *
+*  It runs WITHOUT TLS and WITHOUT ACL tokens: every process on this       *
+*  machine can lease, release, drain and join the cluster. For a real      *
+*  cluster see docs/security.md and the README's Production sections.      *
+****************************************************************************
+
+`
+
 func checkFree(addr string) error {
 	l, err := net.Listen("tcp", addr)
 	if err != nil {
@@ -211,7 +228,7 @@ func checkFree(addr string) error {
 
 func (c *devChild) start(self string, out io.Writer, mu *sync.Mutex) error {
 	c.cmd = exec.Command(self, c.args...)
-	c.cmd.Env = append(os.Environ(), "GPUPOOL_DEV=1")
+	c.cmd.Env = append(os.Environ(), devChildEnv+"=1")
 	// Children die with dev, even if dev is killed.
 	c.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	pr, pw := io.Pipe()

@@ -23,6 +23,7 @@ type globalOpts struct {
 	output  string
 	timeout time.Duration
 	token   string
+	tls     tlsOpts
 }
 
 var global globalOpts
@@ -38,6 +39,7 @@ func addGlobalFlags(root *cobra.Command) {
 	pf.DurationVar(&global.timeout, "timeout", 30*time.Second, "how long to wait for the brokers")
 	// The default is not the environment's: --help would print the secret.
 	pf.StringVar(&global.token, "token", "", "ACL token secret sent to the brokers (default $GPUPOOL_TOKEN); see 'gpupool operator acl'")
+	addTLSFlags(pf, &global.tls)
 }
 
 // globalToken is --token, else $GPUPOOL_TOKEN.
@@ -57,7 +59,8 @@ func checkOutput() error {
 	return usagef("--output %q: must be table or json", global.output)
 }
 
-// dial connects to the brokers named by --addr.
+// dial connects to the brokers named by --addr, over mutual TLS when the
+// --tls-* flags are given.
 func dial() (*client.Client, error) {
 	if err := checkOutput(); err != nil {
 		return nil, err
@@ -66,7 +69,11 @@ func dial() (*client.Client, error) {
 	if len(addrs) == 0 {
 		return nil, usagef("--addr is empty: give one or more broker addresses, e.g. 127.0.0.1:7641")
 	}
-	return client.Dial(addrs, client.Options{Token: globalToken()}.DialOptions()...)
+	tc, err := global.tls.clientTLS(nil)
+	if err != nil {
+		return nil, err
+	}
+	return client.DialWith(addrs, client.Options{TLS: tc, Token: globalToken()})
 }
 
 // callCtx bounds one call by --timeout.

@@ -63,12 +63,14 @@ pod. Leases are renewed, and released when the claim is deallocated or
 deleted; a new leader takes over the leases of the last one and releases those
 whose claim is gone.
 
-The brokers are --addr (default $GPUPOOL_ADDR). With ACL on (the brokers'
-default) it needs its own token, --token or $GPUPOOL_TOKEN: a client token for
---tenant ('gpupool operator acl token create --kind client --tenant k8s'),
-which lets it manage that tenant's leases and read the pool, and nothing else.
-It then sees other tenants' use of a GPU only as the GPU's allocation.
---kubeconfig defaults to the
+The brokers are --addr (default $GPUPOOL_ADDR), over mutual TLS with
+--tls-ca, --tls-cert and --tls-key (a certificate issued with --role client;
+reloaded when the files change). With ACL on (the brokers' default) it needs
+its own token, --token or $GPUPOOL_TOKEN: a client token for --tenant
+('gpupool operator acl token create --kind client --tenant k8s'), which lets
+it manage that tenant's leases and read the pool, and nothing else. It then
+sees other tenants' use of a GPU only as the GPU's allocation. --kubeconfig
+defaults to the
 in-cluster service account, else $KUBECONFIG or ~/.kube/config. It needs RBAC
 for resourceslices (get, list, watch, create, update, delete), resourceclaims
 (get, list, watch), resourceclaims/status (update), resourceclaims/driver
@@ -133,6 +135,10 @@ func runK8sController(cmd *cobra.Command, o controllerOpts) error {
 	if o.qps <= 0 || o.burst < 1 {
 		return usagef("--kube-api-qps %g and --kube-api-burst %d: must be above 0 and at least 1", o.qps, o.burst)
 	}
+	tc, err := global.tls.clientTLS(logger)
+	if err != nil {
+		return err
+	}
 	kubeCfg, err := loadKubeConfig(o.kubeconfig)
 	if err != nil {
 		return err
@@ -148,6 +154,7 @@ func runK8sController(cmd *cobra.Command, o controllerOpts) error {
 	err = k8s.Run(cmd.Context(), k8s.Config{
 		Brokers:      addrs,
 		Token:        globalToken(),
+		TLS:          tc,
 		Kube:         kubeCfg,
 		Tenant:       o.tenant,
 		NodeSelector: selector,

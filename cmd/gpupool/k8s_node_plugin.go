@@ -57,9 +57,10 @@ bind-mounts the token directories, by the paths the plugin writes.
 It needs to get ResourceClaims; --kubeconfig defaults to the in-cluster
 service account (else $KUBECONFIG or ~/.kube/config). --node-name defaults to
 $NODE_NAME (set it from the downward API: spec.nodeName). The brokers are
---addr (default $GPUPOOL_ADDR). With ACL on it needs a token, --token or
-$GPUPOOL_TOKEN: a client token for the controller's tenant (it reads and
-renews that tenant's leases). Runs until SIGINT or SIGTERM.`,
+--addr (default $GPUPOOL_ADDR), over mutual TLS with --tls-ca, --tls-cert and
+--tls-key (a certificate issued with --role client). With ACL on it needs a
+token, --token or $GPUPOOL_TOKEN: a client token for the controller's tenant
+(it reads and renews that tenant's leases). Runs until SIGINT or SIGTERM.`,
 		Example: `  # in the DaemonSet (see deploy/helm/gpupool)
   gpupool k8s-node-plugin --addr gpupool-broker-0.gpupool-broker:7641,gpupool-broker-1.gpupool-broker:7641
 

@@ -14,6 +14,8 @@ import (
 	"github.com/spf13/cobra"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+
+	"github.com/gpupool/gpupool/client"
 )
 
 func main() {
@@ -69,6 +71,12 @@ func exitCode(err error) int {
 // read the broker's own sentence.
 func errorMessage(err error) string {
 	if st, ok := status.FromError(err); ok {
+		if st.Code() == codes.Unavailable && client.IsTLSError(err) {
+			if !global.tls.set() {
+				return "cannot talk to the brokers: " + st.Message() + " (--tls-ca, --tls-cert and --tls-key, or GPUPOOL_TLS_CA, GPUPOOL_TLS_CERT and GPUPOOL_TLS_KEY)"
+			}
+			return "cannot talk to the brokers over TLS: " + st.Message() + " (check --tls-ca, --tls-cert and --tls-key)"
+		}
 		if st.Code() == codes.Unavailable {
 			return "no broker reachable: " + st.Message() + " (is the cluster up? set --addr or GPUPOOL_ADDR)"
 		}

@@ -244,7 +244,7 @@ func (o options) request() *gpupoolv1.LeaseRequest {
 func simulate(ctx context.Context, o options, out io.Writer) error {
 	// With ACL on, the job's client token comes from $GPUPOOL_TOKEN, as
 	// for the CLI; 'gpupool dev' needs none.
-	c, err := client.Dial(o.brokers, client.Options{Token: os.Getenv("GPUPOOL_TOKEN")}.DialOptions()...)
+	c, err := client.DialWith(o.brokers, client.Options{Token: os.Getenv("GPUPOOL_TOKEN")})
 	if err != nil {
 		return err
 	}

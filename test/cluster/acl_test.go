@@ -32,7 +32,7 @@ func TestACLOnRealProcesses(t *testing.T) {
 	addr := "--addr=" + strings.Join(cl.addrs, ",")
 	run := func(args ...string) (string, string, int) {
 		t.Helper()
-		return gpupool(t, append(args, addr, "--timeout=60s")...)
+		return gpupool(t, append(append(args, addr, "--timeout=60s"), cl.clientFlags()...)...)
 	}
 	mustRun := func(args ...string) string {
 		t.Helper()
@@ -72,12 +72,7 @@ func TestACLOnRealProcesses(t *testing.T) {
 	for _, p := range cl.agents {
 		p.start(t)
 	}
-	mc, err := client.Dial(cl.addrs, client.Options{Token: boot.Secret}.DialOptions()...)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { mc.Close() })
-	cl.c = mc
+	cl.c = cl.dialWithToken(boot.Secret, cl.addrs...)
 	cl.waitForHosts(1)
 	eventually(t, "host-2's agent refused", 30*time.Second, func() error {
 		log, _ := os.ReadFile(cl.agents[1].log.Name())
@@ -86,7 +81,7 @@ func TestACLOnRealProcesses(t *testing.T) {
 		}
 		return nil
 	})
-	hosts, err := mc.Pool.ListHosts(ctxFor(t, 10*time.Second), &gpupoolv1.ListHostsRequest{})
+	hosts, err := cl.c.Pool.ListHosts(ctxFor(t, 10*time.Second), &gpupoolv1.ListHostsRequest{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -128,14 +123,7 @@ func TestACLOnRealProcesses(t *testing.T) {
 	// forwarded call can do no more than the caller.
 	leader := cl.leader()
 	follower := cl.addrs[(leader+1)%3]
-	viaFollower := func(secret string) *client.Client {
-		c, err := client.Dial([]string{follower}, client.Options{Token: secret}.DialOptions()...)
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { c.Close() })
-		return c
-	}
+	viaFollower := func(secret string) *client.Client { return cl.dialWithToken(secret, follower) }
 	_, err = viaFollower(b.Secret).Lease.Release(ctxFor(t, 30*time.Second), &gpupoolv1.ReleaseRequest{LeaseId: lease.ID})
 	if status.Code(err) != codes.PermissionDenied || !strings.Contains(status.Convert(err).Message(), "team-a") {
 		t.Errorf("team-b releasing team-a's lease through follower %s: got %v, want PermissionDenied", follower, err)
@@ -145,7 +133,7 @@ func TestACLOnRealProcesses(t *testing.T) {
 		t.Errorf("a release without a token through follower %s: got %v, want Unauthenticated", follower, err)
 	}
 	// A token made a moment ago works on a follower at once.
-	fresh, err := gpupoolv1.NewAclServiceClient(mc.Conn()).CreateToken(ctxFor(t, 30*time.Second),
+	fresh, err := gpupoolv1.NewAclServiceClient(cl.c.Conn()).CreateToken(ctxFor(t, 30*time.Second),
 		&gpupoolv1.CreateAclTokenRequest{Name: "fresh", Kind: gpupoolv1.TokenKind_TOKEN_KIND_CLIENT, Tenants: []string{"team-a"}})
 	if err != nil {
 		t.Fatal(err)

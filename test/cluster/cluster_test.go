@@ -18,6 +18,8 @@ import (
 	"time"
 
 	"github.com/gpupool/gpupool/client"
+	"github.com/gpupool/gpupool/internal/pki"
+	"github.com/gpupool/gpupool/internal/pki/pkitest"
 	gpupoolv1 "github.com/gpupool/gpupool/proto/gpupool/v1"
 )
 
@@ -105,29 +107,38 @@ type cluster struct {
 	agents  []*proc
 	addrs   []string
 	c       *client.Client
-	// secure clusters run with ACL on: agents and clients need tokens.
-	secure bool
+	// ca, when set, issued every broker, agent and client certificate of
+	// the cluster; nil runs everything with --insecure.
+	ca      *pkitest.CA
+	clientF pki.Files // the clients' certificate; issued on first use
+	// acl runs the brokers with ACL on (it needs ca): agents and clients
+	// need tokens. Without it a TLS cluster runs with --acl=false.
+	acl bool
 }
 
-// newCluster starts three brokers without ACL (--insecure) and agents
-// simulated agents, and waits for the agents to register.
-func newCluster(t *testing.T, agents int) *cluster {
-	t.Helper()
-	return startCluster(t, &cluster{t: t, dir: t.TempDir()}, agents)
-}
+// clusterOption changes a cluster before it starts.
+type clusterOption func(*cluster)
 
-// newSecureCluster starts three brokers with ACL on (the default) and no
-// agents; cl.c carries no token.
+// withTLS runs the cluster with mutual TLS: a CA in the test's temporary
+// directory, a certificate per broker (for its 127.0.0.x address and
+// brokerIPs), per agent (bound to its host id) and one for the clients.
+func withTLS(cl *cluster) { cl.ca = pkitest.NewCA(cl.t) }
+
+// withACL runs the cluster with mutual TLS and ACL on, as in production.
+func withACL(cl *cluster) { withTLS(cl); cl.acl = true }
+
+// newSecureCluster starts three brokers with TLS and ACL on, and no
+// agents; cl.c carries a client certificate and no token.
 func newSecureCluster(t *testing.T) *cluster {
 	t.Helper()
-	return startCluster(t, &cluster{t: t, dir: t.TempDir(), secure: true}, 0)
+	return newCluster(t, 0, withACL)
 }
 
-func startCluster(t *testing.T, cl *cluster, agents int) *cluster {
+func newCluster(t *testing.T, agents int, opts ...clusterOption) *cluster {
 	t.Helper()
-	var aclArgs []string
-	if !cl.secure {
-		aclArgs = []string{"--insecure"}
+	cl := &cluster{t: t, dir: t.TempDir()}
+	for _, o := range opts {
+		o(cl)
 	}
 	var raftAddrs []string
 	for i := range 3 {
@@ -142,10 +153,11 @@ func startCluster(t *testing.T, cl *cluster, agents int) *cluster {
 				join = append(join, a)
 			}
 		}
-		args := []string{"broker", "--node-id", fmt.Sprintf("broker-%d", i+1), "--data-dir", filepath.Join(cl.dir, fmt.Sprintf("broker-%d", i+1)),
+		name := fmt.Sprintf("broker-%d", i+1)
+		args := []string{"broker", "--node-id", name, "--data-dir", filepath.Join(cl.dir, name),
 			"--bind", cl.addrs[i], "--raft-bind", raftAddrs[i], "--bootstrap-expect", "3", "--join", strings.Join(join, ","),
 			"--heartbeat-interval", "500ms", "--heartbeat-ttl", "5s", "--preempt-grace", "3s", "--log-level", "debug"}
-		cl.brokers = append(cl.brokers, cl.newProc(fmt.Sprintf("broker-%d", i+1), append(args, aclArgs...)...))
+		cl.brokers = append(cl.brokers, cl.newProc(name, append(args, cl.security(name, pki.RoleBroker)...)...))
 	}
 	for i := range agents {
 		cl.agents = append(cl.agents, cl.newAgent(i))
@@ -167,16 +179,81 @@ func startCluster(t *testing.T, cl *cluster, agents int) *cluster {
 			}
 		}
 	})
-	c, err := client.Dial(cl.addrs)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { c.Close() })
-	cl.c = c
-	if !cl.secure {
+	cl.c = cl.dial(cl.addrs...)
+	if !cl.acl {
 		cl.waitForHosts(agents)
 	}
 	return cl
+}
+
+// brokerIPs are the addresses a broker may move to (readdress_test.go),
+// besides its own: its certificate names them all.
+func brokerIPs(i int) []string {
+	return []string{fmt.Sprintf("127.0.0.%d", i+2), fmt.Sprintf("127.0.0.%d", i+12)}
+}
+
+// security are the flags that give the process name its certificate, or
+// --insecure in a cluster without TLS. Brokers are named broker-N,
+// agents by their host id.
+func (cl *cluster) security(name string, role pki.Role) []string {
+	if cl.ca == nil {
+		return []string{"--insecure"}
+	}
+	req := pki.Request{Name: name, Role: role, NotBefore: time.Now().Add(-time.Minute), NotAfter: time.Now().Add(time.Hour)}
+	switch role {
+	case pki.RoleBroker:
+		var i int
+		fmt.Sscanf(name, "broker-%d", &i)
+		req.Hosts = brokerIPs(i - 1)
+	case pki.RoleAgent:
+		req.HostID = name
+	}
+	flags := tlsFlags(cl.ca.IssueRequest(cl.t, req))
+	if role == pki.RoleBroker && !cl.acl {
+		flags = append(flags, "--acl=false")
+	}
+	return flags
+}
+
+func tlsFlags(f pki.Files) []string {
+	return []string{"--tls-ca", f.CA, "--tls-cert", f.Cert, "--tls-key", f.Key}
+}
+
+// clientFlags are the flags a CLI command needs to reach the cluster.
+func (cl *cluster) clientFlags() []string {
+	if cl.ca == nil {
+		return nil
+	}
+	return tlsFlags(cl.clientFiles())
+}
+
+func (cl *cluster) clientFiles() pki.Files {
+	if cl.clientF.Cert == "" {
+		cl.clientF = cl.ca.Issue(cl.t, "test-client", pki.RoleClient)
+	}
+	return cl.clientF
+}
+
+// dial connects a client to addrs, with a client certificate when the
+// cluster runs TLS.
+func (cl *cluster) dial(addrs ...string) *client.Client {
+	cl.t.Helper()
+	return cl.dialWithToken("", addrs...)
+}
+
+// dialWithToken is dial with an ACL token's secret on every call.
+func (cl *cluster) dialWithToken(secret string, addrs ...string) *client.Client {
+	cl.t.Helper()
+	o := client.Options{Token: secret}
+	if cl.ca != nil {
+		o.TLS = pkitest.Source(cl.t, cl.clientFiles()).ClientConfig()
+	}
+	c, err := client.DialWith(addrs, o)
+	if err != nil {
+		cl.t.Fatal(err)
+	}
+	cl.t.Cleanup(func() { c.Close() })
+	return c
 }
 
 // agentWatchdog are the agents' enforcement flags: short, so that tests
@@ -189,9 +266,7 @@ func (cl *cluster) newAgent(i int, extra ...string) *proc {
 	name := fmt.Sprintf("host-%d", i+1)
 	args := append([]string{"agent", "--broker", strings.Join(cl.addrs, ","), "--simulate", "8xA100-80GB", "--host-id", name,
 		"--data-dir", cl.agentDir(i), "--data-bind", "127.0.0.1:0", "--log-level", "debug"}, agentWatchdog...)
-	if !cl.secure {
-		args = append(args, "--insecure")
-	}
+	args = append(args, cl.security(name, pki.RoleAgent)...)
 	return cl.newProc(name, append(args, extra...)...)
 }
 
@@ -326,7 +401,9 @@ func TestClusterKeepsEveryAcknowledgedLeaseThroughLeaderKillRestartAndFullRestar
 	if testing.Short() {
 		t.Skip("starts real processes")
 	}
-	cl := newCluster(t, 2) // 16 GPUs of 80 GiB
+	// With real certificates: every connection of the run, Raft included,
+	// is mutual TLS.
+	cl := newCluster(t, 2, withTLS) // 16 GPUs of 80 GiB
 
 	// 200 leases of 4 GiB and 5 %: 20 fit per GPU, 320 in the pool.
 	acked := map[string]*gpupoolv1.Lease{}
@@ -416,11 +493,7 @@ func TestClusterKeepsEveryAcknowledgedLeaseThroughLeaderKillRestartAndFullRestar
 
 	// The killed server restarts from its data dir and catches up.
 	cl.brokers[old].start(t)
-	direct, err := client.Dial([]string{cl.addrs[old]})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer direct.Close()
+	direct := cl.dial(cl.addrs[old])
 	eventually(t, "the restarted server to catch up", 30*time.Second, func() error {
 		resp, err := direct.Lease.List(ctxFor(t, 5*time.Second), &gpupoolv1.ListLeasesRequest{IncludeEnded: true, Stale: true})
 		if err != nil {

@@ -8,7 +8,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/gpupool/gpupool/client"
 	gpupoolv1 "github.com/gpupool/gpupool/proto/gpupool/v1"
 )
 
@@ -39,7 +38,13 @@ func TestBrokersMovedOneAtATimeKeepALeaderAndTheirLeases(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			cl := newCluster(t, 1)
+			var opts []clusterOption
+			if tt.newIP {
+				// With TLS: the brokers verify each other by role, not by
+				// address, so a moved broker needs no new certificate.
+				opts = append(opts, withTLS)
+			}
+			cl := newCluster(t, 1, opts...)
 			cur := slices.Clone(cl.addrs) // gRPC addresses now
 			var newRPC, newRaft []string
 			for i := range cl.brokers {
@@ -56,12 +61,7 @@ func TestBrokersMovedOneAtATimeKeepALeaderAndTheirLeases(t *testing.T) {
 				// Clients and the agent know every address a broker will
 				// have, as a DNS name would follow the pods.
 				all := append(slices.Clone(cl.addrs), newRPC...)
-				c, err := client.Dial(all)
-				if err != nil {
-					t.Fatal(err)
-				}
-				t.Cleanup(func() { c.Close() })
-				cl.c = c
+				cl.c = cl.dial(all...)
 				cl.agents[0].signal(t, syscall.SIGTERM)
 				cl.agents[0] = cl.newAgent(0, "--broker", strings.Join(all, ","))
 				cl.agents[0].start(t)
@@ -90,10 +90,7 @@ func TestBrokersMovedOneAtATimeKeepALeaderAndTheirLeases(t *testing.T) {
 				// Every broker's own configuration lists the moved one as a
 				// voter at its new address, and knows a leader.
 				for j, addr := range cur {
-					direct, err := client.Dial([]string{addr})
-					if err != nil {
-						t.Fatal(err)
-					}
+					direct := cl.dial(addr)
 					eventually(t, fmt.Sprintf("broker-%d to see %s at %s", j+1, id, newRaft[i]), 60*time.Second, func() error {
 						resp, err := direct.Operator.RaftPeers(ctxFor(t, 5*time.Second), &gpupoolv1.RaftPeersRequest{})
 						if err != nil {
@@ -120,7 +117,7 @@ func TestBrokersMovedOneAtATimeKeepALeaderAndTheirLeases(t *testing.T) {
 			// operator raft peers shows the new addresses and a leader.
 			addr := "--addr=" + strings.Join(cur, ",")
 			eventually(t, "raft peers to show a leader", 30*time.Second, func() error {
-				out, stderr, code := gpupool(t, "operator", "raft", "peers", addr)
+				out, stderr, code := gpupool(t, append([]string{"operator", "raft", "peers", addr}, cl.clientFlags()...)...)
 				if code != 0 {
 					return fmt.Errorf("exit %d: %s", code, stderr)
 				}

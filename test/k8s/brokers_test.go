@@ -154,14 +154,14 @@ func startBrokers(t testing.TB, hosts int) *brokers {
 		b.Brokers = append(b.Brokers, startGpupool(t, fmt.Sprintf("s%d-%s", seq, id), "broker", "--insecure",
 			"--node-id", id, "--data-dir", filepath.Join(dir, id), "--bind", addrs[i], "--raft-bind", raft[i],
 			"--bootstrap-expect", "3", "--join", strings.Join(join, ","),
-			"--heartbeat-interval", "500ms", "--heartbeat-ttl", "5s", "--log-level", "debug"))
+			"--heartbeat-interval", "500ms", "--heartbeat-ttl", "5s", "--log-level", "debug", "--insecure"))
 	}
 	for i := range hosts {
 		id := fmt.Sprintf("s%d-host-%d", seq, i+1)
 		b.HostIDs = append(b.HostIDs, id)
 		b.Agents = append(b.Agents, startGpupool(t, id, "agent", "--insecure",
 			"--broker", b.Addrs, "--simulate", agentGPUs, "--host-id", id, "--mps", "off",
-			"--data-dir", filepath.Join(dir, id), "--data-bind", "127.0.0.1:0", "--log-level", "debug"))
+			"--data-dir", filepath.Join(dir, id), "--data-bind", "127.0.0.1:0", "--log-level", "debug", "--insecure"))
 	}
 	c, err := client.Dial(addrs)
 	if err != nil {

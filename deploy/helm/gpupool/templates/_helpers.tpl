@@ -147,6 +147,48 @@ status` reach the brokers without flags.
 {{- define "gpupool.commonEnv" -}}
 - name: GPUPOOL_ADDR
   value: {{ include "gpupool.brokerAddrs" . | quote }}
+{{- include "gpupool.tls.env" . | nindent 0 }}
+{{- end }}
+
+{{/*
+The TLS Secret of a component (broker, agent or client), by its value or the default name.
+*/}}
+{{- define "gpupool.tls.secret" -}}
+{{- $ctx := .ctx }}
+{{- default (printf "%s-%s-tls" (include "gpupool.fullname" $ctx) .component) (get $ctx.Values.tls (printf "%sSecret" .component)) }}
+{{- end }}
+
+{{/*
+TLS environment (GPUPOOL_TLS_*) of every container that talks to the brokers; empty without TLS.
+*/}}
+{{- define "gpupool.tls.env" -}}
+{{- if .Values.tls.enabled }}
+- name: GPUPOOL_TLS_CA
+  value: /etc/gpupool/tls/ca.crt
+- name: GPUPOOL_TLS_CERT
+  value: /etc/gpupool/tls/tls.crt
+- name: GPUPOOL_TLS_KEY
+  value: /etc/gpupool/tls/tls.key
+{{- end }}
+{{- end }}
+
+{{- define "gpupool.tls.volumeMount" -}}
+{{- if .Values.tls.enabled }}
+- name: tls
+  mountPath: /etc/gpupool/tls
+  readOnly: true
+{{- end }}
+{{- end }}
+
+{{/*
+The TLS Secret volume of a component: dict "ctx" $ "component" broker|agent|client.
+*/}}
+{{- define "gpupool.tls.volume" -}}
+{{- if .ctx.Values.tls.enabled }}
+- name: tls
+  secret:
+    secretName: {{ include "gpupool.tls.secret" . }}
+{{- end }}
 {{- end }}
 
 {{/*
