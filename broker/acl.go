@@ -8,6 +8,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/hashicorp/raft"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/metadata"
@@ -342,9 +343,16 @@ func authorize(c *caller, method string) error {
 
 // check authenticates and authorizes one call.
 func (s *Server) check(ctx context.Context, method string) (*caller, error) {
-	switch methodRights[method] {
-	case rightOpen:
+	if methodRights[method] == rightOpen {
 		return anonymous, nil
+	}
+	if s.raft.State() == raft.Leader && s.currentLeader() == nil {
+		// A new leader decides on tokens only once it has applied what
+		// earlier leaders committed (its barrier): a revocation already
+		// acknowledged, or the bootstrap, may not be in its state yet.
+		return nil, status.Error(codes.Unavailable, "this broker just became leader and is catching up with the log; retry")
+	}
+	switch methodRights[method] {
 	case rightJoin:
 		if s.fsm.State().ACLBootstrapIndex() == 0 {
 			return anonymous, nil
@@ -451,6 +459,7 @@ func (c *caller) mayTouch(l *gpupoolv1.Lease, what string) error {
 	if l == nil || c.sees(l) {
 		return nil
 	}
-	return status.Errorf(codes.PermissionDenied, "%s lease %s: it belongs to tenant %q, and %s may act for tenants %s only",
-		what, l.Id, l.Tenant, c, strings.Join(c.token.Tenants, ", "))
+	// The owner is not named: a tenant learns nothing of others' leases.
+	return status.Errorf(codes.PermissionDenied, "%s lease %s: it belongs to another tenant, and %s may act for tenants %s only",
+		what, l.Id, c, strings.Join(c.token.Tenants, ", "))
 }

@@ -286,9 +286,9 @@ func TestACLIsolatesTenants(t *testing.T) {
 
 	// b sees nothing of a's lease and cannot touch it.
 	_, err = b.Lease.Get(ctx(t), &gpupoolv1.GetLeaseRequest{LeaseId: aLease})
-	wantStatus(t, err, codes.PermissionDenied, "get lease "+aLease, `tenant "a"`, bTok.AccessorId, "tenants b only")
+	wantStatus(t, err, codes.PermissionDenied, "get lease "+aLease, "another tenant", bTok.AccessorId, "tenants b only")
 	_, err = b.Lease.Release(ctx(t), &gpupoolv1.ReleaseRequest{LeaseId: aLease})
-	wantStatus(t, err, codes.PermissionDenied, "release lease "+aLease, `tenant "a"`, "tenants b only")
+	wantStatus(t, err, codes.PermissionDenied, "release lease "+aLease, "another tenant", "tenants b only")
 	_, err = b.Lease.List(ctx(t), &gpupoolv1.ListLeasesRequest{Tenant: "a"})
 	wantStatus(t, err, codes.PermissionDenied, "tenant", `not tenant "a"`)
 	w, err := b.Lease.Watch(ctx(t), &gpupoolv1.WatchLeasesRequest{LeaseId: aLease})
@@ -527,4 +527,55 @@ func TestACLShowsClientsTheirOwnQuotasOnly(t *testing.T) {
 	}
 	_, err = c.Operator.ListQuotas(ctx(t), &gpupoolv1.ListQuotasRequest{Tenant: "b"})
 	wantStatus(t, err, codes.PermissionDenied, `not tenant "b"`)
+}
+
+// saveSnapshot saves the state through c, as 'operator snapshot save' does.
+func saveSnapshot(t *testing.T, c *client.Client) []byte {
+	t.Helper()
+	s, err := c.Operator.SnapshotSave(ctx(t), &gpupoolv1.SnapshotSaveRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []byte
+	for {
+		chunk, err := s.Recv()
+		if err == io.EOF {
+			return out
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		out = append(out, chunk.Data...)
+	}
+}
+
+func restoreSnapshot(t *testing.T, c *client.Client, data []byte) error {
+	t.Helper()
+	s, err := c.Operator.SnapshotRestore(ctx(t))
+	if err != nil {
+		return err
+	}
+	if err := s.Send(&gpupoolv1.SnapshotChunk{Data: data}); err != nil {
+		return err
+	}
+	_, err = s.CloseAndRecv()
+	return err
+}
+
+// A snapshot without the ACL bootstrap would reopen the bootstrap to
+// anyone: a bootstrapped cluster refuses it, and takes its own.
+func TestRestoreRefusesASnapshotWithoutTheACLBootstrap(t *testing.T) {
+	open := startServer(t)
+	unbootstrapped := saveSnapshot(t, open.c)
+
+	as := startACLServer(t)
+	err := restoreSnapshot(t, as.c, unbootstrapped)
+	wantStatus(t, err, codes.FailedPrecondition, "no ACL bootstrap", "anyone bootstrap")
+	own := saveSnapshot(t, as.c)
+	if err := restoreSnapshot(t, as.c, own); err != nil {
+		t.Fatalf("restoring the cluster's own snapshot: %v", err)
+	}
+	if _, err := gpupoolv1.NewAclServiceClient(as.clientWith(t, "").Conn()).Bootstrap(ctx(t), &gpupoolv1.AclBootstrapRequest{}); status.Code(err) == codes.OK {
+		t.Fatal("a second bootstrap after the restore succeeded")
+	}
 }

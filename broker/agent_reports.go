@@ -38,13 +38,18 @@ func (ls *leaderState) storeReport(hostID string, req *gpupoolv1.HeartbeatReques
 	ls.mu.Unlock()
 }
 
-// leaseUsage returns copies of the usage reports for a lease, by host.
-func (ls *leaderState) leaseUsage(leaseID string) []*gpupoolv1.LeaseUsage {
+// leaseUsage returns copies of the usage reports for a lease from the
+// hosts it holds slices on: another host's agent cannot report for it.
+func (ls *leaderState) leaseUsage(l *gpupoolv1.Lease) []*gpupoolv1.LeaseUsage {
 	ls.mu.Lock()
 	defer ls.mu.Unlock()
 	var out []*gpupoolv1.LeaseUsage
-	for _, r := range ls.reports {
-		if u := r.usage[leaseID]; u != nil {
+	for _, host := range state.LeaseHosts(l) {
+		r := ls.reports[host]
+		if r == nil {
+			continue
+		}
+		if u := r.usage[l.Id]; u != nil {
 			out = append(out, proto.CloneOf(u))
 		}
 	}

@@ -204,6 +204,12 @@ func TestAgentReportsReachLeaseAndHostViews(t *testing.T) {
 	}
 	l := held.Lease
 	dev := l.Slices[0].Device
+	// Another host's agent reports usage for the lease: it is not shown.
+	ts.registerHost(t, "h2", 1, 81920)
+	other := ts.agentStream(t)
+	other.send(&gpupoolv1.HeartbeatRequest{HostId: "h2", Usage: []*gpupoolv1.LeaseUsage{{LeaseId: l.Id, SampledAtMs: 1,
+		Slices: []*gpupoolv1.SliceUsage{{Device: dev, MemoryUsedMib: 99999}}}}})
+	other.next(t, func(*gpupoolv1.HeartbeatResponse) bool { return true })
 	as := ts.agentStream(t)
 	as.send(&gpupoolv1.HeartbeatRequest{HostId: "h1",
 		Devices: []*gpupoolv1.DeviceReport{{Uuid: dev, Health: gpupoolv1.DeviceHealth_DEVICE_HEALTH_HEALTHY, UsedMemoryMib: 3000, UtilizationPercent: 40}},
@@ -223,7 +229,7 @@ func TestAgentReportsReachLeaseAndHostViews(t *testing.T) {
 		t.Fatal(err)
 	}
 	if u := got.Lease.Usage; len(u) != 1 || u[0].Host != "h1" || u[0].Slices[0].MemoryUsedMib != 3000 {
-		t.Fatalf("lease usage: got %v, want 3000 MiB on h1", u)
+		t.Fatalf("lease usage: got %v, want 3000 MiB on h1 and nothing from h2", u)
 	}
 	host, err := ts.c.Pool.GetHost(ctx(t), &gpupoolv1.GetHostRequest{HostId: "h1"})
 	if err != nil {

@@ -19,14 +19,20 @@ import (
 // only make placement see the capacity they take.
 type inflight struct {
 	mu     sync.Mutex
-	leases map[string]*gpupoolv1.Lease // guarded by mu
-	idle   chan struct{}               // closed while leases is empty; guarded by mu
+	leases map[string]*flight // by lease id; guarded by mu
+	idle   chan struct{}      // closed while leases is empty; guarded by mu
+}
+
+// flight is one grant in flight.
+type flight struct {
+	lease  *gpupoolv1.Lease
+	landed chan struct{} // closed once its outcome is known
 }
 
 func newInflight() *inflight {
 	idle := make(chan struct{})
 	close(idle)
-	return &inflight{leases: map[string]*gpupoolv1.Lease{}, idle: idle}
+	return &inflight{leases: map[string]*flight{}, idle: idle}
 }
 
 func (f *inflight) add(l *gpupoolv1.Lease) {
@@ -35,19 +41,35 @@ func (f *inflight) add(l *gpupoolv1.Lease) {
 	if len(f.leases) == 0 {
 		f.idle = make(chan struct{})
 	}
-	f.leases[l.Id] = l
+	f.leases[l.Id] = &flight{lease: l, landed: make(chan struct{})}
 }
 
 func (f *inflight) done(id string) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	if _, ok := f.leases[id]; !ok {
+	fl, ok := f.leases[id]
+	if !ok {
 		return
 	}
+	close(fl.landed)
 	delete(f.leases, id)
 	if len(f.leases) == 0 {
 		close(f.idle)
 	}
+}
+
+// ofRequest returns a channel closed when the grant in flight for the
+// tenant's request id lands, or nil when none is in flight. A retry of an
+// Acquire waits for it instead of placing the request a second time.
+func (f *inflight) ofRequest(tenant, requestID string) <-chan struct{} {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	for _, fl := range f.leases {
+		if fl.lease.Tenant == tenant && fl.lease.RequestId == requestID {
+			return fl.landed
+		}
+	}
+	return nil
 }
 
 // drain waits until no grant is in flight. Call it under placeMu, so that
@@ -69,8 +91,8 @@ func (f *inflight) snapshot() []*gpupoolv1.Lease {
 		return nil
 	}
 	out := make([]*gpupoolv1.Lease, 0, len(f.leases))
-	for _, l := range f.leases {
-		out = append(out, l)
+	for _, fl := range f.leases {
+		out = append(out, fl.lease)
 	}
 	return out
 }

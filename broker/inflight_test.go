@@ -1,13 +1,16 @@
 package broker
 
 import (
+	"context"
 	"fmt"
 	"sync"
 	"testing"
+	"time"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/gpupool/gpupool/broker/placement"
 	"github.com/gpupool/gpupool/broker/state"
 	gpupoolv1 "github.com/gpupool/gpupool/proto/gpupool/v1"
 )
@@ -94,4 +97,72 @@ func TestInflightOverlayCountsOnlyWhatTheStateLacks(t *testing.T) {
 	<-drained
 	f.done("l-unknown") // harmless
 	f.drain()
+}
+
+// A pending lease's reservation is made on the pool with the grants in
+// flight: otherwise it would reserve what a grant in flight took, and
+// leave free what it needs once its victims are gone.
+func TestReservationsSeeTheGrantsInFlight(t *testing.T) {
+	s := state.New()
+	w := s.Write()
+	w.PutHost(&gpupoolv1.Host{Id: "h1", Status: gpupoolv1.HostStatus_HOST_STATUS_READY, Eligible: true})
+	devs := map[string]*gpupoolv1.Device{}
+	for i, id := range []string{"GPU-a", "GPU-b", "GPU-c"} {
+		devs[id] = &gpupoolv1.Device{Uuid: id, HostId: "h1", Index: int32(i), Model: "A100", MemoryMib: 81920}
+	}
+	whole := func(dev string) []*gpupoolv1.Slice {
+		return []*gpupoolv1.Slice{{Host: "h1", Device: dev, MemoryMib: 81920, ComputePercent: 100, Exclusive: true}}
+	}
+	victim := &gpupoolv1.Lease{Id: "l-victim", State: gpupoolv1.LeaseState_LEASE_STATE_GRANTED, Class: gpupoolv1.LeaseClass_LEASE_CLASS_PREEMPTIBLE,
+		Slices: whole("GPU-b"), PreemptedFor: "l-pending"}
+	placement.Allocate(devs["GPU-b"], victim.Slices[0])
+	for _, d := range devs {
+		w.PutDevice(d)
+	}
+	w.PutLease(victim)
+	w.PutLease(&gpupoolv1.Lease{Id: "l-pending", State: gpupoolv1.LeaseState_LEASE_STATE_PENDING,
+		Request: &gpupoolv1.LeaseRequest{Count: 2, Exclusive: true}})
+	w.Commit(1)
+
+	srv := &Server{placer: newPlacer(placement.Binpack, 0)}
+	inflight := []*gpupoolv1.Lease{{Id: "l-inflight", Slices: whole("GPU-a")}}
+	hosts := srv.reservedPool(s.Read(), inflight)
+	if ss, err := srv.placer.place(hosts, &gpupoolv1.LeaseRequest{Count: 1, Exclusive: true}); err == nil {
+		t.Fatalf("a whole GPU was placed on %s: GPU-a is in flight, GPU-b and GPU-c are reserved for the pending lease", ss[0].Device)
+	}
+}
+
+// A retry of an Acquire whose first grant is still committing waits for it
+// and returns the same lease, instead of being refused for the capacity
+// that grant took (which nobody would then release).
+func TestRetryWhileTheGrantIsInFlightReturnsTheSameLease(t *testing.T) {
+	ts := startServer(t)
+	ts.registerHost(t, "h1", 1, 81920)
+	r := slice(81920, 100)
+	r.RequestId = "r1"
+	r.Tenant = "default"
+	r.Class = gpupoolv1.LeaseClass_LEASE_CLASS_GUARANTEED
+	first := &gpupoolv1.Lease{
+		Id: "l-first", Tenant: r.Tenant, Request: r, Class: r.Class, TtlMs: r.TtlMs, RequestId: r.RequestId,
+		Slices: []*gpupoolv1.Slice{{Host: "h1", Device: "GPU-h1-0", MemoryMib: 81920, ComputePercent: 100,
+			Isolation: gpupoolv1.Isolation_ISOLATION_WATCHDOG}},
+	}
+	ts.s.grants.add(first) // placed, not committed yet
+
+	// While it is in flight, a retry waits for it (here until its own
+	// deadline) instead of being told the pool is full.
+	short, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+	defer cancel()
+	_, err := ts.c.Lease.Acquire(short, &gpupoolv1.AcquireRequest{Request: r})
+	if status.Code(err) != codes.DeadlineExceeded {
+		t.Fatalf("retry while the grant is in flight: got %v, want it to wait (DeadlineExceeded)", err)
+	}
+	if _, err := ts.s.apply(&gpupoolv1.GrantLeaseCommand{Lease: first}); err != nil {
+		t.Fatal(err)
+	}
+	ts.s.grants.done(first.Id)
+	resp, err := ts.c.Lease.Acquire(ctx(t), &gpupoolv1.AcquireRequest{Request: r})
+	if err != nil || resp.Lease.Id != first.Id || !resp.Existing {
+		t.Fatalf("retry: got %v existing=%t err %v, want the first grant %s", resp.GetLease().GetId(), resp.GetExisting(), err, first.Id)
+	}
 }

@@ -97,6 +97,23 @@ func (s *Server) acquire(ctx context.Context, r *gpupoolv1.LeaseRequest, wait ti
 		}
 		return s.acquired(ex, true)
 	}
+	if r.RequestId != "" && slices.ContainsFunc(inflight, func(l *gpupoolv1.Lease) bool {
+		return l.Tenant == r.Tenant && l.RequestId == r.RequestId
+	}) {
+		// A retry while the first attempt's grant still commits: wait for
+		// it to land, then answer from the state as for any retry.
+		landed := s.grants.ofRequest(r.Tenant, r.RequestId) // nil: landed already
+		s.placeMu.Unlock()
+		locked = false
+		if landed != nil {
+			select {
+			case <-landed:
+			case <-ctx.Done():
+				return nil, ctx.Err()
+			}
+		}
+		return s.acquire(ctx, r, wait)
+	}
 	if currentKey(st) == nil {
 		// Granting a lease whose tokens cannot be signed would leave the
 		// caller with nothing to use it with.
@@ -104,7 +121,7 @@ func (s *Server) acquire(ctx context.Context, r *gpupoolv1.LeaseRequest, wait ti
 			return nil, status.Errorf(codes.Unavailable, "no token signing key yet: %v; retry", err)
 		}
 	}
-	hosts := overlay(st, s.reservedPool(st, ""), inflight)
+	hosts := s.reservedPool(st, inflight)
 	if err := checkAgainstPool(r, hosts); err != nil {
 		return nil, err
 	}
@@ -246,7 +263,7 @@ func (s *Server) withLeaderView(l *gpupoolv1.Lease) *gpupoolv1.Lease {
 		return l
 	}
 	d, hasExpiry := ls.ttl.Deadline(l.Id)
-	usage := ls.leaseUsage(l.Id)
+	usage := ls.leaseUsage(l)
 	if !hasExpiry && len(usage) == 0 {
 		return l
 	}

@@ -194,6 +194,25 @@ func parseSnapshot(b []byte) ([]byte, error) {
 	return data, nil
 }
 
+// checkRestoreKeepsACL refuses, on a broker with ACL whose cluster is
+// bootstrapped, a snapshot without the ACL bootstrap (saved before it, or
+// on a cluster without ACL): after it, anyone could bootstrap again and
+// own the cluster.
+func (s *Server) checkRestoreKeepsACL(data []byte) error {
+	if !s.cfg.ACL || s.fsm.State().ACLBootstrapIndex() == 0 {
+		return nil
+	}
+	var snap gpupoolv1.StateSnapshot
+	if err := proto.Unmarshal(data, &snap); err != nil {
+		return status.Error(codes.InvalidArgument, "snapshot: body does not decode: "+err.Error())
+	}
+	if snap.AclBootstrapIndex == 0 {
+		return status.Error(codes.FailedPrecondition, "snapshot: it has no ACL bootstrap (saved before 'gpupool operator acl bootstrap', or on a cluster without ACL); "+
+			"restoring it would let anyone bootstrap this cluster again and take it over: restore a snapshot saved after the bootstrap")
+	}
+	return nil
+}
+
 // SnapshotRestore replaces the cluster state with a saved snapshot.
 func (e operatorService) SnapshotRestore(stream grpc.ClientStreamingServer[gpupoolv1.SnapshotChunk, gpupoolv1.SnapshotRestoreResponse]) error {
 	var buf bytes.Buffer
@@ -234,6 +253,9 @@ func (e operatorService) SnapshotRestore(stream grpc.ClientStreamingServer[gpupo
 			return err
 		}
 		return stream.SendAndClose(resp)
+	}
+	if err := e.s.checkRestoreKeepsACL(data); err != nil {
+		return err
 	}
 	meta := &raft.SnapshotMeta{Version: raft.SnapshotVersionMax, Size: int64(len(data))}
 	if err := e.s.raft.Restore(meta, bytes.NewReader(data), time.Minute); err != nil {

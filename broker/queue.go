@@ -559,7 +559,7 @@ func (e *pendingExplainer) reason(l *gpupoolv1.Lease) string {
 	} else {
 		if e.hosts == nil {
 			// Its own reservation is not in it: only leases with victims have one.
-			e.hosts = reservedHosts(st, "", e.placer)
+			e.hosts = reservedHosts(st, st.HostsWithDevices(), e.placer)
 		}
 		ss, err := e.placer.place(e.hosts, l.Request)
 		switch {

@@ -83,24 +83,26 @@ func (p *workPool) place(r *gpupoolv1.LeaseRequest, pl *placer) ([]*gpupoolv1.Sl
 	return ss, err
 }
 
-// reservedPool is the pool as Acquire may place on: the state, less what
-// pending leases whose victims are still leaving will take once they have
-// gone. Without such leases it is the state itself.
-func (s *Server) reservedPool(st *state.Reader, except string) []*gpupoolv1.Host {
-	return reservedHosts(st, except, s.placer)
+// reservedPool is the pool as Acquire may place on: the state with the
+// grants in flight, less what pending leases whose victims are still
+// leaving will take once they have gone.
+func (s *Server) reservedPool(st *state.Reader, inflight []*gpupoolv1.Lease) []*gpupoolv1.Host {
+	return reservedHosts(st, overlay(st, st.HostsWithDevices(), inflight), s.placer)
 }
 
-func reservedHosts(st *state.Reader, except string, pl *placer) []*gpupoolv1.Host {
+// reservedHosts is hosts (the state, or more) less what pending leases
+// with victims reserve. Without such leases it is hosts itself.
+func reservedHosts(st *state.Reader, hosts []*gpupoolv1.Host, pl *placer) []*gpupoolv1.Host {
 	var reserving []*gpupoolv1.Lease
 	for _, r := range st.PendingLeases() {
-		if r.Id != except && len(st.PreemptedFor(r.Id)) > 0 {
+		if len(st.PreemptedFor(r.Id)) > 0 {
 			reserving = append(reserving, r)
 		}
 	}
 	if len(reserving) == 0 {
-		return st.HostsWithDevices()
+		return hosts
 	}
-	p := newWorkPool(st)
+	p := copyPool(hosts)
 	for _, r := range reserving {
 		p.reserve(st, r, pl)
 	}

@@ -448,22 +448,64 @@ func (p *Publisher) Run(ctx context.Context) error {
 func (p *Publisher) read(ctx context.Context) (*resourceslice.DriverResources, error) {
 	ctx, cancel := context.WithTimeout(ctx, callTimeout)
 	defer cancel()
+	// Hosts and leases are two reads of a state that moves between them.
+	// The leases are read on both sides of the hosts, so that what the
+	// publisher subtracts from a GPU's allocation as its own is only what
+	// was its own all along: see stableLeases.
+	listLeases := func() ([]*gpupoolv1.Lease, error) {
+		resp, err := p.src.Lease.List(ctx, &gpupoolv1.ListLeasesRequest{
+			States: []gpupoolv1.LeaseState{gpupoolv1.LeaseState_LEASE_STATE_GRANTED, gpupoolv1.LeaseState_LEASE_STATE_RELEASING},
+		})
+		if err != nil {
+			return nil, fmt.Errorf("list leases: %w", err)
+		}
+		return resp.GetLeases(), nil
+	}
+	before, err := listLeases()
+	if err != nil {
+		return nil, err
+	}
 	hosts, err := p.src.Pool.ListHosts(ctx, &gpupoolv1.ListHostsRequest{})
 	if err != nil {
 		return nil, fmt.Errorf("list hosts: %w", err)
 	}
-	leases, err := p.src.Lease.List(ctx, &gpupoolv1.ListLeasesRequest{
-		States: []gpupoolv1.LeaseState{gpupoolv1.LeaseState_LEASE_STATE_GRANTED, gpupoolv1.LeaseState_LEASE_STATE_RELEASING},
-	})
+	after, err := listLeases()
 	if err != nil {
-		return nil, fmt.Errorf("list leases: %w", err)
+		return nil, err
 	}
 	for _, h := range hosts.GetHosts() {
 		if err := CheckPoolName(h.GetId()); err != nil {
 			p.log.Debug("host not published", "host", h.GetId(), "err", err)
 		}
 	}
-	return BuildResources(hosts.GetHosts(), leases.GetLeases(), p.cfg), nil
+	return BuildResources(hosts.GetHosts(), stableLeases(before, after, p.cfg.Tenant), p.cfg), nil
+}
+
+// stableLeases merges two readings of the leases taken before and after
+// the hosts were read, so that heldOutside never counts other tenants'
+// use too low: the tenant's own leases only when in both readings (one
+// granted or ended in between may or may not be in the hosts' allocation,
+// and subtracting it could hide another tenant's use), and other tenants'
+// leases when in either (counting one too many only offers less).
+func stableLeases(before, after []*gpupoolv1.Lease, tenant string) []*gpupoolv1.Lease {
+	inBefore := map[string]bool{}
+	for _, l := range before {
+		inBefore[l.GetId()] = true
+	}
+	var out []*gpupoolv1.Lease
+	seen := map[string]bool{}
+	for _, l := range after {
+		seen[l.GetId()] = true
+		if l.GetTenant() != tenant || inBefore[l.GetId()] {
+			out = append(out, l)
+		}
+	}
+	for _, l := range before {
+		if !seen[l.GetId()] && l.GetTenant() != tenant {
+			out = append(out, l)
+		}
+	}
+	return out
 }
 
 // watchLeases signals changed on every lease event until ctx ends,

@@ -520,3 +520,37 @@ func TestPublisherFollowsTheBroker(t *testing.T) {
 	// h2 holds no lease, so the drain leaves it drained at once.
 	want("a drained host's GPUs are tainted", "h2", 1, "{memory:80Gi compute:100 taints:["+TaintDrained+"=drain-requested:NoExecute] memoryPolicy:80Gi/1Mi/1Mi}")
 }
+
+// The leases are read before and after the hosts: a lease of the
+// tenant's own granted in between is not subtracted from an allocation
+// that may not hold it yet, so another tenant's use is never hidden.
+func TestStableLeasesNeverHideOtherTenantsUse(t *testing.T) {
+	host := func(allocMiB int64) []*gpupoolv1.Host {
+		return []*gpupoolv1.Host{{Id: "h1", Devices: []*gpupoolv1.Device{{Uuid: "GPU-1", MemoryMib: 81920, AllocatedMemoryMib: allocMiB}}}}
+	}
+	lease := func(id, tenant string, mib int64) *gpupoolv1.Lease {
+		return &gpupoolv1.Lease{Id: id, Tenant: tenant, State: gpupoolv1.LeaseState_LEASE_STATE_GRANTED,
+			Slices: []*gpupoolv1.Slice{{Device: "GPU-1", MemoryMib: mib}}}
+	}
+	own := lease("l-own", "k8s", 40960)
+	tests := []struct {
+		name          string
+		before, after []*gpupoolv1.Lease
+		allocMiB      int64 // what the hosts read shows allocated
+		want          int64 // MiB held by other tenants, at least
+	}{
+		{"own lease granted after the hosts were read", nil, []*gpupoolv1.Lease{own}, 40960, 40960},
+		{"own lease granted before the hosts were read", nil, []*gpupoolv1.Lease{own}, 81920, 40960},
+		{"own lease in both readings", []*gpupoolv1.Lease{own}, []*gpupoolv1.Lease{own}, 81920, 40960},
+		{"own lease released after the hosts were read", []*gpupoolv1.Lease{own}, nil, 81920, 40960},
+		{"a visible other lease released in between still counts", []*gpupoolv1.Lease{lease("l-other", "ml", 8192)}, nil, 0, 8192},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			got := heldOutside(host(tt.allocMiB), stableLeases(tt.before, tt.after, "k8s"), "k8s")["GPU-1"].memoryMiB
+			if got < tt.want {
+				t.Fatalf("others hold %d MiB by this reading, want at least %d", got, tt.want)
+			}
+		})
+	}
+}
