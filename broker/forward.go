@@ -10,6 +10,8 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
+
+	"github.com/gpupool/gpupool/client"
 )
 
 // forwardedKey marks a call one server forwarded to another, so that a
@@ -124,4 +126,18 @@ func proxyServerStream[Resp any](in grpc.ServerStreamingServer[Resp], out grpc.S
 			return err
 		}
 	}
+}
+
+// nameLeader tells the caller of every unary call which server leads, in
+// the client.LeaderHeader response header, so that clients can send their
+// next calls there instead of through a follower.
+func (s *Server) nameLeader(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
+	addr := ""
+	if s.IsLeader() {
+		addr = s.Addr()
+	} else if _, id := s.raft.LeaderWithID(); id != "" {
+		addr = s.rpcAddrOf(string(id))
+	}
+	_ = grpc.SetHeader(ctx, metadata.Pairs(client.LeaderHeader, addr))
+	return handler(ctx, req)
 }

@@ -242,7 +242,7 @@ func New(cfg Config) (*Server, error) {
 	s.listener = lis
 	// TLS's role checks run first, then the ACL's token checks.
 	s.grpc = grpc.NewServer(append(s.grpcServerOptions(),
-		grpc.ChainUnaryInterceptor(s.unaryACL), grpc.ChainStreamInterceptor(s.streamACL))...)
+		grpc.ChainUnaryInterceptor(s.nameLeader, s.unaryACL), grpc.ChainStreamInterceptor(s.streamACL))...)
 	s.registerServices()
 	s.goFunc(func() { _ = s.grpc.Serve(lis) })
 	s.goFunc(s.monitorLeadership)

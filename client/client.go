@@ -41,9 +41,12 @@ var (
 	ErrNoClientCert = errors.New("client: TLS without a client certificate: the brokers require one (Options.TLS Certificates or GetClientCertificate; in the CLI --tls-cert and --tls-key)")
 )
 
-// Client holds one connection spread over all broker servers.
+// Client holds one connection spread over all broker servers, and sends
+// unary calls to the leader directly once a broker has named it (see
+// LeaderHeader).
 type Client struct {
-	conn *grpc.ClientConn
+	conn   *grpc.ClientConn
+	router *leaderRouter
 
 	Lease    gpupoolv1.LeaseServiceClient
 	Pool     gpupoolv1.PoolServiceClient
@@ -121,11 +124,26 @@ func DialWith(addrs []string, o Options) (*Client, error) {
 		state.Addresses = append(state.Addresses, addr)
 	}
 	r.InitialState(state)
+	router := newLeaderRouter(addrs, func(addr string) (*grpc.ClientConn, error) {
+		creds := insecure.NewCredentials()
+		if o.TLS != nil {
+			tc := o.TLS.Clone()
+			if host, _, err := net.SplitHostPort(addr); err == nil && tc.ServerName == "" {
+				tc.ServerName = host
+			}
+			creds = credentials.NewTLS(tc)
+		}
+		opts := []grpc.DialOption{grpc.WithTransportCredentials(creds), Reconnect}
+		if o.Token != "" {
+			opts = append(opts, WithToken(o.Token))
+		}
+		return grpc.NewClient(addr, append(opts, o.DialOptions...)...)
+	})
 	base := []grpc.DialOption{
 		grpc.WithResolvers(r),
 		grpc.WithTransportCredentials(creds),
 		grpc.WithDefaultServiceConfig(`{"loadBalancingConfig":[{"round_robin":{}}]}`),
-		grpc.WithChainUnaryInterceptor(ensureRequestID, RetryUnavailable),
+		grpc.WithChainUnaryInterceptor(ensureRequestID, RetryUnavailable, router.intercept),
 		Reconnect,
 	}
 	if o.TLS == nil {
@@ -140,6 +158,7 @@ func DialWith(addrs []string, o Options) (*Client, error) {
 	}
 	return &Client{
 		conn:     conn,
+		router:   router,
 		Lease:    gpupoolv1.NewLeaseServiceClient(conn),
 		Pool:     gpupoolv1.NewPoolServiceClient(conn),
 		Agent:    gpupoolv1.NewAgentServiceClient(conn),
@@ -150,8 +169,11 @@ func DialWith(addrs []string, o Options) (*Client, error) {
 // Conn is the underlying connection, for services the Client does not wrap.
 func (c *Client) Conn() *grpc.ClientConn { return c.conn }
 
-// Close closes the connection.
-func (c *Client) Close() error { return c.conn.Close() }
+// Close closes the connections.
+func (c *Client) Close() error {
+	c.router.close()
+	return c.conn.Close()
+}
 
 // ensureRequestID gives an Acquire without a request id a random one
 // before its first attempt, so that retries after an ambiguous failure
