@@ -135,6 +135,9 @@ func (f *FSM) apply(index uint64, msg proto.Message) *Result {
 		return res
 	}
 	w.Commit(index)
+	for _, e := range w.Audited() {
+		evs = append(evs, Event{Audit: e})
+	}
 	for i := range evs {
 		evs[i].Index = index
 	}
@@ -261,6 +264,7 @@ func applySetHostStatus(w *state.Writer, index uint64, c *gpupoolv1.SetHostStatu
 				fmt.Sprintf("host %s down: %s", h.Id, c.Reason), c.NowMs)
 			nl.Lost = true
 			w.PutLease(nl)
+			auditLeaseEnd(w, nl, nl.EndState, c.NowMs)
 			evs = append(evs, Event{Lease: nl, Type: gpupoolv1.LeaseEventType_LEASE_EVENT_TYPE_LOST})
 		}
 	}
@@ -361,6 +365,7 @@ func applyGrantLease(w *state.Writer, index uint64, c *gpupoolv1.GrantLeaseComma
 		l.Reason = fmt.Sprintf("granted from the queue after %s", waitedText(l.StateChangedAtMs-l.CreatedAtMs))
 	}
 	w.PutLease(l)
+	auditGrant(w, l, pending != nil)
 	return &Result{Lease: l}, []Event{{Lease: l, Type: gpupoolv1.LeaseEventType_LEASE_EVENT_TYPE_GRANTED}}
 }
 
@@ -432,6 +437,7 @@ func applyEndLease(w *state.Writer, index uint64, c *gpupoolv1.EndLeaseCommand) 
 		nl.EndedBy = actorOr(c.Actor)
 		nl.State, nl.EndState = c.EndState, gpupoolv1.LeaseState_LEASE_STATE_UNSPECIFIED
 		w.PutLease(nl)
+		auditLeaseEnd(w, nl, c.EndState, c.NowMs)
 		return &Result{Lease: nl}, []Event{{Lease: nl, Type: gpupoolv1.LeaseEventType_LEASE_EVENT_TYPE_ENDED}}
 	}
 	if l.State != gpupoolv1.LeaseState_LEASE_STATE_GRANTED {
@@ -442,6 +448,7 @@ func applyEndLease(w *state.Writer, index uint64, c *gpupoolv1.EndLeaseCommand) 
 	nl.EndedBy = actorOr(c.Actor)
 	nl.Lost = c.Lost
 	w.PutLease(nl)
+	auditLeaseEnd(w, nl, c.EndState, c.NowMs)
 	return &Result{Lease: nl}, []Event{{Lease: nl, Type: gpupoolv1.LeaseEventType_LEASE_EVENT_TYPE_RELEASING}}
 }
 
