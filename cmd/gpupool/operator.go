@@ -45,7 +45,8 @@ and make the certificates of the cluster's mutual TLS.`,
   gpupool operator snapshot restore backup.snap
   gpupool operator quota set sim --gpus 8 --memory 320GiB --compute 800
   gpupool operator tls init --dir /etc/gpupool/ca
-  gpupool operator acl bootstrap`,
+  gpupool operator acl bootstrap
+  gpupool operator audit --follow`,
 	},
 		newGroupCmd(&cobra.Command{
 			Use:   "raft",
@@ -87,6 +88,7 @@ plus a minute), then is dropped.`,
 		),
 		newQuotaCmd(),
 		newACLCmd(),
+		newAuditCmd(),
 		newTLSCmd(),
 	)
 }
