@@ -74,7 +74,7 @@ all); --follow then prints each new entry as it applies, until Ctrl-C.
 A management token sees every entry. A client token sees its tenants'
 lease and quota entries only.
 
-Kinds: ` + strings.Join(enumLabels[gpupoolv1.AuditKind](), ", ") + `.
+Kinds (--kind): ` + wrapWords(strings.Join(enumLabels[gpupoolv1.AuditKind](), ", ")+".", 78-len("Kinds (--kind): ")) + `
 
 With -o json, entries are one JSON array, or under --follow one JSON object
 per line.`,
@@ -275,6 +275,24 @@ func (p *auditPrinter) row(r []string) error {
 	}
 	_, err := fmt.Fprintln(p.w, strings.TrimRight(b.String(), " "))
 	return err
+}
+
+// wrapWords breaks s into lines of at most width characters where it can.
+func wrapWords(s string, width int) string {
+	var b strings.Builder
+	n := 0
+	for i, w := range strings.Fields(s) {
+		if i > 0 && n+1+len(w) > width {
+			b.WriteString("\n")
+			n = 0
+		} else if i > 0 {
+			b.WriteString(" ")
+			n++
+		}
+		b.WriteString(w)
+		n += len(w)
+	}
+	return b.String()
 }
 
 func auditRow(e *gpupoolv1.AuditEntry) []string {

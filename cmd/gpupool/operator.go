@@ -33,12 +33,13 @@ const snapshotChunkSize = 1 << 20
 func newOperatorCmd() *cobra.Command {
 	return newGroupCmd(&cobra.Command{
 		Use:   "operator",
-		Short: "Manage the broker cluster: Raft membership, leadership, snapshots, tenant quotas, ACL tokens, TLS certificates",
+		Short: "Manage the broker cluster: Raft membership, leadership, snapshots, tenant quotas, ACL tokens, audit log, TLS certificates",
 		Long: `Operator commands act on the broker cluster itself rather than on the pool:
 list and remove Raft peers, move leadership, save or restore a snapshot
 of the whole state (hosts, devices, leases), cap what each tenant may
 hold with quotas, manage the ACL tokens that say who may call the brokers,
-and make the certificates of the cluster's mutual TLS.`,
+read the audit log of who did what, and make the certificates of the
+cluster's mutual TLS.`,
 		Example: `  gpupool operator raft peers
   gpupool operator raft transfer-leadership --to broker-2
   gpupool operator snapshot save backup.snap
