@@ -164,3 +164,52 @@ func TestAuditLogShowsAClientTokenItsTenantsOnly(t *testing.T) {
 	_, err = auditLog(ctx(t), as.clientWith(t, agentSecret), &gpupoolv1.AuditLogRequest{})
 	wantStatus(t, err, codes.PermissionDenied)
 }
+
+// A restore replaces the audit log with the snapshot's: a follow goes on
+// with what applies after it.
+func TestAuditLogFollowGoesOnAcrossASnapshotRestore(t *testing.T) {
+	ts := startServer(t)
+	setQuota := func(tenant string) {
+		t.Helper()
+		if _, err := ts.c.Operator.SetQuota(ctx(t), &gpupoolv1.SetQuotaRequest{Quota: &gpupoolv1.Quota{Tenant: tenant, Gpus: 1}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	setQuota("a")
+	snap := saveSnapshot(t, ts.c)
+	fctx, cancel := context.WithCancel(ctx(t))
+	defer cancel()
+	s, err := ts.c.Operator.AuditLog(fctx, &gpupoolv1.AuditLogRequest{SinceIndex: ts.s.fsm.State().Index(), Follow: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	recv := func(want string) {
+		t.Helper()
+		e, err := s.Recv()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if e.Kind != gpupoolv1.AuditKind_AUDIT_KIND_QUOTA_SET || e.Subject != want {
+			t.Fatalf("followed %v of %s, want quota-set of %s", e.Kind, e.Subject, want)
+		}
+	}
+	setQuota("b")
+	recv("b")
+	if err := restoreSnapshot(t, ts.c, snap); err != nil {
+		t.Fatal(err)
+	}
+	setQuota("c")
+	recv("c")
+
+	all, err := auditLog(ctx(t), ts.c, &gpupoolv1.AuditLogRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var subjects []string
+	for _, e := range all {
+		subjects = append(subjects, e.Subject)
+	}
+	if len(subjects) != 2 || subjects[0] != "a" || subjects[1] != "c" {
+		t.Fatalf("after the restore: got entries of %v, want a (in the snapshot) and c (after it)", subjects)
+	}
+}
