@@ -46,18 +46,19 @@ func ParseAuditKind(s string) (gpupoolv1.AuditKind, bool) {
 	return 0, false
 }
 
-// auditLeaseEnd records a lease ending by end state: released, expired,
-// revoked, or preempted for a preempted lease revoked at its deadline.
-func auditLeaseEnd(w *state.Writer, l *gpupoolv1.Lease, end gpupoolv1.LeaseState, nowMs int64) {
-	kind := gpupoolv1.AuditKind_AUDIT_KIND_LEASE_REVOKED
-	switch {
-	case end == gpupoolv1.LeaseState_LEASE_STATE_RELEASED:
-		kind = gpupoolv1.AuditKind_AUDIT_KIND_LEASE_RELEASED
-	case end == gpupoolv1.LeaseState_LEASE_STATE_EXPIRED:
-		kind = gpupoolv1.AuditKind_AUDIT_KIND_LEASE_EXPIRED
-	case l.PreemptAtMs != 0 && l.PreemptedFor != "":
-		kind = gpupoolv1.AuditKind_AUDIT_KIND_LEASE_PREEMPTED
+// leaseEndKind is the audit kind of a lease ending in state end.
+func leaseEndKind(end gpupoolv1.LeaseState) gpupoolv1.AuditKind {
+	switch end {
+	case gpupoolv1.LeaseState_LEASE_STATE_RELEASED:
+		return gpupoolv1.AuditKind_AUDIT_KIND_LEASE_RELEASED
+	case gpupoolv1.LeaseState_LEASE_STATE_EXPIRED:
+		return gpupoolv1.AuditKind_AUDIT_KIND_LEASE_EXPIRED
 	}
+	return gpupoolv1.AuditKind_AUDIT_KIND_LEASE_REVOKED
+}
+
+// auditLeaseEnd records lease l ending, by its ender.
+func auditLeaseEnd(w *state.Writer, l *gpupoolv1.Lease, kind gpupoolv1.AuditKind, nowMs int64) {
 	w.Audit(&gpupoolv1.AuditEntry{AtMs: nowMs, Kind: kind, Actor: actorOr(l.EndedBy),
 		Subject: l.Id, Tenant: l.Tenant, Detail: l.Reason})
 }

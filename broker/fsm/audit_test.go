@@ -96,8 +96,17 @@ func TestEveryAuditedCommandRecordsWhoDidIt(t *testing.T) {
 		{"a preempted lease revoked at its deadline is a preemption",
 			[]proto.Message{preemptible("v-1", "h1", 0), pendingLease("p-1", "r1"),
 				&gpupoolv1.PreemptLeasesCommand{LeaseIds: []string{"v-1"}, ForLease: "p-1", DeadlineMs: 9000, Reason: "room"},
-				end("v-1", gpupoolv1.LeaseState_LEASE_STATE_REVOKED, nil, "preempted for p-1")},
+				func() proto.Message {
+					c := end("v-1", gpupoolv1.LeaseState_LEASE_STATE_REVOKED, nil, "preempted for p-1")
+					c.Preempted = true
+					return c
+				}()},
 			[]wantEntry{{gpupoolv1.AuditKind_AUDIT_KIND_LEASE_PREEMPTED, "broker", "v-1", "default", 3000, "preempted for p-1"}}},
+		{"a preempted lease revoked for another reason is a revocation",
+			[]proto.Message{preemptible("v-1", "h1", 0), pendingLease("p-1", "r1"),
+				&gpupoolv1.PreemptLeasesCommand{LeaseIds: []string{"v-1"}, ForLease: "p-1", DeadlineMs: 9000, Reason: "room"},
+				end("v-1", gpupoolv1.LeaseState_LEASE_STATE_REVOKED, nil, "host h1 refused the lease")},
+			[]wantEntry{{gpupoolv1.AuditKind_AUDIT_KIND_LEASE_REVOKED, "broker", "v-1", "default", 3000, "refused"}}},
 		{"a host going down revokes its leases as the broker",
 			[]proto.Message{g1, &gpupoolv1.SetHostStatusCommand{HostId: "h1", Status: gpupoolv1.HostStatus_HOST_STATUS_DOWN, Reason: "no heartbeat", NowMs: 4000}},
 			[]wantEntry{{gpupoolv1.AuditKind_AUDIT_KIND_LEASE_REVOKED, "broker", "l-1", "default", 4000, "host h1 down: no heartbeat"}}},

@@ -169,7 +169,7 @@ func applyDrainHost(w *state.Writer, index uint64, c *gpupoolv1.DrainHostCommand
 		auditHost(w, gpupoolv1.AuditKind_AUDIT_KIND_HOST_DRAIN_UPDATED, h.Id, c.Actor, c.NowMs, drainText(h.Drain))
 	}
 	for _, l := range revoked {
-		auditLeaseEnd(w, l, l.EndState, c.NowMs)
+		auditLeaseEnd(w, l, leaseEndKind(l.EndState), c.NowMs)
 	}
 	if h.Status == gpupoolv1.HostStatus_HOST_STATUS_DRAINED && old.Status != gpupoolv1.HostStatus_HOST_STATUS_DRAINED {
 		auditHost(w, gpupoolv1.AuditKind_AUDIT_KIND_HOST_DRAINED, h.Id, nil, c.NowMs, "no lease on the host")

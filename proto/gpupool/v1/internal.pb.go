@@ -517,7 +517,10 @@ type EndLeaseCommand struct {
 	// a grant that just happened.
 	IfPending bool `protobuf:"varint,6,opt,name=if_pending,json=ifPending,proto3" json:"if_pending,omitempty"`
 	// Who ends it; unset for the leader's timers ("broker").
-	Actor         *Actor `protobuf:"bytes,7,opt,name=actor,proto3" json:"actor,omitempty"`
+	Actor *Actor `protobuf:"bytes,7,opt,name=actor,proto3" json:"actor,omitempty"`
+	// The revocation of a preempted lease at the end of its grace: the audit
+	// log records it as a preemption.
+	Preempted     bool `protobuf:"varint,8,opt,name=preempted,proto3" json:"preempted,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -599,6 +602,13 @@ func (x *EndLeaseCommand) GetActor() *Actor {
 		return x.Actor
 	}
 	return nil
+}
+
+func (x *EndLeaseCommand) GetPreempted() bool {
+	if x != nil {
+		return x.Preempted
+	}
+	return false
 }
 
 // FreeLeaseCommand frees a releasing lease's capacity and moves it to its
@@ -1578,7 +1588,7 @@ const file_gpupool_v1_internal_proto_rawDesc = "" +
 	"\x06now_ms\x18\x04 \x01(\x03R\x05nowMs\"S\n" +
 	"\x11GrantLeaseCommand\x12'\n" +
 	"\x05lease\x18\x01 \x01(\v2\x11.gpupool.v1.LeaseR\x05lease\x12\x15\n" +
-	"\x06now_ms\x18\x02 \x01(\x03R\x05nowMs\"\xec\x01\n" +
+	"\x06now_ms\x18\x02 \x01(\x03R\x05nowMs\"\x8a\x02\n" +
 	"\x0fEndLeaseCommand\x12\x19\n" +
 	"\blease_id\x18\x01 \x01(\tR\aleaseId\x123\n" +
 	"\tend_state\x18\x02 \x01(\x0e2\x16.gpupool.v1.LeaseStateR\bendState\x12\x16\n" +
@@ -1587,7 +1597,8 @@ const file_gpupool_v1_internal_proto_rawDesc = "" +
 	"\x04lost\x18\x05 \x01(\bR\x04lost\x12\x1d\n" +
 	"\n" +
 	"if_pending\x18\x06 \x01(\bR\tifPending\x12'\n" +
-	"\x05actor\x18\a \x01(\v2\x11.gpupool.v1.ActorR\x05actor\"\x88\x01\n" +
+	"\x05actor\x18\a \x01(\v2\x11.gpupool.v1.ActorR\x05actor\x12\x1c\n" +
+	"\tpreempted\x18\b \x01(\bR\tpreempted\"\x88\x01\n" +
 	"\x10FreeLeaseCommand\x12\x19\n" +
 	"\blease_id\x18\x01 \x01(\tR\aleaseId\x12\x16\n" +
 	"\x06reason\x18\x02 \x01(\tR\x06reason\x12\x15\n" +
