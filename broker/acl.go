@@ -111,6 +111,7 @@ var methodRights = map[string]right{
 	gpupoolv1.OperatorService_SetQuota_FullMethodName:           rightManage,
 	gpupoolv1.OperatorService_RemoveQuota_FullMethodName:        rightManage,
 	gpupoolv1.OperatorService_ListQuotas_FullMethodName:         rightPoolRead, // a client sees its tenants' quotas
+	gpupoolv1.OperatorService_AuditLog_FullMethodName:           rightLeases,   // a client sees its tenants' entries
 }
 
 // caller is who makes a call: a verified token, or, with ACL off, anyone.

@@ -99,7 +99,8 @@ func (e poolService) SetEligibility(ctx context.Context, req *gpupoolv1.SetEligi
 			"host %s is %s: enable it once it is drained, or cancel the drain with 'gpupool host drain %s --cancel'",
 			h.Id, what, h.Id))
 	}
-	res, err := e.s.apply(&gpupoolv1.SetHostEligibilityCommand{HostId: req.HostId, Eligible: req.Eligible, NowMs: e.s.nowMs()})
+	res, err := e.s.apply(&gpupoolv1.SetHostEligibilityCommand{HostId: req.HostId, Eligible: req.Eligible, NowMs: e.s.nowMs(),
+		Actor: callerFrom(ctx).actor()})
 	if err != nil {
 		return nil, toStatus(err)
 	}

@@ -445,7 +445,7 @@ func (s *Server) preemptDeadlinePassed(ls *leaderState, id string) {
 		return
 	}
 	var cmd proto.Message = &gpupoolv1.EndLeaseCommand{
-		LeaseId: id, EndState: gpupoolv1.LeaseState_LEASE_STATE_REVOKED, NowMs: s.nowMs(),
+		LeaseId: id, EndState: gpupoolv1.LeaseState_LEASE_STATE_REVOKED, NowMs: s.nowMs(), Preempted: true,
 		Reason: fmt.Sprintf("preempted for %s after a grace of %s", l.PreemptedFor, s.cfg.PreemptGrace),
 	}
 	if r := st.Lease(l.PreemptedFor); r == nil || r.State != gpupoolv1.LeaseState_LEASE_STATE_PENDING {

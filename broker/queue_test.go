@@ -362,6 +362,13 @@ func TestAGuaranteedRequestPreemptsTheYoungestPreemptibleLeaseOnly(t *testing.T)
 	if r := ts.lease(younger.Id).Reason; !strings.Contains(r, "preempted for "+gID) {
 		t.Fatalf("victim's reason %q", r)
 	}
+	preempted, err := auditLog(ctx(t), ts.c, &gpupoolv1.AuditLogRequest{Kinds: []gpupoolv1.AuditKind{gpupoolv1.AuditKind_AUDIT_KIND_LEASE_PREEMPTED}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(preempted) != 1 || preempted[0].Subject != younger.Id || preempted[0].Actor.GetName() != "broker" {
+		t.Fatalf("audit log: got %d lease-preempted entries (%v), want one of %s by the broker", len(preempted), preempted, younger.Id)
+	}
 	beat(younger.Id)
 	lg := g.granted(t)
 

@@ -33,7 +33,7 @@ func (e operatorService) SetQuota(ctx context.Context, req *gpupoolv1.SetQuotaRe
 	q.UpdatedAtMs = e.s.nowMs()
 	by := callerFrom(ctx).actor()
 	q.UpdatedBy = by
-	if _, err := e.s.apply(&gpupoolv1.SetQuotaCommand{Tenant: q.Tenant, Quota: q, Actor: by}); err != nil {
+	if _, err := e.s.apply(&gpupoolv1.SetQuotaCommand{Tenant: q.Tenant, Quota: q, Actor: by, NowMs: q.UpdatedAtMs}); err != nil {
 		return nil, toStatus(err)
 	}
 	e.s.log.Info("quota set", "tenant", q.Tenant, "gpus", q.Gpus, "memory_mib", q.MemoryMib, "compute_percent", q.ComputePercent, "by", ActorText(by))
@@ -66,7 +66,7 @@ func (e operatorService) RemoveQuota(ctx context.Context, req *gpupoolv1.RemoveQ
 		return nil, noQuota(e.s.fsm.State(), req.Tenant)
 	}
 	by := callerFrom(ctx).actor()
-	if _, err := e.s.apply(&gpupoolv1.SetQuotaCommand{Tenant: req.Tenant, Actor: by}); err != nil {
+	if _, err := e.s.apply(&gpupoolv1.SetQuotaCommand{Tenant: req.Tenant, Actor: by, NowMs: e.s.nowMs()}); err != nil {
 		return nil, toStatus(err)
 	}
 	e.s.log.Info("quota removed", "tenant", req.Tenant, "by", ActorText(by))

@@ -110,6 +110,11 @@ func applyCreateACLToken(w *state.Writer, index uint64, c *gpupoolv1.CreateAclTo
 		return &Result{Err: fmt.Errorf("%w: token %s: its secret hash is already stored", ErrInvalid, t.AccessorId)}
 	}
 	w.PutACLToken(t)
+	kind := gpupoolv1.AuditKind_AUDIT_KIND_ACL_TOKEN_CREATED
+	if t.Bootstrap {
+		kind = gpupoolv1.AuditKind_AUDIT_KIND_ACL_BOOTSTRAP
+	}
+	w.Audit(&gpupoolv1.AuditEntry{AtMs: t.CreatedAtMs, Kind: kind, Actor: actorOr(t.CreatedBy), Subject: t.AccessorId, Detail: tokenText(t)})
 	return &Result{Token: t}
 }
 
@@ -128,5 +133,7 @@ func applyRevokeACLToken(w *state.Writer, c *gpupoolv1.RevokeAclTokenCommand) *R
 	t.RevokedAtMs = c.NowMs
 	t.RevokedBy = actorOr(c.Actor)
 	w.PutACLToken(t)
+	w.Audit(&gpupoolv1.AuditEntry{AtMs: c.NowMs, Kind: gpupoolv1.AuditKind_AUDIT_KIND_ACL_TOKEN_REVOKED, Actor: clone(t.RevokedBy),
+		Subject: t.AccessorId, Detail: tokenText(t)})
 	return &Result{Token: t}
 }

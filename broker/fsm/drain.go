@@ -58,6 +58,7 @@ func settleDrains(w *state.Writer, l *gpupoolv1.Lease, nowMs int64) []Event {
 		h := clone(old)
 		h.Status, h.StatusChangedAtMs = gpupoolv1.HostStatus_HOST_STATUS_DRAINED, nowMs
 		w.PutHost(h)
+		auditHost(w, gpupoolv1.AuditKind_AUDIT_KIND_HOST_DRAINED, id, nil, nowMs, "the last lease on the host ended")
 		evs = append(evs, Event{Host: h})
 	}
 	return evs
@@ -131,6 +132,7 @@ func applyDrainHost(w *state.Writer, index uint64, c *gpupoolv1.DrainHostCommand
 		why = "forced"
 	}
 	var evs []Event
+	var revoked []*gpupoolv1.Lease
 	for _, l := range w.HostLeases(h.Id) {
 		if l.State != gpupoolv1.LeaseState_LEASE_STATE_GRANTED && l.State != gpupoolv1.LeaseState_LEASE_STATE_PENDING {
 			continue
@@ -139,6 +141,7 @@ func applyDrainHost(w *state.Writer, index uint64, c *gpupoolv1.DrainHostCommand
 			nl := endLease(l, index, gpupoolv1.LeaseState_LEASE_STATE_REVOKED, fmt.Sprintf("host %s drained: %s", h.Id, why), c.NowMs)
 			nl.EndedBy = actorOr(c.Actor)
 			w.PutLease(nl)
+			revoked = append(revoked, nl)
 			evs = append(evs, Event{Lease: nl, Type: gpupoolv1.LeaseEventType_LEASE_EVENT_TYPE_RELEASING})
 			continue
 		}
@@ -157,6 +160,20 @@ func applyDrainHost(w *state.Writer, index uint64, c *gpupoolv1.DrainHostCommand
 		return &Result{Host: old}, nil
 	}
 	w.PutHost(h)
+	switch {
+	case c.IfDeadlineMs != 0:
+		auditHost(w, gpupoolv1.AuditKind_AUDIT_KIND_HOST_DRAIN_UPDATED, h.Id, nil, c.NowMs, "the drain deadline passed: the leases left are revoked")
+	case old.Drain == nil:
+		auditHost(w, gpupoolv1.AuditKind_AUDIT_KIND_HOST_DRAIN_STARTED, h.Id, c.Actor, c.NowMs, drainText(h.Drain))
+	default:
+		auditHost(w, gpupoolv1.AuditKind_AUDIT_KIND_HOST_DRAIN_UPDATED, h.Id, c.Actor, c.NowMs, drainText(h.Drain))
+	}
+	for _, l := range revoked {
+		auditLeaseEnd(w, l, leaseEndKind(l.EndState), c.NowMs)
+	}
+	if h.Status == gpupoolv1.HostStatus_HOST_STATUS_DRAINED && old.Status != gpupoolv1.HostStatus_HOST_STATUS_DRAINED {
+		auditHost(w, gpupoolv1.AuditKind_AUDIT_KIND_HOST_DRAINED, h.Id, nil, c.NowMs, "no lease on the host")
+	}
 	return &Result{Host: h}, append([]Event{{Host: h}}, evs...)
 }
 
@@ -178,6 +195,7 @@ func applyCancelDrain(w *state.Writer, old *gpupoolv1.Host, c *gpupoolv1.DrainHo
 		return &Result{Host: old}, nil
 	}
 	w.PutHost(h)
+	auditHost(w, gpupoolv1.AuditKind_AUDIT_KIND_HOST_DRAIN_CANCELLED, h.Id, c.Actor, c.NowMs, cmp.Or(c.Reason, "drain cancelled"))
 	return &Result{Host: h}, []Event{{Host: h}}
 }
 
@@ -204,5 +222,13 @@ func applySetHostEligibility(w *state.Writer, c *gpupoolv1.SetHostEligibilityCom
 		return &Result{Host: old}, nil
 	}
 	w.PutHost(h)
+	detail := "not eligible for new leases"
+	if h.Eligible {
+		detail = "eligible for new leases"
+		if old.Drain != nil {
+			detail += "; its drain is over"
+		}
+	}
+	auditHost(w, gpupoolv1.AuditKind_AUDIT_KIND_HOST_ELIGIBILITY, h.Id, c.Actor, c.NowMs, detail)
 	return &Result{Host: h}, []Event{{Host: h}}
 }

@@ -9,10 +9,13 @@ import (
 // Event is one change the FSM applied, published after the change commits.
 type Event struct {
 	Index uint64
-	// Exactly one of Lease and Host is set, unless Reset is.
+	// Exactly one of Lease, Host and Audit is set, unless Reset is.
 	Lease *gpupoolv1.Lease
 	Type  gpupoolv1.LeaseEventType
 	Host  *gpupoolv1.Host
+	// Audit is an entry the change wrote to the audit log; its events
+	// follow the change's others.
+	Audit *gpupoolv1.AuditEntry
 	// Message says what happened to the lease, when its reason does not:
 	// a violation, a device turning unhealthy.
 	Message string

@@ -135,6 +135,9 @@ func (f *FSM) apply(index uint64, msg proto.Message) *Result {
 		return res
 	}
 	w.Commit(index)
+	for _, e := range w.Audited() {
+		evs = append(evs, Event{Audit: e})
+	}
 	for i := range evs {
 		evs[i].Index = index
 	}
@@ -261,6 +264,7 @@ func applySetHostStatus(w *state.Writer, index uint64, c *gpupoolv1.SetHostStatu
 				fmt.Sprintf("host %s down: %s", h.Id, c.Reason), c.NowMs)
 			nl.Lost = true
 			w.PutLease(nl)
+			auditLeaseEnd(w, nl, leaseEndKind(nl.EndState), c.NowMs)
 			evs = append(evs, Event{Lease: nl, Type: gpupoolv1.LeaseEventType_LEASE_EVENT_TYPE_LOST})
 		}
 	}
@@ -361,6 +365,7 @@ func applyGrantLease(w *state.Writer, index uint64, c *gpupoolv1.GrantLeaseComma
 		l.Reason = fmt.Sprintf("granted from the queue after %s", waitedText(l.StateChangedAtMs-l.CreatedAtMs))
 	}
 	w.PutLease(l)
+	auditGrant(w, l, pending != nil)
 	return &Result{Lease: l}, []Event{{Lease: l, Type: gpupoolv1.LeaseEventType_LEASE_EVENT_TYPE_GRANTED}}
 }
 
@@ -413,6 +418,15 @@ func endLease(l *gpupoolv1.Lease, index uint64, end gpupoolv1.LeaseState, reason
 	return nl
 }
 
+// endLeaseKind is the audit kind of what c does: a preemption, or the
+// end its end state says.
+func endLeaseKind(c *gpupoolv1.EndLeaseCommand) gpupoolv1.AuditKind {
+	if c.Preempted && c.EndState == gpupoolv1.LeaseState_LEASE_STATE_REVOKED {
+		return gpupoolv1.AuditKind_AUDIT_KIND_LEASE_PREEMPTED
+	}
+	return leaseEndKind(c.EndState)
+}
+
 func applyEndLease(w *state.Writer, index uint64, c *gpupoolv1.EndLeaseCommand) (*Result, []Event) {
 	switch c.EndState {
 	case gpupoolv1.LeaseState_LEASE_STATE_RELEASED, gpupoolv1.LeaseState_LEASE_STATE_EXPIRED, gpupoolv1.LeaseState_LEASE_STATE_REVOKED:
@@ -432,6 +446,7 @@ func applyEndLease(w *state.Writer, index uint64, c *gpupoolv1.EndLeaseCommand) 
 		nl.EndedBy = actorOr(c.Actor)
 		nl.State, nl.EndState = c.EndState, gpupoolv1.LeaseState_LEASE_STATE_UNSPECIFIED
 		w.PutLease(nl)
+		auditLeaseEnd(w, nl, endLeaseKind(c), c.NowMs)
 		return &Result{Lease: nl}, []Event{{Lease: nl, Type: gpupoolv1.LeaseEventType_LEASE_EVENT_TYPE_ENDED}}
 	}
 	if l.State != gpupoolv1.LeaseState_LEASE_STATE_GRANTED {
@@ -442,6 +457,7 @@ func applyEndLease(w *state.Writer, index uint64, c *gpupoolv1.EndLeaseCommand) 
 	nl.EndedBy = actorOr(c.Actor)
 	nl.Lost = c.Lost
 	w.PutLease(nl)
+	auditLeaseEnd(w, nl, endLeaseKind(c), c.NowMs)
 	return &Result{Lease: nl}, []Event{{Lease: nl, Type: gpupoolv1.LeaseEventType_LEASE_EVENT_TYPE_RELEASING}}
 }
 

@@ -1,6 +1,7 @@
 package fsm
 
 import (
+	"cmp"
 	"fmt"
 	"math/big"
 	"strconv"
@@ -243,6 +244,8 @@ func applySetQuota(w *state.Writer, c *gpupoolv1.SetQuotaCommand) *Result {
 			return &Result{Err: fmt.Errorf("tenant %q has no quota: %w", c.Tenant, ErrNotFound)}
 		}
 		w.DeleteQuota(old)
+		w.Audit(&gpupoolv1.AuditEntry{AtMs: c.NowMs, Kind: gpupoolv1.AuditKind_AUDIT_KIND_QUOTA_REMOVED, Actor: actorOr(c.Actor),
+			Subject: c.Tenant, Tenant: c.Tenant, Detail: "was " + quotaText(old)})
 		return &Result{}
 	}
 	q := clone(c.Quota)
@@ -254,5 +257,7 @@ func applySetQuota(w *state.Writer, c *gpupoolv1.SetQuotaCommand) *Result {
 		return &Result{Err: err}
 	}
 	w.PutQuota(q)
+	w.Audit(&gpupoolv1.AuditEntry{AtMs: cmp.Or(c.NowMs, q.UpdatedAtMs), Kind: gpupoolv1.AuditKind_AUDIT_KIND_QUOTA_SET, Actor: actorOr(c.Actor),
+		Subject: c.Tenant, Tenant: c.Tenant, Detail: quotaText(q)})
 	return &Result{}
 }

@@ -46,6 +46,9 @@ func schema() *memdb.DBSchema {
 			indexID:         {Name: indexID, Unique: true, Indexer: &memdb.StringFieldIndex{Field: "AccessorId"}},
 			indexSecretHash: {Name: indexSecretHash, Unique: true, Indexer: secretHashIndex{}},
 		}},
+		tableAudit: {Name: tableAudit, Indexes: map[string]*memdb.IndexSchema{
+			indexID: {Name: indexID, Unique: true, Indexer: auditIDIndex{}},
+		}},
 		tableQuotas: {Name: tableQuotas, Indexes: map[string]*memdb.IndexSchema{
 			indexID: {Name: indexID, Unique: true, Indexer: &memdb.StringFieldIndex{Field: "Tenant"}},
 		}},

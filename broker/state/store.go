@@ -154,6 +154,8 @@ type Writer struct {
 	Reader
 	// dirty holds the hosts whose pool view Commit must rebuild.
 	dirty map[string]struct{}
+	// audit holds the audit entries Commit writes.
+	audit []*gpupoolv1.AuditEntry
 }
 
 func (w *Writer) touch(hostID string) {
@@ -215,6 +217,7 @@ func (w *Writer) PutLease(l *gpupoolv1.Lease) { w.insert(tableLeases, l) }
 // Commit makes the writes visible and records index as the applied index.
 func (w *Writer) Commit(index uint64) {
 	w.rebuildPool()
+	w.commitAudit(index)
 	w.insert(tableMeta, &metaEntry{Key: metaApplied, Value: index})
 	w.txn.Commit()
 }
@@ -247,6 +250,8 @@ func (r *Reader) Encode() ([]byte, error) {
 
 		AclTokens:         r.ACLTokens(),
 		AclBootstrapIndex: r.ACLBootstrapIndex(),
+
+		Audit: r.AuditLog(0),
 	}
 	return proto.MarshalOptions{Deterministic: true}.Marshal(snap)
 }
@@ -285,6 +290,7 @@ func (s *Store) Restore(b []byte) error {
 	if snap.AclBootstrapIndex != 0 {
 		w.SetACLBootstrapIndex(snap.AclBootstrapIndex)
 	}
+	w.restoreAudit(snap.Audit)
 	w.Commit(snap.Index)
 	s.db.Store(db)
 	return nil

@@ -33,19 +33,21 @@ const snapshotChunkSize = 1 << 20
 func newOperatorCmd() *cobra.Command {
 	return newGroupCmd(&cobra.Command{
 		Use:   "operator",
-		Short: "Manage the broker cluster: Raft membership, leadership, snapshots, tenant quotas, ACL tokens, TLS certificates",
+		Short: "Manage the broker cluster: Raft membership, leadership, snapshots, tenant quotas, ACL tokens, audit log, TLS certificates",
 		Long: `Operator commands act on the broker cluster itself rather than on the pool:
 list and remove Raft peers, move leadership, save or restore a snapshot
 of the whole state (hosts, devices, leases), cap what each tenant may
 hold with quotas, manage the ACL tokens that say who may call the brokers,
-and make the certificates of the cluster's mutual TLS.`,
+read the audit log of who did what, and make the certificates of the
+cluster's mutual TLS.`,
 		Example: `  gpupool operator raft peers
   gpupool operator raft transfer-leadership --to broker-2
   gpupool operator snapshot save backup.snap
   gpupool operator snapshot restore backup.snap
   gpupool operator quota set sim --gpus 8 --memory 320GiB --compute 800
   gpupool operator tls init --dir /etc/gpupool/ca
-  gpupool operator acl bootstrap`,
+  gpupool operator acl bootstrap
+  gpupool operator audit --follow`,
 	},
 		newGroupCmd(&cobra.Command{
 			Use:   "raft",
@@ -87,6 +89,7 @@ plus a minute), then is dropped.`,
 		),
 		newQuotaCmd(),
 		newACLCmd(),
+		newAuditCmd(),
 		newTLSCmd(),
 	)
 }

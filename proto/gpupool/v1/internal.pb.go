@@ -517,7 +517,10 @@ type EndLeaseCommand struct {
 	// a grant that just happened.
 	IfPending bool `protobuf:"varint,6,opt,name=if_pending,json=ifPending,proto3" json:"if_pending,omitempty"`
 	// Who ends it; unset for the leader's timers ("broker").
-	Actor         *Actor `protobuf:"bytes,7,opt,name=actor,proto3" json:"actor,omitempty"`
+	Actor *Actor `protobuf:"bytes,7,opt,name=actor,proto3" json:"actor,omitempty"`
+	// The revocation of a preempted lease at the end of its grace: the audit
+	// log records it as a preemption.
+	Preempted     bool `protobuf:"varint,8,opt,name=preempted,proto3" json:"preempted,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -599,6 +602,13 @@ func (x *EndLeaseCommand) GetActor() *Actor {
 		return x.Actor
 	}
 	return nil
+}
+
+func (x *EndLeaseCommand) GetPreempted() bool {
+	if x != nil {
+		return x.Preempted
+	}
+	return false
 }
 
 // FreeLeaseCommand frees a releasing lease's capacity and moves it to its
@@ -1037,10 +1047,12 @@ func (x *DrainHostCommand) GetActor() *Actor {
 // SetHostEligibilityCommand makes a host eligible for new leases or not.
 // Enabling a drained host ends its drain; a draining one is refused.
 type SetHostEligibilityCommand struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	HostId        string                 `protobuf:"bytes,1,opt,name=host_id,json=hostId,proto3" json:"host_id,omitempty"`
-	Eligible      bool                   `protobuf:"varint,2,opt,name=eligible,proto3" json:"eligible,omitempty"`
-	NowMs         int64                  `protobuf:"varint,3,opt,name=now_ms,json=nowMs,proto3" json:"now_ms,omitempty"`
+	state    protoimpl.MessageState `protogen:"open.v1"`
+	HostId   string                 `protobuf:"bytes,1,opt,name=host_id,json=hostId,proto3" json:"host_id,omitempty"`
+	Eligible bool                   `protobuf:"varint,2,opt,name=eligible,proto3" json:"eligible,omitempty"`
+	NowMs    int64                  `protobuf:"varint,3,opt,name=now_ms,json=nowMs,proto3" json:"now_ms,omitempty"`
+	// Who; for the audit log.
+	Actor         *Actor `protobuf:"bytes,4,opt,name=actor,proto3" json:"actor,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1096,6 +1108,13 @@ func (x *SetHostEligibilityCommand) GetNowMs() int64 {
 	return 0
 }
 
+func (x *SetHostEligibilityCommand) GetActor() *Actor {
+	if x != nil {
+		return x.Actor
+	}
+	return nil
+}
+
 // SetQuotaCommand sets a tenant's quota, replacing the one it had; without
 // quota it removes the tenant's quota (NotFound when there is none).
 type SetQuotaCommand struct {
@@ -1103,7 +1122,9 @@ type SetQuotaCommand struct {
 	Tenant string                 `protobuf:"bytes,1,opt,name=tenant,proto3" json:"tenant,omitempty"`
 	Quota  *Quota                 `protobuf:"bytes,2,opt,name=quota,proto3" json:"quota,omitempty"`
 	// Who sets or removes it.
-	Actor         *Actor `protobuf:"bytes,3,opt,name=actor,proto3" json:"actor,omitempty"`
+	Actor *Actor `protobuf:"bytes,3,opt,name=actor,proto3" json:"actor,omitempty"`
+	// When, for the audit log.
+	NowMs         int64 `protobuf:"varint,4,opt,name=now_ms,json=nowMs,proto3" json:"now_ms,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1157,6 +1178,13 @@ func (x *SetQuotaCommand) GetActor() *Actor {
 		return x.Actor
 	}
 	return nil
+}
+
+func (x *SetQuotaCommand) GetNowMs() int64 {
+	if x != nil {
+		return x.NowMs
+	}
+	return 0
 }
 
 // CreateAclTokenCommand stores a new ACL token (hashed; the handler stamps
@@ -1415,8 +1443,10 @@ type StateSnapshot struct {
 	AclTokens   []*AclToken            `protobuf:"bytes,8,rep,name=acl_tokens,json=aclTokens,proto3" json:"acl_tokens,omitempty"`
 	// Raft index of the ACL bootstrap; 0 before it.
 	AclBootstrapIndex uint64 `protobuf:"varint,9,opt,name=acl_bootstrap_index,json=aclBootstrapIndex,proto3" json:"acl_bootstrap_index,omitempty"`
-	unknownFields     protoimpl.UnknownFields
-	sizeCache         protoimpl.SizeCache
+	// The audit log, oldest first.
+	Audit         []*AuditEntry `protobuf:"bytes,10,rep,name=audit,proto3" json:"audit,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *StateSnapshot) Reset() {
@@ -1512,6 +1542,13 @@ func (x *StateSnapshot) GetAclBootstrapIndex() uint64 {
 	return 0
 }
 
+func (x *StateSnapshot) GetAudit() []*AuditEntry {
+	if x != nil {
+		return x.Audit
+	}
+	return nil
+}
+
 var File_gpupool_v1_internal_proto protoreflect.FileDescriptor
 
 const file_gpupool_v1_internal_proto_rawDesc = "" +
@@ -1551,7 +1588,7 @@ const file_gpupool_v1_internal_proto_rawDesc = "" +
 	"\x06now_ms\x18\x04 \x01(\x03R\x05nowMs\"S\n" +
 	"\x11GrantLeaseCommand\x12'\n" +
 	"\x05lease\x18\x01 \x01(\v2\x11.gpupool.v1.LeaseR\x05lease\x12\x15\n" +
-	"\x06now_ms\x18\x02 \x01(\x03R\x05nowMs\"\xec\x01\n" +
+	"\x06now_ms\x18\x02 \x01(\x03R\x05nowMs\"\x8a\x02\n" +
 	"\x0fEndLeaseCommand\x12\x19\n" +
 	"\blease_id\x18\x01 \x01(\tR\aleaseId\x123\n" +
 	"\tend_state\x18\x02 \x01(\x0e2\x16.gpupool.v1.LeaseStateR\bendState\x12\x16\n" +
@@ -1560,7 +1597,8 @@ const file_gpupool_v1_internal_proto_rawDesc = "" +
 	"\x04lost\x18\x05 \x01(\bR\x04lost\x12\x1d\n" +
 	"\n" +
 	"if_pending\x18\x06 \x01(\bR\tifPending\x12'\n" +
-	"\x05actor\x18\a \x01(\v2\x11.gpupool.v1.ActorR\x05actor\"\x88\x01\n" +
+	"\x05actor\x18\a \x01(\v2\x11.gpupool.v1.ActorR\x05actor\x12\x1c\n" +
+	"\tpreempted\x18\b \x01(\bR\tpreempted\"\x88\x01\n" +
 	"\x10FreeLeaseCommand\x12\x19\n" +
 	"\blease_id\x18\x01 \x01(\tR\aleaseId\x12\x16\n" +
 	"\x06reason\x18\x02 \x01(\tR\x06reason\x12\x15\n" +
@@ -1594,15 +1632,17 @@ const file_gpupool_v1_internal_proto_rawDesc = "" +
 	"\x05force\x18\x06 \x01(\bR\x05force\x12$\n" +
 	"\x0eif_deadline_ms\x18\a \x01(\x03R\fifDeadlineMs\x12#\n" +
 	"\rkeep_deadline\x18\b \x01(\bR\fkeepDeadline\x12'\n" +
-	"\x05actor\x18\t \x01(\v2\x11.gpupool.v1.ActorR\x05actor\"g\n" +
+	"\x05actor\x18\t \x01(\v2\x11.gpupool.v1.ActorR\x05actor\"\x90\x01\n" +
 	"\x19SetHostEligibilityCommand\x12\x17\n" +
 	"\ahost_id\x18\x01 \x01(\tR\x06hostId\x12\x1a\n" +
 	"\beligible\x18\x02 \x01(\bR\beligible\x12\x15\n" +
-	"\x06now_ms\x18\x03 \x01(\x03R\x05nowMs\"{\n" +
+	"\x06now_ms\x18\x03 \x01(\x03R\x05nowMs\x12'\n" +
+	"\x05actor\x18\x04 \x01(\v2\x11.gpupool.v1.ActorR\x05actor\"\x92\x01\n" +
 	"\x0fSetQuotaCommand\x12\x16\n" +
 	"\x06tenant\x18\x01 \x01(\tR\x06tenant\x12'\n" +
 	"\x05quota\x18\x02 \x01(\v2\x11.gpupool.v1.QuotaR\x05quota\x12'\n" +
-	"\x05actor\x18\x03 \x01(\v2\x11.gpupool.v1.ActorR\x05actor\"a\n" +
+	"\x05actor\x18\x03 \x01(\v2\x11.gpupool.v1.ActorR\x05actor\x12\x15\n" +
+	"\x06now_ms\x18\x04 \x01(\x03R\x05nowMs\"a\n" +
 	"\x15CreateAclTokenCommand\x12*\n" +
 	"\x05token\x18\x01 \x01(\v2\x14.gpupool.v1.AclTokenR\x05token\x12\x1c\n" +
 	"\tbootstrap\x18\x02 \x01(\bR\tbootstrap\"x\n" +
@@ -1619,7 +1659,7 @@ const file_gpupool_v1_internal_proto_rawDesc = "" +
 	"\vdeadline_ms\x18\x03 \x01(\x03R\n" +
 	"deadlineMs\x12\x16\n" +
 	"\x06reason\x18\x04 \x01(\tR\x06reason\x12\x15\n" +
-	"\x06now_ms\x18\x05 \x01(\x03R\x05nowMs\"\xac\x03\n" +
+	"\x06now_ms\x18\x05 \x01(\x03R\x05nowMs\"\xda\x03\n" +
 	"\rStateSnapshot\x129\n" +
 	"\aservers\x18\x01 \x03(\v2\x1f.gpupool.v1.UpsertServerCommandR\aservers\x12&\n" +
 	"\x05hosts\x18\x02 \x03(\v2\x10.gpupool.v1.HostR\x05hosts\x12,\n" +
@@ -1630,7 +1670,9 @@ const file_gpupool_v1_internal_proto_rawDesc = "" +
 	"\x06quotas\x18\a \x03(\v2\x11.gpupool.v1.QuotaR\x06quotas\x123\n" +
 	"\n" +
 	"acl_tokens\x18\b \x03(\v2\x14.gpupool.v1.AclTokenR\taclTokens\x12.\n" +
-	"\x13acl_bootstrap_index\x18\t \x01(\x04R\x11aclBootstrapIndex2\x98\x01\n" +
+	"\x13acl_bootstrap_index\x18\t \x01(\x04R\x11aclBootstrapIndex\x12,\n" +
+	"\x05audit\x18\n" +
+	" \x03(\v2\x16.gpupool.v1.AuditEntryR\x05audit2\x98\x01\n" +
 	"\x0eClusterService\x12K\n" +
 	"\n" +
 	"ServerInfo\x12\x1d.gpupool.v1.ServerInfoRequest\x1a\x1e.gpupool.v1.ServerInfoResponse\x129\n" +
@@ -1682,6 +1724,7 @@ var file_gpupool_v1_internal_proto_goTypes = []any{
 	(*AgentEvent)(nil),                // 29: gpupool.v1.AgentEvent
 	(*Quota)(nil),                     // 30: gpupool.v1.Quota
 	(*AclToken)(nil),                  // 31: gpupool.v1.AclToken
+	(*AuditEntry)(nil),                // 32: gpupool.v1.AuditEntry
 }
 var file_gpupool_v1_internal_proto_depIdxs = []int32{
 	22, // 0: gpupool.v1.RegisterHostCommand.host:type_name -> gpupool.v1.Host
@@ -1694,27 +1737,29 @@ var file_gpupool_v1_internal_proto_depIdxs = []int32{
 	29, // 7: gpupool.v1.RecordAgentEventsCommand.events:type_name -> gpupool.v1.AgentEvent
 	12, // 8: gpupool.v1.SetSigningKeysCommand.keys:type_name -> gpupool.v1.SigningKey
 	27, // 9: gpupool.v1.DrainHostCommand.actor:type_name -> gpupool.v1.Actor
-	30, // 10: gpupool.v1.SetQuotaCommand.quota:type_name -> gpupool.v1.Quota
-	27, // 11: gpupool.v1.SetQuotaCommand.actor:type_name -> gpupool.v1.Actor
-	31, // 12: gpupool.v1.CreateAclTokenCommand.token:type_name -> gpupool.v1.AclToken
-	27, // 13: gpupool.v1.RevokeAclTokenCommand.actor:type_name -> gpupool.v1.Actor
-	25, // 14: gpupool.v1.EnqueueLeaseCommand.lease:type_name -> gpupool.v1.Lease
-	4,  // 15: gpupool.v1.StateSnapshot.servers:type_name -> gpupool.v1.UpsertServerCommand
-	22, // 16: gpupool.v1.StateSnapshot.hosts:type_name -> gpupool.v1.Host
-	23, // 17: gpupool.v1.StateSnapshot.devices:type_name -> gpupool.v1.Device
-	25, // 18: gpupool.v1.StateSnapshot.leases:type_name -> gpupool.v1.Lease
-	12, // 19: gpupool.v1.StateSnapshot.signing_keys:type_name -> gpupool.v1.SigningKey
-	30, // 20: gpupool.v1.StateSnapshot.quotas:type_name -> gpupool.v1.Quota
-	31, // 21: gpupool.v1.StateSnapshot.acl_tokens:type_name -> gpupool.v1.AclToken
-	0,  // 22: gpupool.v1.ClusterService.ServerInfo:input_type -> gpupool.v1.ServerInfoRequest
-	2,  // 23: gpupool.v1.ClusterService.Join:input_type -> gpupool.v1.JoinRequest
-	1,  // 24: gpupool.v1.ClusterService.ServerInfo:output_type -> gpupool.v1.ServerInfoResponse
-	3,  // 25: gpupool.v1.ClusterService.Join:output_type -> gpupool.v1.JoinResponse
-	24, // [24:26] is the sub-list for method output_type
-	22, // [22:24] is the sub-list for method input_type
-	22, // [22:22] is the sub-list for extension type_name
-	22, // [22:22] is the sub-list for extension extendee
-	0,  // [0:22] is the sub-list for field type_name
+	27, // 10: gpupool.v1.SetHostEligibilityCommand.actor:type_name -> gpupool.v1.Actor
+	30, // 11: gpupool.v1.SetQuotaCommand.quota:type_name -> gpupool.v1.Quota
+	27, // 12: gpupool.v1.SetQuotaCommand.actor:type_name -> gpupool.v1.Actor
+	31, // 13: gpupool.v1.CreateAclTokenCommand.token:type_name -> gpupool.v1.AclToken
+	27, // 14: gpupool.v1.RevokeAclTokenCommand.actor:type_name -> gpupool.v1.Actor
+	25, // 15: gpupool.v1.EnqueueLeaseCommand.lease:type_name -> gpupool.v1.Lease
+	4,  // 16: gpupool.v1.StateSnapshot.servers:type_name -> gpupool.v1.UpsertServerCommand
+	22, // 17: gpupool.v1.StateSnapshot.hosts:type_name -> gpupool.v1.Host
+	23, // 18: gpupool.v1.StateSnapshot.devices:type_name -> gpupool.v1.Device
+	25, // 19: gpupool.v1.StateSnapshot.leases:type_name -> gpupool.v1.Lease
+	12, // 20: gpupool.v1.StateSnapshot.signing_keys:type_name -> gpupool.v1.SigningKey
+	30, // 21: gpupool.v1.StateSnapshot.quotas:type_name -> gpupool.v1.Quota
+	31, // 22: gpupool.v1.StateSnapshot.acl_tokens:type_name -> gpupool.v1.AclToken
+	32, // 23: gpupool.v1.StateSnapshot.audit:type_name -> gpupool.v1.AuditEntry
+	0,  // 24: gpupool.v1.ClusterService.ServerInfo:input_type -> gpupool.v1.ServerInfoRequest
+	2,  // 25: gpupool.v1.ClusterService.Join:input_type -> gpupool.v1.JoinRequest
+	1,  // 26: gpupool.v1.ClusterService.ServerInfo:output_type -> gpupool.v1.ServerInfoResponse
+	3,  // 27: gpupool.v1.ClusterService.Join:output_type -> gpupool.v1.JoinResponse
+	26, // [26:28] is the sub-list for method output_type
+	24, // [24:26] is the sub-list for method input_type
+	24, // [24:24] is the sub-list for extension type_name
+	24, // [24:24] is the sub-list for extension extendee
+	0,  // [0:24] is the sub-list for field type_name
 }
 
 func init() { file_gpupool_v1_internal_proto_init() }

@@ -1011,6 +1011,89 @@ func (x *ListQuotasResponse) GetQuotas() []*QuotaStatus {
 	return nil
 }
 
+type AuditLogRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Only entries of later Raft indexes: resume a follow with the last
+	// index seen.
+	SinceIndex uint64 `protobuf:"varint,1,opt,name=since_index,json=sinceIndex,proto3" json:"since_index,omitempty"`
+	// At most the newest limit stored entries that match; 0 for all that
+	// are stored. New entries under follow are not limited.
+	Limit uint32 `protobuf:"varint,2,opt,name=limit,proto3" json:"limit,omitempty"`
+	// Keep the stream open and send new entries as they apply.
+	Follow bool `protobuf:"varint,3,opt,name=follow,proto3" json:"follow,omitempty"`
+	// Only entries of this tenant.
+	Tenant string `protobuf:"bytes,4,opt,name=tenant,proto3" json:"tenant,omitempty"`
+	// Only entries of these kinds; empty for all.
+	Kinds         []AuditKind `protobuf:"varint,5,rep,packed,name=kinds,proto3,enum=gpupool.v1.AuditKind" json:"kinds,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *AuditLogRequest) Reset() {
+	*x = AuditLogRequest{}
+	mi := &file_gpupool_v1_operator_proto_msgTypes[21]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *AuditLogRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*AuditLogRequest) ProtoMessage() {}
+
+func (x *AuditLogRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_gpupool_v1_operator_proto_msgTypes[21]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use AuditLogRequest.ProtoReflect.Descriptor instead.
+func (*AuditLogRequest) Descriptor() ([]byte, []int) {
+	return file_gpupool_v1_operator_proto_rawDescGZIP(), []int{21}
+}
+
+func (x *AuditLogRequest) GetSinceIndex() uint64 {
+	if x != nil {
+		return x.SinceIndex
+	}
+	return 0
+}
+
+func (x *AuditLogRequest) GetLimit() uint32 {
+	if x != nil {
+		return x.Limit
+	}
+	return 0
+}
+
+func (x *AuditLogRequest) GetFollow() bool {
+	if x != nil {
+		return x.Follow
+	}
+	return false
+}
+
+func (x *AuditLogRequest) GetTenant() string {
+	if x != nil {
+		return x.Tenant
+	}
+	return ""
+}
+
+func (x *AuditLogRequest) GetKinds() []AuditKind {
+	if x != nil {
+		return x.Kinds
+	}
+	return nil
+}
+
 var File_gpupool_v1_operator_proto protoreflect.FileDescriptor
 
 const file_gpupool_v1_operator_proto_rawDesc = "" +
@@ -1066,7 +1149,14 @@ const file_gpupool_v1_operator_proto_rawDesc = "" +
 	"\x06tenant\x18\x01 \x01(\tR\x06tenant\x12\x14\n" +
 	"\x05stale\x18\x02 \x01(\bR\x05stale\"E\n" +
 	"\x12ListQuotasResponse\x12/\n" +
-	"\x06quotas\x18\x01 \x03(\v2\x17.gpupool.v1.QuotaStatusR\x06quotas2\xcf\x06\n" +
+	"\x06quotas\x18\x01 \x03(\v2\x17.gpupool.v1.QuotaStatusR\x06quotas\"\xa5\x01\n" +
+	"\x0fAuditLogRequest\x12\x1f\n" +
+	"\vsince_index\x18\x01 \x01(\x04R\n" +
+	"sinceIndex\x12\x14\n" +
+	"\x05limit\x18\x02 \x01(\rR\x05limit\x12\x16\n" +
+	"\x06follow\x18\x03 \x01(\bR\x06follow\x12\x16\n" +
+	"\x06tenant\x18\x04 \x01(\tR\x06tenant\x12+\n" +
+	"\x05kinds\x18\x05 \x03(\x0e2\x15.gpupool.v1.AuditKindR\x05kinds2\x92\a\n" +
 	"\x0fOperatorService\x12H\n" +
 	"\tRaftPeers\x12\x1c.gpupool.v1.RaftPeersRequest\x1a\x1d.gpupool.v1.RaftPeersResponse\x12K\n" +
 	"\n" +
@@ -1079,7 +1169,8 @@ const file_gpupool_v1_operator_proto_rawDesc = "" +
 	"\bSetQuota\x12\x1b.gpupool.v1.SetQuotaRequest\x1a\x1c.gpupool.v1.SetQuotaResponse\x12N\n" +
 	"\vRemoveQuota\x12\x1e.gpupool.v1.RemoveQuotaRequest\x1a\x1f.gpupool.v1.RemoveQuotaResponse\x12K\n" +
 	"\n" +
-	"ListQuotas\x12\x1d.gpupool.v1.ListQuotasRequest\x1a\x1e.gpupool.v1.ListQuotasResponseB7Z5github.com/gpupool/gpupool/proto/gpupool/v1;gpupoolv1b\x06proto3"
+	"ListQuotas\x12\x1d.gpupool.v1.ListQuotasRequest\x1a\x1e.gpupool.v1.ListQuotasResponse\x12A\n" +
+	"\bAuditLog\x12\x1b.gpupool.v1.AuditLogRequest\x1a\x16.gpupool.v1.AuditEntry0\x01B7Z5github.com/gpupool/gpupool/proto/gpupool/v1;gpupoolv1b\x06proto3"
 
 var (
 	file_gpupool_v1_operator_proto_rawDescOnce sync.Once
@@ -1093,7 +1184,7 @@ func file_gpupool_v1_operator_proto_rawDescGZIP() []byte {
 	return file_gpupool_v1_operator_proto_rawDescData
 }
 
-var file_gpupool_v1_operator_proto_msgTypes = make([]protoimpl.MessageInfo, 21)
+var file_gpupool_v1_operator_proto_msgTypes = make([]protoimpl.MessageInfo, 22)
 var file_gpupool_v1_operator_proto_goTypes = []any{
 	(*RotateSigningKeyRequest)(nil),    // 0: gpupool.v1.RotateSigningKeyRequest
 	(*RotateSigningKeyResponse)(nil),   // 1: gpupool.v1.RotateSigningKeyResponse
@@ -1116,45 +1207,51 @@ var file_gpupool_v1_operator_proto_goTypes = []any{
 	(*RemoveQuotaResponse)(nil),        // 18: gpupool.v1.RemoveQuotaResponse
 	(*ListQuotasRequest)(nil),          // 19: gpupool.v1.ListQuotasRequest
 	(*ListQuotasResponse)(nil),         // 20: gpupool.v1.ListQuotasResponse
-	(*PublicKey)(nil),                  // 21: gpupool.v1.PublicKey
-	(*Quota)(nil),                      // 22: gpupool.v1.Quota
-	(*TenantUsage)(nil),                // 23: gpupool.v1.TenantUsage
+	(*AuditLogRequest)(nil),            // 21: gpupool.v1.AuditLogRequest
+	(*PublicKey)(nil),                  // 22: gpupool.v1.PublicKey
+	(*Quota)(nil),                      // 23: gpupool.v1.Quota
+	(*TenantUsage)(nil),                // 24: gpupool.v1.TenantUsage
+	(AuditKind)(0),                     // 25: gpupool.v1.AuditKind
+	(*AuditEntry)(nil),                 // 26: gpupool.v1.AuditEntry
 }
 var file_gpupool_v1_operator_proto_depIdxs = []int32{
-	21, // 0: gpupool.v1.RotateSigningKeyResponse.keys:type_name -> gpupool.v1.PublicKey
-	21, // 1: gpupool.v1.ListSigningKeysResponse.keys:type_name -> gpupool.v1.PublicKey
+	22, // 0: gpupool.v1.RotateSigningKeyResponse.keys:type_name -> gpupool.v1.PublicKey
+	22, // 1: gpupool.v1.ListSigningKeysResponse.keys:type_name -> gpupool.v1.PublicKey
 	4,  // 2: gpupool.v1.RaftPeersResponse.peers:type_name -> gpupool.v1.RaftPeer
-	22, // 3: gpupool.v1.SetQuotaRequest.quota:type_name -> gpupool.v1.Quota
-	22, // 4: gpupool.v1.QuotaStatus.quota:type_name -> gpupool.v1.Quota
-	23, // 5: gpupool.v1.QuotaStatus.usage:type_name -> gpupool.v1.TenantUsage
+	23, // 3: gpupool.v1.SetQuotaRequest.quota:type_name -> gpupool.v1.Quota
+	23, // 4: gpupool.v1.QuotaStatus.quota:type_name -> gpupool.v1.Quota
+	24, // 5: gpupool.v1.QuotaStatus.usage:type_name -> gpupool.v1.TenantUsage
 	15, // 6: gpupool.v1.SetQuotaResponse.quota:type_name -> gpupool.v1.QuotaStatus
-	22, // 7: gpupool.v1.RemoveQuotaResponse.quota:type_name -> gpupool.v1.Quota
+	23, // 7: gpupool.v1.RemoveQuotaResponse.quota:type_name -> gpupool.v1.Quota
 	15, // 8: gpupool.v1.ListQuotasResponse.quotas:type_name -> gpupool.v1.QuotaStatus
-	5,  // 9: gpupool.v1.OperatorService.RaftPeers:input_type -> gpupool.v1.RaftPeersRequest
-	7,  // 10: gpupool.v1.OperatorService.RemovePeer:input_type -> gpupool.v1.RemovePeerRequest
-	9,  // 11: gpupool.v1.OperatorService.TransferLeadership:input_type -> gpupool.v1.TransferLeadershipRequest
-	11, // 12: gpupool.v1.OperatorService.SnapshotSave:input_type -> gpupool.v1.SnapshotSaveRequest
-	12, // 13: gpupool.v1.OperatorService.SnapshotRestore:input_type -> gpupool.v1.SnapshotChunk
-	0,  // 14: gpupool.v1.OperatorService.RotateSigningKey:input_type -> gpupool.v1.RotateSigningKeyRequest
-	2,  // 15: gpupool.v1.OperatorService.ListSigningKeys:input_type -> gpupool.v1.ListSigningKeysRequest
-	14, // 16: gpupool.v1.OperatorService.SetQuota:input_type -> gpupool.v1.SetQuotaRequest
-	17, // 17: gpupool.v1.OperatorService.RemoveQuota:input_type -> gpupool.v1.RemoveQuotaRequest
-	19, // 18: gpupool.v1.OperatorService.ListQuotas:input_type -> gpupool.v1.ListQuotasRequest
-	6,  // 19: gpupool.v1.OperatorService.RaftPeers:output_type -> gpupool.v1.RaftPeersResponse
-	8,  // 20: gpupool.v1.OperatorService.RemovePeer:output_type -> gpupool.v1.RemovePeerResponse
-	10, // 21: gpupool.v1.OperatorService.TransferLeadership:output_type -> gpupool.v1.TransferLeadershipResponse
-	12, // 22: gpupool.v1.OperatorService.SnapshotSave:output_type -> gpupool.v1.SnapshotChunk
-	13, // 23: gpupool.v1.OperatorService.SnapshotRestore:output_type -> gpupool.v1.SnapshotRestoreResponse
-	1,  // 24: gpupool.v1.OperatorService.RotateSigningKey:output_type -> gpupool.v1.RotateSigningKeyResponse
-	3,  // 25: gpupool.v1.OperatorService.ListSigningKeys:output_type -> gpupool.v1.ListSigningKeysResponse
-	16, // 26: gpupool.v1.OperatorService.SetQuota:output_type -> gpupool.v1.SetQuotaResponse
-	18, // 27: gpupool.v1.OperatorService.RemoveQuota:output_type -> gpupool.v1.RemoveQuotaResponse
-	20, // 28: gpupool.v1.OperatorService.ListQuotas:output_type -> gpupool.v1.ListQuotasResponse
-	19, // [19:29] is the sub-list for method output_type
-	9,  // [9:19] is the sub-list for method input_type
-	9,  // [9:9] is the sub-list for extension type_name
-	9,  // [9:9] is the sub-list for extension extendee
-	0,  // [0:9] is the sub-list for field type_name
+	25, // 9: gpupool.v1.AuditLogRequest.kinds:type_name -> gpupool.v1.AuditKind
+	5,  // 10: gpupool.v1.OperatorService.RaftPeers:input_type -> gpupool.v1.RaftPeersRequest
+	7,  // 11: gpupool.v1.OperatorService.RemovePeer:input_type -> gpupool.v1.RemovePeerRequest
+	9,  // 12: gpupool.v1.OperatorService.TransferLeadership:input_type -> gpupool.v1.TransferLeadershipRequest
+	11, // 13: gpupool.v1.OperatorService.SnapshotSave:input_type -> gpupool.v1.SnapshotSaveRequest
+	12, // 14: gpupool.v1.OperatorService.SnapshotRestore:input_type -> gpupool.v1.SnapshotChunk
+	0,  // 15: gpupool.v1.OperatorService.RotateSigningKey:input_type -> gpupool.v1.RotateSigningKeyRequest
+	2,  // 16: gpupool.v1.OperatorService.ListSigningKeys:input_type -> gpupool.v1.ListSigningKeysRequest
+	14, // 17: gpupool.v1.OperatorService.SetQuota:input_type -> gpupool.v1.SetQuotaRequest
+	17, // 18: gpupool.v1.OperatorService.RemoveQuota:input_type -> gpupool.v1.RemoveQuotaRequest
+	19, // 19: gpupool.v1.OperatorService.ListQuotas:input_type -> gpupool.v1.ListQuotasRequest
+	21, // 20: gpupool.v1.OperatorService.AuditLog:input_type -> gpupool.v1.AuditLogRequest
+	6,  // 21: gpupool.v1.OperatorService.RaftPeers:output_type -> gpupool.v1.RaftPeersResponse
+	8,  // 22: gpupool.v1.OperatorService.RemovePeer:output_type -> gpupool.v1.RemovePeerResponse
+	10, // 23: gpupool.v1.OperatorService.TransferLeadership:output_type -> gpupool.v1.TransferLeadershipResponse
+	12, // 24: gpupool.v1.OperatorService.SnapshotSave:output_type -> gpupool.v1.SnapshotChunk
+	13, // 25: gpupool.v1.OperatorService.SnapshotRestore:output_type -> gpupool.v1.SnapshotRestoreResponse
+	1,  // 26: gpupool.v1.OperatorService.RotateSigningKey:output_type -> gpupool.v1.RotateSigningKeyResponse
+	3,  // 27: gpupool.v1.OperatorService.ListSigningKeys:output_type -> gpupool.v1.ListSigningKeysResponse
+	16, // 28: gpupool.v1.OperatorService.SetQuota:output_type -> gpupool.v1.SetQuotaResponse
+	18, // 29: gpupool.v1.OperatorService.RemoveQuota:output_type -> gpupool.v1.RemoveQuotaResponse
+	20, // 30: gpupool.v1.OperatorService.ListQuotas:output_type -> gpupool.v1.ListQuotasResponse
+	26, // 31: gpupool.v1.OperatorService.AuditLog:output_type -> gpupool.v1.AuditEntry
+	21, // [21:32] is the sub-list for method output_type
+	10, // [10:21] is the sub-list for method input_type
+	10, // [10:10] is the sub-list for extension type_name
+	10, // [10:10] is the sub-list for extension extendee
+	0,  // [0:10] is the sub-list for field type_name
 }
 
 func init() { file_gpupool_v1_operator_proto_init() }
@@ -1169,7 +1266,7 @@ func file_gpupool_v1_operator_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_gpupool_v1_operator_proto_rawDesc), len(file_gpupool_v1_operator_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   21,
+			NumMessages:   22,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -29,6 +29,7 @@ const (
 	OperatorService_SetQuota_FullMethodName           = "/gpupool.v1.OperatorService/SetQuota"
 	OperatorService_RemoveQuota_FullMethodName        = "/gpupool.v1.OperatorService/RemoveQuota"
 	OperatorService_ListQuotas_FullMethodName         = "/gpupool.v1.OperatorService/ListQuotas"
+	OperatorService_AuditLog_FullMethodName           = "/gpupool.v1.OperatorService/AuditLog"
 )
 
 // OperatorServiceClient is the client API for OperatorService service.
@@ -57,6 +58,11 @@ type OperatorServiceClient interface {
 	RemoveQuota(ctx context.Context, in *RemoveQuotaRequest, opts ...grpc.CallOption) (*RemoveQuotaResponse, error)
 	// ListQuotas lists every quota with the tenant's usage against it.
 	ListQuotas(ctx context.Context, in *ListQuotasRequest, opts ...grpc.CallOption) (*ListQuotasResponse, error)
+	// AuditLog streams the audit log from the answering server's own state:
+	// the stored entries after since_index that match, then, with follow,
+	// each new one as it applies. Management tokens see every entry; client
+	// tokens only the entries of their tenants.
+	AuditLog(ctx context.Context, in *AuditLogRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[AuditEntry], error)
 }
 
 type operatorServiceClient struct {
@@ -179,6 +185,25 @@ func (c *operatorServiceClient) ListQuotas(ctx context.Context, in *ListQuotasRe
 	return out, nil
 }
 
+func (c *operatorServiceClient) AuditLog(ctx context.Context, in *AuditLogRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[AuditEntry], error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	stream, err := c.cc.NewStream(ctx, &OperatorService_ServiceDesc.Streams[2], OperatorService_AuditLog_FullMethodName, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	x := &grpc.GenericClientStream[AuditLogRequest, AuditEntry]{ClientStream: stream}
+	if err := x.ClientStream.SendMsg(in); err != nil {
+		return nil, err
+	}
+	if err := x.ClientStream.CloseSend(); err != nil {
+		return nil, err
+	}
+	return x, nil
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type OperatorService_AuditLogClient = grpc.ServerStreamingClient[AuditEntry]
+
 // OperatorServiceServer is the server API for OperatorService service.
 // All implementations must embed UnimplementedOperatorServiceServer
 // for forward compatibility.
@@ -205,6 +230,11 @@ type OperatorServiceServer interface {
 	RemoveQuota(context.Context, *RemoveQuotaRequest) (*RemoveQuotaResponse, error)
 	// ListQuotas lists every quota with the tenant's usage against it.
 	ListQuotas(context.Context, *ListQuotasRequest) (*ListQuotasResponse, error)
+	// AuditLog streams the audit log from the answering server's own state:
+	// the stored entries after since_index that match, then, with follow,
+	// each new one as it applies. Management tokens see every entry; client
+	// tokens only the entries of their tenants.
+	AuditLog(*AuditLogRequest, grpc.ServerStreamingServer[AuditEntry]) error
 	mustEmbedUnimplementedOperatorServiceServer()
 }
 
@@ -244,6 +274,9 @@ func (UnimplementedOperatorServiceServer) RemoveQuota(context.Context, *RemoveQu
 }
 func (UnimplementedOperatorServiceServer) ListQuotas(context.Context, *ListQuotasRequest) (*ListQuotasResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method ListQuotas not implemented")
+}
+func (UnimplementedOperatorServiceServer) AuditLog(*AuditLogRequest, grpc.ServerStreamingServer[AuditEntry]) error {
+	return status.Error(codes.Unimplemented, "method AuditLog not implemented")
 }
 func (UnimplementedOperatorServiceServer) mustEmbedUnimplementedOperatorServiceServer() {}
 func (UnimplementedOperatorServiceServer) testEmbeddedByValue()                         {}
@@ -428,6 +461,17 @@ func _OperatorService_ListQuotas_Handler(srv interface{}, ctx context.Context, d
 	return interceptor(ctx, in, info, handler)
 }
 
+func _OperatorService_AuditLog_Handler(srv interface{}, stream grpc.ServerStream) error {
+	m := new(AuditLogRequest)
+	if err := stream.RecvMsg(m); err != nil {
+		return err
+	}
+	return srv.(OperatorServiceServer).AuditLog(m, &grpc.GenericServerStream[AuditLogRequest, AuditEntry]{ServerStream: stream})
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type OperatorService_AuditLogServer = grpc.ServerStreamingServer[AuditEntry]
+
 // OperatorService_ServiceDesc is the grpc.ServiceDesc for OperatorService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -478,6 +522,11 @@ var OperatorService_ServiceDesc = grpc.ServiceDesc{
 			StreamName:    "SnapshotRestore",
 			Handler:       _OperatorService_SnapshotRestore_Handler,
 			ClientStreams: true,
+		},
+		{
+			StreamName:    "AuditLog",
+			Handler:       _OperatorService_AuditLog_Handler,
+			ServerStreams: true,
 		},
 	},
 	Metadata: "gpupool/v1/operator.proto",

@@ -416,6 +416,99 @@ func (TokenKind) EnumDescriptor() ([]byte, []int) {
 	return file_gpupool_v1_types_proto_rawDescGZIP(), []int{6}
 }
 
+// AuditKind is what an audit entry records. Append-only.
+type AuditKind int32
+
+const (
+	AuditKind_AUDIT_KIND_UNSPECIFIED    AuditKind = 0
+	AuditKind_AUDIT_KIND_LEASE_GRANTED  AuditKind = 1
+	AuditKind_AUDIT_KIND_LEASE_RELEASED AuditKind = 2
+	AuditKind_AUDIT_KIND_LEASE_EXPIRED  AuditKind = 3
+	AuditKind_AUDIT_KIND_LEASE_REVOKED  AuditKind = 4
+	// A preempted lease revoked at the end of its grace.
+	AuditKind_AUDIT_KIND_LEASE_PREEMPTED    AuditKind = 5
+	AuditKind_AUDIT_KIND_HOST_DRAIN_STARTED AuditKind = 6
+	// A drain under way changed: a new deadline, force, or its deadline
+	// passed (by "broker").
+	AuditKind_AUDIT_KIND_HOST_DRAIN_UPDATED   AuditKind = 7
+	AuditKind_AUDIT_KIND_HOST_DRAIN_CANCELLED AuditKind = 8
+	// The last lease on a draining host ended (by "broker").
+	AuditKind_AUDIT_KIND_HOST_DRAINED      AuditKind = 9
+	AuditKind_AUDIT_KIND_HOST_ELIGIBILITY  AuditKind = 10
+	AuditKind_AUDIT_KIND_QUOTA_SET         AuditKind = 11
+	AuditKind_AUDIT_KIND_QUOTA_REMOVED     AuditKind = 12
+	AuditKind_AUDIT_KIND_ACL_BOOTSTRAP     AuditKind = 13
+	AuditKind_AUDIT_KIND_ACL_TOKEN_CREATED AuditKind = 14
+	AuditKind_AUDIT_KIND_ACL_TOKEN_REVOKED AuditKind = 15
+)
+
+// Enum value maps for AuditKind.
+var (
+	AuditKind_name = map[int32]string{
+		0:  "AUDIT_KIND_UNSPECIFIED",
+		1:  "AUDIT_KIND_LEASE_GRANTED",
+		2:  "AUDIT_KIND_LEASE_RELEASED",
+		3:  "AUDIT_KIND_LEASE_EXPIRED",
+		4:  "AUDIT_KIND_LEASE_REVOKED",
+		5:  "AUDIT_KIND_LEASE_PREEMPTED",
+		6:  "AUDIT_KIND_HOST_DRAIN_STARTED",
+		7:  "AUDIT_KIND_HOST_DRAIN_UPDATED",
+		8:  "AUDIT_KIND_HOST_DRAIN_CANCELLED",
+		9:  "AUDIT_KIND_HOST_DRAINED",
+		10: "AUDIT_KIND_HOST_ELIGIBILITY",
+		11: "AUDIT_KIND_QUOTA_SET",
+		12: "AUDIT_KIND_QUOTA_REMOVED",
+		13: "AUDIT_KIND_ACL_BOOTSTRAP",
+		14: "AUDIT_KIND_ACL_TOKEN_CREATED",
+		15: "AUDIT_KIND_ACL_TOKEN_REVOKED",
+	}
+	AuditKind_value = map[string]int32{
+		"AUDIT_KIND_UNSPECIFIED":          0,
+		"AUDIT_KIND_LEASE_GRANTED":        1,
+		"AUDIT_KIND_LEASE_RELEASED":       2,
+		"AUDIT_KIND_LEASE_EXPIRED":        3,
+		"AUDIT_KIND_LEASE_REVOKED":        4,
+		"AUDIT_KIND_LEASE_PREEMPTED":      5,
+		"AUDIT_KIND_HOST_DRAIN_STARTED":   6,
+		"AUDIT_KIND_HOST_DRAIN_UPDATED":   7,
+		"AUDIT_KIND_HOST_DRAIN_CANCELLED": 8,
+		"AUDIT_KIND_HOST_DRAINED":         9,
+		"AUDIT_KIND_HOST_ELIGIBILITY":     10,
+		"AUDIT_KIND_QUOTA_SET":            11,
+		"AUDIT_KIND_QUOTA_REMOVED":        12,
+		"AUDIT_KIND_ACL_BOOTSTRAP":        13,
+		"AUDIT_KIND_ACL_TOKEN_CREATED":    14,
+		"AUDIT_KIND_ACL_TOKEN_REVOKED":    15,
+	}
+)
+
+func (x AuditKind) Enum() *AuditKind {
+	p := new(AuditKind)
+	*p = x
+	return p
+}
+
+func (x AuditKind) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (AuditKind) Descriptor() protoreflect.EnumDescriptor {
+	return file_gpupool_v1_types_proto_enumTypes[7].Descriptor()
+}
+
+func (AuditKind) Type() protoreflect.EnumType {
+	return &file_gpupool_v1_types_proto_enumTypes[7]
+}
+
+func (x AuditKind) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use AuditKind.Descriptor instead.
+func (AuditKind) EnumDescriptor() ([]byte, []int) {
+	return file_gpupool_v1_types_proto_rawDescGZIP(), []int{7}
+}
+
 // Device is one physical GPU (or one MIG instance) on a pool host.
 type Device struct {
 	state     protoimpl.MessageState `protogen:"open.v1"`
@@ -2323,6 +2416,119 @@ func (x *AclToken) GetBootstrap() bool {
 	return false
 }
 
+// AuditEntry is one change to who holds what or who may do what, with who
+// made it. Apply writes it in the same transaction as the change, so every
+// server holds the same entries; the newest 10,000 are kept.
+type AuditEntry struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The Raft index of the command that made the change: entries are
+	// ordered by (index, seq).
+	Index uint64 `protobuf:"varint,1,opt,name=index,proto3" json:"index,omitempty"`
+	// The entry's position among the entries of its command (a drain that
+	// revokes leases writes several).
+	Seq uint32 `protobuf:"varint,2,opt,name=seq,proto3" json:"seq,omitempty"`
+	// When, as the command was stamped (Unix ms); 0 when the command did not
+	// carry a time (quota commands logged before audit existed).
+	AtMs int64     `protobuf:"varint,3,opt,name=at_ms,json=atMs,proto3" json:"at_ms,omitempty"`
+	Kind AuditKind `protobuf:"varint,4,opt,name=kind,proto3,enum=gpupool.v1.AuditKind" json:"kind,omitempty"`
+	// Who: a token, "broker" for the leader's timers, "anonymous" without ACL.
+	Actor *Actor `protobuf:"bytes,5,opt,name=actor,proto3" json:"actor,omitempty"`
+	// What: a lease id, host id, tenant (quotas) or token accessor id.
+	Subject string `protobuf:"bytes,6,opt,name=subject,proto3" json:"subject,omitempty"`
+	// The tenant concerned, where there is one (leases and quotas).
+	Tenant string `protobuf:"bytes,7,opt,name=tenant,proto3" json:"tenant,omitempty"`
+	// A short human sentence: the reason, the new limits, the deadline.
+	Detail        string `protobuf:"bytes,8,opt,name=detail,proto3" json:"detail,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *AuditEntry) Reset() {
+	*x = AuditEntry{}
+	mi := &file_gpupool_v1_types_proto_msgTypes[16]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *AuditEntry) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*AuditEntry) ProtoMessage() {}
+
+func (x *AuditEntry) ProtoReflect() protoreflect.Message {
+	mi := &file_gpupool_v1_types_proto_msgTypes[16]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use AuditEntry.ProtoReflect.Descriptor instead.
+func (*AuditEntry) Descriptor() ([]byte, []int) {
+	return file_gpupool_v1_types_proto_rawDescGZIP(), []int{16}
+}
+
+func (x *AuditEntry) GetIndex() uint64 {
+	if x != nil {
+		return x.Index
+	}
+	return 0
+}
+
+func (x *AuditEntry) GetSeq() uint32 {
+	if x != nil {
+		return x.Seq
+	}
+	return 0
+}
+
+func (x *AuditEntry) GetAtMs() int64 {
+	if x != nil {
+		return x.AtMs
+	}
+	return 0
+}
+
+func (x *AuditEntry) GetKind() AuditKind {
+	if x != nil {
+		return x.Kind
+	}
+	return AuditKind_AUDIT_KIND_UNSPECIFIED
+}
+
+func (x *AuditEntry) GetActor() *Actor {
+	if x != nil {
+		return x.Actor
+	}
+	return nil
+}
+
+func (x *AuditEntry) GetSubject() string {
+	if x != nil {
+		return x.Subject
+	}
+	return ""
+}
+
+func (x *AuditEntry) GetTenant() string {
+	if x != nil {
+		return x.Tenant
+	}
+	return ""
+}
+
+func (x *AuditEntry) GetDetail() string {
+	if x != nil {
+		return x.Detail
+	}
+	return ""
+}
+
 var File_gpupool_v1_types_proto protoreflect.FileDescriptor
 
 const file_gpupool_v1_types_proto_rawDesc = "" +
@@ -2539,7 +2745,17 @@ const file_gpupool_v1_types_proto_rawDesc = "" +
 	"\rsecret_sha256\x18\x0e \x01(\fR\fsecretSha256\x12\x18\n" +
 	"\aexpired\x18\x0f \x01(\bR\aexpired\x12\x1c\n" +
 	"\tbootstrap\x18\x10 \x01(\bR\tbootstrapB\x0f\n" +
-	"\r_max_priority*\x89\x01\n" +
+	"\r_max_priority\"\xe7\x01\n" +
+	"\n" +
+	"AuditEntry\x12\x14\n" +
+	"\x05index\x18\x01 \x01(\x04R\x05index\x12\x10\n" +
+	"\x03seq\x18\x02 \x01(\rR\x03seq\x12\x13\n" +
+	"\x05at_ms\x18\x03 \x01(\x03R\x04atMs\x12)\n" +
+	"\x04kind\x18\x04 \x01(\x0e2\x15.gpupool.v1.AuditKindR\x04kind\x12'\n" +
+	"\x05actor\x18\x05 \x01(\v2\x11.gpupool.v1.ActorR\x05actor\x12\x18\n" +
+	"\asubject\x18\x06 \x01(\tR\asubject\x12\x16\n" +
+	"\x06tenant\x18\a \x01(\tR\x06tenant\x12\x16\n" +
+	"\x06detail\x18\b \x01(\tR\x06detail*\x89\x01\n" +
 	"\n" +
 	"HostStatus\x12\x1b\n" +
 	"\x17HOST_STATUS_UNSPECIFIED\x10\x00\x12\x15\n" +
@@ -2580,7 +2796,25 @@ const file_gpupool_v1_types_proto_rawDesc = "" +
 	"\x16TOKEN_KIND_UNSPECIFIED\x10\x00\x12\x19\n" +
 	"\x15TOKEN_KIND_MANAGEMENT\x10\x01\x12\x15\n" +
 	"\x11TOKEN_KIND_CLIENT\x10\x02\x12\x14\n" +
-	"\x10TOKEN_KIND_AGENT\x10\x03B7Z5github.com/gpupool/gpupool/proto/gpupool/v1;gpupoolv1b\x06proto3"
+	"\x10TOKEN_KIND_AGENT\x10\x03*\x83\x04\n" +
+	"\tAuditKind\x12\x1a\n" +
+	"\x16AUDIT_KIND_UNSPECIFIED\x10\x00\x12\x1c\n" +
+	"\x18AUDIT_KIND_LEASE_GRANTED\x10\x01\x12\x1d\n" +
+	"\x19AUDIT_KIND_LEASE_RELEASED\x10\x02\x12\x1c\n" +
+	"\x18AUDIT_KIND_LEASE_EXPIRED\x10\x03\x12\x1c\n" +
+	"\x18AUDIT_KIND_LEASE_REVOKED\x10\x04\x12\x1e\n" +
+	"\x1aAUDIT_KIND_LEASE_PREEMPTED\x10\x05\x12!\n" +
+	"\x1dAUDIT_KIND_HOST_DRAIN_STARTED\x10\x06\x12!\n" +
+	"\x1dAUDIT_KIND_HOST_DRAIN_UPDATED\x10\a\x12#\n" +
+	"\x1fAUDIT_KIND_HOST_DRAIN_CANCELLED\x10\b\x12\x1b\n" +
+	"\x17AUDIT_KIND_HOST_DRAINED\x10\t\x12\x1f\n" +
+	"\x1bAUDIT_KIND_HOST_ELIGIBILITY\x10\n" +
+	"\x12\x18\n" +
+	"\x14AUDIT_KIND_QUOTA_SET\x10\v\x12\x1c\n" +
+	"\x18AUDIT_KIND_QUOTA_REMOVED\x10\f\x12\x1c\n" +
+	"\x18AUDIT_KIND_ACL_BOOTSTRAP\x10\r\x12 \n" +
+	"\x1cAUDIT_KIND_ACL_TOKEN_CREATED\x10\x0e\x12 \n" +
+	"\x1cAUDIT_KIND_ACL_TOKEN_REVOKED\x10\x0fB7Z5github.com/gpupool/gpupool/proto/gpupool/v1;gpupoolv1b\x06proto3"
 
 var (
 	file_gpupool_v1_types_proto_rawDescOnce sync.Once
@@ -2594,8 +2828,8 @@ func file_gpupool_v1_types_proto_rawDescGZIP() []byte {
 	return file_gpupool_v1_types_proto_rawDescData
 }
 
-var file_gpupool_v1_types_proto_enumTypes = make([]protoimpl.EnumInfo, 7)
-var file_gpupool_v1_types_proto_msgTypes = make([]protoimpl.MessageInfo, 19)
+var file_gpupool_v1_types_proto_enumTypes = make([]protoimpl.EnumInfo, 8)
+var file_gpupool_v1_types_proto_msgTypes = make([]protoimpl.MessageInfo, 20)
 var file_gpupool_v1_types_proto_goTypes = []any{
 	(HostStatus)(0),          // 0: gpupool.v1.HostStatus
 	(DeviceHealth)(0),        // 1: gpupool.v1.DeviceHealth
@@ -2604,58 +2838,62 @@ var file_gpupool_v1_types_proto_goTypes = []any{
 	(Isolation)(0),           // 4: gpupool.v1.Isolation
 	(Topology)(0),            // 5: gpupool.v1.Topology
 	(TokenKind)(0),           // 6: gpupool.v1.TokenKind
-	(*Device)(nil),           // 7: gpupool.v1.Device
-	(*Host)(nil),             // 8: gpupool.v1.Host
-	(*HostDrain)(nil),        // 9: gpupool.v1.HostDrain
-	(*Constraints)(nil),      // 10: gpupool.v1.Constraints
-	(*LeaseRequest)(nil),     // 11: gpupool.v1.LeaseRequest
-	(*Slice)(nil),            // 12: gpupool.v1.Slice
-	(*SliceUsage)(nil),       // 13: gpupool.v1.SliceUsage
-	(*LeaseUsage)(nil),       // 14: gpupool.v1.LeaseUsage
-	(*Lease)(nil),            // 15: gpupool.v1.Lease
-	(*LeaseTokenClaims)(nil), // 16: gpupool.v1.LeaseTokenClaims
-	(*HostToken)(nil),        // 17: gpupool.v1.HostToken
-	(*PublicKey)(nil),        // 18: gpupool.v1.PublicKey
-	(*Quota)(nil),            // 19: gpupool.v1.Quota
-	(*TenantUsage)(nil),      // 20: gpupool.v1.TenantUsage
-	(*Actor)(nil),            // 21: gpupool.v1.Actor
-	(*AclToken)(nil),         // 22: gpupool.v1.AclToken
-	nil,                      // 23: gpupool.v1.Host.LabelsEntry
-	nil,                      // 24: gpupool.v1.Constraints.LabelsEntry
-	nil,                      // 25: gpupool.v1.Lease.LastEventSeqEntry
+	(AuditKind)(0),           // 7: gpupool.v1.AuditKind
+	(*Device)(nil),           // 8: gpupool.v1.Device
+	(*Host)(nil),             // 9: gpupool.v1.Host
+	(*HostDrain)(nil),        // 10: gpupool.v1.HostDrain
+	(*Constraints)(nil),      // 11: gpupool.v1.Constraints
+	(*LeaseRequest)(nil),     // 12: gpupool.v1.LeaseRequest
+	(*Slice)(nil),            // 13: gpupool.v1.Slice
+	(*SliceUsage)(nil),       // 14: gpupool.v1.SliceUsage
+	(*LeaseUsage)(nil),       // 15: gpupool.v1.LeaseUsage
+	(*Lease)(nil),            // 16: gpupool.v1.Lease
+	(*LeaseTokenClaims)(nil), // 17: gpupool.v1.LeaseTokenClaims
+	(*HostToken)(nil),        // 18: gpupool.v1.HostToken
+	(*PublicKey)(nil),        // 19: gpupool.v1.PublicKey
+	(*Quota)(nil),            // 20: gpupool.v1.Quota
+	(*TenantUsage)(nil),      // 21: gpupool.v1.TenantUsage
+	(*Actor)(nil),            // 22: gpupool.v1.Actor
+	(*AclToken)(nil),         // 23: gpupool.v1.AclToken
+	(*AuditEntry)(nil),       // 24: gpupool.v1.AuditEntry
+	nil,                      // 25: gpupool.v1.Host.LabelsEntry
+	nil,                      // 26: gpupool.v1.Constraints.LabelsEntry
+	nil,                      // 27: gpupool.v1.Lease.LastEventSeqEntry
 }
 var file_gpupool_v1_types_proto_depIdxs = []int32{
 	1,  // 0: gpupool.v1.Device.health:type_name -> gpupool.v1.DeviceHealth
-	23, // 1: gpupool.v1.Host.labels:type_name -> gpupool.v1.Host.LabelsEntry
+	25, // 1: gpupool.v1.Host.labels:type_name -> gpupool.v1.Host.LabelsEntry
 	0,  // 2: gpupool.v1.Host.status:type_name -> gpupool.v1.HostStatus
-	7,  // 3: gpupool.v1.Host.devices:type_name -> gpupool.v1.Device
-	9,  // 4: gpupool.v1.Host.drain:type_name -> gpupool.v1.HostDrain
-	21, // 5: gpupool.v1.HostDrain.by:type_name -> gpupool.v1.Actor
-	24, // 6: gpupool.v1.Constraints.labels:type_name -> gpupool.v1.Constraints.LabelsEntry
-	10, // 7: gpupool.v1.LeaseRequest.constraints:type_name -> gpupool.v1.Constraints
+	8,  // 3: gpupool.v1.Host.devices:type_name -> gpupool.v1.Device
+	10, // 4: gpupool.v1.Host.drain:type_name -> gpupool.v1.HostDrain
+	22, // 5: gpupool.v1.HostDrain.by:type_name -> gpupool.v1.Actor
+	26, // 6: gpupool.v1.Constraints.labels:type_name -> gpupool.v1.Constraints.LabelsEntry
+	11, // 7: gpupool.v1.LeaseRequest.constraints:type_name -> gpupool.v1.Constraints
 	5,  // 8: gpupool.v1.LeaseRequest.topology:type_name -> gpupool.v1.Topology
 	3,  // 9: gpupool.v1.LeaseRequest.class:type_name -> gpupool.v1.LeaseClass
 	4,  // 10: gpupool.v1.Slice.isolation:type_name -> gpupool.v1.Isolation
-	13, // 11: gpupool.v1.LeaseUsage.slices:type_name -> gpupool.v1.SliceUsage
-	11, // 12: gpupool.v1.Lease.request:type_name -> gpupool.v1.LeaseRequest
-	12, // 13: gpupool.v1.Lease.slices:type_name -> gpupool.v1.Slice
+	14, // 11: gpupool.v1.LeaseUsage.slices:type_name -> gpupool.v1.SliceUsage
+	12, // 12: gpupool.v1.Lease.request:type_name -> gpupool.v1.LeaseRequest
+	13, // 13: gpupool.v1.Lease.slices:type_name -> gpupool.v1.Slice
 	3,  // 14: gpupool.v1.Lease.class:type_name -> gpupool.v1.LeaseClass
 	2,  // 15: gpupool.v1.Lease.state:type_name -> gpupool.v1.LeaseState
 	2,  // 16: gpupool.v1.Lease.end_state:type_name -> gpupool.v1.LeaseState
-	14, // 17: gpupool.v1.Lease.usage:type_name -> gpupool.v1.LeaseUsage
-	25, // 18: gpupool.v1.Lease.last_event_seq:type_name -> gpupool.v1.Lease.LastEventSeqEntry
-	21, // 19: gpupool.v1.Lease.granted_by:type_name -> gpupool.v1.Actor
-	21, // 20: gpupool.v1.Lease.ended_by:type_name -> gpupool.v1.Actor
-	12, // 21: gpupool.v1.LeaseTokenClaims.slices:type_name -> gpupool.v1.Slice
-	21, // 22: gpupool.v1.Quota.updated_by:type_name -> gpupool.v1.Actor
+	15, // 17: gpupool.v1.Lease.usage:type_name -> gpupool.v1.LeaseUsage
+	27, // 18: gpupool.v1.Lease.last_event_seq:type_name -> gpupool.v1.Lease.LastEventSeqEntry
+	22, // 19: gpupool.v1.Lease.granted_by:type_name -> gpupool.v1.Actor
+	22, // 20: gpupool.v1.Lease.ended_by:type_name -> gpupool.v1.Actor
+	13, // 21: gpupool.v1.LeaseTokenClaims.slices:type_name -> gpupool.v1.Slice
+	22, // 22: gpupool.v1.Quota.updated_by:type_name -> gpupool.v1.Actor
 	6,  // 23: gpupool.v1.AclToken.kind:type_name -> gpupool.v1.TokenKind
-	21, // 24: gpupool.v1.AclToken.created_by:type_name -> gpupool.v1.Actor
-	21, // 25: gpupool.v1.AclToken.revoked_by:type_name -> gpupool.v1.Actor
-	26, // [26:26] is the sub-list for method output_type
-	26, // [26:26] is the sub-list for method input_type
-	26, // [26:26] is the sub-list for extension type_name
-	26, // [26:26] is the sub-list for extension extendee
-	0,  // [0:26] is the sub-list for field type_name
+	22, // 24: gpupool.v1.AclToken.created_by:type_name -> gpupool.v1.Actor
+	22, // 25: gpupool.v1.AclToken.revoked_by:type_name -> gpupool.v1.Actor
+	7,  // 26: gpupool.v1.AuditEntry.kind:type_name -> gpupool.v1.AuditKind
+	22, // 27: gpupool.v1.AuditEntry.actor:type_name -> gpupool.v1.Actor
+	28, // [28:28] is the sub-list for method output_type
+	28, // [28:28] is the sub-list for method input_type
+	28, // [28:28] is the sub-list for extension type_name
+	28, // [28:28] is the sub-list for extension extendee
+	0,  // [0:28] is the sub-list for field type_name
 }
 
 func init() { file_gpupool_v1_types_proto_init() }
@@ -2669,8 +2907,8 @@ func file_gpupool_v1_types_proto_init() {
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_gpupool_v1_types_proto_rawDesc), len(file_gpupool_v1_types_proto_rawDesc)),
-			NumEnums:      7,
-			NumMessages:   19,
+			NumEnums:      8,
+			NumMessages:   20,
 			NumExtensions: 0,
 			NumServices:   0,
 		},
