@@ -8,7 +8,7 @@ PROTO_FILES := $(wildcard proto/gpupool/v1/*.proto)
 export CGO_CFLAGS ?= -O2 -g -Wno-deprecated-declarations
 PKG_RACE := ./broker/... ./agent/... ./client/... ./internal/... ./token/... ./dataplane/...
 
-.PHONY: all build test dev proto proto-check lint bench bench-dataplane bench-placement bench-lease bench-failover bench-scale bench-go tools clean test-unit test-cluster helm chart test-k8s bench-k8s elastic-demo
+.PHONY: all build test dev proto proto-check lint bench bench-dataplane bench-placement bench-lease bench-failover bench-scale bench-go tools clean test-unit test-cluster helm chart test-k8s bench-k8s elastic-demo fuzz
 
 all: build
 
@@ -101,6 +101,19 @@ bench-dataplane: build ## QUIC data plane against TCP+TLS on loopback: 1 GiB eac
 
 elastic-demo: ## examples/elastic-sim on a local 'gpupool dev' while guaranteed work comes and goes (about 2 minutes; ports 7641+ free); writes bench/results/elastic-sim.{png,csv}
 	bash examples/elastic-sim/demo.sh
+
+# Fuzz targets as PACKAGE:FUZZ_FUNC; their seed corpora are committed under
+# each package's testdata/fuzz/. `make fuzz` runs each for FUZZTIME.
+FUZZTIME ?= 10s
+FUZZ_TARGETS := ./broker/fsm:FuzzDecode ./broker/lease:FuzzValidate ./token:FuzzVerify \
+	./dataplane:FuzzReadFrame ./internal/quantity:FuzzParseMemoryMiB ./internal/quantity:FuzzParsePercent \
+	./client:FuzzReadTokenFile ./agent:FuzzReadLeaseFile ./agent/device:FuzzSimControlProcess
+
+fuzz: ## run every fuzz target for FUZZTIME each (default 10s): FSM commands, Acquire validation, lease tokens, data-plane frames, quantities
+	@set -e; for t in $(FUZZ_TARGETS); do \
+	  pkg=$${t%%:*}; fn=$${t##*:}; echo "==> $$fn ($$pkg, $(FUZZTIME))"; \
+	  $(GO) test -run '^$$' -fuzz "^$$fn\$$" -fuzztime $(FUZZTIME) $$pkg; \
+	done
 
 # Helm, pinned, built from source through the Go module proxy (no binary
 # download). `go install` skips Helm's own Makefile, which stamps the version
