@@ -216,7 +216,7 @@ func (n *netnsNetwork) Close() error {
 }
 
 var (
-	probeOnce          sync.Once
+	probeOnce           sync.Once
 	iptablesOK, netemOK bool
 )
 
