@@ -9,13 +9,17 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
 // namePrefix starts the name of every namespace and link this package
-// creates; the creating test's PID follows, so that a later run can tell
-// a stale namespace (its PID is gone) from one in use.
+// creates; the creating process's PID (base 36), "x" and a counter
+// follow, so that a later run can tell a stale namespace (its PID is
+// gone) from one in use. Link names stay within Linux's 15 bytes.
 const namePrefix = "gprb"
+
+var networks atomic.Int64 // networks this process created
 
 // netnsNetwork puts each node in a network namespace with one veth pair
 // to a bridge in the root namespace; the test process reaches every node
@@ -34,14 +38,14 @@ type netnsNetwork struct {
 
 // newNetnsNetwork removes namespaces left by dead runs, then creates the
 // bridge of this run, or returns why it cannot.
-func newNetnsNetwork(_ string) (*netnsNetwork, error) {
+func newNetnsNetwork() (*netnsNetwork, error) {
 	for _, tool := range []string{"ip", "tc"} {
 		if _, err := exec.LookPath(tool); err != nil {
 			return nil, fmt.Errorf("%s is not installed (Debian package iproute2)", tool)
 		}
 	}
 	removeStaleNamespaces()
-	n := &netnsNetwork{prefix: namePrefix + strconv.Itoa(os.Getpid()), nodes: map[string]int{}}
+	n := &netnsNetwork{prefix: namePrefix + strconv.FormatInt(int64(os.Getpid()), 36) + "x" + strconv.FormatInt(networks.Add(1), 36), nodes: map[string]int{}}
 	n.bridge = n.prefix + "b"
 	subnet, err := freeSubnet()
 	if err != nil {
@@ -84,11 +88,12 @@ func removeStaleNamespaces() {
 		if !ok {
 			return false
 		}
-		digits := strings.IndexFunc(rest, func(r rune) bool { return r < '0' || r > '9' })
-		if digits <= 0 {
+		pid36, _, ok := strings.Cut(rest, "x")
+		pid, err := strconv.ParseInt(pid36, 36, 64)
+		if !ok || err != nil {
 			return false
 		}
-		_, err := os.Stat("/proc/" + rest[:digits])
+		_, err = os.Stat("/proc/" + strconv.FormatInt(pid, 10))
 		return os.IsNotExist(err)
 	}
 	if out, err := exec.Command("ip", "netns", "list").Output(); err == nil {
@@ -140,7 +145,7 @@ func (n *netnsNetwork) AddNode(name string) (string, error) {
 	n.nodes[name] = i
 	n.order = append(n.order, name)
 	n.mu.Unlock()
-	ns, host, peer := n.ns(name), fmt.Sprintf("%sv%d", n.prefix, i), fmt.Sprintf("%sp%d", n.prefix, i)
+	ns, host, peer := n.ns(name), n.hostLink(i), fmt.Sprintf("%sp%s", n.prefix, strconv.FormatInt(int64(i), 36))
 	ip := n.ip(name)
 	err := firstErr(
 		run("ip", "netns", "add", ns),
@@ -157,6 +162,11 @@ func (n *netnsNetwork) AddNode(name string) (string, error) {
 		return "", fmt.Errorf("node %s: %w", name, err)
 	}
 	return ip, nil
+}
+
+// hostLink is the root namespace's end of node i's veth pair.
+func (n *netnsNetwork) hostLink(i int) string {
+	return fmt.Sprintf("%sv%s", n.prefix, strconv.FormatInt(int64(i), 36))
 }
 
 func (n *netnsNetwork) Command(node string, cmd *exec.Cmd) *exec.Cmd {
@@ -208,7 +218,8 @@ func (n *netnsNetwork) Close() error {
 	n.mu.Lock()
 	nodes := append([]string(nil), n.order...)
 	n.mu.Unlock()
-	for _, node := range nodes {
+	for i, node := range nodes {
+		exec.Command("ip", "link", "del", n.hostLink(i)).Run() // at once, not when the kernel reaps the namespace
 		exec.Command("ip", "netns", "del", n.ns(node)).Run()
 	}
 	exec.Command("ip", "link", "del", n.bridge).Run()
@@ -234,7 +245,7 @@ func hasNetem() bool    { probeTools(); return netemOK }
 // probeNetem adds a netem qdisc to a throwaway dummy link in a throwaway
 // namespace: the kernel module may be missing (sch_netem).
 func probeNetem() bool {
-	ns := fmt.Sprintf("%s%d-probe", namePrefix, os.Getpid())
+	ns := namePrefix + strconv.FormatInt(int64(os.Getpid()), 36) + "x0-probe"
 	if exec.Command("ip", "netns", "add", ns).Run() != nil {
 		return false
 	}

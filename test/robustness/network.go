@@ -49,14 +49,14 @@ type Network interface {
 }
 
 // NewNetwork returns a netns network when namespaces can be created, else
-// a proxy network; why says why it chose it. prefix names the run's
-// namespaces and links (stale ones with the same prefix are removed).
-// GPUPOOL_ROBUSTNESS_NET=proxy forces the proxy.
-func NewNetwork(prefix string, forceProxy bool) (n Network, why string) {
+// a proxy network (always with forceProxy); why says why it chose it.
+// Namespaces and links left by runs whose process is gone are removed
+// first.
+func NewNetwork(forceProxy bool) (n Network, why string) {
 	if forceProxy {
 		return newProxyNetwork(), "GPUPOOL_ROBUSTNESS_NET=proxy"
 	}
-	nn, err := newNetnsNetwork(prefix)
+	nn, err := newNetnsNetwork()
 	if err != nil {
 		return newProxyNetwork(), fmt.Sprintf("network namespaces unavailable (%v)", err)
 	}

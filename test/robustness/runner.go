@@ -76,8 +76,7 @@ func (r *Report) Violations() int { return len(r.Check.Violations) + len(r.Probe
 // recover, reads the final lease table and checks the history.
 func Run(ctx context.Context, cfg Config) (*Report, error) {
 	rep := &Report{Config: cfg}
-	prefix := fmt.Sprintf("%s%d", namePrefix, os.Getpid())
-	nw, why := NewNetwork(prefix, cfg.ForceProxy)
+	nw, why := NewNetwork(cfg.ForceProxy)
 	defer nw.Close()
 	rep.Network = fmt.Sprintf("%s: %s (%s)", nw.Kind(), nw.Describe(), why)
 	cfg.Logf("seed %d; network %s", cfg.Seed, rep.Network)
