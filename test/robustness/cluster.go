@@ -350,8 +350,11 @@ func (cl *Cluster) WaitHosts(ctx context.Context, n int, timeout time.Duration) 
 	})
 }
 
+// errStopPoll, returned by poll's function, ends the poll at once.
+var errStopPoll = errors.New("stop polling")
+
 // poll calls f (each call bounded by 5s) every 50ms until it returns nil
-// or timeout passes, and returns f's last error.
+// or errStopPoll, or timeout passes, and returns f's last error.
 func poll(ctx context.Context, timeout time.Duration, f func(context.Context) error) error {
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
@@ -359,8 +362,8 @@ func poll(ctx context.Context, timeout time.Duration, f func(context.Context) er
 		cctx, ccancel := context.WithTimeout(ctx, 5*time.Second)
 		err := f(cctx)
 		ccancel()
-		if err == nil {
-			return nil
+		if err == nil || errors.Is(err, errStopPoll) {
+			return err
 		}
 		select {
 		case <-ctx.Done():

@@ -70,6 +70,16 @@ func outDir(t *testing.T) string {
 	return t.TempDir()
 }
 
+// needsCluster skips tests that start clusters unless
+// GPUPOOL_ROBUSTNESS=1 (make test-robustness and make soak set it): they
+// take minutes, and make test runs every package under test/.
+func needsCluster(t *testing.T) {
+	t.Helper()
+	if testing.Short() || os.Getenv("GPUPOOL_ROBUSTNESS") != "1" {
+		t.Skip("starts clusters under faults for minutes; run make test-robustness (or set GPUPOOL_ROBUSTNESS=1)")
+	}
+}
+
 func runScenario(t *testing.T, cfg Config) {
 	t.Helper()
 	cfg.Seed = seed(t)
@@ -103,18 +113,17 @@ func runScenario(t *testing.T, cfg Config) {
 }
 
 // TestRobustness is the short run CI does: 3 brokers, 3 agents, 6
-// clients, faults for GPUPOOL_ROBUSTNESS_DURATION (default 75s).
+// clients, faults for GPUPOOL_ROBUSTNESS_DURATION (default 60s).
 func TestRobustness(t *testing.T) {
-	if testing.Short() {
-		t.Skip("starts real processes")
-	}
-	runScenario(t, Config{Duration: envDuration(t, "GPUPOOL_ROBUSTNESS_DURATION", 75*time.Second), MaxOps: 50_000,
+	needsCluster(t)
+	runScenario(t, Config{Duration: envDuration(t, "GPUPOOL_ROBUSTNESS_DURATION", 60*time.Second), MaxOps: 50_000,
 		Brokers: 3, Agents: 3, Workers: 6, Faults: true})
 }
 
 // TestSoak is `make soak DURATION=10m`: 5 brokers, 4 agents, 8 clients,
 // random faults for GPUPOOL_SOAK_DURATION. It skips without it.
 func TestSoak(t *testing.T) {
+	needsCluster(t)
 	d := envDuration(t, "GPUPOOL_SOAK_DURATION", 0)
 	if d == 0 {
 		t.Skip("set GPUPOOL_SOAK_DURATION (make soak DURATION=10m)")

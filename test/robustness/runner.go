@@ -45,27 +45,37 @@ type Report struct {
 	ProbeErrors   []string // over-commits the probes saw
 	Check         CheckResult
 	Unanswered    []string // the commonest errors of calls without an answer
+	Refused       []string // the commonest errors of calls that failed
 }
 
-// unanswered counts the errors of unanswered calls, commonest first.
-func unanswered(records []Record) []string {
-	n := map[string]int{}
+// commonErrors counts the errors of calls without an answer and of calls
+// that failed, commonest first.
+func commonErrors(records []Record) (unanswered, failed []string) {
+	n, f := map[string]int{}, map[string]int{}
 	for _, r := range records {
+		if r.Err == "" {
+			continue
+		}
+		e := r.Err
+		if len(e) > 110 {
+			e = e[:110] + "…"
+		}
 		if r.Unknown {
-			e := r.Err
-			if len(e) > 100 {
-				e = e[:100] + "…"
-			}
 			n[r.Kind.String()+": "+e]++
+		} else {
+			f[r.Kind.String()+": "+e]++
 		}
 	}
-	var out []string
-	for e, c := range n {
-		out = append(out, fmt.Sprintf("%6d × %s", c, e))
+	top := func(m map[string]int) []string {
+		var out []string
+		for e, c := range m {
+			out = append(out, fmt.Sprintf("%6d × %s", c, e))
+		}
+		slices.Sort(out)
+		slices.Reverse(out)
+		return out[:min(len(out), 5)]
 	}
-	slices.Sort(out)
-	slices.Reverse(out)
-	return out[:min(len(out), 5)]
+	return top(n), top(f)
 }
 
 // Violations is every safety violation found.
@@ -144,7 +154,7 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 		rep.Faults = fl.Counts()
 	}
 	rep.Check = Check(hist.Records(), final, devices.Devices, cfg.Dir, 2*time.Minute)
-	rep.Unanswered = unanswered(hist.Records())
+	rep.Unanswered, rep.Refused = commonErrors(hist.Records())
 	if errs := overCommits(final, devices.Devices); len(errs) > 0 {
 		rep.ProbeErrors = append(rep.ProbeErrors, errs...)
 	}
@@ -272,10 +282,15 @@ func (r *Report) Table() string {
 		}
 		tw.Flush()
 	}
-	if len(r.Unanswered) > 0 {
-		fmt.Fprintf(&b, "\ncommonest errors of calls without an answer:\n")
-		for _, e := range r.Unanswered {
-			fmt.Fprintf(&b, "  %s\n", e)
+	for _, l := range []struct {
+		title string
+		errs  []string
+	}{{"calls without an answer", r.Unanswered}, {"failed or refused calls", r.Refused}} {
+		if len(l.errs) > 0 {
+			fmt.Fprintf(&b, "\ncommonest errors of %s:\n", l.title)
+			for _, e := range l.errs {
+				fmt.Fprintf(&b, "  %s\n", e)
+			}
 		}
 	}
 	fmt.Fprintf(&b, "\nleader changes: %d\n", r.LeaderChanges)
