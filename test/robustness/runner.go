@@ -57,8 +57,8 @@ func commonErrors(records []Record) (unanswered, failed []string) {
 			continue
 		}
 		e := r.Err
-		if len(e) > 110 {
-			e = e[:110] + "…"
+		if len(e) > 160 {
+			e = e[:160] + "…"
 		}
 		if r.Unknown {
 			n[r.Kind.String()+": "+e]++
