@@ -2,7 +2,6 @@ package robustness
 
 import (
 	"fmt"
-	"io"
 	"net"
 	"os/exec"
 	"sync"
@@ -195,10 +194,7 @@ func (p *proxy) copy(dst, src net.Conn) {
 			}
 		}
 		if err != nil {
-			if err != io.EOF {
-				return
-			}
-			return
+			return // EOF or a cut connection: handle closes both sides
 		}
 	}
 }
