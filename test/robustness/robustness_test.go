@@ -90,6 +90,7 @@ func runScenario(t *testing.T, cfg Config) {
 	defer cancel()
 	rep, err := Run(ctx, cfg)
 	if err != nil {
+		t.Logf("what the run saw before it failed:\n%s", rep.Table())
 		t.Fatalf("seed %d: %v", cfg.Seed, err)
 	}
 	table := rep.Table()

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/anishathalye/porcupine"
+	"google.golang.org/grpc"
 
 	gpupoolv1 "github.com/gpupool/gpupool/proto/gpupool/v1"
 )
@@ -126,6 +127,12 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	stop()
 	wg.Wait()
 	rep.FaultErr = faultErr
+	rep.Elapsed = time.Since(started)
+	rep.Ops = wl.Counts()
+	rep.Unanswered, rep.Refused = commonErrors(hist.Records())
+	if cfg.Faults {
+		rep.Faults = fl.Counts()
+	}
 
 	// Every fault lifted: wait for the cluster, then read the final table.
 	nw.Heal()
@@ -137,28 +144,43 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	if _, err := cl.WaitLeader(ctx, 60*time.Second); err != nil {
 		return rep, fmt.Errorf("no leader after the run: %w\n%s", err, cl.logTails())
 	}
-	var final []*gpupoolv1.Lease
-	err = poll(ctx, 60*time.Second, func(ctx context.Context) error {
-		resp, err := cl.Client.Lease.List(ctx, &gpupoolv1.ListLeasesRequest{IncludeEnded: true})
-		if err == nil {
-			final = resp.Leases
-		}
-		return err
-	})
+	final, err := finalLeases(ctx, cl)
 	if err != nil {
-		return rep, fmt.Errorf("final lease list: %w", err)
+		return rep, fmt.Errorf("final lease table: %w", err)
 	}
-	rep.Elapsed = time.Since(started)
-	rep.Ops = wl.Counts()
-	if cfg.Faults {
-		rep.Faults = fl.Counts()
-	}
-	rep.Check = Check(hist.Records(), final, devices.Devices, cfg.Dir, 2*time.Minute)
-	rep.Unanswered, rep.Refused = commonErrors(hist.Records())
+	rep.Check = Check(hist.Records(), final, devices.Devices, cfg.Dir, time.Minute)
 	if errs := overCommits(final, devices.Devices); len(errs) > 0 {
 		rep.ProbeErrors = append(rep.ProbeErrors, errs...)
 	}
 	return rep, nil
+}
+
+// finalLeases reads every lease, ended ones too, host by host (a long
+// run's table is tens of megabytes).
+func finalLeases(ctx context.Context, cl *Cluster) ([]*gpupoolv1.Lease, error) {
+	seen := map[string]bool{}
+	var out []*gpupoolv1.Lease
+	for _, a := range cl.Agents {
+		err := poll(ctx, 3*time.Minute, func(context.Context) error {
+			cctx, cancel := context.WithTimeout(ctx, time.Minute)
+			defer cancel()
+			resp, err := cl.Client.Lease.List(cctx, &gpupoolv1.ListLeasesRequest{Host: a.Node, IncludeEnded: true}, grpc.MaxCallRecvMsgSize(1<<30))
+			if err != nil {
+				return err
+			}
+			for _, l := range resp.Leases {
+				if !seen[l.Id] {
+					seen[l.Id] = true
+					out = append(out, l)
+				}
+			}
+			return nil
+		})
+		if err != nil {
+			return nil, fmt.Errorf("leases of %s: %w", a.Node, err)
+		}
+	}
+	return out, nil
 }
 
 // watchLeader counts leader changes until ctx ends.

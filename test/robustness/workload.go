@@ -167,6 +167,9 @@ func (wk *worker) acquire(ctx context.Context) {
 		r.Outcome, r.Err = "refused", err.Error()
 	}
 	wk.w.record(r)
+	if r.Outcome == "refused" {
+		sleepCtx(ctx, 100*time.Millisecond) // back off as a real client would
+	}
 }
 
 func (wk *worker) release(ctx context.Context, i int) {
