@@ -42,6 +42,28 @@ type Workload struct {
 	ops    atomic.Int64
 	mu     sync.Mutex
 	counts map[OpKind]*OpCounts // guarded by mu
+	recent []string             // the last leases granted, to any worker; guarded by mu
+}
+
+// recentLeases is how many granted leases other workers may look at.
+const recentLeases = 256
+
+func (w *Workload) granted(id string) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.recent = append(w.recent, id)
+	if len(w.recent) > recentLeases {
+		w.recent = w.recent[len(w.recent)-recentLeases:]
+	}
+}
+
+func (w *Workload) someRecent(rng *rand.Rand) string {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if len(w.recent) == 0 {
+		return ""
+	}
+	return w.recent[rng.IntN(len(w.recent))]
 }
 
 // Run runs the workers until ctx ends or MaxOps operations were made.
@@ -115,8 +137,10 @@ func (wk *worker) run(ctx context.Context) {
 			wk.release(ctx, wk.rng.IntN(len(wk.held)))
 		case r < 8:
 			wk.get(ctx, wk.rng.IntN(len(wk.held)))
-		default:
+		case r < 9:
 			wk.keepAlive(ctx, wk.rng.IntN(len(wk.held)))
+		default:
+			wk.probe(ctx)
 		}
 	}
 }
@@ -159,6 +183,7 @@ func (wk *worker) acquire(ctx context.Context) {
 		s := resp.Lease.Slices[0]
 		r.Lease, r.Device, r.Memory, r.Compute, r.Fence, r.Outcome = resp.Lease.Id, s.Device, s.MemoryMib, s.ComputePercent, resp.Lease.FencingToken, "ok"
 		wk.held = append(wk.held, heldLease{id: r.Lease, device: r.Device, renewed: time.Now()})
+		wk.w.granted(r.Lease)
 	case err == nil:
 		r.Outcome, r.Err = "refused", fmt.Sprintf("not granted: %v", resp.Lease.GetState())
 	case unknown(err):
@@ -230,6 +255,49 @@ func (wk *worker) keepAlive(ctx context.Context, i int) {
 	default:
 		r.Outcome, r.Err = "ended", resp.Error
 		wk.drop(i)
+	}
+	wk.w.record(r)
+}
+
+// probe reads or renews a lease some worker was granted lately, likely
+// not this one's and perhaps released: a release that one client saw
+// acknowledged must hold for every other client too.
+func (wk *worker) probe(ctx context.Context) {
+	id := wk.w.someRecent(wk.rng)
+	if id == "" {
+		return
+	}
+	kind := OpGet
+	if wk.rng.IntN(2) == 0 {
+		kind = OpKeepAlive
+	}
+	r := Record{Client: wk.id, Kind: kind, Lease: id, Call: time.Now().UnixNano()}
+	if kind == OpGet {
+		cctx, cancel := context.WithTimeout(ctx, opTimeout)
+		resp, err := wk.w.Client.Lease.Get(cctx, &gpupoolv1.GetLeaseRequest{LeaseId: id})
+		cancel()
+		r.Ret = time.Now().UnixNano()
+		switch {
+		case err == nil:
+			r.Outcome, r.Fence = outcomeOf(resp.Lease), resp.Lease.FencingToken
+		case status.Code(err) == codes.NotFound:
+			r.Outcome, r.Err = "missing", err.Error()
+		default:
+			r.Unknown, r.Err = true, err.Error()
+		}
+	} else {
+		resp, err := keepAliveOnce(ctx, wk.w.Client, id)
+		r.Ret = time.Now().UnixNano()
+		switch {
+		case err != nil:
+			r.Unknown, r.Err = true, err.Error()
+		case resp.Error == "" && resp.TtlMs > 0:
+			r.Outcome = "ok"
+		case resp.State == gpupoolv1.LeaseState_LEASE_STATE_UNSPECIFIED:
+			r.Outcome, r.Err = "missing", resp.Error
+		default:
+			r.Outcome, r.Err = "ended", resp.Error
+		}
 	}
 	wk.w.record(r)
 }
