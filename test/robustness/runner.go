@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"strings"
 	"sync"
@@ -49,6 +50,10 @@ type Report struct {
 	Refused       []string // the commonest errors of calls that failed
 }
 
+// leaseID matches a lease id, so that errors about different leases count
+// as one.
+var leaseID = regexp.MustCompile(`l-[0-9a-f]{16}`)
+
 // commonErrors counts the errors of calls without an answer and of calls
 // that failed, commonest first.
 func commonErrors(records []Record) (unanswered, failed []string) {
@@ -57,7 +62,7 @@ func commonErrors(records []Record) (unanswered, failed []string) {
 		if r.Err == "" {
 			continue
 		}
-		e := r.Err
+		e := leaseID.ReplaceAllString(r.Err, "l-…")
 		if len(e) > 160 {
 			e = e[:160] + "…"
 		}
