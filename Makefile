@@ -8,7 +8,7 @@ PROTO_FILES := $(wildcard proto/gpupool/v1/*.proto)
 export CGO_CFLAGS ?= -O2 -g -Wno-deprecated-declarations
 PKG_RACE := ./broker/... ./agent/... ./client/... ./internal/... ./token/... ./dataplane/...
 
-.PHONY: all build test dev proto proto-check lint bench bench-dataplane bench-placement bench-lease bench-failover bench-scale bench-go tools clean test-unit test-cluster helm chart test-k8s bench-k8s elastic-demo
+.PHONY: all build test dev proto proto-check lint bench bench-dataplane bench-placement bench-lease bench-failover bench-scale bench-go tools clean test-unit test-cluster helm chart test-k8s bench-k8s elastic-demo fuzz test-robustness soak robustness-tools
 
 all: build
 
@@ -101,6 +101,57 @@ bench-dataplane: build ## QUIC data plane against TCP+TLS on loopback: 1 GiB eac
 
 elastic-demo: ## examples/elastic-sim on a local 'gpupool dev' while guaranteed work comes and goes (about 2 minutes; ports 7641+ free); writes bench/results/elastic-sim.{png,csv}
 	bash examples/elastic-sim/demo.sh
+
+# Fuzz targets as PACKAGE:FUZZ_FUNC; their seed corpora are committed under
+# each package's testdata/fuzz/. `make fuzz` runs each for FUZZTIME.
+FUZZTIME ?= 10s
+FUZZ_TARGETS := ./broker/fsm:FuzzDecode ./broker/lease:FuzzValidate ./token:FuzzVerify \
+	./dataplane:FuzzReadFrame ./internal/quantity:FuzzParseMemoryMiB ./internal/quantity:FuzzParsePercent \
+	./client:FuzzReadTokenFile ./agent:FuzzReadLeaseFile ./agent/device:FuzzSimControlProcess
+
+fuzz: ## run every fuzz target for FUZZTIME each (default 10s): FSM commands, Acquire validation, lease tokens, data-plane frames, quantities
+	@for t in $(FUZZ_TARGETS); do \
+	  pkg=$${t%%:*}; fn=$${t##*:}; log=$$(mktemp); \
+	  echo "==> $$fn ($$pkg, $(FUZZTIME))"; \
+	  $(GO) test -run '^$$' -fuzz "^$$fn\$$" -fuzztime $(FUZZTIME) $$pkg >$$log 2>&1; rc=$$?; \
+	  grep -v '^fuzz: elapsed' $$log; \
+	  if [ $$rc != 0 ]; then \
+	    if grep -q 'context deadline exceeded' $$log && ! grep -q -e 'Failing input written' -e '^panic:' -e '_test\.go:[0-9]*:' $$log; then \
+	      echo "fuzz: $$fn: the fuzzing engine's own race at the end of -fuzztime (golang/go#75804, fixed in Go 1.27), no failing input; replaying the corpus"; \
+	      $(GO) test -count=1 -run "^$$fn\$$" $$pkg || { rm -f $$log; exit 1; }; \
+	    else rm -f $$log; exit 1; fi; \
+	  fi; \
+	  rm -f $$log; \
+	done
+
+# test/robustness: real brokers and simulated agents, each in a network
+# namespace (root; else a TCP proxy, and the run says so), under seeded
+# faults; every client operation is checked with porcupine. A run prints
+# its seed; GPUPOOL_ROBUSTNESS_SEED=N repeats its choices. Logs, summaries
+# and porcupine visualizations go to ROBUSTNESS_OUT.
+ROBUSTNESS_OUT ?= $(TOOLS)/robustness
+DURATION       ?= 10m
+
+robustness-tools: # ip, tc (iproute2) and iptables, installed from Debian when missing and we are root
+	@if [ "$$(id -u)" = 0 ]; then \
+	  for t in ip:iproute2 tc:iproute2 iptables:iptables; do \
+	    command -v $${t%%:*} >/dev/null || { echo "installing $${t##*:} (Debian)"; \
+	      (apt-get install -y -q $${t##*:} >/dev/null 2>&1 || \
+	       (apt-get update -q >/dev/null && apt-get install -y -q $${t##*:} >/dev/null)); }; \
+	  done; \
+	else echo "robustness: not root, so no network namespaces: the runs use the TCP proxy"; fi
+
+test-robustness: robustness-tools fuzz ## fuzz targets (FUZZTIME each), then a 60s fault run on 3 brokers + 3 agents checked by porcupine, and the cut-off-agent double-holder measurement (about 5 min)
+	rm -rf $(ROBUSTNESS_OUT) && mkdir -p $(ROBUSTNESS_OUT)
+	GPUPOOL_ROBUSTNESS=1 GPUPOOL_ROBUSTNESS_OUT=$(ROBUSTNESS_OUT) $(GO) test -v -count=1 -timeout 20m \
+	  -run 'TestCheck|TestProxy|TestRobustness$$|TestCutOffAgent' ./test/robustness | grep --line-buffered -v '^=== \(RUN\|PAUSE\|CONT\)'; exit $${PIPESTATUS[0]}
+	@cat $(ROBUSTNESS_OUT)/TestRobustness/summary.txt $(ROBUSTNESS_OUT)/double-holder.md
+
+soak: robustness-tools ## random faults under mixed load on 5 brokers + 4 agents for DURATION (default 10m); ends with a summary table
+	mkdir -p $(ROBUSTNESS_OUT)
+	GPUPOOL_ROBUSTNESS=1 GPUPOOL_SOAK_DURATION=$(DURATION) GPUPOOL_ROBUSTNESS_OUT=$(ROBUSTNESS_OUT) \
+	  $(GO) test -v -count=1 -timeout 6h -run 'TestSoak$$' ./test/robustness | grep --line-buffered -v '^=== \(RUN\|PAUSE\|CONT\)'; exit $${PIPESTATUS[0]}
+	@cat $(ROBUSTNESS_OUT)/TestSoak/summary.txt
 
 # Helm, pinned, built from source through the Go module proxy (no binary
 # download). `go install` skips Helm's own Makefile, which stamps the version

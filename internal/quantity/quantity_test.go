@@ -191,3 +191,31 @@ func FuzzParseMemoryMiB(f *testing.F) {
 		}
 	})
 }
+
+func FuzzParsePercent(f *testing.F) {
+	for _, s := range []string{
+		"25", "25%", " 25 % ", "1", "100", "007", "0", "101", "-5", "12.5", "half", "", "%", "25%%",
+		"99999999999", "+5", "1e2", "٣", "\x00", "100%\n",
+	} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, s string) {
+		n, err := ParsePercent(s)
+		if err != nil {
+			var qe *Error
+			if !errors.As(err, &qe) || qe.Value != s || !strings.Contains(err.Error(), "1 to 100") {
+				t.Fatalf("ParsePercent(%q) error %#v is not an *Error naming the value and the allowed range", s, err)
+			}
+			return
+		}
+		if n < 1 || n > 100 {
+			t.Fatalf("ParsePercent(%q) = %d, outside 1..100", s, n)
+		}
+		for _, form := range []string{strconv.Itoa(int(n)), strconv.Itoa(int(n)) + "%"} {
+			back, err := ParsePercent(form)
+			if err != nil || back != n {
+				t.Fatalf("ParsePercent(%q) = %d, but ParsePercent(%q) = %d, %v", s, n, form, back, err)
+			}
+		}
+	})
+}
