@@ -72,12 +72,14 @@ func launchArgs(s procSpec) []string {
 			"--bind", s.bind, "--raft-bind", s.raftBind,
 			"--bootstrap-expect", strconv.Itoa(s.expect), "--join", strings.Join(s.join, ","),
 			"--heartbeat-interval", ms(s.timing.HeartbeatInterval), "--heartbeat-ttl", ms(s.timing.HeartbeatTTL),
-			"--lock-delay", ms(s.timing.LockDelay), "--log-level", "debug"}
+			"--lock-delay", ms(s.timing.LockDelay), "--log-level", "debug",
+			"--insecure"} // faults and history, not TLS or tokens, are under test
 	default:
 		return []string{"agent", "--broker", strings.Join(s.brokers, ","), "--simulate", "8xA100-80GB",
 			"--host-id", s.node, "--data-dir", s.dataDir, "--data-bind", s.dataBind, "--mps", "off",
 			"--watchdog-poll", "100ms", "--watchdog-grace", "500ms",
-			"--kill-after", ms(s.timing.KillAfter), "--expiry-grace", ms(s.timing.ExpiryGrace), "--log-level", "debug"}
+			"--kill-after", ms(s.timing.KillAfter), "--expiry-grace", ms(s.timing.ExpiryGrace), "--log-level", "debug",
+			"--insecure"}
 	}
 }
 
