@@ -491,3 +491,26 @@ func TestDrainHostStopsNewLeasesThereUntilCancelled(t *testing.T) {
 		t.Fatalf("the lease on the drained host: got %v, want granted", l.State)
 	}
 }
+
+func TestListByHostReadsEndedLeasesOutsideTheHostIndex(t *testing.T) {
+	st := func(ss ...gpupoolv1.LeaseState) *gpupoolv1.ListLeasesRequest {
+		return &gpupoolv1.ListLeasesRequest{Host: "h1", States: ss}
+	}
+	tests := []struct {
+		name string
+		req  *gpupoolv1.ListLeasesRequest
+		want bool
+	}{
+		{"granted only", st(gpupoolv1.LeaseState_LEASE_STATE_GRANTED), true},
+		{"granted and releasing", st(gpupoolv1.LeaseState_LEASE_STATE_GRANTED, gpupoolv1.LeaseState_LEASE_STATE_RELEASING), true},
+		{"released asked for", st(gpupoolv1.LeaseState_LEASE_STATE_RELEASED), false},
+		{"no state: pending ones too", st(), false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			if got := onlyHolding(tt.req); got != tt.want {
+				t.Fatalf("onlyHolding = %t, want %t", got, tt.want)
+			}
+		})
+	}
+}

@@ -333,15 +333,20 @@ func (s *Server) logTimerErr(what, id string, err error) {
 	}
 }
 
-// confirmTeardown records that host stopped lease's workloads and frees
-// the lease once every host of it has. It reports whether the lease was
-// freed.
-func (s *Server) confirmTeardown(ls *leaderState, hostID string, l *gpupoolv1.Lease) bool {
+// freeAfterTeardown frees l once its agents confirmed teardown.
+func freeAfterTeardown(l *gpupoolv1.Lease, nowMs int64) *gpupoolv1.FreeLeaseCommand {
+	return &gpupoolv1.FreeLeaseCommand{LeaseId: l.Id, NowMs: nowMs, Reason: "agent confirmed teardown"}
+}
+
+// tornDownEverywhere records that hostID tore l down, and reports whether
+// every host of l has now.
+func (ls *leaderState) tornDownEverywhere(hostID string, l *gpupoolv1.Lease) bool {
 	hosts := state.LeaseHosts(l)
 	if !slices.Contains(hosts, hostID) {
 		return false
 	}
 	ls.mu.Lock()
+	defer ls.mu.Unlock()
 	set := ls.confirmed[l.Id]
 	if set == nil {
 		set = map[string]bool{}
@@ -352,16 +357,5 @@ func (s *Server) confirmTeardown(ls *leaderState, hostID string, l *gpupoolv1.Le
 	for _, h := range hosts {
 		all = all && set[h]
 	}
-	ls.mu.Unlock()
-	if !all {
-		return false
-	}
-	_, err := s.apply(&gpupoolv1.FreeLeaseCommand{
-		LeaseId: l.Id, NowMs: s.nowMs(), Reason: "agent confirmed teardown",
-	})
-	if err != nil {
-		s.log.Debug("free lease after teardown", "lease", l.Id, "err", err)
-		return false
-	}
-	return true
+	return all
 }

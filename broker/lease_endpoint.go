@@ -341,6 +341,20 @@ func ended(s gpupoolv1.LeaseState) bool {
 	return false
 }
 
+// onlyHolding reports whether req asks only for leases that hold capacity,
+// which the state indexes by host.
+func onlyHolding(req *gpupoolv1.ListLeasesRequest) bool {
+	if len(req.States) == 0 {
+		return false // pending leases, and ended ones with IncludeEnded
+	}
+	for _, s := range req.States {
+		if !state.Holding(s) {
+			return false
+		}
+	}
+	return true
+}
+
 func leaseMatches(l *gpupoolv1.Lease, req *gpupoolv1.ListLeasesRequest) bool {
 	if req.Tenant != "" && l.Tenant != req.Tenant {
 		return false
@@ -374,7 +388,7 @@ func (e leaseService) List(ctx context.Context, req *gpupoolv1.ListLeasesRequest
 	st := e.s.fsm.State()
 	resp := &gpupoolv1.ListLeasesResponse{Index: st.Index()}
 	candidates := st.Leases()
-	if req.Host != "" {
+	if req.Host != "" && onlyHolding(req) {
 		candidates = st.HostLeases(req.Host)
 	}
 	why := e.s.pendingExplainer(st)

@@ -10,6 +10,8 @@ import (
 	"strings"
 	"time"
 
+	"google.golang.org/grpc"
+
 	"github.com/gpupool/gpupool/client"
 	gpupoolv1 "github.com/gpupool/gpupool/proto/gpupool/v1"
 )
@@ -222,7 +224,9 @@ func catchUp(ctx context.Context, cl *cluster, i, leader int, timeout time.Durat
 func check(ctx context.Context, c *client.Client, v ledgerView, stale bool) (lost, notApplied []string, err error) {
 	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
-	resp, err := c.Lease.List(ctx, &gpupoolv1.ListLeasesRequest{IncludeEnded: true, Stale: stale})
+	// Every lease ever granted, ended ones with their reason: tens of
+	// thousands after a few rounds, more than gRPC's default 4 MiB.
+	resp, err := c.Lease.List(ctx, &gpupoolv1.ListLeasesRequest{IncludeEnded: true, Stale: stale}, grpc.MaxCallRecvMsgSize(512<<20))
 	if err != nil {
 		return nil, nil, err
 	}

@@ -131,7 +131,8 @@ func (r *Reader) Leases() []*gpupoolv1.Lease {
 	return all[gpupoolv1.Lease](r, tableLeases, indexID)
 }
 
-// HostLeases returns the leases with a slice on the host, by id.
+// HostLeases returns the leases holding capacity on the host (granted or
+// releasing; see Holding), by id. Ended leases are found with Leases.
 func (r *Reader) HostLeases(hostID string) []*gpupoolv1.Lease {
 	return all[gpupoolv1.Lease](r, tableLeases, indexHost, hostID)
 }

@@ -12,8 +12,10 @@ func TestStoreIndexesAndRestore(t *testing.T) {
 	w.PutHost(&gpupoolv1.Host{Id: "h1"})
 	w.PutDevice(&gpupoolv1.Device{Uuid: "GPU-b", HostId: "h1", Index: 1})
 	w.PutDevice(&gpupoolv1.Device{Uuid: "GPU-a", HostId: "h1", Index: 0})
-	w.PutLease(&gpupoolv1.Lease{Id: "l-1", Tenant: "t", RequestId: "r-1", Slices: []*gpupoolv1.Slice{{Host: "h1"}, {Host: "h2"}, {Host: "h1"}}})
-	w.PutLease(&gpupoolv1.Lease{Id: "l-2", Tenant: "t", Slices: []*gpupoolv1.Slice{{Host: "h2"}}})
+	w.PutLease(&gpupoolv1.Lease{Id: "l-1", Tenant: "t", RequestId: "r-1", State: gpupoolv1.LeaseState_LEASE_STATE_GRANTED,
+		Slices: []*gpupoolv1.Slice{{Host: "h1"}, {Host: "h2"}, {Host: "h1"}}})
+	w.PutLease(&gpupoolv1.Lease{Id: "l-2", Tenant: "t", State: gpupoolv1.LeaseState_LEASE_STATE_RELEASING, Slices: []*gpupoolv1.Slice{{Host: "h2"}}})
+	w.PutLease(&gpupoolv1.Lease{Id: "l-3", Tenant: "t", State: gpupoolv1.LeaseState_LEASE_STATE_RELEASED, Slices: []*gpupoolv1.Slice{{Host: "h2"}}})
 	w.Commit(7)
 
 	tests := []struct {
@@ -25,7 +27,8 @@ func TestStoreIndexesAndRestore(t *testing.T) {
 		{"a lease is found by tenant and request id", s.Read().LeaseByRequest("t", "r-1").GetId(), "l-1"},
 		{"an empty request id finds nothing", s.Read().LeaseByRequest("t", "") == nil, true},
 		{"a lease is listed once per host it spans", len(s.Read().HostLeases("h1")), 1},
-		{"h2 has both leases", len(s.Read().HostLeases("h2")), 2},
+		{"h2 has both leases that hold capacity", len(s.Read().HostLeases("h2")), 2},
+		{"an ended lease is not listed by host", len(s.Read().HostLeases("h2")) == 2 && s.Read().Lease("l-3") != nil, true},
 		{"a host's devices come in index order", s.Read().HostDevices("h1")[0].Uuid, "GPU-a"},
 		{"hosts come with their devices", len(s.Read().HostsWithDevices()[0].Devices), 2},
 	}
