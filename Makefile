@@ -90,7 +90,7 @@ bench-lease: build ## acquire+release on 3 gpupool brokers against an allocator 
 bench-failover: build ## kill -9 the leader 10 times under load: time to the next acquire, leases lost (about 2 min)
 	$(BIN)/gpupool bench failover --gpupool $(BIN)/gpupool
 
-bench-scale: build ## one broker with 10k hosts x 8 GPUs and up to 100k leases: RSS, snapshot, restart (at most about 8 min)
+bench-scale: build ## one broker with 10k hosts x 8 GPUs and 100k leases: RSS, snapshot, restart (about 10 min; at most 12)
 	$(BIN)/gpupool bench scale --gpupool $(BIN)/gpupool
 
 bench-go: ## Go micro-benchmarks of placement and the FSM
