@@ -78,7 +78,7 @@ lint: ## gofmt + go vet
 	if [ -n "$$out" ]; then echo "gofmt wants to rewrite:"; echo "$$out"; exit 1; fi
 	$(GO) vet ./...
 
-bench: build bench-placement bench-lease bench-failover bench-scale bench-dataplane ## every benchmark (about 25 minutes on 2 cores); writes bench/results/*.{json,md,png}; see bench/README.md
+bench: build bench-placement bench-lease bench-failover bench-scale bench-dataplane ## every benchmark (about 20 minutes on 2 cores); writes bench/results/*.{json,md,png}; see bench/README.md
 
 bench-placement: build ## the broker's placement engine on the Alibaba openb trace, 9 policies incl. FGD, 10 seeds (about 9 min)
 	$(BIN)/gpupool bench placement
