@@ -152,7 +152,7 @@ func (s *Server) heartbeat(ls *leaderState, req *gpupoolv1.HeartbeatRequest) (ui
 	// The leases torn down everywhere are freed together: their entries
 	// are sent at once and share Raft's fsyncs, so a host that tore down
 	// hundreds of leases since its last heartbeat frees them in one round.
-	var frees []*grant
+	var frees []*proposal
 	for _, id := range req.TornDown {
 		l := st.Lease(id)
 		if l == nil || l.State != gpupoolv1.LeaseState_LEASE_STATE_RELEASING || !ls.tornDownEverywhere(h.Id, l) {

@@ -135,35 +135,35 @@ func overlay(st *state.Reader, hosts []*gpupoolv1.Host, snap []*gpupoolv1.Lease)
 	return out
 }
 
-// grant is a GrantLease command sent to Raft and not yet known to commit.
-type grant struct {
+// proposal is a command sent to Raft and not yet known to commit.
+type proposal struct {
 	f   raft.ApplyFuture
 	err error // set when it could not be sent
 }
 
 // applyAsync sends cmd to Raft and returns at once; wait for the outcome
-// with grant.wait. Commands sent one after the other commit in that order.
-func (s *Server) applyAsync(cmd proto.Message) *grant {
+// with proposal.wait. Commands sent one after the other commit in that order.
+func (s *Server) applyAsync(cmd proto.Message) *proposal {
 	if fault := s.applyFault.Load(); fault != nil {
 		if err := (*fault)(cmd); err != nil {
-			return &grant{err: raftError(err)}
+			return &proposal{err: raftError(err)}
 		}
 	}
 	b, err := fsm.Encode(cmd)
 	if err != nil {
-		return &grant{err: err}
+		return &proposal{err: err}
 	}
-	return &grant{f: s.raft.Apply(b, applyTimeout)}
+	return &proposal{f: s.raft.Apply(b, applyTimeout)}
 }
 
 // wait returns the command's result once it is applied.
-func (g *grant) wait() (*fsm.Result, error) {
-	if g.err != nil {
-		return nil, g.err
+func (p *proposal) wait() (*fsm.Result, error) {
+	if p.err != nil {
+		return nil, p.err
 	}
-	if err := g.f.Error(); err != nil {
+	if err := p.f.Error(); err != nil {
 		return nil, raftError(err)
 	}
-	res := g.f.Response().(*fsm.Result)
+	res := p.f.Response().(*fsm.Result)
 	return res, res.Err
 }
