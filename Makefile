@@ -8,7 +8,7 @@ PROTO_FILES := $(wildcard proto/gpupool/v1/*.proto)
 export CGO_CFLAGS ?= -O2 -g -Wno-deprecated-declarations
 PKG_RACE := ./broker/... ./agent/... ./client/... ./internal/... ./token/... ./dataplane/...
 
-.PHONY: tmux all build test dev proto proto-check lint bench bench-dataplane bench-placement bench-lease bench-failover bench-scale bench-go tools clean test-unit test-cluster helm chart test-k8s bench-k8s elastic-demo fuzz test-robustness soak robustness-tools
+.PHONY: tmux test-dashboard all build test dev proto proto-check lint bench bench-dataplane bench-placement bench-lease bench-failover bench-scale bench-go tools clean test-unit test-cluster helm chart test-k8s bench-k8s elastic-demo fuzz test-robustness soak robustness-tools
 
 all: build
 
@@ -18,11 +18,18 @@ build: ## build bin/gpupool
 dev: build ## run 3 brokers + 4 simulated hosts and show a lease's life; Ctrl-C stops
 	$(BIN)/gpupool dev --demo
 
-test: tools tmux proto-check lint test-unit ## everything CI runs by default
+test: tools tmux proto-check lint test-unit test-dashboard ## everything CI runs by default
 
 test-unit:
 	$(GO) test -race -count=1 -timeout 15m $(PKG_RACE)
 	$(GO) test -count=1 -timeout 15m ./cmd/... ./proto/... ./bench/... ./examples/... ./test/...
+
+# The Grafana dashboards (deploy/grafana) against the metrics a real broker
+# and agent register: every query parses with Prometheus' own PromQL parser
+# and names a metric that exists. Its own module (test/dashboard), so the
+# product's go.mod does not carry the Prometheus server.
+test-dashboard:
+	cd test/dashboard && $(GO) vet ./... && $(GO) test -count=1 ./...
 
 # The Kubernetes integration suite: its own module (test/k8s), which builds
 # kube-apiserver, kube-scheduler and kube-controller-manager from

@@ -2,6 +2,7 @@ package broker
 
 import (
 	"sync"
+	"time"
 
 	"github.com/hashicorp/raft"
 	"google.golang.org/protobuf/proto"
@@ -139,6 +140,9 @@ func overlay(st *state.Reader, hosts []*gpupoolv1.Host, snap []*gpupoolv1.Lease)
 type proposal struct {
 	f   raft.ApplyFuture
 	err error // set when it could not be sent
+	// sent and m time the proposal for gpupool_raft_apply_seconds.
+	sent time.Time
+	m    *metrics
 }
 
 // applyAsync sends cmd to Raft and returns at once; wait for the outcome
@@ -153,7 +157,7 @@ func (s *Server) applyAsync(cmd proto.Message) *proposal {
 	if err != nil {
 		return &proposal{err: err}
 	}
-	return &proposal{f: s.raft.Apply(b, applyTimeout)}
+	return &proposal{f: s.raft.Apply(b, applyTimeout), sent: time.Now(), m: s.metrics}
 }
 
 // wait returns the command's result once it is applied.
@@ -163,6 +167,9 @@ func (p *proposal) wait() (*fsm.Result, error) {
 	}
 	if err := p.f.Error(); err != nil {
 		return nil, raftError(err)
+	}
+	if p.m != nil {
+		p.m.observeApply(time.Since(p.sent))
 	}
 	res := p.f.Response().(*fsm.Result)
 	return res, res.Err

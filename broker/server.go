@@ -248,6 +248,7 @@ func New(cfg Config) (*Server, error) {
 	s.goFunc(s.monitorLeadership)
 	s.goFunc(s.formCluster)
 	s.goFunc(s.keepOwnAddressCurrent)
+	s.goFunc(s.metrics.countLeaseEvents)
 	s.log.Info("broker started", "id", s.cfg.NodeID, "rpc", s.Addr(), "raft", s.cfg.RaftBindAddr, "data_dir", s.cfg.DataDir, "acl", s.cfg.ACL)
 	return s, nil
 }
