@@ -379,9 +379,18 @@ func eventSection(v View, width int) *section {
 		{title: "DETAIL", keep: 8, flex: true}}
 	var rows [][]string
 	for _, e := range v.Events {
-		rows = append(rows, []string{e.At.Format("15:04:05"), e.Kind, e.Subject, orDash(e.Tenant), orDash(e.Text)})
+		rows = append(rows, []string{e.At.Format("15:04:05"), e.Kind, shortSubject(e.Subject), orDash(e.Tenant), orDash(e.Text)})
 	}
 	return newSection("EVENTS newest first", "none yet", width, cols, rows)
+}
+
+// shortSubject cuts a token's accessor id (a UUID) to its first 8
+// characters, which tell tokens apart on one screen; other subjects stay.
+func shortSubject(s string) string {
+	if len(s) == 36 && strings.Count(s, "-") == 4 {
+		return s[:8]
+	}
+	return s
 }
 
 func orDash(s string) string {

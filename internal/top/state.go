@@ -14,9 +14,9 @@ import (
 // MaxEvents is how many recent events a State keeps.
 const MaxEvents = 200
 
-// Event is one line of "recent events": a lease change from the watch, or
-// an audit entry of something that is not a lease (drains, eligibility,
-// quotas, tokens; lease grants and ends come from the watch).
+// Event is one line of "recent events": a lease change from the watch or
+// an entry of the audit log (drains, eligibility, quotas, tokens, lease
+// grants and ends; a grant or end both tell is shown once).
 type Event struct {
 	At      time.Time
 	Kind    string // "granted", "violation", "drain started", ...
@@ -26,6 +26,8 @@ type Event struct {
 	// Models are the GPU models of the lease's slices, for the model
 	// filter; empty for events that are not about a lease's slices.
 	Models []string
+
+	once string // the onceKey of a lease's grant or end
 }
 
 // State is what the updates of a Source add up to. The zero value is
@@ -48,6 +50,10 @@ type State struct {
 	Updates int
 
 	audited map[auditKey]bool
+	// told are the lease grants and ends shown (onceKey), oldest first in
+	// toldOrder, so that the watch and the audit log do not both show one.
+	told      map[string]bool
+	toldOrder []string
 }
 
 type auditKey struct {
@@ -131,21 +137,20 @@ func (s *State) applyLease(ev *gpupoolv1.LeaseEvent, now time.Time) {
 	} else {
 		s.Leases[l.Id] = l
 	}
+	kind := enumLabel(ev.Type.String(), "LEASE_EVENT_TYPE_")
 	var text string
 	at := now
 	switch ev.Type {
 	case gpupoolv1.LeaseEventType_LEASE_EVENT_TYPE_SNAPSHOT, gpupoolv1.LeaseEventType_LEASE_EVENT_TYPE_UPDATED,
-		gpupoolv1.LeaseEventType_LEASE_EVENT_TYPE_UNSPECIFIED:
-		return // states, not changes
+		gpupoolv1.LeaseEventType_LEASE_EVENT_TYPE_RELEASING, gpupoolv1.LeaseEventType_LEASE_EVENT_TYPE_UNSPECIFIED:
+		return // states, not news (a release is told by the audit log or the end)
 	case gpupoolv1.LeaseEventType_LEASE_EVENT_TYPE_GRANTED:
 		at = msTime(l.StateChangedAtMs, now)
 		text = describeSlices(l)
 	case gpupoolv1.LeaseEventType_LEASE_EVENT_TYPE_ENDED:
 		at = msTime(l.StateChangedAtMs, now)
-		text = stateLabel(l.State)
-		if l.Reason != "" {
-			text += ": " + l.Reason
-		}
+		kind = stateLabel(l.State)
+		text = l.Reason
 	default:
 		text = ev.Message
 		if text == "" {
@@ -158,7 +163,31 @@ func (s *State) applyLease(ev *gpupoolv1.LeaseEvent, now time.Time) {
 			models = append(models, sl.Model)
 		}
 	}
-	s.addEvent(Event{At: at, Kind: enumLabel(ev.Type.String(), "LEASE_EVENT_TYPE_"), Subject: l.Id, Tenant: l.Tenant, Text: text, Models: models})
+	e := Event{At: at, Kind: kind, Subject: l.Id, Tenant: l.Tenant, Text: text, Models: models, once: onceKey(kind, l.Id)}
+	if e.once != "" && s.told[e.once] {
+		// The audit log told it first: the watch knows more (the
+		// slices' models and sizes), so its text replaces the entry's.
+		for i := len(s.Events) - 1; i >= 0; i-- {
+			if s.Events[i].once == e.once {
+				s.Events[i].Text, s.Events[i].Models = e.Text, e.Models
+				break
+			}
+		}
+		return
+	}
+	s.addEventOnce(e.once, e)
+}
+
+// onceKey names a lease's grant or end, which both the lease watch and
+// the audit log tell: whichever comes first is shown.
+func onceKey(kind, lease string) string {
+	switch kind {
+	case "granted":
+		return "granted/" + lease
+	case "released", "expired", "revoked", "preempted":
+		return "ended/" + lease
+	}
+	return ""
 }
 
 // describeSlices says what a lease holds: "A100-SXM4-80GB 20GiB/25% on host-1".
@@ -196,17 +225,47 @@ func (s *State) applyAudit(a *gpupoolv1.AuditEntry, now time.Time) {
 			delete(s.audited, k)
 		}
 	}
-	switch a.Kind {
-	case gpupoolv1.AuditKind_AUDIT_KIND_LEASE_GRANTED, gpupoolv1.AuditKind_AUDIT_KIND_LEASE_RELEASED,
-		gpupoolv1.AuditKind_AUDIT_KIND_LEASE_EXPIRED, gpupoolv1.AuditKind_AUDIT_KIND_LEASE_REVOKED,
-		gpupoolv1.AuditKind_AUDIT_KIND_LEASE_PREEMPTED:
-		return // the lease watch tells these
+	kind := enumLabel(a.Kind.String(), "AUDIT_KIND_")
+	once := ""
+	var models []string
+	if lease, ok := strings.CutPrefix(kind, "lease "); ok {
+		kind = lease
+		once = onceKey(kind, a.Subject)
+		if l := s.Leases[a.Subject]; l != nil {
+			for _, sl := range l.Slices {
+				if !slices.Contains(models, sl.Model) {
+					models = append(models, sl.Model)
+				}
+			}
+		}
 	}
 	text := a.Detail
 	if by := a.GetActor().GetName(); by != "" {
 		text = strings.TrimSpace(text + " (by " + by + ")")
 	}
-	s.addEvent(Event{At: msTime(a.AtMs, now), Kind: enumLabel(a.Kind.String(), "AUDIT_KIND_"), Subject: a.Subject, Tenant: a.Tenant, Text: text})
+	s.addEventOnce(once, Event{At: msTime(a.AtMs, now), Kind: kind, Subject: a.Subject, Tenant: a.Tenant, Text: text, Models: models, once: once})
+}
+
+// addEventOnce adds e unless an event of the same non-empty key was
+// added already.
+func (s *State) addEventOnce(key string, e Event) {
+	if key != "" {
+		if s.told[key] {
+			return
+		}
+		if s.told == nil {
+			s.told = map[string]bool{}
+		}
+		s.told[key] = true
+		s.toldOrder = append(s.toldOrder, key)
+		if len(s.toldOrder) > 4*MaxEvents {
+			for _, k := range s.toldOrder[:2*MaxEvents] {
+				delete(s.told, k)
+			}
+			s.toldOrder = append([]string(nil), s.toldOrder[2*MaxEvents:]...)
+		}
+	}
+	s.addEvent(e)
 }
 
 func (s *State) addEvent(e Event) {

@@ -151,9 +151,19 @@ func TestApplyFollowsTheLeaseWatchAndTheAuditLog(t *testing.T) {
 		Actor: &gpupoolv1.Actor{Name: "ops"}}
 	s.Apply(AuditUpdate{Entry: audit}, t0)
 	s.Apply(AuditUpdate{Entry: audit}, t0) // a reconnected follow sends it again
-	s.Apply(AuditUpdate{Entry: &gpupoolv1.AuditEntry{Index: 8, Kind: gpupoolv1.AuditKind_AUDIT_KIND_LEASE_GRANTED, Subject: "l-9"}}, t0)
+	// A grant the watch told already is not told again; one it did not
+	// (before the watch started) is.
+	s.Apply(AuditUpdate{Entry: &gpupoolv1.AuditEntry{Index: 8, Kind: gpupoolv1.AuditKind_AUDIT_KIND_LEASE_GRANTED, Subject: "l-3"}}, t0)
+	s.Apply(AuditUpdate{Entry: &gpupoolv1.AuditEntry{Index: 9, Kind: gpupoolv1.AuditKind_AUDIT_KIND_LEASE_GRANTED, Subject: "l-9", Tenant: "ml"}}, t0)
+	s.Apply(AuditUpdate{Entry: &gpupoolv1.AuditEntry{Index: 10, Kind: gpupoolv1.AuditKind_AUDIT_KIND_LEASE_RELEASED, Subject: "l-2"}}, t0)
+	// The watch's grant of l-9 comes after the audit log's: it tells the
+	// slices, so its text replaces the entry's.
+	s.Apply(event(gpupoolv1.LeaseEventType_LEASE_EVENT_TYPE_GRANTED, lease("l-9", "ml", "h1", "H100", 1024, 5)), t0)
 	got := ids(s.Events, func(e Event) string { return e.Kind + " " + e.Subject })
-	want := []string{"granted l-2", "granted l-3", "ended l-2", "host drain started a1"}
+	want := []string{"granted l-2", "granted l-3", "released l-2", "host drain started a1", "granted l-9"}
+	if e := s.Events[4]; e.Text != "H100 1 GiB 5% on h1" || !slices.Equal(e.Models, []string{"H100"}) {
+		t.Errorf("l-9's grant: text %q, models %v; want the watch's", e.Text, e.Models)
+	}
 	if !slices.Equal(got, want) {
 		t.Errorf("events: got %v, want %v", got, want)
 	}
