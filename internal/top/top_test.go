@@ -300,6 +300,12 @@ func TestKeysSortFilterAndPause(t *testing.T) {
 	if strings.Contains(m.View(), "l-3") || !strings.Contains(m.View(), "PAUSED") {
 		t.Fatalf("paused: the screen shows a lease granted after the pause, or not PAUSED:\n%s", m.View())
 	}
+	for range 1000 { // a long pause: polls keep coming
+		m.Update(updatesMsg{HostsUpdate{Hosts: pool().Hosts}, Tick{Now: t0}})
+	}
+	if len(m.held) != 3 {
+		t.Errorf("held %d updates after 1000 polls, want 3 (the lease event, the latest hosts and tick)", len(m.held))
+	}
 	m.Key(" ")
 	if !strings.Contains(m.View(), "l-3") || m.Paused() {
 		t.Fatalf("resumed: the held lease is not shown:\n%s", m.View())

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"io"
+	"reflect"
 	"strings"
 	"time"
 
@@ -94,6 +95,18 @@ func (m *Model) Update(msg tea.Msg) (tea.Model, tea.Cmd) {
 
 func (m *Model) apply(u Update) {
 	if m.paused {
+		// Updates that replace a whole part of the state keep only their
+		// latest while paused, so a long pause holds one copy of the
+		// hosts, not one per poll.
+		switch u.(type) {
+		case HostsUpdate, StatusUpdate, QueueUpdate, Tick:
+			for i, h := range m.held {
+				if reflect.TypeOf(h) == reflect.TypeOf(u) {
+					m.held[i] = u
+					return
+				}
+			}
+		}
 		m.held = append(m.held, u)
 		return
 	}
