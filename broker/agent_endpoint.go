@@ -152,7 +152,7 @@ func (s *Server) heartbeat(ls *leaderState, req *gpupoolv1.HeartbeatRequest) (ui
 	// The leases torn down everywhere are freed together: their entries
 	// are sent at once and share Raft's fsyncs, so a host that tore down
 	// hundreds of leases since its last heartbeat frees them in one round.
-	var frees []*proposal
+	var frees []Proposal
 	for _, id := range req.TornDown {
 		l := st.Lease(id)
 		if l == nil || l.State != gpupoolv1.LeaseState_LEASE_STATE_RELEASING || !ls.tornDownEverywhere(h.Id, l) {
@@ -161,7 +161,7 @@ func (s *Server) heartbeat(ls *leaderState, req *gpupoolv1.HeartbeatRequest) (ui
 		frees = append(frees, s.applyAsync(freeAfterTeardown(l, s.nowMs())))
 	}
 	for _, f := range frees {
-		if _, err := f.wait(); err != nil {
+		if _, err := f.Wait(); err != nil {
 			s.log.Debug("free lease after teardown", "err", err)
 		}
 	}

@@ -18,6 +18,7 @@ import (
 	"github.com/gpupool/gpupool/broker/fsm"
 	"github.com/gpupool/gpupool/broker/lease"
 	"github.com/gpupool/gpupool/broker/placement"
+	"github.com/gpupool/gpupool/broker/planner"
 	"github.com/gpupool/gpupool/broker/state"
 	gpupoolv1 "github.com/gpupool/gpupool/proto/gpupool/v1"
 )
@@ -129,16 +130,17 @@ func (s *Server) acquire(ctx context.Context, r *gpupoolv1.LeaseRequest, wait ti
 		if wait <= 0 {
 			return nil, err
 		}
-		pl, qerr := s.enqueue(r, callerFrom(ctx).actor())
+		l, p := s.proposeEnqueue(r, callerFrom(ctx).actor())
+		s.placeMu.Unlock()
+		locked = false
+		pl, qerr := s.landEnqueue(l, p)
 		if qerr != nil {
 			return nil, qerr
 		}
-		s.placeMu.Unlock()
-		locked = false
 		return s.awaitGrant(ctx, pl.Id, wait)
 	}
 	s.placer.observe(hosts, r)
-	slices, err := s.placer.place(hosts, r)
+	slices, err := s.placer.Place(hosts, r)
 	if pe := (*placement.Error)(nil); errors.As(err, &pe) && !pe.Never {
 		if wait <= 0 {
 			return nil, s.preemptionHint(st, hosts, r, pe)
@@ -148,23 +150,8 @@ func (s *Server) acquire(ctx context.Context, r *gpupoolv1.LeaseRequest, wait ti
 	if err != nil {
 		return nil, err
 	}
-	setIsolation(slices, st.Host)
-	now := s.nowMs()
-	l := &gpupoolv1.Lease{
-		Id:                "l-" + randomHex(8),
-		Tenant:            r.Tenant,
-		Holder:            r.Holder,
-		Request:           r,
-		Slices:            slices,
-		Class:             r.Class,
-		Priority:          r.Priority,
-		TtlMs:             r.TtlMs,
-		CreatedAtMs:       now,
-		RequestId:         r.RequestId,
-		HostCpuMillicores: r.HostCpuMillicores,
-		HostMemoryMib:     r.HostMemoryMib,
-		GrantedBy:         callerFrom(ctx).actor(),
-	}
+	planner.SetIsolation(slices, st.Host)
+	l := lease.New(newLeaseID(), r, slices, s.nowMs(), callerFrom(ctx).actor())
 	// The fast path: Apply checks the quota again in the grant's entry.
 	if err := fsm.CheckQuota(st, l); err != nil {
 		return queue(err)
@@ -175,7 +162,7 @@ func (s *Server) acquire(ctx context.Context, r *gpupoolv1.LeaseRequest, wait ti
 	s.grants.add(l)
 	s.placeMu.Unlock()
 	locked = false
-	res, err := g.wait()
+	res, err := g.Wait()
 	s.grants.done(l.Id)
 	if err != nil {
 		return nil, err
@@ -207,22 +194,6 @@ func (s *Server) acquired(l *gpupoolv1.Lease, existing bool) (*gpupoolv1.Acquire
 	}
 	resp.Tokens = toks
 	return resp, nil
-}
-
-// setIsolation decides how the agent will isolate each slice: exclusive
-// slices own their GPU; fractional ones use MPS where the host's agent can
-// run it, else the watchdog alone.
-func setIsolation(ss []*gpupoolv1.Slice, host func(id string) *gpupoolv1.Host) {
-	for _, sl := range ss {
-		switch {
-		case sl.Exclusive:
-			sl.Isolation = gpupoolv1.Isolation_ISOLATION_EXCLUSIVE
-		case host(sl.Host).GetMps():
-			sl.Isolation = gpupoolv1.Isolation_ISOLATION_MPS
-		default:
-			sl.Isolation = gpupoolv1.Isolation_ISOLATION_WATCHDOG
-		}
-	}
 }
 
 // checkAgainstPool rejects constraints that name things the pool does not

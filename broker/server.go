@@ -17,7 +17,6 @@ import (
 	"strconv"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/hashicorp/go-hclog"
@@ -25,7 +24,6 @@ import (
 	raftboltdb "github.com/hashicorp/raft-boltdb/v2"
 	"go.etcd.io/bbolt"
 	"google.golang.org/grpc"
-	"google.golang.org/protobuf/proto"
 
 	"github.com/gpupool/gpupool/broker/fsm"
 	"github.com/gpupool/gpupool/internal/clock"
@@ -80,6 +78,10 @@ type Config struct {
 
 	Clock  clock.Clock
 	Logger *slog.Logger
+
+	// wrapProposer, set by the package's tests only, wraps the Raft
+	// proposer in a test double (one that injects faults).
+	wrapProposer func(Proposer) Proposer
 	// RaftLogOutput receives raft's own log (default: discarded below warn).
 	RaftLogOutput io.Writer
 }
@@ -193,9 +195,9 @@ type Server struct {
 
 	metrics *metrics
 
-	// applyFault, set by tests only, fails apply for the commands it
-	// returns an error for, before they reach raft.
-	applyFault atomic.Pointer[func(proto.Message) error]
+	// proposer sends every command to the log (Raft, or a test's double
+	// around it); set before the server serves, never changed.
+	proposer Proposer
 
 	shutdownOnce sync.Once
 	shutdownCh   chan struct{}
@@ -353,6 +355,10 @@ func (s *Server) openRaft() error {
 		return fmt.Errorf("broker: %w %s: start raft: %v", ErrDataDir, dir, err)
 	}
 	s.raft = r
+	s.proposer = raftProposer{r}
+	if s.cfg.wrapProposer != nil {
+		s.proposer = s.cfg.wrapProposer(s.proposer)
+	}
 	return nil
 }
 
@@ -406,15 +412,4 @@ func writeFileSync(path string, b []byte) error {
 		return err
 	}
 	return f.Close()
-}
-
-// applyTimeout bounds how long a command may wait to be enqueued.
-const applyTimeout = 10 * time.Second
-
-// apply submits a command to the log, waits until it is applied here, and
-// returns its result; the error is the result's error, or a raft error
-// (not leader, leadership lost) mapped to Unavailable. Only the leader
-// calls it.
-func (s *Server) apply(cmd proto.Message) (*fsm.Result, error) {
-	return s.applyAsync(cmd).wait()
 }
