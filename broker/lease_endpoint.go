@@ -11,7 +11,6 @@ import (
 	"time"
 
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 
@@ -31,7 +30,7 @@ type leaseService struct {
 
 func (e leaseService) Acquire(ctx context.Context, req *gpupoolv1.AcquireRequest) (*gpupoolv1.AcquireResponse, error) {
 	if req.GetRequest() == nil {
-		return nil, toStatus(lease.Validate(nil))
+		return nil, lease.Validate(nil)
 	}
 	req = proto.CloneOf(req)
 	r := req.Request
@@ -39,10 +38,10 @@ func (e leaseService) Acquire(ctx context.Context, req *gpupoolv1.AcquireRequest
 		return nil, err
 	}
 	if err := lease.Validate(r); err != nil {
-		return nil, toStatus(err)
+		return nil, err
 	}
 	if err := lease.ValidateWait(req.WaitMs); err != nil {
-		return nil, toStatus(err)
+		return nil, err
 	}
 	if conn, fctx, err := e.s.leaderConn(ctx); err != nil {
 		return nil, err
@@ -66,6 +65,14 @@ func (s *Server) acquire(ctx context.Context, r *gpupoolv1.LeaseRequest, wait ti
 	if r.Class == gpupoolv1.LeaseClass_LEASE_CLASS_UNSPECIFIED {
 		r.Class = gpupoolv1.LeaseClass_LEASE_CLASS_GUARANTEED
 	}
+	if currentKey(s.fsm.State()) == nil {
+		// Granting a lease whose tokens cannot be signed would leave the
+		// caller with nothing to use it with. Outside placeMu: it waits
+		// for a commit (see doc.go).
+		if err := s.ensureSigningKey(); err != nil {
+			return nil, refusef(ErrUnavailable, "no token signing key yet: %v; retry", err)
+		}
+	}
 	s.placeMu.Lock()
 	locked := true
 	defer func() {
@@ -82,7 +89,7 @@ func (s *Server) acquire(ctx context.Context, r *gpupoolv1.LeaseRequest, wait ti
 	st := s.fsm.State()
 	if ex := st.LeaseByRequest(r.Tenant, r.RequestId); ex != nil {
 		if !proto.Equal(ex.Request, r) {
-			return nil, status.Errorf(codes.AlreadyExists, "request_id %q: already used by lease %s for a different request; use a new request_id", r.RequestId, ex.Id)
+			return nil, refusef(ErrExists, "request_id %q: already used by lease %s for a different request; use a new request_id", r.RequestId, ex.Id)
 		}
 		switch {
 		case ex.State == gpupoolv1.LeaseState_LEASE_STATE_PENDING && wait > 0:
@@ -90,10 +97,10 @@ func (s *Server) acquire(ctx context.Context, r *gpupoolv1.LeaseRequest, wait ti
 			locked = false
 			return s.awaitGrant(ctx, ex.Id, wait)
 		case ex.State == gpupoolv1.LeaseState_LEASE_STATE_PENDING:
-			return nil, status.Errorf(codes.ResourceExhausted, "request_id %q: waiting in the queue as lease %s (%s); acquire with a wait to rejoin it",
+			return nil, refusef(ErrExhausted, "request_id %q: waiting in the queue as lease %s (%s); acquire with a wait to rejoin it",
 				r.RequestId, ex.Id, s.whyPending(st, ex))
 		case ex.FencingToken == 0:
-			return nil, status.Errorf(codes.ResourceExhausted, "request_id %q: its pending lease %s left the queue without a grant (%s); use a new request_id",
+			return nil, refusef(ErrExhausted, "request_id %q: its pending lease %s left the queue without a grant (%s); use a new request_id",
 				r.RequestId, ex.Id, ex.Reason)
 		}
 		return s.acquired(ex, true)
@@ -114,13 +121,6 @@ func (s *Server) acquire(ctx context.Context, r *gpupoolv1.LeaseRequest, wait ti
 			}
 		}
 		return s.acquire(ctx, r, wait)
-	}
-	if currentKey(st) == nil {
-		// Granting a lease whose tokens cannot be signed would leave the
-		// caller with nothing to use it with.
-		if err := s.ensureSigningKey(); err != nil {
-			return nil, status.Errorf(codes.Unavailable, "no token signing key yet: %v; retry", err)
-		}
 	}
 	hosts := s.reservedPool(st, inflight)
 	if err := checkAgainstPool(r, hosts); err != nil {
@@ -190,7 +190,7 @@ func (s *Server) acquired(l *gpupoolv1.Lease, existing bool) (*gpupoolv1.Acquire
 	}
 	toks, err := s.hostTokens(s.fsm.State(), l, deadline)
 	if err != nil {
-		return nil, status.Error(codes.Unavailable, err.Error())
+		return nil, refuse(ErrUnavailable, err.Error())
 	}
 	resp.Tokens = toks
 	return resp, nil
@@ -259,7 +259,7 @@ func (s *Server) view(why *pendingExplainer, l *gpupoolv1.Lease) *gpupoolv1.Leas
 
 func (e leaseService) Release(ctx context.Context, req *gpupoolv1.ReleaseRequest) (*gpupoolv1.ReleaseResponse, error) {
 	if req.LeaseId == "" {
-		return nil, status.Error(codes.InvalidArgument, "lease_id: is required")
+		return nil, refuse(ErrInvalid, "lease_id: is required")
 	}
 	if conn, fctx, err := e.s.leaderConn(ctx); err != nil {
 		return nil, err
@@ -278,14 +278,14 @@ func (e leaseService) Release(ctx context.Context, req *gpupoolv1.ReleaseRequest
 		LeaseId: req.LeaseId, EndState: gpupoolv1.LeaseState_LEASE_STATE_RELEASED, Reason: reason, NowMs: e.s.nowMs(), Actor: c.actor(),
 	})
 	if err != nil {
-		return nil, toStatus(err)
+		return nil, err
 	}
 	return &gpupoolv1.ReleaseResponse{Lease: res.Lease}, nil
 }
 
 func (e leaseService) Get(ctx context.Context, req *gpupoolv1.GetLeaseRequest) (*gpupoolv1.GetLeaseResponse, error) {
 	if req.LeaseId == "" {
-		return nil, status.Error(codes.InvalidArgument, "lease_id: is required")
+		return nil, refuse(ErrInvalid, "lease_id: is required")
 	}
 	if conn, fctx, err := e.s.readConn(ctx, req.Stale); err != nil {
 		return nil, err
@@ -294,7 +294,7 @@ func (e leaseService) Get(ctx context.Context, req *gpupoolv1.GetLeaseRequest) (
 	}
 	l := e.s.fsm.State().Lease(req.LeaseId)
 	if l == nil {
-		return nil, status.Errorf(codes.NotFound, "lease %q: not found", req.LeaseId)
+		return nil, refusef(ErrNotFound, "lease %q: not found", req.LeaseId)
 	}
 	if err := callerFrom(ctx).mayTouch(l, "get"); err != nil {
 		return nil, err
@@ -342,7 +342,7 @@ func leaseMatches(l *gpupoolv1.Lease, req *gpupoolv1.ListLeasesRequest) bool {
 func (e leaseService) List(ctx context.Context, req *gpupoolv1.ListLeasesRequest) (*gpupoolv1.ListLeasesResponse, error) {
 	for _, st := range req.States {
 		if _, ok := gpupoolv1.LeaseState_name[int32(st)]; !ok || st == gpupoolv1.LeaseState_LEASE_STATE_UNSPECIFIED {
-			return nil, status.Errorf(codes.InvalidArgument, "states %d: must be one of pending, granted, releasing, released, expired, revoked", st)
+			return nil, refusef(ErrInvalid, "states %d: must be one of pending, granted, releasing, released, expired, revoked", st)
 		}
 	}
 	c := callerFrom(ctx)
@@ -415,10 +415,10 @@ func (e leaseService) Watch(req *gpupoolv1.WatchLeasesRequest, stream grpc.Serve
 		case <-stream.Context().Done():
 			return nil
 		case <-e.s.shutdownCh:
-			return status.Error(codes.Unavailable, "server shutting down")
+			return refuse(ErrUnavailable, "server shutting down")
 		case ev, ok := <-events:
 			if !ok {
-				return status.Error(codes.ResourceExhausted, "watch fell too far behind; watch again")
+				return refuse(ErrExhausted, "watch fell too far behind; watch again")
 			}
 			if ev.Reset {
 				if since, err = sendAll(); err != nil {
@@ -567,7 +567,7 @@ func serveOnLeader[Req, Resp any](s *Server, stream grpc.BidiStreamingServer[Req
 	}
 	ls := s.currentLeader()
 	if ls == nil {
-		return status.Error(codes.Unavailable, "leader is still starting; retry")
+		return refuse(ErrUnavailable, "leader is still starting; retry")
 	}
 	events, cancel := s.fsm.Subscribe()
 	defer cancel()
@@ -577,7 +577,7 @@ func serveOnLeader[Req, Resp any](s *Server, stream grpc.BidiStreamingServer[Req
 		case <-ctx.Done():
 			return nil
 		case <-ls.stopCh:
-			return status.Error(codes.Unavailable, ErrLeadershipLost.Error())
+			return refuse(ErrUnavailable, ErrLeadershipLost.Error())
 		case r, ok := <-reqs:
 			if !ok {
 				return nil
@@ -590,7 +590,7 @@ func serveOnLeader[Req, Resp any](s *Server, stream grpc.BidiStreamingServer[Req
 			}
 		case ev, ok := <-events:
 			if !ok {
-				return status.Error(codes.Unavailable, "stream fell behind the leader's changes; reconnect")
+				return refuse(ErrUnavailable, "stream fell behind the leader's changes; reconnect")
 			}
 			if err := onEvent(ev); err != nil {
 				return err

@@ -7,8 +7,6 @@ import (
 	"strings"
 	"time"
 
-	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 
 	"github.com/gpupool/gpupool/broker/fsm"
@@ -239,7 +237,7 @@ func (s *Server) landEnqueue(l *gpupoolv1.Lease, p Proposal) (*gpupoolv1.Lease, 
 func (s *Server) awaitGrant(ctx context.Context, id string, wait time.Duration) (*gpupoolv1.AcquireResponse, error) {
 	ls := s.currentLeader()
 	if ls == nil {
-		return nil, status.Error(codes.Unavailable, "leader is still starting; retry with the same request id to rejoin the queue")
+		return nil, refuse(ErrUnavailable, "leader is still starting; retry with the same request id to rejoin the queue")
 	}
 	changed, unwatch := ls.watchLease(id)
 	defer unwatch()
@@ -266,29 +264,29 @@ func (s *Server) awaitGrant(ctx context.Context, id string, wait time.Duration) 
 		switch {
 		case l == nil:
 			ls.removeWaiter(id)
-			return nil, status.Errorf(codes.NotFound, "lease %s: not found", id)
+			return nil, refusef(ErrNotFound, "lease %s: not found", id)
 		case l.State == gpupoolv1.LeaseState_LEASE_STATE_GRANTED:
 			ls.removeWaiter(id)
 			return s.acquired(l, false)
 		case l.State != gpupoolv1.LeaseState_LEASE_STATE_PENDING:
 			ls.removeWaiter(id)
-			return nil, status.Errorf(codes.ResourceExhausted, "lease %s left the queue without a grant: %s", id, l.Reason)
+			return nil, refusef(ErrExhausted, "lease %s left the queue without a grant: %s", id, l.Reason)
 		}
 		select {
 		case <-ctx.Done():
 			// A grant that raced with the departure is left to its TTL:
 			// nobody is there to hold it.
 			leave(gpupoolv1.LeaseState_LEASE_STATE_RELEASED, "left the queue: the waiting client went away")
-			return nil, status.FromContextError(ctx.Err()).Err()
+			return nil, ctx.Err()
 		case <-timeout:
 			why := s.whyPending(s.fsm.State(), l)
 			if now := leave(gpupoolv1.LeaseState_LEASE_STATE_EXPIRED, fmt.Sprintf("not granted within the wait of %s: %s", wait, why)); now.GetState() == gpupoolv1.LeaseState_LEASE_STATE_GRANTED {
 				return s.acquired(now, false) // granted as the wait ended
 			}
-			return nil, status.Errorf(codes.ResourceExhausted, "not granted within the wait of %s: %s", wait, why)
+			return nil, refusef(ErrExhausted, "not granted within the wait of %s: %s", wait, why)
 		case <-ls.stopCh:
 			ls.removeWaiter(id)
-			return nil, status.Errorf(codes.Unavailable, "%v while waiting; retry with the same request id to rejoin the queue", ErrLeadershipLost)
+			return nil, refusef(ErrUnavailable, "%v while waiting; retry with the same request id to rejoin the queue", ErrLeadershipLost)
 		case <-changed:
 		}
 	}

@@ -1,5 +1,3 @@
-// Package broker is the gpupool server: Raft replication, the FSM, the
-// leader's timers, placement, and the gRPC services.
 package broker
 
 import (
@@ -242,8 +240,11 @@ func New(cfg Config) (*Server, error) {
 		return nil, fmt.Errorf("broker: listen on --bind %s: %w", cfg.BindAddr, err)
 	}
 	s.listener = lis
-	// TLS's role checks run first, then the ACL's token checks.
-	s.grpc = grpc.NewServer(append(s.grpcServerOptions(),
+	// Errors leave through toStatus, outermost; then TLS's role checks
+	// run, then the ACL's token checks.
+	opts := []grpc.ServerOption{grpc.ChainUnaryInterceptor(statusUnary), grpc.ChainStreamInterceptor(statusStream)}
+	opts = append(opts, s.grpcServerOptions()...)
+	s.grpc = grpc.NewServer(append(opts,
 		grpc.ChainUnaryInterceptor(s.nameLeader, s.unaryACL), grpc.ChainStreamInterceptor(s.streamACL))...)
 	s.registerServices()
 	s.goFunc(func() { _ = s.grpc.Serve(lis) })
