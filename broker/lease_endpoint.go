@@ -130,10 +130,10 @@ func (s *Server) acquire(ctx context.Context, r *gpupoolv1.LeaseRequest, wait ti
 		if wait <= 0 {
 			return nil, err
 		}
-		l, p := s.proposeEnqueue(r, callerFrom(ctx).actor())
+		l, p := s.queue.proposeEnqueue(r, callerFrom(ctx).actor(), s.nowMs())
 		s.placeMu.Unlock()
 		locked = false
-		pl, qerr := s.landEnqueue(l, p)
+		pl, qerr := s.queue.landEnqueue(l, p)
 		if qerr != nil {
 			return nil, qerr
 		}

@@ -3,6 +3,7 @@ package broker
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"slices"
 	"strings"
 	"time"
@@ -82,9 +83,9 @@ func (s *Server) schedule(ls *leaderState) {
 		State: st, Hosts: st.HostsWithDevices(), Placer: s.placer,
 		Now: s.cfg.Clock.Now(), PreemptGrace: s.cfg.PreemptGrace, NewID: newLeaseID,
 	})
-	sent := s.proposePlan(plan)
+	sent := s.queue.proposePlan(st, plan, s.nowMs())
 	s.placeMu.Unlock()
-	s.landPlan(ls, sent)
+	s.queue.landPlan(ls.ttl, sent)
 }
 
 // sentPlan is a plan whose commands are proposed and not yet landed.
@@ -105,38 +106,49 @@ type sentPreemption struct {
 	p       Proposal
 }
 
+// queueWriter writes the queue's decisions to the log through the
+// Proposer, following the lock rule (see doc.go): its propose methods run
+// under placeMu and record what they take as in flight; its land methods
+// run outside it and wait for the commits.
+type queueWriter struct {
+	props  Proposer
+	grants *inflight
+	log    *slog.Logger
+	grace  time.Duration // how long a preempted lease keeps running, for the log
+}
+
 // proposePlan proposes plan's commands in order: grants, preemptions,
-// withdrawals, extras. Call it under placeMu: what it grants or reserves
-// is in flight before placeMu is let go, so Acquire places around it.
-func (s *Server) proposePlan(plan *planner.Plan) *sentPlan {
+// withdrawals, extras. st is the snapshot plan was made on, nowMs the
+// leader's time. What it grants or reserves is in flight before it
+// returns, so a decision made after it places around it.
+func (s *queueWriter) proposePlan(st *state.Reader, plan *planner.Plan, now int64) *sentPlan {
 	sent := &sentPlan{}
-	now := s.nowMs()
 	for _, g := range plan.Grants {
 		s.grants.add(g)
-		sent.grants = append(sent.grants, sentGrant{g, s.applyAsync(&gpupoolv1.GrantLeaseCommand{Lease: g, NowMs: now})})
+		sent.grants = append(sent.grants, sentGrant{g, s.props.Propose(&gpupoolv1.GrantLeaseCommand{Lease: g, NowMs: now})})
 	}
 	for _, c := range plan.Preemptions {
 		// Until it commits, the room it makes is held in flight; once it
 		// has, the state's preemption reserves it (planner.Reserved).
-		r := s.fsm.State().Lease(c.ForLease)
+		r := st.Lease(c.ForLease)
 		room := &gpupoolv1.Lease{Id: "reserved-for-" + c.ForLease, Slices: plan.Reserved[c.ForLease],
 			HostCpuMillicores: r.GetHostCpuMillicores(), HostMemoryMib: r.GetHostMemoryMib()}
 		s.grants.add(room)
-		sent.preemptions = append(sent.preemptions, sentPreemption{c, room.Id, s.applyAsync(c)})
+		sent.preemptions = append(sent.preemptions, sentPreemption{c, room.Id, s.props.Propose(c)})
 	}
 	for _, c := range plan.Withdrawals {
-		sent.withdrawals = append(sent.withdrawals, s.applyAsync(c))
+		sent.withdrawals = append(sent.withdrawals, s.props.Propose(c))
 	}
 	for _, x := range plan.Grows {
 		s.grants.add(x)
-		sent.grows = append(sent.grows, sentGrant{x, s.applyAsync(&gpupoolv1.GrantLeaseCommand{Lease: x, NowMs: x.CreatedAtMs})})
+		sent.grows = append(sent.grows, sentGrant{x, s.props.Propose(&gpupoolv1.GrantLeaseCommand{Lease: x, NowMs: x.CreatedAtMs})})
 	}
 	return sent
 }
 
-// landPlan waits for a sent plan's commands, outside placeMu, and arms
-// the TTLs of what it granted.
-func (s *Server) landPlan(ls *leaderState, sent *sentPlan) {
+// landPlan waits for a sent plan's commands and arms the TTLs of what it
+// granted on ttl.
+func (s *queueWriter) landPlan(ttl *lease.Timers, sent *sentPlan) {
 	for _, g := range sent.grants {
 		res, err := g.p.Wait()
 		s.grants.done(g.lease.Id)
@@ -147,7 +159,7 @@ func (s *Server) landPlan(ls *leaderState, sent *sentPlan) {
 		if res.Lease.State != gpupoolv1.LeaseState_LEASE_STATE_GRANTED || res.Lease.Id != g.lease.Id {
 			continue // it left the queue meanwhile; nothing was allocated
 		}
-		ls.ttl.Reset(res.Lease.Id, lease.TTL(res.Lease.Request))
+		ttl.Reset(res.Lease.Id, lease.TTL(res.Lease.Request))
 		s.log.Info("pending lease granted", "lease", g.lease.Id, "tenant", g.lease.Tenant, "waited", time.Duration(res.Lease.StateChangedAtMs-res.Lease.CreatedAtMs)*time.Millisecond)
 	}
 	for _, p := range sent.preemptions {
@@ -157,7 +169,7 @@ func (s *Server) landPlan(ls *leaderState, sent *sentPlan) {
 			s.log.Warn("preempting leases failed", "for", p.cmd.ForLease, "leases", p.cmd.LeaseIds, "err", err)
 			continue
 		}
-		s.log.Info("leases preempted", "for", p.cmd.ForLease, "leases", p.cmd.LeaseIds, "grace", s.cfg.PreemptGrace)
+		s.log.Info("leases preempted", "for", p.cmd.ForLease, "leases", p.cmd.LeaseIds, "grace", s.grace)
 	}
 	for _, p := range sent.withdrawals {
 		if _, err := p.Wait(); err != nil {
@@ -171,7 +183,7 @@ func (s *Server) landPlan(ls *leaderState, sent *sentPlan) {
 			s.log.Debug("growing an elastic lease failed", "lease", g.lease.Parent, "err", err)
 			continue
 		}
-		ls.ttl.Reset(res.Lease.Id, time.Duration(res.Lease.TtlMs)*time.Millisecond)
+		ttl.Reset(res.Lease.Id, time.Duration(res.Lease.TtlMs)*time.Millisecond)
 		s.log.Info("elastic lease grew", "lease", g.lease.Parent, "extra", res.Lease.Id, "host", g.lease.Slices[0].Host)
 	}
 }
@@ -208,21 +220,21 @@ func (ls *leaderState) waiting(id string) bool {
 // enqueue adds r to the queue as a pending lease and returns it. Call it
 // without placeMu.
 func (s *Server) enqueue(r *gpupoolv1.LeaseRequest, by *gpupoolv1.Actor) (*gpupoolv1.Lease, error) {
-	return s.landEnqueue(s.proposeEnqueue(r, by))
+	return s.queue.landEnqueue(s.queue.proposeEnqueue(r, by, s.nowMs()))
 }
 
 // proposeEnqueue proposes r as a pending lease, under placeMu (see
 // doc.go): it is in flight until it lands, so a retry of the same request
 // waits for it rather than enqueueing it twice. Wait for it, outside
 // placeMu, with landEnqueue.
-func (s *Server) proposeEnqueue(r *gpupoolv1.LeaseRequest, by *gpupoolv1.Actor) (*gpupoolv1.Lease, Proposal) {
-	l := lease.New(newLeaseID(), r, nil, s.nowMs(), by)
+func (s *queueWriter) proposeEnqueue(r *gpupoolv1.LeaseRequest, by *gpupoolv1.Actor, nowMs int64) (*gpupoolv1.Lease, Proposal) {
+	l := lease.New(newLeaseID(), r, nil, nowMs, by)
 	s.grants.add(l)
-	return l, s.applyAsync(&gpupoolv1.EnqueueLeaseCommand{Lease: l})
+	return l, s.props.Propose(&gpupoolv1.EnqueueLeaseCommand{Lease: l})
 }
 
 // landEnqueue waits for an enqueue and returns the pending lease.
-func (s *Server) landEnqueue(l *gpupoolv1.Lease, p Proposal) (*gpupoolv1.Lease, error) {
+func (s *queueWriter) landEnqueue(l *gpupoolv1.Lease, p Proposal) (*gpupoolv1.Lease, error) {
 	res, err := p.Wait()
 	s.grants.done(l.Id)
 	if err != nil {

@@ -177,8 +177,11 @@ type Server struct {
 	placeMu sync.Mutex
 	// placer places with the policy, and learns FGD's mix on the leader.
 	placer *placer
-	// grants are the grants Acquire placed that are not applied yet.
+	// grants are the grants (and pending leases, extras, reservations)
+	// proposed under placeMu that are not applied yet.
 	grants *inflight
+	// queue writes the queue's plans and pending leases to the log.
+	queue *queueWriter
 	// keysMu serialises changes to the token signing keys.
 	keysMu sync.Mutex
 
@@ -360,6 +363,7 @@ func (s *Server) openRaft() error {
 	if s.cfg.wrapProposer != nil {
 		s.proposer = s.cfg.wrapProposer(s.proposer)
 	}
+	s.queue = &queueWriter{props: s.proposer, grants: s.grants, log: s.log, grace: s.cfg.PreemptGrace}
 	return nil
 }
 
