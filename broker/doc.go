@@ -24,7 +24,8 @@
 // returns its result once applied here. The server's Proposer is Raft;
 // the package's tests wrap it in a double that fails chosen commands
 // (faultyProposer), which is how faults are injected: the server has no
-// field for them.
+// field for them. The queue writes through a queueWriter over the same
+// Proposer (proposePlan, landPlan), which its tests drive without Raft.
 //
 // Placement and the queue see free capacity through planner.Placer and
 // planner.Pool, a copy-on-write view over the state's hosts: a decision
