@@ -23,7 +23,7 @@ type world struct {
 	quotas []*gpupoolv1.Quota
 }
 
-func (w world) state(t *testing.T) *state.Reader {
+func (w world) state(t testing.TB) *state.Reader {
 	t.Helper()
 	devs := map[string]*gpupoolv1.Device{}
 	st := state.New()
