@@ -13,7 +13,7 @@
 //   - broker/placement places one request on a view of free capacity;
 //   - broker/planner plans a pass of the queue (order, backfill, victims,
 //     reservations, elastic growth) as a pure function of a state
-//     snapshot and that view;
+//     snapshot and that view, and explains why a pending lease waits;
 //   - broker/lease holds the rules of a lease that do not depend on the
 //     pool, builds every lease (lease.New), and the leader's timers.
 //

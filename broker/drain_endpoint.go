@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/gpupool/gpupool/broker/fsm"
+	"github.com/gpupool/gpupool/broker/planner"
 	gpupoolv1 "github.com/gpupool/gpupool/proto/gpupool/v1"
 )
 
@@ -88,9 +89,9 @@ func (e poolService) SetEligibility(ctx context.Context, req *gpupoolv1.SetEligi
 				left++
 			}
 		}
-		what := fmt.Sprintf("draining with %s left", plural(left, "lease", "leases"))
+		what := fmt.Sprintf("draining with %s left", planner.Plural(left, "lease", "leases"))
 		if h.Status != gpupoolv1.HostStatus_HOST_STATUS_DRAINING {
-			what = fmt.Sprintf("%s and not drained yet (%s left)", fsm.HostStatusName(h.Status), plural(left, "lease", "leases"))
+			what = fmt.Sprintf("%s and not drained yet (%s left)", fsm.HostStatusName(h.Status), planner.Plural(left, "lease", "leases"))
 		}
 		return nil, refuse(ErrPrecondition, fmt.Sprintf(
 			"host %s is %s: enable it once it is drained, or cancel the drain with 'gpupool host drain %s --cancel'",

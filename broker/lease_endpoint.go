@@ -143,7 +143,7 @@ func (s *Server) acquire(ctx context.Context, r *gpupoolv1.LeaseRequest, wait ti
 	slices, err := s.placer.Place(hosts, r)
 	if pe := (*placement.Error)(nil); errors.As(err, &pe) && !pe.Never {
 		if wait <= 0 {
-			return nil, s.preemptionHint(st, hosts, r, pe)
+			return nil, planner.PreemptionHint(st, hosts, r, pe, s.placer, s.cfg.PreemptGrace)
 		}
 		return queue(err)
 	}
@@ -248,12 +248,12 @@ func (s *Server) withLeaderView(l *gpupoolv1.Lease) *gpupoolv1.Lease {
 
 // view is l as reads show it: the leader's view, and for a pending lease
 // why it is not granted yet.
-func (s *Server) view(why *pendingExplainer, l *gpupoolv1.Lease) *gpupoolv1.Lease {
+func (s *Server) view(why *planner.Explainer, l *gpupoolv1.Lease) *gpupoolv1.Lease {
 	if l.State != gpupoolv1.LeaseState_LEASE_STATE_PENDING {
 		return s.withLeaderView(l)
 	}
 	l = proto.CloneOf(l)
-	l.PendingReason = why.reason(l)
+	l.PendingReason = why.Why(l)
 	return l
 }
 
@@ -300,7 +300,7 @@ func (e leaseService) Get(ctx context.Context, req *gpupoolv1.GetLeaseRequest) (
 		return nil, err
 	}
 	st := e.s.fsm.State()
-	return &gpupoolv1.GetLeaseResponse{Lease: e.s.view(e.s.pendingExplainer(st), l)}, nil
+	return &gpupoolv1.GetLeaseResponse{Lease: e.s.view(e.s.explainer(st), l)}, nil
 }
 
 // ended reports whether a lease state is final.
@@ -362,7 +362,7 @@ func (e leaseService) List(ctx context.Context, req *gpupoolv1.ListLeasesRequest
 	if req.Host != "" && onlyHolding(req) {
 		candidates = st.HostLeases(req.Host)
 	}
-	why := e.s.pendingExplainer(st)
+	why := e.s.explainer(st)
 	for _, l := range candidates {
 		if leaseMatches(l, req) && c.sees(l) {
 			resp.Leases = append(resp.Leases, e.s.view(why, l))

@@ -5,14 +5,11 @@ import (
 	"fmt"
 	"log/slog"
 	"slices"
-	"strings"
 	"time"
 
 	"google.golang.org/protobuf/proto"
 
-	"github.com/gpupool/gpupool/broker/fsm"
 	"github.com/gpupool/gpupool/broker/lease"
-	"github.com/gpupool/gpupool/broker/placement"
 	"github.com/gpupool/gpupool/broker/planner"
 	"github.com/gpupool/gpupool/broker/state"
 	gpupoolv1 "github.com/gpupool/gpupool/proto/gpupool/v1"
@@ -427,111 +424,13 @@ func (s *Server) applyLogged(what string, cmd proto.Message) {
 	}
 }
 
-// whyPending explains why pending lease l is not granted, from the real
-// blockers: the leases it is preempting, what placement finds short in the
-// pool (less what others reserved), hosts out of service, its tenant's
-// quota, and the requests ahead of it.
+// whyPending explains why pending lease l is not granted: see
+// planner.Explainer.
 func (s *Server) whyPending(st *state.Reader, l *gpupoolv1.Lease) string {
-	return s.pendingExplainer(st).reason(l)
+	return s.explainer(st).Why(l)
 }
 
-// pendingExplainer explains pending leases of one state: the pool less the
-// reservations and the queue's order are computed once, however many
-// leases a List explains.
-type pendingExplainer struct {
-	st     *state.Reader
-	placer *placer
-	now    time.Time
-	hosts  []*gpupoolv1.Host
-	ahead  map[string]int // pending lease → requests ahead of it
-}
-
-func (s *Server) pendingExplainer(st *state.Reader) *pendingExplainer {
-	e := &pendingExplainer{st: st, placer: s.placer, now: s.cfg.Clock.Now(), ahead: map[string]int{}}
-	for i, r := range st.PendingLeases() {
-		e.ahead[r.Id] = i
-	}
-	return e
-}
-
-func (e *pendingExplainer) reason(l *gpupoolv1.Lease) string {
-	st := e.st
-	var parts []string
-	if vs := st.PreemptedFor(l.Id); len(vs) > 0 {
-		var last int64
-		for _, v := range vs {
-			last = max(last, v.PreemptAtMs)
-		}
-		parts = append(parts, fmt.Sprintf("preempting %s (%s), revoked in %s", plural(len(vs), "lease", "leases"),
-			strings.Join(planner.IDs(vs), ", "), max(0, time.UnixMilli(last).Sub(e.now)).Round(time.Second)))
-	} else {
-		if e.hosts == nil {
-			// Its own reservation is not in it: only leases with victims have one.
-			e.hosts = planner.Reserved(st, st.HostsWithDevices(), e.placer)
-		}
-		ss, err := e.placer.Place(e.hosts, l.Request)
-		switch {
-		case err != nil:
-			parts = append(parts, err.Error())
-		case fsm.CheckQuota(st, planner.GrantOf(l, ss)) != nil:
-			parts = append(parts, fsm.CheckQuota(st, planner.GrantOf(l, ss)).Error())
-		default:
-			parts = append(parts, "fits now: the queue grants it next")
-		}
-	}
-	parts = append(parts, quotaPressure(st, l.Tenant)...)
-	if n := e.ahead[l.Id]; n > 0 {
-		parts = append(parts, fmt.Sprintf("%s ahead in the queue", plural(n, "request", "requests")))
-	}
-	return strings.Join(parts, "; ")
-}
-
-// quotaPressure names each dimension of a tenant's quota that is at least
-// 80% used: "tenant sim at 90% of memory quota".
-func quotaPressure(st *state.Reader, tenant string) []string {
-	q := st.Quota(tenant)
-	if q == nil {
-		return nil
-	}
-	use := fsm.TenantUsage(st, tenant)
-	var out []string
-	for _, d := range []struct {
-		name      string
-		used, max int64
-	}{
-		{"gpus", int64(use.Gpus), int64(q.Gpus)},
-		{"memory", use.MemoryMib, q.MemoryMib},
-		{"compute", use.ComputePercent, q.ComputePercent},
-	} {
-		if d.max > 0 && d.used*100 >= 80*d.max {
-			out = append(out, fmt.Sprintf("tenant %s at %d%% of %s quota", tenant, d.used*100/d.max, d.name))
-		}
-	}
-	return out
-}
-
-func plural(n int, one, many string) string {
-	if n == 1 {
-		return "1 " + one
-	}
-	return fmt.Sprintf("%d %s", n, many)
-}
-
-// preemptionHint is the error for a guaranteed request without a wait
-// that does not fit now: placement's reason, and, when preempting
-// preemptible leases would make room, how to get it.
-func (s *Server) preemptionHint(st *state.Reader, hosts []*gpupoolv1.Host, r *gpupoolv1.LeaseRequest, pe *placement.Error) error {
-	if r.Class == gpupoolv1.LeaseClass_LEASE_CLASS_PREEMPTIBLE {
-		return pe
-	}
-	cands := planner.Candidates(st, &gpupoolv1.Lease{Priority: r.Priority})
-	if len(cands) == 0 {
-		return pe // the common case of a full pool: nothing to copy
-	}
-	victims, _ := planner.Victims(planner.NewPool(hosts), r, s.placer, cands)
-	if victims == nil {
-		return pe
-	}
-	return &placement.Error{Reason: fmt.Sprintf("%s; preempting %s would make room: acquire with a wait of more than the %s grace (e.g. --wait 2m)",
-		pe.Reason, plural(len(victims), "preemptible lease", "preemptible leases"), s.cfg.PreemptGrace)}
+// explainer explains the pending leases of st, as of now on this server.
+func (s *Server) explainer(st *state.Reader) *planner.Explainer {
+	return planner.NewExplainer(st, s.placer, s.cfg.Clock.Now())
 }
