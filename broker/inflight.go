@@ -8,12 +8,14 @@ import (
 	gpupoolv1 "github.com/gpupool/gpupool/proto/gpupool/v1"
 )
 
-// inflight holds the grants the leader has placed and sent to Raft but
-// that the state does not show yet. Acquire places the next request on the
-// state plus these, and lets go of placeMu while its grant commits, so
-// that concurrent acquires share Raft's batched fsyncs instead of waiting
-// for each other's. Apply still re-checks every slice: in-flight grants
-// only make placement see the capacity they take.
+// inflight holds what the leader proposed under placeMu and the state
+// does not show yet: Acquire's grants and pending leases, the queue's
+// grants and extras, and the room a preemption in flight reserves. Every
+// decision places on the state plus these, so placeMu can be let go
+// while the commands commit (see the lock rule in doc.go) and concurrent
+// acquires share Raft's batched fsyncs instead of waiting for each
+// other's. Apply still re-checks every slice: what is in flight only
+// makes placement see the capacity it takes.
 type inflight struct {
 	mu     sync.Mutex
 	leases map[string]*flight // by lease id; guarded by mu

@@ -20,19 +20,11 @@ import (
 // a pending lease (a new leader gives absent waiters PendingGrace to come
 // back) and the timers, re-armed from the state like lease TTLs.
 //
-// A pass (schedule) walks the queue in order, priority then arrival, on a
-// private copy of the pool:
-//   - a request that fits is granted; a later, smaller one that fits while
-//     the head does not is granted too (backfill);
-//   - a request whose victims are still leaving has its slices reserved in
-//     the copy, so nothing placed after it takes the room it waits for;
-//   - a guaranteed request that does not fit looks for preemptible leases
-//     to preempt (chooseVictims) and, if that makes room, notifies them and
-//     reserves;
-//   - when nobody waits for capacity, elastic leases grow into what is left.
-//
-// Passes run one at a time, under placeMu like Acquire's own placement, and
-// are triggered by every change that can free or take capacity.
+// A pass (schedule) asks broker/planner what to do (its package doc has
+// the rules: order, backfill, reservations, victims, growth) and writes
+// the plan to the log through the queueWriter. Passes run one at a time,
+// follow the same lock rule as Acquire (doc.go), and are triggered by
+// every change that can free or take capacity.
 
 // minPassInterval spaces the queue's passes under a stream of changes, so
 // a queue that cannot move does not hold placeMu back to back.
