@@ -22,10 +22,11 @@
 // Every change of the state goes through a Proposer (propose.go): Propose
 // sends a command to the log without waiting, and the Proposal's Wait
 // returns its result once applied here. The server's Proposer is Raft;
-// the package's tests wrap it in a double that fails or holds back chosen commands
-// (faultyProposer), which is how faults are injected: the server has no
-// field for them. The queue writes through a queueWriter over the same
-// Proposer (proposePlan, landPlan), which its tests drive without Raft.
+// the package's tests wrap it in a double (faultyProposer) that fails
+// chosen commands or holds them back, which is how faults are injected:
+// the server has no field for them. The queue writes through a
+// queueWriter over the same Proposer (proposePlan, landPlan), which its
+// tests drive without Raft.
 //
 // Placement and the queue see free capacity through planner.Placer and
 // planner.Pool, a copy-on-write view over the state's hosts: a decision
