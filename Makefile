@@ -105,7 +105,7 @@ elastic-demo: ## examples/elastic-sim on a local 'gpupool dev' while guaranteed 
 # Fuzz targets as PACKAGE:FUZZ_FUNC; their seed corpora are committed under
 # each package's testdata/fuzz/. `make fuzz` runs each for FUZZTIME.
 FUZZTIME ?= 10s
-FUZZ_TARGETS := ./broker/fsm:FuzzDecode ./broker/lease:FuzzValidate ./token:FuzzVerify \
+FUZZ_TARGETS := ./broker/fsm:FuzzDecode ./protocol:FuzzValidate ./token:FuzzVerify \
 	./dataplane:FuzzReadFrame ./internal/quantity:FuzzParseMemoryMiB ./internal/quantity:FuzzParsePercent \
 	./client:FuzzReadTokenFile ./agent:FuzzReadLeaseFile ./agent/device:FuzzSimControlProcess
 

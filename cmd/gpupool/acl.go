@@ -11,9 +11,9 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/gpupool/gpupool/broker"
-	"github.com/gpupool/gpupool/broker/lease"
 	"github.com/gpupool/gpupool/client"
 	gpupoolv1 "github.com/gpupool/gpupool/proto/gpupool/v1"
+	"github.com/gpupool/gpupool/protocol"
 )
 
 func newACLCmd() *cobra.Command {
@@ -129,7 +129,7 @@ func (f *aclTokenFlags) request(cmd *cobra.Command) (*gpupoolv1.CreateAclTokenRe
 		return nil, usagef("--preemptible-only: only client tokens can be limited to preemptible leases")
 	}
 	for i, t := range req.Tenants {
-		if err := lease.ValidateTenant("--tenants", t); err != nil {
+		if err := protocol.ValidateTenant("--tenants", t); err != nil {
 			if i == 0 && f.tenant != "" {
 				return nil, usagef("--tenant %q: must be a tenant name (lower-case letters, digits, '.', '_', '-'; at most 63)", t)
 			}
@@ -140,8 +140,8 @@ func (f *aclTokenFlags) request(cmd *cobra.Command) (*gpupoolv1.CreateAclTokenRe
 		if !client {
 			return nil, usagef("--max-priority: only client tokens have a priority limit")
 		}
-		if f.maxPriority < 0 || f.maxPriority > lease.MaxPriority {
-			return nil, usagef("--max-priority %d: must be between 0 and %d", f.maxPriority, lease.MaxPriority)
+		if f.maxPriority < 0 || f.maxPriority > protocol.MaxPriority {
+			return nil, usagef("--max-priority %d: must be between 0 and %d", f.maxPriority, protocol.MaxPriority)
 		}
 		req.MaxPriority = &f.maxPriority
 	}
@@ -218,7 +218,7 @@ An agent token registers and heartbeats as --host-id only. --ttl makes it expire
 	fs.StringVar(&f.name, "name", "", "name shown in lists and audit records (default: from the kind and scope)")
 	fs.StringVar(&f.tenant, "tenant", "", "client: the tenant the token acts for by default")
 	fs.StringVar(&f.tenants, "tenants", "", "client: more tenants it may act for, comma-separated")
-	fs.Int32Var(&f.maxPriority, "max-priority", 0, fmt.Sprintf("client: the highest lease priority it may ask for (0-%d; default no limit)", lease.MaxPriority))
+	fs.Int32Var(&f.maxPriority, "max-priority", 0, fmt.Sprintf("client: the highest lease priority it may ask for (0-%d; default no limit)", protocol.MaxPriority))
 	fs.BoolVar(&f.preemptibleOnly, "preemptible-only", false, "client: only preemptible leases")
 	fs.StringVar(&f.hostID, "host-id", "", "agent: the host id it registers as")
 	fs.DurationVar(&f.ttl, "ttl", 0, "how long the token is valid, e.g. 720h (0: no expiry)")

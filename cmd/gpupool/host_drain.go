@@ -17,14 +17,12 @@ import (
 
 	"github.com/gpupool/gpupool/client"
 	gpupoolv1 "github.com/gpupool/gpupool/proto/gpupool/v1"
+	"github.com/gpupool/gpupool/protocol"
 )
 
 // defaultDrainDeadline is how long a drain gives leases before revoking
 // them, unless --deadline, --no-deadline or --force says otherwise.
 const defaultDrainDeadline = time.Hour
-
-// maxDrainDeadline matches the brokers' limit (broker.MaxDrainDeadline).
-const maxDrainDeadline = 30 * 24 * time.Hour
 
 // stdoutIsTerminal reports whether w is an interactive terminal, where the
 // drain monitor redraws its line. Tests replace it.
@@ -66,10 +64,10 @@ func (o *drainOpts) check(args []string) error {
 		return usagef("--deadline %s: must be positive; use --force to revoke the leases now, or --no-deadline to wait for them to end", o.deadline)
 	case o.deadlineSet && o.deadline < time.Second:
 		return usagef("--deadline %s: must be at least 1s; use --force to revoke the leases now", o.deadline)
-	case o.deadline > maxDrainDeadline:
-		return usagef("--deadline %s: must be at most %s", o.deadline, maxDrainDeadline)
-	case len(o.reason) > 256:
-		return usagef("--reason: %d bytes, must be at most 256", len(o.reason))
+	case o.deadline > protocol.MaxDrainDeadline:
+		return usagef("--deadline %s: must be at most %s", o.deadline, protocol.MaxDrainDeadline)
+	case len(o.reason) > protocol.MaxDrainReasonLen:
+		return usagef("--reason: %d bytes, must be at most %d", len(o.reason), protocol.MaxDrainReasonLen)
 	}
 	if o.selector != "" {
 		if _, err := parseSelector(o.selector); err != nil {

@@ -12,7 +12,6 @@ import (
 	"strings"
 	"time"
 
-	"github.com/google/uuid"
 	"github.com/spf13/cobra"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -20,6 +19,7 @@ import (
 	"github.com/gpupool/gpupool/broker"
 	"github.com/gpupool/gpupool/client"
 	gpupoolv1 "github.com/gpupool/gpupool/proto/gpupool/v1"
+	"github.com/gpupool/gpupool/protocol"
 )
 
 func newLeaseCmd() *cobra.Command {
@@ -72,18 +72,9 @@ type acquireFlags struct {
 	wait    time.Duration
 	elastic string
 
-	changed func(name string) bool // whether a flag was given
+	changed func(name string) bool   // whether a flag was given
+	lookup  func(name string) string // a flag's value, as typed
 }
-
-const (
-	minLeaseTTL = time.Second
-	maxLeaseTTL = 24 * time.Hour
-	// maxWait is the longest --wait the brokers accept.
-	maxWait = 24 * time.Hour
-)
-
-// newRequestID makes the idempotency key of an acquire that was given none.
-var newRequestID = uuid.NewString
 
 // defaultHolder is "$USER@$HOSTNAME", the holder a lease acquired from a
 // shell names.
@@ -105,6 +96,12 @@ func defaultHolder() string {
 func (f *acquireFlags) register(cmd *cobra.Command) {
 	fs := cmd.Flags()
 	f.changed = fs.Changed
+	f.lookup = func(name string) string {
+		if fl := fs.Lookup(name); fl != nil {
+			return fl.Value.String()
+		}
+		return ""
+	}
 	fs.Int32Var(&f.gpus, "gpus", 1, "how many GPUs (or slices, one per GPU)")
 	fs.StringVar(&f.memory, "memory", "", "GPU memory per slice: 20GiB, 512MiB, or a plain number of MiB")
 	fs.StringVar(&f.compute, "compute", "", "compute per slice in percent of one GPU's SMs, 1-100 (a ceiling, not a reservation)")
@@ -114,7 +111,7 @@ func (f *acquireFlags) register(cmd *cobra.Command) {
 	fs.StringVar(&f.host, "host", "", "only this pool host (exact host ID)")
 	fs.StringArrayVar(&f.labels, "label", nil, "only hosts with this label, key=value (repeatable)")
 	fs.StringVar(&f.topology, "topology", "", "how the GPUs relate: "+strings.Join(enumLabels[gpupoolv1.Topology](), ", ")+" (default: no constraint)")
-	fs.DurationVar(&f.ttl, "ttl", 5*time.Minute, "how long the lease lives without renewal, 1s to 24h")
+	fs.DurationVar(&f.ttl, "ttl", 5*time.Minute, "how long the lease lives without renewal, "+protocol.Human(protocol.MinTTL)+" to "+protocol.Human(protocol.MaxTTL))
 	fs.StringVar(&f.tenant, "tenant", "", `tenant whose quota the lease counts against (default: your client token's first tenant, else "default")`)
 	fs.StringVar(&f.holder, "holder", defaultHolder(), "who holds the lease (free-form: job name, pod UID)")
 	fs.StringVar(&f.requestID, "request-id", "", "idempotency key: acquiring again with the same tenant and key returns the same lease (default: a new UUID)")
@@ -134,7 +131,7 @@ func (f *acquireFlags) registerQueue(cmd *cobra.Command) {
 }
 
 func (f *acquireFlags) registerWait(cmd *cobra.Command) {
-	cmd.Flags().DurationVar(&f.wait, "wait", 0, "wait this long in the queue when the request does not fit now (default 0: fail at once)")
+	cmd.Flags().DurationVar(&f.wait, "wait", 0, "wait this long in the queue when the request does not fit now, up to "+protocol.Human(protocol.MaxWait)+" (default 0: fail at once)")
 }
 
 // acquireOptions are the client options for --wait: the wait, and the
@@ -150,12 +147,6 @@ func (f *acquireFlags) acquireOptions(w io.Writer) []client.AcquireOption {
 // leaseRequest checks the flags and builds the request they describe.
 // Every mistake is a usage error naming the flag and what is allowed.
 func (f *acquireFlags) leaseRequest() (*gpupoolv1.LeaseRequest, error) {
-	if f.gpus < 1 {
-		return nil, usagef("--gpus %d: must be at least 1", f.gpus)
-	}
-	if f.wait < 0 || f.wait > maxWait {
-		return nil, usagef("--wait %s: must be between 0 (the default: fail at once) and %s, e.g. --wait 10m", f.wait, maxWait)
-	}
 	count, elasticMax := f.gpus, int32(0)
 	if f.elastic != "" {
 		var err error
@@ -180,19 +171,22 @@ func (f *acquireFlags) leaseRequest() (*gpupoolv1.LeaseRequest, error) {
 	}
 	slice := f.memory != "" || f.compute != ""
 	switch {
-	case f.exclusive && slice:
-		return nil, usagef("--exclusive leases whole GPUs and cannot be combined with --memory or --compute: drop --exclusive for a fractional slice, or drop --memory and --compute for whole GPUs")
 	case !f.exclusive && !slice:
 		return nil, usagef("say what each GPU should give: --exclusive for whole GPUs, or --memory and --compute for a fractional slice (e.g. --memory 20GiB --compute 25)")
-	case slice && f.memory == "":
+	case !f.exclusive && f.memory == "":
 		return nil, usagef("--compute needs --memory: a fractional slice has both (e.g. --memory 20GiB --compute %s)", f.compute)
-	case slice && f.compute == "":
+	case !f.exclusive && f.compute == "":
 		return nil, usagef("--memory needs --compute: a fractional slice has both (e.g. --memory %s --compute 25)", f.memory)
-	case slice:
+	}
+	// With --exclusive too they are parsed, for the rules to refuse.
+	if f.memory != "" {
 		var err error
 		if req.MemoryMib, err = parseMemoryFlag("memory", f.memory, 1); err != nil {
 			return nil, err
 		}
+	}
+	if f.compute != "" {
+		var err error
 		if req.ComputePercent, err = parsePercentFlag("compute", f.compute); err != nil {
 			return nil, err
 		}
@@ -214,29 +208,11 @@ func (f *acquireFlags) leaseRequest() (*gpupoolv1.LeaseRequest, error) {
 			return nil, err
 		}
 	}
-	if f.ttl < minLeaseTTL || f.ttl > maxLeaseTTL {
-		return nil, usagef("--ttl %s: must be between %s and %s", f.ttl, minLeaseTTL, maxLeaseTTL)
-	}
 	if f.changed("tenant") && strings.TrimSpace(f.tenant) == "" {
 		return nil, usagef("--tenant is empty: name the tenant whose quota the lease counts against, e.g. --tenant default")
 	}
 	if req.Class, err = parseEnumFlag[gpupoolv1.LeaseClass]("class", f.class); err != nil {
 		return nil, err
-	}
-	if elasticMax > 0 {
-		// An elastic lease's extras go wherever there is room, on any
-		// host.
-		switch {
-		case req.Class == gpupoolv1.LeaseClass_LEASE_CLASS_PREEMPTIBLE:
-			return nil, usagef("--elastic with --class preemptible: an elastic lease is guaranteed; its extras are preemptible: drop --class preemptible")
-		case f.topology != "":
-			return nil, usagef("--elastic with --topology %s: an elastic lease's extras go wherever there is room, so its slices have no topology: drop --topology, or drop --elastic", f.topology)
-		case f.hostCPU > 0 || f.hostMemory != "":
-			return nil, usagef("--elastic with --host-cpu or --host-memory: an elastic lease's extras may be on other hosts than the lease, so it holds no host CPU or memory: drop them, or drop --elastic")
-		}
-	}
-	if f.hostCPU < 0 {
-		return nil, usagef("--host-cpu %d: must not be negative (millicores: 1000 = one CPU)", f.hostCPU)
 	}
 	req.HostCpuMillicores = f.hostCPU
 	if f.hostMemory != "" {
@@ -244,12 +220,73 @@ func (f *acquireFlags) leaseRequest() (*gpupoolv1.LeaseRequest, error) {
 			return nil, err
 		}
 	}
-	if req.RequestId == "" {
-		// A key of our own makes the client's retries of this one
-		// acquire idempotent.
-		req.RequestId = newRequestID()
+	// The rules are the protocol's: a field it refuses is reported under
+	// the flag that set it.
+	if err := protocol.Validate(req); err != nil {
+		return nil, f.flagError(err)
 	}
+	if err := protocol.ValidateWait(f.wait.Milliseconds()); err != nil {
+		return nil, f.flagError(err)
+	}
+	// Without --request-id the SDK makes one, so that its retries of this
+	// acquire are idempotent.
 	return req, nil
+}
+
+// acquireFlagOf names the flag of 'lease acquire' that sets each request
+// field the protocol's rules may refuse.
+var acquireFlagOf = map[string]string{
+	"count":                      "gpus",
+	"exclusive":                  "exclusive",
+	"memory_mib":                 "memory",
+	"compute_percent":            "compute",
+	"host_cpu_millicores":        "host-cpu",
+	"host_memory_mib":            "host-memory",
+	"ttl_ms":                     "ttl",
+	"constraints.model":          "model",
+	"constraints.min_memory_mib": "min-memory",
+	"constraints.labels":         "label",
+	"constraints.host":           "host",
+	"topology":                   "topology",
+	"class":                      "class",
+	"priority":                   "priority",
+	"elastic_max":                "elastic",
+	"tenant":                     "tenant",
+	"request_id":                 "request-id",
+	"holder":                     "holder",
+	"wait_ms":                    "wait",
+}
+
+// fieldNamesAsFlags rewrites the request field names a rule's text may
+// mention into the flags that set them.
+var fieldNamesAsFlags = func() *strings.Replacer {
+	var pairs []string
+	for field, flag := range acquireFlagOf {
+		if strings.Contains(field, "_") && !strings.Contains(field, ".") {
+			pairs = append(pairs, field, "--"+flag)
+		}
+	}
+	return strings.NewReplacer(pairs...)
+}()
+
+// flagError turns the protocol's *FieldError into a usage error naming
+// the flag, as typed, and what is allowed.
+func (f *acquireFlags) flagError(err error) error {
+	var fe *protocol.FieldError
+	if !errors.As(err, &fe) {
+		return err
+	}
+	flag, ok := acquireFlagOf[fe.Field]
+	if !ok {
+		return usagef("%v", err)
+	}
+	value := fmt.Sprint(fe.Value)
+	if f.lookup != nil {
+		if v := f.lookup(flag); v != "" {
+			value = v
+		}
+	}
+	return usagef("--%s %s: %s", flag, value, fieldNamesAsFlags.Replace(fe.Allowed))
 }
 
 // parseElasticFlag reads --elastic MIN..MAX: MIN slices guaranteed, up

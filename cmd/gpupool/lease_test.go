@@ -28,8 +28,8 @@ func TestLeaseCommandsRefuseBadInput(t *testing.T) {
 		{"acquire with neither form explains both", []string{"lease", "acquire"}, []string{"--exclusive for whole GPUs", "--memory and --compute", "--memory 20GiB --compute 25"}},
 		{"acquire with --memory alone", []string{"lease", "acquire", "--memory", "20GiB"}, []string{"--memory needs --compute"}},
 		{"acquire with --compute alone", []string{"lease", "acquire", "--compute", "25"}, []string{"--compute needs --memory"}},
-		{"acquire with no GPUs", with("--gpus", "0"), []string{"--gpus 0", "at least 1"}},
-		{"acquire with negative GPUs", with("--gpus", "-2"), []string{"--gpus -2", "at least 1"}},
+		{"acquire with no GPUs", with("--gpus", "0"), []string{"--gpus 0", "between 1 and 256"}},
+		{"acquire with negative GPUs", with("--gpus", "-2"), []string{"--gpus -2", "between 1 and 256"}},
 		{"acquire with decimal GB", []string{"lease", "acquire", "--memory", "20GB", "--compute", "25"}, []string{`--memory "20GB"`, "decimal", "GiB"}},
 		{"acquire with zero memory", []string{"lease", "acquire", "--memory", "0", "--compute", "25"}, []string{`--memory "0"`, "at least 1 MiB"}},
 		{"acquire with a fraction of a MiB", []string{"lease", "acquire", "--memory", "0.0001GiB", "--compute", "25"}, []string{`--memory "0.0001GiB"`, "whole number of MiB"}},
@@ -38,20 +38,20 @@ func TestLeaseCommandsRefuseBadInput(t *testing.T) {
 		{"acquire with fractional compute", []string{"lease", "acquire", "--memory", "1GiB", "--compute", "12.5"}, []string{`--compute "12.5"`, "whole percent"}},
 		{"acquire with an unknown topology", with("--topology", "same-rack"), []string{`--topology "same-rack"`, "same-host, distinct-gpus, same-nvlink, same-pcie-root"}},
 		{"acquire with an unknown class", with("--class", "besteffort"), []string{`--class "besteffort"`, "guaranteed, preemptible"}},
-		{"acquire with a TTL under a second", with("--ttl", "500ms"), []string{"--ttl 500ms", "between 1s and 24h0m0s"}},
-		{"acquire with a TTL over a day", with("--ttl", "25h"), []string{"--ttl 25h0m0s", "between 1s and 24h0m0s"}},
+		{"acquire with a TTL under a second", with("--ttl", "500ms"), []string{"--ttl 500ms", "between 1000 (1s) and 86400000 (24h)"}},
+		{"acquire with a TTL over a day", with("--ttl", "25h"), []string{"--ttl 25h0m0s", "between 1000 (1s) and 86400000 (24h)"}},
 		{"acquire with a label missing =", with("--label", "gpu"), []string{`--label "gpu"`, "key=value"}},
 		{"acquire with a label missing its key", with("--label", "=x"), []string{`--label "=x"`, "key=value"}},
 		{"acquire with two values for one label", with("--label", "zone=a", "--label", "zone=b"), []string{`--label "zone=b"`, `"zone"`, `already given as "a"`}},
 		{"acquire with an empty tenant", with("--tenant", ""), []string{"--tenant is empty"}},
-		{"acquire with negative host CPU", with("--host-cpu", "-1"), []string{"--host-cpu -1", "negative", "millicores"}},
+		{"acquire with negative host CPU", with("--host-cpu", "-1"), []string{"--host-cpu -1", "0 or more", "millicores"}},
 		{"acquire with decimal host memory", with("--host-memory", "16GB"), []string{`--host-memory "16GB"`, "GiB"}},
 		{"acquire with negative min memory", with("--min-memory", "-1GiB"), []string{`--min-memory "-1GiB"`, "negative"}},
 		{"acquire with a positional argument", with("extra"), []string{"accepts 0 arg(s)", "usage: gpupool lease acquire"}},
 		{"acquire with an unknown flag", with("--gpu", "2"), []string{"--gpu"}},
 		{"acquire with a non-number for --gpus", with("--gpus", "two"), []string{"--gpus"}},
 		{"acquire with a bad --ttl", with("--ttl", "5"), []string{"--ttl"}},
-		{"acquire with a negative wait", with("--wait", "-1s"), []string{"--wait -1s", "between 0 (the default: fail at once) and 24h0m0s", "--wait 10m"}},
+		{"acquire with a negative wait", with("--wait", "-1s"), []string{"--wait -1s", "between 0 (fail at once) and 86400000 (24h)"}},
 		{"acquire with a wait over a day", with("--wait", "25h"), []string{"--wait 25h0m0s", "between 0"}},
 		{"acquire with a wait that is not a duration", with("--wait", "10"), []string{"--wait"}},
 		{"acquire with an elastic range without ..", with("--elastic", "2-6"), []string{`--elastic "2-6"`, "MIN..MAX", "--elastic 2..6"}},
@@ -61,9 +61,9 @@ func TestLeaseCommandsRefuseBadInput(t *testing.T) {
 		{"acquire with an elastic MAX under its MIN", with("--elastic", "5..2"), []string{"--elastic 5..2: MAX (2) must be at least MIN (5)"}},
 		{"acquire with --elastic and --gpus", with("--elastic", "2..6", "--gpus", "3"), []string{"--elastic 2..6", "--gpus 3", "keep --elastic", "keep --gpus"}},
 		{"acquire with --elastic and the default --gpus given", with("--gpus", "1", "--elastic", "2..6"), []string{"conflicts with --gpus 1"}},
-		{"acquire of a preemptible elastic lease", with("--elastic", "2..6", "--class", "preemptible"), []string{"an elastic lease is guaranteed; its extras are preemptible", "drop --class preemptible"}},
-		{"acquire of an elastic lease with a topology", with("--elastic", "2..6", "--topology", "same-host"), []string{"--elastic with --topology same-host", "drop --topology"}},
-		{"acquire of an elastic lease with host memory", with("--elastic", "2..6", "--host-memory", "16GiB"), []string{"--elastic with --host-cpu or --host-memory", "other hosts"}},
+		{"acquire of a preemptible elastic lease", with("--elastic", "2..6", "--class", "preemptible"), []string{"--class preemptible", "an elastic lease must be guaranteed (its extra slices are preemptible)", "drop class or --elastic"}},
+		{"acquire of an elastic lease with a topology", with("--elastic", "2..6", "--topology", "same-host"), []string{"--topology same-host", "must be unset for an elastic lease"}},
+		{"acquire of an elastic lease with host memory", with("--elastic", "2..6", "--host-memory", "16GiB"), []string{"--host-memory 16GiB", "must be unset for an elastic lease", "other hosts"}},
 		{"run with a wait over a day", []string{"run", "--exclusive", "--wait", "25h", "--", "true"}, []string{"--wait 25h0m0s", "between 0"}},
 		{"run has no --elastic", []string{"run", "--exclusive", "--elastic", "1..2", "--", "true"}, []string{"--elastic"}},
 		{"keepalive without a lease", []string{"lease", "keepalive"}, []string{"requires at least 1 arg(s)", "LEASE_ID..."}},
@@ -95,22 +95,18 @@ func parseAcquire(t *testing.T, args ...string) (*gpupoolv1.LeaseRequest, error)
 }
 
 func TestAcquireBuildsTheRequest(t *testing.T) {
-	prev := newRequestID
-	newRequestID = func() string { return "generated-id" }
-	t.Cleanup(func() { newRequestID = prev })
-
 	tests := []struct {
 		name string
 		args []string
 		want *gpupoolv1.LeaseRequest
 	}{
 		{
-			name: "a slice gets the defaults and a generated request id",
+			name: "a slice gets the defaults, and no request id (the SDK makes one)",
 			args: []string{"--memory", "20GiB", "--compute", "25%", "--holder", "me@box"},
 			want: &gpupoolv1.LeaseRequest{
 				Count: 1, MemoryMib: 20480, ComputePercent: 25, TtlMs: 300000,
-				RequestId: "generated-id", Holder: "me@box",
-				Class: gpupoolv1.LeaseClass_LEASE_CLASS_GUARANTEED, Constraints: &gpupoolv1.Constraints{},
+				Holder: "me@box", // no request id: the SDK makes one
+				Class:  gpupoolv1.LeaseClass_LEASE_CLASS_GUARANTEED, Constraints: &gpupoolv1.Constraints{},
 			},
 		},
 		{
@@ -132,8 +128,8 @@ func TestAcquireBuildsTheRequest(t *testing.T) {
 			args: []string{"--memory", "20GiB", "--compute", "25", "--elastic", "2..6", "--holder", "me@box", "--wait", "10m"},
 			want: &gpupoolv1.LeaseRequest{
 				Count: 2, ElasticMax: 6, MemoryMib: 20480, ComputePercent: 25, TtlMs: 300000,
-				RequestId: "generated-id", Holder: "me@box",
-				Class: gpupoolv1.LeaseClass_LEASE_CLASS_GUARANTEED, Constraints: &gpupoolv1.Constraints{},
+				Holder: "me@box", // no request id: the SDK makes one
+				Class:  gpupoolv1.LeaseClass_LEASE_CLASS_GUARANTEED, Constraints: &gpupoolv1.Constraints{},
 			},
 		},
 		{
@@ -141,8 +137,8 @@ func TestAcquireBuildsTheRequest(t *testing.T) {
 			args: []string{"--exclusive", "--elastic", " 3..3 ", "--holder", "me@box"},
 			want: &gpupoolv1.LeaseRequest{
 				Count: 3, ElasticMax: 3, Exclusive: true, TtlMs: 300000,
-				RequestId: "generated-id", Holder: "me@box",
-				Class: gpupoolv1.LeaseClass_LEASE_CLASS_GUARANTEED, Constraints: &gpupoolv1.Constraints{},
+				Holder: "me@box", // no request id: the SDK makes one
+				Class:  gpupoolv1.LeaseClass_LEASE_CLASS_GUARANTEED, Constraints: &gpupoolv1.Constraints{},
 			},
 		},
 	}
@@ -156,20 +152,6 @@ func TestAcquireBuildsTheRequest(t *testing.T) {
 				t.Errorf("got  %v\nwant %v", prototext.Format(got), prototext.Format(tt.want))
 			}
 		})
-	}
-}
-
-func TestAcquireMakesAFreshRequestIDEachTime(t *testing.T) {
-	a, err := parseAcquire(t, "--exclusive")
-	if err != nil {
-		t.Fatal(err)
-	}
-	b, err := parseAcquire(t, "--exclusive")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if a.GetRequestId() == "" || a.GetRequestId() == b.GetRequestId() {
-		t.Errorf("request ids %q and %q, want two different non-empty ones", a.GetRequestId(), b.GetRequestId())
 	}
 }
 
