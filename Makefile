@@ -12,8 +12,9 @@ PKG_RACE := ./broker/... ./agent/... ./client/... ./internal/... ./token/... ./d
 
 all: build
 
-build: ## build bin/gpupool
+build: ## build bin/gpupool (the product) and bin/gpupool-bench (the benchmarks, kept out of the product)
 	$(GO) build -o $(BIN)/gpupool ./cmd/gpupool
+	$(GO) build -o $(BIN)/gpupool-bench ./cmd/gpupool-bench
 
 dev: build ## run 3 brokers + 4 simulated hosts and show a lease's life; Ctrl-C stops
 	$(BIN)/gpupool dev --demo
@@ -81,23 +82,23 @@ lint: ## gofmt + go vet
 bench: build bench-placement bench-lease bench-failover bench-scale bench-dataplane ## every benchmark (about 20 minutes on 2 cores); writes bench/results/*.{json,md,png}; see bench/README.md
 
 bench-placement: build ## the broker's placement engine on the Alibaba openb trace, 9 policies incl. FGD, 10 seeds (about 9 min)
-	$(BIN)/gpupool bench placement
+	$(BIN)/gpupool-bench placement
 
 bench-lease: build ## acquire+release on 3 gpupool brokers against an allocator on 3 etcd members, 1-256 clients (installs Debian's etcd-server; about 5 min)
 	bash bench/lease/install-etcd.sh
-	$(BIN)/gpupool bench lease --gpupool $(BIN)/gpupool
+	$(BIN)/gpupool-bench lease --gpupool $(BIN)/gpupool
 
 bench-failover: build ## kill -9 the leader 10 times under load: time to the next acquire, leases lost (about 2 min)
-	$(BIN)/gpupool bench failover --gpupool $(BIN)/gpupool
+	$(BIN)/gpupool-bench failover --gpupool $(BIN)/gpupool
 
 bench-scale: build ## one broker with 10k hosts x 8 GPUs and 100k leases: RSS, snapshot, restart (about 10 min; at most 12)
-	$(BIN)/gpupool bench scale --gpupool $(BIN)/gpupool
+	$(BIN)/gpupool-bench scale --gpupool $(BIN)/gpupool
 
 bench-go: ## Go micro-benchmarks of placement and the FSM
 	$(GO) test -run '^$$' -bench . -benchmem ./broker/...
 
 bench-dataplane: build ## QUIC data plane against TCP+TLS on loopback: 1 GiB each way and exec latency; writes bench/results/dataplane.json
-	$(BIN)/gpupool bench dataplane
+	$(BIN)/gpupool-bench dataplane
 
 elastic-demo: ## examples/elastic-sim on a local 'gpupool dev' while guaranteed work comes and goes (about 2 minutes; ports 7641+ free); writes bench/results/elastic-sim.{png,csv}
 	bash examples/elastic-sim/demo.sh

@@ -61,7 +61,7 @@ func (e poolService) DrainHost(ctx context.Context, req *gpupoolv1.DrainHostRequ
 		}
 	}
 	e.s.log.Info("host drain", "host", req.HostId, "cancel", req.Cancel, "force", req.Force, "deadline", fsm.DeadlineText(res.Host.GetDrain().GetDeadlineMs()),
-		"status", fsm.HostStatusName(res.Host.GetStatus()), "leases", resp.Leases, "by", ActorText(callerFrom(ctx).actor()))
+		"status", fsm.HostStatusName(res.Host.GetStatus()), "leases", resp.Leases, "by", protocol.ActorText(callerFrom(ctx).actor()))
 	return resp, nil
 }
 

@@ -36,7 +36,7 @@ func (e operatorService) SetQuota(ctx context.Context, req *gpupoolv1.SetQuotaRe
 	if _, err := e.s.apply(&gpupoolv1.SetQuotaCommand{Tenant: q.Tenant, Quota: q, Actor: by, NowMs: q.UpdatedAtMs}); err != nil {
 		return nil, toStatus(err)
 	}
-	e.s.log.Info("quota set", "tenant", q.Tenant, "gpus", q.Gpus, "memory_mib", q.MemoryMib, "compute_percent", q.ComputePercent, "by", ActorText(by))
+	e.s.log.Info("quota set", "tenant", q.Tenant, "gpus", q.Gpus, "memory_mib", q.MemoryMib, "compute_percent", q.ComputePercent, "by", protocol.ActorText(by))
 	if ls := e.s.currentLeader(); ls != nil {
 		ls.kickQueue() // a raised quota may let a pending lease through
 	}
@@ -69,7 +69,7 @@ func (e operatorService) RemoveQuota(ctx context.Context, req *gpupoolv1.RemoveQ
 	if _, err := e.s.apply(&gpupoolv1.SetQuotaCommand{Tenant: req.Tenant, Actor: by, NowMs: e.s.nowMs()}); err != nil {
 		return nil, toStatus(err)
 	}
-	e.s.log.Info("quota removed", "tenant", req.Tenant, "by", ActorText(by))
+	e.s.log.Info("quota removed", "tenant", req.Tenant, "by", protocol.ActorText(by))
 	if ls := e.s.currentLeader(); ls != nil {
 		ls.kickQueue()
 	}

@@ -10,7 +10,6 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/gpupool/gpupool/broker"
 	"github.com/gpupool/gpupool/client"
 	gpupoolv1 "github.com/gpupool/gpupool/proto/gpupool/v1"
 	"github.com/gpupool/gpupool/protocol"
@@ -145,8 +144,8 @@ func (f *aclTokenFlags) request(cmd *cobra.Command) (*gpupoolv1.CreateAclTokenRe
 		}
 		req.MaxPriority = &f.maxPriority
 	}
-	if f.ttl < 0 || f.ttl > broker.MaxTokenTTL {
-		return nil, usagef("--ttl %s: must be 0 (no expiry) or up to %s", f.ttl, broker.MaxTokenTTL)
+	if f.ttl < 0 || f.ttl > protocol.MaxTokenTTL {
+		return nil, usagef("--ttl %s: must be 0 (no expiry) or up to %s", f.ttl, protocol.MaxTokenTTL)
 	}
 	if f.ttl > 0 && f.ttl < time.Millisecond {
 		return nil, usagef("--ttl %s: must be at least 1ms", f.ttl)
@@ -304,7 +303,7 @@ func newACLWhoAmICmd() *cobra.Command {
 // printSecret shows a new token and its secret, once.
 func printSecret(w io.Writer, s *gpupoolv1.AclTokenSecret) error {
 	t := s.GetToken()
-	fmt.Fprintf(w, "accessor: %s\nname:     %s\nkind:     %s\nscope:    %s\n", t.GetAccessorId(), t.GetName(), broker.KindName(t.GetKind()), tokenScope(t))
+	fmt.Fprintf(w, "accessor: %s\nname:     %s\nkind:     %s\nscope:    %s\n", t.GetAccessorId(), t.GetName(), protocol.TokenKindName(t.GetKind()), tokenScope(t))
 	if t.GetExpiresAtMs() != 0 {
 		fmt.Fprintf(w, "expires:  %s\n", formatTimeMs(t.GetExpiresAtMs()))
 	}
@@ -352,8 +351,8 @@ func printTokens(w io.Writer, tokens []*gpupoolv1.AclToken) error {
 		if tok.GetExpiresAtMs() != 0 {
 			expires = formatTimeMs(tok.GetExpiresAtMs())
 		}
-		t.row(tok.GetAccessorId(), tok.GetName(), broker.KindName(tok.GetKind()), tokenScope(tok), tokenState(tok),
-			formatTimeMs(tok.GetCreatedAtMs()), expires, broker.ActorText(tok.GetCreatedBy()))
+		t.row(tok.GetAccessorId(), tok.GetName(), protocol.TokenKindName(tok.GetKind()), tokenScope(tok), tokenState(tok),
+			formatTimeMs(tok.GetCreatedAtMs()), expires, protocol.ActorText(tok.GetCreatedBy()))
 	}
 	return t.flush()
 }

@@ -13,7 +13,7 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/gpupool/gpupool/client"
-	"github.com/gpupool/gpupool/client/k8s"
+	"github.com/gpupool/gpupool/k8s"
 	gpupoolv1 "github.com/gpupool/gpupool/proto/gpupool/v1"
 	"github.com/gpupool/gpupool/protocol"
 )

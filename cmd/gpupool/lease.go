@@ -16,7 +16,6 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
-	"github.com/gpupool/gpupool/broker"
 	"github.com/gpupool/gpupool/client"
 	gpupoolv1 "github.com/gpupool/gpupool/proto/gpupool/v1"
 	"github.com/gpupool/gpupool/protocol"
@@ -694,7 +693,7 @@ func keepAliveLine(r *gpupoolv1.KeepAliveResponse) string {
 			line += " (revoked at " + formatTimeMs(ev.GetDeadlineMs()) + ")"
 		}
 		if a := ev.GetActor(); a != nil {
-			line += " [by " + broker.ActorText(a) + "]"
+			line += " [by " + protocol.ActorText(a) + "]"
 		}
 		return line
 	}
