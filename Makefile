@@ -8,7 +8,7 @@ PROTO_FILES := $(wildcard proto/gpupool/v1/*.proto)
 export CGO_CFLAGS ?= -O2 -g -Wno-deprecated-declarations
 PKG_RACE := ./broker/... ./agent/... ./client/... ./internal/... ./token/... ./dataplane/...
 
-.PHONY: all build test dev proto proto-check lint bench bench-dataplane bench-placement bench-lease bench-failover bench-scale bench-go tools clean test-unit test-cluster helm chart test-k8s bench-k8s elastic-demo fuzz test-robustness soak robustness-tools
+.PHONY: all build test dev proto proto-check lint lint-refs bench bench-dataplane bench-placement bench-lease bench-failover bench-scale bench-go tools clean test-unit test-cluster helm chart test-k8s bench-k8s elastic-demo fuzz test-robustness soak robustness-tools
 
 all: build
 
@@ -74,10 +74,17 @@ proto-check: tools
 	if [ $$stale = 1 ]; then echo "proto-check: generated code is stale; run 'make proto' and commit the result"; exit 1; fi; \
 	echo "proto-check: generated code is up to date"
 
-lint: ## gofmt + go vet
+lint: lint-refs ## gofmt + go vet, and no reference to files outside the repository
 	@out=$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go') | grep -v '\.pb\.go$$' || true); \
 	if [ -n "$$out" ]; then echo "gofmt wants to rewrite:"; echo "$$out"; exit 1; fi
 	$(GO) vet ./...
+
+# The repository stands alone: no file may cite a design document or a path
+# that a fresh clone does not have. Names each offending file and line.
+LINT_REFS := DESIGN\.md|(^|[^A-Za-z0-9_./-])/work/|\.\./shared
+lint-refs: ## fail if any file cites DESIGN.md, /work/ or ../shared (paths outside the repository)
+	@out=$$(grep -rInE '$(LINT_REFS)' --exclude-dir=.git --exclude=.git --exclude-dir=bin --exclude-dir=.bin . | grep -v '^./Makefile:' || true); \
+	if [ -n "$$out" ]; then echo "references to files outside the repository:"; echo "$$out"; exit 1; fi
 
 bench: build bench-placement bench-lease bench-failover bench-scale bench-dataplane ## every benchmark (about 20 minutes on 2 cores); writes bench/results/*.{json,md,png}; see bench/README.md
 
