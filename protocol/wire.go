@@ -12,6 +12,13 @@ import (
 // learn where to send writes from it.
 const LeaderHeader = "gpupool-leader"
 
+// SnapshotIndexTrailer is the gRPC trailer in which a broker reports the
+// Raft index of a snapshot it saved.
+const SnapshotIndexTrailer = "gpupool-snapshot-index"
+
+// SnapshotChunkSize is how much of a snapshot goes in one message.
+const SnapshotChunkSize = 1 << 20
+
 // Reconnect timings every gRPC connection between the components uses: a
 // connection tries a server again within a second of it coming back
 // (gRPC's default backoff grows to two minutes, and a broker that was

@@ -392,37 +392,21 @@ func deadlineText(d *gpupoolv1.HostDrain, now time.Time) string {
 // errDetached means the operator pressed Ctrl-C while monitoring.
 var errDetached = errors.New("detached")
 
-// drainProgress is one host's state as the monitor last read it.
-type drainProgress struct {
-	resp *gpupoolv1.GetHostResponse
-	err  error
-}
-
-// done reports whether there is nothing left to wait for on the host:
-// drained, cancelled, or down with no lease left.
-func (p drainProgress) done() bool {
-	if p.resp == nil {
-		return false
+// drainLine is a host's progress: "gpu-3: draining, 2 leases left,
+// deadline in 58m (14:05:00 UTC)".
+func drainLine(p client.DrainProgress, now time.Time) string {
+	id := p.Host
+	if p.Err != nil {
+		return fmt.Sprintf("%s: %s", id, status.Convert(p.Err).Message())
 	}
-	h := p.resp.GetHost()
-	return h.GetDrain() == nil || h.GetStatus() == gpupoolv1.HostStatus_HOST_STATUS_DRAINED ||
-		(h.GetStatus() == gpupoolv1.HostStatus_HOST_STATUS_DOWN && len(p.resp.GetLeases()) == 0)
-}
-
-// line is the host's progress: "gpu-3: draining, 2 leases left, deadline
-// in 58m (14:05:00 UTC)".
-func (p drainProgress) line(id string, now time.Time) string {
-	if p.err != nil {
-		return fmt.Sprintf("%s: %s", id, status.Convert(p.err).Message())
-	}
-	h := p.resp.GetHost()
+	h := p.Resp.GetHost()
 	switch {
 	case h.GetDrain() == nil:
 		return fmt.Sprintf("%s: drain cancelled (%s)", id, enumLabel(h.GetStatus()))
 	case h.GetStatus() == gpupoolv1.HostStatus_HOST_STATUS_DRAINED:
 		return fmt.Sprintf("%s: drained", id)
 	}
-	return fmt.Sprintf("%s: %s, %s left, %s", id, enumLabel(h.GetStatus()), leasesText(len(p.resp.GetLeases())), deadlineText(h.GetDrain(), now))
+	return fmt.Sprintf("%s: %s, %s left, %s", id, enumLabel(h.GetStatus()), leasesText(len(p.Resp.GetLeases())), deadlineText(h.GetDrain(), now))
 }
 
 // monitorDrain shows the drain of hosts until every one is done, and
@@ -430,30 +414,13 @@ func (p drainProgress) line(id string, now time.Time) string {
 // second; otherwise it prints a line whenever the leases left or a status
 // change. It returns errDetached when ctx ends (Ctrl-C).
 func monitorDrain(ctx context.Context, c *client.Client, w io.Writer, ids []string, redraw bool) ([]*gpupoolv1.DrainHostResponse, error) {
-	tick := time.NewTicker(time.Second)
-	defer tick.Stop()
 	last := ""
-	for {
-		prog := make([]drainProgress, len(ids))
-		all := true
-		for i, id := range ids {
-			cctx, cancel := context.WithTimeout(ctx, global.timeout)
-			resp, err := c.Pool.GetHost(cctx, &gpupoolv1.GetHostRequest{HostId: id})
-			cancel()
-			if ctx.Err() != nil {
-				return nil, errDetached
-			}
-			if status.Code(err) == codes.NotFound {
-				return nil, fmt.Errorf("host %s: %w", id, err)
-			}
-			prog[i] = drainProgress{resp: resp, err: err}
-			all = all && prog[i].done()
-		}
+	out, err := c.WatchDrain(ctx, ids, time.Second, global.timeout, func(prog []client.DrainProgress) {
 		now := time.Now()
 		var lines, keys []string
-		for i, p := range prog {
-			lines = append(lines, p.line(ids[i], now))
-			keys = append(keys, p.line(ids[i], time.Time{}))
+		for _, p := range prog {
+			lines = append(lines, drainLine(p, now))
+			keys = append(keys, drainLine(p, time.Time{}))
 		}
 		text := strings.Join(lines, "; ")
 		if redraw {
@@ -462,26 +429,22 @@ func monitorDrain(ctx context.Context, c *client.Client, w io.Writer, ids []stri
 			fmt.Fprintln(w, text)
 			last = key
 		}
-		if all {
-			if redraw {
-				fmt.Fprintln(w)
-			}
-			var out []*gpupoolv1.DrainHostResponse
-			for _, p := range prog {
-				h := p.resp.GetHost()
-				out = append(out, &gpupoolv1.DrainHostResponse{Host: h, Leases: int32(len(p.resp.GetLeases()))})
-				if h.GetStatus() == gpupoolv1.HostStatus_HOST_STATUS_DRAINED {
-					fmt.Fprintf(w, "host %s is drained and stays out of the pool until 'gpupool host eligibility %s --enable'\n", h.GetId(), h.GetId())
-				}
-			}
-			return out, nil
-		}
-		select {
-		case <-ctx.Done():
-			return nil, errDetached
-		case <-tick.C:
+	})
+	if ctx.Err() != nil {
+		return nil, errDetached
+	}
+	if err != nil {
+		return nil, err
+	}
+	if redraw {
+		fmt.Fprintln(w)
+	}
+	for _, r := range out {
+		if h := r.GetHost(); h.GetStatus() == gpupoolv1.HostStatus_HOST_STATUS_DRAINED {
+			fmt.Fprintf(w, "host %s is drained and stays out of the pool until 'gpupool host eligibility %s --enable'\n", h.GetId(), h.GetId())
 		}
 	}
+	return out, nil
 }
 
 func newHostEligibilityCmd() *cobra.Command {
