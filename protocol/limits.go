@@ -28,8 +28,12 @@ const (
 
 // Limits of a host drain.
 const (
-	// MaxDrainDeadline is the longest drain deadline a request may ask
-	// for.
+	// DefaultDrainDeadline is how long a drain from the CLI gives leases
+	// before revoking them, unless told otherwise.
+	DefaultDrainDeadline = time.Hour
+	// MinDrainDeadline is the shortest deadline the CLI asks for (shorter
+	// is --force); MaxDrainDeadline the longest a request may ask for.
+	MinDrainDeadline = time.Second
 	MaxDrainDeadline = 30 * 24 * time.Hour
 	// MaxDrainReasonLen bounds a drain's reason, in bytes.
 	MaxDrainReasonLen = 256

@@ -20,10 +20,6 @@ import (
 	"github.com/gpupool/gpupool/protocol"
 )
 
-// defaultDrainDeadline is how long a drain gives leases before revoking
-// them, unless --deadline, --no-deadline or --force says otherwise.
-const defaultDrainDeadline = time.Hour
-
 // stdoutIsTerminal reports whether w is an interactive terminal, where the
 // drain monitor redraws its line. Tests replace it.
 var stdoutIsTerminal = func(w io.Writer) bool {
@@ -62,8 +58,8 @@ func (o *drainOpts) check(args []string) error {
 		return usagef("--deadline %s and --no-deadline: give one or the other", o.deadline)
 	case o.deadlineSet && o.deadline <= 0:
 		return usagef("--deadline %s: must be positive; use --force to revoke the leases now, or --no-deadline to wait for them to end", o.deadline)
-	case o.deadlineSet && o.deadline < time.Second:
-		return usagef("--deadline %s: must be at least 1s; use --force to revoke the leases now", o.deadline)
+	case o.deadlineSet && o.deadline < protocol.MinDrainDeadline:
+		return usagef("--deadline %s: must be at least %s; use --force to revoke the leases now", o.deadline, protocol.MinDrainDeadline)
 	case o.deadline > protocol.MaxDrainDeadline:
 		return usagef("--deadline %s: must be at most %s", o.deadline, protocol.MaxDrainDeadline)
 	case len(o.reason) > protocol.MaxDrainReasonLen:
@@ -231,7 +227,7 @@ exactly, or the hosts by label with --selector key=value[,key=value].`,
 		},
 	}
 	f := cmd.Flags()
-	f.DurationVar(&o.deadline, "deadline", defaultDrainDeadline, "revoke the leases still on the host after this long")
+	f.DurationVar(&o.deadline, "deadline", protocol.DefaultDrainDeadline, "revoke the leases still on the host after this long")
 	f.BoolVar(&o.noDeadline, "no-deadline", false, "never revoke: wait for the leases to end by themselves")
 	f.BoolVar(&o.force, "force", false, "revoke every lease on the host now")
 	f.BoolVar(&o.monitor, "monitor", false, "show progress until the host is drained (default on a terminal)")
