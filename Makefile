@@ -6,7 +6,7 @@ TOOLS := $(CURDIR)/.bin
 PROTO_FILES := $(wildcard proto/gpupool/v1/*.proto)
 # go-nvml's cgo prints deprecation warnings on every fresh build; they are not ours.
 export CGO_CFLAGS ?= -O2 -g -Wno-deprecated-declarations
-PKG_RACE := ./broker/... ./agent/... ./client/... ./internal/... ./token/... ./dataplane/...
+PKG_RACE := ./broker/... ./agent/... ./client/... ./k8s/... ./protocol/... ./internal/... ./token/... ./dataplane/...
 
 .PHONY: all build test dev proto proto-check lint lint-refs bench bench-dataplane bench-placement bench-lease bench-failover bench-scale bench-go tools clean test-unit test-cluster helm chart test-k8s bench-k8s elastic-demo fuzz test-robustness soak robustness-tools
 
