@@ -11,8 +11,8 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/gpupool/gpupool/broker/fsm"
-	"github.com/gpupool/gpupool/broker/lease"
 	"github.com/gpupool/gpupool/broker/placement"
+	"github.com/gpupool/gpupool/protocol"
 )
 
 // Errors of the broker. The domain code returns them (the kinds below
@@ -109,7 +109,7 @@ func toStatus(err error) error {
 			}
 		}
 	}
-	var fe *lease.FieldError
+	var fe *protocol.FieldError
 	var pe *placement.Error
 	var ce *fsm.ConflictError
 	var pce *fsm.PreconditionError

@@ -18,6 +18,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	gpupoolv1 "github.com/gpupool/gpupool/proto/gpupool/v1"
+	"github.com/gpupool/gpupool/protocol"
 )
 
 // operatorService implements OperatorService.
@@ -128,9 +129,6 @@ const snapshotMagic = "gpupool-snapshot v1"
 
 const snapshotChunk = 256 << 10
 
-// snapshotIndexTrailer carries a saved snapshot's Raft index.
-const snapshotIndexTrailer = "gpupool-snapshot-index"
-
 // SnapshotSave streams the leader's state after a barrier, so the
 // snapshot holds every write acknowledged before the call.
 func (e operatorService) SnapshotSave(req *gpupoolv1.SnapshotSaveRequest, stream grpc.ServerStreamingServer[gpupoolv1.SnapshotChunk]) error {
@@ -152,7 +150,7 @@ func (e operatorService) SnapshotSave(req *gpupoolv1.SnapshotSaveRequest, stream
 		return err
 	}
 	index := st.Index()
-	stream.SetTrailer(metadata.Pairs(snapshotIndexTrailer, strconv.FormatUint(index, 10)))
+	stream.SetTrailer(metadata.Pairs(protocol.SnapshotIndexTrailer, strconv.FormatUint(index, 10)))
 	sum := sha256.Sum256(data)
 	header := fmt.Sprintf("%s index=%d size=%d sha256=%s\n", snapshotMagic, index, len(data), hex.EncodeToString(sum[:]))
 	all := append([]byte(header), data...)

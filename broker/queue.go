@@ -13,6 +13,7 @@ import (
 	"github.com/gpupool/gpupool/broker/planner"
 	"github.com/gpupool/gpupool/broker/state"
 	gpupoolv1 "github.com/gpupool/gpupool/proto/gpupool/v1"
+	"github.com/gpupool/gpupool/protocol"
 )
 
 // The queue runs on the leader. Pending leases, preemption deadlines and
@@ -148,7 +149,7 @@ func (s *queueWriter) landPlan(ttl *lease.Timers, sent *sentPlan) {
 		if res.Lease.State != gpupoolv1.LeaseState_LEASE_STATE_GRANTED || res.Lease.Id != g.lease.Id {
 			continue // it left the queue meanwhile; nothing was allocated
 		}
-		ttl.Reset(res.Lease.Id, lease.TTL(res.Lease.Request))
+		ttl.Reset(res.Lease.Id, protocol.TTL(res.Lease.Request))
 		s.log.Info("pending lease granted", "lease", g.lease.Id, "tenant", g.lease.Tenant, "waited", time.Duration(res.Lease.StateChangedAtMs-res.Lease.CreatedAtMs)*time.Millisecond)
 	}
 	for _, p := range sent.preemptions {

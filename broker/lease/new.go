@@ -1,3 +1,7 @@
+// Package lease holds the broker's lease mechanics that do not depend on
+// the pool: building a lease from its request (New), and the leader's
+// keyed deadlines (Timers: TTLs, heartbeats, lock-delays). The rules of a
+// request (validation, limits, defaults) are the protocol package's.
 package lease
 
 import gpupoolv1 "github.com/gpupool/gpupool/proto/gpupool/v1"
