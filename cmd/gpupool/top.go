@@ -7,7 +7,7 @@ import (
 	"github.com/mattn/go-isatty"
 	"github.com/spf13/cobra"
 
-	"github.com/gpupool/gpupool/internal/top"
+	"github.com/gpupool/gpupool/cmd/gpupool/internal/top"
 )
 
 func newTopCmd() *cobra.Command {
