@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/gpupool/gpupool/dataplane"
+	"github.com/gpupool/gpupool/internal/clock"
 	gpupoolv1 "github.com/gpupool/gpupool/proto/gpupool/v1"
 )
 
@@ -51,12 +52,22 @@ func (c *Client) Attach(ctx context.Context, leaseID string) (*Lease, error) {
 
 // follow starts renewing l in the background.
 func (c *Client) follow(l *gpupoolv1.Lease, tokens []*gpupoolv1.HostToken) *Lease {
+	return c.followWith(l, tokens, clock.Real, func(ctx context.Context) (KeepAliveStream, error) { return c.Lease.KeepAlive(ctx) })
+}
+
+// followWith starts renewing l in the background with the renewer, over
+// the streams open opens and paced by clk: a third of its TTL at a time,
+// giving up when no renewal succeeds for a whole TTL.
+func (c *Client) followWith(l *gpupoolv1.Lease, tokens []*gpupoolv1.HostToken, clk clock.Clock, open func(context.Context) (KeepAliveStream, error)) *Lease {
 	rctx, cancel := context.WithCancel(context.Background())
 	lease := &Lease{c: c, events: make(chan *gpupoolv1.LeaseEvent, 64), done: make(chan struct{}), cancel: cancel}
 	lease.parent.update(l)
 	lease.parent.setTokens(tokens)
 	lease.sessions.src = lease
-	go lease.keepAlive(rctx)
+	sched := newRenewSchedule([]string{l.GetId()}, 0, false)
+	sched.expireAfter(l.GetId(), time.Duration(l.GetTtlMs())*time.Millisecond, clk.Now())
+	k := &renewer{sched: sched, open: open, onAnswer: lease.answer, clk: clk}
+	go lease.keepAlive(rctx, k)
 	return lease
 }
 
