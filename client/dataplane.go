@@ -6,6 +6,7 @@ import (
 	"io"
 	"io/fs"
 	"net"
+	"strings"
 	"sync"
 	"time"
 
@@ -23,36 +24,31 @@ func (c *Client) Attach(ctx context.Context, leaseID string) (*Lease, error) {
 	if err != nil {
 		return nil, err
 	}
-	// The stream lives only for this first renewal: cancelling its context
-	// frees it (CloseSend alone leaves it open until ctx ends).
-	sctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	ka, err := c.Lease.KeepAlive(sctx)
-	if err != nil {
+	var tokens []*gpupoolv1.HostToken
+	first := newRenewSchedule([]string{leaseID}, 0, true)
+	k := &renewer{sched: first, open: c.keepAliveStream, clk: clock.Real, onAnswer: func(r *gpupoolv1.KeepAliveResponse) error {
+		if r.GetEvent() == nil && r.GetLeaseId() == leaseID && RenewalFailure(r) == "" {
+			tokens = r.GetTokens()
+		}
+		return nil
+	}}
+	if err := k.run(ctx); err != nil {
+		if why, failed := first.failed[leaseID]; failed {
+			return nil, fmt.Errorf("%w: %s", ErrLeaseEnded, strings.TrimPrefix(why, "lease ended: "))
+		}
 		return nil, err
 	}
-	defer ka.CloseSend()
-	if err := ka.Send(&gpupoolv1.KeepAliveRequest{LeaseId: leaseID}); err != nil {
-		return nil, err
-	}
-	for {
-		r, err := ka.Recv()
-		if err != nil {
-			return nil, err
-		}
-		if r.Event != nil {
-			continue
-		}
-		if r.Error != "" || r.State != gpupoolv1.LeaseState_LEASE_STATE_GRANTED {
-			return nil, fmt.Errorf("%w: %s", ErrLeaseEnded, r.Error)
-		}
-		return c.follow(got.Lease, r.Tokens), nil
-	}
+	return c.follow(got.Lease, tokens), nil
+}
+
+// keepAliveStream opens a LeaseService.KeepAlive stream.
+func (c *Client) keepAliveStream(ctx context.Context) (KeepAliveStream, error) {
+	return c.Lease.KeepAlive(ctx)
 }
 
 // follow starts renewing l in the background.
 func (c *Client) follow(l *gpupoolv1.Lease, tokens []*gpupoolv1.HostToken) *Lease {
-	return c.followWith(l, tokens, clock.Real, func(ctx context.Context) (KeepAliveStream, error) { return c.Lease.KeepAlive(ctx) })
+	return c.followWith(l, tokens, clock.Real, c.keepAliveStream)
 }
 
 // followWith starts renewing l in the background with the renewer, over

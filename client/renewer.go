@@ -61,7 +61,7 @@ type RenewOptions struct {
 func (c *Client) Renew(ctx context.Context, ids []string, o RenewOptions) error {
 	open := o.Stream
 	if open == nil {
-		open = func(ctx context.Context) (KeepAliveStream, error) { return c.Lease.KeepAlive(ctx) }
+		open = c.keepAliveStream
 	}
 	k := &renewer{sched: newRenewSchedule(ids, o.Interval, o.Once), open: open, onAnswer: o.OnAnswer, onBroken: o.OnBroken, clk: clock.Real}
 	return k.run(ctx)
