@@ -16,6 +16,7 @@ import (
 
 	"github.com/gpupool/gpupool/internal/clock"
 	gpupoolv1 "github.com/gpupool/gpupool/proto/gpupool/v1"
+	"github.com/gpupool/gpupool/protocol"
 )
 
 // Pacing of Renew.
@@ -120,7 +121,7 @@ func RenewalFailure(r *gpupoolv1.KeepAliveResponse) string {
 	case r.GetError() != "":
 		return r.GetError()
 	case r.GetState() != gpupoolv1.LeaseState_LEASE_STATE_GRANTED:
-		return fmt.Sprintf("lease is %s, not granted", stateLabel(r.GetState()))
+		return fmt.Sprintf("lease is %s, not granted", protocol.EnumLabel(r.GetState()))
 	}
 	return ""
 }
@@ -572,12 +573,4 @@ func waitFor(ctx context.Context, clk clock.Clock, d time.Duration) error {
 	case <-fired:
 		return nil
 	}
-}
-
-// stateLabel is a lease state as the CLI spells it: expired, releasing.
-func stateLabel(st gpupoolv1.LeaseState) string {
-	if st == gpupoolv1.LeaseState_LEASE_STATE_UNSPECIFIED {
-		return "-"
-	}
-	return strings.ToLower(strings.ReplaceAll(strings.TrimPrefix(st.String(), "LEASE_STATE_"), "_", "-"))
 }

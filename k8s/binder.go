@@ -860,7 +860,7 @@ func unavailable(err error) bool {
 func endMessage(l *gpupoolv1.Lease, err error) string {
 	msg := fmt.Sprintf("lease %s ended", l.GetId())
 	if s := l.GetState(); s != gpupoolv1.LeaseState_LEASE_STATE_GRANTED && s != gpupoolv1.LeaseState_LEASE_STATE_UNSPECIFIED {
-		msg = fmt.Sprintf("lease %s is %s", l.GetId(), strings.ToLower(strings.TrimPrefix(s.String(), "LEASE_STATE_")))
+		msg = fmt.Sprintf("lease %s is %s", l.GetId(), protocol.EnumLabel(s))
 	}
 	if l.GetReason() != "" {
 		msg += ": " + l.GetReason()
