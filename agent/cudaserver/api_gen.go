@@ -1255,11 +1255,11 @@ func dispatch(c Calls, g guard, op uint16, d *wire.Decoder, e *wire.Encoder) (Re
 		if !ok {
 			return ErrorInvalidValue, nil
 		}
-		if r := g.inDevptr(dstDevice, sizeByteCount); r != Success {
-			return r, nil
-		}
 		if uint64(len(srcHost)) != sizeByteCount {
 			return 0, errBufferLength("srcHost", len(srcHost), sizeByteCount)
+		}
+		if r := g.inDevptr(dstDevice, sizeByteCount); r != Success {
+			return r, nil
 		}
 		r := c.CuMemcpyHtoDV2(dstDevice, srcHost, byteCount)
 		if r != Success {
@@ -1323,11 +1323,11 @@ func dispatch(c Calls, g guard, op uint16, d *wire.Decoder, e *wire.Encoder) (Re
 		if !ok {
 			return ErrorInvalidValue, nil
 		}
-		if r := g.inDevptr(dstDevice, sizeByteCount); r != Success {
-			return r, nil
-		}
 		if uint64(len(srcHost)) != sizeByteCount {
 			return 0, errBufferLength("srcHost", len(srcHost), sizeByteCount)
+		}
+		if r := g.inDevptr(dstDevice, sizeByteCount); r != Success {
+			return r, nil
 		}
 		if r := g.inHandle(HandleStream, hStream); r != Success {
 			return r, nil
@@ -1722,14 +1722,14 @@ func dispatch(c Calls, g guard, op uint16, d *wire.Decoder, e *wire.Encoder) (Re
 		if !ok {
 			return ErrorInvalidValue, nil
 		}
+		if uint64(len(params)) != sizeParamsLen {
+			return 0, errBufferLength("params", len(params), sizeParamsLen)
+		}
 		if r := g.inHandle(HandleFunction, f); r != Success {
 			return r, nil
 		}
 		if r := g.inHandle(HandleStream, hStream); r != Success {
 			return r, nil
-		}
-		if uint64(len(params)) != sizeParamsLen {
-			return 0, errBufferLength("params", len(params), sizeParamsLen)
 		}
 		r := c.GpupoolLaunchKernel(f, gridDimX, gridDimY, gridDimZ, blockDimX, blockDimY, blockDimZ, sharedMemBytes, hStream, params, paramsLen)
 		if r != Success {

@@ -165,7 +165,9 @@ func (rb *realBackend) GpupoolFuncParams(f uint64, info []byte, _ uint32) (uint3
 	return uint32(len(l)), Success
 }
 
-func putLE32(b []byte, v uint32) { b[0], b[1], b[2], b[3] = byte(v), byte(v>>8), byte(v>>16), byte(v>>24) }
+func putLE32(b []byte, v uint32) {
+	b[0], b[1], b[2], b[3] = byte(v), byte(v>>8), byte(v>>16), byte(v>>24)
+}
 
 // GpupoolLaunchKernel launches f with its parameters laid out in params.
 func (rb *realBackend) GpupoolLaunchKernel(f uint64, gx, gy, gz, bx, by, bz, shared uint32, s uint64, params []byte, _ uint32) Result {

@@ -490,11 +490,16 @@ func genCase(b *bytes.Buffer, f *api.Func) {
 		sizes[name] = true
 		fmt.Fprintf(b, "\t\t%s, ok := sizeOf(int64(%s), %d)\n\t\tif !ok {\n\t\t\treturn ErrorInvalidValue, nil\n\t\t}\n", name, goVar(a.Size), a.Scale)
 	}
+	// A buffer that disagrees with its size argument is a malformed frame,
+	// whatever else is wrong with the call.
+	for _, a := range f.Args {
+		if v := goVar(a.Name); a.Kind == api.KindBuffer && !a.Out {
+			fmt.Fprintf(b, "\t\tif uint64(len(%s)) != %s {\n\t\t\treturn 0, errBufferLength(%q, len(%s), %s)\n\t\t}\n", v, goSize(f, a), a.Name, v, goSize(f, a))
+		}
+	}
 	for _, a := range f.Args {
 		v := goVar(a.Name)
 		switch {
-		case a.Kind == api.KindBuffer && !a.Out:
-			fmt.Fprintf(b, "\t\tif uint64(len(%s)) != %s {\n\t\t\treturn 0, errBufferLength(%q, len(%s), %s)\n\t\t}\n", v, goSize(f, a), a.Name, v, goSize(f, a))
 		case a.Kind == api.KindDevice && !a.Out:
 			fmt.Fprintf(b, "\t\t%s, rd%s := g.inDevice(%s)\n\t\tif rd%s != Success {\n\t\t\treturn rd%s, nil\n\t\t}\n", v, v, v, v, v)
 		case a.Kind == api.KindHandle && !a.Out:

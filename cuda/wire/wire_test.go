@@ -106,7 +106,7 @@ func FuzzReadFrame(f *testing.F) {
 			case 1:
 				d.U64()
 			default:
-				d.String()
+				_ = d.String()
 			}
 		}
 		_ = d.Err()

@@ -1,0 +1,348 @@
+package cudaserver
+
+import (
+	"bytes"
+	"encoding/binary"
+	"errors"
+	"net"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/gpupool/gpupool/cuda/wire"
+)
+
+const testLimit = 1 << 30
+
+func newTestServer(t testing.TB, limit uint64) *Server {
+	t.Helper()
+	srv, err := New(Config{
+		Devices:     []int{0},
+		MemoryLimit: limit,
+		NewBackend: func() (Backend, error) {
+			return NewSimBackend([]SimDevice{DefaultSimDevice([16]byte{1})}, nil), nil
+		},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return srv
+}
+
+// testClient speaks the wire protocol to a session over a pipe.
+type testClient struct {
+	t    testing.TB
+	c    net.Conn
+	seq  uint32
+	ctx  uint64
+	done chan error
+}
+
+func dial(t testing.TB, srv *Server) *testClient {
+	t.Helper()
+	a, b := net.Pipe()
+	tc := &testClient{t: t, c: a, done: make(chan error, 1)}
+	go func() { tc.done <- srv.ServeConn(b) }()
+	t.Cleanup(func() { a.Close() })
+	var e wire.Encoder
+	e.U32(wire.Magic)
+	e.U32(Protocol)
+	if r, _ := tc.raw(wire.OpHello, e.B); r != Success {
+		t.Fatalf("handshake: got %v, want success", r)
+	}
+	return tc
+}
+
+func (tc *testClient) raw(op uint16, payload []byte) (Result, []byte) {
+	tc.t.Helper()
+	tc.seq++
+	if _, err := tc.c.Write(wire.AppendFrame(nil, wire.Header{Op: op, Seq: tc.seq, Word: tc.ctx}, payload)); err != nil {
+		tc.t.Fatalf("write: %v", err)
+	}
+	h, p, err := wire.ReadFrame(tc.c, nil)
+	if err != nil {
+		tc.t.Fatalf("read: %v", err)
+	}
+	if h.Seq != tc.seq || h.Op != op || h.Flags != wire.FlagReply {
+		tc.t.Fatalf("got reply %+v, want op %d seq %d", h, op, tc.seq)
+	}
+	return Result(h.Word), p
+}
+
+// call encodes args (uint32, int32, uint64, string, []byte) in order.
+func (tc *testClient) call(op uint16, args ...any) (Result, *wire.Decoder) {
+	tc.t.Helper()
+	var e wire.Encoder
+	for _, a := range args {
+		switch v := a.(type) {
+		case uint32:
+			e.U32(v)
+		case int32:
+			e.I32(v)
+		case uint64:
+			e.U64(v)
+		case string:
+			e.String(v)
+		case []byte:
+			e.Bytes(v)
+		default:
+			tc.t.Fatalf("arg %T", a)
+		}
+	}
+	r, p := tc.raw(op, e.B)
+	return r, wire.NewDecoder(p)
+}
+
+// session makes a context current and returns it.
+func (tc *testClient) session() uint64 {
+	tc.t.Helper()
+	if r, _ := tc.call(opCuInit, uint32(0)); r != Success {
+		tc.t.Fatalf("cuInit: %v", r)
+	}
+	r, d := tc.call(opCuCtxCreateV2, uint32(0), int32(0))
+	if r != Success {
+		tc.t.Fatalf("cuCtxCreate: %v", r)
+	}
+	tc.ctx = d.U64()
+	return tc.ctx
+}
+
+func (tc *testClient) alloc(n uint64) (uint64, Result) {
+	r, d := tc.call(opCuMemAllocV2, n)
+	return d.U64(), r
+}
+
+// socketPair is a connected pair of loopback TCP connections: unlike
+// net.Pipe, closing one end is an EOF at the other.
+func socketPair(t testing.TB) (net.Conn, net.Conn) {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	a, err := net.Dial("tcp", l.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := l.Accept()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { a.Close(); b.Close() })
+	return a, b
+}
+
+func TestNewRefusesBadConfigs(t *testing.T) {
+	sim := func() (Backend, error) { return NewSimBackend(nil, nil), nil }
+	for _, tc := range []struct {
+		name string
+		cfg  Config
+		want string
+	}{
+		{"no devices", Config{NewBackend: sim}, "Devices: at least one"},
+		{"a negative device", Config{Devices: []int{-1}, NewBackend: sim}, "distinct ordinals"},
+		{"a device twice", Config{Devices: []int{0, 0}, NewBackend: sim}, "distinct ordinals"},
+		{"no backend", Config{Devices: []int{0}}, "NewBackend: required"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if _, err := New(tc.cfg); err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Errorf("got %v, want an error containing %q", err, tc.want)
+			}
+		})
+	}
+}
+
+func TestCallsBeforeInitFailNotInitialized(t *testing.T) {
+	tc := dial(t, newTestServer(t, testLimit))
+	if r, _ := tc.call(opCuDeviceGetCount); r != ErrorNotInitialized {
+		t.Errorf("got %v, want CUDA_ERROR_NOT_INITIALIZED", r)
+	}
+	if r, d := tc.call(opCuDriverGetVersion); r != Success || d.I32() != SimDriverVersion {
+		t.Errorf("cuDriverGetVersion before cuInit: got %v, want success", r)
+	}
+}
+
+func TestTheSessionRefusesWhatItDoesNotOwn(t *testing.T) {
+	tc := dial(t, newTestServer(t, testLimit))
+	tc.session()
+	p, r := tc.alloc(4096)
+	if r != Success {
+		t.Fatal(r)
+	}
+	for _, c := range []struct {
+		name string
+		op   uint16
+		args []any
+		want Result
+	}{
+		{"a copy past the allocation's end", opCuMemcpyHtoDV2, []any{p + 4000, make([]byte, 200), uint64(200)}, ErrorInvalidValue},
+		{"a copy out of memory it never allocated", opCuMemcpyDtoHV2, []any{uint64(0x1000), uint64(16)}, ErrorInvalidValue},
+		{"a copy larger than a frame may carry", opCuMemcpyDtoHV2, []any{p, uint64(wire.Chunk + 1)}, ErrorInvalidValue},
+		{"a memset past the end", opCuMemsetD32V2, []any{p, uint32(0), uint64(1025)}, ErrorInvalidValue},
+		{"a memset of an overflowing size", opCuMemsetD32V2, []any{p, uint32(0), ^uint64(0) / 2}, ErrorInvalidValue},
+		{"freeing the inside of an allocation", opCuMemFreeV2, []any{p + 8}, ErrorInvalidValue},
+		{"a stream of another session", opCuStreamSynchronize, []any{uint64(0xabc0)}, ErrorInvalidHandle},
+		{"a module handle used as an event", opCuEventQuery, []any{tc.ctx}, ErrorInvalidHandle},
+		{"a device beyond the lease", opCuDeviceGetAttribute, []any{uint32(16), int32(1)}, ErrorInvalidDevice},
+		{"a negative name length", opCuDeviceGetName, []any{int32(-1), int32(0)}, ErrorInvalidValue},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			if r, _ := tc.call(c.op, c.args...); r != c.want {
+				t.Errorf("got %v, want %v", r, c.want)
+			}
+		})
+	}
+	tc.ctx = 0xdead0
+	if r, _ := tc.call(opCuCtxSynchronize); r != ErrorInvalidContext {
+		t.Errorf("a call bound to a context of another session: got %v, want CUDA_ERROR_INVALID_CONTEXT", r)
+	}
+}
+
+func TestTheLeasesMemoryIsSharedByItsSessions(t *testing.T) {
+	srv := newTestServer(t, 1<<20)
+	a, b := dial(t, srv), dial(t, srv)
+	a.session()
+	b.session()
+	if _, r := a.alloc(768 << 10); r != Success {
+		t.Fatalf("first session: got %v, want success", r)
+	}
+	if _, r := b.alloc(512 << 10); r != ErrorOutOfMemory {
+		t.Errorf("second session past the lease's memory: got %v, want CUDA_ERROR_OUT_OF_MEMORY", r)
+	}
+	r, d := b.call(opCuMemGetInfoV2)
+	if free, total := d.U64(), d.U64(); r != Success || total != 1<<20 || free != 256<<10 {
+		t.Errorf("cuMemGetInfo: got free %d total %d (%v), want 262144 of 1048576", free, total, r)
+	}
+	a.c.Close() // the first process exits: its memory returns to the lease
+	if err := <-a.done; err != nil {
+		t.Fatalf("session end: %v", err)
+	}
+	if _, r := b.alloc(512 << 10); r != Success {
+		t.Errorf("after the first session ended: got %v, want success", r)
+	}
+}
+
+func TestMalformedFramesEndTheSessionWithAnError(t *testing.T) {
+	hello := func() []byte {
+		var e wire.Encoder
+		e.U32(wire.Magic)
+		e.U32(Protocol)
+		return wire.AppendFrame(nil, wire.Header{Op: wire.OpHello, Seq: 1}, e.B)
+	}
+	frame := func(op uint16, payload []byte) []byte {
+		return wire.AppendFrame(nil, wire.Header{Op: op, Seq: 2}, payload)
+	}
+	huge := binary.LittleEndian.AppendUint32(nil, 1<<31)
+	for _, c := range []struct {
+		name  string
+		bytes []byte
+		want  error
+	}{
+		{"no handshake first", frame(opCuInit, []byte{0, 0, 0, 0}), errMalformed},
+		{"a handshake without the magic", wire.AppendFrame(nil, wire.Header{}, []byte{1, 2, 3, 4, 1, 0, 0, 0}), errMalformed},
+		{"a frame larger than the maximum", append(hello(), huge...), wire.ErrFrameTooLarge},
+		{"a truncated frame", append(hello(), frame(opCuInit, []byte{0, 0, 0, 0})[:10]...), wire.ErrTruncated},
+		{"arguments cut short", append(hello(), frame(opCuInit, []byte{0, 0})...), wire.ErrTruncated},
+		{"trailing bytes", append(hello(), frame(opCuInit, []byte{0, 0, 0, 0, 9})...), wire.ErrTrailing},
+		{"a buffer longer than its size argument", append(append(hello(), frame(opCuInit, []byte{0, 0, 0, 0})...), frame(opCuMemcpyHtoDV2, func() []byte {
+			var e wire.Encoder
+			e.U64(0)
+			e.Bytes(make([]byte, 8))
+			e.U64(4)
+			return e.B
+		}())...), errMalformed},
+		{"a second handshake", append(hello(), hello()...), errMalformed},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			srv := newTestServer(t, testLimit)
+			a, b := socketPair(t)
+			done := make(chan error, 1)
+			go func() { done <- srv.ServeConn(b) }()
+			go func() { // read and drop replies so the server never blocks
+				buf := make([]byte, 4096)
+				for {
+					if _, err := a.Read(buf); err != nil {
+						return
+					}
+				}
+			}()
+			go func() {
+				_, _ = a.Write(c.bytes)
+				if c.name == "a truncated frame" {
+					a.Close()
+				}
+			}()
+			var err error
+			select {
+			case err = <-done:
+			case <-time.After(time.Minute):
+				t.Fatal("the session did not end")
+			}
+			a.Close()
+			if !errors.Is(err, c.want) {
+				t.Errorf("got %v, want %v", err, c.want)
+			}
+		})
+	}
+}
+
+func TestAShimOfAnotherVersionIsToldBothVersions(t *testing.T) {
+	srv := newTestServer(t, testLimit)
+	a, b := net.Pipe()
+	done := make(chan error, 1)
+	go func() { done <- srv.ServeConn(b) }()
+	defer a.Close()
+	var e wire.Encoder
+	e.U32(wire.Magic)
+	e.U32(Protocol + 1)
+	go a.Write(wire.AppendFrame(nil, wire.Header{Op: wire.OpHello, Seq: 1}, e.B))
+	h, p, err := wire.ReadFrame(a, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	d := wire.NewDecoder(p)
+	server, msg := d.U32(), d.String()
+	if Result(h.Word) != ErrorSystemDriverMismatch || server != Protocol || !strings.Contains(msg, "protocol 2, this server 1") {
+		t.Errorf("got %v, server %d, %q; want CUDA_ERROR_SYSTEM_DRIVER_MISMATCH naming both versions", Result(h.Word), server, msg)
+	}
+	if err := <-done; err == nil {
+		t.Error("the session went on after a version mismatch")
+	}
+}
+
+// FuzzSession feeds arbitrary frames to a session after a good handshake:
+// it may refuse them or end, but never panic or hang.
+func FuzzSession(f *testing.F) {
+	var e wire.Encoder
+	e.U32(0)
+	f.Add(wire.AppendFrame(nil, wire.Header{Op: opCuInit, Seq: 2}, e.B))
+	e = wire.Encoder{}
+	e.U64(1 << 20)
+	f.Add(append(wire.AppendFrame(nil, wire.Header{Op: opCuInit, Seq: 2}, []byte{0, 0, 0, 0}),
+		wire.AppendFrame(nil, wire.Header{Op: opCuMemAllocV2, Seq: 3}, e.B)...))
+	e = wire.Encoder{}
+	e.Bytes([]byte(".version 7.0\n.entry vecadd(.param .u64 a, .param .u64 b, .param .u64 c, .param .u32 n)\n"))
+	f.Add(wire.AppendFrame(nil, wire.Header{Op: opCuModuleLoadData, Seq: 2}, e.B))
+	f.Fuzz(func(t *testing.T, frames []byte) {
+		srv := newTestServer(t, 1<<20)
+		a, b := net.Pipe()
+		done := make(chan error, 1)
+		go func() { done <- srv.ServeConn(b) }()
+		go func() {
+			buf := make([]byte, 4096)
+			for {
+				if _, err := a.Read(buf); err != nil {
+					return
+				}
+			}
+		}()
+		var e wire.Encoder
+		e.U32(wire.Magic)
+		e.U32(Protocol)
+		_, _ = a.Write(wire.AppendFrame(nil, wire.Header{Op: wire.OpHello, Seq: 1}, e.B))
+		_, _ = a.Write(bytes.Clone(frames))
+		a.Close()
+		<-done
+	})
+}
