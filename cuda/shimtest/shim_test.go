@@ -65,6 +65,12 @@ func buildShim(t *testing.T) string {
 // program builds testdata/name.c against the shim.
 func program(t *testing.T, name string) string {
 	t.Helper()
+	return programAt(t, name, filepath.Join("testdata", name+".c"))
+}
+
+// programAt builds the C program src, as name, against the shim.
+func programAt(t *testing.T, name, src string) string {
+	t.Helper()
 	lib := buildShim(t)
 	progMu.Lock()
 	defer progMu.Unlock()
@@ -73,7 +79,7 @@ func program(t *testing.T, name string) string {
 	}
 	out := filepath.Join(shimDir, name)
 	args := []string{"-std=gnu11", "-O1", "-Wall", "-Wextra", "-Werror", "-pthread",
-		"-I", shim.IncludeDir(), "-o", out, filepath.Join("testdata", name+".c"),
+		"-I", shim.IncludeDir(), "-o", out, src,
 		"-L", lib, "-Wl,-rpath," + lib, "-lcuda", "-lm"}
 	if b, err := exec.Command("gcc", args...).CombinedOutput(); err != nil {
 		t.Fatalf("gcc %s: %v\n%s", name, err, b)
@@ -143,9 +149,15 @@ func run(t *testing.T, sock, name string, args ...string) (string, string) {
 
 func runErr(t *testing.T, sock, name string, args ...string) (string, string, error) {
 	t.Helper()
+	return runProgram(t, sock, program(t, name), args...)
+}
+
+// runProgram runs the built program path with the shim pointed at sock.
+func runProgram(t *testing.T, sock, path string, args ...string) (string, string, error) {
+	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
-	cmd := exec.CommandContext(ctx, program(t, name), args...)
+	cmd := exec.CommandContext(ctx, path, args...)
 	cmd.Env = append(os.Environ(), "GPUPOOL_CUDA_SOCKET="+sock)
 	var out, errb bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &errb
