@@ -65,6 +65,7 @@ type Func struct {
 	Since    int
 	Destroys string
 	Line     int
+	Section  string // the `# --- name` comment above it
 }
 
 // Exported reports whether the shim exports the function.
@@ -130,10 +131,15 @@ var (
 func Parse(src string) (*API, error) {
 	a := &API{}
 	op := 0
+	section := ""
 	names := map[string]bool{}
 	for i, line := range strings.Split(src, "\n") {
 		n := i + 1
 		line = strings.TrimSpace(line)
+		if name, ok := strings.CutPrefix(line, "# --- "); ok {
+			section = name
+			continue
+		}
 		if line == "" || strings.HasPrefix(line, "#") {
 			continue
 		}
@@ -168,7 +174,7 @@ func Parse(src string) (*API, error) {
 		if m == nil {
 			return nil, fmt.Errorf("line %d: want NAME(ARGS) ATTRS: %q", n, line)
 		}
-		f := &Func{Name: m[1], Line: n}
+		f := &Func{Name: m[1], Line: n, Section: section}
 		if names[f.Name] {
 			return nil, fmt.Errorf("line %d: %s listed twice", n, f.Name)
 		}

@@ -10,7 +10,7 @@ import (
 // TestGeneratedFilesAreFresh fails when a committed generated file is not
 // what cuda/api/cuda.api gives: run `go generate ./cuda/api` and commit.
 func TestGeneratedFilesAreFresh(t *testing.T) {
-	files, err := Generate()
+	files, err := Generate(filepath.Join("..", ".."))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -23,7 +23,7 @@ func main() {
 		}
 		*root = filepath.Join(wd, "..", "..")
 	}
-	files, err := Generate()
+	files, err := Generate(*root)
 	if err != nil {
 		fail(err)
 	}
