@@ -14,7 +14,7 @@ import (
 
 // Output paths, relative to the repository root.
 const (
-	docPath    = "docs/remote-cuda.md"
+	docPath = "docs/remote-cuda.md"
 
 	headerPath = "cuda/shim/csrc/cuda_api_gen.h"
 	stubsPath  = "cuda/shim/csrc/stubs_gen.c"
