@@ -346,3 +346,62 @@ func FuzzSession(f *testing.F) {
 		<-done
 	})
 }
+
+func TestTheClientSeesTheLeasesDevicesFromZeroInLeaseOrder(t *testing.T) {
+	devs := []SimDevice{DefaultSimDevice([16]byte{0xa}), DefaultSimDevice([16]byte{0xb}), DefaultSimDevice([16]byte{0xc})}
+	srv, err := New(Config{Devices: []int{2, 0}, NewBackend: func() (Backend, error) { return NewSimBackend(devs, nil), nil }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	tc := dial(t, srv)
+	tc.call(opCuInit, uint32(0))
+	if r, d := tc.call(opCuDeviceGetCount); r != Success || d.I32() != 2 {
+		t.Errorf("cuDeviceGetCount: got %v, want 2 devices", r)
+	}
+	for ordinal, want := range []byte{0xc, 0xa} {
+		r, d := tc.call(opCuDeviceGet, int32(ordinal))
+		dev := d.I32()
+		if r != Success || dev != int32(ordinal) {
+			t.Errorf("cuDeviceGet(%d): got %d (%v), want %d", ordinal, dev, r, ordinal)
+		}
+		r, d = tc.call(opCuDeviceGetUuid, dev)
+		if u := d.UUID(); r != Success || u[0] != want {
+			t.Errorf("device %d's UUID: got %x (%v), want the pool host's device %x", ordinal, u[0], r, want)
+		}
+	}
+	if r, _ := tc.call(opCuDeviceGet, int32(2)); r != ErrorInvalidDevice {
+		t.Errorf("cuDeviceGet(2): got %v, want CUDA_ERROR_INVALID_DEVICE", r)
+	}
+	// A context on lease device 1 reports device 1, not the host's 0.
+	r, d := tc.call(opCuCtxCreateV2, uint32(0), int32(1))
+	if r != Success {
+		t.Fatal(r)
+	}
+	tc.ctx = d.U64()
+	if r, d := tc.call(opCuCtxGetDevice); r != Success || d.I32() != 1 {
+		t.Errorf("cuCtxGetDevice: got %v, want lease device 1", r)
+	}
+}
+
+func TestEventTimesComeFromTheInjectedClock(t *testing.T) {
+	now := time.Unix(1000, 0)
+	srv, err := New(Config{Devices: []int{0}, NewBackend: func() (Backend, error) {
+		return NewSimBackend([]SimDevice{DefaultSimDevice([16]byte{})}, func() time.Time { return now }), nil
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	tc := dial(t, srv)
+	tc.session()
+	_, d := tc.call(opCuEventCreate, uint32(0))
+	start := d.U64()
+	_, d = tc.call(opCuEventCreate, uint32(0))
+	end := d.U64()
+	tc.call(opCuEventRecord, start, uint64(0))
+	now = now.Add(1500 * time.Microsecond)
+	tc.call(opCuEventRecord, end, uint64(0))
+	r, d := tc.call(opCuEventElapsedTime, start, end)
+	if ms := d.F32(); r != Success || ms != 1.5 {
+		t.Errorf("got %v ms (%v), want 1.5", ms, r)
+	}
+}
