@@ -9,77 +9,81 @@ const Protocol = 1
 
 // CUresult values.
 const (
-	Success                    Result = 0   // no error
-	ErrorInvalidValue          Result = 1   // invalid argument
-	ErrorOutOfMemory           Result = 2   // out of memory
-	ErrorNotInitialized        Result = 3   // initialization error
-	ErrorDeinitialized         Result = 4   // driver shutting down
-	ErrorProfilerDisabled      Result = 5   // profiler disabled
-	ErrorStubLibrary           Result = 34  // stub library loaded instead of a driver
-	ErrorDeviceUnavailable     Result = 46  // device unavailable
-	ErrorNoDevice              Result = 100 // no CUDA-capable device is detected
-	ErrorInvalidDevice         Result = 101 // invalid device ordinal
-	ErrorInvalidImage          Result = 200 // device kernel image is invalid
-	ErrorInvalidContext        Result = 201 // invalid device context
-	ErrorMapFailed             Result = 205 // mapping of buffer object failed
-	ErrorNoBinaryForGpu        Result = 209 // no kernel image is available for execution on the device
-	ErrorInvalidPtx            Result = 218 // a PTX JIT compilation failed
-	ErrorUnsupportedPtxVersion Result = 222 // the provided PTX was compiled with an unsupported toolchain
-	ErrorInvalidSource         Result = 300 // device kernel image is invalid
-	ErrorFileNotFound          Result = 301 // file not found
-	ErrorOperatingSystem       Result = 304 // OS call failed or operation not supported on this OS
-	ErrorInvalidHandle         Result = 400 // invalid resource handle
-	ErrorIllegalState          Result = 401 // the operation cannot be performed in the present state
-	ErrorNotFound              Result = 500 // named symbol not found
-	ErrorNotReady              Result = 600 // device not ready
-	ErrorIllegalAddress        Result = 700 // an illegal memory access was encountered
-	ErrorLaunchOutOfResources  Result = 701 // too many resources requested for launch
-	ErrorLaunchTimeout         Result = 702 // the launch timed out and was terminated
-	ErrorPrimaryContextActive  Result = 708 // primary context active
-	ErrorContextIsDestroyed    Result = 709 // context is destroyed
-	ErrorLaunchFailed          Result = 719 // unspecified launch failure
-	ErrorNotPermitted          Result = 800 // operation not permitted
-	ErrorNotSupported          Result = 801 // operation not supported
-	ErrorSystemNotReady        Result = 802 // system not yet initialized
-	ErrorSystemDriverMismatch  Result = 803 // system has unsupported display driver / cuda driver combination
-	ErrorUnknown               Result = 999 // unknown error
+	Success                          Result = 0   // no error
+	ErrorInvalidValue                Result = 1   // invalid argument
+	ErrorOutOfMemory                 Result = 2   // out of memory
+	ErrorNotInitialized              Result = 3   // initialization error
+	ErrorDeinitialized               Result = 4   // driver shutting down
+	ErrorProfilerDisabled            Result = 5   // profiler disabled
+	ErrorStubLibrary                 Result = 34  // stub library loaded instead of a driver
+	ErrorDeviceUnavailable           Result = 46  // device unavailable
+	ErrorNoDevice                    Result = 100 // no CUDA-capable device is detected
+	ErrorInvalidDevice               Result = 101 // invalid device ordinal
+	ErrorInvalidImage                Result = 200 // device kernel image is invalid
+	ErrorInvalidContext              Result = 201 // invalid device context
+	ErrorMapFailed                   Result = 205 // mapping of buffer object failed
+	ErrorNoBinaryForGpu              Result = 209 // no kernel image is available for execution on the device
+	ErrorInvalidPtx                  Result = 218 // a PTX JIT compilation failed
+	ErrorUnsupportedPtxVersion       Result = 222 // the provided PTX was compiled with an unsupported toolchain
+	ErrorInvalidSource               Result = 300 // device kernel image is invalid
+	ErrorFileNotFound                Result = 301 // file not found
+	ErrorOperatingSystem             Result = 304 // OS call failed or operation not supported on this OS
+	ErrorInvalidHandle               Result = 400 // invalid resource handle
+	ErrorIllegalState                Result = 401 // the operation cannot be performed in the present state
+	ErrorNotFound                    Result = 500 // named symbol not found
+	ErrorNotReady                    Result = 600 // device not ready
+	ErrorIllegalAddress              Result = 700 // an illegal memory access was encountered
+	ErrorLaunchOutOfResources        Result = 701 // too many resources requested for launch
+	ErrorLaunchTimeout               Result = 702 // the launch timed out and was terminated
+	ErrorPrimaryContextActive        Result = 708 // primary context active
+	ErrorContextIsDestroyed          Result = 709 // context is destroyed
+	ErrorHostMemoryAlreadyRegistered Result = 712 // part or all of the requested memory range is already mapped
+	ErrorHostMemoryNotRegistered     Result = 713 // pointer does not correspond to a registered memory region
+	ErrorLaunchFailed                Result = 719 // unspecified launch failure
+	ErrorNotPermitted                Result = 800 // operation not permitted
+	ErrorNotSupported                Result = 801 // operation not supported
+	ErrorSystemNotReady              Result = 802 // system not yet initialized
+	ErrorSystemDriverMismatch        Result = 803 // system has unsupported display driver / cuda driver combination
+	ErrorUnknown                     Result = 999 // unknown error
 )
 
 var resultNames = map[Result]string{
-	Success:                    "CUDA_SUCCESS",
-	ErrorInvalidValue:          "CUDA_ERROR_INVALID_VALUE",
-	ErrorOutOfMemory:           "CUDA_ERROR_OUT_OF_MEMORY",
-	ErrorNotInitialized:        "CUDA_ERROR_NOT_INITIALIZED",
-	ErrorDeinitialized:         "CUDA_ERROR_DEINITIALIZED",
-	ErrorProfilerDisabled:      "CUDA_ERROR_PROFILER_DISABLED",
-	ErrorStubLibrary:           "CUDA_ERROR_STUB_LIBRARY",
-	ErrorDeviceUnavailable:     "CUDA_ERROR_DEVICE_UNAVAILABLE",
-	ErrorNoDevice:              "CUDA_ERROR_NO_DEVICE",
-	ErrorInvalidDevice:         "CUDA_ERROR_INVALID_DEVICE",
-	ErrorInvalidImage:          "CUDA_ERROR_INVALID_IMAGE",
-	ErrorInvalidContext:        "CUDA_ERROR_INVALID_CONTEXT",
-	ErrorMapFailed:             "CUDA_ERROR_MAP_FAILED",
-	ErrorNoBinaryForGpu:        "CUDA_ERROR_NO_BINARY_FOR_GPU",
-	ErrorInvalidPtx:            "CUDA_ERROR_INVALID_PTX",
-	ErrorUnsupportedPtxVersion: "CUDA_ERROR_UNSUPPORTED_PTX_VERSION",
-	ErrorInvalidSource:         "CUDA_ERROR_INVALID_SOURCE",
-	ErrorFileNotFound:          "CUDA_ERROR_FILE_NOT_FOUND",
-	ErrorOperatingSystem:       "CUDA_ERROR_OPERATING_SYSTEM",
-	ErrorInvalidHandle:         "CUDA_ERROR_INVALID_HANDLE",
-	ErrorIllegalState:          "CUDA_ERROR_ILLEGAL_STATE",
-	ErrorNotFound:              "CUDA_ERROR_NOT_FOUND",
-	ErrorNotReady:              "CUDA_ERROR_NOT_READY",
-	ErrorIllegalAddress:        "CUDA_ERROR_ILLEGAL_ADDRESS",
-	ErrorLaunchOutOfResources:  "CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES",
-	ErrorLaunchTimeout:         "CUDA_ERROR_LAUNCH_TIMEOUT",
-	ErrorPrimaryContextActive:  "CUDA_ERROR_PRIMARY_CONTEXT_ACTIVE",
-	ErrorContextIsDestroyed:    "CUDA_ERROR_CONTEXT_IS_DESTROYED",
-	ErrorLaunchFailed:          "CUDA_ERROR_LAUNCH_FAILED",
-	ErrorNotPermitted:          "CUDA_ERROR_NOT_PERMITTED",
-	ErrorNotSupported:          "CUDA_ERROR_NOT_SUPPORTED",
-	ErrorSystemNotReady:        "CUDA_ERROR_SYSTEM_NOT_READY",
-	ErrorSystemDriverMismatch:  "CUDA_ERROR_SYSTEM_DRIVER_MISMATCH",
-	ErrorUnknown:               "CUDA_ERROR_UNKNOWN",
+	Success:                          "CUDA_SUCCESS",
+	ErrorInvalidValue:                "CUDA_ERROR_INVALID_VALUE",
+	ErrorOutOfMemory:                 "CUDA_ERROR_OUT_OF_MEMORY",
+	ErrorNotInitialized:              "CUDA_ERROR_NOT_INITIALIZED",
+	ErrorDeinitialized:               "CUDA_ERROR_DEINITIALIZED",
+	ErrorProfilerDisabled:            "CUDA_ERROR_PROFILER_DISABLED",
+	ErrorStubLibrary:                 "CUDA_ERROR_STUB_LIBRARY",
+	ErrorDeviceUnavailable:           "CUDA_ERROR_DEVICE_UNAVAILABLE",
+	ErrorNoDevice:                    "CUDA_ERROR_NO_DEVICE",
+	ErrorInvalidDevice:               "CUDA_ERROR_INVALID_DEVICE",
+	ErrorInvalidImage:                "CUDA_ERROR_INVALID_IMAGE",
+	ErrorInvalidContext:              "CUDA_ERROR_INVALID_CONTEXT",
+	ErrorMapFailed:                   "CUDA_ERROR_MAP_FAILED",
+	ErrorNoBinaryForGpu:              "CUDA_ERROR_NO_BINARY_FOR_GPU",
+	ErrorInvalidPtx:                  "CUDA_ERROR_INVALID_PTX",
+	ErrorUnsupportedPtxVersion:       "CUDA_ERROR_UNSUPPORTED_PTX_VERSION",
+	ErrorInvalidSource:               "CUDA_ERROR_INVALID_SOURCE",
+	ErrorFileNotFound:                "CUDA_ERROR_FILE_NOT_FOUND",
+	ErrorOperatingSystem:             "CUDA_ERROR_OPERATING_SYSTEM",
+	ErrorInvalidHandle:               "CUDA_ERROR_INVALID_HANDLE",
+	ErrorIllegalState:                "CUDA_ERROR_ILLEGAL_STATE",
+	ErrorNotFound:                    "CUDA_ERROR_NOT_FOUND",
+	ErrorNotReady:                    "CUDA_ERROR_NOT_READY",
+	ErrorIllegalAddress:              "CUDA_ERROR_ILLEGAL_ADDRESS",
+	ErrorLaunchOutOfResources:        "CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES",
+	ErrorLaunchTimeout:               "CUDA_ERROR_LAUNCH_TIMEOUT",
+	ErrorPrimaryContextActive:        "CUDA_ERROR_PRIMARY_CONTEXT_ACTIVE",
+	ErrorContextIsDestroyed:          "CUDA_ERROR_CONTEXT_IS_DESTROYED",
+	ErrorHostMemoryAlreadyRegistered: "CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED",
+	ErrorHostMemoryNotRegistered:     "CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED",
+	ErrorLaunchFailed:                "CUDA_ERROR_LAUNCH_FAILED",
+	ErrorNotPermitted:                "CUDA_ERROR_NOT_PERMITTED",
+	ErrorNotSupported:                "CUDA_ERROR_NOT_SUPPORTED",
+	ErrorSystemNotReady:              "CUDA_ERROR_SYSTEM_NOT_READY",
+	ErrorSystemDriverMismatch:        "CUDA_ERROR_SYSTEM_DRIVER_MISMATCH",
+	ErrorUnknown:                     "CUDA_ERROR_UNKNOWN",
 }
 
 // Handle kinds.
@@ -115,75 +119,80 @@ const (
 	opCuDeviceTotalMemV2                                   uint16 = 8
 	opCuDeviceGetAttribute                                 uint16 = 9
 	opCuDeviceComputeCapability                            uint16 = 10
-	opCuDevicePrimaryCtxRetain                             uint16 = 11
-	opCuDevicePrimaryCtxReleaseV2                          uint16 = 12
-	opCuDevicePrimaryCtxResetV2                            uint16 = 13
-	opCuDevicePrimaryCtxGetState                           uint16 = 14
-	opCuDevicePrimaryCtxSetFlagsV2                         uint16 = 15
-	opCuCtxCreateV2                                        uint16 = 16
-	opCuCtxDestroyV2                                       uint16 = 17
-	opCuCtxSetCurrent                                      uint16 = 18
-	opCuCtxPushCurrentV2                                   uint16 = 19
-	opCuCtxGetDevice                                       uint16 = 20
-	opCuCtxSynchronize                                     uint16 = 21
-	opCuCtxGetApiVersion                                   uint16 = 22
-	opCuCtxGetFlags                                        uint16 = 23
-	opCuCtxGetLimit                                        uint16 = 24
-	opCuCtxSetLimit                                        uint16 = 25
-	opCuCtxGetStreamPriorityRange                          uint16 = 26
-	opCuMemAllocV2                                         uint16 = 27
-	opCuMemFreeV2                                          uint16 = 28
-	opCuMemGetInfoV2                                       uint16 = 29
-	opCuMemGetAddressRangeV2                               uint16 = 30
-	opCuMemcpyHtoDV2                                       uint16 = 31
-	opCuMemcpyDtoHV2                                       uint16 = 32
-	opCuMemcpyDtoDV2                                       uint16 = 33
-	opCuMemcpyHtoDAsyncV2                                  uint16 = 34
-	opCuMemcpyDtoHAsyncV2                                  uint16 = 35
-	opCuMemcpyDtoDAsyncV2                                  uint16 = 36
-	opCuMemsetD8V2                                         uint16 = 37
-	opCuMemsetD16V2                                        uint16 = 38
-	opCuMemsetD32V2                                        uint16 = 39
-	opCuMemsetD8Async                                      uint16 = 40
-	opCuMemsetD16Async                                     uint16 = 41
-	opCuMemsetD32Async                                     uint16 = 42
-	opGpupoolPointerGetAttribute                           uint16 = 43
-	opCuModuleLoadData                                     uint16 = 44
-	opCuModuleUnload                                       uint16 = 45
-	opCuModuleGetFunction                                  uint16 = 46
-	opCuModuleGetGlobalV2                                  uint16 = 47
-	opGpupoolLibraryLoadData                               uint16 = 48
-	opCuLibraryUnload                                      uint16 = 49
-	opCuLibraryGetKernel                                   uint16 = 50
-	opCuLibraryGetModule                                   uint16 = 51
-	opCuKernelGetFunction                                  uint16 = 52
-	opCuLibraryGetGlobal                                   uint16 = 53
-	opGpupoolFuncParams                                    uint16 = 54
-	opGpupoolLaunchKernel                                  uint16 = 55
-	opCuFuncGetAttribute                                   uint16 = 56
-	opCuFuncSetAttribute                                   uint16 = 57
-	opCuFuncSetCacheConfig                                 uint16 = 58
-	opCuFuncGetParamInfo                                   uint16 = 59
-	opCuOccupancyMaxActiveBlocksPerMultiprocessor          uint16 = 60
-	opCuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags uint16 = 61
-	opGpupoolOccupancyMaxPotentialBlockSize                uint16 = 62
-	opCuOccupancyAvailableDynamicSMemPerBlock              uint16 = 63
-	opCuStreamCreate                                       uint16 = 64
-	opCuStreamCreateWithPriority                           uint16 = 65
-	opCuStreamDestroyV2                                    uint16 = 66
-	opCuStreamSynchronize                                  uint16 = 67
-	opCuStreamQuery                                        uint16 = 68
-	opCuStreamWaitEvent                                    uint16 = 69
-	opCuStreamGetFlags                                     uint16 = 70
-	opCuStreamGetPriority                                  uint16 = 71
-	opCuStreamGetCtx                                       uint16 = 72
-	opCuEventCreate                                        uint16 = 73
-	opCuEventDestroyV2                                     uint16 = 74
-	opCuEventRecord                                        uint16 = 75
-	opCuEventRecordWithFlags                               uint16 = 76
-	opCuEventSynchronize                                   uint16 = 77
-	opCuEventQuery                                         uint16 = 78
-	opCuEventElapsedTime                                   uint16 = 79
+	opCuDeviceGetPCIBusId                                  uint16 = 11
+	opCuDeviceGetByPCIBusId                                uint16 = 12
+	opCuDeviceCanAccessPeer                                uint16 = 13
+	opCuDevicePrimaryCtxRetain                             uint16 = 14
+	opCuDevicePrimaryCtxReleaseV2                          uint16 = 15
+	opCuDevicePrimaryCtxResetV2                            uint16 = 16
+	opCuDevicePrimaryCtxGetState                           uint16 = 17
+	opCuDevicePrimaryCtxSetFlagsV2                         uint16 = 18
+	opCuCtxCreateV2                                        uint16 = 19
+	opCuCtxDestroyV2                                       uint16 = 20
+	opCuCtxSetCurrent                                      uint16 = 21
+	opCuCtxPushCurrentV2                                   uint16 = 22
+	opCuCtxGetDevice                                       uint16 = 23
+	opCuCtxSynchronize                                     uint16 = 24
+	opCuCtxGetApiVersion                                   uint16 = 25
+	opCuCtxGetFlags                                        uint16 = 26
+	opCuCtxGetLimit                                        uint16 = 27
+	opCuCtxSetLimit                                        uint16 = 28
+	opCuCtxGetStreamPriorityRange                          uint16 = 29
+	opCuCtxGetCacheConfig                                  uint16 = 30
+	opCuCtxSetCacheConfig                                  uint16 = 31
+	opCuMemAllocV2                                         uint16 = 32
+	opCuMemFreeV2                                          uint16 = 33
+	opCuMemGetInfoV2                                       uint16 = 34
+	opCuMemGetAddressRangeV2                               uint16 = 35
+	opCuMemcpyHtoDV2                                       uint16 = 36
+	opCuMemcpyDtoHV2                                       uint16 = 37
+	opCuMemcpyDtoDV2                                       uint16 = 38
+	opCuMemcpyHtoDAsyncV2                                  uint16 = 39
+	opCuMemcpyDtoHAsyncV2                                  uint16 = 40
+	opCuMemcpyDtoDAsyncV2                                  uint16 = 41
+	opCuMemsetD8V2                                         uint16 = 42
+	opCuMemsetD16V2                                        uint16 = 43
+	opCuMemsetD32V2                                        uint16 = 44
+	opCuMemsetD8Async                                      uint16 = 45
+	opCuMemsetD16Async                                     uint16 = 46
+	opCuMemsetD32Async                                     uint16 = 47
+	opGpupoolPointerGetAttribute                           uint16 = 48
+	opCuModuleLoadData                                     uint16 = 49
+	opCuModuleUnload                                       uint16 = 50
+	opCuModuleGetFunction                                  uint16 = 51
+	opCuModuleGetGlobalV2                                  uint16 = 52
+	opGpupoolLibraryLoadData                               uint16 = 53
+	opCuLibraryUnload                                      uint16 = 54
+	opCuLibraryGetKernel                                   uint16 = 55
+	opCuLibraryGetModule                                   uint16 = 56
+	opCuKernelGetFunction                                  uint16 = 57
+	opCuLibraryGetGlobal                                   uint16 = 58
+	opGpupoolFuncParams                                    uint16 = 59
+	opGpupoolLaunchKernel                                  uint16 = 60
+	opCuFuncGetAttribute                                   uint16 = 61
+	opCuFuncSetAttribute                                   uint16 = 62
+	opCuFuncSetCacheConfig                                 uint16 = 63
+	opCuFuncGetParamInfo                                   uint16 = 64
+	opCuOccupancyMaxActiveBlocksPerMultiprocessor          uint16 = 65
+	opCuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags uint16 = 66
+	opGpupoolOccupancyMaxPotentialBlockSize                uint16 = 67
+	opCuOccupancyAvailableDynamicSMemPerBlock              uint16 = 68
+	opCuStreamCreate                                       uint16 = 69
+	opCuStreamCreateWithPriority                           uint16 = 70
+	opCuStreamDestroyV2                                    uint16 = 71
+	opCuStreamSynchronize                                  uint16 = 72
+	opCuStreamQuery                                        uint16 = 73
+	opCuStreamWaitEvent                                    uint16 = 74
+	opCuStreamGetFlags                                     uint16 = 75
+	opCuStreamGetPriority                                  uint16 = 76
+	opCuStreamGetCtx                                       uint16 = 77
+	opCuEventCreate                                        uint16 = 78
+	opCuEventDestroyV2                                     uint16 = 79
+	opCuEventRecord                                        uint16 = 80
+	opCuEventRecordWithFlags                               uint16 = 81
+	opCuEventSynchronize                                   uint16 = 82
+	opCuEventQuery                                         uint16 = 83
+	opCuEventElapsedTime                                   uint16 = 84
 )
 
 var opNames = map[uint16]string{
@@ -197,6 +206,9 @@ var opNames = map[uint16]string{
 	opCuDeviceTotalMemV2:                          "cuDeviceTotalMem_v2",
 	opCuDeviceGetAttribute:                        "cuDeviceGetAttribute",
 	opCuDeviceComputeCapability:                   "cuDeviceComputeCapability",
+	opCuDeviceGetPCIBusId:                         "cuDeviceGetPCIBusId",
+	opCuDeviceGetByPCIBusId:                       "cuDeviceGetByPCIBusId",
+	opCuDeviceCanAccessPeer:                       "cuDeviceCanAccessPeer",
 	opCuDevicePrimaryCtxRetain:                    "cuDevicePrimaryCtxRetain",
 	opCuDevicePrimaryCtxReleaseV2:                 "cuDevicePrimaryCtxRelease_v2",
 	opCuDevicePrimaryCtxResetV2:                   "cuDevicePrimaryCtxReset_v2",
@@ -213,6 +225,8 @@ var opNames = map[uint16]string{
 	opCuCtxGetLimit:                               "cuCtxGetLimit",
 	opCuCtxSetLimit:                               "cuCtxSetLimit",
 	opCuCtxGetStreamPriorityRange:                 "cuCtxGetStreamPriorityRange",
+	opCuCtxGetCacheConfig:                         "cuCtxGetCacheConfig",
+	opCuCtxSetCacheConfig:                         "cuCtxSetCacheConfig",
 	opCuMemAllocV2:                                "cuMemAlloc_v2",
 	opCuMemFreeV2:                                 "cuMemFree_v2",
 	opCuMemGetInfoV2:                              "cuMemGetInfo_v2",
@@ -282,6 +296,9 @@ type Calls interface {
 	CuDeviceTotalMemV2(dev int32) (bytes uint64, r Result)
 	CuDeviceGetAttribute(attrib uint32, dev int32) (pi int32, r Result)
 	CuDeviceComputeCapability(dev int32) (major int32, minor int32, r Result)
+	CuDeviceGetPCIBusId(pciBusId []byte, len_ int32, dev int32) (r Result)
+	CuDeviceGetByPCIBusId(pciBusId string) (dev int32, r Result)
+	CuDeviceCanAccessPeer(dev int32, peerDev int32) (canAccessPeer int32, r Result)
 	CuDevicePrimaryCtxRetain(dev int32) (pctx uint64, r Result)
 	CuDevicePrimaryCtxReleaseV2(dev int32) (r Result)
 	CuDevicePrimaryCtxResetV2(dev int32) (r Result)
@@ -298,6 +315,8 @@ type Calls interface {
 	CuCtxGetLimit(limit uint32) (pvalue uint64, r Result)
 	CuCtxSetLimit(limit uint32, value uint64) (r Result)
 	CuCtxGetStreamPriorityRange() (leastPriority int32, greatestPriority int32, r Result)
+	CuCtxGetCacheConfig() (pconfig uint32, r Result)
+	CuCtxSetCacheConfig(config uint32) (r Result)
 	CuMemAllocV2(bytesize uint64) (dptr uint64, r Result)
 	CuMemFreeV2(dptr uint64) (r Result)
 	CuMemGetInfoV2() (free uint64, total uint64, r Result)
@@ -417,6 +436,24 @@ func (NotSupported) CuDeviceComputeCapability(dev int32) (major int32, minor int
 	return
 }
 
+// CuDeviceGetPCIBusId is not supported.
+func (NotSupported) CuDeviceGetPCIBusId(pciBusId []byte, len_ int32, dev int32) (r Result) {
+	r = ErrorNotSupported
+	return
+}
+
+// CuDeviceGetByPCIBusId is not supported.
+func (NotSupported) CuDeviceGetByPCIBusId(pciBusId string) (dev int32, r Result) {
+	r = ErrorNotSupported
+	return
+}
+
+// CuDeviceCanAccessPeer is not supported.
+func (NotSupported) CuDeviceCanAccessPeer(dev int32, peerDev int32) (canAccessPeer int32, r Result) {
+	r = ErrorNotSupported
+	return
+}
+
 // CuDevicePrimaryCtxRetain is not supported.
 func (NotSupported) CuDevicePrimaryCtxRetain(dev int32) (pctx uint64, r Result) {
 	r = ErrorNotSupported
@@ -509,6 +546,18 @@ func (NotSupported) CuCtxSetLimit(limit uint32, value uint64) (r Result) {
 
 // CuCtxGetStreamPriorityRange is not supported.
 func (NotSupported) CuCtxGetStreamPriorityRange() (leastPriority int32, greatestPriority int32, r Result) {
+	r = ErrorNotSupported
+	return
+}
+
+// CuCtxGetCacheConfig is not supported.
+func (NotSupported) CuCtxGetCacheConfig() (pconfig uint32, r Result) {
+	r = ErrorNotSupported
+	return
+}
+
+// CuCtxSetCacheConfig is not supported.
+func (NotSupported) CuCtxSetCacheConfig(config uint32) (r Result) {
 	r = ErrorNotSupported
 	return
 }
@@ -979,6 +1028,62 @@ func dispatch(c Calls, g guard, op uint16, d *wire.Decoder, e *wire.Encoder) (Re
 		e.I32(major)
 		e.I32(minor)
 		return Success, nil
+	case opCuDeviceGetPCIBusId:
+		len_ := d.I32()
+		dev := d.I32()
+		if err := d.Err(); err != nil {
+			return 0, err
+		}
+		sizeLen_, ok := sizeOf(int64(len_), 1)
+		if !ok {
+			return ErrorInvalidValue, nil
+		}
+		dev, rddev := g.inDevice(dev)
+		if rddev != Success {
+			return rddev, nil
+		}
+		if sizeLen_ > maxOut {
+			return ErrorInvalidValue, nil
+		}
+		pciBusId := make([]byte, sizeLen_)
+		r := c.CuDeviceGetPCIBusId(pciBusId, len_, dev)
+		if r != Success {
+			return r, nil
+		}
+		e.Bytes(pciBusId)
+		return Success, nil
+	case opCuDeviceGetByPCIBusId:
+		pciBusId := d.String()
+		if err := d.Err(); err != nil {
+			return 0, err
+		}
+		dev, r := c.CuDeviceGetByPCIBusId(pciBusId)
+		if r != Success {
+			return r, nil
+		}
+		dev = g.outDevice(dev)
+		e.I32(dev)
+		return Success, nil
+	case opCuDeviceCanAccessPeer:
+		dev := d.I32()
+		peerDev := d.I32()
+		if err := d.Err(); err != nil {
+			return 0, err
+		}
+		dev, rddev := g.inDevice(dev)
+		if rddev != Success {
+			return rddev, nil
+		}
+		peerDev, rdpeerDev := g.inDevice(peerDev)
+		if rdpeerDev != Success {
+			return rdpeerDev, nil
+		}
+		canAccessPeer, r := c.CuDeviceCanAccessPeer(dev, peerDev)
+		if r != Success {
+			return r, nil
+		}
+		e.I32(canAccessPeer)
+		return Success, nil
 	case opCuDevicePrimaryCtxRetain:
 		dev := d.I32()
 		if err := d.Err(); err != nil {
@@ -1187,6 +1292,26 @@ func dispatch(c Calls, g guard, op uint16, d *wire.Decoder, e *wire.Encoder) (Re
 		}
 		e.I32(leastPriority)
 		e.I32(greatestPriority)
+		return Success, nil
+	case opCuCtxGetCacheConfig:
+		if err := d.Err(); err != nil {
+			return 0, err
+		}
+		pconfig, r := c.CuCtxGetCacheConfig()
+		if r != Success {
+			return r, nil
+		}
+		e.U32(pconfig)
+		return Success, nil
+	case opCuCtxSetCacheConfig:
+		config := d.U32()
+		if err := d.Err(); err != nil {
+			return 0, err
+		}
+		r := c.CuCtxSetCacheConfig(config)
+		if r != Success {
+			return r, nil
+		}
 		return Success, nil
 	case opCuMemAllocV2:
 		bytesize := d.U64()

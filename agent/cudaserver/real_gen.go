@@ -37,6 +37,15 @@ static int gp_cuDeviceGetAttribute(void *fn, int * a0, unsigned int a1, int a2) 
 static int gp_cuDeviceComputeCapability(void *fn, int * a0, int * a1, int a2) {
 	return ((int (*)(int *, int *, int))fn)((int *)a0, (int *)a1, (int)a2);
 }
+static int gp_cuDeviceGetPCIBusId(void *fn, void * a0, int a1, int a2) {
+	return ((int (*)(void *, int, int))fn)((void *)a0, (int)a1, (int)a2);
+}
+static int gp_cuDeviceGetByPCIBusId(void *fn, int * a0, const char * a1) {
+	return ((int (*)(int *, const char *))fn)((int *)a0, (const char *)a1);
+}
+static int gp_cuDeviceCanAccessPeer(void *fn, int * a0, int a1, int a2) {
+	return ((int (*)(int *, int, int))fn)((int *)a0, (int)a1, (int)a2);
+}
 static int gp_cuDevicePrimaryCtxRetain(void *fn, void * * a0, int a1) {
 	return ((int (*)(void * *, int))fn)((void * *)a0, (int)a1);
 }
@@ -84,6 +93,12 @@ static int gp_cuCtxSetLimit(void *fn, unsigned int a0, uint64_t a1) {
 }
 static int gp_cuCtxGetStreamPriorityRange(void *fn, int * a0, int * a1) {
 	return ((int (*)(int *, int *))fn)((int *)a0, (int *)a1);
+}
+static int gp_cuCtxGetCacheConfig(void *fn, unsigned int * a0) {
+	return ((int (*)(unsigned int *))fn)((unsigned int *)a0);
+}
+static int gp_cuCtxSetCacheConfig(void *fn, unsigned int a0) {
+	return ((int (*)(unsigned int))fn)((unsigned int)a0);
 }
 static int gp_cuMemAlloc_v2(void *fn, unsigned long long * a0, uint64_t a1) {
 	return ((int (*)(unsigned long long *, size_t))fn)((unsigned long long *)a0, (size_t)a1);
@@ -247,6 +262,9 @@ var realSymbols = []string{
 	"cuDeviceTotalMem_v2",
 	"cuDeviceGetAttribute",
 	"cuDeviceComputeCapability",
+	"cuDeviceGetPCIBusId",
+	"cuDeviceGetByPCIBusId",
+	"cuDeviceCanAccessPeer",
 	"cuDevicePrimaryCtxRetain",
 	"cuDevicePrimaryCtxRelease_v2",
 	"cuDevicePrimaryCtxReset_v2",
@@ -263,6 +281,8 @@ var realSymbols = []string{
 	"cuCtxGetLimit",
 	"cuCtxSetLimit",
 	"cuCtxGetStreamPriorityRange",
+	"cuCtxGetCacheConfig",
+	"cuCtxSetCacheConfig",
 	"cuMemAlloc_v2",
 	"cuMemFree_v2",
 	"cuMemGetInfo_v2",
@@ -324,6 +344,9 @@ const (
 	symCuDeviceTotalMemV2
 	symCuDeviceGetAttribute
 	symCuDeviceComputeCapability
+	symCuDeviceGetPCIBusId
+	symCuDeviceGetByPCIBusId
+	symCuDeviceCanAccessPeer
 	symCuDevicePrimaryCtxRetain
 	symCuDevicePrimaryCtxReleaseV2
 	symCuDevicePrimaryCtxResetV2
@@ -340,6 +363,8 @@ const (
 	symCuCtxGetLimit
 	symCuCtxSetLimit
 	symCuCtxGetStreamPriorityRange
+	symCuCtxGetCacheConfig
+	symCuCtxSetCacheConfig
 	symCuMemAllocV2
 	symCuMemFreeV2
 	symCuMemGetInfoV2
@@ -511,6 +536,45 @@ func (rb *realBackend) CuDeviceComputeCapability(dev int32) (major int32, minor 
 	r = Result(C.gp_cuDeviceComputeCapability(fn, &o0, &o1, C.int(dev)))
 	major = int32(o0)
 	minor = int32(o1)
+	return
+}
+
+// CuDeviceGetPCIBusId calls the driver's cuDeviceGetPCIBusId.
+func (rb *realBackend) CuDeviceGetPCIBusId(pciBusId []byte, len_ int32, dev int32) (r Result) {
+	fn := rb.syms[symCuDeviceGetPCIBusId]
+	if fn == nil {
+		r = rb.missing("cuDeviceGetPCIBusId")
+		return
+	}
+	r = Result(C.gp_cuDeviceGetPCIBusId(fn, bytesPtr(pciBusId), C.int(len_), C.int(dev)))
+	return
+}
+
+// CuDeviceGetByPCIBusId calls the driver's cuDeviceGetByPCIBusId.
+func (rb *realBackend) CuDeviceGetByPCIBusId(pciBusId string) (dev int32, r Result) {
+	fn := rb.syms[symCuDeviceGetByPCIBusId]
+	if fn == nil {
+		r = rb.missing("cuDeviceGetByPCIBusId")
+		return
+	}
+	var o0 C.int
+	c1 := C.CString(pciBusId)
+	defer C.free(unsafe.Pointer(c1))
+	r = Result(C.gp_cuDeviceGetByPCIBusId(fn, &o0, c1))
+	dev = int32(o0)
+	return
+}
+
+// CuDeviceCanAccessPeer calls the driver's cuDeviceCanAccessPeer.
+func (rb *realBackend) CuDeviceCanAccessPeer(dev int32, peerDev int32) (canAccessPeer int32, r Result) {
+	fn := rb.syms[symCuDeviceCanAccessPeer]
+	if fn == nil {
+		r = rb.missing("cuDeviceCanAccessPeer")
+		return
+	}
+	var o0 C.int
+	r = Result(C.gp_cuDeviceCanAccessPeer(fn, &o0, C.int(dev), C.int(peerDev)))
+	canAccessPeer = int32(o0)
 	return
 }
 
@@ -707,6 +771,30 @@ func (rb *realBackend) CuCtxGetStreamPriorityRange() (leastPriority int32, great
 	r = Result(C.gp_cuCtxGetStreamPriorityRange(fn, &o0, &o1))
 	leastPriority = int32(o0)
 	greatestPriority = int32(o1)
+	return
+}
+
+// CuCtxGetCacheConfig calls the driver's cuCtxGetCacheConfig.
+func (rb *realBackend) CuCtxGetCacheConfig() (pconfig uint32, r Result) {
+	fn := rb.syms[symCuCtxGetCacheConfig]
+	if fn == nil {
+		r = rb.missing("cuCtxGetCacheConfig")
+		return
+	}
+	var o0 C.uint
+	r = Result(C.gp_cuCtxGetCacheConfig(fn, &o0))
+	pconfig = uint32(o0)
+	return
+}
+
+// CuCtxSetCacheConfig calls the driver's cuCtxSetCacheConfig.
+func (rb *realBackend) CuCtxSetCacheConfig(config uint32) (r Result) {
+	fn := rb.syms[symCuCtxSetCacheConfig]
+	if fn == nil {
+		r = rb.missing("cuCtxSetCacheConfig")
+		return
+	}
+	r = Result(C.gp_cuCtxSetCacheConfig(fn, C.uint(config)))
 	return
 }
 

@@ -411,3 +411,15 @@ func (s *session) CuDevicePrimaryCtxResetV2(dev int32) Result {
 	}
 	return r
 }
+
+// CuDeviceGetByPCIBusId finds only the lease's devices.
+func (s *session) CuDeviceGetByPCIBusId(id string) (int32, Result) {
+	bd, r := s.Backend.CuDeviceGetByPCIBusId(id)
+	if r != Success {
+		return 0, r
+	}
+	if s.outDevice(bd) < 0 {
+		return 0, s.refuse(ErrorInvalidDevice, "PCI bus id %s is not one of the lease's devices", id)
+	}
+	return bd, Success
+}

@@ -3,8 +3,10 @@ package cudaserver
 import (
 	"bytes"
 	"encoding/binary"
+	"fmt"
 	"math"
 	"slices"
+	"strings"
 	"time"
 )
 
@@ -157,6 +159,7 @@ type simCtx struct {
 	flags   uint32
 	primary bool
 	refs    int
+	cache   uint32 // CUfunc_cache
 	limits  map[uint32]uint64
 }
 
@@ -1116,4 +1119,61 @@ func (b *simBackend) CuEventElapsedTime(start, end uint64) (float32, Result) {
 		return 0, ErrorNotReady
 	}
 	return float32(e.at.Sub(s.at).Seconds() * 1000), Success
+}
+
+// pciBusID is a simulated device's PCI address: bus dev+1, as
+// CU_DEVICE_ATTRIBUTE_PCI_BUS_ID says.
+func pciBusID(dev int32) string { return fmt.Sprintf("00000000:%02X:00.0", dev+1) }
+
+func (b *simBackend) CuDeviceGetPCIBusId(id []byte, _ int32, dev int32) Result {
+	if _, r := b.dev(dev); r != Success {
+		return r
+	}
+	if len(id) == 0 {
+		return ErrorInvalidValue
+	}
+	n := copy(id[:len(id)-1], pciBusID(dev))
+	id[n] = 0
+	return Success
+}
+
+func (b *simBackend) CuDeviceGetByPCIBusId(id string) (int32, Result) {
+	for i := range b.devs {
+		if strings.EqualFold(id, pciBusID(int32(i))) || strings.EqualFold("0000"+id, pciBusID(int32(i))) {
+			return int32(i), Success
+		}
+	}
+	return 0, ErrorInvalidValue
+}
+
+// CuDeviceCanAccessPeer: the simulated parts are NVLink-connected.
+func (b *simBackend) CuDeviceCanAccessPeer(dev, peer int32) (int32, Result) {
+	if _, r := b.dev(dev); r != Success {
+		return 0, r
+	}
+	if _, r := b.dev(peer); r != Success {
+		return 0, r
+	}
+	if dev == peer {
+		return 0, Success
+	}
+	return 1, Success
+}
+
+func (b *simBackend) CuCtxGetCacheConfig() (uint32, Result) {
+	if b.cur == nil {
+		return 0, ErrorInvalidContext
+	}
+	return b.cur.cache, Success
+}
+
+func (b *simBackend) CuCtxSetCacheConfig(config uint32) Result {
+	if b.cur == nil {
+		return ErrorInvalidContext
+	}
+	if config > 3 {
+		return ErrorInvalidValue
+	}
+	b.cur.cache = config
+	return Success
 }

@@ -53,6 +53,7 @@ struct host_alloc {
     char *p;
     size_t n;
     unsigned int flags;
+    int registered; /* the caller's memory (cuMemHostRegister), not ours to free */
 };
 
 static struct {
@@ -585,22 +586,15 @@ SHIM_EXPORT CUresult cuCtxPopCurrent_v2(CUcontext *pctx)
 /* --- host-pinned memory: ordinary page-aligned host memory the shim keeps
    track of (part 2 may register it with the transport). */
 
-static CUresult host_alloc(void **pp, size_t bytesize, unsigned int flags)
+/* host_track records [p, p+n) as host memory the CUDA calls know. */
+static CUresult host_track(void *p, size_t bytesize, unsigned int flags, int registered)
 {
-    void *p = NULL;
-    if (!initialized())
-        return CUDA_ERROR_NOT_INITIALIZED;
-    if (!pp || bytesize == 0)
-        return CUDA_ERROR_INVALID_VALUE;
-    if (posix_memalign(&p, 4096, bytesize) != 0)
-        return CUDA_ERROR_OUT_OF_MEMORY;
     pthread_mutex_lock(&tab.mu);
     if (tab.nhosts == tab.caphosts) {
         size_t cap = tab.caphosts ? tab.caphosts * 2 : 16;
         struct host_alloc *h = realloc(tab.hosts, cap * sizeof *h);
         if (!h) {
             pthread_mutex_unlock(&tab.mu);
-            free(p);
             return CUDA_ERROR_OUT_OF_MEMORY;
         }
         tab.hosts = h;
@@ -609,8 +603,27 @@ static CUresult host_alloc(void **pp, size_t bytesize, unsigned int flags)
     tab.hosts[tab.nhosts].p = p;
     tab.hosts[tab.nhosts].n = bytesize;
     tab.hosts[tab.nhosts].flags = flags;
+    tab.hosts[tab.nhosts].registered = registered;
     tab.nhosts++;
     pthread_mutex_unlock(&tab.mu);
+    return CUDA_SUCCESS;
+}
+
+static CUresult host_alloc(void **pp, size_t bytesize, unsigned int flags)
+{
+    void *p = NULL;
+    CUresult r;
+    if (!initialized())
+        return CUDA_ERROR_NOT_INITIALIZED;
+    if (!pp || bytesize == 0)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (posix_memalign(&p, 4096, bytesize) != 0)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    r = host_track(p, bytesize, flags, 0);
+    if (r != CUDA_SUCCESS) {
+        free(p);
+        return r;
+    }
     *pp = p;
     return CUDA_SUCCESS;
 }
@@ -643,13 +656,48 @@ SHIM_EXPORT CUresult cuMemFreeHost(void *p)
         return CUDA_ERROR_NOT_INITIALIZED;
     pthread_mutex_lock(&tab.mu);
     i = findHostLocked(p);
-    if (i < 0 || tab.hosts[i].p != p) {
+    if (i < 0 || tab.hosts[i].p != p || tab.hosts[i].registered) {
         pthread_mutex_unlock(&tab.mu);
         return CUDA_ERROR_INVALID_VALUE;
     }
     tab.hosts[i] = tab.hosts[--tab.nhosts];
     pthread_mutex_unlock(&tab.mu);
     free(p);
+    return CUDA_SUCCESS;
+}
+
+/* Registered host memory is the caller's; the shim tracks its range so that
+   pointer attributes and flags answer for it (copies need nothing more). */
+SHIM_EXPORT CUresult cuMemHostRegister_v2(void *p, size_t bytesize, unsigned int Flags)
+{
+    long i;
+    if (!initialized())
+        return CUDA_ERROR_NOT_INITIALIZED;
+    if (!p || bytesize == 0 || (Flags & ~0xfu))
+        return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&tab.mu);
+    i = findHostLocked(p);
+    if (i < 0)
+        i = findHostLocked((char *)p + bytesize - 1);
+    pthread_mutex_unlock(&tab.mu);
+    if (i >= 0)
+        return CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED;
+    return host_track(p, bytesize, Flags, 1);
+}
+
+SHIM_EXPORT CUresult cuMemHostUnregister(void *p)
+{
+    long i;
+    if (!initialized())
+        return CUDA_ERROR_NOT_INITIALIZED;
+    pthread_mutex_lock(&tab.mu);
+    i = findHostLocked(p);
+    if (i < 0 || tab.hosts[i].p != p || !tab.hosts[i].registered) {
+        pthread_mutex_unlock(&tab.mu);
+        return CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED;
+    }
+    tab.hosts[i] = tab.hosts[--tab.nhosts];
+    pthread_mutex_unlock(&tab.mu);
     return CUDA_SUCCESS;
 }
 

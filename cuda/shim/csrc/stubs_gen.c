@@ -13,75 +13,80 @@ enum {
     SHIM_OP_cuDeviceTotalMem_v2 = 8,
     SHIM_OP_cuDeviceGetAttribute = 9,
     SHIM_OP_cuDeviceComputeCapability = 10,
-    SHIM_OP_cuDevicePrimaryCtxRetain = 11,
-    SHIM_OP_cuDevicePrimaryCtxRelease_v2 = 12,
-    SHIM_OP_cuDevicePrimaryCtxReset_v2 = 13,
-    SHIM_OP_cuDevicePrimaryCtxGetState = 14,
-    SHIM_OP_cuDevicePrimaryCtxSetFlags_v2 = 15,
-    SHIM_OP_cuCtxCreate_v2 = 16,
-    SHIM_OP_cuCtxDestroy_v2 = 17,
-    SHIM_OP_cuCtxSetCurrent = 18,
-    SHIM_OP_cuCtxPushCurrent_v2 = 19,
-    SHIM_OP_cuCtxGetDevice = 20,
-    SHIM_OP_cuCtxSynchronize = 21,
-    SHIM_OP_cuCtxGetApiVersion = 22,
-    SHIM_OP_cuCtxGetFlags = 23,
-    SHIM_OP_cuCtxGetLimit = 24,
-    SHIM_OP_cuCtxSetLimit = 25,
-    SHIM_OP_cuCtxGetStreamPriorityRange = 26,
-    SHIM_OP_cuMemAlloc_v2 = 27,
-    SHIM_OP_cuMemFree_v2 = 28,
-    SHIM_OP_cuMemGetInfo_v2 = 29,
-    SHIM_OP_cuMemGetAddressRange_v2 = 30,
-    SHIM_OP_cuMemcpyHtoD_v2 = 31,
-    SHIM_OP_cuMemcpyDtoH_v2 = 32,
-    SHIM_OP_cuMemcpyDtoD_v2 = 33,
-    SHIM_OP_cuMemcpyHtoDAsync_v2 = 34,
-    SHIM_OP_cuMemcpyDtoHAsync_v2 = 35,
-    SHIM_OP_cuMemcpyDtoDAsync_v2 = 36,
-    SHIM_OP_cuMemsetD8_v2 = 37,
-    SHIM_OP_cuMemsetD16_v2 = 38,
-    SHIM_OP_cuMemsetD32_v2 = 39,
-    SHIM_OP_cuMemsetD8Async = 40,
-    SHIM_OP_cuMemsetD16Async = 41,
-    SHIM_OP_cuMemsetD32Async = 42,
-    SHIM_OP_gpupoolPointerGetAttribute = 43,
-    SHIM_OP_cuModuleLoadData = 44,
-    SHIM_OP_cuModuleUnload = 45,
-    SHIM_OP_cuModuleGetFunction = 46,
-    SHIM_OP_cuModuleGetGlobal_v2 = 47,
-    SHIM_OP_gpupoolLibraryLoadData = 48,
-    SHIM_OP_cuLibraryUnload = 49,
-    SHIM_OP_cuLibraryGetKernel = 50,
-    SHIM_OP_cuLibraryGetModule = 51,
-    SHIM_OP_cuKernelGetFunction = 52,
-    SHIM_OP_cuLibraryGetGlobal = 53,
-    SHIM_OP_gpupoolFuncParams = 54,
-    SHIM_OP_gpupoolLaunchKernel = 55,
-    SHIM_OP_cuFuncGetAttribute = 56,
-    SHIM_OP_cuFuncSetAttribute = 57,
-    SHIM_OP_cuFuncSetCacheConfig = 58,
-    SHIM_OP_cuFuncGetParamInfo = 59,
-    SHIM_OP_cuOccupancyMaxActiveBlocksPerMultiprocessor = 60,
-    SHIM_OP_cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags = 61,
-    SHIM_OP_gpupoolOccupancyMaxPotentialBlockSize = 62,
-    SHIM_OP_cuOccupancyAvailableDynamicSMemPerBlock = 63,
-    SHIM_OP_cuStreamCreate = 64,
-    SHIM_OP_cuStreamCreateWithPriority = 65,
-    SHIM_OP_cuStreamDestroy_v2 = 66,
-    SHIM_OP_cuStreamSynchronize = 67,
-    SHIM_OP_cuStreamQuery = 68,
-    SHIM_OP_cuStreamWaitEvent = 69,
-    SHIM_OP_cuStreamGetFlags = 70,
-    SHIM_OP_cuStreamGetPriority = 71,
-    SHIM_OP_cuStreamGetCtx = 72,
-    SHIM_OP_cuEventCreate = 73,
-    SHIM_OP_cuEventDestroy_v2 = 74,
-    SHIM_OP_cuEventRecord = 75,
-    SHIM_OP_cuEventRecordWithFlags = 76,
-    SHIM_OP_cuEventSynchronize = 77,
-    SHIM_OP_cuEventQuery = 78,
-    SHIM_OP_cuEventElapsedTime = 79,
+    SHIM_OP_cuDeviceGetPCIBusId = 11,
+    SHIM_OP_cuDeviceGetByPCIBusId = 12,
+    SHIM_OP_cuDeviceCanAccessPeer = 13,
+    SHIM_OP_cuDevicePrimaryCtxRetain = 14,
+    SHIM_OP_cuDevicePrimaryCtxRelease_v2 = 15,
+    SHIM_OP_cuDevicePrimaryCtxReset_v2 = 16,
+    SHIM_OP_cuDevicePrimaryCtxGetState = 17,
+    SHIM_OP_cuDevicePrimaryCtxSetFlags_v2 = 18,
+    SHIM_OP_cuCtxCreate_v2 = 19,
+    SHIM_OP_cuCtxDestroy_v2 = 20,
+    SHIM_OP_cuCtxSetCurrent = 21,
+    SHIM_OP_cuCtxPushCurrent_v2 = 22,
+    SHIM_OP_cuCtxGetDevice = 23,
+    SHIM_OP_cuCtxSynchronize = 24,
+    SHIM_OP_cuCtxGetApiVersion = 25,
+    SHIM_OP_cuCtxGetFlags = 26,
+    SHIM_OP_cuCtxGetLimit = 27,
+    SHIM_OP_cuCtxSetLimit = 28,
+    SHIM_OP_cuCtxGetStreamPriorityRange = 29,
+    SHIM_OP_cuCtxGetCacheConfig = 30,
+    SHIM_OP_cuCtxSetCacheConfig = 31,
+    SHIM_OP_cuMemAlloc_v2 = 32,
+    SHIM_OP_cuMemFree_v2 = 33,
+    SHIM_OP_cuMemGetInfo_v2 = 34,
+    SHIM_OP_cuMemGetAddressRange_v2 = 35,
+    SHIM_OP_cuMemcpyHtoD_v2 = 36,
+    SHIM_OP_cuMemcpyDtoH_v2 = 37,
+    SHIM_OP_cuMemcpyDtoD_v2 = 38,
+    SHIM_OP_cuMemcpyHtoDAsync_v2 = 39,
+    SHIM_OP_cuMemcpyDtoHAsync_v2 = 40,
+    SHIM_OP_cuMemcpyDtoDAsync_v2 = 41,
+    SHIM_OP_cuMemsetD8_v2 = 42,
+    SHIM_OP_cuMemsetD16_v2 = 43,
+    SHIM_OP_cuMemsetD32_v2 = 44,
+    SHIM_OP_cuMemsetD8Async = 45,
+    SHIM_OP_cuMemsetD16Async = 46,
+    SHIM_OP_cuMemsetD32Async = 47,
+    SHIM_OP_gpupoolPointerGetAttribute = 48,
+    SHIM_OP_cuModuleLoadData = 49,
+    SHIM_OP_cuModuleUnload = 50,
+    SHIM_OP_cuModuleGetFunction = 51,
+    SHIM_OP_cuModuleGetGlobal_v2 = 52,
+    SHIM_OP_gpupoolLibraryLoadData = 53,
+    SHIM_OP_cuLibraryUnload = 54,
+    SHIM_OP_cuLibraryGetKernel = 55,
+    SHIM_OP_cuLibraryGetModule = 56,
+    SHIM_OP_cuKernelGetFunction = 57,
+    SHIM_OP_cuLibraryGetGlobal = 58,
+    SHIM_OP_gpupoolFuncParams = 59,
+    SHIM_OP_gpupoolLaunchKernel = 60,
+    SHIM_OP_cuFuncGetAttribute = 61,
+    SHIM_OP_cuFuncSetAttribute = 62,
+    SHIM_OP_cuFuncSetCacheConfig = 63,
+    SHIM_OP_cuFuncGetParamInfo = 64,
+    SHIM_OP_cuOccupancyMaxActiveBlocksPerMultiprocessor = 65,
+    SHIM_OP_cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags = 66,
+    SHIM_OP_gpupoolOccupancyMaxPotentialBlockSize = 67,
+    SHIM_OP_cuOccupancyAvailableDynamicSMemPerBlock = 68,
+    SHIM_OP_cuStreamCreate = 69,
+    SHIM_OP_cuStreamCreateWithPriority = 70,
+    SHIM_OP_cuStreamDestroy_v2 = 71,
+    SHIM_OP_cuStreamSynchronize = 72,
+    SHIM_OP_cuStreamQuery = 73,
+    SHIM_OP_cuStreamWaitEvent = 74,
+    SHIM_OP_cuStreamGetFlags = 75,
+    SHIM_OP_cuStreamGetPriority = 76,
+    SHIM_OP_cuStreamGetCtx = 77,
+    SHIM_OP_cuEventCreate = 78,
+    SHIM_OP_cuEventDestroy_v2 = 79,
+    SHIM_OP_cuEventRecord = 80,
+    SHIM_OP_cuEventRecordWithFlags = 81,
+    SHIM_OP_cuEventSynchronize = 82,
+    SHIM_OP_cuEventQuery = 83,
+    SHIM_OP_cuEventElapsedTime = 84,
 };
 
 CUresult rpc_cuInit(unsigned int Flags)
@@ -252,6 +257,63 @@ CUresult rpc_cuDeviceComputeCapability(int *major, int *minor, CUdevice dev)
     if (r == CUDA_SUCCESS) {
         *major = (int)(int32_t)shim_get_u32(&c);
         *minor = (int)(int32_t)shim_get_u32(&c);
+    }
+    return shim_end(&c, r);
+}
+
+CUresult rpc_cuDeviceGetPCIBusId(char *pciBusId, int len, CUdevice dev)
+{
+    struct shim_call c;
+    CUresult r;
+    if (len < 0)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (!pciBusId && (size_t)len != 0)
+        return CUDA_ERROR_INVALID_VALUE;
+    r = shim_begin(&c, SHIM_OP_cuDeviceGetPCIBusId);
+    if (r != CUDA_SUCCESS)
+        return r;
+    shim_put_u32(&c, (uint32_t)len);
+    shim_put_u32(&c, (uint32_t)dev);
+    r = shim_roundtrip(&c);
+    if (r == CUDA_SUCCESS) {
+        shim_get_buf(&c, pciBusId, (size_t)len);
+    }
+    return shim_end(&c, r);
+}
+
+CUresult rpc_cuDeviceGetByPCIBusId(CUdevice *dev, const char *pciBusId)
+{
+    struct shim_call c;
+    CUresult r;
+    if (!dev)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (!pciBusId)
+        return CUDA_ERROR_INVALID_VALUE;
+    r = shim_begin(&c, SHIM_OP_cuDeviceGetByPCIBusId);
+    if (r != CUDA_SUCCESS)
+        return r;
+    shim_put_str(&c, pciBusId);
+    r = shim_roundtrip(&c);
+    if (r == CUDA_SUCCESS) {
+        *dev = (CUdevice)(int32_t)shim_get_u32(&c);
+    }
+    return shim_end(&c, r);
+}
+
+CUresult rpc_cuDeviceCanAccessPeer(int *canAccessPeer, CUdevice dev, CUdevice peerDev)
+{
+    struct shim_call c;
+    CUresult r;
+    if (!canAccessPeer)
+        return CUDA_ERROR_INVALID_VALUE;
+    r = shim_begin(&c, SHIM_OP_cuDeviceCanAccessPeer);
+    if (r != CUDA_SUCCESS)
+        return r;
+    shim_put_u32(&c, (uint32_t)dev);
+    shim_put_u32(&c, (uint32_t)peerDev);
+    r = shim_roundtrip(&c);
+    if (r == CUDA_SUCCESS) {
+        *canAccessPeer = (int)(int32_t)shim_get_u32(&c);
     }
     return shim_end(&c, r);
 }
@@ -505,6 +567,36 @@ CUresult rpc_cuCtxGetStreamPriorityRange(int *leastPriority, int *greatestPriori
     if (r == CUDA_SUCCESS) {
         *leastPriority = (int)(int32_t)shim_get_u32(&c);
         *greatestPriority = (int)(int32_t)shim_get_u32(&c);
+    }
+    return shim_end(&c, r);
+}
+
+CUresult rpc_cuCtxGetCacheConfig(CUfunc_cache *pconfig)
+{
+    struct shim_call c;
+    CUresult r;
+    if (!pconfig)
+        return CUDA_ERROR_INVALID_VALUE;
+    r = shim_begin(&c, SHIM_OP_cuCtxGetCacheConfig);
+    if (r != CUDA_SUCCESS)
+        return r;
+    r = shim_roundtrip(&c);
+    if (r == CUDA_SUCCESS) {
+        *pconfig = (CUfunc_cache)shim_get_u32(&c);
+    }
+    return shim_end(&c, r);
+}
+
+CUresult rpc_cuCtxSetCacheConfig(CUfunc_cache config)
+{
+    struct shim_call c;
+    CUresult r;
+    r = shim_begin(&c, SHIM_OP_cuCtxSetCacheConfig);
+    if (r != CUDA_SUCCESS)
+        return r;
+    shim_put_u32(&c, (uint32_t)config);
+    r = shim_roundtrip(&c);
+    if (r == CUDA_SUCCESS) {
     }
     return shim_end(&c, r);
 }
@@ -1483,6 +1575,21 @@ SHIM_EXPORT CUresult cuDeviceComputeCapability(int *major, int *minor, CUdevice 
     return rpc_cuDeviceComputeCapability(major, minor, dev);
 }
 
+SHIM_EXPORT CUresult cuDeviceGetPCIBusId(char *pciBusId, int len, CUdevice dev)
+{
+    return rpc_cuDeviceGetPCIBusId(pciBusId, len, dev);
+}
+
+SHIM_EXPORT CUresult cuDeviceGetByPCIBusId(CUdevice *dev, const char *pciBusId)
+{
+    return rpc_cuDeviceGetByPCIBusId(dev, pciBusId);
+}
+
+SHIM_EXPORT CUresult cuDeviceCanAccessPeer(int *canAccessPeer, CUdevice dev, CUdevice peerDev)
+{
+    return rpc_cuDeviceCanAccessPeer(canAccessPeer, dev, peerDev);
+}
+
 SHIM_EXPORT CUresult cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev)
 {
     return rpc_cuDevicePrimaryCtxRetain(pctx, dev);
@@ -1541,6 +1648,16 @@ SHIM_EXPORT CUresult cuCtxSetLimit(CUlimit limit, size_t value)
 SHIM_EXPORT CUresult cuCtxGetStreamPriorityRange(int *leastPriority, int *greatestPriority)
 {
     return rpc_cuCtxGetStreamPriorityRange(leastPriority, greatestPriority);
+}
+
+SHIM_EXPORT CUresult cuCtxGetCacheConfig(CUfunc_cache *pconfig)
+{
+    return rpc_cuCtxGetCacheConfig(pconfig);
+}
+
+SHIM_EXPORT CUresult cuCtxSetCacheConfig(CUfunc_cache config)
+{
+    return rpc_cuCtxSetCacheConfig(config);
 }
 
 SHIM_EXPORT CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t bytesize)
@@ -1815,150 +1932,143 @@ SHIM_EXPORT CUresult cuEventElapsedTime(float *pMilliseconds, CUevent hStart, CU
 /* Driver API entry points gpupool does not remote: each fails with
    CUDA_ERROR_NOT_SUPPORTED and names itself once on stderr. */
 SHIM_EXPORT CUresult cuDeviceGetLuid(void) { return shim_unsupported("cuDeviceGetLuid", 0); }
-SHIM_EXPORT CUresult cuDeviceGetPCIBusId(void) { return shim_unsupported("cuDeviceGetPCIBusId", 1); }
-SHIM_EXPORT CUresult cuDeviceGetByPCIBusId(void) { return shim_unsupported("cuDeviceGetByPCIBusId", 2); }
-SHIM_EXPORT CUresult cuDeviceGetProperties(void) { return shim_unsupported("cuDeviceGetProperties", 3); }
-SHIM_EXPORT CUresult cuDeviceGetDefaultMemPool(void) { return shim_unsupported("cuDeviceGetDefaultMemPool", 4); }
-SHIM_EXPORT CUresult cuDeviceGetMemPool(void) { return shim_unsupported("cuDeviceGetMemPool", 5); }
-SHIM_EXPORT CUresult cuDeviceSetMemPool(void) { return shim_unsupported("cuDeviceSetMemPool", 6); }
-SHIM_EXPORT CUresult cuDeviceGetTexture1DLinearMaxWidth(void) { return shim_unsupported("cuDeviceGetTexture1DLinearMaxWidth", 7); }
-SHIM_EXPORT CUresult cuDeviceGetNvSciSyncAttributes(void) { return shim_unsupported("cuDeviceGetNvSciSyncAttributes", 8); }
-SHIM_EXPORT CUresult cuDeviceGetExecAffinitySupport(void) { return shim_unsupported("cuDeviceGetExecAffinitySupport", 9); }
-SHIM_EXPORT CUresult cuDeviceCanAccessPeer(void) { return shim_unsupported("cuDeviceCanAccessPeer", 10); }
-SHIM_EXPORT CUresult cuDeviceGetP2PAttribute(void) { return shim_unsupported("cuDeviceGetP2PAttribute", 11); }
-SHIM_EXPORT CUresult cuCtxCreate_v3(void) { return shim_unsupported("cuCtxCreate_v3", 12); }
-SHIM_EXPORT CUresult cuCtxCreate_v4(void) { return shim_unsupported("cuCtxCreate_v4", 13); }
-SHIM_EXPORT CUresult cuCtxAttach(void) { return shim_unsupported("cuCtxAttach", 14); }
-SHIM_EXPORT CUresult cuCtxDetach(void) { return shim_unsupported("cuCtxDetach", 15); }
-SHIM_EXPORT CUresult cuCtxGetCacheConfig(void) { return shim_unsupported("cuCtxGetCacheConfig", 16); }
-SHIM_EXPORT CUresult cuCtxSetCacheConfig(void) { return shim_unsupported("cuCtxSetCacheConfig", 17); }
-SHIM_EXPORT CUresult cuCtxGetSharedMemConfig(void) { return shim_unsupported("cuCtxGetSharedMemConfig", 18); }
-SHIM_EXPORT CUresult cuCtxSetSharedMemConfig(void) { return shim_unsupported("cuCtxSetSharedMemConfig", 19); }
-SHIM_EXPORT CUresult cuCtxResetPersistingL2Cache(void) { return shim_unsupported("cuCtxResetPersistingL2Cache", 20); }
-SHIM_EXPORT CUresult cuCtxGetExecAffinity(void) { return shim_unsupported("cuCtxGetExecAffinity", 21); }
-SHIM_EXPORT CUresult cuCtxEnablePeerAccess(void) { return shim_unsupported("cuCtxEnablePeerAccess", 22); }
-SHIM_EXPORT CUresult cuCtxDisablePeerAccess(void) { return shim_unsupported("cuCtxDisablePeerAccess", 23); }
-SHIM_EXPORT CUresult cuCtxGetId(void) { return shim_unsupported("cuCtxGetId", 24); }
-SHIM_EXPORT CUresult cuCtxSetFlags(void) { return shim_unsupported("cuCtxSetFlags", 25); }
-SHIM_EXPORT CUresult cuMemAllocManaged(void) { return shim_unsupported("cuMemAllocManaged", 26); }
-SHIM_EXPORT CUresult cuMemAllocPitch_v2(void) { return shim_unsupported("cuMemAllocPitch_v2", 27); }
-SHIM_EXPORT CUresult cuMemAllocAsync(void) { return shim_unsupported("cuMemAllocAsync", 28); }
-SHIM_EXPORT CUresult cuMemFreeAsync(void) { return shim_unsupported("cuMemFreeAsync", 29); }
-SHIM_EXPORT CUresult cuMemAllocFromPoolAsync(void) { return shim_unsupported("cuMemAllocFromPoolAsync", 30); }
-SHIM_EXPORT CUresult cuMemHostRegister_v2(void) { return shim_unsupported("cuMemHostRegister_v2", 31); }
-SHIM_EXPORT CUresult cuMemHostUnregister(void) { return shim_unsupported("cuMemHostUnregister", 32); }
-SHIM_EXPORT CUresult cuMemHostGetDevicePointer_v2(void) { return shim_unsupported("cuMemHostGetDevicePointer_v2", 33); }
-SHIM_EXPORT CUresult cuMemPrefetchAsync(void) { return shim_unsupported("cuMemPrefetchAsync", 34); }
-SHIM_EXPORT CUresult cuMemAdvise(void) { return shim_unsupported("cuMemAdvise", 35); }
-SHIM_EXPORT CUresult cuMemcpy(void) { return shim_unsupported("cuMemcpy", 36); }
-SHIM_EXPORT CUresult cuMemcpyAsync(void) { return shim_unsupported("cuMemcpyAsync", 37); }
-SHIM_EXPORT CUresult cuMemcpyPeer(void) { return shim_unsupported("cuMemcpyPeer", 38); }
-SHIM_EXPORT CUresult cuMemcpyPeerAsync(void) { return shim_unsupported("cuMemcpyPeerAsync", 39); }
-SHIM_EXPORT CUresult cuMemcpy2D_v2(void) { return shim_unsupported("cuMemcpy2D_v2", 40); }
-SHIM_EXPORT CUresult cuMemcpy2DAsync_v2(void) { return shim_unsupported("cuMemcpy2DAsync_v2", 41); }
-SHIM_EXPORT CUresult cuMemcpy2DUnaligned_v2(void) { return shim_unsupported("cuMemcpy2DUnaligned_v2", 42); }
-SHIM_EXPORT CUresult cuMemcpy3D_v2(void) { return shim_unsupported("cuMemcpy3D_v2", 43); }
-SHIM_EXPORT CUresult cuMemcpy3DAsync_v2(void) { return shim_unsupported("cuMemcpy3DAsync_v2", 44); }
-SHIM_EXPORT CUresult cuMemcpyAtoH_v2(void) { return shim_unsupported("cuMemcpyAtoH_v2", 45); }
-SHIM_EXPORT CUresult cuMemcpyHtoA_v2(void) { return shim_unsupported("cuMemcpyHtoA_v2", 46); }
-SHIM_EXPORT CUresult cuMemcpyDtoA_v2(void) { return shim_unsupported("cuMemcpyDtoA_v2", 47); }
-SHIM_EXPORT CUresult cuMemcpyAtoD_v2(void) { return shim_unsupported("cuMemcpyAtoD_v2", 48); }
-SHIM_EXPORT CUresult cuMemsetD2D8_v2(void) { return shim_unsupported("cuMemsetD2D8_v2", 49); }
-SHIM_EXPORT CUresult cuMemsetD2D16_v2(void) { return shim_unsupported("cuMemsetD2D16_v2", 50); }
-SHIM_EXPORT CUresult cuMemsetD2D32_v2(void) { return shim_unsupported("cuMemsetD2D32_v2", 51); }
-SHIM_EXPORT CUresult cuMemsetD2D8Async(void) { return shim_unsupported("cuMemsetD2D8Async", 52); }
-SHIM_EXPORT CUresult cuMemsetD2D16Async(void) { return shim_unsupported("cuMemsetD2D16Async", 53); }
-SHIM_EXPORT CUresult cuMemsetD2D32Async(void) { return shim_unsupported("cuMemsetD2D32Async", 54); }
-SHIM_EXPORT CUresult cuMemCreate(void) { return shim_unsupported("cuMemCreate", 55); }
-SHIM_EXPORT CUresult cuMemRelease(void) { return shim_unsupported("cuMemRelease", 56); }
-SHIM_EXPORT CUresult cuMemMap(void) { return shim_unsupported("cuMemMap", 57); }
-SHIM_EXPORT CUresult cuMemUnmap(void) { return shim_unsupported("cuMemUnmap", 58); }
-SHIM_EXPORT CUresult cuMemSetAccess(void) { return shim_unsupported("cuMemSetAccess", 59); }
-SHIM_EXPORT CUresult cuMemAddressReserve(void) { return shim_unsupported("cuMemAddressReserve", 60); }
-SHIM_EXPORT CUresult cuMemAddressFree(void) { return shim_unsupported("cuMemAddressFree", 61); }
-SHIM_EXPORT CUresult cuMemExportToShareableHandle(void) { return shim_unsupported("cuMemExportToShareableHandle", 62); }
-SHIM_EXPORT CUresult cuMemImportFromShareableHandle(void) { return shim_unsupported("cuMemImportFromShareableHandle", 63); }
-SHIM_EXPORT CUresult cuMemGetAllocationGranularity(void) { return shim_unsupported("cuMemGetAllocationGranularity", 64); }
-SHIM_EXPORT CUresult cuMemPoolCreate(void) { return shim_unsupported("cuMemPoolCreate", 65); }
-SHIM_EXPORT CUresult cuMemPoolDestroy(void) { return shim_unsupported("cuMemPoolDestroy", 66); }
-SHIM_EXPORT CUresult cuMemPoolTrimTo(void) { return shim_unsupported("cuMemPoolTrimTo", 67); }
-SHIM_EXPORT CUresult cuMemPoolSetAttribute(void) { return shim_unsupported("cuMemPoolSetAttribute", 68); }
-SHIM_EXPORT CUresult cuMemPoolGetAttribute(void) { return shim_unsupported("cuMemPoolGetAttribute", 69); }
-SHIM_EXPORT CUresult cuIpcGetMemHandle(void) { return shim_unsupported("cuIpcGetMemHandle", 70); }
-SHIM_EXPORT CUresult cuIpcOpenMemHandle_v2(void) { return shim_unsupported("cuIpcOpenMemHandle_v2", 71); }
-SHIM_EXPORT CUresult cuIpcCloseMemHandle(void) { return shim_unsupported("cuIpcCloseMemHandle", 72); }
-SHIM_EXPORT CUresult cuIpcGetEventHandle(void) { return shim_unsupported("cuIpcGetEventHandle", 73); }
-SHIM_EXPORT CUresult cuIpcOpenEventHandle(void) { return shim_unsupported("cuIpcOpenEventHandle", 74); }
-SHIM_EXPORT CUresult cuPointerSetAttribute(void) { return shim_unsupported("cuPointerSetAttribute", 75); }
-SHIM_EXPORT CUresult cuArrayCreate_v2(void) { return shim_unsupported("cuArrayCreate_v2", 76); }
-SHIM_EXPORT CUresult cuArrayDestroy(void) { return shim_unsupported("cuArrayDestroy", 77); }
-SHIM_EXPORT CUresult cuArray3DCreate_v2(void) { return shim_unsupported("cuArray3DCreate_v2", 78); }
-SHIM_EXPORT CUresult cuMipmappedArrayCreate(void) { return shim_unsupported("cuMipmappedArrayCreate", 79); }
-SHIM_EXPORT CUresult cuTexObjectCreate(void) { return shim_unsupported("cuTexObjectCreate", 80); }
-SHIM_EXPORT CUresult cuTexObjectDestroy(void) { return shim_unsupported("cuTexObjectDestroy", 81); }
-SHIM_EXPORT CUresult cuSurfObjectCreate(void) { return shim_unsupported("cuSurfObjectCreate", 82); }
-SHIM_EXPORT CUresult cuSurfObjectDestroy(void) { return shim_unsupported("cuSurfObjectDestroy", 83); }
-SHIM_EXPORT CUresult cuModuleLoadFatBinary(void) { return shim_unsupported("cuModuleLoadFatBinary", 84); }
-SHIM_EXPORT CUresult cuModuleGetTexRef(void) { return shim_unsupported("cuModuleGetTexRef", 85); }
-SHIM_EXPORT CUresult cuModuleGetSurfRef(void) { return shim_unsupported("cuModuleGetSurfRef", 86); }
-SHIM_EXPORT CUresult cuModuleGetLoadingMode(void) { return shim_unsupported("cuModuleGetLoadingMode", 87); }
-SHIM_EXPORT CUresult cuModuleEnumerateFunctions(void) { return shim_unsupported("cuModuleEnumerateFunctions", 88); }
-SHIM_EXPORT CUresult cuLinkCreate_v2(void) { return shim_unsupported("cuLinkCreate_v2", 89); }
-SHIM_EXPORT CUresult cuLinkAddData_v2(void) { return shim_unsupported("cuLinkAddData_v2", 90); }
-SHIM_EXPORT CUresult cuLinkAddFile_v2(void) { return shim_unsupported("cuLinkAddFile_v2", 91); }
-SHIM_EXPORT CUresult cuLinkComplete(void) { return shim_unsupported("cuLinkComplete", 92); }
-SHIM_EXPORT CUresult cuLinkDestroy(void) { return shim_unsupported("cuLinkDestroy", 93); }
-SHIM_EXPORT CUresult cuLibraryLoadFromFile(void) { return shim_unsupported("cuLibraryLoadFromFile", 94); }
-SHIM_EXPORT CUresult cuLibraryGetUnifiedFunction(void) { return shim_unsupported("cuLibraryGetUnifiedFunction", 95); }
-SHIM_EXPORT CUresult cuKernelGetAttribute(void) { return shim_unsupported("cuKernelGetAttribute", 96); }
-SHIM_EXPORT CUresult cuKernelSetAttribute(void) { return shim_unsupported("cuKernelSetAttribute", 97); }
-SHIM_EXPORT CUresult cuKernelGetName(void) { return shim_unsupported("cuKernelGetName", 98); }
-SHIM_EXPORT CUresult cuLaunchKernelEx(void) { return shim_unsupported("cuLaunchKernelEx", 99); }
-SHIM_EXPORT CUresult cuLaunchCooperativeKernel(void) { return shim_unsupported("cuLaunchCooperativeKernel", 100); }
-SHIM_EXPORT CUresult cuLaunchCooperativeKernelMultiDevice(void) { return shim_unsupported("cuLaunchCooperativeKernelMultiDevice", 101); }
-SHIM_EXPORT CUresult cuLaunchHostFunc(void) { return shim_unsupported("cuLaunchHostFunc", 102); }
-SHIM_EXPORT CUresult cuFuncGetModule(void) { return shim_unsupported("cuFuncGetModule", 103); }
-SHIM_EXPORT CUresult cuFuncGetName(void) { return shim_unsupported("cuFuncGetName", 104); }
-SHIM_EXPORT CUresult cuFuncSetSharedMemConfig(void) { return shim_unsupported("cuFuncSetSharedMemConfig", 105); }
-SHIM_EXPORT CUresult cuFuncLoad(void) { return shim_unsupported("cuFuncLoad", 106); }
-SHIM_EXPORT CUresult cuFuncIsLoaded(void) { return shim_unsupported("cuFuncIsLoaded", 107); }
-SHIM_EXPORT CUresult cuOccupancyMaxPotentialBlockSizeWithFlags(void) { return shim_unsupported("cuOccupancyMaxPotentialBlockSizeWithFlags", 108); }
-SHIM_EXPORT CUresult cuOccupancyMaxPotentialClusterSize(void) { return shim_unsupported("cuOccupancyMaxPotentialClusterSize", 109); }
-SHIM_EXPORT CUresult cuOccupancyMaxActiveClusters(void) { return shim_unsupported("cuOccupancyMaxActiveClusters", 110); }
-SHIM_EXPORT CUresult cuStreamAddCallback(void) { return shim_unsupported("cuStreamAddCallback", 111); }
-SHIM_EXPORT CUresult cuStreamAttachMemAsync(void) { return shim_unsupported("cuStreamAttachMemAsync", 112); }
-SHIM_EXPORT CUresult cuStreamBeginCapture_v2(void) { return shim_unsupported("cuStreamBeginCapture_v2", 113); }
-SHIM_EXPORT CUresult cuStreamEndCapture(void) { return shim_unsupported("cuStreamEndCapture", 114); }
-SHIM_EXPORT CUresult cuStreamIsCapturing(void) { return shim_unsupported("cuStreamIsCapturing", 115); }
-SHIM_EXPORT CUresult cuStreamGetCaptureInfo_v2(void) { return shim_unsupported("cuStreamGetCaptureInfo_v2", 116); }
-SHIM_EXPORT CUresult cuStreamGetId(void) { return shim_unsupported("cuStreamGetId", 117); }
-SHIM_EXPORT CUresult cuStreamCopyAttributes(void) { return shim_unsupported("cuStreamCopyAttributes", 118); }
-SHIM_EXPORT CUresult cuStreamGetAttribute(void) { return shim_unsupported("cuStreamGetAttribute", 119); }
-SHIM_EXPORT CUresult cuStreamSetAttribute(void) { return shim_unsupported("cuStreamSetAttribute", 120); }
-SHIM_EXPORT CUresult cuStreamWriteValue32_v2(void) { return shim_unsupported("cuStreamWriteValue32_v2", 121); }
-SHIM_EXPORT CUresult cuStreamWaitValue32_v2(void) { return shim_unsupported("cuStreamWaitValue32_v2", 122); }
-SHIM_EXPORT CUresult cuStreamWriteValue64_v2(void) { return shim_unsupported("cuStreamWriteValue64_v2", 123); }
-SHIM_EXPORT CUresult cuStreamWaitValue64_v2(void) { return shim_unsupported("cuStreamWaitValue64_v2", 124); }
-SHIM_EXPORT CUresult cuStreamBatchMemOp_v2(void) { return shim_unsupported("cuStreamBatchMemOp_v2", 125); }
-SHIM_EXPORT CUresult cuEventElapsedTime_v2(void) { return shim_unsupported("cuEventElapsedTime_v2", 126); }
-SHIM_EXPORT CUresult cuImportExternalMemory(void) { return shim_unsupported("cuImportExternalMemory", 127); }
-SHIM_EXPORT CUresult cuDestroyExternalMemory(void) { return shim_unsupported("cuDestroyExternalMemory", 128); }
-SHIM_EXPORT CUresult cuImportExternalSemaphore(void) { return shim_unsupported("cuImportExternalSemaphore", 129); }
-SHIM_EXPORT CUresult cuDestroyExternalSemaphore(void) { return shim_unsupported("cuDestroyExternalSemaphore", 130); }
-SHIM_EXPORT CUresult cuGraphCreate(void) { return shim_unsupported("cuGraphCreate", 131); }
-SHIM_EXPORT CUresult cuGraphDestroy(void) { return shim_unsupported("cuGraphDestroy", 132); }
-SHIM_EXPORT CUresult cuGraphInstantiateWithFlags(void) { return shim_unsupported("cuGraphInstantiateWithFlags", 133); }
-SHIM_EXPORT CUresult cuGraphLaunch(void) { return shim_unsupported("cuGraphLaunch", 134); }
-SHIM_EXPORT CUresult cuGraphExecDestroy(void) { return shim_unsupported("cuGraphExecDestroy", 135); }
-SHIM_EXPORT CUresult cuGraphAddKernelNode_v2(void) { return shim_unsupported("cuGraphAddKernelNode_v2", 136); }
-SHIM_EXPORT CUresult cuProfilerStart(void) { return shim_unsupported("cuProfilerStart", 137); }
-SHIM_EXPORT CUresult cuProfilerStop(void) { return shim_unsupported("cuProfilerStop", 138); }
-SHIM_EXPORT CUresult cuProfilerInitialize(void) { return shim_unsupported("cuProfilerInitialize", 139); }
-SHIM_EXPORT CUresult cuGetErrorInfo(void) { return shim_unsupported("cuGetErrorInfo", 140); }
-SHIM_EXPORT CUresult cuCoredumpGetAttribute(void) { return shim_unsupported("cuCoredumpGetAttribute", 141); }
-SHIM_EXPORT CUresult cuFlushGPUDirectRDMAWrites(void) { return shim_unsupported("cuFlushGPUDirectRDMAWrites", 142); }
+SHIM_EXPORT CUresult cuDeviceGetProperties(void) { return shim_unsupported("cuDeviceGetProperties", 1); }
+SHIM_EXPORT CUresult cuDeviceGetDefaultMemPool(void) { return shim_unsupported("cuDeviceGetDefaultMemPool", 2); }
+SHIM_EXPORT CUresult cuDeviceGetMemPool(void) { return shim_unsupported("cuDeviceGetMemPool", 3); }
+SHIM_EXPORT CUresult cuDeviceSetMemPool(void) { return shim_unsupported("cuDeviceSetMemPool", 4); }
+SHIM_EXPORT CUresult cuDeviceGetTexture1DLinearMaxWidth(void) { return shim_unsupported("cuDeviceGetTexture1DLinearMaxWidth", 5); }
+SHIM_EXPORT CUresult cuDeviceGetNvSciSyncAttributes(void) { return shim_unsupported("cuDeviceGetNvSciSyncAttributes", 6); }
+SHIM_EXPORT CUresult cuDeviceGetExecAffinitySupport(void) { return shim_unsupported("cuDeviceGetExecAffinitySupport", 7); }
+SHIM_EXPORT CUresult cuDeviceGetP2PAttribute(void) { return shim_unsupported("cuDeviceGetP2PAttribute", 8); }
+SHIM_EXPORT CUresult cuCtxCreate_v3(void) { return shim_unsupported("cuCtxCreate_v3", 9); }
+SHIM_EXPORT CUresult cuCtxCreate_v4(void) { return shim_unsupported("cuCtxCreate_v4", 10); }
+SHIM_EXPORT CUresult cuCtxAttach(void) { return shim_unsupported("cuCtxAttach", 11); }
+SHIM_EXPORT CUresult cuCtxDetach(void) { return shim_unsupported("cuCtxDetach", 12); }
+SHIM_EXPORT CUresult cuCtxGetSharedMemConfig(void) { return shim_unsupported("cuCtxGetSharedMemConfig", 13); }
+SHIM_EXPORT CUresult cuCtxSetSharedMemConfig(void) { return shim_unsupported("cuCtxSetSharedMemConfig", 14); }
+SHIM_EXPORT CUresult cuCtxResetPersistingL2Cache(void) { return shim_unsupported("cuCtxResetPersistingL2Cache", 15); }
+SHIM_EXPORT CUresult cuCtxGetExecAffinity(void) { return shim_unsupported("cuCtxGetExecAffinity", 16); }
+SHIM_EXPORT CUresult cuCtxEnablePeerAccess(void) { return shim_unsupported("cuCtxEnablePeerAccess", 17); }
+SHIM_EXPORT CUresult cuCtxDisablePeerAccess(void) { return shim_unsupported("cuCtxDisablePeerAccess", 18); }
+SHIM_EXPORT CUresult cuCtxGetId(void) { return shim_unsupported("cuCtxGetId", 19); }
+SHIM_EXPORT CUresult cuCtxSetFlags(void) { return shim_unsupported("cuCtxSetFlags", 20); }
+SHIM_EXPORT CUresult cuMemAllocManaged(void) { return shim_unsupported("cuMemAllocManaged", 21); }
+SHIM_EXPORT CUresult cuMemAllocPitch_v2(void) { return shim_unsupported("cuMemAllocPitch_v2", 22); }
+SHIM_EXPORT CUresult cuMemAllocAsync(void) { return shim_unsupported("cuMemAllocAsync", 23); }
+SHIM_EXPORT CUresult cuMemFreeAsync(void) { return shim_unsupported("cuMemFreeAsync", 24); }
+SHIM_EXPORT CUresult cuMemAllocFromPoolAsync(void) { return shim_unsupported("cuMemAllocFromPoolAsync", 25); }
+SHIM_EXPORT CUresult cuMemHostGetDevicePointer_v2(void) { return shim_unsupported("cuMemHostGetDevicePointer_v2", 26); }
+SHIM_EXPORT CUresult cuMemPrefetchAsync(void) { return shim_unsupported("cuMemPrefetchAsync", 27); }
+SHIM_EXPORT CUresult cuMemAdvise(void) { return shim_unsupported("cuMemAdvise", 28); }
+SHIM_EXPORT CUresult cuMemcpy(void) { return shim_unsupported("cuMemcpy", 29); }
+SHIM_EXPORT CUresult cuMemcpyAsync(void) { return shim_unsupported("cuMemcpyAsync", 30); }
+SHIM_EXPORT CUresult cuMemcpyPeer(void) { return shim_unsupported("cuMemcpyPeer", 31); }
+SHIM_EXPORT CUresult cuMemcpyPeerAsync(void) { return shim_unsupported("cuMemcpyPeerAsync", 32); }
+SHIM_EXPORT CUresult cuMemcpy2D_v2(void) { return shim_unsupported("cuMemcpy2D_v2", 33); }
+SHIM_EXPORT CUresult cuMemcpy2DAsync_v2(void) { return shim_unsupported("cuMemcpy2DAsync_v2", 34); }
+SHIM_EXPORT CUresult cuMemcpy2DUnaligned_v2(void) { return shim_unsupported("cuMemcpy2DUnaligned_v2", 35); }
+SHIM_EXPORT CUresult cuMemcpy3D_v2(void) { return shim_unsupported("cuMemcpy3D_v2", 36); }
+SHIM_EXPORT CUresult cuMemcpy3DAsync_v2(void) { return shim_unsupported("cuMemcpy3DAsync_v2", 37); }
+SHIM_EXPORT CUresult cuMemcpyAtoH_v2(void) { return shim_unsupported("cuMemcpyAtoH_v2", 38); }
+SHIM_EXPORT CUresult cuMemcpyHtoA_v2(void) { return shim_unsupported("cuMemcpyHtoA_v2", 39); }
+SHIM_EXPORT CUresult cuMemcpyDtoA_v2(void) { return shim_unsupported("cuMemcpyDtoA_v2", 40); }
+SHIM_EXPORT CUresult cuMemcpyAtoD_v2(void) { return shim_unsupported("cuMemcpyAtoD_v2", 41); }
+SHIM_EXPORT CUresult cuMemsetD2D8_v2(void) { return shim_unsupported("cuMemsetD2D8_v2", 42); }
+SHIM_EXPORT CUresult cuMemsetD2D16_v2(void) { return shim_unsupported("cuMemsetD2D16_v2", 43); }
+SHIM_EXPORT CUresult cuMemsetD2D32_v2(void) { return shim_unsupported("cuMemsetD2D32_v2", 44); }
+SHIM_EXPORT CUresult cuMemsetD2D8Async(void) { return shim_unsupported("cuMemsetD2D8Async", 45); }
+SHIM_EXPORT CUresult cuMemsetD2D16Async(void) { return shim_unsupported("cuMemsetD2D16Async", 46); }
+SHIM_EXPORT CUresult cuMemsetD2D32Async(void) { return shim_unsupported("cuMemsetD2D32Async", 47); }
+SHIM_EXPORT CUresult cuMemCreate(void) { return shim_unsupported("cuMemCreate", 48); }
+SHIM_EXPORT CUresult cuMemRelease(void) { return shim_unsupported("cuMemRelease", 49); }
+SHIM_EXPORT CUresult cuMemMap(void) { return shim_unsupported("cuMemMap", 50); }
+SHIM_EXPORT CUresult cuMemUnmap(void) { return shim_unsupported("cuMemUnmap", 51); }
+SHIM_EXPORT CUresult cuMemSetAccess(void) { return shim_unsupported("cuMemSetAccess", 52); }
+SHIM_EXPORT CUresult cuMemAddressReserve(void) { return shim_unsupported("cuMemAddressReserve", 53); }
+SHIM_EXPORT CUresult cuMemAddressFree(void) { return shim_unsupported("cuMemAddressFree", 54); }
+SHIM_EXPORT CUresult cuMemExportToShareableHandle(void) { return shim_unsupported("cuMemExportToShareableHandle", 55); }
+SHIM_EXPORT CUresult cuMemImportFromShareableHandle(void) { return shim_unsupported("cuMemImportFromShareableHandle", 56); }
+SHIM_EXPORT CUresult cuMemGetAllocationGranularity(void) { return shim_unsupported("cuMemGetAllocationGranularity", 57); }
+SHIM_EXPORT CUresult cuMemPoolCreate(void) { return shim_unsupported("cuMemPoolCreate", 58); }
+SHIM_EXPORT CUresult cuMemPoolDestroy(void) { return shim_unsupported("cuMemPoolDestroy", 59); }
+SHIM_EXPORT CUresult cuMemPoolTrimTo(void) { return shim_unsupported("cuMemPoolTrimTo", 60); }
+SHIM_EXPORT CUresult cuMemPoolSetAttribute(void) { return shim_unsupported("cuMemPoolSetAttribute", 61); }
+SHIM_EXPORT CUresult cuMemPoolGetAttribute(void) { return shim_unsupported("cuMemPoolGetAttribute", 62); }
+SHIM_EXPORT CUresult cuIpcGetMemHandle(void) { return shim_unsupported("cuIpcGetMemHandle", 63); }
+SHIM_EXPORT CUresult cuIpcOpenMemHandle_v2(void) { return shim_unsupported("cuIpcOpenMemHandle_v2", 64); }
+SHIM_EXPORT CUresult cuIpcCloseMemHandle(void) { return shim_unsupported("cuIpcCloseMemHandle", 65); }
+SHIM_EXPORT CUresult cuIpcGetEventHandle(void) { return shim_unsupported("cuIpcGetEventHandle", 66); }
+SHIM_EXPORT CUresult cuIpcOpenEventHandle(void) { return shim_unsupported("cuIpcOpenEventHandle", 67); }
+SHIM_EXPORT CUresult cuPointerSetAttribute(void) { return shim_unsupported("cuPointerSetAttribute", 68); }
+SHIM_EXPORT CUresult cuArrayCreate_v2(void) { return shim_unsupported("cuArrayCreate_v2", 69); }
+SHIM_EXPORT CUresult cuArrayDestroy(void) { return shim_unsupported("cuArrayDestroy", 70); }
+SHIM_EXPORT CUresult cuArray3DCreate_v2(void) { return shim_unsupported("cuArray3DCreate_v2", 71); }
+SHIM_EXPORT CUresult cuMipmappedArrayCreate(void) { return shim_unsupported("cuMipmappedArrayCreate", 72); }
+SHIM_EXPORT CUresult cuTexObjectCreate(void) { return shim_unsupported("cuTexObjectCreate", 73); }
+SHIM_EXPORT CUresult cuTexObjectDestroy(void) { return shim_unsupported("cuTexObjectDestroy", 74); }
+SHIM_EXPORT CUresult cuSurfObjectCreate(void) { return shim_unsupported("cuSurfObjectCreate", 75); }
+SHIM_EXPORT CUresult cuSurfObjectDestroy(void) { return shim_unsupported("cuSurfObjectDestroy", 76); }
+SHIM_EXPORT CUresult cuModuleLoadFatBinary(void) { return shim_unsupported("cuModuleLoadFatBinary", 77); }
+SHIM_EXPORT CUresult cuModuleGetTexRef(void) { return shim_unsupported("cuModuleGetTexRef", 78); }
+SHIM_EXPORT CUresult cuModuleGetSurfRef(void) { return shim_unsupported("cuModuleGetSurfRef", 79); }
+SHIM_EXPORT CUresult cuModuleGetLoadingMode(void) { return shim_unsupported("cuModuleGetLoadingMode", 80); }
+SHIM_EXPORT CUresult cuModuleEnumerateFunctions(void) { return shim_unsupported("cuModuleEnumerateFunctions", 81); }
+SHIM_EXPORT CUresult cuLinkCreate_v2(void) { return shim_unsupported("cuLinkCreate_v2", 82); }
+SHIM_EXPORT CUresult cuLinkAddData_v2(void) { return shim_unsupported("cuLinkAddData_v2", 83); }
+SHIM_EXPORT CUresult cuLinkAddFile_v2(void) { return shim_unsupported("cuLinkAddFile_v2", 84); }
+SHIM_EXPORT CUresult cuLinkComplete(void) { return shim_unsupported("cuLinkComplete", 85); }
+SHIM_EXPORT CUresult cuLinkDestroy(void) { return shim_unsupported("cuLinkDestroy", 86); }
+SHIM_EXPORT CUresult cuLibraryLoadFromFile(void) { return shim_unsupported("cuLibraryLoadFromFile", 87); }
+SHIM_EXPORT CUresult cuLibraryGetUnifiedFunction(void) { return shim_unsupported("cuLibraryGetUnifiedFunction", 88); }
+SHIM_EXPORT CUresult cuKernelGetAttribute(void) { return shim_unsupported("cuKernelGetAttribute", 89); }
+SHIM_EXPORT CUresult cuKernelSetAttribute(void) { return shim_unsupported("cuKernelSetAttribute", 90); }
+SHIM_EXPORT CUresult cuKernelGetName(void) { return shim_unsupported("cuKernelGetName", 91); }
+SHIM_EXPORT CUresult cuLaunchKernelEx(void) { return shim_unsupported("cuLaunchKernelEx", 92); }
+SHIM_EXPORT CUresult cuLaunchCooperativeKernel(void) { return shim_unsupported("cuLaunchCooperativeKernel", 93); }
+SHIM_EXPORT CUresult cuLaunchCooperativeKernelMultiDevice(void) { return shim_unsupported("cuLaunchCooperativeKernelMultiDevice", 94); }
+SHIM_EXPORT CUresult cuLaunchHostFunc(void) { return shim_unsupported("cuLaunchHostFunc", 95); }
+SHIM_EXPORT CUresult cuFuncGetModule(void) { return shim_unsupported("cuFuncGetModule", 96); }
+SHIM_EXPORT CUresult cuFuncGetName(void) { return shim_unsupported("cuFuncGetName", 97); }
+SHIM_EXPORT CUresult cuFuncSetSharedMemConfig(void) { return shim_unsupported("cuFuncSetSharedMemConfig", 98); }
+SHIM_EXPORT CUresult cuFuncLoad(void) { return shim_unsupported("cuFuncLoad", 99); }
+SHIM_EXPORT CUresult cuFuncIsLoaded(void) { return shim_unsupported("cuFuncIsLoaded", 100); }
+SHIM_EXPORT CUresult cuOccupancyMaxPotentialBlockSizeWithFlags(void) { return shim_unsupported("cuOccupancyMaxPotentialBlockSizeWithFlags", 101); }
+SHIM_EXPORT CUresult cuOccupancyMaxPotentialClusterSize(void) { return shim_unsupported("cuOccupancyMaxPotentialClusterSize", 102); }
+SHIM_EXPORT CUresult cuOccupancyMaxActiveClusters(void) { return shim_unsupported("cuOccupancyMaxActiveClusters", 103); }
+SHIM_EXPORT CUresult cuStreamAddCallback(void) { return shim_unsupported("cuStreamAddCallback", 104); }
+SHIM_EXPORT CUresult cuStreamAttachMemAsync(void) { return shim_unsupported("cuStreamAttachMemAsync", 105); }
+SHIM_EXPORT CUresult cuStreamBeginCapture_v2(void) { return shim_unsupported("cuStreamBeginCapture_v2", 106); }
+SHIM_EXPORT CUresult cuStreamEndCapture(void) { return shim_unsupported("cuStreamEndCapture", 107); }
+SHIM_EXPORT CUresult cuStreamIsCapturing(void) { return shim_unsupported("cuStreamIsCapturing", 108); }
+SHIM_EXPORT CUresult cuStreamGetCaptureInfo_v2(void) { return shim_unsupported("cuStreamGetCaptureInfo_v2", 109); }
+SHIM_EXPORT CUresult cuStreamGetId(void) { return shim_unsupported("cuStreamGetId", 110); }
+SHIM_EXPORT CUresult cuStreamCopyAttributes(void) { return shim_unsupported("cuStreamCopyAttributes", 111); }
+SHIM_EXPORT CUresult cuStreamGetAttribute(void) { return shim_unsupported("cuStreamGetAttribute", 112); }
+SHIM_EXPORT CUresult cuStreamSetAttribute(void) { return shim_unsupported("cuStreamSetAttribute", 113); }
+SHIM_EXPORT CUresult cuStreamWriteValue32_v2(void) { return shim_unsupported("cuStreamWriteValue32_v2", 114); }
+SHIM_EXPORT CUresult cuStreamWaitValue32_v2(void) { return shim_unsupported("cuStreamWaitValue32_v2", 115); }
+SHIM_EXPORT CUresult cuStreamWriteValue64_v2(void) { return shim_unsupported("cuStreamWriteValue64_v2", 116); }
+SHIM_EXPORT CUresult cuStreamWaitValue64_v2(void) { return shim_unsupported("cuStreamWaitValue64_v2", 117); }
+SHIM_EXPORT CUresult cuStreamBatchMemOp_v2(void) { return shim_unsupported("cuStreamBatchMemOp_v2", 118); }
+SHIM_EXPORT CUresult cuEventElapsedTime_v2(void) { return shim_unsupported("cuEventElapsedTime_v2", 119); }
+SHIM_EXPORT CUresult cuImportExternalMemory(void) { return shim_unsupported("cuImportExternalMemory", 120); }
+SHIM_EXPORT CUresult cuDestroyExternalMemory(void) { return shim_unsupported("cuDestroyExternalMemory", 121); }
+SHIM_EXPORT CUresult cuImportExternalSemaphore(void) { return shim_unsupported("cuImportExternalSemaphore", 122); }
+SHIM_EXPORT CUresult cuDestroyExternalSemaphore(void) { return shim_unsupported("cuDestroyExternalSemaphore", 123); }
+SHIM_EXPORT CUresult cuGraphCreate(void) { return shim_unsupported("cuGraphCreate", 124); }
+SHIM_EXPORT CUresult cuGraphDestroy(void) { return shim_unsupported("cuGraphDestroy", 125); }
+SHIM_EXPORT CUresult cuGraphInstantiateWithFlags(void) { return shim_unsupported("cuGraphInstantiateWithFlags", 126); }
+SHIM_EXPORT CUresult cuGraphLaunch(void) { return shim_unsupported("cuGraphLaunch", 127); }
+SHIM_EXPORT CUresult cuGraphExecDestroy(void) { return shim_unsupported("cuGraphExecDestroy", 128); }
+SHIM_EXPORT CUresult cuGraphAddKernelNode_v2(void) { return shim_unsupported("cuGraphAddKernelNode_v2", 129); }
+SHIM_EXPORT CUresult cuProfilerStart(void) { return shim_unsupported("cuProfilerStart", 130); }
+SHIM_EXPORT CUresult cuProfilerStop(void) { return shim_unsupported("cuProfilerStop", 131); }
+SHIM_EXPORT CUresult cuProfilerInitialize(void) { return shim_unsupported("cuProfilerInitialize", 132); }
+SHIM_EXPORT CUresult cuGetErrorInfo(void) { return shim_unsupported("cuGetErrorInfo", 133); }
+SHIM_EXPORT CUresult cuCoredumpGetAttribute(void) { return shim_unsupported("cuCoredumpGetAttribute", 134); }
+SHIM_EXPORT CUresult cuFlushGPUDirectRDMAWrites(void) { return shim_unsupported("cuFlushGPUDirectRDMAWrites", 135); }
 
-const int shim_unsupported_count = 143;
+const int shim_unsupported_count = 136;
 
 const struct shim_proc shim_procs[] = {
     {"cuInit", 0, 1, (void *)cuInit},
@@ -1971,6 +2081,9 @@ const struct shim_proc shim_procs[] = {
     {"cuDeviceTotalMem", 3020, 1, (void *)cuDeviceTotalMem_v2},
     {"cuDeviceGetAttribute", 0, 1, (void *)cuDeviceGetAttribute},
     {"cuDeviceComputeCapability", 0, 1, (void *)cuDeviceComputeCapability},
+    {"cuDeviceGetPCIBusId", 4010, 1, (void *)cuDeviceGetPCIBusId},
+    {"cuDeviceGetByPCIBusId", 4010, 1, (void *)cuDeviceGetByPCIBusId},
+    {"cuDeviceCanAccessPeer", 4000, 1, (void *)cuDeviceCanAccessPeer},
     {"cuDevicePrimaryCtxRetain", 0, 1, (void *)cuDevicePrimaryCtxRetain},
     {"cuDevicePrimaryCtxRelease", 11000, 1, (void *)cuDevicePrimaryCtxRelease_v2},
     {"cuDevicePrimaryCtxReset", 11000, 1, (void *)cuDevicePrimaryCtxReset_v2},
@@ -1989,6 +2102,8 @@ const struct shim_proc shim_procs[] = {
     {"cuCtxGetLimit", 0, 1, (void *)cuCtxGetLimit},
     {"cuCtxSetLimit", 0, 1, (void *)cuCtxSetLimit},
     {"cuCtxGetStreamPriorityRange", 0, 1, (void *)cuCtxGetStreamPriorityRange},
+    {"cuCtxGetCacheConfig", 0, 1, (void *)cuCtxGetCacheConfig},
+    {"cuCtxSetCacheConfig", 0, 1, (void *)cuCtxSetCacheConfig},
     {"cuMemAlloc", 3020, 1, (void *)cuMemAlloc_v2},
     {"cuMemFree", 3020, 1, (void *)cuMemFree_v2},
     {"cuMemGetInfo", 3020, 1, (void *)cuMemGetInfo_v2},
@@ -1997,6 +2112,8 @@ const struct shim_proc shim_procs[] = {
     {"cuMemHostAlloc", 0, 1, (void *)cuMemHostAlloc},
     {"cuMemFreeHost", 0, 1, (void *)cuMemFreeHost},
     {"cuMemHostGetFlags", 0, 1, (void *)cuMemHostGetFlags},
+    {"cuMemHostRegister", 6050, 1, (void *)cuMemHostRegister_v2},
+    {"cuMemHostUnregister", 4000, 1, (void *)cuMemHostUnregister},
     {"cuMemcpyHtoD", 3020, 1, (void *)cuMemcpyHtoD_v2},
     {"cuMemcpyDtoH", 3020, 1, (void *)cuMemcpyDtoH_v2},
     {"cuMemcpyDtoD", 3020, 1, (void *)cuMemcpyDtoD_v2},
@@ -2054,8 +2171,6 @@ const struct shim_proc shim_procs[] = {
     {"cuGetProcAddress", 12000, 1, (void *)cuGetProcAddress_v2},
     {"cuGetExportTable", 0, 1, (void *)cuGetExportTable},
     {"cuDeviceGetLuid", 0, 0, (void *)cuDeviceGetLuid},
-    {"cuDeviceGetPCIBusId", 0, 0, (void *)cuDeviceGetPCIBusId},
-    {"cuDeviceGetByPCIBusId", 0, 0, (void *)cuDeviceGetByPCIBusId},
     {"cuDeviceGetProperties", 0, 0, (void *)cuDeviceGetProperties},
     {"cuDeviceGetDefaultMemPool", 0, 0, (void *)cuDeviceGetDefaultMemPool},
     {"cuDeviceGetMemPool", 0, 0, (void *)cuDeviceGetMemPool},
@@ -2063,14 +2178,11 @@ const struct shim_proc shim_procs[] = {
     {"cuDeviceGetTexture1DLinearMaxWidth", 0, 0, (void *)cuDeviceGetTexture1DLinearMaxWidth},
     {"cuDeviceGetNvSciSyncAttributes", 0, 0, (void *)cuDeviceGetNvSciSyncAttributes},
     {"cuDeviceGetExecAffinitySupport", 0, 0, (void *)cuDeviceGetExecAffinitySupport},
-    {"cuDeviceCanAccessPeer", 0, 0, (void *)cuDeviceCanAccessPeer},
     {"cuDeviceGetP2PAttribute", 0, 0, (void *)cuDeviceGetP2PAttribute},
     {"cuCtxCreate", 0, 0, (void *)cuCtxCreate_v3},
     {"cuCtxCreate", 0, 0, (void *)cuCtxCreate_v4},
     {"cuCtxAttach", 0, 0, (void *)cuCtxAttach},
     {"cuCtxDetach", 0, 0, (void *)cuCtxDetach},
-    {"cuCtxGetCacheConfig", 0, 0, (void *)cuCtxGetCacheConfig},
-    {"cuCtxSetCacheConfig", 0, 0, (void *)cuCtxSetCacheConfig},
     {"cuCtxGetSharedMemConfig", 0, 0, (void *)cuCtxGetSharedMemConfig},
     {"cuCtxSetSharedMemConfig", 0, 0, (void *)cuCtxSetSharedMemConfig},
     {"cuCtxResetPersistingL2Cache", 0, 0, (void *)cuCtxResetPersistingL2Cache},
@@ -2084,8 +2196,6 @@ const struct shim_proc shim_procs[] = {
     {"cuMemAllocAsync", 0, 0, (void *)cuMemAllocAsync},
     {"cuMemFreeAsync", 0, 0, (void *)cuMemFreeAsync},
     {"cuMemAllocFromPoolAsync", 0, 0, (void *)cuMemAllocFromPoolAsync},
-    {"cuMemHostRegister", 0, 0, (void *)cuMemHostRegister_v2},
-    {"cuMemHostUnregister", 0, 0, (void *)cuMemHostUnregister},
     {"cuMemHostGetDevicePointer", 0, 0, (void *)cuMemHostGetDevicePointer_v2},
     {"cuMemPrefetchAsync", 0, 0, (void *)cuMemPrefetchAsync},
     {"cuMemAdvise", 0, 0, (void *)cuMemAdvise},
@@ -2228,6 +2338,8 @@ const struct shim_error shim_errors[] = {
     {CUDA_ERROR_LAUNCH_TIMEOUT, "CUDA_ERROR_LAUNCH_TIMEOUT", "the launch timed out and was terminated"},
     {CUDA_ERROR_PRIMARY_CONTEXT_ACTIVE, "CUDA_ERROR_PRIMARY_CONTEXT_ACTIVE", "primary context active"},
     {CUDA_ERROR_CONTEXT_IS_DESTROYED, "CUDA_ERROR_CONTEXT_IS_DESTROYED", "context is destroyed"},
+    {CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED, "CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED", "part or all of the requested memory range is already mapped"},
+    {CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED, "CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED", "pointer does not correspond to a registered memory region"},
     {CUDA_ERROR_LAUNCH_FAILED, "CUDA_ERROR_LAUNCH_FAILED", "unspecified launch failure"},
     {CUDA_ERROR_NOT_PERMITTED, "CUDA_ERROR_NOT_PERMITTED", "operation not permitted"},
     {CUDA_ERROR_NOT_SUPPORTED, "CUDA_ERROR_NOT_SUPPORTED", "operation not supported"},

@@ -45,6 +45,17 @@ int main(int argc, char **argv)
     OK(cuDeviceGetAttribute(&pi, CU_DEVICE_ATTRIBUTE_WARP_SIZE, dev));
     EXPECT(pi == 32);
     CHECK(cuDeviceGetAttribute(&pi, (CUdevice_attribute)100000, dev), CUDA_ERROR_INVALID_VALUE);
+    {
+        char bus[32];
+        CUdevice found = -1;
+        OK(cuDeviceGetPCIBusId(bus, sizeof bus, dev));
+        OK(cuDeviceGetByPCIBusId(&found, bus));
+        EXPECT(found == dev);
+        /* The host's other device is not the lease's. */
+        CHECK(cuDeviceGetByPCIBusId(&found, "00000000:01:00.0"), CUDA_ERROR_INVALID_DEVICE);
+        OK(cuDeviceCanAccessPeer(&pi, dev, dev));
+        EXPECT(pi == 0);
+    }
 
     /* Memory info needs a context, and shows the slice too. */
     CHECK(cuMemGetInfo(&free_, &total), CUDA_ERROR_INVALID_CONTEXT);
@@ -56,6 +67,12 @@ int main(int argc, char **argv)
     EXPECT(total == want && free_ == want);
     OK(cuCtxGetDevice(&dev));
     EXPECT(dev == 0);
+    {
+        CUfunc_cache cache = CU_FUNC_CACHE_PREFER_NONE;
+        OK(cuCtxSetCacheConfig(CU_FUNC_CACHE_PREFER_L1));
+        OK(cuCtxGetCacheConfig(&cache));
+        EXPECT(cache == CU_FUNC_CACHE_PREFER_L1);
+    }
     CHECK(cuCtxSetCurrent((CUcontext)(uintptr_t)0xdead0), CUDA_ERROR_INVALID_CONTEXT);
     OK(cuDevicePrimaryCtxRelease(dev));
 

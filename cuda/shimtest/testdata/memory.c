@@ -95,6 +95,15 @@ int main(int argc, char **argv)
     OK(cuMemFreeHost(pinned));
     CHECK(cuMemFreeHost(pinned), CUDA_ERROR_INVALID_VALUE);
 
+    /* Registered host memory stays the caller's. */
+    OK(cuMemHostRegister(out, 4096, CU_MEMHOSTREGISTER_PORTABLE));
+    CHECK(cuMemHostRegister((char *)out + 100, 16, 0), CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED);
+    OK(cuPointerGetAttribute(&mt, CU_POINTER_ATTRIBUTE_MEMORY_TYPE, (CUdeviceptr)(uintptr_t)out));
+    EXPECT(mt == CU_MEMORYTYPE_HOST);
+    CHECK(cuMemFreeHost(out), CUDA_ERROR_INVALID_VALUE);
+    OK(cuMemHostUnregister(out));
+    CHECK(cuMemHostUnregister(out), CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED);
+
     /* Free, and free again. */
     OK(cuMemFree(d2));
     CHECK(cuMemFree(d2), CUDA_ERROR_INVALID_VALUE);
