@@ -22,10 +22,16 @@ var CFlags = []string{
 	"-Wl,-soname," + SOName, "-Wl,--no-undefined",
 }
 
-// SourceDir is the directory of the C sources.
+// SourceDir is the directory of the C sources: next to this file, or,
+// in a build without source paths (-trimpath), cuda/shim/csrc under the
+// working directory (the repository root, where make runs).
 func SourceDir() string {
 	_, file, _, _ := runtime.Caller(0)
-	return filepath.Join(filepath.Dir(file), "csrc")
+	dir := filepath.Join(filepath.Dir(file), "csrc")
+	if _, err := os.Stat(filepath.Join(dir, "shim.c")); err != nil {
+		return filepath.Join("cuda", "shim", "csrc")
+	}
+	return dir
 }
 
 // IncludeDir holds cuda.h for programs built against the shim.

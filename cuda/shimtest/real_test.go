@@ -1,10 +1,12 @@
 package shimtest
 
 import (
+	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/gpupool/gpupool/agent/cudaserver"
 )
@@ -56,6 +58,33 @@ func TestTheRealBackendRunsTheExampleThroughAStubDriver(t *testing.T) {
 		if !strings.Contains(out, want) {
 			t.Errorf("got %q, want %q", out, want)
 		}
+	}
+}
+
+// A process that exits without destroying its context: the session's end
+// destroys it on the driver.
+func TestTheSessionsEndDestroysItsContextsOnTheDriver(t *testing.T) {
+	log := filepath.Join(t.TempDir(), "stub.log")
+	t.Setenv("STUB_CUDA_LOG", log)
+	drv, err := cudaserver.OpenRealDriver(stubDriver(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv, err := cudaserver.New(cudaserver.Config{Devices: []int{0}, NewBackend: drv.NewBackend})
+	if err != nil {
+		t.Fatal(err)
+	}
+	sock := listen(t, srv)
+	run(t, sock, "leaveit")
+	deadline := time.Now().Add(time.Minute)
+	for {
+		b, _ := os.ReadFile(log)
+		if got := string(b); got == "context created\ncontext destroyed\n" {
+			break
+		} else if time.Now().After(deadline) {
+			t.Fatalf("the stub driver saw %q, want the context created and then destroyed", got)
+		}
+		time.Sleep(10 * time.Millisecond)
 	}
 }
 

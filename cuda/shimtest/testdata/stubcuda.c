@@ -5,6 +5,7 @@
  * vecadd, runs on the CPU. Not thread-safe beyond what the tests need.
  */
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -19,6 +20,17 @@ struct fn { int vecadd; };
 
 static int initialized;
 static __thread struct ctx *current;
+
+/* note appends an event to the file STUB_CUDA_LOG names, for the tests. */
+static void note(const char *event)
+{
+    const char *path = getenv("STUB_CUDA_LOG");
+    FILE *f;
+    if (!path || !(f = fopen(path, "a")))
+        return;
+    fprintf(f, "%s\n", event);
+    fclose(f);
+}
 
 EXPORT int cuInit(unsigned flags) { initialized = flags == 0; return flags ? INVALID_VALUE : OK; }
 EXPORT int cuDriverGetVersion(int *v) { *v = 12040; return OK; }
@@ -58,6 +70,7 @@ EXPORT int cuCtxCreate_v2(struct ctx **pctx, unsigned flags, int dev)
     *pctx = calloc(1, sizeof **pctx);
     (*pctx)->dev = dev;
     current = *pctx;
+    note("context created");
     return OK;
 }
 EXPORT int cuCtxDestroy_v2(struct ctx *c)
@@ -65,6 +78,7 @@ EXPORT int cuCtxDestroy_v2(struct ctx *c)
     if (current == c)
         current = NULL;
     free(c);
+    note("context destroyed");
     return OK;
 }
 EXPORT int cuCtxSetCurrent(struct ctx *c) { current = c; return OK; }
