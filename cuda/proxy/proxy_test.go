@@ -74,3 +74,23 @@ func TestEachConnectionIsCarriedAndTheSocketIsPrivate(t *testing.T) {
 		t.Errorf("the socket is still there after Close: %v", err)
 	}
 }
+
+func TestWithEnvPutsTheShimFirstAndTheSocketOnce(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		env  []string
+		want []string
+	}{
+		{"no library path", []string{"HOME=/h"}, []string{"HOME=/h", "GPUPOOL_CUDA_SOCKET=/s", "LD_LIBRARY_PATH=/lib"}},
+		{"an empty library path", []string{"LD_LIBRARY_PATH="}, []string{"GPUPOOL_CUDA_SOCKET=/s", "LD_LIBRARY_PATH=/lib"}},
+		{"a library path", []string{"LD_LIBRARY_PATH=/a:/b"}, []string{"GPUPOOL_CUDA_SOCKET=/s", "LD_LIBRARY_PATH=/lib:/a:/b"}},
+		{"a socket already set", []string{"GPUPOOL_CUDA_SOCKET=/old"}, []string{"GPUPOOL_CUDA_SOCKET=/s", "LD_LIBRARY_PATH=/lib"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got := withEnv(tc.env, "GPUPOOL_CUDA_SOCKET", "/s", "LD_LIBRARY_PATH", "/lib")
+			if strings.Join(got, " ") != strings.Join(tc.want, " ") {
+				t.Errorf("got %v, want %v", got, tc.want)
+			}
+		})
+	}
+}

@@ -5,7 +5,9 @@ import (
 	"errors"
 	"net"
 	"os"
+	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -138,5 +140,30 @@ func TestAStaleTokenGetsNoGPU(t *testing.T) {
 		}
 	case <-time.After(time.Minute):
 		t.Error("the proxy never heard why the connection ended")
+	}
+}
+
+func TestAttachRunsACommandWithTheShimAndTheProxy(t *testing.T) {
+	sock, _ := serve(t, slice)
+	lib := buildShim(t)
+	var out strings.Builder
+	cmd := exec.Command(programAt(t, "vecadd", example))
+	cmd.Stdout = &out
+	cmd.Env = append(os.Environ(), "GPUPOOL_CUDA_SOCKET=/nonexistent", "LD_LIBRARY_PATH=/usr/lib")
+	if err := proxy.Attach(context.Background(), proxy.DialUnix(sock), lib, cmd); err != nil {
+		t.Fatalf("attach: %v\n%s", err, out.String())
+	}
+	if !strings.Contains(out.String(), "1048576 of 1048576 sums right") {
+		t.Errorf("got %q, want every sum right", out.String())
+	}
+	if !slices.Contains(cmd.Env, "LD_LIBRARY_PATH="+lib+":/usr/lib") {
+		t.Errorf("the command's environment %v does not put the shim first on LD_LIBRARY_PATH", cmd.Env)
+	}
+}
+
+func TestAttachWithoutTheShimSaysWhereItComesFrom(t *testing.T) {
+	err := proxy.Attach(context.Background(), proxy.DialUnix("/nonexistent"), t.TempDir(), exec.Command("true"))
+	if err == nil || !strings.Contains(err.Error(), "make build puts it in bin/lib") {
+		t.Errorf("got %v, want an error saying make build builds the shim", err)
 	}
 }
