@@ -801,7 +801,8 @@ SHIM_EXPORT CUresult cuPointerGetAttributes(unsigned int numAttributes, CUpointe
 /* --- modules, libraries and kernel parameter layouts */
 
 /* fetch_layout asks the server for f's parameter offsets and sizes and
-   keeps them, so launches can serialise kernelParams. */
+   keeps them, so launches can serialise kernelParams. Every resolution of a
+   function fetches again. */
 static CUresult fetch_layout(uint64_t fn)
 {
     char info[8 * SHIM_MAX_PARAMS];
@@ -828,10 +829,14 @@ static CUresult fetch_layout(uint64_t fn)
     }
     pthread_mutex_lock(&tab.mu);
     for (size_t i = 0; i < tab.nlayouts; i++) {
-        if (tab.layouts[i].fn == fn) { /* another thread was first */
+        /* Replace what was known: the driver may reuse a handle of an
+           unloaded module's function for a new one. Launches copy what
+           they need under the lock, so the old arrays are free to go. */
+        if (tab.layouts[i].fn == fn) {
+            free(tab.layouts[i].offsets);
+            free(tab.layouts[i].sizes);
+            tab.layouts[i] = l;
             pthread_mutex_unlock(&tab.mu);
-            free(l.offsets);
-            free(l.sizes);
             return CUDA_SUCCESS;
         }
     }
