@@ -122,3 +122,10 @@ func (m *spans[T]) removeIf(match func(span[T]) bool) []span[T] {
 	m.s = kept
 	return gone
 }
+
+// dropOverlapping removes the ranges that overlap [base, base+size): stale
+// ones, when the backend reuses addresses the session did not see freed
+// (a module's globals after cuModuleUnload).
+func (m *spans[T]) dropOverlapping(base, size uint64) []span[T] {
+	return m.removeIf(func(r span[T]) bool { return r.base < base+size && base < r.base+r.size })
+}

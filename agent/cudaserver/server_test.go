@@ -405,3 +405,17 @@ func TestEventTimesComeFromTheInjectedClock(t *testing.T) {
 		t.Errorf("got %v ms (%v), want 1.5", ms, r)
 	}
 }
+
+func TestSpansDropWhatANewRangeOverlaps(t *testing.T) {
+	var m spans[int]
+	m.add(100, 50, 1)
+	m.add(200, 50, 2)
+	m.add(300, 50, 3)
+	gone := m.dropOverlapping(140, 70) // [140, 210) meets the first two
+	if len(gone) != 2 || len(m.s) != 1 || m.s[0].v != 3 {
+		t.Errorf("got %d dropped and %v left, want 2 dropped and the third left", len(gone), m.s)
+	}
+	if !m.contains(300, 50) || m.contains(300, 51) || m.contains(299, 1) {
+		t.Error("contains: want exactly [300, 350)")
+	}
+}

@@ -196,9 +196,10 @@ func (s *session) inDevptr(p, n uint64) Result {
 }
 
 func (s *session) outDevptr(p, n uint64) {
-	if _, ok := s.mem.find(p); ok || n == 0 {
+	if a, ok := s.mem.find(p); ok && a.base == p && a.size == n || n == 0 {
 		return
 	}
+	s.forgetStale(p, n)
 	s.nextID++
 	s.mem.add(p, n, allocation{ctx: s.bound, dev: s.currentDevice(), id: s.nextID})
 }
@@ -216,6 +217,16 @@ func (s *session) currentDevice() int32 {
 		return d
 	}
 	return 0
+}
+
+// forgetStale drops what the session still records in [p, p+n), which the
+// backend has just handed out again: it was freed behind the session's back.
+func (s *session) forgetStale(p, n uint64) {
+	for _, a := range s.mem.dropOverlapping(p, n) {
+		if a.v.counted {
+			s.srv.release(a.v.dev, a.size)
+		}
+	}
 }
 
 // dropContextMemory forgets the allocations of a context the backend freed.
@@ -293,6 +304,7 @@ func (s *session) CuMemAllocV2(bytesize uint64) (uint64, Result) {
 		s.srv.release(dev, bytesize)
 		return 0, r
 	}
+	s.forgetStale(p, bytesize)
 	s.nextID++
 	s.mem.add(p, bytesize, allocation{ctx: s.bound, dev: dev, id: s.nextID, counted: true})
 	return p, Success
