@@ -196,8 +196,8 @@ func (s *session) inDevptr(p, n uint64) Result {
 }
 
 func (s *session) outDevptr(p, n uint64) {
-	if a, ok := s.mem.find(p); ok && a.base == p && a.size == n || n == 0 {
-		return
+	if _, ok := s.mem.find(p); ok || n == 0 {
+		return // known (cuMemAlloc registered it; cuMemGetAddressRange names a base)
 	}
 	s.forgetStale(p, n)
 	s.nextID++
