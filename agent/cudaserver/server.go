@@ -24,15 +24,21 @@ type Backend interface {
 	Close() error
 }
 
+// Device is one of the lease's devices.
+type Device struct {
+	// Index is the backend's ordinal of the device on the pool host.
+	Index int
+	// MemoryBytes is the lease's memory on the device (a slice's): the
+	// total memory the client sees, and the most the lease's sessions may
+	// hold allocated on it together. 0 means the whole device.
+	MemoryBytes uint64
+}
+
 // Config is one lease's CUDA server.
 type Config struct {
-	// Devices are the backend's device ordinals the lease holds; the
-	// client sees Devices[i] as device i. At least one.
-	Devices []int
-	// MemoryLimit is the lease's memory on each of its devices, in bytes:
-	// the total memory the client sees, and the most its sessions may hold
-	// allocated together. 0 means the device's own total.
-	MemoryLimit uint64
+	// Devices are the lease's devices; the client sees Devices[i] as
+	// device i. At least one.
+	Devices []Device
 	// NewBackend opens the backend of one session.
 	NewBackend func() (Backend, error)
 	// Logger gets session starts, ends and refusals; nil discards them.
@@ -58,11 +64,11 @@ func New(cfg Config) (*Server, error) {
 		return nil, errors.New("cudaserver: Devices: at least one device, the lease's")
 	}
 	seen := map[int]bool{}
-	for _, d := range cfg.Devices {
-		if d < 0 || seen[d] {
-			return nil, fmt.Errorf("cudaserver: Devices: %v: want distinct ordinals >= 0", cfg.Devices)
+	for i, d := range cfg.Devices {
+		if d.Index < 0 || seen[d.Index] {
+			return nil, fmt.Errorf("cudaserver: Devices[%d].Index %d: want distinct ordinals >= 0", i, d.Index)
 		}
-		seen[d] = true
+		seen[d.Index] = true
 	}
 	if cfg.NewBackend == nil {
 		return nil, errors.New("cudaserver: NewBackend: required")

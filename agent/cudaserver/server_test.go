@@ -17,8 +17,7 @@ const testLimit = 1 << 30
 func newTestServer(t testing.TB, limit uint64) *Server {
 	t.Helper()
 	srv, err := New(Config{
-		Devices:     []int{0},
-		MemoryLimit: limit,
+		Devices: []Device{{Index: 0, MemoryBytes: limit}},
 		NewBackend: func() (Backend, error) {
 			return NewSimBackend([]SimDevice{DefaultSimDevice([16]byte{1})}, nil), nil
 		},
@@ -141,9 +140,9 @@ func TestNewRefusesBadConfigs(t *testing.T) {
 		want string
 	}{
 		{"no devices", Config{NewBackend: sim}, "Devices: at least one"},
-		{"a negative device", Config{Devices: []int{-1}, NewBackend: sim}, "distinct ordinals"},
-		{"a device twice", Config{Devices: []int{0, 0}, NewBackend: sim}, "distinct ordinals"},
-		{"no backend", Config{Devices: []int{0}}, "NewBackend: required"},
+		{"a negative device", Config{Devices: []Device{{Index: -1}}, NewBackend: sim}, "Devices[0].Index -1"},
+		{"a device twice", Config{Devices: []Device{{Index: 0}, {Index: 0}}, NewBackend: sim}, "Devices[1].Index 0: want distinct"},
+		{"no backend", Config{Devices: []Device{{Index: 0}}}, "NewBackend: required"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			if _, err := New(tc.cfg); err == nil || !strings.Contains(err.Error(), tc.want) {
@@ -270,7 +269,9 @@ func TestMalformedFramesEndTheSessionWithAnError(t *testing.T) {
 			go func() {
 				_, _ = a.Write(c.bytes)
 				if c.name == "a truncated frame" {
-					a.Close()
+					// A half-close: a full close with the reply to the
+					// handshake unread would be a reset, not an EOF.
+					a.(*net.TCPConn).CloseWrite()
 				}
 			}()
 			var err error
@@ -347,9 +348,9 @@ func FuzzSession(f *testing.F) {
 	})
 }
 
-func TestTheClientSeesTheLeasesDevicesFromZeroInLeaseOrder(t *testing.T) {
+func TestTheClientSeesTheLeasesDevicesFromZeroInLeaseOrderWithTheirMemory(t *testing.T) {
 	devs := []SimDevice{DefaultSimDevice([16]byte{0xa}), DefaultSimDevice([16]byte{0xb}), DefaultSimDevice([16]byte{0xc})}
-	srv, err := New(Config{Devices: []int{2, 0}, NewBackend: func() (Backend, error) { return NewSimBackend(devs, nil), nil }})
+	srv, err := New(Config{Devices: []Device{{Index: 2}, {Index: 0, MemoryBytes: 1 << 30}}, NewBackend: func() (Backend, error) { return NewSimBackend(devs, nil), nil }})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -369,6 +370,11 @@ func TestTheClientSeesTheLeasesDevicesFromZeroInLeaseOrder(t *testing.T) {
 			t.Errorf("device %d's UUID: got %x (%v), want the pool host's device %x", ordinal, u[0], r, want)
 		}
 	}
+	for ordinal, want := range []uint64{40 << 30, 1 << 30} {
+		if r, d := tc.call(opCuDeviceTotalMemV2, int32(ordinal)); r != Success || d.U64() != want {
+			t.Errorf("device %d's total memory: got %v, want %d", ordinal, r, want)
+		}
+	}
 	if r, _ := tc.call(opCuDeviceGet, int32(2)); r != ErrorInvalidDevice {
 		t.Errorf("cuDeviceGet(2): got %v, want CUDA_ERROR_INVALID_DEVICE", r)
 	}
@@ -385,7 +391,7 @@ func TestTheClientSeesTheLeasesDevicesFromZeroInLeaseOrder(t *testing.T) {
 
 func TestEventTimesComeFromTheInjectedClock(t *testing.T) {
 	now := time.Unix(1000, 0)
-	srv, err := New(Config{Devices: []int{0}, NewBackend: func() (Backend, error) {
+	srv, err := New(Config{Devices: []Device{{Index: 0}}, NewBackend: func() (Backend, error) {
 		return NewSimBackend([]SimDevice{DefaultSimDevice([16]byte{})}, func() time.Time { return now }), nil
 	}})
 	if err != nil {

@@ -120,9 +120,13 @@ func (s *session) refuse(r Result, format string, args ...any) Result {
 	return r
 }
 
-// limit is the memory the client sees on its device dev.
-func (s *session) limit(backendTotal uint64) uint64 {
-	if l := s.srv.cfg.MemoryLimit; l != 0 && l < backendTotal {
+// limit is the memory the client sees on its device dev (a client
+// ordinal), whose backend total is backendTotal.
+func (s *session) limit(dev int32, backendTotal uint64) uint64 {
+	if dev < 0 || int(dev) >= len(s.srv.cfg.Devices) {
+		return 0
+	}
+	if l := s.srv.cfg.Devices[dev].MemoryBytes; l != 0 && l < backendTotal {
 		return l
 	}
 	return backendTotal
@@ -135,7 +139,7 @@ func (s *session) inDevice(d int32) (int32, Result) {
 		return 0, s.refuse(ErrorInvalidDevice, "device %d: the lease has %d", d, len(s.devices))
 	}
 	if !s.known[d] {
-		bd, r := s.Backend.CuDeviceGet(int32(s.srv.cfg.Devices[d]))
+		bd, r := s.Backend.CuDeviceGet(int32(s.srv.cfg.Devices[d].Index))
 		if r != Success {
 			return 0, r
 		}
@@ -265,7 +269,7 @@ func (s *session) CuDeviceGet(ordinal int32) (int32, Result) {
 // CuDeviceTotalMemV2 is the lease's memory.
 func (s *session) CuDeviceTotalMemV2(dev int32) (uint64, Result) {
 	total, r := s.Backend.CuDeviceTotalMemV2(dev)
-	return s.limit(total), r
+	return s.limit(s.outDevice(dev), total), r
 }
 
 // CuMemGetInfoV2 shows the lease's memory and what the lease has left.
@@ -274,8 +278,9 @@ func (s *session) CuMemGetInfoV2() (free, total uint64, r Result) {
 	if r != Success {
 		return
 	}
-	total = s.limit(total)
-	used := s.srv.usedOn(s.currentDevice())
+	dev := s.currentDevice()
+	total = s.limit(dev, total)
+	used := s.srv.usedOn(dev)
 	left := uint64(0)
 	if used < total {
 		left = total - used

@@ -21,7 +21,7 @@ func TestRealGPU(t *testing.T) {
 		t.Skipf("no CUDA driver on this machine: %v", err)
 	}
 	const limit = 1 << 30
-	srv, err := cudaserver.New(cudaserver.Config{Devices: []int{0}, MemoryLimit: limit, NewBackend: drv.NewBackend})
+	srv, err := cudaserver.New(cudaserver.Config{Devices: []cudaserver.Device{{Index: 0, MemoryBytes: limit}}, NewBackend: drv.NewBackend})
 	if err != nil {
 		t.Fatal(err)
 	}

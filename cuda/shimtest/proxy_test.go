@@ -56,7 +56,7 @@ func remoteLease(t *testing.T) (addr, fingerprint string, cudaPort int) {
 	t.Cleanup(func() { cancel(); <-served })
 
 	dev := cudaserver.DefaultSimDevice([16]byte{7})
-	srv, err := cudaserver.New(cudaserver.Config{Devices: []int{0}, MemoryLimit: slice,
+	srv, err := cudaserver.New(cudaserver.Config{Devices: []cudaserver.Device{{Index: 0, MemoryBytes: slice}},
 		NewBackend: func() (cudaserver.Backend, error) {
 			return cudaserver.NewSimBackend([]cudaserver.SimDevice{dev}, nil), nil
 		}})

@@ -45,7 +45,7 @@ func TestTheRealBackendRunsTheExampleThroughAStubDriver(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv, err := cudaserver.New(cudaserver.Config{Devices: []int{1}, MemoryLimit: 8 << 30, NewBackend: drv.NewBackend})
+	srv, err := cudaserver.New(cudaserver.Config{Devices: []cudaserver.Device{{Index: 1, MemoryBytes: 8 << 30}}, NewBackend: drv.NewBackend})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -70,7 +70,7 @@ func TestTheSessionsEndDestroysItsContextsOnTheDriver(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv, err := cudaserver.New(cudaserver.Config{Devices: []int{0}, NewBackend: drv.NewBackend})
+	srv, err := cudaserver.New(cudaserver.Config{Devices: []cudaserver.Device{{Index: 0}}, NewBackend: drv.NewBackend})
 	if err != nil {
 		t.Fatal(err)
 	}

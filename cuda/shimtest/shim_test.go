@@ -102,8 +102,7 @@ func serve(t *testing.T, limit uint64) (string, *cudaserver.Server) {
 	t.Helper()
 	dev := cudaserver.DefaultSimDevice([16]byte{0x6c, 1, 2, 3})
 	srv, err := cudaserver.New(cudaserver.Config{
-		Devices:     []int{1},
-		MemoryLimit: limit,
+		Devices: []cudaserver.Device{{Index: 1, MemoryBytes: limit}},
 		NewBackend: func() (cudaserver.Backend, error) {
 			return cudaserver.NewSimBackend([]cudaserver.SimDevice{dev, dev}, nil), nil
 		},

@@ -66,8 +66,7 @@ func run(args []string, stderr io.Writer) int {
 		level = slog.LevelDebug
 	}
 	srv, err := cudaserver.New(cudaserver.Config{
-		Devices:     []int{0},
-		MemoryLimit: limit,
+		Devices: []cudaserver.Device{{Index: 0, MemoryBytes: limit}},
 		NewBackend: func() (cudaserver.Backend, error) {
 			return cudaserver.NewSimBackend([]cudaserver.SimDevice{dev}, nil), nil
 		},
