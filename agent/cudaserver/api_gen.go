@@ -7,6 +7,9 @@ import "github.com/gpupool/gpupool/cuda/wire"
 // Protocol is the wire protocol version this server speaks.
 const Protocol = 1
 
+// APIHash fingerprints the calls on the wire (cuda/gen's apiHash).
+const APIHash = 0xae57fef8
+
 // CUresult values.
 const (
 	Success                          Result = 0   // no error

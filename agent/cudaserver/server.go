@@ -2,11 +2,13 @@ package cudaserver
 
 import (
 	"bufio"
+	"context"
 	"errors"
 	"fmt"
 	"io"
 	"log/slog"
 	"net"
+	"os"
 	"runtime"
 	"sync"
 
@@ -158,24 +160,24 @@ func (s *Server) serve(c net.Conn, log *slog.Logger) error {
 		return fmt.Errorf("%w: op %d before the handshake", errMalformed, h.Op)
 	}
 	d := wire.NewDecoder(p)
-	magic, version := d.U32(), d.U32()
+	magic, version, hash := d.U32(), d.U32(), d.U32()
 	if err := d.Err(); err != nil || magic != wire.Magic {
 		return fmt.Errorf("%w: not a gpupool CUDA handshake", errMalformed)
 	}
 	var e wire.Encoder
 	e.U32(Protocol)
-	res := Success
-	if version != Protocol {
+	e.U32(APIHash)
+	res, msg := Success, ""
+	if version != Protocol || hash != APIHash {
 		res = ErrorSystemDriverMismatch
-		e.String(fmt.Sprintf("the shim speaks protocol %d, this server %d", version, Protocol))
-	} else {
-		e.String("")
+		msg = fmt.Sprintf("the shim speaks protocol %d (API %08x), this server %d (API %08x)", version, hash, Protocol, APIHash)
 	}
+	e.String(msg)
 	if err := reply(w, h, res, e.B); err != nil {
 		return err
 	}
 	if res != Success {
-		return fmt.Errorf("cudaserver: the shim speaks protocol %d, this server %d", version, Protocol)
+		return fmt.Errorf("cudaserver: %s", msg)
 	}
 
 	b, err := s.cfg.NewBackend()
@@ -235,4 +237,28 @@ func (s *Server) usedOn(dev int32) uint64 {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.used[dev]
+}
+
+// ListenAndServe serves the unix socket at path, which it creates with
+// mode 0600 (the proxy or the agent connects as the same user), until ctx
+// ends; then it closes the server, ending every session, and removes the
+// socket. It returns nil when ctx ended it.
+func (s *Server) ListenAndServe(ctx context.Context, path string) error {
+	l, err := net.ListenUnix("unix", &net.UnixAddr{Name: path, Net: "unix"})
+	if err != nil {
+		return fmt.Errorf("cudaserver: %w", err)
+	}
+	defer os.Remove(path)
+	if err := os.Chmod(path, 0o600); err != nil {
+		l.Close()
+		return fmt.Errorf("cudaserver: %w", err)
+	}
+	stop := context.AfterFunc(ctx, func() { s.Close(); l.Close() })
+	defer stop()
+	err = s.Serve(l)
+	if ctx.Err() != nil {
+		return nil
+	}
+	l.Close()
+	return err
 }

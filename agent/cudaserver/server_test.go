@@ -2,9 +2,13 @@ package cudaserver
 
 import (
 	"bytes"
+	"context"
 	"encoding/binary"
 	"errors"
+	"fmt"
 	"net"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -46,6 +50,7 @@ func dial(t testing.TB, srv *Server) *testClient {
 	var e wire.Encoder
 	e.U32(wire.Magic)
 	e.U32(Protocol)
+	e.U32(APIHash)
 	if r, _ := tc.raw(wire.OpHello, e.B); r != Success {
 		t.Fatalf("handshake: got %v, want success", r)
 	}
@@ -227,6 +232,7 @@ func TestMalformedFramesEndTheSessionWithAnError(t *testing.T) {
 		var e wire.Encoder
 		e.U32(wire.Magic)
 		e.U32(Protocol)
+		e.U32(APIHash)
 		return wire.AppendFrame(nil, wire.Header{Op: wire.OpHello, Seq: 1}, e.B)
 	}
 	frame := func(op uint16, payload []byte) []byte {
@@ -297,14 +303,16 @@ func TestAShimOfAnotherVersionIsToldBothVersions(t *testing.T) {
 	var e wire.Encoder
 	e.U32(wire.Magic)
 	e.U32(Protocol + 1)
+	e.U32(APIHash)
 	go a.Write(wire.AppendFrame(nil, wire.Header{Op: wire.OpHello, Seq: 1}, e.B))
 	h, p, err := wire.ReadFrame(a, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
 	d := wire.NewDecoder(p)
-	server, msg := d.U32(), d.String()
-	if Result(h.Word) != ErrorSystemDriverMismatch || server != Protocol || !strings.Contains(msg, "protocol 2, this server 1") {
+	server, hash, msg := d.U32(), d.U32(), d.String()
+	if want := fmt.Sprintf("protocol 2 (API %08x), this server 1 (API %08x)", APIHash, APIHash); Result(h.Word) != ErrorSystemDriverMismatch ||
+		server != Protocol || hash != APIHash || !strings.Contains(msg, want) {
 		t.Errorf("got %v, server %d, %q; want CUDA_ERROR_SYSTEM_DRIVER_MISMATCH naming both versions", Result(h.Word), server, msg)
 	}
 	if err := <-done; err == nil {
@@ -341,6 +349,7 @@ func FuzzSession(f *testing.F) {
 		var e wire.Encoder
 		e.U32(wire.Magic)
 		e.U32(Protocol)
+		e.U32(APIHash)
 		_, _ = a.Write(wire.AppendFrame(nil, wire.Header{Op: wire.OpHello, Seq: 1}, e.B))
 		_, _ = a.Write(bytes.Clone(frames))
 		a.Close()
@@ -423,5 +432,53 @@ func TestSpansDropWhatANewRangeOverlaps(t *testing.T) {
 	}
 	if !m.contains(300, 50) || m.contains(300, 51) || m.contains(299, 1) {
 		t.Error("contains: want exactly [300, 350)")
+	}
+}
+
+func TestListenAndServeMakesAPrivateSocketAndRemovesIt(t *testing.T) {
+	dir, err := os.MkdirTemp("", "cuda")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer os.RemoveAll(dir)
+	path := filepath.Join(dir, "s")
+	srv := newTestServer(t, testLimit)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- srv.ListenAndServe(ctx, path) }()
+	var c net.Conn
+	deadline := time.Now().Add(time.Minute)
+	for c == nil {
+		if c, err = net.Dial("unix", path); err != nil {
+			if time.Now().After(deadline) {
+				t.Fatalf("the socket never accepted: %v", err)
+			}
+			c = nil
+			time.Sleep(10 * time.Millisecond)
+		}
+	}
+	if fi, err := os.Stat(path); err != nil || fi.Mode().Perm() != 0o600 {
+		t.Errorf("socket mode: got %v (%v), want 0600", fi.Mode().Perm(), err)
+	}
+	tc := &testClient{t: t, c: c}
+	var e wire.Encoder
+	e.U32(wire.Magic)
+	e.U32(Protocol)
+	e.U32(APIHash)
+	if r, _ := tc.raw(wire.OpHello, e.B); r != Success {
+		t.Fatalf("handshake: %v", r)
+	}
+	cancel()
+	if err := <-done; err != nil {
+		t.Errorf("got %v, want nil once ctx ended", err)
+	}
+	if _, _, err := wire.ReadFrame(c, nil); err == nil {
+		t.Error("the session survived the server's end")
+	}
+	if _, err := os.Stat(path); !os.IsNotExist(err) {
+		t.Errorf("the socket is still there: %v", err)
+	}
+	if err := srv.ListenAndServe(context.Background(), filepath.Join(dir, "no", "s")); err == nil {
+		t.Error("a socket in a missing directory: got nil, want an error")
 	}
 }

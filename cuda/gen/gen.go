@@ -2,6 +2,8 @@ package main
 
 import (
 	"bytes"
+	"crypto/sha256"
+	"encoding/binary"
 	"fmt"
 	"go/format"
 	"os"
@@ -119,10 +121,29 @@ func cSize(f *api.Func, a api.Arg) string {
 
 func opConst(f *api.Func) string { return "SHIM_OP_" + f.Name }
 
+// apiHash fingerprints the wire: every wire function's op, name and
+// argument kinds. The handshake compares it, so a shim and a server built
+// from different descriptions refuse each other even when nobody bumped
+// the protocol line.
+func apiHash(a *api.API) uint32 {
+	h := sha256.New()
+	for _, f := range a.Funcs {
+		if !f.Wire() {
+			continue
+		}
+		fmt.Fprintf(h, "%d %s(", f.Op, f.Name)
+		for _, arg := range f.Args {
+			fmt.Fprintf(h, "%v %d %s %s*%d,", arg.Out, arg.Kind, arg.Name, arg.Size, arg.Scale)
+		}
+		fmt.Fprintf(h, ")\n")
+	}
+	return binary.BigEndian.Uint32(h.Sum(nil))
+}
+
 func genHeader(a *api.API) []byte {
 	var b bytes.Buffer
 	fmt.Fprintf(&b, "/* %s */\n#ifndef GPUPOOL_CUDA_API_GEN_H\n#define GPUPOOL_CUDA_API_GEN_H\n\n", banner)
-	fmt.Fprintf(&b, "#define GPUPOOL_CUDA_PROTOCOL %d\n\n", a.Protocol)
+	fmt.Fprintf(&b, "#define GPUPOOL_CUDA_PROTOCOL %d\n#define GPUPOOL_CUDA_API_HASH 0x%08xu\n\n", a.Protocol, apiHash(a))
 	b.WriteString("typedef enum cudaError_enum {\n")
 	for _, e := range a.Errors {
 		fmt.Fprintf(&b, "    %s = %d,\n", e.Name, e.Value)
@@ -407,6 +428,7 @@ func genGo(a *api.API) []byte {
 	var b bytes.Buffer
 	fmt.Fprintf(&b, "// %s\n\npackage cudaserver\n\nimport \"github.com/gpupool/gpupool/cuda/wire\"\n\n", banner)
 	fmt.Fprintf(&b, "// Protocol is the wire protocol version this server speaks.\nconst Protocol = %d\n\n", a.Protocol)
+	fmt.Fprintf(&b, "// APIHash fingerprints the calls on the wire (cuda/gen's apiHash).\nconst APIHash = 0x%08x\n\n", apiHash(a))
 	b.WriteString("// CUresult values.\nconst (\n")
 	for _, e := range a.Errors {
 		fmt.Fprintf(&b, "\t%s Result = %d // %s\n", goErrName(e.Name), e.Value, e.Text)

@@ -332,6 +332,7 @@ func TestAShimOfAnotherProtocolVersionFailsInitNamingBoth(t *testing.T) {
 		}
 		var e wire.Encoder
 		e.U32(99)
+		e.U32(0xabcdef01)
 		e.String("the shim speaks protocol 1, this server 99")
 		c.Write(wire.AppendFrame(nil, wire.Header{Op: h.Op, Flags: wire.FlagReply, Seq: h.Seq, Word: uint64(cudaserver.ErrorSystemDriverMismatch)}, e.B))
 	}()
@@ -339,7 +340,7 @@ func TestAShimOfAnotherProtocolVersionFailsInitNamingBoth(t *testing.T) {
 	if strings.TrimSpace(out) != "CUDA_ERROR_SYSTEM_DRIVER_MISMATCH" {
 		t.Errorf("got %q, want CUDA_ERROR_SYSTEM_DRIVER_MISMATCH", out)
 	}
-	if want := fmt.Sprintf("protocol %d but the server speaks 99", cudaserver.Protocol); !strings.Contains(stderr, want) {
+	if want := fmt.Sprintf("protocol %d (API %08x) but the server speaks 99 (API abcdef01)", cudaserver.Protocol, cudaserver.APIHash); !strings.Contains(stderr, want) {
 		t.Errorf("stderr %q does not contain %q", stderr, want)
 	}
 }

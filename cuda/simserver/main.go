@@ -11,12 +11,10 @@ package main
 
 import (
 	"context"
-	"errors"
 	"flag"
 	"fmt"
 	"io"
 	"log/slog"
-	"net"
 	"os"
 	"os/signal"
 	"syscall"
@@ -76,22 +74,15 @@ func run(args []string, stderr io.Writer) int {
 		fmt.Fprintln(stderr, "simserver:", err)
 		return 1
 	}
-	l, err := net.Listen("unix", *socket)
-	if err != nil {
-		fmt.Fprintln(stderr, "simserver:", err)
-		return 1
-	}
-	defer os.Remove(*socket)
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	go func() { <-ctx.Done(); srv.Close(); l.Close() }()
 	shown := limit
 	if shown == 0 {
 		shown = dev.MemoryBytes
 	}
 	fmt.Fprintf(stderr, "simserver: serving a simulated %s with %d MiB on %s (GPUPOOL_CUDA_SOCKET); Ctrl-C stops\n",
 		dev.Name, shown>>20, *socket)
-	if err := srv.Serve(l); err != nil && !errors.Is(err, net.ErrClosed) && ctx.Err() == nil {
+	if err := srv.ListenAndServe(ctx, *socket); err != nil {
 		fmt.Fprintln(stderr, "simserver:", err)
 		return 1
 	}

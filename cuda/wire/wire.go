@@ -7,9 +7,10 @@
 //	request: word is the calling thread's current context handle (0: none)
 //	reply:   flags has FlagReply; word is the CUresult
 //
-// Op 0 is the handshake: the request carries Magic and the shim's Protocol,
-// the reply the server's Protocol and a message. A server refuses every
-// other op until the versions match. The other ops, and the encoding of
+// Op 0 is the handshake: the request carries Magic, the shim's protocol
+// version and its API hash (a fingerprint of every call on the wire), the
+// reply the server's version, hash and a message. A server ends the
+// session unless both match. The other ops, and the encoding of
 // their arguments, are generated from cuda/api/cuda.api.
 //
 // Arguments are encoded in declaration order: 32-bit and 64-bit integers

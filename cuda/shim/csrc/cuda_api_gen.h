@@ -3,6 +3,7 @@
 #define GPUPOOL_CUDA_API_GEN_H
 
 #define GPUPOOL_CUDA_PROTOCOL 1
+#define GPUPOOL_CUDA_API_HASH 0xae57fef8u
 
 typedef enum cudaError_enum {
     CUDA_SUCCESS = 0,

@@ -220,10 +220,10 @@ static CUresult connectLocked(void)
 {
     const char *path = getenv("GPUPOOL_CUDA_SOCKET");
     struct sockaddr_un addr;
-    unsigned char hello[SHIM_HEADER + 8], *payload = NULL;
+    unsigned char hello[SHIM_HEADER + 12], *payload = NULL;
     size_t plen = 0;
     CUresult r;
-    uint32_t server = 0;
+    uint32_t server = 0, server_hash = 0;
 
     if (!path || !*path) {
         shim_log("GPUPOOL_CUDA_SOCKET is not set: run the program under 'gpupool attach' "
@@ -248,17 +248,20 @@ static CUresult connectLocked(void)
     st.pid = getpid();
     put_le32(hello + SHIM_HEADER, SHIM_MAGIC);
     put_le32(hello + SHIM_HEADER + 4, GPUPOOL_CUDA_PROTOCOL);
+    put_le32(hello + SHIM_HEADER + 8, GPUPOOL_CUDA_API_HASH);
     r = exchangeLocked(hello, sizeof hello, 0, &payload, &plen);
     if (st.fd < 0) {
         free(payload);
         return st.sticky;
     }
-    if (plen >= 4)
+    if (plen >= 8) {
         server = get_le32(payload);
-    if (r != CUDA_SUCCESS || server != GPUPOOL_CUDA_PROTOCOL) {
-        shim_log("this libcuda.so.1 speaks gpupool CUDA protocol %d but the server speaks %u: "
+        server_hash = get_le32(payload + 4);
+    }
+    if (r != CUDA_SUCCESS || server != GPUPOOL_CUDA_PROTOCOL || server_hash != GPUPOOL_CUDA_API_HASH) {
+        shim_log("this libcuda.so.1 speaks gpupool CUDA protocol %d (API %08x) but the server speaks %u (API %08x): "
                  "use the libcuda.so.1 of the same gpupool release as the pool host",
-                 GPUPOOL_CUDA_PROTOCOL, server);
+                 GPUPOOL_CUDA_PROTOCOL, GPUPOOL_CUDA_API_HASH, server, server_hash);
         free(payload);
         close(st.fd);
         st.fd = -1;
