@@ -204,6 +204,14 @@ func genStubs(a *api.API) []byte {
 		fmt.Fprintf(&b, "    {%q, 0, 0, (void *)%s},\n", api.BaseName(n), n)
 	}
 	b.WriteString("    {0, 0, 0, 0},\n};\n\n")
+	b.WriteString("const char *const shim_op_names[] = {\n    \"handshake\",\n")
+	for _, f := range a.Funcs {
+		if f.Wire() {
+			fmt.Fprintf(&b, "    %q,\n", f.Name)
+		}
+	}
+	b.WriteString("};\n")
+	fmt.Fprintf(&b, "const int shim_op_count = %d;\n\n", countWire(a)+1)
 	b.WriteString("const struct shim_error shim_errors[] = {\n")
 	for _, e := range a.Errors {
 		fmt.Fprintf(&b, "    {%s, %q, %q},\n", e.Name, e.Name, e.Text)
@@ -314,6 +322,16 @@ func genExport(b *bytes.Buffer, f *api.Func) {
 }
 
 `, f.Chunk, f.Name, strings.Join(args, ", "))
+}
+
+func countWire(a *api.API) int {
+	n := 0
+	for _, f := range a.Funcs {
+		if f.Wire() {
+			n++
+		}
+	}
+	return n
 }
 
 // --- Go

@@ -203,6 +203,17 @@ func TestAProgramSeesOnlyTheLeasedDeviceWithTheSlicesMemory(t *testing.T) {
 	}
 }
 
+func TestTheTraceVariableLogsEveryRemotedCall(t *testing.T) {
+	sock, _ := serve(t, slice)
+	t.Setenv("GPUPOOL_CUDA_TRACE", "1")
+	_, stderr := run(t, sock, "init")
+	for _, want := range []string{"trace: cuInit (", "-> CUDA_SUCCESS (0)"} {
+		if !strings.Contains(stderr, want) {
+			t.Errorf("stderr %q does not contain %q", stderr, want)
+		}
+	}
+}
+
 func TestWholeDeviceLeaseShowsTheDevicesMemory(t *testing.T) {
 	sock, _ := serve(t, 0)
 	out, _ := run(t, sock, "devices", fmt.Sprint(uint64(40<<30)))

@@ -64,6 +64,10 @@ static struct {
     size_t nhosts, caphosts;      /* guarded by mu */
 } tab = {PTHREAD_MUTEX_INITIALIZER, NULL, 0, 0, NULL, 0, 0};
 
+/* GPUPOOL_CUDA_TRACE=1 logs every remoted call and its result. Set once
+   when the library loads, before any thread can call, and only read after. */
+static int trace;
+
 static __thread CUcontext ctx_stack[SHIM_CTX_DEPTH];
 static __thread int ctx_depth;
 
@@ -112,6 +116,8 @@ static void atfork_child(void)
 
 __attribute__((constructor)) static void shim_load(void)
 {
+    const char *t = getenv("GPUPOOL_CUDA_TRACE");
+    trace = t && *t && strcmp(t, "0") != 0;
     pthread_atfork(atfork_prepare, atfork_parent, atfork_child);
 }
 
@@ -391,6 +397,14 @@ CUresult shim_roundtrip(struct shim_call *c)
     if (r == CUDA_SUCCESS)
         r = exchangeLocked(c->req, c->len, c->op, &c->resp, &c->rlen);
     pthread_mutex_unlock(&st.mu);
+    if (trace) {
+        const char *name = NULL;
+        for (const struct shim_error *e = shim_errors; e->name; e++)
+            if (e->value == r)
+                name = e->name;
+        shim_log("trace: %s (%zu bytes) -> %s (%d)", c->op < shim_op_count ? shim_op_names[c->op] : "?", c->len,
+                 name ? name : "?", (int)r);
+    }
     return r;
 }
 

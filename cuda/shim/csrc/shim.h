@@ -58,6 +58,8 @@ struct shim_error {
     const char *text;
 };
 extern const struct shim_error shim_errors[];
+extern const char *const shim_op_names[];
+extern const int shim_op_count;
 
 /* The generated wire calls the hand-written entry points use. */
 CUresult rpc_cuInit(unsigned int Flags);
