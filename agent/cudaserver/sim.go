@@ -378,9 +378,8 @@ func (b *simBackend) CuDevicePrimaryCtxResetV2(dev int32) Result {
 	if _, r := b.dev(dev); r != Success {
 		return r
 	}
-	if c, ok := b.primary[dev]; ok {
+	if c, ok := b.primary[dev]; ok { // its retains stand
 		b.freeCtx(c)
-		c.refs = 0
 	}
 	return Success
 }

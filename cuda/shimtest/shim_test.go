@@ -355,3 +355,10 @@ func TestAShimOfAnotherProtocolVersionFailsInitNamingBoth(t *testing.T) {
 		t.Errorf("stderr %q does not contain %q", stderr, want)
 	}
 }
+
+func TestTheRestOfTheCoveredCallsWork(t *testing.T) {
+	sock, _ := serve(t, slice)
+	if out, _ := run(t, sock, "misc", ptxPath(t)); !strings.Contains(out, "misc ok") {
+		t.Errorf("got %q, want misc ok", out)
+	}
+}
