@@ -39,6 +39,7 @@ func TestRealGPU(t *testing.T) {
 		{"streams", []string{ptxPath(t)}},
 		{"threads", []string{ptxPath(t)}},
 		{"fork", nil},
+		{"misc", []string{ptxPath(t)}},
 	} {
 		t.Run(tc.prog, func(t *testing.T) {
 			out, _ := run(t, sock, tc.prog, tc.args...)
