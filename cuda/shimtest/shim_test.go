@@ -206,8 +206,8 @@ func TestAProgramSeesOnlyTheLeasedDeviceWithTheSlicesMemory(t *testing.T) {
 func TestTheTraceVariableLogsEveryRemotedCall(t *testing.T) {
 	sock, _ := serve(t, slice)
 	t.Setenv("GPUPOOL_CUDA_TRACE", "1")
-	_, stderr := run(t, sock, "init")
-	for _, want := range []string{"trace: cuInit (", "-> CUDA_SUCCESS (0)"} {
+	_, stderr := run(t, sock, "devices", fmt.Sprint(slice))
+	for _, want := range []string{"trace: cuInit (", "-> CUDA_SUCCESS (0)", "trace: cuGetExportTable 00000000-0000-0000-0000-000000000000 -> CUDA_ERROR_NOT_SUPPORTED"} {
 		if !strings.Contains(stderr, want) {
 			t.Errorf("stderr %q does not contain %q", stderr, want)
 		}

@@ -1101,11 +1101,18 @@ SHIM_EXPORT CUresult cuGetProcAddress(const char *symbol, void **pfn, int cudaVe
     return cuGetProcAddress_v2(symbol, pfn, cudaVersion, flags, NULL);
 }
 
-/* cudart's private tables are not remoted: see docs/remote-cuda.md. */
+/* cudart's private tables are not remoted: see docs/remote-cuda.md. Under
+   GPUPOOL_CUDA_TRACE each table asked for is logged by its UUID, the first
+   thing to learn about a runtime version. */
 SHIM_EXPORT CUresult cuGetExportTable(const void **ppExportTable, const CUuuid *pExportTableId)
 {
-    (void)pExportTableId;
     if (ppExportTable)
         *ppExportTable = NULL;
+    if (trace && pExportTableId) {
+        const unsigned char *u = (const unsigned char *)pExportTableId->bytes;
+        shim_log("trace: cuGetExportTable %02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x "
+                 "-> CUDA_ERROR_NOT_SUPPORTED",
+                 u[0], u[1], u[2], u[3], u[4], u[5], u[6], u[7], u[8], u[9], u[10], u[11], u[12], u[13], u[14], u[15]);
+    }
     return shim_unsupported("cuGetExportTable (used by the CUDA runtime, cudart)", shim_unsupported_count + 2);
 }
