@@ -4,7 +4,9 @@
  *
  * Rules this file keeps:
  *  - Every piece of process-wide state is in `st` or `tab`, each guarded by
- *    its mutex; the current-context stack is thread-local, as in the driver.
+ *    its mutex, or is a single word read and written atomically (init_pid,
+ *    the log-once flags); the current-context stack is thread-local, as in
+ *    the driver.
  *  - One call is one request frame and one reply frame, under st.mu, so
  *    calls from many threads are serialised (pipelining is part 2).
  *  - fork(): pthread_atfork takes both mutexes around the fork, so the child
@@ -37,10 +39,15 @@ static struct {
     int fd;              /* guarded by mu; -1 when not connected */
     pid_t pid;           /* guarded by mu; the process that connected */
     int forked;          /* guarded by mu; this process is a child forked after connecting */
-    int initialized;     /* guarded by mu; cuInit succeeded */
     CUresult sticky;     /* guarded by mu; a connection failure every later call returns */
     uint32_t seq;        /* guarded by mu */
-} st = {PTHREAD_MUTEX_INITIALIZER, -1, 0, 0, 0, CUDA_SUCCESS, 0};
+} st = {PTHREAD_MUTEX_INITIALIZER, -1, 0, 0, CUDA_SUCCESS, 0};
+
+/* The process in which cuInit succeeded (0: none), read without a lock
+   (atomically) so that the calls answered in the shim never wait behind a
+   call on the wire. A forked child has another pid, so it is not
+   initialised. */
+static pid_t init_pid;
 
 struct param_layout {
     uint64_t fn;
@@ -482,11 +489,7 @@ CUresult shim_unsupported(const char *name, int index)
 
 static int initialized(void)
 {
-    int ok;
-    pthread_mutex_lock(&st.mu);
-    ok = st.initialized && !st.forked && st.pid == getpid();
-    pthread_mutex_unlock(&st.mu);
-    return ok;
+    return __atomic_load_n(&init_pid, __ATOMIC_ACQUIRE) == getpid();
 }
 
 /* --- init */
@@ -506,11 +509,8 @@ SHIM_EXPORT CUresult cuInit(unsigned int Flags)
     if (r != CUDA_SUCCESS)
         return r;
     r = rpc_cuInit(Flags);
-    if (r == CUDA_SUCCESS) {
-        pthread_mutex_lock(&st.mu);
-        st.initialized = 1;
-        pthread_mutex_unlock(&st.mu);
-    }
+    if (r == CUDA_SUCCESS)
+        __atomic_store_n(&init_pid, getpid(), __ATOMIC_RELEASE);
     return r;
 }
 
