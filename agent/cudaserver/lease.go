@@ -2,6 +2,7 @@ package cudaserver
 
 import (
 	"fmt"
+	"log/slog"
 	"strings"
 
 	"github.com/google/uuid"
@@ -66,4 +67,57 @@ func SimDevices(inventory []*gpupoolv1.Device) ([]SimDevice, error) {
 		out[i] = SimDevice{Name: name, UUID: u, MemoryBytes: uint64(d.GetMemoryMib()) << 20, SMs: d.GetSmCount(), Major: major, Minor: minor}
 	}
 	return out, nil
+}
+
+// Backend names a LeaseServer may run on.
+const (
+	BackendReal      = "real"
+	BackendSimulated = "simulated"
+)
+
+// LeaseServer is what the per-lease server process needs to serve a lease:
+// the workload the agent starts in the lease's sandbox (docs/remote-cuda.md,
+// Integration).
+type LeaseServer struct {
+	// Lease and HostID pick the lease's slices on this host.
+	Lease  *gpupoolv1.Lease
+	HostID string
+	// Inventory is the host's devices, as the agent's device backend
+	// reports them.
+	Inventory []*gpupoolv1.Device
+	// Backend is BackendReal (the driver at DriverPath, default
+	// libcuda.so.1) or BackendSimulated (the inventory's devices).
+	Backend    string
+	DriverPath string
+	Logger     *slog.Logger
+}
+
+// NewServer checks ls and returns the lease's server.
+func (ls LeaseServer) NewServer() (*Server, error) {
+	devs, err := LeaseDevices(ls.Lease, ls.HostID, ls.Inventory)
+	if err != nil {
+		return nil, err
+	}
+	cfg := Config{Devices: devs, Logger: ls.Logger}
+	switch ls.Backend {
+	case BackendReal:
+		path := ls.DriverPath
+		if path == "" {
+			path = "libcuda.so.1"
+		}
+		drv, err := OpenRealDriver(path)
+		if err != nil {
+			return nil, err
+		}
+		cfg.NewBackend = drv.NewBackend
+	case BackendSimulated:
+		sims, err := SimDevices(ls.Inventory)
+		if err != nil {
+			return nil, err
+		}
+		cfg.NewBackend = func() (Backend, error) { return NewSimBackend(sims, nil), nil }
+	default:
+		return nil, fmt.Errorf("cudaserver: backend %q: must be %q or %q", ls.Backend, BackendReal, BackendSimulated)
+	}
+	return New(cfg)
 }

@@ -65,3 +65,39 @@ func TestSimDevicesFollowTheInventory(t *testing.T) {
 		t.Errorf("out of order: got %v, want index order asked for", err)
 	}
 }
+
+func TestLeaseServerRefusesBadInput(t *testing.T) {
+	lease := &gpupoolv1.Lease{Id: "l-1", Slices: []*gpupoolv1.Slice{{Host: "h1", Device: inventory[0].Uuid, MemoryMib: 8192}}}
+	for _, tc := range []struct {
+		name string
+		ls   LeaseServer
+		want string
+	}{
+		{"an unknown backend", LeaseServer{Lease: lease, HostID: "h1", Inventory: inventory, Backend: "mock"}, `backend "mock": must be "real" or "simulated"`},
+		{"a driver that is not there", LeaseServer{Lease: lease, HostID: "h1", Inventory: inventory, Backend: BackendReal, DriverPath: "/nonexistent/libcuda.so.1"}, "loading /nonexistent/libcuda.so.1"},
+		{"another host's lease", LeaseServer{Lease: lease, HostID: "h9", Inventory: inventory, Backend: BackendSimulated}, "holds no device on host h9"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if _, err := tc.ls.NewServer(); err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Errorf("got %v, want an error containing %q", err, tc.want)
+			}
+		})
+	}
+}
+
+func TestASimulatedLeaseServerShowsTheSlice(t *testing.T) {
+	lease := &gpupoolv1.Lease{Id: "l-1", Slices: []*gpupoolv1.Slice{{Host: "h1", Device: inventory[1].Uuid, MemoryMib: 8192}}}
+	srv, err := LeaseServer{Lease: lease, HostID: "h1", Inventory: inventory, Backend: BackendSimulated}.NewServer()
+	if err != nil {
+		t.Fatal(err)
+	}
+	tc := dial(t, srv)
+	tc.call(opCuInit, uint32(0))
+	if r, d := tc.call(opCuDeviceTotalMemV2, int32(0)); r != Success || d.U64() != 8<<30 {
+		t.Errorf("cuDeviceTotalMem: got %v, want 8 GiB", r)
+	}
+	r, d := tc.call(opCuDeviceGetName, int32(64), int32(0))
+	if name := string(d.Bytes()); r != Success || !strings.HasPrefix(name, "NVIDIA H100 80GB HBM3\x00") {
+		t.Errorf("cuDeviceGetName: got %q (%v), want the H100 the slice is on", name, r)
+	}
+}
