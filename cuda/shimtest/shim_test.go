@@ -362,3 +362,20 @@ func TestTheRestOfTheCoveredCallsWork(t *testing.T) {
 		t.Errorf("got %q, want misc ok", out)
 	}
 }
+
+// The program is not linked with libcuda: it finds the shim on
+// LD_LIBRARY_PATH, as programs that load the driver at run time do.
+func TestAProgramThatLoadsTheDriverByNameFindsEveryEntryPoint(t *testing.T) {
+	lib := buildShim(t)
+	sock, _ := serve(t, slice)
+	bin := filepath.Join(t.TempDir(), "dlopen")
+	args := []string{"-std=gnu11", "-O1", "-Wall", "-Wextra", "-Werror", "-I", shim.IncludeDir(), "-o", bin, filepath.Join("testdata", "dlopen.c"), "-ldl"}
+	if b, err := exec.Command("gcc", args...).CombinedOutput(); err != nil {
+		t.Fatalf("gcc dlopen: %v\n%s", err, b)
+	}
+	t.Setenv("LD_LIBRARY_PATH", lib)
+	out, stderr, err := runProgram(t, sock, bin, ptxPath(t))
+	if err != nil || !strings.Contains(out, "dlopen ok") {
+		t.Errorf("got %q, %v, want dlopen ok; stderr:\n%s", out, err, stderr)
+	}
+}
