@@ -239,8 +239,8 @@ static CUresult connectLocked(void)
     uint32_t server = 0, server_hash = 0;
 
     if (!path || !*path) {
-        shim_log("GPUPOOL_CUDA_SOCKET is not set: run the program under 'gpupool attach' "
-                 "(it starts the local proxy and sets it); no devices");
+        shim_log("GPUPOOL_CUDA_SOCKET is not set: set it to the socket of the lease's CUDA proxy or "
+                 "server (gpupool's docs/remote-cuda.md); no devices");
         return st.sticky = CUDA_ERROR_NO_DEVICE;
     }
     if (strlen(path) >= sizeof addr.sun_path) {
