@@ -285,6 +285,22 @@ var opNames = map[uint16]string{
 	opCuEventElapsedTime:         "cuEventElapsedTime",
 }
 
+// opCreates are the ops that return a new handle.
+var opCreates = map[uint16]bool{
+	opCuDevicePrimaryCtxRetain:   true,
+	opCuCtxCreateV2:              true,
+	opCuModuleLoadData:           true,
+	opCuModuleGetFunction:        true,
+	opGpupoolLibraryLoadData:     true,
+	opCuLibraryGetKernel:         true,
+	opCuLibraryGetModule:         true,
+	opCuKernelGetFunction:        true,
+	opCuStreamCreate:             true,
+	opCuStreamCreateWithPriority: true,
+	opCuStreamGetCtx:             true,
+	opCuEventCreate:              true,
+}
+
 // Calls are the driver calls on the wire, one method per function of
 // cuda.api: in arguments and out buffers (to fill) as parameters, out
 // values as results. A method runs with the call's context bound.

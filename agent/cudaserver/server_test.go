@@ -482,3 +482,26 @@ func TestListenAndServeMakesAPrivateSocketAndRemovesIt(t *testing.T) {
 		t.Error("a socket in a missing directory: got nil, want an error")
 	}
 }
+
+func TestASessionHoldsABoundedNumberOfObjects(t *testing.T) {
+	defer func(h, a int) { maxHandles, maxAllocations = h, a }(maxHandles, maxAllocations)
+	maxHandles, maxAllocations = 4, 3
+	tc := dial(t, newTestServer(t, testLimit))
+	tc.session() // one handle: the context
+	for i := range 3 {
+		if r, _ := tc.call(opCuStreamCreate, uint32(0)); r != Success {
+			t.Fatalf("stream %d: got %v, want success", i, r)
+		}
+	}
+	if r, _ := tc.call(opCuEventCreate, uint32(0)); r != ErrorOutOfMemory {
+		t.Errorf("a fifth handle: got %v, want CUDA_ERROR_OUT_OF_MEMORY", r)
+	}
+	for i := range 3 {
+		if _, r := tc.alloc(16); r != Success {
+			t.Fatalf("allocation %d: got %v, want success", i, r)
+		}
+	}
+	if _, r := tc.alloc(16); r != ErrorOutOfMemory {
+		t.Errorf("a fourth allocation: got %v, want CUDA_ERROR_OUT_OF_MEMORY", r)
+	}
+}

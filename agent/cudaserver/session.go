@@ -22,6 +22,14 @@ const (
 	memoryTypeDevice = 2
 )
 
+// What one session may hold, so that the server's own memory stays
+// bounded whatever a client does: contexts, modules, functions, streams,
+// events and libraries together, and allocations.
+var (
+	maxHandles     = 1 << 16
+	maxAllocations = 1 << 16
+)
+
 // allocation is device memory the session holds.
 type allocation struct {
 	ctx     uint64
@@ -99,6 +107,9 @@ func (s *session) call(h wire.Header, p []byte, e *wire.Encoder) (Result, error)
 		if _, known := opNames[h.Op]; known {
 			return ErrorNotInitialized, nil
 		}
+	}
+	if opCreates[h.Op] && len(s.handles) >= maxHandles {
+		return s.refuse(ErrorOutOfMemory, "%d handles: a session may hold at most %d", len(s.handles), maxHandles), nil
 	}
 	if h.Word != 0 && s.handles[h.Word] != HandleContext {
 		return s.refuse(ErrorInvalidContext, "context %#x is not this session's", h.Word), nil
@@ -295,6 +306,9 @@ func (s *session) CuMemAllocV2(bytesize uint64) (uint64, Result) {
 	}
 	if s.bound == 0 {
 		return 0, ErrorInvalidContext
+	}
+	if len(s.mem.s) >= maxAllocations {
+		return 0, s.refuse(ErrorOutOfMemory, "%d allocations: a session may hold at most %d", len(s.mem.s), maxAllocations)
 	}
 	dev := s.currentDevice()
 	total, r := s.CuDeviceTotalMemV2(s.devices[dev])

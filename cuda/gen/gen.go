@@ -480,6 +480,18 @@ func genGo(a *api.API) []byte {
 			fmt.Fprintf(&b, "\top%s: %q,\n", GoName(f.Name), f.Name)
 		}
 	}
+	b.WriteString("}\n\n// opCreates are the ops that return a new handle.\nvar opCreates = map[uint16]bool{\n")
+	for _, f := range a.Funcs {
+		if !f.Wire() {
+			continue
+		}
+		for _, arg := range f.Args {
+			if arg.Out && arg.Kind == api.KindHandle {
+				fmt.Fprintf(&b, "\top%s: true,\n", GoName(f.Name))
+				break
+			}
+		}
+	}
 	b.WriteString("}\n\n// Calls are the driver calls on the wire, one method per function of\n// cuda.api: in arguments and out buffers (to fill) as parameters, out\n// values as results. A method runs with the call's context bound.\ntype Calls interface {\n")
 	for _, f := range a.Funcs {
 		if f.Wire() {
