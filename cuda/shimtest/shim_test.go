@@ -379,3 +379,79 @@ func TestAProgramThatLoadsTheDriverByNameFindsEveryEntryPoint(t *testing.T) {
 		t.Errorf("got %q, %v, want dlopen ok; stderr:\n%s", out, err, stderr)
 	}
 }
+
+// fakeServer answers the handshake as a good server would, then answers
+// the first call with reply(h), and closes.
+func fakeServer(t *testing.T, reply func(h wire.Header) []byte) string {
+	t.Helper()
+	dir, err := os.MkdirTemp("", "cuda")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	sock := filepath.Join(dir, "s")
+	l, err := net.Listen("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { l.Close() })
+	go func() {
+		c, err := l.Accept()
+		if err != nil {
+			return
+		}
+		defer c.Close()
+		h, _, err := wire.ReadFrame(c, nil)
+		if err != nil {
+			return
+		}
+		var e wire.Encoder
+		e.U32(cudaserver.Protocol)
+		e.U32(cudaserver.APIHash)
+		e.String("")
+		c.Write(wire.AppendFrame(nil, wire.Header{Op: h.Op, Flags: wire.FlagReply, Seq: h.Seq}, e.B))
+		if h, _, err = wire.ReadFrame(c, nil); err != nil {
+			return
+		}
+		c.Write(reply(h))
+	}()
+	return sock
+}
+
+func TestAMalformedReplyEndsTheConnectionNotTheProgram(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		reply func(h wire.Header) []byte
+		why   string
+		want  string
+	}{
+		{"a reply to another call", func(h wire.Header) []byte {
+			return wire.AppendFrame(nil, wire.Header{Op: h.Op, Flags: wire.FlagReply, Seq: h.Seq + 1}, nil)
+		}, "a reply to another call", "CUDA_ERROR_DEVICE_UNAVAILABLE"},
+		{"a request echoed back", func(h wire.Header) []byte {
+			return wire.AppendFrame(nil, h, nil)
+		}, "a reply to another call", "CUDA_ERROR_DEVICE_UNAVAILABLE"},
+		{"a length past the maximum", func(h wire.Header) []byte {
+			f := wire.AppendFrame(nil, wire.Header{Op: h.Op, Flags: wire.FlagReply, Seq: h.Seq}, nil)
+			f[3] = 0x7f
+			return f
+		}, "a reply frame with a bad length", "CUDA_ERROR_DEVICE_UNAVAILABLE"},
+		{"a truncated reply", func(h wire.Header) []byte {
+			f := wire.AppendFrame(nil, wire.Header{Op: h.Op, Flags: wire.FlagReply, Seq: h.Seq}, make([]byte, 100))
+			return f[:40]
+		}, "a truncated reply", "CUDA_ERROR_DEVICE_UNAVAILABLE"},
+		{"out arguments the call does not have", func(h wire.Header) []byte {
+			return wire.AppendFrame(nil, wire.Header{Op: h.Op, Flags: wire.FlagReply, Seq: h.Seq}, []byte{1, 2, 3, 4})
+		}, "a malformed reply", "CUDA_ERROR_UNKNOWN"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			out, stderr := run(t, fakeServer(t, tc.reply), "init")
+			if strings.TrimSpace(out) != tc.want {
+				t.Errorf("got %q, want %s", out, tc.want)
+			}
+			if !strings.Contains(stderr, tc.why) {
+				t.Errorf("stderr %q does not say %q", stderr, tc.why)
+			}
+		})
+	}
+}
