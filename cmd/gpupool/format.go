@@ -285,7 +285,7 @@ func printLease(w io.Writer, l *gpupoolv1.Lease) error {
 			}
 		}
 		t.row(s.GetHost(), s.GetDevice(), s.GetDeviceIndex(), orDash(s.GetModel()), memory, compute,
-			isolationText(s.GetIsolation()), used, util, procs)
+			enumLabel(s.GetIsolation()), used, util, procs)
 	}
 	if err := t.flush(); err != nil {
 		return err
@@ -295,20 +295,6 @@ func printLease(w io.Writer, l *gpupoolv1.Lease) error {
 		return err
 	}
 	return nil
-}
-
-// isolationText names how a slice is isolated, as 'gpupool lease get'
-// shows it.
-func isolationText(i gpupoolv1.Isolation) string {
-	switch i {
-	case gpupoolv1.Isolation_ISOLATION_EXCLUSIVE:
-		return "exclusive"
-	case gpupoolv1.Isolation_ISOLATION_MPS:
-		return "mps"
-	case gpupoolv1.Isolation_ISOLATION_WATCHDOG:
-		return "watchdog"
-	}
-	return "-"
 }
 
 // ended reports whether a lease state is final.
