@@ -8,7 +8,7 @@ PROTO_FILES := $(wildcard proto/gpupool/v1/*.proto)
 export CGO_CFLAGS ?= -O2 -g -Wno-deprecated-declarations
 PKG_RACE := ./broker/... ./agent/... ./client/... ./k8s/... ./protocol/... ./internal/... ./token/... ./dataplane/... ./cuda/...
 
-.PHONY: all build cc cuda-gen examples test-gpu test dev proto proto-check lint lint-refs bench bench-dataplane bench-placement bench-lease bench-failover bench-scale bench-go tools clean test-unit test-cluster helm chart test-k8s bench-k8s elastic-demo fuzz test-robustness soak robustness-tools
+.PHONY: tmux test-dashboard all build cc cuda-gen examples test-gpu test dev proto proto-check lint lint-refs bench bench-dataplane bench-placement bench-lease bench-failover bench-scale bench-go tools clean test-unit test-cluster helm chart test-k8s bench-k8s elastic-demo fuzz test-robustness soak robustness-tools
 
 all: build
 
@@ -40,11 +40,18 @@ test-gpu: cc ## the CUDA remoting tests on a real GPU (skips without one)
 dev: build ## run 3 brokers + 4 simulated hosts and show a lease's life; Ctrl-C stops
 	$(BIN)/gpupool dev --demo
 
-test: tools cc proto-check lint test-unit ## everything CI runs by default
+test: tools tmux cc proto-check lint test-unit test-dashboard ## everything CI runs by default
 
 test-unit:
 	$(GO) test -race -count=1 -timeout 15m $(PKG_RACE)
 	$(GO) test -count=1 -timeout 15m ./cmd/... ./proto/... ./bench/... ./examples/... ./test/...
+
+# The Grafana dashboards (deploy/grafana) against the metrics a real broker
+# and agent register: every query parses with Prometheus' own PromQL parser
+# and names a metric that exists. Its own module (test/dashboard), so the
+# product's go.mod does not carry the Prometheus server.
+test-dashboard:
+	cd test/dashboard && $(GO) vet ./... && $(GO) test -count=1 ./...
 
 # The Kubernetes integration suite: its own module (test/k8s), which builds
 # kube-apiserver, kube-scheduler and kube-controller-manager from
@@ -61,6 +68,14 @@ test-k8s: chart
 # GPUPOOL_BENCH_OUT override the pod count and the output directory).
 bench-k8s: ## pod creation -> Leased=True / bound / prepared for 200 fractional pods (p50, p99); writes bench/results/k8s.{md,json}
 	cd test/k8s && GPUPOOL_BENCH_K8S=1 $(GO) test -count=1 -run TestBenchK8s -timeout 30m -v .
+
+# tmux drives 'gpupool top' in test/cluster (send-keys, capture-pane);
+# Debian's, installed once.
+tmux:
+	@command -v tmux >/dev/null || { \
+	  echo "installing tmux (Debian)"; \
+	  (apt-get install -y -q tmux >/dev/null 2>&1 || \
+	   (apt-get update -q >/dev/null && apt-get install -y -q tmux >/dev/null)); }
 
 # protoc comes from Debian (pinned by the distribution); the Go plugins are
 # pinned as tools in go.mod.

@@ -85,6 +85,10 @@ type Config struct {
 	// TLS, when set, makes the connection to the brokers mutual TLS with
 	// the agent's certificate (see client.Options.TLS); nil is plaintext.
 	TLS *tls.Config
+	// DCGMJobMappingDir, when set, is DCGM's HPC job mapping directory:
+	// the agent keeps in it, per GPU index, the ids of the leases holding
+	// the GPU (see jobMap). Empty writes none.
+	DCGMJobMappingDir string
 }
 
 // validHostID is what a host id may look like: it shows up in CLI tables,
@@ -157,6 +161,8 @@ type Agent struct {
 	sampleErr, scanErr errorOnce
 	// connected is true while a heartbeat stream to the brokers works.
 	connected atomic.Bool
+	// jobs is DCGM's job mapping; nil without DCGMJobMappingDir.
+	jobs *jobMap
 }
 
 // New validates cfg and returns an agent ready to Run.
@@ -194,8 +200,12 @@ func New(cfg Config) (*Agent, error) {
 		procs:   workload.NewTable(cfg.ProcRoot),
 		health:  health{sick: map[string]string{}},
 		kickCh:  make(chan struct{}, 1),
+		jobs:    newJobMap(cfg.DCGMJobMappingDir, log.With("host", cfg.HostID)),
 	}, nil
 }
+
+// syncJobMap brings DCGM's job mapping in line with the enforced leases.
+func (a *Agent) syncJobMap() { a.jobs.sync(a.byIndex, a.leases.enforced) }
 
 // Assignments returns a copy of the leases this host enforces, sorted by
 // lease id.
@@ -337,6 +347,7 @@ func (a *Agent) resume(ctx context.Context) error {
 		a.log.Info("resumed lease from the data dir", "lease", rec.Assignment.LeaseId,
 			"expires", rec.Deadline.Format(time.RFC3339), "slices", describeSlices(rec.Assignment.Slices))
 	}
+	a.syncJobMap() // also clears what a crash left
 	return nil
 }
 

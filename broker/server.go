@@ -254,6 +254,7 @@ func New(cfg Config) (*Server, error) {
 	s.goFunc(s.monitorLeadership)
 	s.goFunc(s.formCluster)
 	s.goFunc(s.keepOwnAddressCurrent)
+	s.goFunc(s.metrics.countLeaseEvents)
 	s.log.Info("broker started", "id", s.cfg.NodeID, "rpc", s.Addr(), "raft", s.cfg.RaftBindAddr, "data_dir", s.cfg.DataDir, "acl", s.cfg.ACL)
 	return s, nil
 }
@@ -359,7 +360,7 @@ func (s *Server) openRaft() error {
 		return fmt.Errorf("broker: %w %s: start raft: %v", ErrDataDir, dir, err)
 	}
 	s.raft = r
-	s.proposer = raftProposer{r}
+	s.proposer = raftProposer{r: r, observe: s.metrics.observeApply}
 	if s.cfg.wrapProposer != nil {
 		s.proposer = s.cfg.wrapProposer(s.proposer)
 	}

@@ -41,6 +41,8 @@ type agentOpts struct {
 	hostMemory int64
 	logLevel   string
 	insecure   bool
+	// dcgmJobMappingDir is DCGM's HPC job mapping directory; empty writes none.
+	dcgmJobMappingDir string
 }
 
 func newAgentCmd() *cobra.Command {
@@ -131,6 +133,7 @@ else the hostname.`,
 	f.DurationVar(&o.enforce.KillAfter, "kill-after", agent.DefaultKillAfter, "how long a process has after SIGTERM before SIGKILL")
 	f.DurationVar(&o.enforce.ExpiryGrace, "expiry-grace", agent.DefaultExpiryGrace, "how long past its expiry a lease's processes run while the brokers are unreachable")
 	f.BoolVar(&o.insecure, "insecure", false, insecureUsage)
+	f.StringVar(&o.dcgmJobMappingDir, "dcgm-job-mapping-dir", "", "write each lease's id into DCGM's HPC job mapping files here (one file per GPU index; dcgm-exporter --hpc-job-mapping-dir), so DCGM's per-GPU metrics carry the lease; empty writes none")
 	cmd.AddCommand(newAgentSimulateCmd())
 	return cmd
 }
@@ -270,6 +273,8 @@ func runAgent(cmd *cobra.Command, o agentOpts) error {
 		MPS:           mpsCtl,
 		DataBind:      o.dataBind,
 		TLS:           tlsConfigOf(src),
+
+		DCGMJobMappingDir: o.dcgmJobMappingDir,
 	})
 	if err != nil {
 		return usagef("%v", err)

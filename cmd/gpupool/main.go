@@ -121,6 +121,7 @@ Start a local cluster with 'gpupool dev', then try:
 		newForwardCmd(),
 		newHostCmd(),
 		newStatusCmd(),
+		newTopCmd(),
 		newOperatorCmd(),
 		newK8sNodePluginCmd(),
 		newK8sControllerCmd(),
