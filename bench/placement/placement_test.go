@@ -135,12 +135,18 @@ func TestArrivalInflatesToTheTargetAndFollowsTheSeed(t *testing.T) {
 	}
 }
 
-func TestTheOpenbTracesLoad(t *testing.T) {
-	dir := filepath.Dir(defaultPods)
-	if _, err := os.Stat(defaultNodes); err != nil {
-		t.Skipf("no openb traces at %s", dir)
+func TestRunOutsideTheRepositoryAsksForTheTraces(t *testing.T) {
+	t.Chdir(t.TempDir())
+	var stderr bytes.Buffer
+	code := Run(context.Background(), []string{"--seeds", "1"}, &bytes.Buffer{}, &stderr)
+	if want := "give --traces DIR"; code != 2 || !strings.Contains(stderr.String(), want) {
+		t.Errorf("got exit %d and %q, want exit 2 and %q", code, stderr.String(), want)
 	}
-	if nodes, err := loadNodes(defaultNodes); err != nil || len(nodes) != 1213 {
+}
+
+func TestTheOpenbTracesLoad(t *testing.T) {
+	dir := defaultTraces()
+	if nodes, err := loadNodes(filepath.Join(dir, nodesFile)); err != nil || len(nodes) != 1213 {
 		t.Errorf("nodes: got %d, %v; want 1213", len(nodes), err)
 	}
 	for _, v := range []string{"default", "gpushare40", "multigpu20", "gpuspec10"} {

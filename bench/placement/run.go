@@ -4,11 +4,12 @@
 // arrived GPU request grows, next to the paper's published figures. It also measures how
 // many placements per second the engine makes on a large synthetic pool.
 //
-// The replay protocol is described in /work/shared/traces/README.md; the deviations from it
-// are listed in the report.
+// The traces ship in bench/traces/openb (CC BY 4.0, see the README there); the replay
+// protocol is in bench/README.md.
 package placement
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"flag"
@@ -23,11 +24,38 @@ import (
 	"time"
 )
 
-// Default trace files, used when they exist and the flags are not given.
+// tracesDir is where the openb traces are, relative to the repository's root: the default of
+// --traces.
+const tracesDir = "bench/traces/openb"
+
+// Trace files in the traces directory.
 const (
-	defaultNodes = "/work/shared/traces/openb/openb_node_list_gpu_node.csv"
-	defaultPods  = "/work/shared/traces/openb/openb_pod_list_default.csv"
+	nodesFile = "openb_node_list_gpu_node.csv"
+	podsFile  = "openb_pod_list_default.csv"
 )
+
+// defaultTraces is tracesDir under the repository that holds the working directory: the first
+// directory upwards with a go.mod naming this module. It returns tracesDir itself (relative)
+// when there is none, so the error names the path tried.
+func defaultTraces() string {
+	dir, err := os.Getwd()
+	if err != nil {
+		return tracesDir
+	}
+	for {
+		if b, err := os.ReadFile(filepath.Join(dir, "go.mod")); err == nil && bytes.Contains(b, []byte("module "+modulePath+"\n")) {
+			return filepath.Join(dir, tracesDir)
+		}
+		up := filepath.Dir(dir)
+		if up == dir {
+			return tracesDir
+		}
+		dir = up
+	}
+}
+
+// modulePath is the repository's Go module.
+const modulePath = "github.com/gpupool/gpupool"
 
 const usage = `usage: placement [flags]
 
@@ -43,6 +71,7 @@ Flags:
 `
 
 type config struct {
+	Traces         string   `json:"-"`
 	Nodes          string   `json:"nodes"`
 	Pods           string   `json:"pods"`
 	Trace          string   `json:"trace"`
@@ -81,8 +110,9 @@ func parseFlags(args []string, stderr io.Writer) (*config, error) {
 	cfg := &config{}
 	var seeds int
 	var policy string
-	fs.StringVar(&cfg.Nodes, "nodes", "", "node list CSV (default "+defaultNodes+" when it exists)")
-	fs.StringVar(&cfg.Pods, "pods", "", "pod list CSV (default "+defaultPods+" when it exists)")
+	fs.StringVar(&cfg.Traces, "traces", "", "directory of the openb traces (default "+tracesDir+" in the repository holding the working directory)")
+	fs.StringVar(&cfg.Nodes, "nodes", "", "node list CSV (default "+nodesFile+" in --traces)")
+	fs.StringVar(&cfg.Pods, "pods", "", "pod list CSV (default "+podsFile+" in --traces)")
 	fs.IntVar(&seeds, "seeds", 10, "number of seeds, from 42")
 	fs.Float64Var(&cfg.Inflate, "inflate", 1.3, "offer tasks until they ask for this multiple of the GPU capacity")
 	fs.StringVar(&policy, "policy", "all", "policy, comma-separated policies, or all: "+strings.Join(benchPolicies, ", "))
@@ -112,18 +142,20 @@ func parseFlags(args []string, stderr io.Writer) (*config, error) {
 	if cfg.Policies, err = parsePolicies(policy); err != nil {
 		return nil, err
 	}
-	for _, f := range []struct {
-		name string
-		v    *string
-		def  string
-	}{{"nodes", &cfg.Nodes, defaultNodes}, {"pods", &cfg.Pods, defaultPods}} {
-		if *f.v != "" {
-			continue
+	if cfg.Traces == "" {
+		cfg.Traces = defaultTraces()
+	}
+	if cfg.Nodes == "" {
+		cfg.Nodes = filepath.Join(cfg.Traces, nodesFile)
+	}
+	if cfg.Pods == "" {
+		cfg.Pods = filepath.Join(cfg.Traces, podsFile)
+	}
+	for _, f := range []struct{ flag, path string }{{"nodes", cfg.Nodes}, {"pods", cfg.Pods}} {
+		if _, err := os.Stat(f.path); err != nil {
+			return nil, fmt.Errorf("--%s %s: %v: run from inside the repository (the traces are in %s), or give --traces DIR or --%s FILE",
+				f.flag, f.path, errors.Unwrap(err), tracesDir, f.flag)
 		}
-		if _, err := os.Stat(f.def); err != nil {
-			return nil, fmt.Errorf("--%s: not given, and the default %s does not exist: name the openb CSV file", f.name, f.def)
-		}
-		*f.v = f.def
 	}
 	cfg.Trace = traceName(cfg.Pods)
 	return cfg, nil
