@@ -50,12 +50,13 @@ func statOf(xs []float64) stat {
 	return s
 }
 
-// at is the curve's value at pct % arrived, NaN when the replay did not get there.
+// at is the curve's value at pct % arrived; past the curve's end (a replay whose last task
+// arrived before pct), its last value.
 func at(curve []float64, pct int) float64 {
-	if i := pct / curveStep; i < len(curve) {
-		return curve[i]
+	if len(curve) == 0 {
+		return 100
 	}
-	return math.NaN()
+	return curve[min(pct/curveStep, len(curve)-1)]
 }
 
 type policyReport struct {

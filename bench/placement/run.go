@@ -207,7 +207,7 @@ func run(ctx context.Context, cfg *config, stdout, stderr io.Writer) error {
 	fmt.Fprintf(stderr, "placement: %s: %d nodes, %d tasks (%d offered per seed), %d policies × %d seeds on %d workers\n",
 		cfg.Trace, len(nodes), len(tasks), len(arrivals[0].tasks), len(cfg.Policies), len(cfg.Seeds), cfg.Workers)
 
-	outcomes, err := replayAll(ctx, cfg, nodes, arrivals, stderr)
+	outcomes, err := replayAll(ctx, cfg, nodes, tasks, arrivals, stderr)
 	if err != nil {
 		return err
 	}
@@ -215,7 +215,7 @@ func run(ctx context.Context, cfg *config, stdout, stderr io.Writer) error {
 	rates := map[string]float64{}
 	if cfg.SyntheticHosts > 0 {
 		for _, p := range cfg.Policies {
-			r, err := throughput(ctx, cfg, nodes, arrivals[0], p)
+			r, err := throughput(ctx, cfg, nodes, tasks, arrivals[0], p)
 			if err != nil {
 				return err
 			}
@@ -235,7 +235,7 @@ func run(ctx context.Context, cfg *config, stdout, stderr io.Writer) error {
 
 // replayAll replays every policy on every seed, cfg.Workers at a time, and returns the
 // outcomes by policy, in seed order.
-func replayAll(ctx context.Context, cfg *config, nodes []node, arrivals []*arrival, stderr io.Writer) (map[string][]*outcome, error) {
+func replayAll(ctx context.Context, cfg *config, nodes []node, tasks []task, arrivals []*arrival, stderr io.Writer) (map[string][]*outcome, error) {
 	type job struct {
 		policy string
 		a      int
@@ -273,7 +273,7 @@ func replayAll(ctx context.Context, cfg *config, nodes []node, arrivals []*arriv
 					}
 				}
 				t0 := time.Now()
-				o, err := replay(ctx, nodes, a, j.policy, progress)
+				o, err := replay(ctx, nodes, tasks, a, j.policy, progress)
 				mu.Lock()
 				if err != nil {
 					if firstErr == nil {

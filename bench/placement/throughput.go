@@ -17,7 +17,7 @@ const throughputBudget = 20 * time.Second
 // pool of cfg.SyntheticHosts hosts with 8 GPUs each (models of the trace in turn, CPU and
 // memory of the trace's largest node), placing the GPU tasks of a in order, up to
 // cfg.SyntheticTasks of them or throughputBudget. Failed placements count too.
-func throughput(ctx context.Context, cfg *config, nodes []node, a *arrival, policy string) (float64, error) {
+func throughput(ctx context.Context, cfg *config, nodes []node, tasks []task, a *arrival, policy string) (float64, error) {
 	var models []string
 	var big node
 	for _, n := range nodes {
@@ -37,7 +37,8 @@ func throughput(ctx context.Context, cfg *config, nodes []node, a *arrival, poli
 	for i, n := range synth {
 		rank[n.name] = i
 	}
-	opts := options(policy, a, rank)
+	opts := options(policy, tasks, a)
+	opts.Rank = rank
 	var learner placement.MixLearner
 	var n int
 	var spent time.Duration

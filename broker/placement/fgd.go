@@ -98,11 +98,12 @@ func NewMix(shapes []Shape, weights []float64) (*Mix, error) {
 
 // MixFromCounts keeps the most frequent shapes of counts until they cover the fraction
 // coverage (0 < coverage ≤ 1) of all tasks, as the FGD paper keeps 95 %, and returns their
-// mix. Equal counts keep shapes in a fixed order, so the result is deterministic.
+// mix. Equal counts keep shapes in a fixed order (the larger CPU, share, GPU count and model
+// list first, as the FGD paper's artifact orders them), so the result is deterministic.
 func MixFromCounts(counts map[Shape]int, coverage float64) *Mix {
 	shapes := slices.SortedFunc(maps.Keys(counts), func(a, b Shape) int {
-		return cmp.Or(cmp.Compare(counts[b], counts[a]), cmp.Compare(a.GPUs, b.GPUs), cmp.Compare(a.Milli, b.Milli),
-			cmp.Compare(a.CPU, b.CPU), cmp.Compare(a.Memory, b.Memory), strings.Compare(a.Models, b.Models))
+		return cmp.Or(cmp.Compare(counts[b], counts[a]), cmp.Compare(b.CPU, a.CPU), cmp.Compare(b.Milli, a.Milli),
+			cmp.Compare(b.GPUs, a.GPUs), strings.Compare(b.Models, a.Models), cmp.Compare(b.Memory, a.Memory))
 	})
 	var total int
 	for _, n := range counts {

@@ -47,9 +47,33 @@ type Options struct {
 	// Rank orders hosts for the scored policies when their scores tie: lower first; a host
 	// missing from Rank comes after every ranked one. Ties left break by host id.
 	Rank map[string]int
-	// Rand draws the host for Random. Required for Random, ignored otherwise. PlaceWith draws
-	// one number per host that fits, in the order hosts are given.
+	// Rand draws for Random. Required for Random, ignored otherwise. PlaceWith draws one
+	// number to pick among the hosts that fit, in the order hosts are given, and for a
+	// fractional slice one more per GPU of that host that fits, in device order, to pick the
+	// GPU.
 	Rand *rand.Rand
+	// Affinity tells GPUClustering, per host id, how many leases of each class (see Class) the
+	// host holds; a host missing holds none. When nil, GPUClustering reads the classes from the
+	// devices: a device with a fractional share in use counts as "share-gpu", and one held
+	// exclusively as the request's class when the request is exclusive (devices do not tell
+	// how many GPUs each lease took).
+	Affinity map[string]map[string]int
+}
+
+// classShare is the lease class of one fractional slice.
+const classShare = "share-gpu"
+
+// Class is the class of a request for GPUClustering: "share-gpu" for one fractional slice,
+// "N-gpu" for N whole GPUs or N slices, "" for a request of no GPUs.
+func Class(req *gpupoolv1.LeaseRequest) string {
+	switch n := req.GetCount(); {
+	case n < 1:
+		return ""
+	case n == 1 && !req.GetExclusive():
+		return classShare
+	default:
+		return fmt.Sprintf("%d-gpu", n)
+	}
 }
 
 // PlaceWith is Place with options: it accepts every policy in AllPolicies. The contract of
