@@ -30,15 +30,11 @@ func throughput(ctx context.Context, cfg *config, nodes []node, tasks []task, a 
 	}
 	synth := make([]node, cfg.SyntheticHosts)
 	for i := range synth {
-		synth[i] = node{name: fmt.Sprintf("synth-%05d", i), cpu: big.cpu, mem: big.mem, gpus: 8, model: models[i%len(models)]}
+		synth[i] = node{name: fmt.Sprintf("synth-%06d", i), cpu: big.cpu, mem: big.mem, gpus: 8, model: models[i%len(models)]}
 	}
 	c := newCluster(synth)
-	rank := make(map[string]int, len(synth))
-	for i, n := range synth {
-		rank[n.name] = i
-	}
 	opts := options(policy, tasks, a)
-	opts.Rank = rank
+	idx := placement.NewIndex(c.hosts, nil) // ties break by host name
 	var learner placement.MixLearner
 	var n int
 	var spent time.Duration
@@ -59,11 +55,12 @@ func throughput(ctx context.Context, cfg *config, nodes []node, tasks []task, a 
 			learner.Observe(t.shape())
 			opts.Mix = learner.Mix()
 		}
-		ss, err := placement.PlaceWith(c.hosts, req, opts)
+		ss, err := idx.Place(req, opts)
 		var pe *placement.Error
 		switch {
 		case err == nil:
 			c.apply(req, ss)
+			idx.Update(c.byName[ss[0].GetHost()])
 		case !errors.As(err, &pe):
 			return 0, fmt.Errorf("%s on the synthetic pool: %w", policy, err)
 		}

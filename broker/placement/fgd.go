@@ -58,6 +58,10 @@ type Mix struct {
 	alts   [][]string // shapes[i].Models split at "|"; nil for any model
 	probs  []float64  // sum to 1, or empty
 
+	// lookAhead: a shape's fragmentation counts what many tasks of the shape could use, not
+	// one (see LookAhead).
+	lookAhead bool
+
 	mu      sync.Mutex
 	memo    map[nodeKey]float64 // guarded by mu
 	allowed map[string][]bool   // model → whether each shape accepts it; guarded by mu
@@ -130,6 +134,17 @@ func MixFromCounts(counts map[Shape]int, coverage float64) *Mix {
 	return m
 }
 
+// LookAhead returns a mix of the same shapes that rates a host by what tasks of each shape
+// could go on taking there, not only the next one: for each shape, the free GPU capacity that
+// as many tasks of the shape as fit (by free GPU share, host CPU and host memory, one after the
+// other) would leave unused. A host with eight idle GPUs and CPU left for one task of a shape
+// strands seven GPUs for that shape, where FGD counts none.
+func (m *Mix) LookAhead() *Mix {
+	c := &Mix{shapes: m.shapes, alts: m.alts, probs: m.probs, lookAhead: true,
+		memo: make(map[nodeKey]float64), allowed: make(map[string][]bool)}
+	return c
+}
+
 // Len is the number of shapes in the mix.
 func (m *Mix) Len() int { return len(m.shapes) }
 
@@ -138,6 +153,8 @@ func (m *Mix) Len() int { return len(m.shapes) }
 type MixLearner struct {
 	// Coverage is the share of tasks the mix covers, as in MixFromCounts; 0.95 when zero.
 	Coverage float64
+	// LookAhead makes the mixes it builds look ahead (see Mix.LookAhead).
+	LookAhead bool
 
 	counts map[Shape]int
 	total  int
@@ -160,6 +177,9 @@ func (l *MixLearner) Observe(s Shape) {
 func (l *MixLearner) Mix() *Mix {
 	if l.mix == nil || l.total >= l.next {
 		l.mix = MixFromCounts(l.counts, cmp.Or(l.Coverage, 0.95))
+		if l.LookAhead {
+			l.mix = l.mix.LookAhead()
+		}
 		switch {
 		case l.next < 1:
 			l.next = 1
@@ -263,7 +283,24 @@ func (m *Mix) shapeFragLocked(i int, st *nodeState) int64 {
 	if s.GPUs == 0 || fit < s.GPUs || st.cpu < s.CPU || st.mem < s.Memory {
 		return total
 	}
-	return unusable
+	if !m.lookAhead {
+		return unusable
+	}
+	// How many tasks of the shape fit, one after the other: by GPU slots, CPU and memory.
+	var slots int64
+	for g, f := range st.free {
+		if m.acceptsLocked(i, st.models[g]) && f >= s.Milli {
+			slots += int64(f / s.Milli)
+		}
+	}
+	tasks := slots / int64(s.GPUs)
+	if s.CPU > 0 {
+		tasks = min(tasks, st.cpu/s.CPU)
+	}
+	if s.Memory > 0 {
+		tasks = min(tasks, st.mem/s.Memory)
+	}
+	return total - tasks*int64(s.GPUs)*int64(s.Milli)
 }
 
 // acceptsLocked reports whether shape i accepts GPUs of model.

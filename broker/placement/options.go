@@ -58,6 +58,14 @@ type Options struct {
 	// exclusively as the request's class when the request is exclusive (devices do not tell
 	// how many GPUs each lease took).
 	Affinity map[string]map[string]int
+	// Exact makes FGD rate a placement by the exact change of expected fragmentation rather
+	// than the paper's integer score of 0 to 100, which ties placements up to about 40
+	// thousandths of a GPU apart and leaves them to the tie-break.
+	Exact bool
+
+	// maxCPU and maxGPU, when set, are the pool's largest host CPU and GPU count × 1000, for
+	// a placement among some of its hosts (Index.Place).
+	maxCPU, maxGPU int64
 }
 
 // classShare is the lease class of one fractional slice.
@@ -83,15 +91,24 @@ func Class(req *gpupoolv1.LeaseRequest) string {
 // host (one slice, host CPU or memory, or a same-host, same-nvlink or same-pcie-root topology);
 // other requests are placed as binpack places them.
 func PlaceWith(hosts []*gpupoolv1.Host, req *gpupoolv1.LeaseRequest, opts Options) ([]*gpupoolv1.Slice, error) {
+	if err := checkOptions(opts); err != nil {
+		return nil, err
+	}
+	opts.maxCPU, opts.maxGPU = 0, 0
+	return place(hosts, req, &opts)
+}
+
+// checkOptions checks that opts name a policy and carry what it needs.
+func checkOptions(opts Options) error {
 	switch {
 	case !slices.Contains(AllPolicies, opts.Policy):
-		return nil, fmt.Errorf("policy %q: must be one of %s", opts.Policy, strings.Join(AllPolicies, ", "))
+		return fmt.Errorf("policy %q: must be one of %s", opts.Policy, strings.Join(AllPolicies, ", "))
 	case opts.Policy == FGD && opts.Mix == nil:
-		return nil, fmt.Errorf("policy %q: needs a task mix (Options.Mix)", opts.Policy)
+		return fmt.Errorf("policy %q: needs a task mix (Options.Mix)", opts.Policy)
 	case opts.Policy == Random && opts.Rand == nil:
-		return nil, fmt.Errorf("policy %q: needs a random source (Options.Rand)", opts.Policy)
+		return fmt.Errorf("policy %q: needs a random source (Options.Rand)", opts.Policy)
 	}
-	return place(hosts, req, &opts)
+	return nil
 }
 
 // scoredPolicy reports whether policy rates hosts with hostScore.

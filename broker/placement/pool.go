@@ -84,12 +84,12 @@ func (p *pool) fgdTry(hs *hostState, found bool, try func(*hostState, string, []
 	k, ok := p.shape(hs)
 	if ok {
 		if score, seen := p.rated[k]; seen {
-			if score < 0 || (found && !p.rating(hs, "", score).beats(p.top)) {
+			if score == noFit || (found && !p.rating(hs, "", score).beats(p.top)) {
 				return
 			}
 		}
 	}
-	p.lastScore = -1
+	p.lastScore = noFit
 	try(hs, "", p.fgdPick(hs))
 	if ok {
 		if p.rated == nil {
@@ -165,6 +165,9 @@ func newPool(hosts []*gpupoolv1.Host, rq *request, v view) *pool {
 		}
 		hs.hi, hs.baseFree = len(p.cands), hs.freeMem
 		p.hosts = append(p.hosts, hs)
+	}
+	if rq.opts.maxCPU > 0 || rq.opts.maxGPU > 0 {
+		p.maxCPU, p.maxGPU = rq.opts.maxCPU, rq.opts.maxGPU
 	}
 	return p
 }
@@ -543,6 +546,9 @@ func (p *pool) better(s, t score) bool {
 	}
 	return cmp.Or(c, strings.Compare(s.host, t.host), strings.Compare(s.root, t.root)) < 0
 }
+
+// noFit is the score remembered for a host shape on which no slice fits.
+const noFit = math.MinInt
 
 // noLimit counts capacity to the end.
 const noLimit = math.MaxInt64
