@@ -77,11 +77,11 @@ func TestRunWritesTheSameFiguresForTheSameSeeds(t *testing.T) {
 		out := t.TempDir()
 		var stdout, stderr bytes.Buffer
 		args := []string{"--nodes", nodes, "--pods", pods, "--seeds", "2", "--out", out,
-			"--synthetic-hosts", "20", "--synthetic-tasks", "5"}
+			"--synthetic-hosts", "20", "--synthetic-tasks", "5", "--scale-hosts", "10,20"}
 		if code := Run(context.Background(), args, &stdout, &stderr); code != 0 {
 			t.Fatalf("Run: exit %d: %s", code, stderr.String())
 		}
-		for _, f := range []string{"placement.json", "placement.md", "placement.png"} {
+		for _, f := range []string{"placement.json", "placement.md", "placement-default.png", "placement-scale.png"} {
 			if _, err := os.Stat(filepath.Join(out, f)); err != nil {
 				t.Errorf("want %s written: %v", f, err)
 			}
@@ -97,10 +97,10 @@ func TestRunWritesTheSameFiguresForTheSameSeeds(t *testing.T) {
 		if err := json.Unmarshal(data, &rep); err != nil {
 			t.Fatal(err)
 		}
-		if len(rep.Policies) != len(benchPolicies) {
-			t.Fatalf("got %d policies, want %d", len(rep.Policies), len(benchPolicies))
+		if len(rep.Traces) != 1 || len(rep.Traces[0].Policies) != len(benchPolicies) {
+			t.Fatalf("got %d traces, want 1 with %d policies", len(rep.Traces), len(benchPolicies))
 		}
-		return rep.Policies
+		return rep.Traces[0].Policies
 	}
 	a, b := results(), results()
 	for i := range a {

@@ -166,20 +166,23 @@ func (c *cluster) apply(req *gpupoolv1.LeaseRequest, ss []*gpupoolv1.Slice) {
 
 // placeHostOnly places a task without GPUs with the policy's rating of hosts
 // (placement.PlaceHost) and reports whether one had room.
-func (c *cluster) placeHostOnly(t *task, opts placement.Options) (bool, error) {
+func (c *cluster) placeHostOnly(t *task, opts placement.Options) (bool, string, error) {
 	id, err := placement.PlaceHost(c.hosts, t.cpu, t.mem, opts)
 	var pe *placement.Error
 	switch {
 	case errors.As(err, &pe):
-		return false, nil
+		return false, "", nil
 	case err != nil:
-		return false, err
+		return false, "", err
 	}
 	h := c.byName[id]
 	h.AllocatedCpuMillicores += t.cpu
 	h.AllocatedMemoryMib += t.mem
-	return true, nil
+	return true, id, nil
 }
+
+// onlineLearner is the learner of the broker's default policy (see broker.Policies).
+func onlineLearner() placement.MixLearner { return placement.MixLearner{LookAhead: true} }
 
 // curveStep is the resolution of the recorded curve, in percent of capacity arrived.
 const curveStep = 1
@@ -204,7 +207,13 @@ type outcome struct {
 func replay(ctx context.Context, nodes []node, tasks []task, a *arrival, policy string, progress func(float64)) (*outcome, error) {
 	c := newCluster(nodes)
 	opts := options(policy, tasks, a)
-	var learner placement.MixLearner
+	learner := onlineLearner()
+	// The index places as the exhaustive search does; random draws as the artifact does only
+	// in the exhaustive search, and gpu-clustering reads affinity the index does not keep.
+	var idx *placement.Index
+	if policy != placement.Random && policy != placement.GPUClustering {
+		idx = placement.NewIndex(c.hosts, a.rank)
+	}
 	var aff map[string]map[string]int
 	if policy == placement.GPUClustering {
 		aff = map[string]map[string]int{}
@@ -231,16 +240,26 @@ func replay(ctx context.Context, nodes []node, tasks []task, a *arrival, policy 
 		var ok bool
 		var err error
 		if t.gpus == 0 {
-			ok, err = c.placeHostOnly(t, opts)
+			var id string
+			if ok, id, err = c.placeHostOnly(t, opts); ok && idx != nil {
+				idx.Update(c.byName[id])
+			}
 		} else {
 			req := t.request()
 			var ss []*gpupoolv1.Slice
-			ss, err = placement.PlaceWith(c.hosts, req, opts)
+			if idx != nil {
+				ss, err = idx.Place(req, opts)
+			} else {
+				ss, err = placement.PlaceWith(c.hosts, req, opts)
+			}
 			var pe *placement.Error
 			if errors.As(err, &pe) {
 				err = nil
 			} else if err == nil {
 				c.apply(req, ss)
+				if idx != nil {
+					idx.Update(c.byName[ss[0].GetHost()])
+				}
 				ok = true
 				if aff != nil {
 					h := ss[0].GetHost()

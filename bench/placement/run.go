@@ -19,20 +19,23 @@ import (
 	"path/filepath"
 	"runtime"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/gpupool/gpupool/broker/placement"
 )
 
 // tracesDir is where the openb traces are, relative to the repository's root: the default of
 // --traces.
 const tracesDir = "bench/traces/openb"
 
-// Trace files in the traces directory.
-const (
-	nodesFile = "openb_node_list_gpu_node.csv"
-	podsFile  = "openb_pod_list_default.csv"
-)
+// Trace files in the traces directory: the node list and the pod lists replayed by default.
+const nodesFile = "openb_node_list_gpu_node.csv"
+
+var podsFiles = []string{"openb_pod_list_default.csv", "openb_pod_list_gpushare40.csv",
+	"openb_pod_list_gpuspec10.csv", "openb_pod_list_multigpu20.csv"}
 
 // defaultTraces is tracesDir under the repository that holds the working directory: the first
 // directory upwards with a go.mod naming this module. It returns tracesDir itself (relative)
@@ -73,14 +76,14 @@ Flags:
 type config struct {
 	Traces         string   `json:"-"`
 	Nodes          string   `json:"nodes"`
-	Pods           string   `json:"pods"`
-	Trace          string   `json:"trace"`
+	Pods           []string `json:"pods"`
 	Seeds          []int64  `json:"seeds"`
 	Inflate        float64  `json:"inflate"`
 	Policies       []string `json:"policies"`
 	Out            string   `json:"-"`
 	SyntheticHosts int      `json:"synthetic_hosts"`
 	SyntheticTasks int      `json:"synthetic_tasks"`
+	ScaleHosts     []int    `json:"scale_hosts"`
 	Workers        int      `json:"workers"`
 }
 
@@ -112,7 +115,8 @@ func parseFlags(args []string, stderr io.Writer) (*config, error) {
 	var policy string
 	fs.StringVar(&cfg.Traces, "traces", "", "directory of the openb traces (default "+tracesDir+" in the repository holding the working directory)")
 	fs.StringVar(&cfg.Nodes, "nodes", "", "node list CSV (default "+nodesFile+" in --traces)")
-	fs.StringVar(&cfg.Pods, "pods", "", "pod list CSV (default "+podsFile+" in --traces)")
+	var pods string
+	fs.StringVar(&pods, "pods", "", "pod list CSVs, comma-separated (default the four openb pod lists in --traces)")
 	fs.IntVar(&seeds, "seeds", 10, "number of seeds, from 42")
 	fs.Float64Var(&cfg.Inflate, "inflate", 1.3, "offer tasks until they ask for this multiple of the GPU capacity")
 	fs.StringVar(&policy, "policy", "all", "policy, comma-separated policies, or all: "+strings.Join(benchPolicies, ", "))
@@ -120,6 +124,7 @@ func parseFlags(args []string, stderr io.Writer) (*config, error) {
 	fs.IntVar(&cfg.SyntheticHosts, "synthetic-hosts", 10000, "hosts (8 GPUs each) of the pool for placements/s; 0 skips it")
 	fs.IntVar(&cfg.SyntheticTasks, "synthetic-tasks", 2000, "placements per policy for placements/s")
 	fs.IntVar(&cfg.Workers, "workers", runtime.NumCPU(), "replays run at once")
+	scale := fs.String("scale-hosts", "1000,3000,10000,30000,100000", "pool sizes (hosts × 8 GPUs) of the scale curve of the default policy, comma-separated; empty skips it")
 	if err := fs.Parse(args); err != nil {
 		return nil, err
 	}
@@ -138,6 +143,16 @@ func parseFlags(args []string, stderr io.Writer) (*config, error) {
 	for i := range seeds {
 		cfg.Seeds = append(cfg.Seeds, int64(42+i))
 	}
+	for f := range strings.SplitSeq(*scale, ",") {
+		if f = strings.TrimSpace(f); f == "" {
+			continue
+		}
+		n, err := strconv.Atoi(f)
+		if err != nil || n < 1 || n > 1_000_000 {
+			return nil, fmt.Errorf("--scale-hosts %q: %q: want whole numbers of hosts between 1 and 1000000", *scale, f)
+		}
+		cfg.ScaleHosts = append(cfg.ScaleHosts, n)
+	}
 	var err error
 	if cfg.Policies, err = parsePolicies(policy); err != nil {
 		return nil, err
@@ -148,16 +163,23 @@ func parseFlags(args []string, stderr io.Writer) (*config, error) {
 	if cfg.Nodes == "" {
 		cfg.Nodes = filepath.Join(cfg.Traces, nodesFile)
 	}
-	if cfg.Pods == "" {
-		cfg.Pods = filepath.Join(cfg.Traces, podsFile)
+	if pods == "" {
+		for _, f := range podsFiles {
+			cfg.Pods = append(cfg.Pods, filepath.Join(cfg.Traces, f))
+		}
+	} else {
+		cfg.Pods = strings.Split(pods, ",")
 	}
-	for _, f := range []struct{ flag, path string }{{"nodes", cfg.Nodes}, {"pods", cfg.Pods}} {
+	files := []struct{ flag, path string }{{"nodes", cfg.Nodes}}
+	for _, p := range cfg.Pods {
+		files = append(files, struct{ flag, path string }{"pods", p})
+	}
+	for _, f := range files {
 		if _, err := os.Stat(f.path); err != nil {
 			return nil, fmt.Errorf("--%s %s: %v: run from inside the repository (the traces are in %s), or give --traces DIR or --%s FILE",
 				f.flag, f.path, errors.Unwrap(err), tracesDir, f.flag)
 		}
 	}
-	cfg.Trace = traceName(cfg.Pods)
 	return cfg, nil
 }
 
@@ -193,37 +215,59 @@ func run(ctx context.Context, cfg *config, stdout, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
-	tasks, err := loadTasks(cfg.Pods)
-	if err != nil {
-		return err
+	traces := make([][]task, len(cfg.Pods))
+	for i, f := range cfg.Pods {
+		if traces[i], err = loadTasks(f); err != nil {
+			return err
+		}
 	}
 	if err := os.MkdirAll(cfg.Out, 0o755); err != nil {
 		return err
 	}
-	arrivals := make([]*arrival, len(cfg.Seeds))
-	for i, s := range cfg.Seeds {
-		arrivals[i] = arrive(nodes, tasks, s, cfg.Inflate)
+	rep := newReport(cfg)
+	for i, f := range cfg.Pods {
+		tasks := traces[i]
+		arrivals := make([]*arrival, len(cfg.Seeds))
+		for i, s := range cfg.Seeds {
+			arrivals[i] = arrive(nodes, tasks, s, cfg.Inflate)
+		}
+		name := traceName(f)
+		fmt.Fprintf(stderr, "placement: %s: %d nodes, %d tasks (%d offered per seed), %d policies × %d seeds on %d workers\n",
+			name, len(nodes), len(tasks), len(arrivals[0].tasks), len(cfg.Policies), len(cfg.Seeds), cfg.Workers)
+		outcomes, err := replayAll(ctx, cfg, nodes, tasks, arrivals, stderr)
+		if err != nil {
+			return err
+		}
+		rep.addTrace(name, outcomes)
 	}
-	fmt.Fprintf(stderr, "placement: %s: %d nodes, %d tasks (%d offered per seed), %d policies × %d seeds on %d workers\n",
-		cfg.Trace, len(nodes), len(tasks), len(arrivals[0].tasks), len(cfg.Policies), len(cfg.Seeds), cfg.Workers)
-
-	outcomes, err := replayAll(ctx, cfg, nodes, tasks, arrivals, stderr)
-	if err != nil {
-		return err
+	if len(traces) >= 2 && slices.Contains(cfg.Policies, placement.FGD) && slices.Contains(cfg.Policies, FGDOracle) {
+		shift, err := mixShift(ctx, cfg, nodes, traceName(cfg.Pods[0]), traces[0], traceName(cfg.Pods[1]), traces[1], stderr)
+		if err != nil {
+			return err
+		}
+		rep.MixShift = shift
 	}
-	replaySeconds := time.Since(start).Seconds()
-	rates := map[string]float64{}
+	rep.ReplaySeconds = time.Since(start).Seconds()
 	if cfg.SyntheticHosts > 0 {
+		arrival := arrive(nodes, traces[0], cfg.Seeds[0], cfg.Inflate)
 		for _, p := range cfg.Policies {
-			r, err := throughput(ctx, cfg, nodes, tasks, arrivals[0], p)
+			r, err := throughput(ctx, cfg, cfg.SyntheticHosts, nodes, traces[0], arrival, p)
 			if err != nil {
 				return err
 			}
 			fmt.Fprintf(stderr, "placement: %s: %.0f placements/s on %d hosts\n", p, r, cfg.SyntheticHosts)
-			rates[p] = r
+			rep.Rates[p] = r
+		}
+		for _, n := range cfg.ScaleHosts {
+			r, err := throughput(ctx, cfg, n, nodes, traces[0], arrival, placement.FGD)
+			if err != nil {
+				return err
+			}
+			fmt.Fprintf(stderr, "placement: scale: %s: %.0f placements/s on %d hosts\n", placement.FGD, r, n)
+			rep.Scale = append(rep.Scale, scalePoint{Hosts: n, PlacementsPerSec: r, MicrosPerPlacement: 1e6 / r})
 		}
 	}
-	rep := newReport(cfg, outcomes, rates, replaySeconds, time.Since(start).Seconds())
+	rep.TotalSeconds = time.Since(start).Seconds()
 	paths, err := rep.write(cfg.Out)
 	if err != nil {
 		return err

@@ -17,7 +17,7 @@ const throughputBudget = 20 * time.Second
 // pool of cfg.SyntheticHosts hosts with 8 GPUs each (models of the trace in turn, CPU and
 // memory of the trace's largest node), placing the GPU tasks of a in order, up to
 // cfg.SyntheticTasks of them or throughputBudget. Failed placements count too.
-func throughput(ctx context.Context, cfg *config, nodes []node, tasks []task, a *arrival, policy string) (float64, error) {
+func throughput(ctx context.Context, cfg *config, hosts int, nodes []node, tasks []task, a *arrival, policy string) (float64, error) {
 	var models []string
 	var big node
 	for _, n := range nodes {
@@ -28,14 +28,14 @@ func throughput(ctx context.Context, cfg *config, nodes []node, tasks []task, a 
 			big = n
 		}
 	}
-	synth := make([]node, cfg.SyntheticHosts)
+	synth := make([]node, hosts)
 	for i := range synth {
 		synth[i] = node{name: fmt.Sprintf("synth-%06d", i), cpu: big.cpu, mem: big.mem, gpus: 8, model: models[i%len(models)]}
 	}
 	c := newCluster(synth)
 	opts := options(policy, tasks, a)
 	idx := placement.NewIndex(c.hosts, nil) // ties break by host name
-	var learner placement.MixLearner
+	learner := onlineLearner()
 	var n int
 	var spent time.Duration
 	for i := range a.tasks {

@@ -145,6 +145,19 @@ func (m *Mix) LookAhead() *Mix {
 	return c
 }
 
+// byGPU is m with each shape's probability weighed by its GPU capacity.
+func (m *Mix) byGPU() *Mix {
+	w := make([]float64, len(m.shapes))
+	for i, s := range m.shapes {
+		w[i] = m.probs[i] * float64(max(100, int64(s.GPUs)*int64(s.Milli)))
+	}
+	c, err := NewMix(m.shapes, w)
+	if err != nil {
+		return m
+	}
+	return c
+}
+
 // Len is the number of shapes in the mix.
 func (m *Mix) Len() int { return len(m.shapes) }
 
@@ -155,6 +168,10 @@ type MixLearner struct {
 	Coverage float64
 	// LookAhead makes the mixes it builds look ahead (see Mix.LookAhead).
 	LookAhead bool
+	// ByGPU weighs each shape by the GPU capacity its tasks ask for (count × GPUs × share)
+	// rather than by its count of tasks, so the mix says where the GPU demand is; shapes
+	// without GPUs keep a share's weight.
+	ByGPU bool
 
 	counts map[Shape]int
 	total  int
@@ -177,6 +194,9 @@ func (l *MixLearner) Observe(s Shape) {
 func (l *MixLearner) Mix() *Mix {
 	if l.mix == nil || l.total >= l.next {
 		l.mix = MixFromCounts(l.counts, cmp.Or(l.Coverage, 0.95))
+		if l.ByGPU {
+			l.mix = l.mix.byGPU()
+		}
 		if l.LookAhead {
 			l.mix = l.mix.LookAhead()
 		}
