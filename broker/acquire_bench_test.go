@@ -26,15 +26,13 @@ func BenchmarkAcquireLargePool(b *testing.B) {
 				b.Fatal(err)
 			}
 		}
-		for _, window := range []int{0, 1024} {
-			b.Run(fmt.Sprintf("hosts=%d/window=%d/clients=1", hosts, window), func(b *testing.B) {
-				ts.s.placer.window = window
+		{
+			b.Run(fmt.Sprintf("hosts=%d/clients=1", hosts), func(b *testing.B) {
 				for range b.N {
 					acquire(b)
 				}
 			})
-			b.Run(fmt.Sprintf("hosts=%d/window=%d/clients=32", hosts, window), func(b *testing.B) {
-				ts.s.placer.window = window
+			b.Run(fmt.Sprintf("hosts=%d/clients=32", hosts), func(b *testing.B) {
 				b.SetParallelism(16) // × GOMAXPROCS 2
 				b.RunParallel(func(pb *testing.PB) {
 					for pb.Next() {

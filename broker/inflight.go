@@ -100,6 +100,13 @@ func (f *inflight) snapshot() []*gpupoolv1.Lease {
 // overlay returns hosts with the grants of snap that st does not show yet
 // counted as taken. Only the hosts they touch are copied.
 func overlay(st *state.Reader, hosts []*gpupoolv1.Host, snap []*gpupoolv1.Lease) []*gpupoolv1.Host {
+	out, _ := overlayCopies(st, hosts, snap)
+	return out
+}
+
+// overlayCopies is overlay, and the copies it made: the hosts the grants in flight touch,
+// with those grants.
+func overlayCopies(st *state.Reader, hosts []*gpupoolv1.Host, snap []*gpupoolv1.Lease) ([]*gpupoolv1.Host, []*gpupoolv1.Host) {
 	var pending []*gpupoolv1.Lease
 	for _, l := range snap {
 		if st.Lease(l.Id) == nil {
@@ -107,7 +114,7 @@ func overlay(st *state.Reader, hosts []*gpupoolv1.Host, snap []*gpupoolv1.Lease)
 		}
 	}
 	if len(pending) == 0 {
-		return hosts
+		return hosts, nil
 	}
 	touched := map[string]bool{}
 	for _, l := range pending {
@@ -132,7 +139,7 @@ func overlay(st *state.Reader, hosts []*gpupoolv1.Host, snap []*gpupoolv1.Lease)
 	for _, h := range work.hosts {
 		out[at[h.Id]] = h
 	}
-	return out
+	return out, work.hosts
 }
 
 // proposal is a command sent to Raft and not yet known to commit.

@@ -121,7 +121,7 @@ func (s *Server) acquire(ctx context.Context, r *gpupoolv1.LeaseRequest, wait ti
 			return nil, status.Errorf(codes.Unavailable, "no token signing key yet: %v; retry", err)
 		}
 	}
-	hosts := s.reservedPool(st, inflight)
+	hosts, over, indexed := s.acquirePool(st, inflight)
 	if err := checkAgainstPool(r, hosts); err != nil {
 		return nil, err
 	}
@@ -138,7 +138,13 @@ func (s *Server) acquire(ctx context.Context, r *gpupoolv1.LeaseRequest, wait ti
 		return s.awaitGrant(ctx, pl.Id, wait)
 	}
 	s.placer.observe(hosts, r)
-	slices, err := s.placer.place(hosts, r)
+	var slices []*gpupoolv1.Slice
+	var err error
+	if indexed {
+		slices, err = s.placer.placeIndexed(s.fsm.PoolIndex(), over, r)
+	} else {
+		slices, err = s.placer.place(hosts, r)
+	}
 	if pe := (*placement.Error)(nil); errors.As(err, &pe) && !pe.Never {
 		if wait <= 0 {
 			return nil, s.preemptionHint(st, hosts, r, pe)

@@ -93,12 +93,7 @@ func (s *Server) reservedPool(st *state.Reader, inflight []*gpupoolv1.Lease) []*
 // reservedHosts is hosts (the state, or more) less what pending leases
 // with victims reserve. Without such leases it is hosts itself.
 func reservedHosts(st *state.Reader, hosts []*gpupoolv1.Host, pl *placer) []*gpupoolv1.Host {
-	var reserving []*gpupoolv1.Lease
-	for _, r := range st.PendingLeases() {
-		if len(st.PreemptedFor(r.Id)) > 0 {
-			reserving = append(reserving, r)
-		}
-	}
+	reserving := reservingLeases(st)
 	if len(reserving) == 0 {
 		return hosts
 	}
@@ -107,6 +102,28 @@ func reservedHosts(st *state.Reader, hosts []*gpupoolv1.Host, pl *placer) []*gpu
 		p.reserve(st, r, pl)
 	}
 	return p.hosts
+}
+
+// reservingLeases are the pending leases whose victims are still leaving.
+func reservingLeases(st *state.Reader) []*gpupoolv1.Lease {
+	var reserving []*gpupoolv1.Lease
+	for _, r := range st.PendingLeases() {
+		if len(st.PreemptedFor(r.Id)) > 0 {
+			reserving = append(reserving, r)
+		}
+	}
+	return reserving
+}
+
+// acquirePool is reservedPool, and, when no pending lease reserves capacity, the hosts the
+// grants in flight touch, as copies with those grants: then the FSM's pool index (never
+// behind st) with those copies over it is the pool Acquire places on.
+func (s *Server) acquirePool(st *state.Reader, inflight []*gpupoolv1.Lease) (hosts, over []*gpupoolv1.Host, indexed bool) {
+	hosts, over = overlayCopies(st, st.HostsWithDevices(), inflight)
+	if len(reservingLeases(st)) > 0 {
+		return reservedHosts(st, hosts, s.placer), nil, false
+	}
+	return hosts, over, true
 }
 
 // reserve places pending lease r on the copy as if its victims had gone,

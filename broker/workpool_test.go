@@ -75,7 +75,7 @@ func TestChooseVictimsLowestPriorityThenYoungestAndNoMore(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			p := testPool(map[string]int{"h1": 3}, a, b, c)
-			victims, ss := chooseVictims(p, tt.req, newPlacer(placement.Binpack, 0), []*gpupoolv1.Lease{a, b, c})
+			victims, ss := chooseVictims(p, tt.req, newPlacer(placement.Binpack), []*gpupoolv1.Lease{a, b, c})
 			if got := ids(victims); !slices.Equal(got, tt.want) {
 				t.Fatalf("victims %v, want %v", got, tt.want)
 			}
@@ -97,7 +97,7 @@ func TestChooseVictimsDropsVictimsTheFitDoesNotNeed(t *testing.T) {
 	v1 := held("v1", pre, 0, 300, "h1/0:10240")
 	v2 := held("v2", pre, 0, 100, "h2/0")
 	p := testPool(map[string]int{"h1": 1, "h2": 1}, g, v1, v2)
-	victims, ss := chooseVictims(p, &gpupoolv1.LeaseRequest{Count: 1, Exclusive: true}, newPlacer(placement.Binpack, 0), []*gpupoolv1.Lease{v1, v2})
+	victims, ss := chooseVictims(p, &gpupoolv1.LeaseRequest{Count: 1, Exclusive: true}, newPlacer(placement.Binpack), []*gpupoolv1.Lease{v1, v2})
 	if got := ids(victims); !slices.Equal(got, []string{"v2"}) {
 		t.Fatalf("victims %v, want [v2]", got)
 	}

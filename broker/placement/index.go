@@ -64,11 +64,8 @@ type summary struct {
 // NewIndex returns an index of hosts. rank orders hosts whose placements rate alike, as
 // Options.Rank does (nil: by host id); Place uses it in place of Options.Rank.
 func NewIndex(hosts []*gpupoolv1.Host, rank map[string]int) *Index {
-	x := &Index{rank: rank, hosts: make(map[string]*ixHost, len(hosts)), groups: map[string]*ixGroup{},
-		cpus: map[int64]int{}, gpus: map[int64]int{}}
-	for _, h := range hosts {
-		x.updateLocked(h)
-	}
+	x := &Index{rank: rank}
+	x.Reset(hosts)
 	return x
 }
 
@@ -77,6 +74,17 @@ func (x *Index) Update(h *gpupoolv1.Host) {
 	x.mu.Lock()
 	defer x.mu.Unlock()
 	x.updateLocked(h)
+}
+
+// Reset replaces everything the index holds by hosts, as NewIndex would build it.
+func (x *Index) Reset(hosts []*gpupoolv1.Host) {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	x.hosts, x.groups, x.list = make(map[string]*ixHost, len(hosts)), map[string]*ixGroup{}, nil
+	x.cpus, x.gpus = map[int64]int{}, map[int64]int{}
+	for _, h := range hosts {
+		x.updateLocked(h)
+	}
 }
 
 // Remove takes the host with id out of the index; an unknown id is ignored.
@@ -249,6 +257,14 @@ func (rq *request) indexable() bool {
 // one host per group that may hold the request. A request that fits none is refused with the
 // same error PlaceWith gives.
 func (x *Index) Place(req *gpupoolv1.LeaseRequest, opts Options) ([]*gpupoolv1.Slice, error) {
+	return x.PlaceOver(nil, req, opts)
+}
+
+// PlaceOver is Place on the indexed hosts with over in place of the indexed hosts of the same
+// id (and in addition to them, for ids the index lacks): the pool with changes not yet
+// indexed, such as grants in flight. It rates the hosts of over one by one, so over should be
+// small.
+func (x *Index) PlaceOver(over []*gpupoolv1.Host, req *gpupoolv1.LeaseRequest, opts Options) ([]*gpupoolv1.Slice, error) {
 	if err := checkOptions(opts); err != nil {
 		return nil, err
 	}
@@ -263,28 +279,42 @@ func (x *Index) Place(req *gpupoolv1.LeaseRequest, opts Options) ([]*gpupoolv1.S
 	x.mu.Lock()
 	defer x.mu.Unlock()
 	opts.maxCPU, opts.maxGPU = maxKey(x.cpus), maxKey(x.gpus)
-	if !rq.indexable() {
-		return place(x.allLocked(), req, &opts)
+	var overID map[string]bool
+	if len(over) > 0 {
+		overID = make(map[string]bool, len(over))
+		for _, h := range over {
+			overID[h.GetId()] = true
+			if len(h.GetDevices()) > 0 {
+				opts.maxCPU, opts.maxGPU = max(opts.maxCPU, h.GetCpuMillicores()), max(opts.maxGPU, 1000*int64(len(h.GetDevices())))
+			}
+		}
+	}
+	if !rq.indexable() || (opts.Policy == Random && len(over) > 0) {
+		return place(x.allLocked(over), req, &opts)
 	}
 	perHost := 1
 	if rq.oneHost {
 		perHost = rq.count
 	}
 	byID := x.rank != nil && !scoredPolicy(opts.Policy) // binpack and spread break ties by id
-	reps := make([]*gpupoolv1.Host, 0, 64)
+	reps := make([]*gpupoolv1.Host, 0, 64+len(over))
 	var weights []int
 	for _, g := range x.list {
-		if g.sum.mayHold(rq, perHost) {
-			reps = append(reps, g.first(byID))
+		if !g.sum.mayHold(rq, perHost) {
+			continue
+		}
+		if h := g.first(byID, overID); h != nil {
+			reps = append(reps, h)
 			weights = append(weights, len(g.members))
 		}
 	}
 	if opts.Policy == Random {
 		return x.placeRandomLocked(reps, weights, req, &opts)
 	}
+	reps = append(reps, over...)
 	ss, err := place(reps, req, &opts)
 	if err != nil {
-		return place(x.allLocked(), req, &opts) // the same refusal as the exhaustive placement
+		return place(x.allLocked(over), req, &opts) // the same refusal as the exhaustive placement
 	}
 	return ss, nil
 }
@@ -303,7 +333,7 @@ func (x *Index) placeRandomLocked(reps []*gpupoolv1.Host, weights []int, req *gp
 		}
 	}
 	if total == 0 {
-		return place(x.allLocked(), req, opts)
+		return place(x.allLocked(nil), req, opts)
 	}
 	n := opts.Rand.Intn(total)
 	for _, i := range fit {
@@ -316,25 +346,35 @@ func (x *Index) placeRandomLocked(reps []*gpupoolv1.Host, weights []int, req *gp
 	panic("placement: random draw out of range")
 }
 
-// first is the group's first host in tie-break order, or by id.
-func (g *ixGroup) first(byID bool) *gpupoolv1.Host {
-	if !byID {
-		return g.members[0].h
-	}
-	h := g.members[0].h
-	for _, m := range g.members[1:] {
-		if m.h.GetId() < h.GetId() {
+// first is the group's first host in tie-break order (or by id) that is not in skip, or nil.
+func (g *ixGroup) first(byID bool, skip map[string]bool) *gpupoolv1.Host {
+	var h *gpupoolv1.Host
+	for _, m := range g.members {
+		if skip[m.h.GetId()] {
+			continue
+		}
+		if !byID {
+			return m.h
+		}
+		if h == nil || m.h.GetId() < h.GetId() {
 			h = m.h
 		}
 	}
 	return h
 }
 
-// allLocked is every indexed host, in id order.
-func (x *Index) allLocked() []*gpupoolv1.Host {
-	out := make([]*gpupoolv1.Host, 0, len(x.hosts))
-	for _, ih := range x.hosts {
-		out = append(out, ih.h)
+// allLocked is every indexed host, with over in place of those of the same id, in id order.
+func (x *Index) allLocked(over []*gpupoolv1.Host) []*gpupoolv1.Host {
+	out := make([]*gpupoolv1.Host, 0, len(x.hosts)+len(over))
+	skip := map[string]bool{}
+	for _, h := range over {
+		skip[h.GetId()] = true
+		out = append(out, h)
+	}
+	for id, ih := range x.hosts {
+		if !skip[id] {
+			out = append(out, ih.h)
+		}
 	}
 	slices.SortFunc(out, func(a, b *gpupoolv1.Host) int { return strings.Compare(a.GetId(), b.GetId()) })
 	return out

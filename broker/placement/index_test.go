@@ -208,3 +208,44 @@ func TestIndexRefusesWhatNoHostCanHoldWithTheExhaustiveReason(t *testing.T) {
 		})
 	}
 }
+
+func TestIndexPlacesOverHostsItDoesNotHoldYetAsTheExhaustiveSearch(t *testing.T) {
+	mix := testMix(t)
+	for _, seed := range []uint64{11, 12, 13} {
+		t.Run(fmt.Sprint("seed ", seed), func(t *testing.T) {
+			r := newRand(seed)
+			hosts := twinPool(r)
+			p := newIndexPool(hosts, nil)
+			policies := slices.DeleteFunc(slices.Clone(AllPolicies), func(s string) bool { return s == Random })
+			for step := range 200 {
+				// Grants in flight: copies of a few hosts with a lease the index has not seen.
+				var over []*gpupoolv1.Host
+				view := slices.Clone(hosts)
+				for _, i := range r.Perm(len(hosts))[:1+r.IntN(3)] {
+					c := cloneHosts(hosts[i : i+1])[0]
+					if ss, err := Place([]*gpupoolv1.Host{c}, randomRequest(r), Binpack); err == nil {
+						for _, s := range ss {
+							Allocate(c.Devices[s.DeviceIndex], s)
+						}
+					}
+					over, view[i] = append(over, c), c
+				}
+				req := randomRequest(r)
+				opts := Options{Policy: policies[r.IntN(len(policies))], Mix: mix}
+				got, gotErr := p.idx.PlaceOver(over, req, opts)
+				want, wantErr := PlaceWith(view, req, opts)
+				if fmt.Sprint(gotErr) != fmt.Sprint(wantErr) || placedText(got) != placedText(want) {
+					t.Fatalf("step %d: %s %v: index got %s (%v), want %s (%v)", step, opts.Policy, req,
+						placedText(got), gotErr, placedText(want), wantErr)
+				}
+				if req := randomRequest(r); r.IntN(2) == 0 {
+					if ss, err := PlaceWith(hosts, req, Options{Policy: Binpack}); err == nil {
+						p.grant(req, ss)
+					}
+				} else if len(p.leases) > 0 {
+					p.free(r.IntN(len(p.leases)))
+				}
+			}
+		})
+	}
+}
