@@ -12,7 +12,7 @@ import (
 
 const (
 	nodesCSV = "sn,cpu_milli,memory_mib,gpu,model\n" +
-		"n0,32000,131072,2,T4\nn1,64000,262144,4,V100M16\nn2,8000,32768,1,T4\nn3,96000,393216,8,G2\n"
+		"n0,32000,131072,2,T4\nn1,64000,262144,4,V100M16\nn2,8000,32768,1,T4\nn3,96000,393216,8,G2\nn4,48000,376832,4,V100M32\n"
 	podsCSV = "name,cpu_milli,memory_mib,num_gpu,gpu_milli,gpu_spec\n" +
 		"p0,4000,8192,1,500,\np1,8000,16384,1,1000,\np2,2000,4096,0,0,\np3,16000,65536,2,1000,\n" +
 		"p4,1000,2048,1,250,T4\np5,6000,12288,1,460,V100M16|V100M32\np6,32000,131072,4,1000,\np7,3000,8192,1,300,\n"
@@ -42,6 +42,8 @@ func TestTraceLoaderRefusesBadFilesWithFileAndLine(t *testing.T) {
 			"pods.csv:2: column gpu_milli: 1500: must be between 0 and 1000"},
 		{"a pod list with a short row", nodesCSV, "name,cpu_milli,memory_mib,num_gpu,gpu_milli\np0,1,1\n",
 			"pods.csv:2: record on line 2: wrong number of fields"},
+		{"a pod list with a model no node has", nodesCSV, "name,cpu_milli,memory_mib,num_gpu,gpu_milli,gpu_spec\np0,1,1,1,500,T4\np1,1,1,1,500,T4|H100\n",
+			`pods.csv:3: column gpu_spec: unknown model "H100": the node list has T4, V100M16, G2, V100M32`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			var stderr bytes.Buffer
@@ -61,6 +63,7 @@ func TestRunRefusesBadFlagsAsUsageErrors(t *testing.T) {
 	}{
 		{[]string{"--policy", "fgd,worst-fit"}, `unknown policy "worst-fit": must be all or one or more of binpack, spread, best-fit, dot-product, gpu-packing, gpu-clustering, random, fgd, fgd-oracle`},
 		{[]string{"--seeds", "0"}, "--seeds 0: must be at least 1"},
+		{[]string{"--scale-hosts", "1000,lots"}, `--scale-hosts "1000,lots": "lots": want whole numbers of hosts between 1 and 1000000`},
 		{[]string{"extra"}, `unexpected argument "extra"`},
 	} {
 		var stderr bytes.Buffer

@@ -220,6 +220,9 @@ func run(ctx context.Context, cfg *config, stdout, stderr io.Writer) error {
 		if traces[i], err = loadTasks(f); err != nil {
 			return err
 		}
+		if err := checkModels(f, traces[i], nodes); err != nil {
+			return err
+		}
 	}
 	if err := os.MkdirAll(cfg.Out, 0o755); err != nil {
 		return err
@@ -255,7 +258,7 @@ func run(ctx context.Context, cfg *config, stdout, stderr io.Writer) error {
 			if err != nil {
 				return err
 			}
-			fmt.Fprintf(stderr, "placement: %s: %.0f placements/s on %d hosts\n", p, r, cfg.SyntheticHosts)
+			fmt.Fprintf(stderr, "placement: %s: %.0f placements/s (%.0f per CPU second) on %d hosts\n", p, r.Wall, r.CPU, cfg.SyntheticHosts)
 			rep.Rates[p] = r
 		}
 		for _, n := range cfg.ScaleHosts {
@@ -263,8 +266,12 @@ func run(ctx context.Context, cfg *config, stdout, stderr io.Writer) error {
 			if err != nil {
 				return err
 			}
-			fmt.Fprintf(stderr, "placement: scale: %s: %.0f placements/s on %d hosts\n", placement.FGD, r, n)
-			rep.Scale = append(rep.Scale, scalePoint{Hosts: n, PlacementsPerSec: r, MicrosPerPlacement: 1e6 / r})
+			fmt.Fprintf(stderr, "placement: scale: %s: %.0f placements/s (%.0f per CPU second) on %d hosts\n", placement.FGD, r.Wall, r.CPU, n)
+			pt := scalePoint{Hosts: n, PlacementsPerSec: r.Wall, PerCPUSecond: r.CPU}
+			if r.CPU > 0 {
+				pt.CPUMicrosPerPlacement = 1e6 / r.CPU
+			}
+			rep.Scale = append(rep.Scale, pt)
 		}
 	}
 	rep.TotalSeconds = time.Since(start).Seconds()

@@ -59,8 +59,8 @@ type Mix struct {
 	probs  []float64  // sum to 1, or empty
 
 	// lookAhead: a shape's fragmentation counts what many tasks of the shape could use, not
-	// one (see LookAhead).
-	lookAhead bool
+	// one (see LookAhead). blend: the mean of that and FGD's.
+	lookAhead, blend bool
 
 	mu      sync.Mutex
 	memo    map[nodeKey]float64 // guarded by mu
@@ -168,6 +168,7 @@ type MixLearner struct {
 	Coverage float64
 	// LookAhead makes the mixes it builds look ahead (see Mix.LookAhead).
 	LookAhead bool
+	Blend     bool
 	// ByGPU weighs each shape by the GPU capacity its tasks ask for (count × GPUs × share)
 	// rather than by its count of tasks, so the mix says where the GPU demand is; shapes
 	// without GPUs keep a share's weight.
@@ -199,6 +200,7 @@ func (l *MixLearner) Mix() *Mix {
 		}
 		if l.LookAhead {
 			l.mix = l.mix.LookAhead()
+			l.mix.blend = l.Blend
 		}
 		switch {
 		case l.next < 1:
@@ -306,6 +308,15 @@ func (m *Mix) shapeFragLocked(i int, st *nodeState) int64 {
 	if !m.lookAhead {
 		return unusable
 	}
+	if m.blend {
+		return (unusable + m.lookAheadFrag(i, st, total)) / 2
+	}
+	return m.lookAheadFrag(i, st, total)
+}
+
+// lookAheadFrag is the free capacity of st that as many tasks of shape i as fit leave unused.
+func (m *Mix) lookAheadFrag(i int, st *nodeState, total int64) int64 {
+	s := &m.shapes[i]
 	// How many tasks of the shape fit, one after the other: by GPU slots, CPU and memory.
 	var slots int64
 	for g, f := range st.free {
