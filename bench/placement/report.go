@@ -115,7 +115,7 @@ type report struct {
 	MixShift      *mixShiftReport `json:"mix_shift,omitempty"`
 	// Rates is placements/s of each policy on the synthetic pool; Scale the default's curve.
 	Rates map[string]rate `json:"placements_per_sec"`
-	Scale []scalePoint       `json:"scale"`
+	Scale []scalePoint    `json:"scale"`
 }
 
 // notes on the replay, written into every report.
