@@ -121,9 +121,11 @@ func (s *Server) acquire(ctx context.Context, r *gpupoolv1.LeaseRequest, wait ti
 			return nil, status.Errorf(codes.Unavailable, "no token signing key yet: %v; retry", err)
 		}
 	}
-	hosts, over, indexed := s.acquirePool(st, inflight)
-	if err := checkAgainstPool(r, hosts); err != nil {
-		return nil, err
+	pool, over, indexed := s.acquirePool(st, inflight)
+	if c := r.GetConstraints(); !indexed || c.GetHost() != "" || c.GetModel() != "" {
+		if err := checkAgainstPool(r, pool()); err != nil {
+			return nil, err
+		}
 	}
 	queue := func(err error) (*gpupoolv1.AcquireResponse, error) {
 		if wait <= 0 {
@@ -137,17 +139,17 @@ func (s *Server) acquire(ctx context.Context, r *gpupoolv1.LeaseRequest, wait ti
 		locked = false
 		return s.awaitGrant(ctx, pl.Id, wait)
 	}
-	s.placer.observe(hosts, r)
+	s.placer.observeLazy(pool, r)
 	var slices []*gpupoolv1.Slice
 	var err error
 	if indexed {
 		slices, err = s.placer.placeIndexed(s.fsm.PoolIndex(), over, r)
 	} else {
-		slices, err = s.placer.place(hosts, r)
+		slices, err = s.placer.place(pool(), r)
 	}
 	if pe := (*placement.Error)(nil); errors.As(err, &pe) && !pe.Never {
 		if wait <= 0 {
-			return nil, s.preemptionHint(st, hosts, r, pe)
+			return nil, s.preemptionHint(st, pool(), r, pe)
 		}
 		return queue(err)
 	}

@@ -76,6 +76,22 @@ func (p *placer) observe(hosts []*gpupoolv1.Host, r *gpupoolv1.LeaseRequest) {
 	p.learner.Observe(placement.ShapeOn(r, p.refMem))
 }
 
+// observeLazy is observe with the pool built only when the placer has
+// not yet seen how large a GPU is.
+func (p *placer) observeLazy(hosts func() []*gpupoolv1.Host, r *gpupoolv1.LeaseRequest) {
+	if p.policy != placement.FGD {
+		return
+	}
+	p.mu.Lock()
+	known := p.refMem != 0
+	p.mu.Unlock()
+	if known {
+		p.observe(nil, r)
+		return
+	}
+	p.observe(hosts(), r)
+}
+
 // relearn forgets the mix and learns it again from the leases in st that
 // hold or wait for capacity: a new leader starts from the pool's workload.
 func (p *placer) relearn(st *state.Reader) {

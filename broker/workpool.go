@@ -118,12 +118,37 @@ func reservingLeases(st *state.Reader) []*gpupoolv1.Lease {
 // acquirePool is reservedPool, and, when no pending lease reserves capacity, the hosts the
 // grants in flight touch, as copies with those grants: then the FSM's pool index (never
 // behind st) with those copies over it is the pool Acquire places on.
-func (s *Server) acquirePool(st *state.Reader, inflight []*gpupoolv1.Lease) (hosts, over []*gpupoolv1.Host, indexed bool) {
-	hosts, over = overlayCopies(st, st.HostsWithDevices(), inflight)
+//
+// Without reservations it reads only the hosts the grants in flight touch, and hosts is a
+// function that builds the whole pool (with them) when a caller needs it: a grant then costs
+// no pass over the pool.
+func (s *Server) acquirePool(st *state.Reader, inflight []*gpupoolv1.Lease) (hosts func() []*gpupoolv1.Host, over []*gpupoolv1.Host, indexed bool) {
+	whole := func() []*gpupoolv1.Host { return overlay(st, st.HostsWithDevices(), inflight) }
 	if len(reservingLeases(st)) > 0 {
-		return reservedHosts(st, hosts, s.placer), nil, false
+		pool := reservedHosts(st, whole(), s.placer)
+		return func() []*gpupoolv1.Host { return pool }, nil, false
 	}
-	return hosts, over, true
+	var touched []*gpupoolv1.Host
+	seen := map[string]bool{}
+	for _, l := range inflight {
+		if st.Lease(l.Id) != nil {
+			continue
+		}
+		for _, id := range state.LeaseHosts(l) {
+			if h := st.HostWithDevices(id); h != nil && !seen[id] {
+				seen[id] = true
+				touched = append(touched, h)
+			}
+		}
+	}
+	_, over = overlayCopies(st, touched, inflight)
+	var pool []*gpupoolv1.Host
+	return func() []*gpupoolv1.Host {
+		if pool == nil {
+			pool = whole()
+		}
+		return pool
+	}, over, true
 }
 
 // reserve places pending lease r on the copy as if its victims had gone,

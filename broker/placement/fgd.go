@@ -58,9 +58,9 @@ type Mix struct {
 	alts   [][]string // shapes[i].Models split at "|"; nil for any model
 	probs  []float64  // sum to 1, or empty
 
-	// lookAhead: a shape's fragmentation counts what many tasks of the shape could use, not
-	// one (see LookAhead). blend: the mean of that and FGD's.
-	lookAhead, blend bool
+	// lookAhead: a shape's fragmentation also counts what many tasks of the shape could use,
+	// not only the next one (see LookAhead).
+	lookAhead bool
 
 	mu      sync.Mutex
 	memo    map[nodeKey]float64 // guarded by mu
@@ -134,27 +134,16 @@ func MixFromCounts(counts map[Shape]int, coverage float64) *Mix {
 	return m
 }
 
-// LookAhead returns a mix of the same shapes that rates a host by what tasks of each shape
-// could go on taking there, not only the next one: for each shape, the free GPU capacity that
-// as many tasks of the shape as fit (by free GPU share, host CPU and host memory, one after the
-// other) would leave unused. A host with eight idle GPUs and CPU left for one task of a shape
-// strands seven GPUs for that shape, where FGD counts none.
+// LookAhead returns a mix of the same shapes that also rates a host by what tasks of each
+// shape could go on taking there, not only the next one. A shape's fragmentation is the mean
+// of FGD's (the free GPU capacity the next task of the shape could not use) and the free GPU
+// capacity that as many tasks of the shape as fit, one after the other (by free GPU share, host
+// CPU and host memory), would leave unused. A host with eight idle GPUs and CPU left for one
+// task of a shape strands seven GPUs for that shape, where FGD counts none; a GPU with 65 %
+// free holds two tasks of 30 % and strands 5 %, where FGD counts none.
 func (m *Mix) LookAhead() *Mix {
 	c := &Mix{shapes: m.shapes, alts: m.alts, probs: m.probs, lookAhead: true,
 		memo: make(map[nodeKey]float64), allowed: make(map[string][]bool)}
-	return c
-}
-
-// byGPU is m with each shape's probability weighed by its GPU capacity.
-func (m *Mix) byGPU() *Mix {
-	w := make([]float64, len(m.shapes))
-	for i, s := range m.shapes {
-		w[i] = m.probs[i] * float64(max(100, int64(s.GPUs)*int64(s.Milli)))
-	}
-	c, err := NewMix(m.shapes, w)
-	if err != nil {
-		return m
-	}
 	return c
 }
 
@@ -168,11 +157,6 @@ type MixLearner struct {
 	Coverage float64
 	// LookAhead makes the mixes it builds look ahead (see Mix.LookAhead).
 	LookAhead bool
-	Blend     bool
-	// ByGPU weighs each shape by the GPU capacity its tasks ask for (count × GPUs × share)
-	// rather than by its count of tasks, so the mix says where the GPU demand is; shapes
-	// without GPUs keep a share's weight.
-	ByGPU bool
 
 	counts map[Shape]int
 	total  int
@@ -195,12 +179,8 @@ func (l *MixLearner) Observe(s Shape) {
 func (l *MixLearner) Mix() *Mix {
 	if l.mix == nil || l.total >= l.next {
 		l.mix = MixFromCounts(l.counts, cmp.Or(l.Coverage, 0.95))
-		if l.ByGPU {
-			l.mix = l.mix.byGPU()
-		}
 		if l.LookAhead {
 			l.mix = l.mix.LookAhead()
-			l.mix.blend = l.Blend
 		}
 		switch {
 		case l.next < 1:
@@ -308,10 +288,7 @@ func (m *Mix) shapeFragLocked(i int, st *nodeState) int64 {
 	if !m.lookAhead {
 		return unusable
 	}
-	if m.blend {
-		return (unusable + m.lookAheadFrag(i, st, total)) / 2
-	}
-	return m.lookAheadFrag(i, st, total)
+	return (unusable + m.lookAheadFrag(i, st, total)) / 2
 }
 
 // lookAheadFrag is the free capacity of st that as many tasks of shape i as fit leave unused.

@@ -138,6 +138,12 @@ func (r *Reader) HostsWithDevices() []*gpupoolv1.Host {
 	return all[gpupoolv1.Host](r, tablePool, indexID)
 }
 
+// HostWithDevices returns one host with its devices filled in, as
+// HostsWithDevices does, or nil. It must not be modified.
+func (r *Reader) HostWithDevices(id string) *gpupoolv1.Host {
+	return first[gpupoolv1.Host](r, tablePool, indexID, id)
+}
+
 // Lease returns a lease, or nil.
 func (r *Reader) Lease(id string) *gpupoolv1.Lease {
 	return first[gpupoolv1.Lease](r, tableLeases, indexID, id)
