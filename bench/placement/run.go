@@ -62,13 +62,17 @@ const modulePath = "github.com/gpupool/gpupool"
 
 const usage = `usage: placement [flags]
 
-Replays the openb GPU trace through the broker's placement engine for each policy and seed,
-and writes placement.json, placement.md and placement.png to --out.
+Replays the openb GPU traces (bench/traces/openb) through the broker's placement engine for
+each policy and seed, as the FGD paper's experiment does, beside a reference of that
+experiment; then a replay whose mix shifts halfway (the first two traces), and the default
+policy's placement rate on synthetic pools (--synthetic-hosts, --scale-hosts). Writes
+placement.json, placement.md, placement-TRACE.png and placement-scale.png to --out.
 
 Examples:
-  placement                                   # every policy, seeds 42..51, the default trace
-  placement --policy fgd,best-fit --seeds 2
-  placement --pods openb_pod_list_gpushare40.csv --out /tmp/r
+  placement                                   # every policy, seeds 42..51, the four traces
+  placement --policy fgd,fgd-oracle --seeds 2
+  placement --pods bench/traces/openb/openb_pod_list_gpushare40.csv --out /tmp/r
+  placement --traces /data/openb --scale-hosts ""
 
 Flags:
 `
@@ -120,7 +124,7 @@ func parseFlags(args []string, stderr io.Writer) (*config, error) {
 	fs.IntVar(&seeds, "seeds", 10, "number of seeds, from 42")
 	fs.Float64Var(&cfg.Inflate, "inflate", 1.3, "offer tasks until they ask for this multiple of the GPU capacity")
 	fs.StringVar(&policy, "policy", "all", "policy, comma-separated policies, or all: "+strings.Join(benchPolicies, ", "))
-	fs.StringVar(&cfg.Out, "out", "bench/results", "directory for placement.json, .md and .png")
+	fs.StringVar(&cfg.Out, "out", "bench/results", "directory for placement.json, placement.md and the PNG charts")
 	fs.IntVar(&cfg.SyntheticHosts, "synthetic-hosts", 10000, "hosts (8 GPUs each) of the pool for placements/s; 0 skips it")
 	fs.IntVar(&cfg.SyntheticTasks, "synthetic-tasks", 2000, "placements per policy for placements/s")
 	fs.IntVar(&cfg.Workers, "workers", runtime.NumCPU(), "replays run at once")
