@@ -15,6 +15,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	gpupoolv1 "github.com/gpupool/gpupool/proto/gpupool/v1"
+	"github.com/gpupool/gpupool/protocol"
 )
 
 // ACL tokens travel as gRPC metadata "authorization: Bearer <secret>".
@@ -150,12 +151,7 @@ func (c *caller) management() bool {
 
 func (c *caller) String() string {
 	t := c.token
-	return fmt.Sprintf("token %s (%q, %s)", t.AccessorId, t.Name, KindName(t.Kind))
-}
-
-// KindName is a token kind as the CLI spells it.
-func KindName(k gpupoolv1.TokenKind) string {
-	return strings.ToLower(strings.TrimPrefix(k.String(), "TOKEN_KIND_"))
+	return fmt.Sprintf("token %s (%q, %s)", t.AccessorId, t.Name, protocol.TokenKindName(t.Kind))
 }
 
 // tenants are the tenants the caller may act for; nil for all.
@@ -266,7 +262,7 @@ func (s *Server) authenticate(ctx context.Context) (*caller, error) {
 func (s *Server) stillValid(t *gpupoolv1.AclToken) error {
 	if t.Revoked {
 		return status.Errorf(codes.Unauthenticated, "ACL token %s (%q) was revoked at %s by %s",
-			t.AccessorId, t.Name, time.UnixMilli(t.RevokedAtMs).UTC().Format(time.RFC3339), ActorText(t.RevokedBy))
+			t.AccessorId, t.Name, time.UnixMilli(t.RevokedAtMs).UTC().Format(time.RFC3339), protocol.ActorText(t.RevokedBy))
 	}
 	if tokenExpired(t, s.cfg.Clock.Now()) {
 		return status.Errorf(codes.Unauthenticated, "ACL token %s (%q) expired at %s",
@@ -439,18 +435,6 @@ func forwardAuth(in, out context.Context) context.Context {
 		return metadata.AppendToOutgoingContext(out, AuthHeader, v[0])
 	}
 	return out
-}
-
-// ActorText is an actor as people read it: "name (accessor)", or the name
-// alone for the broker and anonymous callers.
-func ActorText(a *gpupoolv1.Actor) string {
-	switch {
-	case a == nil:
-		return "unknown"
-	case a.AccessorId == "":
-		return a.Name
-	}
-	return fmt.Sprintf("%s (%s)", a.Name, a.AccessorId)
 }
 
 // mayTouch returns PermissionDenied when the caller may not act on lease

@@ -13,6 +13,7 @@ import (
 
 	"github.com/gpupool/gpupool/broker/fsm"
 	gpupoolv1 "github.com/gpupool/gpupool/proto/gpupool/v1"
+	"github.com/gpupool/gpupool/protocol"
 )
 
 // aclService implements AclService.
@@ -23,9 +24,6 @@ type aclService struct {
 
 // secretBytes is the size of a token's random secret.
 const secretBytes = 32
-
-// MaxTokenTTL bounds a token's lifetime when one is given.
-const MaxTokenTTL = 10 * 365 * 24 * time.Hour
 
 func (e aclService) Bootstrap(ctx context.Context, req *gpupoolv1.AclBootstrapRequest) (*gpupoolv1.AclTokenSecret, error) {
 	name := req.GetName()
@@ -48,8 +46,8 @@ func (e aclService) Bootstrap(ctx context.Context, req *gpupoolv1.AclBootstrapRe
 }
 
 func (e aclService) CreateToken(ctx context.Context, req *gpupoolv1.CreateAclTokenRequest) (*gpupoolv1.AclTokenSecret, error) {
-	if req.TtlMs < 0 || time.Duration(req.TtlMs)*time.Millisecond > MaxTokenTTL {
-		return nil, status.Errorf(codes.InvalidArgument, "ttl_ms %d: must be 0 (no expiry) or up to %s", req.TtlMs, MaxTokenTTL)
+	if req.TtlMs < 0 || time.Duration(req.TtlMs)*time.Millisecond > protocol.MaxTokenTTL {
+		return nil, status.Errorf(codes.InvalidArgument, "ttl_ms %d: must be 0 (no expiry) or up to %s", req.TtlMs, protocol.MaxTokenTTL)
 	}
 	t := &gpupoolv1.AclToken{
 		Name: req.Name, Kind: req.Kind, Tenants: req.Tenants, MaxPriority: req.MaxPriority,
@@ -86,7 +84,7 @@ func (s *Server) createToken(t *gpupoolv1.AclToken, by *gpupoolv1.Actor, bootstr
 	if err != nil {
 		return nil, toStatus(err)
 	}
-	s.log.Info("ACL token created", "accessor", t.AccessorId, "name", t.Name, "kind", KindName(t.Kind), "by", ActorText(by))
+	s.log.Info("ACL token created", "accessor", t.AccessorId, "name", t.Name, "kind", protocol.TokenKindName(t.Kind), "by", protocol.ActorText(by))
 	return &gpupoolv1.AclTokenSecret{Token: s.tokenView(res.Token), Secret: secret}, nil
 }
 
@@ -126,7 +124,7 @@ func (e aclService) RevokeToken(ctx context.Context, req *gpupoolv1.RevokeAclTok
 	if err != nil {
 		return nil, toStatus(err)
 	}
-	e.s.log.Info("ACL token revoked", "accessor", req.AccessorId, "by", ActorText(by))
+	e.s.log.Info("ACL token revoked", "accessor", req.AccessorId, "by", protocol.ActorText(by))
 	return &gpupoolv1.RevokeAclTokenResponse{Token: e.s.tokenView(res.Token)}, nil
 }
 

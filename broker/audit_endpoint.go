@@ -10,8 +10,8 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/gpupool/gpupool/broker/fsm"
-	"github.com/gpupool/gpupool/broker/lease"
 	gpupoolv1 "github.com/gpupool/gpupool/proto/gpupool/v1"
+	"github.com/gpupool/gpupool/protocol"
 )
 
 // AuditLog is served from this server's own state, like Watch: every
@@ -25,7 +25,7 @@ import (
 func (e operatorService) AuditLog(req *gpupoolv1.AuditLogRequest, stream grpc.ServerStreamingServer[gpupoolv1.AuditEntry]) error {
 	c := callerFrom(stream.Context())
 	if req.Tenant != "" {
-		if err := lease.ValidateTenant("tenant", req.Tenant); err != nil {
+		if err := protocol.ValidateTenant("tenant", req.Tenant); err != nil {
 			return toStatus(err)
 		}
 		if err := c.mayActFor(req.Tenant, "tenant"); err != nil {

@@ -13,8 +13,8 @@ import (
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 
-	"github.com/gpupool/gpupool/client"
 	gpupoolv1 "github.com/gpupool/gpupool/proto/gpupool/v1"
+	"github.com/gpupool/gpupool/protocol"
 )
 
 // clustered reports whether this server has a Raft configuration: it
@@ -159,7 +159,7 @@ func (s *Server) connTo(addr string) (*grpc.ClientConn, error) {
 	if c, ok := s.conns[addr]; ok {
 		return c, nil
 	}
-	c, err := grpc.NewClient(addr, append(s.peerDialOptions(), client.Reconnect)...)
+	c, err := grpc.NewClient(addr, append(s.peerDialOptions(), protocol.Reconnect)...)
 	if err != nil {
 		return nil, err
 	}

@@ -3,28 +3,25 @@ package broker
 import (
 	"context"
 	"fmt"
-	"time"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
 	"github.com/gpupool/gpupool/broker/fsm"
 	gpupoolv1 "github.com/gpupool/gpupool/proto/gpupool/v1"
+	"github.com/gpupool/gpupool/protocol"
 )
-
-// MaxDrainDeadline is the longest drain deadline a request may ask for.
-const MaxDrainDeadline = 30 * 24 * time.Hour
 
 // validateDrain checks a drain request's fields and their combination.
 func validateDrain(req *gpupoolv1.DrainHostRequest) error {
 	switch {
 	case req.HostId == "":
 		return status.Error(codes.InvalidArgument, "host_id: is required; see 'gpupool host ls'")
-	case len(req.Reason) > 256:
-		return status.Errorf(codes.InvalidArgument, "reason: %d bytes, must be at most 256", len(req.Reason))
-	case req.DeadlineAfterMs < 0 || req.DeadlineAfterMs > MaxDrainDeadline.Milliseconds():
+	case len(req.Reason) > protocol.MaxDrainReasonLen:
+		return status.Errorf(codes.InvalidArgument, "reason: %d bytes, must be at most %d", len(req.Reason), protocol.MaxDrainReasonLen)
+	case req.DeadlineAfterMs < 0 || req.DeadlineAfterMs > protocol.MaxDrainDeadline.Milliseconds():
 		return status.Errorf(codes.InvalidArgument, "deadline_after_ms %d: must be between 0 (no deadline) and %d (%s)",
-			req.DeadlineAfterMs, MaxDrainDeadline.Milliseconds(), MaxDrainDeadline)
+			req.DeadlineAfterMs, protocol.MaxDrainDeadline.Milliseconds(), protocol.MaxDrainDeadline)
 	case req.Force && req.DeadlineAfterMs != 0:
 		return status.Errorf(codes.InvalidArgument, "force true with deadline_after_ms %d: force revokes every lease now, so give one or the other", req.DeadlineAfterMs)
 	case req.Cancel && (req.Force || req.DeadlineAfterMs != 0 || req.KeepDeadline):
@@ -64,7 +61,7 @@ func (e poolService) DrainHost(ctx context.Context, req *gpupoolv1.DrainHostRequ
 		}
 	}
 	e.s.log.Info("host drain", "host", req.HostId, "cancel", req.Cancel, "force", req.Force, "deadline", fsm.DeadlineText(res.Host.GetDrain().GetDeadlineMs()),
-		"status", fsm.HostStatusName(res.Host.GetStatus()), "leases", resp.Leases, "by", ActorText(callerFrom(ctx).actor()))
+		"status", fsm.HostStatusName(res.Host.GetStatus()), "leases", resp.Leases, "by", protocol.ActorText(callerFrom(ctx).actor()))
 	return resp, nil
 }
 

@@ -9,8 +9,8 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/gpupool/gpupool/broker/fsm"
-	"github.com/gpupool/gpupool/broker/lease"
 	"github.com/gpupool/gpupool/broker/placement"
+	"github.com/gpupool/gpupool/protocol"
 )
 
 var (
@@ -41,7 +41,7 @@ func toStatus(err error) error {
 	if _, ok := status.FromError(err); ok {
 		return err
 	}
-	var fe *lease.FieldError
+	var fe *protocol.FieldError
 	var pe *placement.Error
 	var ce *fsm.ConflictError
 	var pce *fsm.PreconditionError

@@ -11,7 +11,7 @@ import (
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 
-	"github.com/gpupool/gpupool/client"
+	"github.com/gpupool/gpupool/protocol"
 )
 
 // forwardedKey marks a call one server forwarded to another, so that a
@@ -129,7 +129,7 @@ func proxyServerStream[Resp any](in grpc.ServerStreamingServer[Resp], out grpc.S
 }
 
 // nameLeader tells the caller of every unary call which server leads, in
-// the client.LeaderHeader response header, so that clients can send their
+// the protocol.LeaderHeader response header, so that clients can send their
 // next calls there instead of through a follower.
 func (s *Server) nameLeader(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
 	addr := ""
@@ -138,6 +138,6 @@ func (s *Server) nameLeader(ctx context.Context, req any, info *grpc.UnaryServer
 	} else if _, id := s.raft.LeaderWithID(); id != "" {
 		addr = s.rpcAddrOf(string(id))
 	}
-	_ = grpc.SetHeader(ctx, metadata.Pairs(client.LeaderHeader, addr))
+	_ = grpc.SetHeader(ctx, metadata.Pairs(protocol.LeaderHeader, addr))
 	return handler(ctx, req)
 }

@@ -16,10 +16,10 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/gpupool/gpupool/broker/fsm"
-	"github.com/gpupool/gpupool/broker/lease"
 	"github.com/gpupool/gpupool/broker/placement"
 	"github.com/gpupool/gpupool/broker/state"
 	gpupoolv1 "github.com/gpupool/gpupool/proto/gpupool/v1"
+	"github.com/gpupool/gpupool/protocol"
 )
 
 // leaseService implements LeaseService.
@@ -30,17 +30,17 @@ type leaseService struct {
 
 func (e leaseService) Acquire(ctx context.Context, req *gpupoolv1.AcquireRequest) (*gpupoolv1.AcquireResponse, error) {
 	if req.GetRequest() == nil {
-		return nil, toStatus(lease.Validate(nil))
+		return nil, toStatus(protocol.Validate(nil))
 	}
-	req = proto.CloneOf(req)
+	req = proto.CloneOf(req) // the one copy of the request on this broker
 	r := req.Request
 	if err := callerFrom(ctx).scopeRequest(r); err != nil {
 		return nil, err
 	}
-	if err := lease.Validate(r); err != nil {
+	if err := protocol.Validate(r); err != nil {
 		return nil, toStatus(err)
 	}
-	if err := lease.ValidateWait(req.WaitMs); err != nil {
+	if err := protocol.ValidateWait(req.WaitMs); err != nil {
 		return nil, toStatus(err)
 	}
 	if conn, fctx, err := e.s.leaderConn(ctx); err != nil {
@@ -57,10 +57,11 @@ func (e leaseService) Acquire(ctx context.Context, req *gpupoolv1.AcquireRequest
 
 // acquire places and grants a lease on the leader. With a wait, a request
 // that does not fit now joins the queue and the call waits for its grant.
+// r is the call's own: Acquire cloned the request once on its way in, and
+// acquire fills in its defaults in place.
 func (s *Server) acquire(ctx context.Context, r *gpupoolv1.LeaseRequest, wait time.Duration) (*gpupoolv1.AcquireResponse, error) {
-	r = proto.Clone(r).(*gpupoolv1.LeaseRequest)
 	if r.Tenant == "" {
-		r.Tenant = lease.DefaultTenant
+		r.Tenant = protocol.DefaultTenant
 	}
 	if r.Class == gpupoolv1.LeaseClass_LEASE_CLASS_UNSPECIFIED {
 		r.Class = gpupoolv1.LeaseClass_LEASE_CLASS_GUARANTEED
@@ -189,7 +190,7 @@ func (s *Server) acquire(ctx context.Context, r *gpupoolv1.LeaseRequest, wait ti
 		return nil, err
 	}
 	if ls := s.currentLeader(); ls != nil && !res.Existing {
-		ls.ttl.Reset(res.Lease.Id, lease.TTL(r))
+		ls.ttl.Reset(res.Lease.Id, protocol.TTL(r))
 	}
 	return s.acquired(res.Lease, res.Existing)
 }
@@ -241,7 +242,7 @@ func checkAgainstPool(r *gpupoolv1.LeaseRequest, hosts []*gpupoolv1.Host) error 
 		return nil
 	}
 	if c.Host != "" && !slices.ContainsFunc(hosts, func(h *gpupoolv1.Host) bool { return h.Id == c.Host }) {
-		return &lease.FieldError{Field: "constraints.host", Value: fmt.Sprintf("%q", c.Host), Allowed: "no such host; see 'gpupool host ls'"}
+		return &protocol.FieldError{Field: "constraints.host", Value: fmt.Sprintf("%q", c.Host), Allowed: "no such host; see 'gpupool host ls'"}
 	}
 	if c.Model == "" {
 		return nil
@@ -259,7 +260,7 @@ func checkAgainstPool(r *gpupoolv1.LeaseRequest, hosts []*gpupoolv1.Host) error 
 	if len(known) == 0 {
 		known = []string{"none: no host has registered GPUs"}
 	}
-	return &lease.FieldError{Field: "constraints.model", Value: fmt.Sprintf("%q", c.Model), Allowed: "matches no GPU in the pool; models: " + strings.Join(known, ", ")}
+	return &protocol.FieldError{Field: "constraints.model", Value: fmt.Sprintf("%q", c.Model), Allowed: "matches no GPU in the pool; models: " + strings.Join(known, ", ")}
 }
 
 // withLeaderView returns l with what only the leader knows filled in: its

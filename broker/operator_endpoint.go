@@ -20,6 +20,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	gpupoolv1 "github.com/gpupool/gpupool/proto/gpupool/v1"
+	"github.com/gpupool/gpupool/protocol"
 )
 
 // operatorService implements OperatorService.
@@ -130,9 +131,6 @@ const snapshotMagic = "gpupool-snapshot v1"
 
 const snapshotChunk = 256 << 10
 
-// snapshotIndexTrailer carries a saved snapshot's Raft index.
-const snapshotIndexTrailer = "gpupool-snapshot-index"
-
 // SnapshotSave streams the leader's state after a barrier, so the
 // snapshot holds every write acknowledged before the call.
 func (e operatorService) SnapshotSave(req *gpupoolv1.SnapshotSaveRequest, stream grpc.ServerStreamingServer[gpupoolv1.SnapshotChunk]) error {
@@ -154,7 +152,7 @@ func (e operatorService) SnapshotSave(req *gpupoolv1.SnapshotSaveRequest, stream
 		return toStatus(err)
 	}
 	index := st.Index()
-	stream.SetTrailer(metadata.Pairs(snapshotIndexTrailer, strconv.FormatUint(index, 10)))
+	stream.SetTrailer(metadata.Pairs(protocol.SnapshotIndexTrailer, strconv.FormatUint(index, 10)))
 	sum := sha256.Sum256(data)
 	header := fmt.Sprintf("%s index=%d size=%d sha256=%s\n", snapshotMagic, index, len(data), hex.EncodeToString(sum[:]))
 	all := append([]byte(header), data...)

@@ -13,10 +13,10 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/gpupool/gpupool/broker/fsm"
-	"github.com/gpupool/gpupool/broker/lease"
 	"github.com/gpupool/gpupool/broker/placement"
 	"github.com/gpupool/gpupool/broker/state"
 	gpupoolv1 "github.com/gpupool/gpupool/proto/gpupool/v1"
+	"github.com/gpupool/gpupool/protocol"
 )
 
 // The queue runs on the leader. Pending leases, preemption deadlines and
@@ -173,7 +173,7 @@ func (s *Server) grantPending(ls *leaderState, pool *workPool, r *gpupoolv1.Leas
 		return granted // it left the queue meanwhile; nothing was allocated
 	}
 	pool.allocate(res.Lease)
-	ls.ttl.Reset(res.Lease.Id, lease.TTL(res.Lease.Request))
+	ls.ttl.Reset(res.Lease.Id, protocol.TTL(res.Lease.Request))
 	s.log.Info("pending lease granted", "lease", r.Id, "tenant", r.Tenant, "waited", time.Duration(res.Lease.StateChangedAtMs-res.Lease.CreatedAtMs)*time.Millisecond)
 	return granted
 }

@@ -10,9 +10,9 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/gpupool/gpupool/broker/fsm"
-	"github.com/gpupool/gpupool/broker/lease"
 	"github.com/gpupool/gpupool/broker/state"
 	gpupoolv1 "github.com/gpupool/gpupool/proto/gpupool/v1"
+	"github.com/gpupool/gpupool/protocol"
 )
 
 // SetQuota replaces a tenant's quota. A quota below the tenant's usage is
@@ -36,7 +36,7 @@ func (e operatorService) SetQuota(ctx context.Context, req *gpupoolv1.SetQuotaRe
 	if _, err := e.s.apply(&gpupoolv1.SetQuotaCommand{Tenant: q.Tenant, Quota: q, Actor: by, NowMs: q.UpdatedAtMs}); err != nil {
 		return nil, toStatus(err)
 	}
-	e.s.log.Info("quota set", "tenant", q.Tenant, "gpus", q.Gpus, "memory_mib", q.MemoryMib, "compute_percent", q.ComputePercent, "by", ActorText(by))
+	e.s.log.Info("quota set", "tenant", q.Tenant, "gpus", q.Gpus, "memory_mib", q.MemoryMib, "compute_percent", q.ComputePercent, "by", protocol.ActorText(by))
 	if ls := e.s.currentLeader(); ls != nil {
 		ls.kickQueue() // a raised quota may let a pending lease through
 	}
@@ -53,7 +53,7 @@ func (e operatorService) RemoveQuota(ctx context.Context, req *gpupoolv1.RemoveQ
 	if req.Tenant == "" {
 		return nil, status.Error(codes.InvalidArgument, "tenant: is required; see 'gpupool operator quota ls'")
 	}
-	if err := lease.ValidateTenant("tenant", req.Tenant); err != nil {
+	if err := protocol.ValidateTenant("tenant", req.Tenant); err != nil {
 		return nil, toStatus(err)
 	}
 	if conn, fctx, err := e.s.leaderConn(ctx); err != nil {
@@ -69,7 +69,7 @@ func (e operatorService) RemoveQuota(ctx context.Context, req *gpupoolv1.RemoveQ
 	if _, err := e.s.apply(&gpupoolv1.SetQuotaCommand{Tenant: req.Tenant, Actor: by, NowMs: e.s.nowMs()}); err != nil {
 		return nil, toStatus(err)
 	}
-	e.s.log.Info("quota removed", "tenant", req.Tenant, "by", ActorText(by))
+	e.s.log.Info("quota removed", "tenant", req.Tenant, "by", protocol.ActorText(by))
 	if ls := e.s.currentLeader(); ls != nil {
 		ls.kickQueue()
 	}
@@ -80,7 +80,7 @@ func (e operatorService) RemoveQuota(ctx context.Context, req *gpupoolv1.RemoveQ
 func (e operatorService) ListQuotas(ctx context.Context, req *gpupoolv1.ListQuotasRequest) (*gpupoolv1.ListQuotasResponse, error) {
 	c := callerFrom(ctx)
 	if req.Tenant != "" {
-		if err := lease.ValidateTenant("tenant", req.Tenant); err != nil {
+		if err := protocol.ValidateTenant("tenant", req.Tenant); err != nil {
 			return nil, toStatus(err)
 		}
 		if err := c.mayActFor(req.Tenant, "tenant"); err != nil {

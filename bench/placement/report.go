@@ -133,7 +133,12 @@ var notes = []string{
 }
 
 func newReport(cfg *config) *report {
-	r := &report{Date: time.Now().UTC().Format(time.RFC3339), Config: cfg, Notes: notes, Rates: map[string]rate{}}
+	shown := *cfg // the report names the trace files, not where this machine keeps them
+	shown.Nodes, shown.Pods = filepath.Base(cfg.Nodes), nil
+	for _, p := range cfg.Pods {
+		shown.Pods = append(shown.Pods, filepath.Base(p))
+	}
+	r := &report{Date: time.Now().UTC().Format(time.RFC3339), Config: &shown, Notes: notes, Rates: map[string]rate{}}
 	r.Machine.NumCPU, r.Machine.GOARCH, r.Machine.GOOS, r.Machine.GoVersion = runtime.NumCPU(), runtime.GOARCH, runtime.GOOS, runtime.Version()
 	return r
 }
