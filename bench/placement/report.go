@@ -217,7 +217,7 @@ func (r *report) write(dir string) ([]string, error) {
 	if len(r.Scale) > 0 {
 		chart := plot.Chart{
 			Title:  "placement cost of the default policy (fgd, index) vs pool size, hosts × 8 GPUs",
-			XLabel: "hosts (thousands)", YLabel: "CPU microseconds per placement",
+			XLabel: "hosts (thousands)", YLabel: "CPU microseconds per placement", ZeroY: true,
 		}
 		var xs, ys []float64
 		for _, p := range r.Scale {
