@@ -10,8 +10,8 @@ import (
 
 // BenchmarkAcquireLargePool grants fractional slices on a leader holding
 // many hosts of 8 GPUs, with FGD: the cost of placement and grant per lease
-// as the pool grows, with every host looked at and with the broker's
-// default placement window, one client at a time and 32 at once.
+// as the pool grows, placed through the pool index,
+// one client at a time and 32 at once.
 func BenchmarkAcquireLargePool(b *testing.B) {
 	for _, hosts := range []int{1000, 10000} {
 		ts := startServer(b)

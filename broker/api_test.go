@@ -20,6 +20,8 @@ type testServer struct {
 	s     *Server
 	c     *client.Client
 	clock *clock.Fake
+	// faults fails chosen commands before they reach Raft.
+	faults *faultyProposer
 }
 
 // startServer starts a server; opts change its Config first.
@@ -31,6 +33,8 @@ func startServer(t testing.TB, opts ...func(*Config)) *testServer {
 		Clock: fake, HeartbeatInterval: time.Second, HeartbeatTTL: 5 * time.Second, LockDelay: 10 * time.Second,
 		PreemptGrace: 2 * time.Second, PendingGrace: 3 * time.Second,
 	}
+	faults := &faultyProposer{}
+	cfg.wrapProposer = faults.wrap
 	for _, o := range opts {
 		o(&cfg)
 	}
@@ -45,7 +49,7 @@ func startServer(t testing.TB, opts ...func(*Config)) *testServer {
 	}
 	t.Cleanup(func() { c.Close() })
 	waitFor(t, "leadership", func() bool { return s.currentLeader() != nil })
-	return &testServer{s: s, c: c, clock: fake}
+	return &testServer{s: s, c: c, clock: fake, faults: faults}
 }
 
 // waitFor polls cond until it holds or 20 s pass.

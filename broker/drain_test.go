@@ -338,8 +338,7 @@ func TestDrainDeadlineRevocationThatFailsToCommitIsRetriedWithBackoff(t *testing
 				}
 				return nil
 			}
-			ts.s.applyFault.Store(&fault)
-			t.Cleanup(func() { ts.s.applyFault.Store(nil) })
+			ts.faults.inject(t, fault)
 
 			for range 5 { // 20 s: the deadline fires, synchronously, in Advance
 				ts.clock.Advance(4 * time.Second)

@@ -21,8 +21,8 @@ var Policies = []string{placement.FGD, placement.Binpack, placement.Spread}
 //
 // Every placement is the best of the whole pool: Acquire places through
 // the FSM's pool index, which rates one host per distinct host state
-// that can hold the request, and the queue's trial placements on private
-// copies of the pool rate every host.
+// that can hold the request; Place, on any hosts (the queue's private
+// copies of the pool), rates every host.
 type placer struct {
 	policy string
 
@@ -50,30 +50,17 @@ func (p *placer) options() placement.Options {
 	return o
 }
 
-// place places r on hosts, rating every one of them.
-func (p *placer) place(hosts []*gpupoolv1.Host, r *gpupoolv1.LeaseRequest) ([]*gpupoolv1.Slice, error) {
+// Place places r on hosts, rating every one of them. It implements
+// planner.Placer.
+func (p *placer) Place(hosts []*gpupoolv1.Host, r *gpupoolv1.LeaseRequest) ([]*gpupoolv1.Slice, error) {
 	return placement.PlaceWith(hosts, r, p.options())
 }
 
 // placeIndexed places r on the pool of idx with over in place of the
-// hosts of the same id: the same placement as place on that pool, at the
+// hosts of the same id: the same placement as Place on that pool, at the
 // cost of one host per distinct host state that can hold r.
 func (p *placer) placeIndexed(idx *placement.Index, over []*gpupoolv1.Host, r *gpupoolv1.LeaseRequest) ([]*gpupoolv1.Slice, error) {
 	return idx.PlaceOver(over, r, p.options())
-}
-
-// observe counts r in the mix FGD expects. hosts tell how large a GPU is,
-// so that a slice's memory weighs in its share of a GPU.
-func (p *placer) observe(hosts []*gpupoolv1.Host, r *gpupoolv1.LeaseRequest) {
-	if p.policy != placement.FGD {
-		return
-	}
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if p.refMem == 0 {
-		p.refMem = largestGPU(hosts)
-	}
-	p.learner.Observe(placement.ShapeOn(r, p.refMem))
 }
 
 // observeLazy is observe with the pool built only when the placer has
@@ -90,6 +77,20 @@ func (p *placer) observeLazy(hosts func() []*gpupoolv1.Host, r *gpupoolv1.LeaseR
 		return
 	}
 	p.observe(hosts(), r)
+}
+
+// observe counts r in the mix FGD expects. hosts tell how large a GPU is,
+// so that a slice's memory weighs in its share of a GPU.
+func (p *placer) observe(hosts []*gpupoolv1.Host, r *gpupoolv1.LeaseRequest) {
+	if p.policy != placement.FGD {
+		return
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.refMem == 0 {
+		p.refMem = largestGPU(hosts)
+	}
+	p.learner.Observe(placement.ShapeOn(r, p.refMem))
 }
 
 // relearn forgets the mix and learns it again from the leases in st that

@@ -46,7 +46,7 @@ func TestPlacerFGDLearnsTheMixAndAvoidsFragments(t *testing.T) {
 			for _, r := range tt.observed {
 				p.observe(hosts, r)
 			}
-			ss, err := p.place(hosts, small)
+			ss, err := p.Place(hosts, small)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -81,7 +81,7 @@ func TestPlacerRelearnsFromTheLiveLeases(t *testing.T) {
 	if got := p.options().Mix.Len(); got != 1 {
 		t.Fatalf("the relearned mix has %d shapes, want 1 (the 30 %% shape of the granted and pending leases)", got)
 	}
-	ss, err := p.place(s.Read().HostsWithDevices(), &gpupoolv1.LeaseRequest{Count: 1, MemoryMib: 1024, ComputePercent: 10})
+	ss, err := p.Place(s.Read().HostsWithDevices(), &gpupoolv1.LeaseRequest{Count: 1, MemoryMib: 1024, ComputePercent: 10})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -107,7 +107,7 @@ func TestPlacerPlacesThroughTheIndexAsOnTheWholePool(t *testing.T) {
 		for _, mem := range []int64{1024, 120000} {
 			r := &gpupoolv1.LeaseRequest{Count: 1, MemoryMib: mem, ComputePercent: 10}
 			p.observe(hosts, r)
-			want, err := p.place(hosts, r)
+			want, err := p.Place(hosts, r)
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -124,11 +124,23 @@ func CheckQuota(r *state.Reader, l *gpupoolv1.Lease) error {
 // CheckQuotaWithout is CheckQuota as if the tenant's leases in gone had
 // freed their capacity: the quota a preemption would make room in.
 func CheckQuotaWithout(r *state.Reader, l *gpupoolv1.Lease, gone []*gpupoolv1.Lease) error {
+	return CheckQuotaAfter(r, l, gone, nil)
+}
+
+// CheckQuotaAfter is CheckQuotaWithout as if the tenant's leases in added
+// were granted too: the quota a plan of several grants decides on before
+// any of them commits.
+func CheckQuotaAfter(r *state.Reader, l *gpupoolv1.Lease, gone, added []*gpupoolv1.Lease) error {
 	q := r.Quota(l.GetTenant())
 	if q == nil {
 		return nil
 	}
 	used, need := tenantUsage(r, l.Tenant), leaseUsage(r, l)
+	for _, a := range added {
+		if a.Tenant == l.Tenant {
+			used.add(leaseUsage(r, a))
+		}
+	}
 	for _, g := range gone {
 		if g.Tenant == l.Tenant && state.Holding(g.State) {
 			u := leaseUsage(r, g)
