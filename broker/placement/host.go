@@ -64,11 +64,7 @@ func PlaceHost(hosts []*gpupoolv1.Host, cpu, mem int64, opts Options) (string, e
 		case FGD:
 			before := opts.Mix.frag(&st)
 			st.cpu, st.mem = st.cpu-cpu, st.mem-mem
-			if after := opts.Mix.frag(&st); opts.Exact {
-				scores[i] = int(math.Round((before - after) * 1000))
-			} else {
-				scores[i] = fgdScore(before, after)
-			}
+			scores[i] = fgdScore(before, opts.Mix.frag(&st))
 		case BestFit:
 			scores[i] = bestFitRaw(st.cpu, sum(st.free), cpu, 0, maxCPU, maxGPU)
 			lo, hi = min(lo, scores[i]), max(hi, scores[i])

@@ -11,27 +11,32 @@ import (
 
 // Names of the scored policies. Each rates every host that fits with an integer from 0 to 100
 // and takes the highest; equal scores go to the host first in Options.Rank, then by host id.
-// Within the host, a fractional slice goes on the fullest GPU that fits (FGD: the GPU that
-// grows fragmentation least) and whole GPUs are the lowest-index idle ones. They reproduce the
-// baselines of the FGD paper (Weng et al., USENIX ATC '23) for the placement benchmark; a
-// request whose slices may span hosts is placed as binpack places it.
+// Within the host, a fractional slice goes on the fullest GPU that fits (FGD: the first GPU
+// where its score is highest; random: a GPU drawn at random) and whole GPUs are the
+// lowest-index idle ones. They are the six policies of the FGD paper (Weng et al., USENIX ATC
+// '23) with its artifact's scores, for the placement benchmark; the artifact's constants (128
+// cores, 8 GPUs) are the largest host CPU and GPU count of the pool. A request whose slices may
+// span hosts is placed as binpack places it.
 const (
-	// BestFit takes the host with the least CPU, memory and GPU left after the placement,
-	// as the mean of the three free fractions.
+	// BestFit rates a host 100 less half its free CPU and half its free GPU share left after
+	// the placement, each relative to the pool's largest host, and normalises the ratings of
+	// the hosts that fit onto 0..100 (min-max).
 	BestFit = "best-fit"
-	// DotProduct takes the host whose free CPU, memory and GPU vector has the smallest dot
-	// product with the request's, both relative to the host's capacity.
+	// DotProduct rates a host 100 less half the dot product of its free CPU and GPU share with
+	// the request's, each relative to the pool's largest host.
 	DotProduct = "dot-product"
-	// GPUPacking puts a fractional slice on a GPU already in use first, then on a host with a
-	// GPU in use, and only then opens an idle host.
+	// GPUPacking rates a placement on GPUs already in use 50 to 100 (the fuller, the higher),
+	// one that opens idle GPUs on a host in use 33 to 49, and one on an idle host at most 33.
 	GPUPacking = "gpu-packing"
-	// GPUClustering puts a request on a host that already holds leases of the same per-GPU
-	// share, else on an idle host, and only then on a host with other shares.
+	// GPUClustering rates a host by how full its GPUs are (0 to 25), plus 75 when it holds only
+	// leases of the request's class (see Class and Options.Affinity), 50 when it holds that
+	// class among others, 25 when it holds none.
 	GPUClustering = "gpu-clustering"
 	// Random takes a host that fits uniformly at random, drawn from Options.Rand.
 	Random = "random"
 	// FGD (fragmentation gradient descent) takes the host and GPU where the placement grows
-	// the host's expected GPU fragmentation under Options.Mix the least.
+	// the host's expected GPU fragmentation under Options.Mix the least, scored
+	// 100·sigmoid(−Δ/1000) and truncated as in the paper.
 	FGD = "fgd"
 )
 
@@ -58,10 +63,6 @@ type Options struct {
 	// exclusively as the request's class when the request is exclusive (devices do not tell
 	// how many GPUs each lease took).
 	Affinity map[string]map[string]int
-	// Exact makes FGD rate a placement by the exact change of expected fragmentation rather
-	// than the paper's integer score of 0 to 100, which ties placements up to about 40
-	// thousandths of a GPU apart and leaves them to the tie-break.
-	Exact bool
 
 	// maxCPU and maxGPU, when set, are the pool's largest host CPU and GPU count × 1000, for
 	// a placement among some of its hosts (Index.Place).

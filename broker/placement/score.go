@@ -97,15 +97,6 @@ func fgdScore(before, after float64) int {
 	return int(1 / (1 + math.Exp(-x)) * 100)
 }
 
-// fgdScore is FGD's score under the options: the paper's, or with Options.Exact the
-// fragmentation change itself in millionths of a GPU.
-func (p *pool) fgdScore(before, after float64) int {
-	if p.rq.opts.Exact {
-		return int(math.Round((before - after) * 1000))
-	}
-	return fgdScore(before, after)
-}
-
 // hostScore rates the trial placement on hs for the scored policies, from 0 to 100 (BestFit:
 // its raw score, which search normalises over the hosts that fit). The formulas are those of
 // the FGD paper's artifact; the artifact's constants (128 cores, 8 GPUs) are the largest host
@@ -118,7 +109,7 @@ func (p *pool) hostScore(hs *hostState) int {
 	gpuReq := gpuLeft - sum(after.free)
 	switch p.rq.opts.Policy {
 	case FGD:
-		return p.fgdScore(p.rq.opts.Mix.frag(before), p.rq.opts.Mix.frag(after))
+		return fgdScore(p.rq.opts.Mix.frag(before), p.rq.opts.Mix.frag(after))
 	case BestFit:
 		return bestFitRaw(before.cpu, gpuLeft, p.rq.hostCPU, gpuReq, p.maxCPU, p.maxGPU)
 	case DotProduct:
@@ -267,7 +258,7 @@ func (p *pool) fgdPick(hs *hostState) []int {
 		}
 		p.take(i)
 		p.node(hs, true, st)
-		if sc := p.fgdScore(before, p.rq.opts.Mix.frag(st)); best < 0 || sc > bestScore {
+		if sc := fgdScore(before, p.rq.opts.Mix.frag(st)); best < 0 || sc > bestScore {
 			best, bestScore = i, sc
 		}
 		p.reset(hs)
