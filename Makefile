@@ -124,7 +124,7 @@ lint-refs: ## fail if any file cites DESIGN.md, /work/ or ../shared (paths outsi
 
 bench: build bench-placement bench-lease bench-failover bench-scale bench-dataplane ## every benchmark (about 20 minutes on 2 cores); writes bench/results/*.{json,md,png}; see bench/README.md
 
-bench-placement: build ## the broker's placement engine on the Alibaba openb trace, 9 policies incl. FGD, 10 seeds (about 9 min)
+bench-placement: build ## the placement engine replays the four openb traces beside the FGD paper's reference (9 policies, 10 seeds), a mix-shift replay and the placement cost from 1k to 100k hosts; writes bench/results/placement*
 	$(BIN)/gpupool-bench placement
 
 bench-lease: build ## acquire+release on 3 gpupool brokers against an allocator on 3 etcd members, 1-256 clients (installs Debian's etcd-server; about 5 min)

@@ -47,8 +47,8 @@ type Config struct {
 	Join []string
 	// Policy is one of Policies (placement.FGD by default).
 	Policy string
-	// PlacementWindow is how many hosts a placement looks at first, round
-	// robin over the pool, before it looks at all of them (0: all at once).
+	// PlacementWindow is accepted for compatibility and ignored: every
+	// placement is the best of the whole pool, through the pool index.
 	PlacementWindow int
 
 	HeartbeatInterval time.Duration // how often agents heartbeat
@@ -228,7 +228,7 @@ func New(cfg Config) (*Server, error) {
 		peers:      map[string]*gpupoolv1.ServerInfoResponse{},
 		shutdownCh: make(chan struct{}),
 		notifyCh:   make(chan bool, 16),
-		placer:     newPlacer(cfg.Policy, cfg.PlacementWindow),
+		placer:     newPlacer(cfg.Policy),
 		grants:     newInflight(),
 	}
 	s.metrics = newMetrics(s)
