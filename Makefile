@@ -8,12 +8,23 @@ PROTO_FILES := $(wildcard proto/gpupool/v1/*.proto)
 export CGO_CFLAGS ?= -O2 -g -Wno-deprecated-declarations
 PKG_RACE := ./broker/... ./agent/... ./client/... ./internal/... ./token/... ./dataplane/...
 
-.PHONY: all build test dev proto proto-check lint bench bench-dataplane bench-placement bench-lease bench-failover bench-scale bench-go tools clean test-unit test-cluster helm chart test-k8s bench-k8s elastic-demo fuzz test-robustness soak robustness-tools
+.PHONY: all build install test dev proto proto-check lint bench bench-dataplane bench-placement bench-lease bench-failover bench-scale bench-go tools clean test-unit test-cluster helm chart test-k8s bench-k8s elastic-demo fuzz test-robustness soak robustness-tools
 
 all: build
 
-build: ## build bin/gpupool
-	$(GO) build -o $(BIN)/gpupool ./cmd/gpupool
+# The version and commit 'gpupool version' prints, from git.
+VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
+COMMIT  ?= $(shell git rev-parse --short=12 HEAD 2>/dev/null)
+LDFLAGS := -X github.com/gpupool/gpupool/internal/version.Version=$(VERSION) -X github.com/gpupool/gpupool/internal/version.Commit=$(COMMIT)
+PREFIX  ?= /usr/local
+
+build: ## build bin/gpupool, stamped with the git version and commit
+	$(GO) build -ldflags "$(LDFLAGS)" -o $(BIN)/gpupool ./cmd/gpupool
+
+install: build ## install gpupool into $(PREFIX)/bin (default /usr/local; e.g. make install PREFIX=$$HOME/.local)
+	install -d $(DESTDIR)$(PREFIX)/bin
+	install -m 0755 $(BIN)/gpupool $(DESTDIR)$(PREFIX)/bin/gpupool
+	@echo "installed $(DESTDIR)$(PREFIX)/bin/gpupool ($$($(DESTDIR)$(PREFIX)/bin/gpupool version | head -1))"
 
 dev: build ## run 3 brokers + 4 simulated hosts and show a lease's life; Ctrl-C stops
 	$(BIN)/gpupool dev --demo

@@ -201,6 +201,19 @@ func New(cfg Config) (*Agent, error) {
 // lease id.
 func (a *Agent) Assignments() []*gpupoolv1.Assignment { return a.leases.enforced() }
 
+// ErrNotConnected is Ready's answer while no heartbeat stream to the
+// brokers works.
+var ErrNotConnected = errors.New("not connected to the brokers")
+
+// Ready returns nil while the agent's heartbeat stream to the brokers
+// works, ErrNotConnected otherwise.
+func (a *Agent) Ready() error {
+	if !a.connected.Load() {
+		return ErrNotConnected
+	}
+	return nil
+}
+
 // kick makes the heartbeat loop send a heartbeat now.
 func (a *Agent) kick() {
 	select {

@@ -11,6 +11,7 @@ import (
 	"github.com/hashicorp/raft"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 
@@ -78,6 +79,9 @@ var methodRights = map[string]right{
 	gpupoolv1.ClusterService_ServerInfo_FullMethodName: rightOpen,
 	gpupoolv1.ClusterService_Join_FullMethodName:       rightJoin,
 	gpupoolv1.AclService_Bootstrap_FullMethodName:      rightOpen,
+	healthpb.Health_Check_FullMethodName:               rightOpen,
+	healthpb.Health_Watch_FullMethodName:               rightOpen,
+	healthpb.Health_List_FullMethodName:                rightOpen,
 
 	gpupoolv1.AclService_WhoAmI_FullMethodName:      rightAny,
 	gpupoolv1.AclService_CreateToken_FullMethodName: rightManage,

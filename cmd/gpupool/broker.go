@@ -89,7 +89,7 @@ is for tests and benchmarks on a closed machine only. See docs/security.md.`,
 			if err != nil {
 				return err
 			}
-			if err := serveMetrics(cmd.Context(), metrics, s.Metrics(), logger); err != nil {
+			if err := serveMetrics(cmd.Context(), metrics, s.Metrics(), s.Ready, logger); err != nil {
 				s.Shutdown()
 				return err
 			}

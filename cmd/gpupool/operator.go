@@ -40,7 +40,8 @@ of the whole state (hosts, devices, leases), cap what each tenant may
 hold with quotas, manage the ACL tokens that say who may call the brokers,
 read the audit log of who did what, and make the certificates of the
 cluster's mutual TLS.`,
-		Example: `  gpupool operator raft peers
+		Example: `  gpupool operator members
+  gpupool operator raft peers
   gpupool operator raft transfer-leadership --to broker-2
   gpupool operator snapshot save backup.snap
   gpupool operator snapshot restore backup.snap
@@ -49,6 +50,7 @@ cluster's mutual TLS.`,
   gpupool operator acl bootstrap
   gpupool operator audit --follow`,
 	},
+		newMembersCmd(),
 		newGroupCmd(&cobra.Command{
 			Use:   "raft",
 			Short: "Inspect and change the Raft configuration of the brokers",
