@@ -11,8 +11,8 @@ import (
 	"os/signal"
 	"syscall"
 
-	"github.com/spf13/cobra"
 	"github.com/gpupool/gpupool/internal/version"
+	"github.com/spf13/cobra"
 )
 
 func main() {
