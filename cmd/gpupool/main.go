@@ -11,8 +11,9 @@ import (
 	"os/signal"
 	"syscall"
 
-	"github.com/gpupool/gpupool/internal/version"
 	"github.com/spf13/cobra"
+
+	"github.com/gpupool/gpupool/internal/version"
 )
 
 func main() {
