@@ -243,7 +243,8 @@ the brokers do not have them.`,
 				if err != nil {
 					return err
 				}
-				return render(cmd.OutOrStdout(), resp, func(w io.Writer) error { return printTokens(w, resp.GetTokens()) })
+				ids := idsOf(resp.GetTokens(), (*gpupoolv1.AclToken).GetAccessorId)
+				return renderList(cmd.OutOrStdout(), resp, "", ids, func(w io.Writer) error { return printTokens(w, resp.GetTokens()) })
 			})
 		},
 	}

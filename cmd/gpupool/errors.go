@@ -75,15 +75,24 @@ func errorMessage(err error) string {
 	case codes.DeadlineExceeded:
 		return "timed out waiting for the brokers (--timeout " + global.timeout.String() + "): " + msg
 	case codes.Unauthenticated:
-		return "unauthenticated: " + msg
+		return prefixed("unauthenticated: ", msg)
 	case codes.PermissionDenied:
-		return "permission denied: " + msg
+		return prefixed("permission denied: ", msg)
 	case codes.Unimplemented:
 		return "the brokers do not know this call (an older version?): " + msg
 	case codes.Canceled:
 		return "interrupted"
 	}
 	return msg
+}
+
+// prefixed puts p before msg unless msg (a wrapped error whose wrapper
+// plain already named) says it.
+func prefixed(p, msg string) string {
+	if strings.Contains(msg, p) {
+		return msg
+	}
+	return p + msg
 }
 
 // tlsHint suggests TLS flags when a broker refused the handshake.

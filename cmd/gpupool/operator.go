@@ -110,7 +110,8 @@ func newKeysListCmd() *cobra.Command {
 				if err != nil {
 					return err
 				}
-				return render(cmd.OutOrStdout(), resp, func(w io.Writer) error { return printKeys(w, resp.GetKeys(), time.Now()) })
+				ids := idsOf(resp.GetKeys(), (*gpupoolv1.PublicKey).GetId)
+				return renderList(cmd.OutOrStdout(), resp, "signing keys", ids, func(w io.Writer) error { return printKeys(w, resp.GetKeys(), time.Now()) })
 			})
 		},
 	}
@@ -169,7 +170,8 @@ which ones vote. A healthy cluster has an odd number of voters (3 or 5).`,
 				if err != nil {
 					return err
 				}
-				return render(cmd.OutOrStdout(), resp, func(w io.Writer) error { return printRaftPeers(w, resp) })
+				ids := idsOf(resp.GetPeers(), (*gpupoolv1.RaftPeer).GetId)
+				return renderList(cmd.OutOrStdout(), resp, "peers", ids, func(w io.Writer) error { return printRaftPeers(w, resp) })
 			})
 		},
 	}

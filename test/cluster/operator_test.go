@@ -239,3 +239,57 @@ func TestDevSupervisesRestartsAndAdoptsBrokersAndCtrlCLeavesNothing(t *testing.T
 		l.Close()
 	}
 }
+
+func TestEveryListPrintsIdsWithDashOName(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts real processes")
+	}
+	cl := newCluster(t, 1)
+	addr := "--addr=" + strings.Join(cl.addrs, ",")
+	var ids []string
+	for range 3 {
+		out, stderr, code := gpupool(t, "lease", "acquire", "--memory", "1GiB", "--compute", "5", "-o", "name", addr)
+		if code != 0 {
+			t.Fatalf("acquire -o name: exit %d: %s", code, stderr)
+		}
+		ids = append(ids, strings.TrimSpace(out))
+	}
+	lines := func(s string) string { return strings.Join(strings.Fields(s), " ") }
+	cases := []struct {
+		args []string
+		want string
+	}{
+		{[]string{"lease", "ls", "-o", "name"}, strings.Join(ids, " ")},
+		{[]string{"lease", "ls", "-q"}, strings.Join(ids, " ")},
+		{[]string{"host", "ls", "-o", "name"}, "host-1"},
+		{[]string{"host", "ls", "-q"}, "host-1"},
+		{[]string{"operator", "raft", "peers", "-o", "name"}, "broker-1 broker-2 broker-3"},
+		{[]string{"operator", "members", "-q"}, "broker-1 broker-2 broker-3"},
+		{[]string{"operator", "quota", "ls", "-o", "name"}, ""},
+		{[]string{"lease", "ls", "--tenant", "nobody"}, "no leases"},
+		{[]string{"lease", "ls", "--tenant", "nobody", "-q"}, ""},
+	}
+	for _, c := range cases {
+		out, stderr, code := gpupool(t, append(c.args, addr)...)
+		if code != 0 {
+			t.Errorf("gpupool %s: exit %d: %s", strings.Join(c.args, " "), code, stderr)
+			continue
+		}
+		if got := lines(out); got != c.want {
+			t.Errorf("gpupool %s: got %q, want %q (the ids, oldest lease first)", strings.Join(c.args, " "), got, c.want)
+		}
+	}
+	keys, _, code := gpupool(t, "operator", "keys", "ls", "-q", addr)
+	if code != 0 || !regexp.MustCompile(`^\S+\n$`).MatchString(keys) {
+		t.Errorf("keys ls -q: exit %d, got %q, want one key id", code, keys)
+	}
+
+	out, stderr, code := gpupool(t, append([]string{"lease", "release", addr}, ids...)...)
+	if code != 0 || strings.Count(out, "released l-") != 3 {
+		t.Errorf("release of 3 ids: exit %d, stdout %q, stderr %q; want 3 released", code, out, stderr)
+	}
+	_, stderr, code = gpupool(t, "lease", "release", addr, "l-0000000000000000", ids[0])
+	if code != 1 || !strings.Contains(stderr, "l-0000000000000000") {
+		t.Errorf("release of an unknown id among others: exit %d, stderr %q; want 1 naming it", code, stderr)
+	}
+}
