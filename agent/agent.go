@@ -300,6 +300,12 @@ func (a *Agent) Run(ctx context.Context) error {
 	for ctx.Err() == nil {
 		if reg == nil {
 			reg, err = a.register(ctx, c.Agent, host)
+			if status.Code(err) == codes.PermissionDenied {
+				// The token does not allow this host (another host's join
+				// token, or not an agent token): retrying cannot help.
+				return fmt.Errorf("agent: the brokers refuse host %q: %s; start the agent with this host's own join token ('gpupool operator acl token create --kind agent --host-id %s')",
+					host.GetId(), status.Convert(err).Message(), host.GetId())
+			}
 			if err != nil {
 				conn.lost(a.log, "register failed", err, retry.peek())
 				sleep(ctx, retry.next())
