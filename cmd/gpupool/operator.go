@@ -93,6 +93,7 @@ plus a minute), then is dropped.`,
 		newACLCmd(),
 		newAuditCmd(),
 		newTLSCmd(),
+		newK8sInitCmd(),
 	)
 }
 
