@@ -293,3 +293,38 @@ func TestEveryListPrintsIdsWithDashOName(t *testing.T) {
 		t.Errorf("release of an unknown id among others: exit %d, stderr %q; want 1 naming it", code, stderr)
 	}
 }
+
+func TestCtrlCOfARunWhoseCommandIgnoresSIGINTExits130(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts real processes")
+	}
+	cl := newCluster(t, 1)
+	cmd := exec.Command(binary, "run", "--addr="+strings.Join(cl.addrs, ","), "--memory", "1GiB", "--compute", "10", "--",
+		"sh", "-c", `trap "" INT; echo started; sleep 600`)
+	var out, errOut syncBuffer
+	cmd.Stdout, cmd.Stderr = &out, &errOut
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan struct{})
+	go func() { cmd.Wait(); close(done) }()
+	t.Cleanup(func() { cmd.Process.Kill(); <-done })
+	eventually(t, "the remote command to start", 30*time.Second, func() error {
+		if !strings.Contains(out.String(), "started") {
+			return fmt.Errorf("not yet; stderr %q", errOut.String())
+		}
+		return nil
+	})
+	cmd.Process.Signal(syscall.SIGINT)
+	select {
+	case <-done:
+	case <-time.After(60 * time.Second):
+		t.Fatal("run did not end within 60s of Ctrl-C")
+	}
+	if code := cmd.ProcessState.ExitCode(); code != 130 {
+		t.Errorf("exit code: got %d, want 130\nstderr: %s", code, errOut.String())
+	}
+	if strings.Contains(errOut.String(), "context canceled") {
+		t.Errorf("stderr shows a raw context error:\n%s", errOut.String())
+	}
+}
