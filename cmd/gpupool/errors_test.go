@@ -107,3 +107,26 @@ func TestSliceCellFoldsManySlicesIntoACountUnlessWide(t *testing.T) {
 		t.Errorf("wide: got %q, want all 5 slices", got)
 	}
 }
+
+func TestVersionOutliersFlagsTheVersionsThatDifferFromTheMostCommon(t *testing.T) {
+	cases := []struct {
+		name string
+		vs   []string
+		want string
+	}{
+		{"all the same flags none", []string{"v1", "v1", "v1"}, ""},
+		{"one odd one out is flagged", []string{"v1", "v2", "v1"}, "v2"},
+		{"nothing to compare flags none", nil, ""},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			var got []string
+			for v := range versionOutliers(c.vs) {
+				got = append(got, v)
+			}
+			if strings.Join(got, ",") != c.want {
+				t.Errorf("got %q, want %q", got, c.want)
+			}
+		})
+	}
+}

@@ -10,6 +10,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -180,15 +181,26 @@ which ones vote. A healthy cluster has an odd number of voters (3 or 5).`,
 
 // printRaftPeers prints one row per Raft peer.
 func printRaftPeers(w io.Writer, resp *gpupoolv1.RaftPeersResponse) error {
+	noLeader := resp.GetLeaderId() == "" && !slices.ContainsFunc(resp.GetPeers(), (*gpupoolv1.RaftPeer).GetLeader)
 	t := newTable(w, "ID", "RAFT ADDRESS", "RPC ADDRESS", "ROLE", "VOTER")
 	for _, p := range resp.GetPeers() {
 		role := "follower"
-		if p.GetLeader() {
+		switch {
+		case p.GetLeader():
 			role = "leader"
+		case noLeader:
+			role = "-" // the answering server knows no leader: nobody is a follower of one
 		}
 		t.row(p.GetId(), orDash(p.GetRaftAddress()), orDash(p.GetRpcAddress()), role, yesNo(p.GetVoter()))
 	}
-	return t.flush()
+	if err := t.flush(); err != nil {
+		return err
+	}
+	if noLeader {
+		_, err := fmt.Fprintln(w, "no leader known: 'gpupool operator members' shows which servers answer")
+		return err
+	}
+	return nil
 }
 
 func newRaftRemovePeerCmd() *cobra.Command {
