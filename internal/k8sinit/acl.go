@@ -76,7 +76,11 @@ func WaitForLeader(ctx context.Context, c *client.Client, out io.Writer) error {
 		if time.Since(last) > 10*time.Second {
 			var parts []string
 			for _, m := range ms {
-				parts = append(parts, fmt.Sprintf("%s %s", m.Addr, m.Outcome))
+				p := fmt.Sprintf("%s %s", m.Addr, m.Outcome)
+				if m.Detail != "" {
+					p += " (" + m.Detail + ")"
+				}
+				parts = append(parts, p)
 			}
 			fmt.Fprintf(out, "waiting for the brokers to elect a leader: %s\n", strings.Join(parts, ", "))
 			last = time.Now()
