@@ -18,12 +18,14 @@ const finalProbe = time.Second
 // retryWithin is RetryUnavailable with a connect budget: it retries a call
 // that fails with Unavailable for at most budget from its first such
 // failure, then fails with a *ClusterError. It probes every broker at the
-// first failure, and fails at once when none of them can answer for a
-// reason waiting does not fix (refused, TLS failure).
+// first failure, and fails after half the budget when none of them can
+// answer for a reason waiting rarely fixes (refused, TLS failure): brokers
+// that were just started get that long to listen.
 func (c *Client) retryWithin(budget time.Duration) grpc.UnaryClientInterceptor {
 	return func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
 		backoff := 25 * time.Millisecond
 		var (
+			start  time.Time
 			end    time.Time
 			probed chan []Member
 			early  []Member // the first probe's result, once in
@@ -35,13 +37,10 @@ func (c *Client) retryWithin(budget time.Duration) grpc.UnaryClientInterceptor {
 				return err
 			}
 			if probed == nil {
-				end = time.Now().Add(budget)
+				start = time.Now()
+				end = start.Add(budget)
 				probed = make(chan []Member, 1)
-				pctx, cancel := context.WithDeadline(ctx, end)
-				go func() {
-					defer cancel()
-					probed <- c.probeAll(pctx)
-				}()
+				c.probeLater(ctx, probed, 0, end)
 			}
 			if !time.Now().Before(end) {
 				return c.clusterError(ctx, budget, err, early, at)
@@ -59,13 +58,37 @@ func (c *Client) retryWithin(budget time.Duration) grpc.UnaryClientInterceptor {
 				t.Stop()
 				early, at = ms, time.Now()
 				if allHopeless(ms) {
-					return &ClusterError{Members: ms, Last: err}
+					// Brokers that were just started may not listen yet:
+					// give them half the budget before failing.
+					if time.Since(start) >= budget/2 {
+						return &ClusterError{Members: ms, Last: err}
+					}
+					c.probeLater(ctx, probed, 250*time.Millisecond, end)
 				}
 			case <-t.C:
 			}
 			backoff = min(2*backoff, maxRetryBackoff)
 		}
 	}
+}
+
+// probeLater probes every broker after delay, within end, and sends the
+// result on ch (which has room for it).
+func (c *Client) probeLater(ctx context.Context, ch chan<- []Member, delay time.Duration, end time.Time) {
+	go func() {
+		if delay > 0 {
+			t := time.NewTimer(delay)
+			defer t.Stop()
+			select {
+			case <-ctx.Done():
+				return
+			case <-t.C:
+			}
+		}
+		pctx, cancel := context.WithDeadline(ctx, end)
+		defer cancel()
+		ch <- c.probeAll(pctx)
+	}()
 }
 
 // allHopeless reports whether no broker answered, each for a reason that

@@ -93,8 +93,8 @@ type Options struct {
 	Token string
 	// ConnectTimeout is the connect budget: how long a unary call keeps
 	// retrying while no broker answers or no leader is known (Unavailable),
-	// separately from the call's own deadline. When it runs out, or at once
-	// when every broker refuses the connection, the call fails with a
+	// separately from the call's own deadline. When it runs out, or after
+	// half of it when every broker refuses the connection, the call fails with a
 	// *ClusterError that says what happened to each broker (refused, TLS
 	// failure, timeout, up but no leader) and names a lost quorum. Zero
 	// retries until the call's deadline. Set it longer than an election

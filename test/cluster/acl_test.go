@@ -31,7 +31,7 @@ func TestACLOnRealProcesses(t *testing.T) {
 	addr := "--addr=" + strings.Join(cl.addrs, ",")
 	run := func(args ...string) (string, string, int) {
 		t.Helper()
-		return gpupool(t, append(append(args, addr, "--timeout=60s"), cl.clientFlags()...)...)
+		return gpupool(t, append(append(args, addr, "--timeout=60s", "--connect-timeout=60s"), cl.clientFlags()...)...)
 	}
 	mustRun := func(args ...string) string {
 		t.Helper()
