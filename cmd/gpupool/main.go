@@ -87,7 +87,6 @@ Start a local cluster with 'gpupool dev', then try:
 		newOperatorCmd(),
 		newK8sNodePluginCmd(),
 		newK8sControllerCmd(),
-		newBenchCmd(),
 	)
 	return root
 }
