@@ -8,14 +8,25 @@ PROTO_FILES := $(wildcard proto/gpupool/v1/*.proto)
 export CGO_CFLAGS ?= -O2 -g -Wno-deprecated-declarations
 PKG_RACE := ./broker/... ./agent/... ./client/... ./k8s/... ./protocol/... ./internal/... ./token/... ./dataplane/... ./cuda/...
 
-.PHONY: tmux test-dashboard all build cc cuda-gen examples test-gpu test dev proto proto-check lint lint-refs bench bench-dataplane bench-placement bench-lease bench-failover bench-scale bench-go tools clean test-unit test-cluster helm chart test-k8s bench-k8s elastic-demo fuzz test-robustness soak robustness-tools
+.PHONY: tmux test-dashboard all build install cc cuda-gen examples test-gpu test dev proto proto-check lint lint-refs bench bench-dataplane bench-placement bench-lease bench-failover bench-scale bench-go tools clean test-unit test-cluster helm chart test-k8s bench-k8s elastic-demo fuzz test-robustness soak robustness-tools
 
 all: build
 
-build: cc ## build bin/gpupool (the product), bin/gpupool-bench (the benchmarks, kept out of the product) and the CUDA shim bin/lib/libcuda.so.1
-	$(GO) build -o $(BIN)/gpupool ./cmd/gpupool
-	$(GO) build -o $(BIN)/gpupool-bench ./cmd/gpupool-bench
+# The version and commit 'gpupool version' prints, from git.
+VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
+COMMIT  ?= $(shell git rev-parse --short=12 HEAD 2>/dev/null)
+LDFLAGS := -X github.com/gpupool/gpupool/internal/version.Version=$(VERSION) -X github.com/gpupool/gpupool/internal/version.Commit=$(COMMIT)
+PREFIX  ?= /usr/local
+
+build: cc ## build bin/gpupool (the product, stamped with the git version and commit), bin/gpupool-bench (the benchmarks, kept out of the product) and the CUDA shim bin/lib/libcuda.so.1
+	$(GO) build -ldflags "$(LDFLAGS)" -o $(BIN)/gpupool ./cmd/gpupool
+	$(GO) build -ldflags "$(LDFLAGS)" -o $(BIN)/gpupool-bench ./cmd/gpupool-bench
 	$(GO) run ./cuda/shim/mkshim $(BIN)/lib >/dev/null
+
+install: build ## install gpupool into $(PREFIX)/bin (default /usr/local; e.g. make install PREFIX=$$HOME/.local)
+	install -d $(DESTDIR)$(PREFIX)/bin
+	install -m 0755 $(BIN)/gpupool $(DESTDIR)$(PREFIX)/bin/gpupool
+	@echo "installed $(DESTDIR)$(PREFIX)/bin/gpupool ($$($(DESTDIR)$(PREFIX)/bin/gpupool version | head -1))"
 
 # gcc builds the CUDA shim (C, loaded into other people's programs) and the
 # C test programs; installed from Debian when missing.

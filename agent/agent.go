@@ -211,6 +211,19 @@ func (a *Agent) syncJobMap() { a.jobs.sync(a.byIndex, a.leases.enforced) }
 // lease id.
 func (a *Agent) Assignments() []*gpupoolv1.Assignment { return a.leases.enforced() }
 
+// ErrNotConnected is Ready's answer while no heartbeat stream to the
+// brokers works.
+var ErrNotConnected = errors.New("not connected to the brokers")
+
+// Ready returns nil while the agent's heartbeat stream to the brokers
+// works, ErrNotConnected otherwise.
+func (a *Agent) Ready() error {
+	if !a.connected.Load() {
+		return ErrNotConnected
+	}
+	return nil
+}
+
 // kick makes the heartbeat loop send a heartbeat now.
 func (a *Agent) kick() {
 	select {
@@ -297,6 +310,12 @@ func (a *Agent) Run(ctx context.Context) error {
 	for ctx.Err() == nil {
 		if reg == nil {
 			reg, err = a.register(ctx, c.Agent, host)
+			if status.Code(err) == codes.PermissionDenied {
+				// The token does not allow this host (another host's join
+				// token, or not an agent token): retrying cannot help.
+				return fmt.Errorf("agent: the brokers refuse host %q: %s; start the agent with this host's own join token ('gpupool operator acl token create --kind agent --host-id %s')",
+					host.GetId(), status.Convert(err).Message(), host.GetId())
+			}
 			if err != nil {
 				conn.lost(a.log, "register failed", err, retry.peek())
 				sleep(ctx, retry.next())

@@ -1,4 +1,4 @@
-// Package placement is the placement benchmark (issue 7): the broker's placement engine
+// Package placement is the placement benchmark: the broker's placement engine
 // replays the Alibaba openb GPU-sharing trace the way the FGD paper (Weng et al., USENIX
 // ATC '23) does, for each policy and seed, and reports the unallocated GPU share as the
 // arrived GPU request grows, next to the paper's published figures. It also measures how

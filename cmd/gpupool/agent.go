@@ -6,7 +6,6 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
-	"runtime/debug"
 	"strings"
 	"time"
 
@@ -19,6 +18,7 @@ import (
 	"github.com/gpupool/gpupool/agent/mps"
 	"github.com/gpupool/gpupool/client"
 	"github.com/gpupool/gpupool/internal/pki"
+	"github.com/gpupool/gpupool/internal/version"
 )
 
 // machineIDFile names this host for --host-id's default.
@@ -281,7 +281,7 @@ func runAgent(cmd *cobra.Command, o agentOpts) error {
 	}
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(a.Collector(), collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	if err := serveMetrics(cmd.Context(), o.metrics, reg, logger); err != nil {
+	if err := serveMetrics(cmd.Context(), o.metrics, reg, a.Ready, logger); err != nil {
 		return err
 	}
 	return a.Run(cmd.Context())
@@ -323,13 +323,8 @@ func defaultHostID() (string, error) {
 	return name, nil
 }
 
-// agentVersion is the module version the binary was built from.
-func agentVersion() string {
-	if bi, ok := debug.ReadBuildInfo(); ok && bi.Main.Version != "" {
-		return bi.Main.Version
-	}
-	return "(devel)"
-}
+// agentVersion is the version the binary was built as (see 'gpupool version').
+func agentVersion() string { return version.Get().Version }
 
 // machineMemoryMiB reads MemTotal from /proc/meminfo; 0 if it cannot.
 func machineMemoryMiB() int64 {

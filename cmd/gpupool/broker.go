@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"path/filepath"
+	"strconv"
 	"strings"
 	"time"
 
@@ -89,9 +91,15 @@ is for tests and benchmarks on a closed machine only. See docs/security.md.`,
 			if err != nil {
 				return err
 			}
-			if err := serveMetrics(cmd.Context(), metrics, s.Metrics(), logger); err != nil {
+			if err := serveMetrics(cmd.Context(), metrics, s.Metrics(), s.Ready, logger); err != nil {
 				s.Shutdown()
 				return err
+			}
+			// Who serves this data dir: 'gpupool dev' adopts a broker
+			// restarted by hand on its data dir from it.
+			pidFile := filepath.Join(cfg.DataDir, brokerPIDFile)
+			if err := os.WriteFile(pidFile, []byte(strconv.Itoa(os.Getpid())+"\n"), 0o600); err == nil {
+				defer os.Remove(pidFile)
 			}
 			security := "plaintext, ACL OFF (--insecure)"
 			if cfg.TLS != nil {
@@ -123,6 +131,10 @@ is for tests and benchmarks on a closed machine only. See docs/security.md.`,
 	f.BoolVar(&insecure, "insecure", false, insecureUsage)
 	return cmd
 }
+
+// brokerPIDFile, in a broker's data dir, holds the pid of the broker
+// serving it while it runs.
+const brokerPIDFile = "broker.pid"
 
 // aclMode applies --acl and --insecure. ACL is on unless --insecure turns
 // it off with TLS, or --acl=false turns it off on a TLS cluster, where

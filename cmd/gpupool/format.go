@@ -18,6 +18,7 @@ import (
 
 	"github.com/spf13/cobra"
 	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/reflect/protoreflect"
 
 	"github.com/gpupool/gpupool/client"
 	"github.com/gpupool/gpupool/internal/quantity"
@@ -81,12 +82,60 @@ func withClient(cmd *cobra.Command, fn func(ctx context.Context, c *client.Clien
 	return fn(ctx, c)
 }
 
-// render prints m as JSON under -o json, and calls table otherwise.
+// render prints m as JSON under -o json, its id under -o name (and -q),
+// and calls table otherwise.
 func render(w io.Writer, m proto.Message, table func(io.Writer) error) error {
-	if global.output == "json" {
+	switch global.output {
+	case "json":
 		return printJSON(w, m)
+	case "name":
+		if id := messageID(m); id != "" {
+			_, err := fmt.Fprintln(w, id)
+			return err
+		}
 	}
 	return table(w)
+}
+
+// messageID is the string field "id" (or "accessor_id") of m, "" if none.
+func messageID(m proto.Message) string {
+	r := m.ProtoReflect()
+	for _, name := range []protoreflect.Name{"id", "accessor_id"} {
+		if f := r.Descriptor().Fields().ByName(name); f != nil && f.Kind() == protoreflect.StringKind {
+			return r.Get(f).String()
+		}
+	}
+	return ""
+}
+
+// renderList prints a list: JSON under -o json; the ids, one a line, under
+// -o name and -q; "no NOUN" when it is empty (unless noun is "": the table
+// then says it); the table otherwise.
+func renderList(w io.Writer, m proto.Message, noun string, ids []string, table func(io.Writer) error) error {
+	switch {
+	case global.output == "json":
+		return printJSON(w, m)
+	case global.output == "name":
+		for _, id := range ids {
+			if _, err := fmt.Fprintln(w, id); err != nil {
+				return err
+			}
+		}
+		return nil
+	case len(ids) == 0 && noun != "":
+		_, err := fmt.Fprintln(w, "no "+noun)
+		return err
+	}
+	return table(w)
+}
+
+// idsOf maps a list to its ids.
+func idsOf[T any](items []T, id func(T) string) []string {
+	out := make([]string, len(items))
+	for i, it := range items {
+		out[i] = id(it)
+	}
+	return out
 }
 
 // addStaleFlag adds --stale, for reads that may be served by any server.
@@ -199,6 +248,26 @@ func sliceShare(s *gpupoolv1.Slice) string {
 	return fmt.Sprintf("%s %d%%", compactMiB(s.GetMemoryMib()), s.GetComputePercent())
 }
 
+// maxSlicesInCell is how many slices a list row shows before it folds
+// them into a count (-o wide shows them all).
+const maxSlicesInCell = 2
+
+// sliceCell is sliceSummary for a list row: with more than
+// maxSlicesInCell slices, "7 slices on 3 hosts" unless -o wide.
+func sliceCell(slices []*gpupoolv1.Slice) string {
+	if len(slices) <= maxSlicesInCell || global.output == "wide" {
+		return sliceSummary(slices)
+	}
+	hosts := map[string]bool{}
+	for _, s := range slices {
+		hosts[s.GetHost()] = true
+	}
+	if len(hosts) == 1 {
+		return fmt.Sprintf("%d slices on %s", len(slices), slices[0].GetHost())
+	}
+	return fmt.Sprintf("%d slices on %d hosts", len(slices), len(hosts))
+}
+
 // sliceSummary lists a lease's slices in one cell:
 // "host-1/0 20GiB 25%, host-1/1 exclusive".
 func sliceSummary(slices []*gpupoolv1.Slice) string {
@@ -306,12 +375,23 @@ func ended(s gpupoolv1.LeaseState) bool {
 	return false
 }
 
+// sortLeases orders leases oldest first (newest last), by creation time,
+// then id.
+func sortLeases(leases []*gpupoolv1.Lease) {
+	slices.SortStableFunc(leases, func(a, b *gpupoolv1.Lease) int {
+		if c := cmp.Compare(a.GetCreatedAtMs(), b.GetCreatedAtMs()); c != 0 {
+			return c
+		}
+		return cmp.Compare(a.GetId(), b.GetId())
+	})
+}
+
 // printLeases prints leases one per row, ages counted from now.
 func printLeases(w io.Writer, leases []*gpupoolv1.Lease, now time.Time) error {
 	t := newTable(w, "ID", "TENANT", "HOLDER", "STATE", "SLICES", "FENCING", "AGE")
 	for _, l := range leases {
 		t.row(l.GetId(), orDash(l.GetTenant()), orDash(l.GetHolder()), leaseStateText(l),
-			sliceSummary(l.GetSlices()), l.GetFencingToken(), ageSince(now, l.GetCreatedAtMs()))
+			sliceCell(l.GetSlices()), l.GetFencingToken(), ageSince(now, l.GetCreatedAtMs()))
 	}
 	return t.flush()
 }
