@@ -78,6 +78,12 @@ type Config struct {
 	// only for tests and 'gpupool dev' ('gpupool broker --insecure').
 	TLS *pki.Source
 
+	// UsageHistoryInterval is how often the server samples each tenant's
+	// usage into its memory (DefaultUsageHistoryInterval when 0).
+	UsageHistoryInterval time.Duration
+	// UI configures the web console; its Bind empty serves none.
+	UI UIConfig
+
 	Clock  clock.Clock
 	Logger *slog.Logger
 	// RaftLogOutput receives raft's own log (default: discarded below warn).
@@ -147,6 +153,9 @@ func (c *Config) setDefaults() error {
 	if c.PendingGrace <= 0 {
 		c.PendingGrace = DefaultPendingGrace
 	}
+	if c.UsageHistoryInterval <= 0 {
+		c.UsageHistoryInterval = DefaultUsageHistoryInterval
+	}
 	if c.Clock == nil {
 		c.Clock = clock.Real
 	}
@@ -192,6 +201,10 @@ type Server struct {
 	peers  map[string]*gpupoolv1.ServerInfoResponse // guarded by peerMu; learned while forming
 
 	metrics *metrics
+	// history is each tenant's recent usage, this server's memory only.
+	history *usageHistory
+	// ui is the web console, nil unless Config.UI.Bind is set.
+	ui *uiServer
 
 	// applyFault, set by tests only, fails apply for the commands it
 	// returns an error for, before they reach raft.
@@ -227,6 +240,7 @@ func New(cfg Config) (*Server, error) {
 		notifyCh:   make(chan bool, 16),
 		placer:     newPlacer(cfg.Policy, cfg.PlacementWindow),
 		grants:     newInflight(),
+		history:    newUsageHistory(),
 	}
 	s.metrics = newMetrics(s)
 	if err := s.openRaft(); err != nil {
@@ -248,6 +262,11 @@ func New(cfg Config) (*Server, error) {
 	s.goFunc(s.monitorLeadership)
 	s.goFunc(s.formCluster)
 	s.goFunc(s.keepOwnAddressCurrent)
+	s.goFunc(s.sampleTenantUsage)
+	if err := s.startUI(); err != nil {
+		s.Shutdown()
+		return nil, err
+	}
 	s.log.Info("broker started", "id", s.cfg.NodeID, "rpc", s.Addr(), "raft", s.cfg.RaftBindAddr, "data_dir", s.cfg.DataDir, "acl", s.cfg.ACL)
 	return s, nil
 }
@@ -371,6 +390,7 @@ func (s *Server) Shutdown() error {
 	var err error
 	s.shutdownOnce.Do(func() {
 		close(s.shutdownCh)
+		s.stopUI()
 		s.grpc.Stop()
 		err = s.raft.Shutdown().Error()
 		s.wg.Wait()
