@@ -1,0 +1,332 @@
+package console
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	gpupoolv1 "github.com/gpupool/gpupool/proto/gpupool/v1"
+)
+
+// A page's live stream (GET /events?page=NAME&FILTERS) is server-sent
+// events:
+//
+//   - "parts": JSON [{id, html}]: replace the element with that id (the
+//     whole live region has id "live");
+//   - "signout": the token is no longer valid (data: why); the stream ends;
+//   - "fail": the stream cannot go on (data: why), e.g. too many streams.
+//
+// The stream re-renders the page's live region whenever one of the
+// broker's watch streams it follows reports a change, and every
+// LiveInterval (for what changes without an event: usage, ages), and sends
+// what differs from what it sent.
+
+// minRenderGap spaces re-renders of one stream.
+const minRenderGap = 250 * time.Millisecond
+
+func (s *Server) events(w http.ResponseWriter, r *http.Request) {
+	sse, ok := newSSE(w, s.cfg.Timeouts.Write)
+	if !ok {
+		http.Error(w, "streaming unsupported", http.StatusInternalServerError)
+		return
+	}
+	sess, reason := s.authenticate(r)
+	if sess == nil {
+		sse.send("signout", reason)
+		return
+	}
+	k, ok := pageByName(r.URL.Query().Get("page"))
+	if !ok {
+		sse.send("fail", fmt.Sprintf("page %q: must be one of pool, host, leases, lease, queue, tenants, cluster", r.URL.Query().Get("page")))
+		return
+	}
+	var f filters
+	var err error
+	f, err = parseFilters(k, r.URL.Query(), r.URL.Query().Get("id"), "page", "id")
+	if err != nil {
+		sse.send("fail", err.Error())
+		return
+	}
+	if !s.streams.acquire(sess.key) {
+		sse.send("fail", fmt.Sprintf("too many live streams for this token (at most %d open at once): close other console tabs; this page no longer updates", s.cfg.StreamsPerToken))
+		return
+	}
+	defer s.streams.release(sess.key)
+
+	ctx, cancel := context.WithCancel(r.Context())
+	defer cancel()
+	lv := &liveStream{s: s, sess: sess, kind: k, f: f, trig: make(chan struct{}, 1), authErr: make(chan string, 1)}
+	lv.follow(ctx)
+	lv.run(ctx, sse)
+}
+
+// sse writes server-sent events, extending the write deadline per event.
+type sse struct {
+	w       http.ResponseWriter
+	rc      *http.ResponseController
+	timeout time.Duration
+}
+
+func newSSE(w http.ResponseWriter, timeout time.Duration) (*sse, bool) {
+	if _, ok := w.(http.Flusher); !ok {
+		return nil, false
+	}
+	h := w.Header()
+	h.Set("Content-Type", "text/event-stream")
+	h.Set("Cache-Control", "no-store")
+	h.Set("X-Accel-Buffering", "no")
+	return &sse{w: w, rc: http.NewResponseController(w), timeout: timeout}, true
+}
+
+func (e *sse) send(event, data string) error {
+	_ = e.rc.SetWriteDeadline(time.Now().Add(e.timeout))
+	var b strings.Builder
+	fmt.Fprintf(&b, "event: %s\n", event)
+	for _, line := range strings.Split(data, "\n") {
+		fmt.Fprintf(&b, "data: %s\n", line)
+	}
+	b.WriteString("\n")
+	if _, err := e.w.Write([]byte(b.String())); err != nil {
+		return err
+	}
+	return e.rc.Flush()
+}
+
+// liveStream is one page's stream.
+type liveStream struct {
+	s    *Server
+	sess *session
+	kind pageKind
+	f    filters
+	// trig is signalled when a followed watch reports a change.
+	trig chan struct{}
+	// authErr receives why the broker refused the token.
+	authErr chan string
+
+	mu    sync.Mutex
+	hosts map[string]*gpupoolv1.Host // guarded by mu; the pool's, from WatchHosts
+	order []string                   // guarded by mu
+}
+
+func (lv *liveStream) signal() {
+	select {
+	case lv.trig <- struct{}{}:
+	default:
+	}
+}
+
+// follow starts the broker watches the page depends on.
+func (lv *liveStream) follow(ctx context.Context) {
+	ctx = lv.sess.outgoing(ctx)
+	api := lv.s.api
+	switch lv.kind {
+	case pagePool:
+		lv.hosts = map[string]*gpupoolv1.Host{}
+		go lv.watch(ctx, func(ctx context.Context) (func() error, error) {
+			st, err := api.pool.WatchHosts(ctx, &gpupoolv1.WatchHostsRequest{})
+			if err != nil {
+				return nil, err
+			}
+			lv.mu.Lock()
+			lv.hosts, lv.order = map[string]*gpupoolv1.Host{}, nil
+			lv.mu.Unlock()
+			return func() error {
+				ev, err := st.Recv()
+				if err != nil {
+					return err
+				}
+				lv.mu.Lock()
+				switch ev.Type {
+				case gpupoolv1.WatchEventType_WATCH_EVENT_TYPE_SNAPSHOT, gpupoolv1.WatchEventType_WATCH_EVENT_TYPE_UPDATED:
+					if _, ok := lv.hosts[ev.HostId]; !ok {
+						lv.order = append(lv.order, ev.HostId)
+					}
+					lv.hosts[ev.HostId] = ev.Host
+				case gpupoolv1.WatchEventType_WATCH_EVENT_TYPE_REMOVED:
+					delete(lv.hosts, ev.HostId)
+					lv.order = slices.DeleteFunc(lv.order, func(id string) bool { return id == ev.HostId })
+				}
+				synced := ev.Type != gpupoolv1.WatchEventType_WATCH_EVENT_TYPE_SNAPSHOT
+				lv.mu.Unlock()
+				if synced {
+					lv.signal()
+				}
+				return nil
+			}, nil
+		})
+		if lv.f.Tenant != "" {
+			go lv.watchLeases(ctx, &gpupoolv1.WatchLeasesRequest{Tenant: lv.f.Tenant})
+		}
+	case pageHost:
+		go lv.watch(ctx, func(ctx context.Context) (func() error, error) {
+			st, err := api.pool.WatchHosts(ctx, &gpupoolv1.WatchHostsRequest{HostId: lv.f.ID})
+			if err != nil {
+				return nil, err
+			}
+			return func() error { _, err := st.Recv(); lv.signal(); return err }, nil
+		})
+		go lv.watchLeases(ctx, &gpupoolv1.WatchLeasesRequest{})
+	case pageLeases:
+		go lv.watchLeases(ctx, &gpupoolv1.WatchLeasesRequest{Tenant: lv.f.Tenant})
+	case pageLease:
+		go lv.watchLeases(ctx, &gpupoolv1.WatchLeasesRequest{LeaseId: lv.f.ID})
+	case pageQueue:
+		go lv.watch(ctx, func(ctx context.Context) (func() error, error) {
+			st, err := api.lease.WatchQueue(ctx, &gpupoolv1.WatchQueueRequest{Tenant: lv.f.Tenant})
+			if err != nil {
+				return nil, err
+			}
+			return func() error { _, err := st.Recv(); lv.signal(); return err }, nil
+		})
+	case pageTenants:
+		go lv.watchLeases(ctx, &gpupoolv1.WatchLeasesRequest{Tenant: lv.f.Tenant})
+	case pageCluster:
+		go lv.watch(ctx, func(ctx context.Context) (func() error, error) {
+			st, err := api.operator.AuditLog(ctx, &gpupoolv1.AuditLogRequest{Follow: true, Limit: 1})
+			if err != nil {
+				return nil, err
+			}
+			return func() error { _, err := st.Recv(); lv.signal(); return err }, nil
+		})
+	}
+}
+
+func (lv *liveStream) watchLeases(ctx context.Context, req *gpupoolv1.WatchLeasesRequest) {
+	lv.watch(ctx, func(ctx context.Context) (func() error, error) {
+		st, err := lv.s.api.lease.Watch(ctx, req)
+		if err != nil {
+			return nil, err
+		}
+		return func() error { _, err := st.Recv(); lv.signal(); return err }, nil
+	})
+}
+
+// watch keeps one broker stream open until ctx ends: open it, receive
+// until it fails, and open it again after a pause, unless the token was
+// refused (then authErr says why).
+func (lv *liveStream) watch(ctx context.Context, open func(context.Context) (func() error, error)) {
+	pause := 200 * time.Millisecond
+	for ctx.Err() == nil {
+		recv, err := open(ctx)
+		for err == nil {
+			err = recv()
+		}
+		if status.Code(err) == codes.Unauthenticated {
+			select {
+			case lv.authErr <- status.Convert(err).Message():
+			default:
+			}
+			return
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(pause):
+		}
+		pause = min(2*pause, 5*time.Second)
+	}
+}
+
+// run renders and sends until the client goes, the token is refused or
+// the console closes.
+func (lv *liveStream) run(ctx context.Context, out *sse) {
+	s := lv.s
+	tick := time.NewTicker(s.cfg.LiveInterval)
+	defer tick.Stop()
+	// The comment line tells the client the stream is open.
+	if _, err := fmt.Fprint(out.w, ": live\n\n"); err != nil {
+		return
+	}
+	_ = out.rc.Flush()
+	var lastShape string
+	lastParts := map[string]string{}
+	first := true
+	for {
+		doc, err := lv.render(ctx)
+		switch {
+		case ctx.Err() != nil:
+			return
+		case status.Code(err) == codes.Unauthenticated:
+			out.send("signout", "Your token was refused: "+status.Convert(err).Message())
+			return
+		case err != nil:
+			if out.send("stale", "live updates paused: "+status.Convert(err).Message()) != nil {
+				return
+			}
+		default:
+			var send []part
+			if doc.Shape != lastShape || first {
+				send = []part{{ID: "live", HTML: doc.Whole}}
+				lastParts = map[string]string{}
+				for _, p := range doc.Parts {
+					lastParts[p.ID] = p.HTML
+				}
+			} else {
+				for _, p := range doc.Parts {
+					if lastParts[p.ID] != p.HTML {
+						send = append(send, p)
+						lastParts[p.ID] = p.HTML
+					}
+				}
+			}
+			// The first render repeats the page the browser has; sending
+			// it closes the gap between the page and the stream.
+			lastShape, first = doc.Shape, false
+			if len(send) > 0 {
+				b, _ := json.Marshal(send)
+				if out.send("parts", string(b)) != nil {
+					return
+				}
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-s.ctx.Done():
+			return
+		case why := <-lv.authErr:
+			out.send("signout", "Your token was refused: "+why)
+			return
+		case <-lv.trig:
+		case <-tick.C:
+			// Between events, check the token: a revoked token's stream
+			// ends even when nothing it follows changes.
+			if lv.sess.secret != "" {
+				_, err := s.api.acl.WhoAmI(lv.sess.outgoing(ctx), &gpupoolv1.WhoAmIRequest{})
+				if status.Code(err) == codes.Unauthenticated {
+					out.send("signout", "Your token was refused: "+status.Convert(err).Message())
+					return
+				}
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(minRenderGap):
+		}
+	}
+}
+
+func (lv *liveStream) render(ctx context.Context) (liveDoc, error) {
+	if lv.kind != pagePool {
+		return lv.s.renderLive(ctx, lv.sess, lv.kind, lv.f, nil)
+	}
+	lv.mu.Lock()
+	hosts := make([]*gpupoolv1.Host, 0, len(lv.order))
+	for _, id := range lv.order {
+		hosts = append(hosts, lv.hosts[id])
+	}
+	lv.mu.Unlock()
+	if len(hosts) == 0 {
+		hosts = nil // not synced yet: read them
+	}
+	return lv.s.renderLive(ctx, lv.sess, lv.kind, lv.f, hosts)
+}
