@@ -8,7 +8,7 @@ PROTO_FILES := $(wildcard proto/gpupool/v1/*.proto)
 export CGO_CFLAGS ?= -O2 -g -Wno-deprecated-declarations
 PKG_RACE := ./broker/... ./agent/... ./client/... ./internal/... ./token/... ./dataplane/...
 
-.PHONY: all build test dev proto proto-check lint bench bench-dataplane bench-placement bench-lease bench-failover bench-scale bench-go tools clean test-unit test-cluster helm chart test-k8s bench-k8s elastic-demo fuzz test-robustness soak robustness-tools
+.PHONY: chromium test-console bench-console all build test dev proto proto-check lint bench bench-dataplane bench-placement bench-lease bench-failover bench-scale bench-go tools clean test-unit test-cluster helm chart test-k8s bench-k8s elastic-demo fuzz test-robustness soak robustness-tools
 
 all: build
 
@@ -18,11 +18,25 @@ build: ## build bin/gpupool
 dev: build ## run 3 brokers + 4 simulated hosts and show a lease's life; Ctrl-C stops
 	$(BIN)/gpupool dev --demo
 
-test: tools proto-check lint test-unit ## everything CI runs by default
+test: tools proto-check lint chromium test-unit ## everything CI runs by default
 
 test-unit:
 	$(GO) test -race -count=1 -timeout 15m $(PKG_RACE)
 	$(GO) test -count=1 -timeout 15m ./cmd/... ./proto/... ./bench/... ./examples/... ./test/...
+
+# The web console's browser suite (test/console, part of test-unit): Debian's
+# Chromium, installed when missing, driven headless by chromedp against three
+# broker processes and two simulated agents. Screenshots of every page go to
+# .bin/console-screenshots; GPUPOOL_CONSOLE_UPDATE_DOCS=1 also refreshes
+# docs/img/console-pool.png.
+chromium: # Debian's chromium, installed when missing (the console's browser tests)
+	@command -v chromium >/dev/null || { echo "installing chromium (Debian)"; \
+	  (apt-get install -y -q chromium >/dev/null 2>&1 || \
+	   (apt-get update -q >/dev/null && apt-get install -y -q chromium >/dev/null)) || \
+	  echo "chromium: could not install it (not root?): test/console skips, or fails under CI"; }
+
+test-console: chromium ## the web console in headless Chromium against a real cluster (about 1 min); screenshots in .bin/console-screenshots
+	$(GO) test -count=1 -timeout 5m -v -run 'TestConsole' ./test/console
 
 # The Kubernetes integration suite: its own module (test/k8s), which builds
 # kube-apiserver, kube-scheduler and kube-controller-manager from

@@ -50,8 +50,8 @@ func (s *session) mayActFor(tenant string) bool {
 	return s.management() || slices.Contains(s.token.Tenants, tenant)
 }
 
-// who is how the header names the session.
-func (s *session) who() string {
+// Who is how the header names the session.
+func (s *session) Who() string {
 	if s.token == nil {
 		return ""
 	}
@@ -155,8 +155,5 @@ func (s *Server) renderSignIn(w http.ResponseWriter, code int, reason, next stri
 	if code == http.StatusUnauthorized || strings.HasPrefix(reason, "Your token") {
 		http.SetCookie(w, s.cookie("", -1))
 	}
-	w.Header().Set("Content-Type", "text/html; charset=utf-8")
-	w.Header().Set("Cache-Control", "no-store")
-	w.WriteHeader(code)
-	_ = s.tpl.ExecuteTemplate(w, "signin", map[string]any{"Reason": reason, "Next": next, "ServerID": s.cfg.ServerID})
+	s.renderTemplate(w, code, "signin", map[string]any{"Reason": reason, "Next": next, "ServerID": s.cfg.ServerID})
 }

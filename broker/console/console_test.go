@@ -210,7 +210,7 @@ func TestConsoleSignInKeepsTheTokenInAStrictHttpOnlyCookie(t *testing.T) {
 	if ck == nil || !ck.HttpOnly || ck.SameSite != http.SameSiteStrictMode || ck.Value != secret {
 		t.Fatalf("cookie: got %+v, want the secret, HttpOnly, SameSite=Strict", ck)
 	}
-	if code, body := get(t, c, e.base+"/"); code != 200 || !strings.Contains(body, "signed in as") || !strings.Contains(body, "read-only") {
+	if code, body := get(t, c, e.base+"/"); code != 200 || !strings.Contains(body, "signed in as t-a (client, tenants a)") || !strings.Contains(body, `id="live"`) {
 		t.Errorf("pool page after sign-in: got %d, want 200 naming the user and saying read-only", code)
 	}
 }

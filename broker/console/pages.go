@@ -96,12 +96,22 @@ func httpCode(c codes.Code) int {
 }
 
 func (s *Server) renderLayout(w http.ResponseWriter, code int, data layoutData) {
+	s.renderTemplate(w, code, "layout", data)
+}
+
+// renderTemplate renders a whole page before it sends anything, so that a
+// template error is a 500, not half a page.
+func (s *Server) renderTemplate(w http.ResponseWriter, code int, name string, data any) {
+	var b bytes.Buffer
+	if err := s.tpl.ExecuteTemplate(&b, name, data); err != nil {
+		s.log.Warn("render page", "template", name, "err", err)
+		http.Error(w, "the console could not render this page: "+err.Error(), http.StatusInternalServerError)
+		return
+	}
 	w.Header().Set("Content-Type", "text/html; charset=utf-8")
 	w.Header().Set("Cache-Control", "no-store")
 	w.WriteHeader(code)
-	if err := s.tpl.ExecuteTemplate(w, "layout", data); err != nil {
-		s.log.Debug("render page", "page", data.Page, "err", err)
-	}
+	w.Write(b.Bytes())
 }
 
 // renderLive builds a page's live region from the broker's API, as the
