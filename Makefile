@@ -107,6 +107,9 @@ bench-failover: build ## kill -9 the leader 10 times under load: time to the nex
 bench-scale: build ## one broker with 10k hosts x 8 GPUs and 100k leases: RSS, snapshot, restart (about 10 min; at most 12)
 	$(BIN)/gpupool bench scale --gpupool $(BIN)/gpupool
 
+bench-console: build chromium ## the console's pool page on 10k hosts x 8 GPUs in headless Chromium: render and live-update times (about 2 min); writes bench/results/console.{json,md}
+	$(BIN)/gpupool bench console
+
 bench-go: ## Go micro-benchmarks of placement and the FSM
 	$(GO) test -run '^$$' -bench . -benchmem ./broker/...
 

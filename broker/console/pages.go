@@ -12,11 +12,16 @@ import (
 	"strings"
 	"time"
 
+	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
 	gpupoolv1 "github.com/gpupool/gpupool/proto/gpupool/v1"
 )
+
+// bigReply lets a list of a large pool through (10k hosts with 8 GPUs
+// each is about 15 MB).
+var bigReply = grpc.MaxCallRecvMsgSize(512 << 20)
 
 // part is one element of a page's live region that a stream replaces on
 // its own (a host's row of the heatmap).
@@ -123,7 +128,7 @@ func (s *Server) renderLive(ctx context.Context, sess *session, k pageKind, f fi
 	switch k {
 	case pagePool:
 		if hosts == nil {
-			resp, err := s.api.pool.ListHosts(ctx, &gpupoolv1.ListHostsRequest{})
+			resp, err := s.api.pool.ListHosts(ctx, &gpupoolv1.ListHostsRequest{}, bigReply)
 			if err != nil {
 				return liveDoc{}, err
 			}
@@ -132,7 +137,7 @@ func (s *Server) renderLive(ctx context.Context, sess *session, k pageKind, f fi
 		var held map[string]bool
 		if f.Tenant != "" {
 			ls, err := s.api.lease.List(ctx, &gpupoolv1.ListLeasesRequest{Tenant: f.Tenant,
-				States: []gpupoolv1.LeaseState{gpupoolv1.LeaseState_LEASE_STATE_GRANTED, gpupoolv1.LeaseState_LEASE_STATE_RELEASING}})
+				States: []gpupoolv1.LeaseState{gpupoolv1.LeaseState_LEASE_STATE_GRANTED, gpupoolv1.LeaseState_LEASE_STATE_RELEASING}}, bigReply)
 			if err != nil {
 				return liveDoc{}, err
 			}
@@ -237,13 +242,17 @@ func labelList(m map[string]string) []string {
 
 type leasesView struct {
 	F      filters
-	Leases []*gpupoolv1.Lease
-	Total  int
+	Leases []*gpupoolv1.Lease // the newest maxLeaseRows that match
+	// Matched is how many match; Total how many the API listed.
+	Matched, Total int
 }
+
+// maxLeaseRows bounds the leases page: filters narrow it.
+const maxLeaseRows = 500
 
 func (s *Server) leasesView(ctx context.Context, f filters) (*leasesView, error) {
 	req := &gpupoolv1.ListLeasesRequest{Tenant: f.Tenant, Host: f.Host, States: f.States}
-	resp, err := s.api.lease.List(ctx, req)
+	resp, err := s.api.lease.List(ctx, req, bigReply)
 	if err != nil {
 		return nil, err
 	}
@@ -259,6 +268,10 @@ func (s *Server) leasesView(ctx context.Context, f filters) (*leasesView, error)
 		v.Leases = append(v.Leases, l)
 	}
 	slices.SortFunc(v.Leases, func(a, b *gpupoolv1.Lease) int { return cmp.Compare(b.CreateIndex, a.CreateIndex) })
+	v.Matched = len(v.Leases)
+	if len(v.Leases) > maxLeaseRows {
+		v.Leases = v.Leases[:maxLeaseRows]
+	}
 	return v, nil
 }
 
@@ -659,27 +672,24 @@ func hostRowHTML(h *gpupoolv1.Host, devs []*gpupoolv1.Device, held map[string]bo
 	if !h.Eligible {
 		cls += " ineligible"
 	}
-	fmt.Fprintf(&b, `<div class="%s" id="%s"><a class="host" href="/hosts/%s">%s</a><span class="cells">`, cls, escapeHTML(rowID(h.Id)), escapeURLPath(h.Id), id)
+	fmt.Fprintf(&b, `<div class="%s" id="%s"><a class="host" href="/hosts/%s">%s</a><span class="cells" data-host="%s">`, cls, escapeHTML(rowID(h.Id)), escapeURLPath(h.Id), id, escapeURLPath(h.Id))
 	for _, d := range devs {
 		r, m := reservedPercent(d), measuredPercent(d)
-		c := fmt.Sprintf("c r%d", (r+9)/10)
+		fmt.Fprintf(&b, `<i class="c r%d`, (r+9)/10)
 		if m >= 0 {
-			c += fmt.Sprintf(" m%d", (m+9)/10)
+			fmt.Fprintf(&b, ` m%d`, (m+9)/10)
 		}
 		if d.Health == gpupoolv1.DeviceHealth_DEVICE_HEALTH_UNHEALTHY {
-			c += " bad"
+			b.WriteString(" bad")
 		}
 		if held != nil && !held[d.Uuid] {
-			c += " dim"
+			b.WriteString(" dim")
 		}
-		measured := "no reading"
-		if m >= 0 {
-			measured = fmt.Sprintf("measured %s, %d%% util", mib(d.UsedMemoryMib), d.UtilizationPercent)
+		b.WriteString(`"`)
+		if d.LeaseCount > 0 {
+			fmt.Fprintf(&b, ` data-leases="%d"`, d.LeaseCount)
 		}
-		title := fmt.Sprintf("%s GPU %d · %s · reserved %s of %s, %d%% compute · %d leases · %s · %s",
-			h.Id, d.Index, d.Model, mib(d.AllocatedMemoryMib), mib(d.MemoryMib), d.AllocatedComputePercent, d.LeaseCount, measured, healthName(d))
-		fmt.Fprintf(&b, `<a class="%s" data-leases="%d" data-uuid="%s" href="/hosts/%s?gpu=%d" title="%s"></a>`,
-			c, d.LeaseCount, escapeHTML(d.Uuid), escapeURLPath(h.Id), d.Index, escapeHTML(title))
+		fmt.Fprintf(&b, ` data-gpu="%d" title="%s"></i>`, d.Index, escapeHTML(cellTitle(d, r, m)))
 	}
 	b.WriteString(`</span><span class="marks">`)
 	b.WriteString(hostStatusBadge(h))
@@ -690,6 +700,25 @@ func hostRowHTML(h *gpupoolv1.Host, devs []*gpupoolv1.Device, held map[string]bo
 		fmt.Fprintf(&b, ` <span class="countdown" data-deadline="%d">%s</span>`, h.Drain.DeadlineMs, untilText(h.Drain.DeadlineMs, now))
 	}
 	b.WriteString(`</span></div>`)
+	return b.String()
+}
+
+// cellTitle is a GPU's tooltip: short, since a large pool has tens of
+// thousands of cells; the host page has the rest.
+func cellTitle(d *gpupoolv1.Device, reserved, measured int) string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "GPU %d", d.Index)
+	if d.LeaseCount > 0 {
+		fmt.Fprintf(&b, " · %s/%s, %d%% · %d leases", mib(d.AllocatedMemoryMib), mib(d.MemoryMib), d.AllocatedComputePercent, d.LeaseCount)
+	} else {
+		b.WriteString(" · free")
+	}
+	if measured >= 0 {
+		fmt.Fprintf(&b, " · used %s, %d%%", mib(d.UsedMemoryMib), d.UtilizationPercent)
+	}
+	if d.Health == gpupoolv1.DeviceHealth_DEVICE_HEALTH_UNHEALTHY {
+		b.WriteString(" · " + healthName(d))
+	}
 	return b.String()
 }
 

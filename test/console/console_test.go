@@ -164,8 +164,9 @@ type leaseJSON struct {
 	ID     string `json:"id"`
 	Tenant string `json:"tenant"`
 	Slices []struct {
-		Host   string `json:"host"`
-		Device string `json:"device"`
+		Host        string `json:"host"`
+		Device      string `json:"device"`
+		DeviceIndex int    `json:"device_index"`
 	} `json:"slices"`
 }
 
@@ -349,7 +350,7 @@ func TestConsoleInABrowser(t *testing.T) {
 	lease := p.acquire("--memory", "20GiB", "--compute", "25", "--ttl", "10m", "--tenant", "team-a",
 		"--holder", "<script>alert('holder')</script>", "--token", p.mgmt)
 	until(t, ctx, "the new lease's GPU marked on the pool page",
-		fmt.Sprintf(`window.noReload === true && document.querySelector('[data-uuid=%q]')?.dataset.leases === "1"`, lease.Slices[0].Device))
+		fmt.Sprintf(`window.noReload === true && document.querySelector('#row-%s .cells > i[data-gpu="%d"]')?.dataset.leases === "1"`, lease.Slices[0].Host, lease.Slices[0].DeviceIndex))
 	screenshot(t, ctx, shots, "pool-first-lease")
 
 	// A drain's countdown moves (the host keeps the lease until then).

@@ -24,6 +24,13 @@
   setInterval(tick, 1000);
   tick();
 
+  // A heatmap cell opens its GPU on the host page.
+  document.addEventListener("click", function (e) {
+    var cell = e.target.closest && e.target.closest(".cells > i[data-gpu]");
+    if (!cell) { return; }
+    location.href = "/hosts/" + cell.parentElement.dataset.host + "?gpu=" + cell.dataset.gpu;
+  });
+
   var banner = document.getElementById("banner");
   function say(text) { if (banner) { banner.textContent = text; banner.hidden = !text; } }
   var dot = document.getElementById("livestate");
