@@ -99,6 +99,8 @@ type Server struct {
 	api     apiClients
 	tpl     *template.Template
 	streams *streamLimiter
+	// baselines are pages' renders their streams start from.
+	baselines *baselines
 	// ctx ends the live streams when the console closes.
 	ctx    context.Context
 	cancel context.CancelFunc
@@ -137,7 +139,8 @@ func New(cfg Config) (*Server, error) {
 			lease: gpupoolv1.NewLeaseServiceClient(cfg.Conn), pool: gpupoolv1.NewPoolServiceClient(cfg.Conn),
 			operator: gpupoolv1.NewOperatorServiceClient(cfg.Conn), acl: gpupoolv1.NewAclServiceClient(cfg.Conn),
 		},
-		streams: newStreamLimiter(cfg.StreamsPerToken),
+		streams:   newStreamLimiter(cfg.StreamsPerToken),
+		baselines: newBaselines(),
 	}
 	s.ctx, s.cancel = context.WithCancel(context.Background())
 	lis := cfg.Listener

@@ -50,7 +50,7 @@ func (s *Server) events(w http.ResponseWriter, r *http.Request) {
 	}
 	var f filters
 	var err error
-	f, err = parseFilters(k, r.URL.Query(), r.URL.Query().Get("id"), "page", "id")
+	f, err = parseFilters(k, r.URL.Query(), r.URL.Query().Get("id"), "page", "id", "render")
 	if err != nil {
 		sse.send("fail", err.Error())
 		return
@@ -65,7 +65,7 @@ func (s *Server) events(w http.ResponseWriter, r *http.Request) {
 	defer cancel()
 	lv := &liveStream{s: s, sess: sess, kind: k, f: f, trig: make(chan struct{}, 1), authErr: make(chan string, 1)}
 	lv.follow(ctx)
-	lv.run(ctx, sse)
+	lv.run(ctx, sse, s.baselines.take(sess, r.URL.Query().Get("render")))
 }
 
 // sse writes server-sent events, extending the write deadline per event.
@@ -237,7 +237,7 @@ func (lv *liveStream) watch(ctx context.Context, open func(context.Context) (fun
 
 // run renders and sends until the client goes, the token is refused or
 // the console closes.
-func (lv *liveStream) run(ctx context.Context, out *sse) {
+func (lv *liveStream) run(ctx context.Context, out *sse, base *baseline) {
 	s := lv.s
 	tick := time.NewTicker(s.cfg.LiveInterval)
 	defer tick.Stop()
@@ -247,8 +247,12 @@ func (lv *liveStream) run(ctx context.Context, out *sse) {
 	}
 	_ = out.rc.Flush()
 	var lastShape string
-	lastParts := map[string]string{}
+	lastParts := map[string]uint64{}
+	var lastWhole string
 	first := true
+	if lv.kind == pagePool && !lv.wait(ctx, out, tick) {
+		return // the pool renders from its hosts' watch once it is synced
+	}
 	for {
 		doc, err := lv.render(ctx)
 		switch {
@@ -263,23 +267,30 @@ func (lv *liveStream) run(ctx context.Context, out *sse) {
 			}
 		default:
 			var send []part
-			if doc.Shape != lastShape || first {
-				send = []part{{ID: "live", HTML: doc.Whole}}
-				lastParts = map[string]string{}
+			if first && base != nil && base.shape == hash64(doc.Shape) {
+				// Start from what the page showed.
+				lastShape, lastParts = doc.Shape, base.parts
+				if len(doc.Parts) == 0 {
+					lastWhole = doc.Whole
+				}
+			}
+			if doc.Shape != lastShape || len(doc.Parts) == 0 {
+				if doc.Whole != lastWhole {
+					send = []part{{ID: "live", HTML: doc.Whole}}
+				}
+				lastParts = map[string]uint64{}
 				for _, p := range doc.Parts {
-					lastParts[p.ID] = p.HTML
+					lastParts[p.ID] = hash64(p.HTML)
 				}
 			} else {
 				for _, p := range doc.Parts {
-					if lastParts[p.ID] != p.HTML {
+					if h := hash64(p.HTML); lastParts[p.ID] != h {
 						send = append(send, p)
-						lastParts[p.ID] = p.HTML
+						lastParts[p.ID] = h
 					}
 				}
 			}
-			// The first render repeats the page the browser has; sending
-			// it closes the gap between the page and the stream.
-			lastShape, first = doc.Shape, false
+			lastShape, lastWhole, first = doc.Shape, doc.Whole, false
 			if len(send) > 0 {
 				b, _ := json.Marshal(send)
 				if out.send("parts", string(b)) != nil {
@@ -287,30 +298,45 @@ func (lv *liveStream) run(ctx context.Context, out *sse) {
 				}
 			}
 		}
+		if !lv.wait(ctx, out, tick) {
+			return
+		}
+	}
+}
+
+// wait blocks until the next render is due: an event of a followed watch,
+// or (except for the pool, which changes only with its hosts' events) a
+// tick. Every tick checks the token, so a revoked token's stream ends even
+// when nothing it follows changes. It reports false when the stream ends.
+func (lv *liveStream) wait(ctx context.Context, out *sse, tick *time.Ticker) bool {
+	s := lv.s
+	for {
 		select {
 		case <-ctx.Done():
-			return
+			return false
 		case <-s.ctx.Done():
-			return
+			return false
 		case why := <-lv.authErr:
 			out.send("signout", "Your token was refused: "+why)
-			return
+			return false
 		case <-lv.trig:
 		case <-tick.C:
-			// Between events, check the token: a revoked token's stream
-			// ends even when nothing it follows changes.
 			if lv.sess.secret != "" {
 				_, err := s.api.acl.WhoAmI(lv.sess.outgoing(ctx), &gpupoolv1.WhoAmIRequest{})
 				if status.Code(err) == codes.Unauthenticated {
 					out.send("signout", "Your token was refused: "+status.Convert(err).Message())
-					return
+					return false
 				}
+			}
+			if lv.kind == pagePool {
+				continue
 			}
 		}
 		select {
 		case <-ctx.Done():
-			return
+			return false
 		case <-time.After(minRenderGap):
+			return true
 		}
 	}
 }

@@ -81,7 +81,7 @@ func (s *Server) page(k pageKind) http.Handler {
 			return
 		}
 		data.Live = template.HTML(doc.Whole) // built by templates and escapeHTML only
-		data.Stream = f.query(k)
+		data.Stream = f.query(k) + "&render=" + s.baselines.put(sess, doc)
 		s.renderLayout(w, http.StatusOK, data)
 	})
 }
