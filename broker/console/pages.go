@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"path"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -573,7 +574,8 @@ func (s *Server) poolDoc(hosts []*gpupoolv1.Host, f filters, held map[string]boo
 	}
 	slices.Sort(models)
 	var whole, shape strings.Builder
-	var parts []part
+	whole.Grow(len(hosts) * 1300)
+	parts := make([]part, 0, len(hosts)+1)
 	var sb bytes.Buffer
 	if err := s.tpl.ExecuteTemplate(&sb, "pool-summary", sum); err != nil {
 		return liveDoc{}, err
@@ -666,60 +668,88 @@ func measuredPercent(d *gpupoolv1.Device) int {
 // has tens of thousands of cells. Every string from the pool goes through
 // escapeHTML.
 func hostRowHTML(h *gpupoolv1.Host, devs []*gpupoolv1.Device, held map[string]bool, now time.Time) string {
-	var b strings.Builder
-	id := escapeHTML(h.Id)
-	cls := "row " + hostStatusName(h.Status)
+	b := make([]byte, 0, 256+150*len(devs))
+	path := escapeURLPath(h.Id)
+	b = append(b, `<div class="row `...)
+	b = append(b, hostStatusName(h.Status)...)
 	if !h.Eligible {
-		cls += " ineligible"
+		b = append(b, " ineligible"...)
 	}
-	fmt.Fprintf(&b, `<div class="%s" id="%s"><a class="host" href="/hosts/%s">%s</a><span class="cells" data-host="%s">`, cls, escapeHTML(rowID(h.Id)), escapeURLPath(h.Id), id, escapeURLPath(h.Id))
+	b = append(b, `" id="`...)
+	b = append(b, escapeHTML(rowID(h.Id))...)
+	b = append(b, `"><a class="host" href="/hosts/`...)
+	b = append(b, path...)
+	b = append(b, `">`...)
+	b = append(b, escapeHTML(h.Id)...)
+	b = append(b, `</a><span class="cells" data-host="`...)
+	b = append(b, path...)
+	b = append(b, `">`...)
 	for _, d := range devs {
-		r, m := reservedPercent(d), measuredPercent(d)
-		fmt.Fprintf(&b, `<i class="c r%d`, (r+9)/10)
-		if m >= 0 {
-			fmt.Fprintf(&b, ` m%d`, (m+9)/10)
-		}
-		if d.Health == gpupoolv1.DeviceHealth_DEVICE_HEALTH_UNHEALTHY {
-			b.WriteString(" bad")
-		}
-		if held != nil && !held[d.Uuid] {
-			b.WriteString(" dim")
-		}
-		b.WriteString(`"`)
-		if d.LeaseCount > 0 {
-			fmt.Fprintf(&b, ` data-leases="%d"`, d.LeaseCount)
-		}
-		fmt.Fprintf(&b, ` data-gpu="%d" title="%s"></i>`, d.Index, escapeHTML(cellTitle(d, r, m)))
+		b = appendCell(b, d, held)
 	}
-	b.WriteString(`</span><span class="marks">`)
-	b.WriteString(hostStatusBadge(h))
+	b = append(b, `</span><span class="marks">`...)
+	b = append(b, hostStatusBadge(h)...)
 	if !h.Eligible {
-		b.WriteString(` <span class="badge warn">ineligible</span>`)
+		b = append(b, ` <span class="badge warn">ineligible</span>`...)
 	}
 	if h.Drain != nil && h.Drain.DeadlineMs > 0 && h.Status == gpupoolv1.HostStatus_HOST_STATUS_DRAINING {
-		fmt.Fprintf(&b, ` <span class="countdown" data-deadline="%d">%s</span>`, h.Drain.DeadlineMs, untilText(h.Drain.DeadlineMs, now))
+		b = fmt.Appendf(b, ` <span class="countdown" data-deadline="%d">%s</span>`, h.Drain.DeadlineMs, untilText(h.Drain.DeadlineMs, now))
 	}
-	b.WriteString(`</span></div>`)
-	return b.String()
+	b = append(b, `</span></div>`...)
+	return string(b)
 }
 
-// cellTitle is a GPU's tooltip: short, since a large pool has tens of
-// thousands of cells; the host page has the rest.
-func cellTitle(d *gpupoolv1.Device, reserved, measured int) string {
-	var b strings.Builder
-	fmt.Fprintf(&b, "GPU %d", d.Index)
-	if d.LeaseCount > 0 {
-		fmt.Fprintf(&b, " · %s/%s, %d%% · %d leases", mib(d.AllocatedMemoryMib), mib(d.MemoryMib), d.AllocatedComputePercent, d.LeaseCount)
-	} else {
-		b.WriteString(" · free")
-	}
-	if measured >= 0 {
-		fmt.Fprintf(&b, " · used %s, %d%%", mib(d.UsedMemoryMib), d.UtilizationPercent)
+// appendCell appends one GPU's heatmap cell. Only the health reason comes
+// from outside (the agent); the rest are numbers and fixed words.
+func appendCell(b []byte, d *gpupoolv1.Device, held map[string]bool) []byte {
+	r, m := reservedPercent(d), measuredPercent(d)
+	b = append(b, `<i class="c r`...)
+	b = strconv.AppendInt(b, int64((r+9)/10), 10)
+	if m >= 0 {
+		b = append(b, ` m`...)
+		b = strconv.AppendInt(b, int64((m+9)/10), 10)
 	}
 	if d.Health == gpupoolv1.DeviceHealth_DEVICE_HEALTH_UNHEALTHY {
-		b.WriteString(" · " + healthName(d))
+		b = append(b, " bad"...)
 	}
-	return b.String()
+	if held != nil && !held[d.Uuid] {
+		b = append(b, " dim"...)
+	}
+	b = append(b, '"')
+	if d.LeaseCount > 0 {
+		b = append(b, ` data-leases="`...)
+		b = strconv.AppendInt(b, int64(d.LeaseCount), 10)
+		b = append(b, '"')
+	}
+	b = append(b, ` data-gpu="`...)
+	b = strconv.AppendInt(b, int64(d.Index), 10)
+	b = append(b, `" title="GPU `...)
+	b = strconv.AppendInt(b, int64(d.Index), 10)
+	if d.LeaseCount > 0 {
+		b = append(b, " · "...)
+		b = append(b, mib(d.AllocatedMemoryMib)...)
+		b = append(b, '/')
+		b = append(b, mib(d.MemoryMib)...)
+		b = append(b, ", "...)
+		b = strconv.AppendInt(b, int64(d.AllocatedComputePercent), 10)
+		b = append(b, "% · "...)
+		b = strconv.AppendInt(b, int64(d.LeaseCount), 10)
+		b = append(b, " leases"...)
+	} else {
+		b = append(b, " · free"...)
+	}
+	if m >= 0 {
+		b = append(b, " · used "...)
+		b = append(b, mib(d.UsedMemoryMib)...)
+		b = append(b, ", "...)
+		b = strconv.AppendInt(b, int64(d.UtilizationPercent), 10)
+		b = append(b, '%')
+	}
+	if d.Health == gpupoolv1.DeviceHealth_DEVICE_HEALTH_UNHEALTHY {
+		b = append(b, " · "...)
+		b = append(b, escapeHTML(healthName(d))...)
+	}
+	return append(b, `"></i>`...)
 }
 
 func hostStatusName(s gpupoolv1.HostStatus) string {
