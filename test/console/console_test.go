@@ -230,6 +230,25 @@ func startPool(t *testing.T) *pool {
 	return p
 }
 
+// follower is the index of a broker that does not lead.
+func (p *pool) follower() int {
+	p.t.Helper()
+	var peers struct {
+		LeaderID string `json:"leader_id"`
+	}
+	out := p.cli("operator", "raft", "peers", "-o", "json", "--token", p.mgmt)
+	if err := json.Unmarshal([]byte(out), &peers); err != nil || peers.LeaderID == "" {
+		p.t.Fatalf("raft peers: %v in %q", err, out)
+	}
+	for i := range p.ui {
+		if fmt.Sprintf("broker-%d", i+1) != peers.LeaderID {
+			return i
+		}
+	}
+	p.t.Fatal("no follower")
+	return 0
+}
+
 // artifacts is where screenshots go.
 func artifacts(t *testing.T) string {
 	dir := os.Getenv("GPUPOOL_CONSOLE_ARTIFACTS")
@@ -326,7 +345,9 @@ func TestConsoleInABrowser(t *testing.T) {
 	exe := chromium(t)
 	p := startPool(t)
 	shots := artifacts(t)
-	base := "https://" + p.ui[0] + "/"
+	// A follower's console: measured usage and heartbeats are leader
+	// memory, which it must get from the leader.
+	base := "https://" + p.ui[p.follower()] + "/"
 	ctx := newBrowser(t, exe)
 
 	// A missing token gets the sign-in page with the reason.
@@ -362,6 +383,8 @@ func TestConsoleInABrowser(t *testing.T) {
 		t.Fatal(err)
 	}
 	until(t, ctx, "the countdown to move from "+first, fmt.Sprintf(`document.getElementById("drain-countdown").textContent !== %q`, first))
+	until(t, ctx, "the leader's readings and heartbeat age on a follower's console",
+		`document.querySelector("[data-since]") !== null && !document.getElementById("live").textContent.includes("no reading")`)
 	screenshot(t, ctx, shots, "host")
 
 	// A why-pending text shows on the queue page.
