@@ -161,13 +161,19 @@ func New(cfg Config) (*Server, error) {
 		ErrorLog:          slog.NewLogLogger(cfg.Logger.Handler(), slog.LevelDebug),
 		BaseContext:       func(net.Listener) context.Context { return s.ctx },
 	}
-	if cfg.TLS != nil {
-		s.lis = tls.NewListener(lis, cfg.TLS)
-	}
 	s.wg.Add(1)
 	go func() {
 		defer s.wg.Done()
-		if err := s.http.Serve(s.lis); err != nil && !errors.Is(err, http.ErrServerClosed) {
+		var err error
+		if cfg.TLS != nil {
+			// ServeTLS also offers HTTP/2, so that a user's many open
+			// pages share one connection instead of HTTP/1.1's six.
+			s.http.TLSConfig = cfg.TLS.Clone()
+			err = s.http.ServeTLS(lis, "", "")
+		} else {
+			err = s.http.Serve(lis)
+		}
+		if err != nil && !errors.Is(err, http.ErrServerClosed) {
 			s.log.Warn("console stopped serving", "err", err)
 		}
 	}()

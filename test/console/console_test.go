@@ -373,6 +373,10 @@ func TestConsoleInABrowser(t *testing.T) {
 	until(t, ctx, "the new lease's GPU marked on the pool page",
 		fmt.Sprintf(`window.noReload === true && document.querySelector('#row-%s .cells > i[data-gpu="%d"]')?.dataset.leases === "1"`, lease.Slices[0].Host, lease.Slices[0].DeviceIndex))
 	screenshot(t, ctx, shots, "pool-first-lease")
+	proto, err := chromedp.Run(ctx, chromedp.Evaluate[string](`performance.getEntriesByType("navigation")[0].nextHopProtocol`))
+	if err != nil || proto != "h2" {
+		t.Errorf("protocol of the page: got %q (%v), want h2 over the broker's TLS", proto, err)
+	}
 
 	// A drain's countdown moves (the host keeps the lease until then).
 	drained := lease.Slices[0].Host
