@@ -153,6 +153,9 @@ func (c *Config) setDefaults() error {
 	if c.PendingGrace <= 0 {
 		c.PendingGrace = DefaultPendingGrace
 	}
+	if err := c.UI.validate(); err != nil {
+		return err
+	}
 	if c.UsageHistoryInterval <= 0 {
 		c.UsageHistoryInterval = DefaultUsageHistoryInterval
 	}

@@ -3,6 +3,7 @@ package broker
 import (
 	"crypto/tls"
 	"fmt"
+	"net"
 
 	"github.com/gpupool/gpupool/broker/console"
 )
@@ -18,6 +19,18 @@ type UIConfig struct {
 }
 
 type uiServer = console.Server
+
+func (c UIConfig) validate() error {
+	if c.Bind != "" {
+		if _, port, err := net.SplitHostPort(c.Bind); err != nil || port == "" {
+			return fmt.Errorf("broker: --ui-bind %q: must be HOST:PORT, e.g. 127.0.0.1:7701", c.Bind)
+		}
+	}
+	if c.StreamsPerToken < 0 {
+		return fmt.Errorf("broker: --ui-streams-per-token %d: must be 0 (the default, %d) or more", c.StreamsPerToken, console.DefaultStreamsPerToken)
+	}
+	return nil
+}
 
 // startUI starts the console when Config.UI.Bind is set. It reads through
 // the broker's own gRPC API, dialled like a peer, with the signed-in
