@@ -501,3 +501,28 @@ func TestConsoleCapsTheRequestBody(t *testing.T) {
 		t.Errorf("a 64 KiB sign-in form: got %d, want 400", resp.StatusCode)
 	}
 }
+
+func TestConsoleLeasePageShowsNoticesLive(t *testing.T) {
+	e := startEnv(t, false, nil)
+	resp, err := e.lease.Acquire(ctx(t), &gpupoolv1.AcquireRequest{Request: &gpupoolv1.LeaseRequest{Count: 1, MemoryMib: 1024, ComputePercent: 10, TtlMs: 600_000, Tenant: "a"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var once sync.Once
+	var got string
+	events(t, e.browser(t), e.base+"/events?page=lease&id="+resp.Lease.Id, func(ev, data string) bool {
+		if ev != "parts" {
+			return false
+		}
+		once.Do(func() {
+			if _, err := gpupoolv1.NewPoolServiceClient(e.conn).DrainHost(ctx(t), &gpupoolv1.DrainHostRequest{HostId: "h1", DeadlineAfterMs: 3_600_000, Reason: "kernel"}); err != nil {
+				t.Error(err)
+			}
+		})
+		got = data
+		return strings.Contains(data, "drain notice")
+	})
+	if !strings.Contains(got, "data-deadline") {
+		t.Errorf("the drain notice: got %.300q, want it with its deadline's countdown", got)
+	}
+}

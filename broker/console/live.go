@@ -111,9 +111,10 @@ type liveStream struct {
 	// authErr receives why the broker refused the token.
 	authErr chan string
 
-	mu    sync.Mutex
-	hosts map[string]*gpupoolv1.Host // guarded by mu; the pool's, from WatchHosts
-	order []string                   // guarded by mu
+	mu     sync.Mutex
+	hosts  map[string]*gpupoolv1.Host // guarded by mu; the pool's, from WatchHosts
+	order  []string                   // guarded by mu
+	events []*gpupoolv1.LeaseEvent    // guarded by mu; a lease's, newest first
 }
 
 func (lv *liveStream) signal() {
@@ -205,9 +206,24 @@ func (lv *liveStream) watchLeases(ctx context.Context, req *gpupoolv1.WatchLease
 		if err != nil {
 			return nil, err
 		}
-		return func() error { _, err := st.Recv(); lv.signal(); return err }, nil
+		return func() error {
+			ev, err := st.Recv()
+			if err == nil && lv.kind == pageLease && ev.Type != gpupoolv1.LeaseEventType_LEASE_EVENT_TYPE_SNAPSHOT {
+				lv.mu.Lock()
+				lv.events = append([]*gpupoolv1.LeaseEvent{ev}, lv.events...)
+				if len(lv.events) > maxLiveEvents {
+					lv.events = lv.events[:maxLiveEvents]
+				}
+				lv.mu.Unlock()
+			}
+			lv.signal()
+			return err
+		}, nil
 	})
 }
+
+// maxLiveEvents bounds the events a lease page's stream keeps.
+const maxLiveEvents = 50
 
 // watch keeps one broker stream open until ctx ends: open it, receive
 // until it fails, and open it again after a pause, unless the token was
@@ -343,7 +359,10 @@ func (lv *liveStream) wait(ctx context.Context, out *sse, tick *time.Ticker) boo
 
 func (lv *liveStream) render(ctx context.Context) (liveDoc, error) {
 	if lv.kind != pagePool {
-		return lv.s.renderLive(ctx, lv.sess, lv.kind, lv.f, nil)
+		lv.mu.Lock()
+		events := slices.Clone(lv.events)
+		lv.mu.Unlock()
+		return lv.s.renderLive(ctx, lv.sess, lv.kind, lv.f, fromStream{events: events})
 	}
 	lv.mu.Lock()
 	hosts := make([]*gpupoolv1.Host, 0, len(lv.order))
@@ -354,5 +373,5 @@ func (lv *liveStream) render(ctx context.Context) (liveDoc, error) {
 	if len(hosts) == 0 {
 		hosts = nil // not synced yet: read them
 	}
-	return lv.s.renderLive(ctx, lv.sess, lv.kind, lv.f, hosts)
+	return lv.s.renderLive(ctx, lv.sess, lv.kind, lv.f, fromStream{hosts: hosts})
 }

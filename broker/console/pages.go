@@ -70,7 +70,7 @@ func (s *Server) page(k pageKind) http.Handler {
 			s.renderLayout(w, http.StatusBadRequest, data)
 			return
 		}
-		doc, err := s.renderLive(r.Context(), sess, k, f, nil)
+		doc, err := s.renderLive(r.Context(), sess, k, f, fromStream{})
 		if err != nil {
 			st := status.Convert(err)
 			if st.Code() == codes.Unauthenticated {
@@ -121,13 +121,21 @@ func (s *Server) renderTemplate(w http.ResponseWriter, code int, name string, da
 }
 
 // renderLive builds a page's live region from the broker's API, as the
-// session. The pool page takes its hosts from hosts when given (a stream's
+// session. The pool page takes its hosts from in when given (a stream's
 // own copy), else from ListHosts.
-func (s *Server) renderLive(ctx context.Context, sess *session, k pageKind, f filters, hosts []*gpupoolv1.Host) (liveDoc, error) {
+// fromStream is what a page's stream gathered itself: the pool's hosts
+// (from WatchHosts) and a lease's events since the stream opened.
+type fromStream struct {
+	hosts  []*gpupoolv1.Host
+	events []*gpupoolv1.LeaseEvent
+}
+
+func (s *Server) renderLive(ctx context.Context, sess *session, k pageKind, f filters, in fromStream) (liveDoc, error) {
 	ctx, cancel := context.WithTimeout(sess.outgoing(ctx), 20*time.Second)
 	defer cancel()
 	switch k {
 	case pagePool:
+		hosts := in.hosts
 		if hosts == nil {
 			resp, err := s.api.pool.ListHosts(ctx, &gpupoolv1.ListHostsRequest{}, bigReply)
 			if err != nil {
@@ -155,7 +163,13 @@ func (s *Server) renderLive(ctx context.Context, sess *session, k pageKind, f fi
 	case pageLeases:
 		return s.execDoc("live-leases", func() (any, error) { return s.leasesView(ctx, f) })
 	case pageLease:
-		return s.execDoc("live-lease", func() (any, error) { return s.leaseView(ctx, sess, f) })
+		return s.execDoc("live-lease", func() (any, error) {
+			v, err := s.leaseView(ctx, sess, f)
+			if v != nil {
+				v.Live = in.events
+			}
+			return v, err
+		})
 	case pageQueue:
 		return s.execDoc("live-queue", func() (any, error) { return s.queueView(ctx, f) })
 	case pageTenants:
@@ -289,6 +303,9 @@ type leaseView struct {
 	L      *gpupoolv1.Lease
 	Events []*gpupoolv1.AuditEntry
 	Extras []*gpupoolv1.Lease
+	// Live are the lease's events since the page's stream opened, newest
+	// first: notices, violations, unhealthy devices, growth, its end.
+	Live []*gpupoolv1.LeaseEvent
 }
 
 func (s *Server) leaseView(ctx context.Context, sess *session, f filters) (*leaseView, error) {

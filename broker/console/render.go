@@ -78,5 +78,8 @@ func parseTemplates() (*template.Template, error) {
 			return l.State == gpupoolv1.LeaseState_LEASE_STATE_GRANTED || l.State == gpupoolv1.LeaseState_LEASE_STATE_RELEASING
 		},
 		"add": func(a, b int) int { return a + b },
+		"eventType": func(t gpupoolv1.LeaseEventType) string {
+			return strings.ReplaceAll(strings.ToLower(strings.TrimPrefix(t.String(), "LEASE_EVENT_TYPE_")), "_", " ")
+		},
 	}).ParseFS(assets, "assets/templates/*.html")
 }
