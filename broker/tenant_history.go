@@ -3,6 +3,7 @@ package broker
 import (
 	"context"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -48,13 +49,8 @@ func newUsageHistory() *usageHistory {
 // history shows the drop.
 func (h *usageHistory) record(st *state.Reader, atMs int64) {
 	tenants := map[string]bool{}
-	for _, q := range st.Quotas() {
-		tenants[q.Tenant] = true
-	}
-	for _, l := range st.Leases() {
-		if state.Holding(l.State) {
-			tenants[l.Tenant] = true
-		}
+	for _, t := range activeTenants(st) {
+		tenants[t] = true
 	}
 	h.mu.Lock()
 	defer h.mu.Unlock()
@@ -86,6 +82,27 @@ func (h *usageHistory) record(st *state.Reader, atMs int64) {
 		}
 		delete(h.tenants, oldest)
 	}
+}
+
+// activeTenants are the tenants with a quota or a lease holding capacity.
+func activeTenants(st *state.Reader) []string {
+	seen := map[string]bool{}
+	var out []string
+	add := func(t string) {
+		if !seen[t] {
+			seen[t] = true
+			out = append(out, t)
+		}
+	}
+	for _, q := range st.Quotas() {
+		add(q.Tenant)
+	}
+	for _, l := range st.Leases() {
+		if state.Holding(l.State) {
+			add(l.Tenant)
+		}
+	}
+	return out
 }
 
 func tenantHasQuota(st *state.Reader, t string) bool { return st.Quota(t) != nil }
@@ -138,8 +155,28 @@ func (e operatorService) TenantHistory(ctx context.Context, req *gpupoolv1.Tenan
 			return nil, err
 		}
 	}
-	hs := e.s.history.snapshot(func(t string) bool {
-		return (req.Tenant == "" || t == req.Tenant) && c.mayActFor(t, "") == nil
-	})
+	may := func(t string) bool { return (req.Tenant == "" || t == req.Tenant) && c.mayActFor(t, "") == nil }
+	hs := e.s.history.snapshot(may)
+	// The last sample is now, from this server's state, so that a tenant
+	// shows at once and its history ends with its current use.
+	st, now := e.s.fsm.State(), e.s.nowMs()
+	byTenant := map[string]*gpupoolv1.TenantUsageHistory{}
+	for _, h := range hs {
+		byTenant[h.Tenant] = h
+	}
+	for _, t := range activeTenants(st) {
+		if !may(t) {
+			continue
+		}
+		h := byTenant[t]
+		if h == nil {
+			h = &gpupoolv1.TenantUsageHistory{Tenant: t}
+			byTenant[t] = h
+			hs = append(hs, h)
+		}
+		u := fsm.TenantUsage(st, t)
+		h.Samples = append(h.Samples, &gpupoolv1.TenantUsageSample{AtMs: now, Gpus: u.Gpus, MemoryMib: u.MemoryMib, ComputePercent: u.ComputePercent, Leases: u.Leases})
+	}
+	slices.SortFunc(hs, func(a, b *gpupoolv1.TenantUsageHistory) int { return strings.Compare(a.Tenant, b.Tenant) })
 	return &gpupoolv1.TenantHistoryResponse{Tenants: hs, IntervalMs: e.s.cfg.UsageHistoryInterval.Milliseconds(), ServerId: e.s.cfg.NodeID}, nil
 }

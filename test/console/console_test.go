@@ -408,10 +408,12 @@ func TestConsoleInABrowser(t *testing.T) {
 		}
 	}
 
-	for _, page := range []string{"leases", "leases/" + lease.ID, "tenants", "cluster"} {
-		run(t, ctx, page, chromedp.Navigate(base+page), chromedp.WaitVisible(chromedp.ID(`live`)))
-		screenshot(t, ctx, shots, strings.ReplaceAll(page, "/", "-"))
+	for _, page := range []struct{ name, path string }{{"leases", "leases"}, {"lease", "leases/" + lease.ID}, {"tenants", "tenants"}, {"cluster", "cluster"}} {
+		run(t, ctx, page.name, chromedp.Navigate(base+page.path), chromedp.WaitVisible(chromedp.ID(`live`)))
+		screenshot(t, ctx, shots, page.name)
 	}
+	run(t, ctx, "tenants", chromedp.Navigate(base+"tenants"))
+	until(t, ctx, "team-a, which holds a lease but has no quota, on the tenants page", `document.querySelector('[data-tenant="team-a"]') !== null`)
 	scripts, err := chromedp.Run(ctx, chromedp.Evaluate[int](`document.querySelectorAll("script:not([src])").length`))
 	if err != nil {
 		t.Fatal(err)

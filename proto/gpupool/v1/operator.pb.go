@@ -1219,7 +1219,7 @@ func (x *TenantUsageSample) GetLeases() int32 {
 type TenantUsageHistory struct {
 	state  protoimpl.MessageState `protogen:"open.v1"`
 	Tenant string                 `protobuf:"bytes,1,opt,name=tenant,proto3" json:"tenant,omitempty"`
-	// Oldest first.
+	// Oldest first; the last is the tenant's use when the call was answered.
 	Samples       []*TenantUsageSample `protobuf:"bytes,2,rep,name=samples,proto3" json:"samples,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
