@@ -710,7 +710,7 @@ func hostRowHTML(h *gpupoolv1.Host, devs []*gpupoolv1.Device, held map[string]bo
 		b = append(b, ` <span class="badge warn">ineligible</span>`...)
 	}
 	if h.Drain != nil && h.Drain.DeadlineMs > 0 && h.Status == gpupoolv1.HostStatus_HOST_STATUS_DRAINING {
-		b = fmt.Appendf(b, ` <span class="countdown" data-deadline="%d">%s</span>`, h.Drain.DeadlineMs, untilText(h.Drain.DeadlineMs, now))
+		b = fmt.Appendf(b, ` deadline <span class="countdown" data-deadline="%d">%s</span>`, h.Drain.DeadlineMs, untilText(h.Drain.DeadlineMs, now))
 	}
 	b = append(b, `</span></div>`...)
 	return string(b)
@@ -803,7 +803,7 @@ func mib(n int64) string {
 func untilText(deadlineMs int64, now time.Time) string {
 	d := time.UnixMilli(deadlineMs).Sub(now)
 	if d <= 0 {
-		return "deadline passed"
+		return "now (passed)"
 	}
-	return "deadline in " + d.Round(time.Second).String()
+	return "in " + d.Round(time.Second).String()
 }

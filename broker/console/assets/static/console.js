@@ -15,7 +15,7 @@
   function tick() {
     document.querySelectorAll("[data-deadline]").forEach(function (el) {
       var left = Number(el.dataset.deadline) - now();
-      el.textContent = left > 0 ? "deadline in " + fmt(left) : "deadline passed";
+      el.textContent = left > 0 ? "in " + fmt(left) : "now (passed)";
     });
     document.querySelectorAll("[data-since]").forEach(function (el) {
       el.textContent = fmt(now() - Number(el.dataset.since));
