@@ -526,3 +526,24 @@ func TestConsoleLeasePageShowsNoticesLive(t *testing.T) {
 		t.Errorf("the drain notice: got %.300q, want it with its deadline's countdown", got)
 	}
 }
+
+func TestConsoleKeepsAQuietStreamOpenPastItsWriteTimeout(t *testing.T) {
+	e := startEnv(t, false, func(c *console.Config) { c.Timeouts.Write = 300 * time.Millisecond; c.LiveInterval = 50 * time.Millisecond })
+	req, _ := http.NewRequestWithContext(ctx(t), http.MethodGet, e.base+"/events?page=cluster", nil)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	sc := bufio.NewScanner(resp.Body)
+	sc.Buffer(make([]byte, 1<<20), 16<<20)
+	pings := 0
+	for pings < 5 && sc.Scan() {
+		if sc.Text() == ": ping" {
+			pings++
+		}
+	}
+	if pings < 5 {
+		t.Fatalf("the quiet stream ended after %d keep-alives (%v), want it open past 5 write timeouts", pings, sc.Err())
+	}
+}

@@ -73,6 +73,7 @@ type sse struct {
 	w       http.ResponseWriter
 	rc      *http.ResponseController
 	timeout time.Duration
+	last    time.Time // of the last write
 }
 
 func newSSE(w http.ResponseWriter, timeout time.Duration) (*sse, bool) {
@@ -87,17 +88,31 @@ func newSSE(w http.ResponseWriter, timeout time.Duration) (*sse, bool) {
 }
 
 func (e *sse) send(event, data string) error {
-	_ = e.rc.SetWriteDeadline(time.Now().Add(e.timeout))
 	var b strings.Builder
 	fmt.Fprintf(&b, "event: %s\n", event)
 	for _, line := range strings.Split(data, "\n") {
 		fmt.Fprintf(&b, "data: %s\n", line)
 	}
 	b.WriteString("\n")
-	if _, err := e.w.Write([]byte(b.String())); err != nil {
+	return e.write(b.String())
+}
+
+func (e *sse) write(s string) error {
+	_ = e.rc.SetWriteDeadline(time.Now().Add(e.timeout))
+	if _, err := e.w.Write([]byte(s)); err != nil {
 		return err
 	}
+	e.last = time.Now()
 	return e.rc.Flush()
+}
+
+// keepAlive writes a comment when nothing was written for half the write
+// timeout, so that a quiet stream's connection stays open.
+func (e *sse) keepAlive() error {
+	if time.Since(e.last) < e.timeout/2 {
+		return nil
+	}
+	return e.write(": ping\n\n")
 }
 
 // liveStream is one page's stream.
@@ -258,10 +273,9 @@ func (lv *liveStream) run(ctx context.Context, out *sse, base *baseline) {
 	tick := time.NewTicker(s.cfg.LiveInterval)
 	defer tick.Stop()
 	// The comment line tells the client the stream is open.
-	if _, err := fmt.Fprint(out.w, ": live\n\n"); err != nil {
+	if out.write(": live\n\n") != nil {
 		return
 	}
-	_ = out.rc.Flush()
 	var lastShape string
 	lastParts := map[string]uint64{}
 	var lastWhole string
@@ -337,6 +351,9 @@ func (lv *liveStream) wait(ctx context.Context, out *sse, tick *time.Ticker) boo
 			return false
 		case <-lv.trig:
 		case <-tick.C:
+			if out.keepAlive() != nil {
+				return false
+			}
 			if lv.sess.secret != "" {
 				_, err := s.api.acl.WhoAmI(lv.sess.outgoing(ctx), &gpupoolv1.WhoAmIRequest{})
 				if status.Code(err) == codes.Unauthenticated {
