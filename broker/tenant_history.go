@@ -8,9 +8,9 @@ import (
 	"time"
 
 	"github.com/gpupool/gpupool/broker/fsm"
-	"github.com/gpupool/gpupool/broker/lease"
 	"github.com/gpupool/gpupool/broker/state"
 	gpupoolv1 "github.com/gpupool/gpupool/proto/gpupool/v1"
+	"github.com/gpupool/gpupool/protocol"
 )
 
 // Tenant usage history: every server samples, from its own state, what
@@ -148,7 +148,7 @@ func (s *Server) sampleTenantUsage() {
 func (e operatorService) TenantHistory(ctx context.Context, req *gpupoolv1.TenantHistoryRequest) (*gpupoolv1.TenantHistoryResponse, error) {
 	c := callerFrom(ctx)
 	if req.Tenant != "" {
-		if err := lease.ValidateTenant("tenant", req.Tenant); err != nil {
+		if err := protocol.ValidateTenant("tenant", req.Tenant); err != nil {
 			return nil, toStatus(err)
 		}
 		if err := c.mayActFor(req.Tenant, "tenant"); err != nil {

@@ -10,9 +10,9 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 
-	"github.com/gpupool/gpupool/broker/lease"
 	"github.com/gpupool/gpupool/broker/state"
 	gpupoolv1 "github.com/gpupool/gpupool/proto/gpupool/v1"
+	"github.com/gpupool/gpupool/protocol"
 )
 
 // The watch streams of hosts, devices and the queue compare what they
@@ -234,7 +234,7 @@ func (e poolService) WatchDevices(req *gpupoolv1.WatchDevicesRequest, stream grp
 func (e leaseService) WatchQueue(req *gpupoolv1.WatchQueueRequest, stream grpc.ServerStreamingServer[gpupoolv1.QueueSnapshot]) error {
 	c := callerFrom(stream.Context())
 	if req.Tenant != "" {
-		if err := lease.ValidateTenant("tenant", req.Tenant); err != nil {
+		if err := protocol.ValidateTenant("tenant", req.Tenant); err != nil {
 			return toStatus(err)
 		}
 		if err := c.mayActFor(req.Tenant, "tenant"); err != nil {
@@ -269,7 +269,7 @@ func (e leaseService) WatchQueue(req *gpupoolv1.WatchQueueRequest, stream grpc.S
 func (s *Server) queueSnapshot(st *state.Reader, c *caller, tenant string) *gpupoolv1.QueueSnapshot {
 	match := func(l *gpupoolv1.Lease) bool { return (tenant == "" || l.Tenant == tenant) && c.sees(l) }
 	q := &gpupoolv1.QueueSnapshot{Index: st.Index()}
-	why := s.pendingExplainer(st)
+	why := s.explainer(st)
 	seen := map[string]bool{}
 	for _, p := range st.PendingLeases() {
 		for _, v := range st.PreemptedFor(p.Id) {

@@ -63,7 +63,7 @@ type Result struct {
 	Date      string
 }
 
-// Run is the benchmark's entry point: 'gpupool bench console [flags]'.
+// Run is the benchmark's entry point: 'gpupool-bench console [flags]'.
 func Run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	fs := flag.NewFlagSet("console", flag.ContinueOnError)
 	fs.SetOutput(stderr)

@@ -528,7 +528,10 @@ func TestConsoleLeasePageShowsNoticesLive(t *testing.T) {
 }
 
 func TestConsoleKeepsAQuietStreamOpenPastItsWriteTimeout(t *testing.T) {
-	e := startEnv(t, false, func(c *console.Config) { c.Timeouts.Write = 300 * time.Millisecond; c.LiveInterval = 50 * time.Millisecond })
+	e := startEnv(t, false, func(c *console.Config) {
+		c.Timeouts.Write = 300 * time.Millisecond
+		c.LiveInterval = 50 * time.Millisecond
+	})
 	req, _ := http.NewRequestWithContext(ctx(t), http.MethodGet, e.base+"/events?page=cluster", nil)
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {

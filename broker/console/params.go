@@ -7,8 +7,8 @@ import (
 	"slices"
 	"strings"
 
-	"github.com/gpupool/gpupool/broker/lease"
 	gpupoolv1 "github.com/gpupool/gpupool/proto/gpupool/v1"
+	"github.com/gpupool/gpupool/protocol"
 )
 
 // pageKind is one of the console's pages.
@@ -152,7 +152,7 @@ func (f *filters) set(key, v string) error {
 		}
 		f.LabelKey, f.LabelVal = k, val
 	case "tenant":
-		if err := lease.ValidateTenant("filter tenant", v); err != nil {
+		if err := protocol.ValidateTenant("filter tenant", v); err != nil {
 			return err
 		}
 		f.Tenant = v
