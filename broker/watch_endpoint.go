@@ -6,8 +6,6 @@ import (
 	"time"
 
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 
 	"github.com/gpupool/gpupool/broker/state"
@@ -36,7 +34,7 @@ func watchInterval(ms int64) (time.Duration, error) {
 	}
 	d := time.Duration(ms) * time.Millisecond
 	if d < minWatchInterval || d > maxWatchInterval {
-		return 0, status.Errorf(codes.InvalidArgument, "interval_ms %d: must be 0 (1000) or between %d and %d",
+		return 0, refusef(ErrInvalid, "interval_ms %d: must be 0 (1000) or between %d and %d",
 			ms, minWatchInterval.Milliseconds(), maxWatchInterval.Milliseconds())
 	}
 	return d, nil
@@ -53,7 +51,7 @@ func (s *Server) watchState(ctx context.Context, interval time.Duration, stale b
 	defer tick.Stop()
 	for {
 		if !stale && s.currentLeader() == nil {
-			return status.Error(codes.Unavailable, "this server no longer leads; watch again")
+			return refuse(ErrUnavailable, "this server no longer leads; watch again")
 		}
 		if err := s.recheck(c); err != nil {
 			return err
@@ -67,7 +65,7 @@ func (s *Server) watchState(ctx context.Context, interval time.Duration, stale b
 		case <-ctx.Done():
 			return nil
 		case <-s.shutdownCh:
-			return status.Error(codes.Unavailable, "server shutting down")
+			return refuse(ErrUnavailable, "server shutting down")
 		case <-tick.C:
 		case <-changed:
 			// Let a burst of writes land before building again.
@@ -193,7 +191,7 @@ func (e poolService) WatchHosts(req *gpupoolv1.WatchHostsRequest, stream grpc.Se
 
 func (e poolService) WatchDevices(req *gpupoolv1.WatchDevicesRequest, stream grpc.ServerStreamingServer[gpupoolv1.DeviceEvent]) error {
 	if _, err := path.Match(req.Model, ""); err != nil {
-		return status.Errorf(codes.InvalidArgument, "model %q: must be a valid glob such as A100*", req.Model)
+		return refusef(ErrInvalid, "model %q: must be a valid glob such as A100*", req.Model)
 	}
 	interval, err := watchInterval(req.IntervalMs)
 	if err != nil {
