@@ -125,7 +125,7 @@ func TestASandboxedProcessSeesOnlyItsOwnLease(t *testing.T) {
 	if m.Report().Cgroup == "v1" {
 		for file, want := range map[string]string{
 			filepath.Join("/sys/fs/cgroup/memory", m.cfg.CgroupParent, "L-a", "memory.limit_in_bytes"): strconv.Itoa(256 << 20),
-			filepath.Join("/sys/fs/cgroup/cpu", m.cfg.CgroupParent, "L-a", "cpu.cfs_quota_us"):          "50000",
+			filepath.Join("/sys/fs/cgroup/cpu", m.cfg.CgroupParent, "L-a", "cpu.cfs_quota_us"):         "50000",
 		} {
 			b, err := os.ReadFile(file)
 			if got := strings.TrimSpace(string(b)); err != nil || got != want {
