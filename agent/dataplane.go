@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"slices"
 	"sync"
@@ -49,6 +50,8 @@ func (l dpLeases) Env(id string) ([]string, bool)                { return l.a.Le
 func (l dpLeases) Dir(id string) (string, error)                 { return l.a.LeaseDir(id) }
 func (l dpLeases) Started(id string, pid int)                    { l.a.TrackProcess(id, pid) }
 func (l dpLeases) Usage(id string) (*gpupoolv1.LeaseUsage, bool) { return l.a.LeaseUsage(id) }
+func (l dpLeases) Sandbox(id string, cmd *exec.Cmd) error        { return l.a.Sandbox(id, cmd) }
+func (l dpLeases) Listens(id string, port int) bool              { return l.a.Listens(id, port) }
 
 // assignmentWait is how long a valid token for a lease this agent does
 // not enforce yet waits for the broker's assignment: Acquire returns as

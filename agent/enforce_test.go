@@ -51,7 +51,23 @@ func startWorkload(t *testing.T, id string) *testProc {
 		cmd.Process.Kill()
 		<-w.exited
 	})
+	if id != "" {
+		joinLease(t, id, w.pid)
+	}
 	return w
+}
+
+// joinLease puts pid in the lease's cgroup, as the sandbox's init does:
+// where leases have cgroups, their processes are those the cgroup holds,
+// whatever their environment says.
+func joinLease(t *testing.T, id string, pid int) {
+	t.Helper()
+	if box := testBox(); box.HasCgroups() {
+		if err := box.Join(id, pid); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { box.Remove(id) })
+	}
 }
 
 func (w *testProc) running() bool {
@@ -150,6 +166,7 @@ func TestWatchdogStopsALeaseThatIgnoresSIGTERMWithSIGKILL(t *testing.T) {
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
+	joinLease(t, "L1", cmd.Process.Pid)
 	exited := make(chan error, 1)
 	go func() { exited <- cmd.Wait() }()
 	t.Cleanup(func() { cmd.Process.Kill() })
@@ -569,6 +586,7 @@ func TestATeardownSurvivesTheHeartbeatStreamBreaking(t *testing.T) {
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
+	joinLease(t, "L1", cmd.Process.Pid)
 	exited := make(chan struct{})
 	go func() { cmd.Wait(); close(exited) }()
 	t.Cleanup(func() { cmd.Process.Kill(); <-exited })

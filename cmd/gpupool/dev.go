@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/gpupool/gpupool/agent/sandbox"
 	"io"
 	"net"
 	"os"
@@ -164,6 +165,10 @@ func runDev(cmd *cobra.Command, o devOpts) error {
 			"--data-bind", net.JoinHostPort(o.ip, strconv.Itoa(o.basePort+100+i)),
 			"--data-dir", filepath.Join(dir, fmt.Sprintf("host-%d", i+1)),
 			"--metrics-bind", net.JoinHostPort(o.ip, strconv.Itoa(o.basePort+150+i)),
+			// dev may run without root: then leases run with reduced
+			// isolation, which dev allows (and the agents say so).
+			"--allow-reduced-isolation",
+			"--sandbox-users", fmt.Sprintf("%d-%d", sandbox.DefaultRange.First+i*10000, sandbox.DefaultRange.First+i*10000+9999),
 		}})
 	}
 

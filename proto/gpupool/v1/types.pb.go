@@ -731,9 +731,13 @@ type Host struct {
 	// clients pin it.
 	CertSha256 string `protobuf:"bytes,19,opt,name=cert_sha256,json=certSha256,proto3" json:"cert_sha256,omitempty"`
 	// Set while the host is draining or drained; status follows from it.
-	Drain         *HostDrain `protobuf:"bytes,20,opt,name=drain,proto3" json:"drain,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Drain *HostDrain `protobuf:"bytes,20,opt,name=drain,proto3" json:"drain,omitempty"`
+	// What the agent runs each lease's processes in, as it reports it:
+	// "sandboxed (user, mounts, pid, cgroup, noprivs, cgroup v1)", or
+	// "reduced (...)" naming what this host lacks.
+	LeaseIsolation string `protobuf:"bytes,21,opt,name=lease_isolation,json=leaseIsolation,proto3" json:"lease_isolation,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
 }
 
 func (x *Host) Reset() {
@@ -904,6 +908,13 @@ func (x *Host) GetDrain() *HostDrain {
 		return x.Drain
 	}
 	return nil
+}
+
+func (x *Host) GetLeaseIsolation() string {
+	if x != nil {
+		return x.LeaseIsolation
+	}
+	return ""
 }
 
 // HostDrain is a host's drain record. It lives in the replicated state, so
@@ -2557,7 +2568,7 @@ const file_gpupool_v1_types_proto_rawDesc = "" +
 	"leaseCount\x12#\n" +
 	"\rhealth_reason\x18\x10 \x01(\tR\fhealthReason\x12&\n" +
 	"\x0fused_memory_mib\x18\x11 \x01(\x03R\rusedMemoryMib\x12/\n" +
-	"\x13utilization_percent\x18\x12 \x01(\x05R\x12utilizationPercent\"\xc2\x06\n" +
+	"\x13utilization_percent\x18\x12 \x01(\x05R\x12utilizationPercent\"\xeb\x06\n" +
 	"\x04Host\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x18\n" +
 	"\aaddress\x18\x02 \x01(\tR\aaddress\x124\n" +
@@ -2581,7 +2592,8 @@ const file_gpupool_v1_types_proto_rawDesc = "" +
 	"\x03mps\x18\x12 \x01(\bR\x03mps\x12\x1f\n" +
 	"\vcert_sha256\x18\x13 \x01(\tR\n" +
 	"certSha256\x12+\n" +
-	"\x05drain\x18\x14 \x01(\v2\x15.gpupool.v1.HostDrainR\x05drain\x1a9\n" +
+	"\x05drain\x18\x14 \x01(\v2\x15.gpupool.v1.HostDrainR\x05drain\x12'\n" +
+	"\x0flease_isolation\x18\x15 \x01(\tR\x0eleaseIsolation\x1a9\n" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xa1\x01\n" +
