@@ -265,7 +265,9 @@ var agentWatchdog = []string{"--watchdog-poll", "100ms", "--watchdog-grace", "50
 func (cl *cluster) newAgent(i int, extra ...string) *proc {
 	name := fmt.Sprintf("host-%d", i+1)
 	args := append([]string{"agent", "--broker", strings.Join(cl.addrs, ","), "--simulate", "8xA100-80GB", "--host-id", name,
-		"--data-dir", cl.agentDir(i), "--data-bind", "127.0.0.1:0", "--log-level", "debug"}, agentWatchdog...)
+		"--data-dir", cl.agentDir(i), "--data-bind", "127.0.0.1:0", "--log-level", "debug",
+		// Agents on one machine each take their own users.
+		"--sandbox-users", fmt.Sprintf("%d-%d", 300000+i*1000, 300000+i*1000+999)}, agentWatchdog...)
 	args = append(args, cl.security(name, pki.RoleAgent)...)
 	return cl.newProc(name, append(args, extra...)...)
 }
