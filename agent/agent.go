@@ -208,6 +208,11 @@ func New(cfg Config) (*Agent, error) {
 	if err != nil {
 		return nil, fmt.Errorf("agent: %w", err)
 	}
+	// An MPS daemon serves one user at a time: with per-lease users, the
+	// clients of every lease run as the sandbox's shared MPS user.
+	if m, ok := cfg.MPS.(interface{ SetClientUser(int) }); ok && box.Report().Full() {
+		m.SetClientUser(box.SharedUser())
+	}
 	procs := workload.NewTable(cfg.ProcRoot)
 	if box.HasCgroups() {
 		procs.SetLeaseOf(box.LeaseOf)
