@@ -50,6 +50,9 @@ type Result struct {
 	// Existing is set when a grant matched an earlier one by request id.
 	Existing bool
 	Err      error
+	// RecordRefusal, with Err, commits the audit entries Apply wrote and
+	// nothing else: the refusal itself is recorded.
+	RecordRefusal bool
 }
 
 // FSM implements raft.FSM over a state store.
@@ -127,10 +130,12 @@ func (f *FSM) apply(index uint64, msg proto.Message) *Result {
 		res = applyCreateACLToken(w, index, c)
 	case *gpupoolv1.RevokeAclTokenCommand:
 		res = applyRevokeACLToken(w, c)
+	case *gpupoolv1.ResetHostIdentityCommand:
+		res, evs = applyResetHostIdentity(w, c)
 	default:
 		res = &Result{Err: fmt.Errorf("%w: %T", ErrInvalid, msg)}
 	}
-	if res.Err != nil {
+	if res.Err != nil && !res.RecordRefusal {
 		w.Abort()
 		return res
 	}
@@ -173,6 +178,9 @@ func applyRegisterHost(w *state.Writer, index uint64, c *gpupoolv1.RegisterHostC
 	h := clone(c.Host)
 	h.Devices = nil
 	old := w.Host(h.Id)
+	if res := checkIdentity(w, old, h, c.NowMs); res != nil {
+		return res, nil
+	}
 	if old == nil {
 		h.RegisteredAtMs = c.NowMs
 		h.Status = gpupoolv1.HostStatus_HOST_STATUS_READY

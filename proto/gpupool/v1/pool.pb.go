@@ -869,6 +869,113 @@ func (x *StatusResponse) GetGpusUnhealthy() int32 {
 	return 0
 }
 
+type ResetHostIdentityRequest struct {
+	state  protoimpl.MessageState `protogen:"open.v1"`
+	HostId string                 `protobuf:"bytes,1,opt,name=host_id,json=hostId,proto3" json:"host_id,omitempty"`
+	// Why, for the audit log; at most 256 bytes.
+	Reason        string `protobuf:"bytes,2,opt,name=reason,proto3" json:"reason,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ResetHostIdentityRequest) Reset() {
+	*x = ResetHostIdentityRequest{}
+	mi := &file_gpupool_v1_pool_proto_msgTypes[13]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ResetHostIdentityRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ResetHostIdentityRequest) ProtoMessage() {}
+
+func (x *ResetHostIdentityRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_gpupool_v1_pool_proto_msgTypes[13]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ResetHostIdentityRequest.ProtoReflect.Descriptor instead.
+func (*ResetHostIdentityRequest) Descriptor() ([]byte, []int) {
+	return file_gpupool_v1_pool_proto_rawDescGZIP(), []int{13}
+}
+
+func (x *ResetHostIdentityRequest) GetHostId() string {
+	if x != nil {
+		return x.HostId
+	}
+	return ""
+}
+
+func (x *ResetHostIdentityRequest) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
+type ResetHostIdentityResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Host  *Host                  `protobuf:"bytes,1,opt,name=host,proto3" json:"host,omitempty"`
+	// Live leases on the host: their holders reach the host again once it
+	// registers with its new identity.
+	Leases        int32 `protobuf:"varint,2,opt,name=leases,proto3" json:"leases,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ResetHostIdentityResponse) Reset() {
+	*x = ResetHostIdentityResponse{}
+	mi := &file_gpupool_v1_pool_proto_msgTypes[14]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ResetHostIdentityResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ResetHostIdentityResponse) ProtoMessage() {}
+
+func (x *ResetHostIdentityResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_gpupool_v1_pool_proto_msgTypes[14]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ResetHostIdentityResponse.ProtoReflect.Descriptor instead.
+func (*ResetHostIdentityResponse) Descriptor() ([]byte, []int) {
+	return file_gpupool_v1_pool_proto_rawDescGZIP(), []int{14}
+}
+
+func (x *ResetHostIdentityResponse) GetHost() *Host {
+	if x != nil {
+		return x.Host
+	}
+	return nil
+}
+
+func (x *ResetHostIdentityResponse) GetLeases() int32 {
+	if x != nil {
+		return x.Leases
+	}
+	return 0
+}
+
 var File_gpupool_v1_pool_proto protoreflect.FileDescriptor
 
 const file_gpupool_v1_pool_proto_rawDesc = "" +
@@ -941,14 +1048,21 @@ const file_gpupool_v1_pool_proto_rawDesc = "" +
 	"\x0egpus_unhealthy\x18\x10 \x01(\x05R\rgpusUnhealthy\x1a@\n" +
 	"\x12LeasesByStateEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\x05R\x05value:\x028\x012\xcf\x03\n" +
+	"\x05value\x18\x02 \x01(\x05R\x05value:\x028\x01\"K\n" +
+	"\x18ResetHostIdentityRequest\x12\x17\n" +
+	"\ahost_id\x18\x01 \x01(\tR\x06hostId\x12\x16\n" +
+	"\x06reason\x18\x02 \x01(\tR\x06reason\"Y\n" +
+	"\x19ResetHostIdentityResponse\x12$\n" +
+	"\x04host\x18\x01 \x01(\v2\x10.gpupool.v1.HostR\x04host\x12\x16\n" +
+	"\x06leases\x18\x02 \x01(\x05R\x06leases2\xb1\x04\n" +
 	"\vPoolService\x12H\n" +
 	"\tListHosts\x12\x1c.gpupool.v1.ListHostsRequest\x1a\x1d.gpupool.v1.ListHostsResponse\x12B\n" +
 	"\aGetHost\x12\x1a.gpupool.v1.GetHostRequest\x1a\x1b.gpupool.v1.GetHostResponse\x12N\n" +
 	"\vListDevices\x12\x1e.gpupool.v1.ListDevicesRequest\x1a\x1f.gpupool.v1.ListDevicesResponse\x12?\n" +
 	"\x06Status\x12\x19.gpupool.v1.StatusRequest\x1a\x1a.gpupool.v1.StatusResponse\x12H\n" +
 	"\tDrainHost\x12\x1c.gpupool.v1.DrainHostRequest\x1a\x1d.gpupool.v1.DrainHostResponse\x12W\n" +
-	"\x0eSetEligibility\x12!.gpupool.v1.SetEligibilityRequest\x1a\".gpupool.v1.SetEligibilityResponseB7Z5github.com/gpupool/gpupool/proto/gpupool/v1;gpupoolv1b\x06proto3"
+	"\x0eSetEligibility\x12!.gpupool.v1.SetEligibilityRequest\x1a\".gpupool.v1.SetEligibilityResponse\x12`\n" +
+	"\x11ResetHostIdentity\x12$.gpupool.v1.ResetHostIdentityRequest\x1a%.gpupool.v1.ResetHostIdentityResponseB7Z5github.com/gpupool/gpupool/proto/gpupool/v1;gpupoolv1b\x06proto3"
 
 var (
 	file_gpupool_v1_pool_proto_rawDescOnce sync.Once
@@ -962,52 +1076,57 @@ func file_gpupool_v1_pool_proto_rawDescGZIP() []byte {
 	return file_gpupool_v1_pool_proto_rawDescData
 }
 
-var file_gpupool_v1_pool_proto_msgTypes = make([]protoimpl.MessageInfo, 14)
+var file_gpupool_v1_pool_proto_msgTypes = make([]protoimpl.MessageInfo, 16)
 var file_gpupool_v1_pool_proto_goTypes = []any{
-	(*DrainHostRequest)(nil),       // 0: gpupool.v1.DrainHostRequest
-	(*SetEligibilityRequest)(nil),  // 1: gpupool.v1.SetEligibilityRequest
-	(*SetEligibilityResponse)(nil), // 2: gpupool.v1.SetEligibilityResponse
-	(*DrainHostResponse)(nil),      // 3: gpupool.v1.DrainHostResponse
-	(*ListHostsRequest)(nil),       // 4: gpupool.v1.ListHostsRequest
-	(*ListHostsResponse)(nil),      // 5: gpupool.v1.ListHostsResponse
-	(*GetHostRequest)(nil),         // 6: gpupool.v1.GetHostRequest
-	(*GetHostResponse)(nil),        // 7: gpupool.v1.GetHostResponse
-	(*ListDevicesRequest)(nil),     // 8: gpupool.v1.ListDevicesRequest
-	(*ListDevicesResponse)(nil),    // 9: gpupool.v1.ListDevicesResponse
-	(*StatusRequest)(nil),          // 10: gpupool.v1.StatusRequest
-	(*ModelCapacity)(nil),          // 11: gpupool.v1.ModelCapacity
-	(*StatusResponse)(nil),         // 12: gpupool.v1.StatusResponse
-	nil,                            // 13: gpupool.v1.StatusResponse.LeasesByStateEntry
-	(*Host)(nil),                   // 14: gpupool.v1.Host
-	(*Lease)(nil),                  // 15: gpupool.v1.Lease
-	(*Device)(nil),                 // 16: gpupool.v1.Device
+	(*DrainHostRequest)(nil),          // 0: gpupool.v1.DrainHostRequest
+	(*SetEligibilityRequest)(nil),     // 1: gpupool.v1.SetEligibilityRequest
+	(*SetEligibilityResponse)(nil),    // 2: gpupool.v1.SetEligibilityResponse
+	(*DrainHostResponse)(nil),         // 3: gpupool.v1.DrainHostResponse
+	(*ListHostsRequest)(nil),          // 4: gpupool.v1.ListHostsRequest
+	(*ListHostsResponse)(nil),         // 5: gpupool.v1.ListHostsResponse
+	(*GetHostRequest)(nil),            // 6: gpupool.v1.GetHostRequest
+	(*GetHostResponse)(nil),           // 7: gpupool.v1.GetHostResponse
+	(*ListDevicesRequest)(nil),        // 8: gpupool.v1.ListDevicesRequest
+	(*ListDevicesResponse)(nil),       // 9: gpupool.v1.ListDevicesResponse
+	(*StatusRequest)(nil),             // 10: gpupool.v1.StatusRequest
+	(*ModelCapacity)(nil),             // 11: gpupool.v1.ModelCapacity
+	(*StatusResponse)(nil),            // 12: gpupool.v1.StatusResponse
+	(*ResetHostIdentityRequest)(nil),  // 13: gpupool.v1.ResetHostIdentityRequest
+	(*ResetHostIdentityResponse)(nil), // 14: gpupool.v1.ResetHostIdentityResponse
+	nil,                               // 15: gpupool.v1.StatusResponse.LeasesByStateEntry
+	(*Host)(nil),                      // 16: gpupool.v1.Host
+	(*Lease)(nil),                     // 17: gpupool.v1.Lease
+	(*Device)(nil),                    // 18: gpupool.v1.Device
 }
 var file_gpupool_v1_pool_proto_depIdxs = []int32{
-	14, // 0: gpupool.v1.SetEligibilityResponse.host:type_name -> gpupool.v1.Host
-	14, // 1: gpupool.v1.DrainHostResponse.host:type_name -> gpupool.v1.Host
-	14, // 2: gpupool.v1.ListHostsResponse.hosts:type_name -> gpupool.v1.Host
-	14, // 3: gpupool.v1.GetHostResponse.host:type_name -> gpupool.v1.Host
-	15, // 4: gpupool.v1.GetHostResponse.leases:type_name -> gpupool.v1.Lease
-	16, // 5: gpupool.v1.ListDevicesResponse.devices:type_name -> gpupool.v1.Device
+	16, // 0: gpupool.v1.SetEligibilityResponse.host:type_name -> gpupool.v1.Host
+	16, // 1: gpupool.v1.DrainHostResponse.host:type_name -> gpupool.v1.Host
+	16, // 2: gpupool.v1.ListHostsResponse.hosts:type_name -> gpupool.v1.Host
+	16, // 3: gpupool.v1.GetHostResponse.host:type_name -> gpupool.v1.Host
+	17, // 4: gpupool.v1.GetHostResponse.leases:type_name -> gpupool.v1.Lease
+	18, // 5: gpupool.v1.ListDevicesResponse.devices:type_name -> gpupool.v1.Device
 	11, // 6: gpupool.v1.StatusResponse.models:type_name -> gpupool.v1.ModelCapacity
-	13, // 7: gpupool.v1.StatusResponse.leases_by_state:type_name -> gpupool.v1.StatusResponse.LeasesByStateEntry
-	4,  // 8: gpupool.v1.PoolService.ListHosts:input_type -> gpupool.v1.ListHostsRequest
-	6,  // 9: gpupool.v1.PoolService.GetHost:input_type -> gpupool.v1.GetHostRequest
-	8,  // 10: gpupool.v1.PoolService.ListDevices:input_type -> gpupool.v1.ListDevicesRequest
-	10, // 11: gpupool.v1.PoolService.Status:input_type -> gpupool.v1.StatusRequest
-	0,  // 12: gpupool.v1.PoolService.DrainHost:input_type -> gpupool.v1.DrainHostRequest
-	1,  // 13: gpupool.v1.PoolService.SetEligibility:input_type -> gpupool.v1.SetEligibilityRequest
-	5,  // 14: gpupool.v1.PoolService.ListHosts:output_type -> gpupool.v1.ListHostsResponse
-	7,  // 15: gpupool.v1.PoolService.GetHost:output_type -> gpupool.v1.GetHostResponse
-	9,  // 16: gpupool.v1.PoolService.ListDevices:output_type -> gpupool.v1.ListDevicesResponse
-	12, // 17: gpupool.v1.PoolService.Status:output_type -> gpupool.v1.StatusResponse
-	3,  // 18: gpupool.v1.PoolService.DrainHost:output_type -> gpupool.v1.DrainHostResponse
-	2,  // 19: gpupool.v1.PoolService.SetEligibility:output_type -> gpupool.v1.SetEligibilityResponse
-	14, // [14:20] is the sub-list for method output_type
-	8,  // [8:14] is the sub-list for method input_type
-	8,  // [8:8] is the sub-list for extension type_name
-	8,  // [8:8] is the sub-list for extension extendee
-	0,  // [0:8] is the sub-list for field type_name
+	15, // 7: gpupool.v1.StatusResponse.leases_by_state:type_name -> gpupool.v1.StatusResponse.LeasesByStateEntry
+	16, // 8: gpupool.v1.ResetHostIdentityResponse.host:type_name -> gpupool.v1.Host
+	4,  // 9: gpupool.v1.PoolService.ListHosts:input_type -> gpupool.v1.ListHostsRequest
+	6,  // 10: gpupool.v1.PoolService.GetHost:input_type -> gpupool.v1.GetHostRequest
+	8,  // 11: gpupool.v1.PoolService.ListDevices:input_type -> gpupool.v1.ListDevicesRequest
+	10, // 12: gpupool.v1.PoolService.Status:input_type -> gpupool.v1.StatusRequest
+	0,  // 13: gpupool.v1.PoolService.DrainHost:input_type -> gpupool.v1.DrainHostRequest
+	1,  // 14: gpupool.v1.PoolService.SetEligibility:input_type -> gpupool.v1.SetEligibilityRequest
+	13, // 15: gpupool.v1.PoolService.ResetHostIdentity:input_type -> gpupool.v1.ResetHostIdentityRequest
+	5,  // 16: gpupool.v1.PoolService.ListHosts:output_type -> gpupool.v1.ListHostsResponse
+	7,  // 17: gpupool.v1.PoolService.GetHost:output_type -> gpupool.v1.GetHostResponse
+	9,  // 18: gpupool.v1.PoolService.ListDevices:output_type -> gpupool.v1.ListDevicesResponse
+	12, // 19: gpupool.v1.PoolService.Status:output_type -> gpupool.v1.StatusResponse
+	3,  // 20: gpupool.v1.PoolService.DrainHost:output_type -> gpupool.v1.DrainHostResponse
+	2,  // 21: gpupool.v1.PoolService.SetEligibility:output_type -> gpupool.v1.SetEligibilityResponse
+	14, // 22: gpupool.v1.PoolService.ResetHostIdentity:output_type -> gpupool.v1.ResetHostIdentityResponse
+	16, // [16:23] is the sub-list for method output_type
+	9,  // [9:16] is the sub-list for method input_type
+	9,  // [9:9] is the sub-list for extension type_name
+	9,  // [9:9] is the sub-list for extension extendee
+	0,  // [0:9] is the sub-list for field type_name
 }
 
 func init() { file_gpupool_v1_pool_proto_init() }
@@ -1022,7 +1141,7 @@ func file_gpupool_v1_pool_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_gpupool_v1_pool_proto_rawDesc), len(file_gpupool_v1_pool_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   14,
+			NumMessages:   16,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

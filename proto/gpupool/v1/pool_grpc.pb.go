@@ -19,12 +19,13 @@ import (
 const _ = grpc.SupportPackageIsVersion9
 
 const (
-	PoolService_ListHosts_FullMethodName      = "/gpupool.v1.PoolService/ListHosts"
-	PoolService_GetHost_FullMethodName        = "/gpupool.v1.PoolService/GetHost"
-	PoolService_ListDevices_FullMethodName    = "/gpupool.v1.PoolService/ListDevices"
-	PoolService_Status_FullMethodName         = "/gpupool.v1.PoolService/Status"
-	PoolService_DrainHost_FullMethodName      = "/gpupool.v1.PoolService/DrainHost"
-	PoolService_SetEligibility_FullMethodName = "/gpupool.v1.PoolService/SetEligibility"
+	PoolService_ListHosts_FullMethodName         = "/gpupool.v1.PoolService/ListHosts"
+	PoolService_GetHost_FullMethodName           = "/gpupool.v1.PoolService/GetHost"
+	PoolService_ListDevices_FullMethodName       = "/gpupool.v1.PoolService/ListDevices"
+	PoolService_Status_FullMethodName            = "/gpupool.v1.PoolService/Status"
+	PoolService_DrainHost_FullMethodName         = "/gpupool.v1.PoolService/DrainHost"
+	PoolService_SetEligibility_FullMethodName    = "/gpupool.v1.PoolService/SetEligibility"
+	PoolService_ResetHostIdentity_FullMethodName = "/gpupool.v1.PoolService/ResetHostIdentity"
 )
 
 // PoolServiceClient is the client API for PoolService service.
@@ -51,6 +52,12 @@ type PoolServiceClient interface {
 	// SetEligibility makes a host take new leases or not. Enabling a drained
 	// host ends its drain; a draining host is refused (cancel the drain).
 	SetEligibility(ctx context.Context, in *SetEligibilityRequest, opts ...grpc.CallOption) (*SetEligibilityResponse, error)
+	// ResetHostIdentity is the operator's consent to a new data-plane
+	// address or certificate for a host: it forgets the host's address and
+	// certificate fingerprint, so that the next registration of the host
+	// sets them, even while the host holds live leases (otherwise refused).
+	// It is audited.
+	ResetHostIdentity(ctx context.Context, in *ResetHostIdentityRequest, opts ...grpc.CallOption) (*ResetHostIdentityResponse, error)
 }
 
 type poolServiceClient struct {
@@ -121,6 +128,16 @@ func (c *poolServiceClient) SetEligibility(ctx context.Context, in *SetEligibili
 	return out, nil
 }
 
+func (c *poolServiceClient) ResetHostIdentity(ctx context.Context, in *ResetHostIdentityRequest, opts ...grpc.CallOption) (*ResetHostIdentityResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ResetHostIdentityResponse)
+	err := c.cc.Invoke(ctx, PoolService_ResetHostIdentity_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // PoolServiceServer is the server API for PoolService service.
 // All implementations must embed UnimplementedPoolServiceServer
 // for forward compatibility.
@@ -145,6 +162,12 @@ type PoolServiceServer interface {
 	// SetEligibility makes a host take new leases or not. Enabling a drained
 	// host ends its drain; a draining host is refused (cancel the drain).
 	SetEligibility(context.Context, *SetEligibilityRequest) (*SetEligibilityResponse, error)
+	// ResetHostIdentity is the operator's consent to a new data-plane
+	// address or certificate for a host: it forgets the host's address and
+	// certificate fingerprint, so that the next registration of the host
+	// sets them, even while the host holds live leases (otherwise refused).
+	// It is audited.
+	ResetHostIdentity(context.Context, *ResetHostIdentityRequest) (*ResetHostIdentityResponse, error)
 	mustEmbedUnimplementedPoolServiceServer()
 }
 
@@ -172,6 +195,9 @@ func (UnimplementedPoolServiceServer) DrainHost(context.Context, *DrainHostReque
 }
 func (UnimplementedPoolServiceServer) SetEligibility(context.Context, *SetEligibilityRequest) (*SetEligibilityResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method SetEligibility not implemented")
+}
+func (UnimplementedPoolServiceServer) ResetHostIdentity(context.Context, *ResetHostIdentityRequest) (*ResetHostIdentityResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method ResetHostIdentity not implemented")
 }
 func (UnimplementedPoolServiceServer) mustEmbedUnimplementedPoolServiceServer() {}
 func (UnimplementedPoolServiceServer) testEmbeddedByValue()                     {}
@@ -302,6 +328,24 @@ func _PoolService_SetEligibility_Handler(srv interface{}, ctx context.Context, d
 	return interceptor(ctx, in, info, handler)
 }
 
+func _PoolService_ResetHostIdentity_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ResetHostIdentityRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(PoolServiceServer).ResetHostIdentity(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: PoolService_ResetHostIdentity_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(PoolServiceServer).ResetHostIdentity(ctx, req.(*ResetHostIdentityRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // PoolService_ServiceDesc is the grpc.ServiceDesc for PoolService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -332,6 +376,10 @@ var PoolService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "SetEligibility",
 			Handler:    _PoolService_SetEligibility_Handler,
+		},
+		{
+			MethodName: "ResetHostIdentity",
+			Handler:    _PoolService_ResetHostIdentity_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},
