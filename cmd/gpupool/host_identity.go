@@ -20,7 +20,7 @@ func newHostResetIdentityCmd() *cobra.Command {
 		Long: `Lease holders dial a host's data-plane address and pin its certificate, so
 whoever changes them can capture lease tokens. The brokers therefore refuse a
 registration that changes either while the host holds live leases, and record
-it in the audit log ('gpupool audit --kind host-identity-refused').
+it in the audit log ('gpupool operator audit --kind host-identity-refused').
 
 If the host really changed (a new address, a reinstalled agent with a new
 certificate), reset-identity is the operator's consent: the brokers forget the
@@ -28,7 +28,7 @@ host's address and fingerprint, and its next registration sets new ones. Holders
 reach the host again through the new address once the agent registered. The
 reset is audited.`,
 		Example: `  gpupool host reset-identity gpu-node-3 --reason "moved to the new rack network"
-  gpupool audit --kind host-identity-reset`,
+  gpupool operator audit --kind host-identity-reset`,
 		Args: exactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if err := agent.CheckHostID(args[0]); err != nil {

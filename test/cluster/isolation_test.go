@@ -12,6 +12,10 @@ import (
 	"testing"
 	"time"
 
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
+
 	gpupoolv1 "github.com/gpupool/gpupool/proto/gpupool/v1"
 )
 
@@ -183,4 +187,72 @@ func TestALeaseCannotReachAnotherLeaseOrTheAgentOnAPoolHost(t *testing.T) {
 			t.Fatalf("through C's forward: got %q, %v; want the echo %q (forward stderr %s)", got, err, msg, fwdErr.String())
 		}
 	})
+}
+
+// TestReRegisteringAHostWithANewFingerprintUnderLiveLeasesIsRefused plays
+// a tenant who got hold of the agent's join secret and registers the host
+// with its own data-plane certificate while another tenant's lease is
+// live.
+func TestReRegisteringAHostWithANewFingerprintUnderLiveLeasesIsRefused(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts real processes")
+	}
+	cl := newCluster(t, 1)
+	addr := "--addr=" + strings.Join(cl.addrs, ",")
+	if _, err := cl.c.Lease.Acquire(ctxFor(t, 10*time.Second), fractional(1024, 10, "victim")); err != nil {
+		t.Fatal(err)
+	}
+	got, err := cl.c.Pool.GetHost(ctxFor(t, 10*time.Second), &gpupoolv1.GetHostRequest{HostId: "host-1"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	forged := proto.CloneOf(got.Host)
+	forged.CertSha256 = strings.Repeat("ab", 32)
+	forged.Address = "127.0.0.1:1"
+	register := func() error {
+		_, err := cl.c.Agent.Register(ctxFor(t, 10*time.Second), &gpupoolv1.RegisterRequest{Host: forged})
+		return err
+	}
+	err = register()
+	if status.Code(err) != codes.FailedPrecondition || !strings.Contains(status.Convert(err).Message(), "while it holds 1 live lease: refused") {
+		t.Fatalf("re-registering with a new fingerprint: got %v, want FailedPrecondition naming the live lease", err)
+	}
+	if h, _ := cl.c.Pool.GetHost(ctxFor(t, 10*time.Second), &gpupoolv1.GetHostRequest{HostId: "host-1"}); h.Host.CertSha256 != got.Host.CertSha256 || h.Host.Address != got.Host.Address {
+		t.Fatalf("after the refusal host-1 is at %s with %s, want its own %s with %s", h.Host.Address, h.Host.CertSha256, got.Host.Address, got.Host.CertSha256)
+	}
+	// Any broker answers, and a follower may not have applied the entry
+	// yet.
+	auditHas := func(kind, want string) {
+		t.Helper()
+		eventually(t, "a "+kind+" audit entry", 20*time.Second, func() error {
+			out, stderr, code := gpupool(t, "operator", "audit", addr, "--kind", kind, "-o", "json")
+			if code != 0 || !strings.Contains(out, "host-1") || !strings.Contains(out, want) {
+				return fmt.Errorf("exit %d, %s %s", code, out, stderr)
+			}
+			return nil
+		})
+	}
+	auditHas("host-identity-refused", "refused: 1 live lease")
+
+	// Bad input, then the operator's consent.
+	for _, tc := range []struct {
+		args     []string
+		code     int
+		inStderr string
+	}{
+		{[]string{"host", "reset-identity", "no-such-host"}, 1, `host "no-such-host": not found`},
+		{[]string{"host", "reset-identity"}, 2, "accepts 1 arg(s)"},
+	} {
+		if _, stderr, code := gpupool(t, append(tc.args, addr)...); code != tc.code || !strings.Contains(stderr, tc.inStderr) {
+			t.Errorf("gpupool %s: exit %d, %q; want %d and %q", strings.Join(tc.args, " "), code, stderr, tc.code, tc.inStderr)
+		}
+	}
+	if _, stderr, code := gpupool(t, "host", "reset-identity", "host-1", "--reason", "the test", addr); code != 0 {
+		t.Fatalf("reset-identity: exit %d, %s", code, stderr)
+	}
+	if err := register(); err != nil {
+		t.Fatalf("registering after the operator's reset: %v", err)
+	}
+	auditHas("host-identity-reset", "the test")
+	auditHas("host-identity-changed", "after an operator's reset")
 }
