@@ -10,6 +10,7 @@ package fsm
 import (
 	"errors"
 	"fmt"
+	"google.golang.org/protobuf/encoding/protojson"
 	"io"
 	"log/slog"
 
@@ -60,14 +61,48 @@ type FSM struct {
 	store *state.Store
 	log   *slog.Logger
 	pub   publisher
+	// sink receives the audit entries of every applied command as JSON
+	// lines; nil for none. Written only from Apply.
+	sink io.Writer
 }
 
+// Option configures an FSM.
+type Option func(*FSM)
+
+// WithAuditSink makes Apply write every audit entry it commits to w, as
+// one JSON object per line (protojson), after the commit. A nil w writes
+// nothing. A failed write is logged; it never fails the command.
+func WithAuditSink(w io.Writer) Option { return func(f *FSM) { f.sink = w } }
+
 // New returns an FSM over an empty store.
-func New(logger *slog.Logger) *FSM {
+func New(logger *slog.Logger, opts ...Option) *FSM {
 	if logger == nil {
 		logger = slog.New(slog.DiscardHandler)
 	}
-	return &FSM{store: state.New(), log: logger}
+	f := &FSM{store: state.New(), log: logger}
+	for _, o := range opts {
+		o(f)
+	}
+	return f
+}
+
+// writeAudit writes entries to the sink.
+func (f *FSM) writeAudit(entries []*gpupoolv1.AuditEntry) {
+	if f.sink == nil || len(entries) == 0 {
+		return
+	}
+	var buf []byte
+	for _, e := range entries {
+		b, err := protojson.MarshalOptions{UseEnumNumbers: false}.Marshal(e)
+		if err != nil {
+			f.log.Error("audit sink: encoding an entry failed", "index", e.Index, "err", err)
+			continue
+		}
+		buf = append(append(buf, b...), '\n')
+	}
+	if _, err := f.sink.Write(buf); err != nil {
+		f.log.Error("audit sink: writing failed", "err", err)
+	}
 }
 
 // State returns a consistent read view of the current state.
@@ -140,6 +175,7 @@ func (f *FSM) apply(index uint64, msg proto.Message) *Result {
 		return res
 	}
 	w.Commit(index)
+	f.writeAudit(w.Audited())
 	for _, e := range w.Audited() {
 		evs = append(evs, Event{Audit: e})
 	}
