@@ -119,6 +119,21 @@ func TestACLOnRealProcesses(t *testing.T) {
 		t.Errorf("lease get does not say who acquired it:\n%s", out)
 	}
 
+	// A tenant forging its agent's refusal of another tenant's lease: a
+	// heartbeat needs the host's own agent token.
+	forger := cl.dialWithToken(b.Secret, cl.addrs...)
+	hb, err := forger.Agent.Heartbeat(ctxFor(t, 30*time.Second))
+	if err == nil {
+		hb.Send(&gpupoolv1.HeartbeatRequest{HostId: "host-1", Rejected: []*gpupoolv1.Rejection{{LeaseId: lease.ID, Reason: "forged"}}})
+		_, err = hb.Recv()
+	}
+	if status.Code(err) != codes.PermissionDenied {
+		t.Errorf("a client token sending host-1's heartbeat with a refusal: got %v, want PermissionDenied", err)
+	}
+	if out := mustRun("lease", "get", lease.ID, "-o", "json", "--token="+a.Secret); !strings.Contains(out, "GRANTED") {
+		t.Errorf("after a forged refusal team-a's lease is no longer granted:\n%s", out)
+	}
+
 	// Through a follower: the leader checks the caller's own token, so a
 	// forwarded call can do no more than the caller.
 	leader := cl.leader()
