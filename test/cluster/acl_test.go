@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -103,6 +104,14 @@ func TestACLOnRealProcesses(t *testing.T) {
 		if code != 1 || !strings.Contains(stderr, "permission denied") || !strings.Contains(stderr, "belongs to another tenant") || strings.Contains(stderr, "team-a") {
 			t.Errorf("team-b: gpupool %s: exit %d, %q; want 1, permission denied without naming the owner", strings.Join(cmd, " "), code, stderr)
 		}
+	}
+	// A token file keeps the secret out of ps.
+	tokenFile := filepath.Join(t.TempDir(), "team-a.token")
+	if err := os.WriteFile(tokenFile, []byte(a.Secret+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if out := mustRun("lease", "ls", "-o", "json", "--token-file", tokenFile); !strings.Contains(out, lease.ID) {
+		t.Errorf("team-a's lease ls with --token-file does not show its lease:\n%s", out)
 	}
 	if out := mustRun("lease", "ls", "-o", "json", "--token="+b.Secret); strings.Contains(out, lease.ID) {
 		t.Errorf("team-b's lease ls shows team-a's lease:\n%s", out)
