@@ -454,14 +454,13 @@ func ActorText(a *gpupoolv1.Actor) string {
 	return fmt.Sprintf("%s (%s)", a.Name, a.AccessorId)
 }
 
-// mayTouch returns PermissionDenied when the caller may not act on lease
-// l (another tenant's), naming the lease's tenant and the caller's. A nil
-// lease passes: the handler reports NotFound.
+// mayTouch returns NotFound, as for a lease that does not exist, when
+// the caller may not act on lease l (another tenant's): a tenant cannot
+// even tell whether another tenant's lease id exists. A nil lease passes:
+// the handler reports NotFound itself.
 func (c *caller) mayTouch(l *gpupoolv1.Lease, what string) error {
 	if l == nil || c.sees(l) {
 		return nil
 	}
-	// The owner is not named: a tenant learns nothing of others' leases.
-	return status.Errorf(codes.PermissionDenied, "%s lease %s: it belongs to another tenant, and %s may act for tenants %s only",
-		what, l.Id, c, strings.Join(c.token.Tenants, ", "))
+	return status.Errorf(codes.NotFound, "lease %q: not found", l.Id)
 }
