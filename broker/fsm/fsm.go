@@ -48,6 +48,9 @@ type Result struct {
 	Host  *gpupoolv1.Host
 	// Token is the ACL token a token command created or revoked.
 	Token *gpupoolv1.AclToken
+	// Ended are the leases a command ended besides its subject (a revoked
+	// token's).
+	Ended []string
 	// Existing is set when a grant matched an earlier one by request id.
 	Existing bool
 	Err      error
@@ -164,7 +167,7 @@ func (f *FSM) apply(index uint64, msg proto.Message) *Result {
 	case *gpupoolv1.CreateAclTokenCommand:
 		res = applyCreateACLToken(w, index, c)
 	case *gpupoolv1.RevokeAclTokenCommand:
-		res = applyRevokeACLToken(w, c)
+		res, evs = applyRevokeACLToken(w, index, c)
 	case *gpupoolv1.ResetHostIdentityCommand:
 		res, evs = applyResetHostIdentity(w, c)
 	default:

@@ -179,4 +179,35 @@ func TestACLOnRealProcesses(t *testing.T) {
 	if out := mustRun("lease", "get", lease.ID, mgmt); !strings.Contains(out, "ENDED BY") || !strings.Contains(out, a.Token.AccessorID) {
 		t.Errorf("lease get does not say who released it:\n%s", out)
 	}
+
+	// Revoking a token revokes the leases it acquired, unless kept.
+	c := newToken("operator", "acl", "token", "create", "--kind", "client", "--tenant", "team-c", "-o", "json", mgmt)
+	var leaseC, keptC struct {
+		ID string `json:"id"`
+	}
+	for _, l := range []*struct {
+		ID string `json:"id"`
+	}{&leaseC, &keptC} {
+		if err := json.Unmarshal([]byte(mustRun("lease", "acquire", "--memory", "1GiB", "--compute", "5", "-o", "json", "--token="+c.Secret)), l); err != nil {
+			t.Fatal(err)
+		}
+	}
+	d := newToken("operator", "acl", "token", "create", "--kind", "client", "--tenant", "team-c", "-o", "json", mgmt)
+	var leaseD struct {
+		ID string `json:"id"`
+	}
+	if err := json.Unmarshal([]byte(mustRun("lease", "acquire", "--memory", "1GiB", "--compute", "5", "-o", "json", "--token="+d.Secret)), &leaseD); err != nil {
+		t.Fatal(err)
+	}
+	if out := mustRun("operator", "acl", "token", "revoke", c.Token.AccessorID, mgmt); !strings.Contains(out, "and 2 of its leases") {
+		t.Errorf("revoking team-c's token: %q, want it to say 2 leases were revoked", out)
+	}
+	if out := mustRun("operator", "acl", "token", "revoke", d.Token.AccessorID, "--keep-leases", mgmt); !strings.Contains(out, "and 0 of its leases") {
+		t.Errorf("revoking with --keep-leases: %q, want no lease revoked", out)
+	}
+	for id, want := range map[string]string{leaseC.ID: "REVOKED", keptC.ID: "REVOKED", leaseD.ID: "GRANTED"} {
+		if out := mustRun("lease", "get", id, "-o", "json", mgmt); !strings.Contains(out, want) {
+			t.Errorf("lease %s after its token's revocation: want %s in\n%s", id, want, out)
+		}
+	}
 }

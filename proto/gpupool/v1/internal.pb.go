@@ -1246,10 +1246,13 @@ func (x *CreateAclTokenCommand) GetBootstrap() bool {
 // RevokeAclTokenCommand revokes a token; revoking a revoked token keeps
 // the first revocation.
 type RevokeAclTokenCommand struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	AccessorId    string                 `protobuf:"bytes,1,opt,name=accessor_id,json=accessorId,proto3" json:"accessor_id,omitempty"`
-	NowMs         int64                  `protobuf:"varint,2,opt,name=now_ms,json=nowMs,proto3" json:"now_ms,omitempty"`
-	Actor         *Actor                 `protobuf:"bytes,3,opt,name=actor,proto3" json:"actor,omitempty"`
+	state      protoimpl.MessageState `protogen:"open.v1"`
+	AccessorId string                 `protobuf:"bytes,1,opt,name=accessor_id,json=accessorId,proto3" json:"accessor_id,omitempty"`
+	NowMs      int64                  `protobuf:"varint,2,opt,name=now_ms,json=nowMs,proto3" json:"now_ms,omitempty"`
+	Actor      *Actor                 `protobuf:"bytes,3,opt,name=actor,proto3" json:"actor,omitempty"`
+	// Also revoke the granted and pending leases the token acquired (unset
+	// in commands logged before it existed, which keep their leases).
+	RevokeLeases  bool `protobuf:"varint,4,opt,name=revoke_leases,json=revokeLeases,proto3" json:"revoke_leases,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1303,6 +1306,13 @@ func (x *RevokeAclTokenCommand) GetActor() *Actor {
 		return x.Actor
 	}
 	return nil
+}
+
+func (x *RevokeAclTokenCommand) GetRevokeLeases() bool {
+	if x != nil {
+		return x.RevokeLeases
+	}
+	return false
 }
 
 // StateSnapshot is the whole FSM state, in the order of the store's indexes.
@@ -1715,12 +1725,13 @@ const file_gpupool_v1_internal_proto_rawDesc = "" +
 	"\x06now_ms\x18\x04 \x01(\x03R\x05nowMs\"a\n" +
 	"\x15CreateAclTokenCommand\x12*\n" +
 	"\x05token\x18\x01 \x01(\v2\x14.gpupool.v1.AclTokenR\x05token\x12\x1c\n" +
-	"\tbootstrap\x18\x02 \x01(\bR\tbootstrap\"x\n" +
+	"\tbootstrap\x18\x02 \x01(\bR\tbootstrap\"\x9d\x01\n" +
 	"\x15RevokeAclTokenCommand\x12\x1f\n" +
 	"\vaccessor_id\x18\x01 \x01(\tR\n" +
 	"accessorId\x12\x15\n" +
 	"\x06now_ms\x18\x02 \x01(\x03R\x05nowMs\x12'\n" +
-	"\x05actor\x18\x03 \x01(\v2\x11.gpupool.v1.ActorR\x05actor\">\n" +
+	"\x05actor\x18\x03 \x01(\v2\x11.gpupool.v1.ActorR\x05actor\x12#\n" +
+	"\rrevoke_leases\x18\x04 \x01(\bR\frevokeLeases\">\n" +
 	"\x13EnqueueLeaseCommand\x12'\n" +
 	"\x05lease\x18\x01 \x01(\v2\x11.gpupool.v1.LeaseR\x05lease\"\xa0\x01\n" +
 	"\x14PreemptLeasesCommand\x12\x1b\n" +
