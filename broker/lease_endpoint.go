@@ -329,7 +329,13 @@ func (e leaseService) Get(ctx context.Context, req *gpupoolv1.GetLeaseRequest) (
 		return nil, err
 	}
 	st := e.s.fsm.State()
-	return &gpupoolv1.GetLeaseResponse{Lease: e.s.view(e.s.pendingExplainer(st), l)}, nil
+	resp := &gpupoolv1.GetLeaseResponse{Lease: e.s.view(e.s.pendingExplainer(st), l), HostIsolation: map[string]string{}}
+	for _, id := range state.LeaseHosts(l) {
+		if h := st.Host(id); h != nil {
+			resp.HostIsolation[id] = h.GetLeaseIsolation()
+		}
+	}
+	return resp, nil
 }
 
 // ended reports whether a lease state is final.

@@ -55,6 +55,13 @@ func TestALeaseCannotReachAnotherLeaseOrTheAgentOnAPoolHost(t *testing.T) {
 		return gpupool(t, "exec", addr, lease, "--", "sh", "-c", script)
 	}
 
+	t.Run("lease get shows what the lease's processes run in", func(t *testing.T) {
+		out, stderr, code := gpupool(t, "lease", "get", a.Id, addr)
+		if want := "PROCESSES ON host-1: sandboxed (user, mounts, pid, cgroup, noprivs, cgroup "; code != 0 || !strings.Contains(out, want) {
+			t.Fatalf("lease get: exit %d, %s %s; want %q", code, out, stderr, want)
+		}
+	})
+
 	t.Run("two fractional leases on one GPU can both exec", func(t *testing.T) {
 		for _, l := range []*gpupoolv1.Lease{a, b} {
 			out, stderr, code := execIn(t, l.Id, "echo ok")

@@ -593,8 +593,11 @@ func (x *GetLeaseRequest) GetStale() bool {
 }
 
 type GetLeaseResponse struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Lease         *Lease                 `protobuf:"bytes,1,opt,name=lease,proto3" json:"lease,omitempty"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Lease *Lease                 `protobuf:"bytes,1,opt,name=lease,proto3" json:"lease,omitempty"`
+	// What the lease's processes run in on each of its hosts, as the hosts'
+	// agents report it (Host.lease_isolation), by host id.
+	HostIsolation map[string]string `protobuf:"bytes,2,rep,name=host_isolation,json=hostIsolation,proto3" json:"host_isolation,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -632,6 +635,13 @@ func (*GetLeaseResponse) Descriptor() ([]byte, []int) {
 func (x *GetLeaseResponse) GetLease() *Lease {
 	if x != nil {
 		return x.Lease
+	}
+	return nil
+}
+
+func (x *GetLeaseResponse) GetHostIsolation() map[string]string {
+	if x != nil {
+		return x.HostIsolation
 	}
 	return nil
 }
@@ -856,9 +866,13 @@ const file_gpupool_v1_lease_proto_rawDesc = "" +
 	"\x05lease\x18\x01 \x01(\v2\x11.gpupool.v1.LeaseR\x05lease\"B\n" +
 	"\x0fGetLeaseRequest\x12\x19\n" +
 	"\blease_id\x18\x01 \x01(\tR\aleaseId\x12\x14\n" +
-	"\x05stale\x18\x02 \x01(\bR\x05stale\";\n" +
+	"\x05stale\x18\x02 \x01(\bR\x05stale\"\xd5\x01\n" +
 	"\x10GetLeaseResponse\x12'\n" +
-	"\x05lease\x18\x01 \x01(\v2\x11.gpupool.v1.LeaseR\x05lease\"\xaa\x01\n" +
+	"\x05lease\x18\x01 \x01(\v2\x11.gpupool.v1.LeaseR\x05lease\x12V\n" +
+	"\x0ehost_isolation\x18\x02 \x03(\v2/.gpupool.v1.GetLeaseResponse.HostIsolationEntryR\rhostIsolation\x1a@\n" +
+	"\x12HostIsolationEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xaa\x01\n" +
 	"\x11ListLeasesRequest\x12\x16\n" +
 	"\x06tenant\x18\x01 \x01(\tR\x06tenant\x12\x12\n" +
 	"\x04host\x18\x02 \x01(\tR\x04host\x12.\n" +
@@ -906,7 +920,7 @@ func file_gpupool_v1_lease_proto_rawDescGZIP() []byte {
 }
 
 var file_gpupool_v1_lease_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_gpupool_v1_lease_proto_msgTypes = make([]protoimpl.MessageInfo, 12)
+var file_gpupool_v1_lease_proto_msgTypes = make([]protoimpl.MessageInfo, 13)
 var file_gpupool_v1_lease_proto_goTypes = []any{
 	(LeaseEventType)(0),        // 0: gpupool.v1.LeaseEventType
 	(*AcquireRequest)(nil),     // 1: gpupool.v1.AcquireRequest
@@ -921,43 +935,45 @@ var file_gpupool_v1_lease_proto_goTypes = []any{
 	(*ListLeasesRequest)(nil),  // 10: gpupool.v1.ListLeasesRequest
 	(*ListLeasesResponse)(nil), // 11: gpupool.v1.ListLeasesResponse
 	(*WatchLeasesRequest)(nil), // 12: gpupool.v1.WatchLeasesRequest
-	(*LeaseRequest)(nil),       // 13: gpupool.v1.LeaseRequest
-	(*Lease)(nil),              // 14: gpupool.v1.Lease
-	(*HostToken)(nil),          // 15: gpupool.v1.HostToken
-	(*Actor)(nil),              // 16: gpupool.v1.Actor
-	(LeaseState)(0),            // 17: gpupool.v1.LeaseState
+	nil,                        // 13: gpupool.v1.GetLeaseResponse.HostIsolationEntry
+	(*LeaseRequest)(nil),       // 14: gpupool.v1.LeaseRequest
+	(*Lease)(nil),              // 15: gpupool.v1.Lease
+	(*HostToken)(nil),          // 16: gpupool.v1.HostToken
+	(*Actor)(nil),              // 17: gpupool.v1.Actor
+	(LeaseState)(0),            // 18: gpupool.v1.LeaseState
 }
 var file_gpupool_v1_lease_proto_depIdxs = []int32{
-	13, // 0: gpupool.v1.AcquireRequest.request:type_name -> gpupool.v1.LeaseRequest
-	14, // 1: gpupool.v1.AcquireResponse.lease:type_name -> gpupool.v1.Lease
-	15, // 2: gpupool.v1.AcquireResponse.tokens:type_name -> gpupool.v1.HostToken
+	14, // 0: gpupool.v1.AcquireRequest.request:type_name -> gpupool.v1.LeaseRequest
+	15, // 1: gpupool.v1.AcquireResponse.lease:type_name -> gpupool.v1.Lease
+	16, // 2: gpupool.v1.AcquireResponse.tokens:type_name -> gpupool.v1.HostToken
 	0,  // 3: gpupool.v1.LeaseEvent.type:type_name -> gpupool.v1.LeaseEventType
-	14, // 4: gpupool.v1.LeaseEvent.lease:type_name -> gpupool.v1.Lease
-	16, // 5: gpupool.v1.LeaseEvent.actor:type_name -> gpupool.v1.Actor
-	17, // 6: gpupool.v1.KeepAliveResponse.state:type_name -> gpupool.v1.LeaseState
+	15, // 4: gpupool.v1.LeaseEvent.lease:type_name -> gpupool.v1.Lease
+	17, // 5: gpupool.v1.LeaseEvent.actor:type_name -> gpupool.v1.Actor
+	18, // 6: gpupool.v1.KeepAliveResponse.state:type_name -> gpupool.v1.LeaseState
 	4,  // 7: gpupool.v1.KeepAliveResponse.event:type_name -> gpupool.v1.LeaseEvent
-	15, // 8: gpupool.v1.KeepAliveResponse.tokens:type_name -> gpupool.v1.HostToken
-	14, // 9: gpupool.v1.ReleaseResponse.lease:type_name -> gpupool.v1.Lease
-	14, // 10: gpupool.v1.GetLeaseResponse.lease:type_name -> gpupool.v1.Lease
-	17, // 11: gpupool.v1.ListLeasesRequest.states:type_name -> gpupool.v1.LeaseState
-	14, // 12: gpupool.v1.ListLeasesResponse.leases:type_name -> gpupool.v1.Lease
-	1,  // 13: gpupool.v1.LeaseService.Acquire:input_type -> gpupool.v1.AcquireRequest
-	3,  // 14: gpupool.v1.LeaseService.KeepAlive:input_type -> gpupool.v1.KeepAliveRequest
-	6,  // 15: gpupool.v1.LeaseService.Release:input_type -> gpupool.v1.ReleaseRequest
-	8,  // 16: gpupool.v1.LeaseService.Get:input_type -> gpupool.v1.GetLeaseRequest
-	10, // 17: gpupool.v1.LeaseService.List:input_type -> gpupool.v1.ListLeasesRequest
-	12, // 18: gpupool.v1.LeaseService.Watch:input_type -> gpupool.v1.WatchLeasesRequest
-	2,  // 19: gpupool.v1.LeaseService.Acquire:output_type -> gpupool.v1.AcquireResponse
-	5,  // 20: gpupool.v1.LeaseService.KeepAlive:output_type -> gpupool.v1.KeepAliveResponse
-	7,  // 21: gpupool.v1.LeaseService.Release:output_type -> gpupool.v1.ReleaseResponse
-	9,  // 22: gpupool.v1.LeaseService.Get:output_type -> gpupool.v1.GetLeaseResponse
-	11, // 23: gpupool.v1.LeaseService.List:output_type -> gpupool.v1.ListLeasesResponse
-	4,  // 24: gpupool.v1.LeaseService.Watch:output_type -> gpupool.v1.LeaseEvent
-	19, // [19:25] is the sub-list for method output_type
-	13, // [13:19] is the sub-list for method input_type
-	13, // [13:13] is the sub-list for extension type_name
-	13, // [13:13] is the sub-list for extension extendee
-	0,  // [0:13] is the sub-list for field type_name
+	16, // 8: gpupool.v1.KeepAliveResponse.tokens:type_name -> gpupool.v1.HostToken
+	15, // 9: gpupool.v1.ReleaseResponse.lease:type_name -> gpupool.v1.Lease
+	15, // 10: gpupool.v1.GetLeaseResponse.lease:type_name -> gpupool.v1.Lease
+	13, // 11: gpupool.v1.GetLeaseResponse.host_isolation:type_name -> gpupool.v1.GetLeaseResponse.HostIsolationEntry
+	18, // 12: gpupool.v1.ListLeasesRequest.states:type_name -> gpupool.v1.LeaseState
+	15, // 13: gpupool.v1.ListLeasesResponse.leases:type_name -> gpupool.v1.Lease
+	1,  // 14: gpupool.v1.LeaseService.Acquire:input_type -> gpupool.v1.AcquireRequest
+	3,  // 15: gpupool.v1.LeaseService.KeepAlive:input_type -> gpupool.v1.KeepAliveRequest
+	6,  // 16: gpupool.v1.LeaseService.Release:input_type -> gpupool.v1.ReleaseRequest
+	8,  // 17: gpupool.v1.LeaseService.Get:input_type -> gpupool.v1.GetLeaseRequest
+	10, // 18: gpupool.v1.LeaseService.List:input_type -> gpupool.v1.ListLeasesRequest
+	12, // 19: gpupool.v1.LeaseService.Watch:input_type -> gpupool.v1.WatchLeasesRequest
+	2,  // 20: gpupool.v1.LeaseService.Acquire:output_type -> gpupool.v1.AcquireResponse
+	5,  // 21: gpupool.v1.LeaseService.KeepAlive:output_type -> gpupool.v1.KeepAliveResponse
+	7,  // 22: gpupool.v1.LeaseService.Release:output_type -> gpupool.v1.ReleaseResponse
+	9,  // 23: gpupool.v1.LeaseService.Get:output_type -> gpupool.v1.GetLeaseResponse
+	11, // 24: gpupool.v1.LeaseService.List:output_type -> gpupool.v1.ListLeasesResponse
+	4,  // 25: gpupool.v1.LeaseService.Watch:output_type -> gpupool.v1.LeaseEvent
+	20, // [20:26] is the sub-list for method output_type
+	14, // [14:20] is the sub-list for method input_type
+	14, // [14:14] is the sub-list for extension type_name
+	14, // [14:14] is the sub-list for extension extendee
+	0,  // [0:14] is the sub-list for field type_name
 }
 
 func init() { file_gpupool_v1_lease_proto_init() }
@@ -972,7 +988,7 @@ func file_gpupool_v1_lease_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_gpupool_v1_lease_proto_rawDesc), len(file_gpupool_v1_lease_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   12,
+			NumMessages:   13,
 			NumExtensions: 0,
 			NumServices:   1,
 		},
