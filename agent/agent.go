@@ -94,6 +94,9 @@ type Config struct {
 	// SandboxUsers are the user ids leases run as (zero: the sandbox
 	// package's default range).
 	SandboxUsers sandbox.Range
+	// MetricsLeaseIDs labels per-lease metrics with lease ids; otherwise
+	// the label is a pseudonym that names no lease (see Collector).
+	MetricsLeaseIDs bool
 	// CgroupParent names the agent's cgroups under each hierarchy's root
 	// (default gpupool/<host id>).
 	CgroupParent string

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"crypto/tls"
 	"fmt"
 	"github.com/gpupool/gpupool/agent/sandbox"
 	"log/slog"
@@ -26,24 +27,26 @@ import (
 var machineIDFile = "/etc/machine-id"
 
 type agentOpts struct {
-	tokenFile    string
-	dataBind     string
-	dataDir      string
-	mps          string
-	simControl   string
-	enforce      agent.Enforcement
-	metrics      string
-	brokers      string
-	simulate     string
-	hostID       string
-	address      string
-	labels       []string
-	cpu          int64
-	hostMemory   int64
-	logLevel     string
-	insecure     bool
-	users        string
-	allowReduced bool
+	tokenFile       string
+	dataBind        string
+	dataDir         string
+	mps             string
+	simControl      string
+	enforce         agent.Enforcement
+	metrics         string
+	brokers         string
+	simulate        string
+	hostID          string
+	address         string
+	labels          []string
+	cpu             int64
+	hostMemory      int64
+	logLevel        string
+	insecure        bool
+	users           string
+	allowReduced    bool
+	metricsTLS      bool
+	metricsLeaseIDs bool
 }
 
 func newAgentCmd() *cobra.Command {
@@ -147,6 +150,8 @@ else the hostname.`,
 	f.DurationVar(&o.enforce.ExpiryGrace, "expiry-grace", agent.DefaultExpiryGrace, "how long past its expiry a lease's processes run while the brokers are unreachable")
 	f.BoolVar(&o.insecure, "insecure", false, insecureUsage)
 	f.StringVar(&o.users, "sandbox-users", sandbox.DefaultRange.String(), "user ids leases run as, FIRST-LAST; each lease takes one (the first is shared by leases with MPS slices); give each agent on one machine its own range")
+	f.BoolVar(&o.metricsTLS, "metrics-tls", false, "serve --metrics-bind over mutual TLS with the agent's certificate: scrapers need a certificate of the cluster CA")
+	f.BoolVar(&o.metricsLeaseIDs, "metrics-lease-ids", false, "label per-lease metrics with the lease id; by default the label is a pseudonym (h-<hash>) that names no lease")
 	f.BoolVar(&o.allowReduced, "allow-reduced-isolation", false, "run lease workloads even where this host cannot sandbox them (not root, no cgroups): they then run as the agent's user and can reach what it can (gpupool dev sets it)")
 	cmd.AddCommand(newAgentSimulateCmd())
 	return cmd
@@ -216,6 +221,9 @@ func runAgent(cmd *cobra.Command, o agentOpts) error {
 	}
 	if o.dataDir == "" {
 		return usagef("--data-dir is empty: give a directory for the per-lease state files")
+	}
+	if o.metricsTLS && src == nil {
+		return usagef("--metrics-tls needs the agent's TLS files (--tls-ca, --tls-cert, --tls-key)")
 	}
 	users, err := sandbox.ParseRange(o.users)
 	if err != nil {
@@ -293,13 +301,18 @@ func runAgent(cmd *cobra.Command, o agentOpts) error {
 		TLS:                   tlsConfigOf(src),
 		SandboxUsers:          users,
 		AllowReducedIsolation: o.allowReduced,
+		MetricsLeaseIDs:       o.metricsLeaseIDs,
 	})
 	if err != nil {
 		return usagef("%v", err)
 	}
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(a.Collector(), collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	if err := serveMetrics(cmd.Context(), o.metrics, reg, logger); err != nil {
+	var metricsTLS *tls.Config
+	if o.metricsTLS {
+		metricsTLS = src.ServerConfig()
+	}
+	if err := serveMetricsWith(cmd.Context(), o.metrics, reg, logger, metricsTLS); err != nil {
 		return err
 	}
 	return a.Run(cmd.Context())

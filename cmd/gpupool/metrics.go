@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -16,12 +17,22 @@ import (
 // serveMetrics serves reg at http://addr/metrics until ctx ends. An empty
 // addr serves nothing.
 func serveMetrics(ctx context.Context, addr string, reg *prometheus.Registry, log *slog.Logger) error {
+	return serveMetricsWith(ctx, addr, reg, log, nil)
+}
+
+// serveMetricsWith is serveMetrics over TLS when tc is set (https, and
+// whatever client certificates tc requires).
+func serveMetricsWith(ctx context.Context, addr string, reg *prometheus.Registry, log *slog.Logger, tc *tls.Config) error {
 	if addr == "" {
 		return nil
 	}
 	lis, err := net.Listen("tcp", addr)
 	if err != nil {
 		return fmt.Errorf("--metrics-bind %s: %w", addr, err)
+	}
+	scheme := "http"
+	if tc != nil {
+		lis, scheme = tls.NewListener(lis, tc), "https"
 	}
 	mux := http.NewServeMux()
 	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
@@ -35,6 +46,6 @@ func serveMetrics(ctx context.Context, addr string, reg *prometheus.Registry, lo
 			log.Error("metrics server stopped", "err", err)
 		}
 	}()
-	log.Info("serving metrics", "url", "http://"+lis.Addr().String()+"/metrics")
+	log.Info("serving metrics", "url", scheme+"://"+lis.Addr().String()+"/metrics")
 	return nil
 }
