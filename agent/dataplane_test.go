@@ -3,6 +3,8 @@ package agent
 import (
 	"crypto/ed25519"
 	"crypto/rand"
+	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -126,5 +128,32 @@ func TestFencingIsPerSlice(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+func TestTheAgentsStateIsPrivateToIt(t *testing.T) {
+	_, a, cfg := enforcedAgent(t, func(c *Config) { c.DataBind = "127.0.0.1:0" })
+	dir, err := a.LeaseDir("L1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tt := range []struct {
+		path string
+		want os.FileMode
+	}{
+		{cfg.DataDir, 0o700},
+		{filepath.Join(cfg.DataDir, "leases"), 0o700},
+		{filepath.Join(cfg.DataDir, "tls"), 0o700},
+		{filepath.Join(cfg.DataDir, "tls", "dataplane-key.pem"), 0o600},
+		{filepath.Join(cfg.DataDir, "leases", "L1.json"), 0o600},
+		{dir, 0o700},
+	} {
+		fi, err := os.Stat(tt.path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := fi.Mode().Perm(); got != tt.want {
+			t.Errorf("%s: mode %#o, want %#o", tt.path, got, tt.want)
+		}
 	}
 }
