@@ -107,7 +107,8 @@ elastic-demo: ## examples/elastic-sim on a local 'gpupool dev' while guaranteed 
 FUZZTIME ?= 10s
 FUZZ_TARGETS := ./broker/fsm:FuzzDecode ./broker/lease:FuzzValidate ./token:FuzzVerify \
 	./dataplane:FuzzReadFrame ./internal/quantity:FuzzParseMemoryMiB ./internal/quantity:FuzzParsePercent \
-	./client:FuzzReadTokenFile ./agent:FuzzReadLeaseFile ./agent/device:FuzzSimControlProcess
+	./client:FuzzReadTokenFile ./agent:FuzzReadLeaseFile ./agent/device:FuzzSimControlProcess \
+	./agent/sandbox:FuzzLeaseOf
 
 fuzz: ## run every fuzz target for FUZZTIME each (default 10s): FSM commands, Acquire validation, lease tokens, data-plane frames, quantities
 	@for t in $(FUZZ_TARGETS); do \
