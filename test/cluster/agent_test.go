@@ -33,16 +33,12 @@ func startLeaseWorkload(t *testing.T, cl *cluster, host, id string) *leaseWorklo
 	t.Cleanup(func() { ex.Process.Kill(); ex.Wait() })
 	// The agents keep each lease's processes in the v1 pids hierarchy
 	// (v2 where the host is unified), under gpupool/<host>/<lease>.
-	var procs string
-	for _, f := range []string{"/sys/fs/cgroup/pids", "/sys/fs/cgroup"} {
-		if p := filepath.Join(f, "gpupool", host, id, "cgroup.procs"); procs == "" {
-			if _, err := os.Stat(filepath.Dir(p)); err == nil {
-				procs = p
-			}
-		}
-	}
 	w := &leaseWorkload{exited: make(chan struct{})}
 	eventually(t, "the lease's sleep to run in its cgroup", 20*time.Second, func() error {
+		procs := filepath.Join("/sys/fs/cgroup/pids", "gpupool", host, id, "cgroup.procs")
+		if _, err := os.Stat("/sys/fs/cgroup/pids"); err != nil {
+			procs = filepath.Join("/sys/fs/cgroup", "gpupool", host, id, "cgroup.procs")
+		}
 		b, err := os.ReadFile(procs)
 		if err != nil {
 			return err
