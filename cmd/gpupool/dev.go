@@ -191,6 +191,12 @@ func runDev(cmd *cobra.Command, o devOpts) error {
 			o.simulate, o.ip, o.basePort+150+i, filepath.Join(dir, c.name, "simulate.sock"))
 	}
 
+	if os.Geteuid() != 0 {
+		fmt.Fprintf(out, "  (not root: the agents cannot sandbox leases, so their processes run as you, with reduced isolation, which dev allows with --allow-reduced-isolation)\n")
+	} else {
+		fmt.Fprintf(out, "  (root: each lease's processes run in a sandbox of their own; dev still passes --allow-reduced-isolation)\n")
+	}
+
 	ctx := cmd.Context()
 	if err := waitForPool(ctx, addrs, o.hosts); err != nil {
 		return err
