@@ -42,6 +42,26 @@ type cgroups interface {
 	// removeParent removes the empty directories of the agent's parent
 	// path.
 	removeParent()
+	// leases lists the lease cgroups under the agent's parent.
+	leases() ([]string, error)
+}
+
+// leaseDirs lists the lease cgroups in dir.
+func leaseDirs(dir string) ([]string, error) {
+	entries, err := os.ReadDir(dir)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	var out []string
+	for _, e := range entries {
+		if e.IsDir() && validLease.MatchString(e.Name()) {
+			out = append(out, e.Name())
+		}
+	}
+	return out, nil
 }
 
 // removeEmptyPath removes dir/parent and its ancestors up to dir while
@@ -216,6 +236,24 @@ func (c *cgroupV1) removeParent() {
 	}
 }
 
+func (c *cgroupV1) leases() ([]string, error) {
+	seen := map[string]bool{}
+	var out []string
+	for _, ctl := range c.controllers() {
+		ls, err := leaseDirs(filepath.Join(c.mounts[ctl], c.parent))
+		if err != nil {
+			return nil, err
+		}
+		for _, l := range ls {
+			if !seen[l] {
+				seen[l] = true
+				out = append(out, l)
+			}
+		}
+	}
+	return out, nil
+}
+
 func (c *cgroupV1) procsFiles(lease string) []string {
 	var out []string
 	for _, ctl := range c.controllers() {
@@ -240,21 +278,20 @@ func (c *cgroupV1) procs(lease string) ([]int, error) {
 
 func (c *cgroupV1) destroy(lease string) error {
 	procs := filepath.Join(c.dir("pids", lease), "cgroup.procs")
-	if _, err := os.Stat(procs); errors.Is(err, fs.ErrNotExist) {
-		return nil
-	}
-	// Frozen, the processes cannot fork while they are killed.
-	state := filepath.Join(c.dir("freezer", lease), "freezer.state")
-	frozen := c.mounts["freezer"] != "" && writeFile(state, "FROZEN") == nil
-	pids, _ := readPids(procs)
-	for _, pid := range pids {
-		syscall.Kill(pid, syscall.SIGKILL)
-	}
-	if frozen {
-		writeFile(state, "THAWED")
-	}
-	if err := waitEmpty(procs); err != nil {
-		return err
+	if _, err := os.Stat(procs); err == nil {
+		// Frozen, the processes cannot fork while they are killed.
+		state := filepath.Join(c.dir("freezer", lease), "freezer.state")
+		frozen := c.mounts["freezer"] != "" && writeFile(state, "FROZEN") == nil
+		pids, _ := readPids(procs)
+		for _, pid := range pids {
+			syscall.Kill(pid, syscall.SIGKILL)
+		}
+		if frozen {
+			writeFile(state, "THAWED")
+		}
+		if err := waitEmpty(procs); err != nil {
+			return err
+		}
 	}
 	var errs []error
 	for _, ctl := range c.controllers() {
@@ -322,6 +359,8 @@ func (c *cgroupV2) create(lease string, cpu, mem int64) error {
 }
 
 func (c *cgroupV2) removeParent() { removeEmptyPath(c.mount, c.parent) }
+
+func (c *cgroupV2) leases() ([]string, error) { return leaseDirs(filepath.Join(c.mount, c.parent)) }
 
 func (c *cgroupV2) procsFiles(lease string) []string {
 	return []string{filepath.Join(c.dir(lease), "cgroup.procs")}

@@ -405,3 +405,25 @@ func (m *Manager) Join(lease string, pid int) error {
 	}
 	return nil
 }
+
+// Purge removes every lease cgroup under this manager's parent, killing
+// what runs in them, then the parent itself: for tests, and for a host
+// taken out of the pool. The agent never purges by itself: a lease's
+// processes outlive an agent restart.
+func (m *Manager) Purge() error {
+	if m.cg == nil {
+		return nil
+	}
+	leases, err := m.cg.leases()
+	if err != nil {
+		return err
+	}
+	var errs []error
+	for _, l := range leases {
+		if err := m.Remove(l); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	m.cg.removeParent()
+	return errors.Join(errs...)
+}

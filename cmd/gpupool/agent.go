@@ -45,6 +45,7 @@ type agentOpts struct {
 	insecure        bool
 	users           string
 	allowReduced    bool
+	cgroupParent    string
 	metricsTLS      bool
 	metricsLeaseIDs bool
 }
@@ -150,6 +151,7 @@ else the hostname.`,
 	f.DurationVar(&o.enforce.ExpiryGrace, "expiry-grace", agent.DefaultExpiryGrace, "how long past its expiry a lease's processes run while the brokers are unreachable")
 	f.BoolVar(&o.insecure, "insecure", false, insecureUsage)
 	f.StringVar(&o.users, "sandbox-users", sandbox.DefaultRange.String(), "user ids leases run as, FIRST-LAST; each lease takes one (the first is shared by leases with MPS slices); give each agent on one machine its own range")
+	f.StringVar(&o.cgroupParent, "cgroup-parent", "", "where the leases' cgroups go under each cgroup hierarchy's root (default gpupool/HOST_ID)")
 	f.BoolVar(&o.metricsTLS, "metrics-tls", false, "serve --metrics-bind over mutual TLS with the agent's certificate: scrapers need a certificate of the cluster CA")
 	f.BoolVar(&o.metricsLeaseIDs, "metrics-lease-ids", false, "label per-lease metrics with the lease id; by default the label is a pseudonym (h-<hash>) that names no lease")
 	f.BoolVar(&o.allowReduced, "allow-reduced-isolation", false, "run lease workloads even where this host cannot sandbox them (not root, no cgroups): they then run as the agent's user and can reach what it can (gpupool dev sets it)")
@@ -224,6 +226,9 @@ func runAgent(cmd *cobra.Command, o agentOpts) error {
 	}
 	if o.metricsTLS && src == nil {
 		return usagef("--metrics-tls needs the agent's TLS files (--tls-ca, --tls-cert, --tls-key)")
+	}
+	if p := o.cgroupParent; p != "" && (filepath.IsAbs(p) || strings.Contains(p, "..") || strings.ContainsAny(p, " \n")) {
+		return usagef("--cgroup-parent %q: must be a relative path without '..', e.g. gpupool/%s", p, hostID)
 	}
 	users, err := sandbox.ParseRange(o.users)
 	if err != nil {
@@ -302,6 +307,7 @@ func runAgent(cmd *cobra.Command, o agentOpts) error {
 		SandboxUsers:          users,
 		AllowReducedIsolation: o.allowReduced,
 		MetricsLeaseIDs:       o.metricsLeaseIDs,
+		CgroupParent:          o.cgroupParent,
 	})
 	if err != nil {
 		return usagef("%v", err)

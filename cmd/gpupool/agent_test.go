@@ -28,6 +28,8 @@ func TestAgentCommandRefusesBadInput(t *testing.T) {
 		{"an empty broker list", []string{"agent", "--insecure", "--broker", " , ", "--simulate", "1xA100-80GB"}, []string{"--broker is empty"}},
 		{"a positional argument", with("extra"), []string{"takes no arguments", `"extra"`}},
 		{"an unknown --mps mode", with("--mps", "maybe"), []string{`--mps "maybe"`, "auto, on or off"}},
+		{"a cgroup parent that climbs", with("--cgroup-parent", "../x"), []string{`--cgroup-parent "../x": must be a relative path`}},
+		{"an absolute cgroup parent", with("--cgroup-parent", "/gpupool"), []string{`--cgroup-parent "/gpupool": must be a relative path`}},
 		{"metrics over TLS without TLS files", with("--metrics-tls"), []string{"--metrics-tls needs the agent's TLS files"}},
 		{"a sandbox user range of system users", with("--sandbox-users", "0-999"), []string{`--sandbox-users "0-999"`, "ids below 1000 belong to the system"}},
 		{"a sandbox user range that is no range", with("--sandbox-users", "lots"), []string{`--sandbox-users "lots"`, "want FIRST-LAST"}},

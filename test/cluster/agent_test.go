@@ -32,12 +32,13 @@ func startLeaseWorkload(t *testing.T, cl *cluster, host, id string) *leaseWorklo
 	}
 	t.Cleanup(func() { ex.Process.Kill(); ex.Wait() })
 	// The agents keep each lease's processes in the v1 pids hierarchy
-	// (v2 where the host is unified), under gpupool/<host>/<lease>.
+	// (v2 where the host is unified), under their parent/<lease>.
 	w := &leaseWorkload{exited: make(chan struct{})}
 	eventually(t, "the lease's sleep to run in its cgroup", 20*time.Second, func() error {
-		procs := filepath.Join("/sys/fs/cgroup/pids", "gpupool", host, id, "cgroup.procs")
+		parent := cl.cgroupParent(host)
+		procs := filepath.Join("/sys/fs/cgroup/pids", parent, id, "cgroup.procs")
 		if _, err := os.Stat("/sys/fs/cgroup/pids"); err != nil {
-			procs = filepath.Join("/sys/fs/cgroup", "gpupool", host, id, "cgroup.procs")
+			procs = filepath.Join("/sys/fs/cgroup", parent, id, "cgroup.procs")
 		}
 		b, err := os.ReadFile(procs)
 		if err != nil {

@@ -7,6 +7,7 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"github.com/gpupool/gpupool/agent/sandbox"
 	"net"
 	"os"
 	"os/exec"
@@ -272,7 +273,8 @@ func (cl *cluster) newAgent(i int, extra ...string) *proc {
 	args := append([]string{"agent", "--broker", strings.Join(cl.addrs, ","), "--simulate", "8xA100-80GB", "--host-id", name,
 		"--data-dir", cl.agentDir(i), "--data-bind", cl.dataBind(i), "--log-level", "debug",
 		// Agents on one machine each take their own users.
-		"--sandbox-users", fmt.Sprintf("%d-%d", 300000+i*1000, 300000+i*1000+999)}, agentWatchdog...)
+		"--sandbox-users", fmt.Sprintf("%d-%d", 300000+i*1000, 300000+i*1000+999),
+		"--cgroup-parent", cl.cgroupParent(name)}, agentWatchdog...)
 	args = append(args, cl.security(name, pki.RoleAgent)...)
 	return cl.newProc(name, append(args, extra...)...)
 }
@@ -297,6 +299,19 @@ func (cl *cluster) dataBind(i int) string {
 	c.Close()
 	cl.ports.m[i] = a
 	return a
+}
+
+// cgroupParent is where host's agent keeps its leases' cgroups: under
+// this test process, so that no other agent on the machine shares them.
+// The leases left when the test ends are purged with their processes.
+func (cl *cluster) cgroupParent(host string) string {
+	p := fmt.Sprintf("gpupool-test/cluster-%d/%s", os.Getpid(), host)
+	cl.t.Cleanup(func() {
+		if m, err := sandbox.New(sandbox.Config{CgroupParent: p}); err == nil {
+			m.Purge()
+		}
+	})
+	return p
 }
 
 // agentDir is host-(i+1)'s data dir.
