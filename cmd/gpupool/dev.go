@@ -169,6 +169,7 @@ func runDev(cmd *cobra.Command, o devOpts) error {
 			// isolation, which dev allows (and the agents say so).
 			"--allow-reduced-isolation",
 			"--sandbox-users", fmt.Sprintf("%d-%d", sandbox.DefaultRange.First+i*10000, sandbox.DefaultRange.First+i*10000+9999),
+			"--cgroup-parent", devCgroupParent(i),
 		}})
 	}
 
@@ -179,6 +180,15 @@ func runDev(cmd *cobra.Command, o devOpts) error {
 			return err
 		}
 	}
+	// Deferred first, so it runs after the agents stopped: their leases'
+	// cgroups, and whatever still runs in them, go with the dev pool.
+	defer func() {
+		for i := range o.hosts {
+			if m, err := sandbox.New(sandbox.Config{CgroupParent: devCgroupParent(i)}); err == nil {
+				m.Purge()
+			}
+		}
+	}()
 	defer stopAll(children)
 
 	fmt.Fprint(out, devBanner)
@@ -382,3 +392,9 @@ func runDemo(ctx context.Context, out, errOut io.Writer, addr string) error {
 
 // leaseIDRE finds a lease id in a command's output.
 var leaseIDRE = regexp.MustCompile(`\bl-[0-9a-f]{16}\b`)
+
+// devCgroupParent is where dev's host i keeps its leases' cgroups: under
+// this dev process, which removes them when it stops.
+func devCgroupParent(i int) string {
+	return fmt.Sprintf("gpupool-dev/%d/host-%d", os.Getpid(), i+1)
+}
