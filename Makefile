@@ -6,19 +6,41 @@ TOOLS := $(CURDIR)/.bin
 PROTO_FILES := $(wildcard proto/gpupool/v1/*.proto)
 # go-nvml's cgo prints deprecation warnings on every fresh build; they are not ours.
 export CGO_CFLAGS ?= -O2 -g -Wno-deprecated-declarations
-PKG_RACE := ./broker/... ./agent/... ./client/... ./internal/... ./token/... ./dataplane/...
+PKG_RACE := ./broker/... ./agent/... ./client/... ./k8s/... ./protocol/... ./internal/... ./token/... ./dataplane/... ./cuda/...
 
-.PHONY: all build test dev proto proto-check lint bench bench-dataplane bench-placement bench-lease bench-failover bench-scale bench-go tools clean test-unit test-cluster helm chart test-k8s bench-k8s elastic-demo fuzz test-robustness soak robustness-tools
+.PHONY: all build cc cuda-gen examples test-gpu test dev proto proto-check lint lint-refs bench bench-dataplane bench-placement bench-lease bench-failover bench-scale bench-go tools clean test-unit test-cluster helm chart test-k8s bench-k8s elastic-demo fuzz test-robustness soak robustness-tools
 
 all: build
 
-build: ## build bin/gpupool
+build: cc ## build bin/gpupool (the product), bin/gpupool-bench (the benchmarks, kept out of the product) and the CUDA shim bin/lib/libcuda.so.1
 	$(GO) build -o $(BIN)/gpupool ./cmd/gpupool
+	$(GO) build -o $(BIN)/gpupool-bench ./cmd/gpupool-bench
+	$(GO) run ./cuda/shim/mkshim $(BIN)/lib >/dev/null
+
+# gcc builds the CUDA shim (C, loaded into other people's programs) and the
+# C test programs; installed from Debian when missing.
+cc:
+	@command -v gcc >/dev/null || { \
+	  echo "installing gcc (Debian)"; \
+	  (apt-get install -y -q gcc libc6-dev >/dev/null 2>&1 || \
+	   (apt-get update -q >/dev/null && apt-get install -y -q gcc libc6-dev >/dev/null)); }
+
+cuda-gen: ## regenerate the CUDA shim's stubs and the server's dispatch from cuda/api/cuda.api
+	$(GO) generate ./cuda/api
+
+examples: build ## build the C examples into bin/examples (vecadd: run it under 'gpupool attach')
+	@mkdir -p $(BIN)/examples
+	gcc -std=gnu11 -O2 -Wall -Wextra -Werror -I cuda/shim/csrc -o $(BIN)/examples/vecadd examples/cuda/vecadd.c -L $(BIN)/lib -lcuda
+
+# The shim's C test programs against the real backend on this machine's
+# GPU (libcuda.so.1 from the driver); skips with a message where there is none.
+test-gpu: cc ## the CUDA remoting tests on a real GPU (skips without one)
+	GPUPOOL_TEST_GPU=1 $(GO) test -count=1 -v -run 'TestRealGPU' ./cuda/shimtest
 
 dev: build ## run 3 brokers + 4 simulated hosts and show a lease's life; Ctrl-C stops
 	$(BIN)/gpupool dev --demo
 
-test: tools proto-check lint test-unit ## everything CI runs by default
+test: tools cc proto-check lint test-unit ## everything CI runs by default
 
 test-unit:
 	$(GO) test -race -count=1 -timeout 15m $(PKG_RACE)
@@ -73,31 +95,38 @@ proto-check: tools
 	if [ $$stale = 1 ]; then echo "proto-check: generated code is stale; run 'make proto' and commit the result"; exit 1; fi; \
 	echo "proto-check: generated code is up to date"
 
-lint: ## gofmt + go vet
+lint: lint-refs ## gofmt + go vet, and no reference to files outside the repository
 	@out=$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go') | grep -v '\.pb\.go$$' || true); \
 	if [ -n "$$out" ]; then echo "gofmt wants to rewrite:"; echo "$$out"; exit 1; fi
 	$(GO) vet ./...
 
+# The repository stands alone: no file may cite a design document or a path
+# that a fresh clone does not have. Names each offending file and line.
+LINT_REFS := DESIGN\.md|(^|[^A-Za-z0-9_./-])/work/|\.\./shared
+lint-refs: ## fail if any file cites DESIGN.md, /work/ or ../shared (paths outside the repository)
+	@out=$$(grep -rInE '$(LINT_REFS)' --exclude-dir=.git --exclude=.git --exclude-dir=bin --exclude-dir=.bin . | grep -v '^./Makefile:' || true); \
+	if [ -n "$$out" ]; then echo "references to files outside the repository:"; echo "$$out"; exit 1; fi
+
 bench: build bench-placement bench-lease bench-failover bench-scale bench-dataplane ## every benchmark (about 20 minutes on 2 cores); writes bench/results/*.{json,md,png}; see bench/README.md
 
 bench-placement: build ## the broker's placement engine on the Alibaba openb trace, 9 policies incl. FGD, 10 seeds (about 9 min)
-	$(BIN)/gpupool bench placement
+	$(BIN)/gpupool-bench placement
 
 bench-lease: build ## acquire+release on 3 gpupool brokers against an allocator on 3 etcd members, 1-256 clients (installs Debian's etcd-server; about 5 min)
 	bash bench/lease/install-etcd.sh
-	$(BIN)/gpupool bench lease --gpupool $(BIN)/gpupool
+	$(BIN)/gpupool-bench lease --gpupool $(BIN)/gpupool
 
 bench-failover: build ## kill -9 the leader 10 times under load: time to the next acquire, leases lost (about 2 min)
-	$(BIN)/gpupool bench failover --gpupool $(BIN)/gpupool
+	$(BIN)/gpupool-bench failover --gpupool $(BIN)/gpupool
 
 bench-scale: build ## one broker with 10k hosts x 8 GPUs and 100k leases: RSS, snapshot, restart (about 10 min; at most 12)
-	$(BIN)/gpupool bench scale --gpupool $(BIN)/gpupool
+	$(BIN)/gpupool-bench scale --gpupool $(BIN)/gpupool
 
 bench-go: ## Go micro-benchmarks of placement and the FSM
 	$(GO) test -run '^$$' -bench . -benchmem ./broker/...
 
 bench-dataplane: build ## QUIC data plane against TCP+TLS on loopback: 1 GiB each way and exec latency; writes bench/results/dataplane.json
-	$(BIN)/gpupool bench dataplane
+	$(BIN)/gpupool-bench dataplane
 
 elastic-demo: ## examples/elastic-sim on a local 'gpupool dev' while guaranteed work comes and goes (about 2 minutes; ports 7641+ free); writes bench/results/elastic-sim.{png,csv}
 	bash examples/elastic-sim/demo.sh
@@ -105,10 +134,10 @@ elastic-demo: ## examples/elastic-sim on a local 'gpupool dev' while guaranteed 
 # Fuzz targets as PACKAGE:FUZZ_FUNC; their seed corpora are committed under
 # each package's testdata/fuzz/. `make fuzz` runs each for FUZZTIME.
 FUZZTIME ?= 10s
-FUZZ_TARGETS := ./broker/fsm:FuzzDecode ./broker/lease:FuzzValidate ./token:FuzzVerify \
+FUZZ_TARGETS := ./broker/fsm:FuzzDecode ./protocol:FuzzValidate ./token:FuzzVerify \
 	./dataplane:FuzzReadFrame ./internal/quantity:FuzzParseMemoryMiB ./internal/quantity:FuzzParsePercent \
 	./client:FuzzReadTokenFile ./agent:FuzzReadLeaseFile ./agent/device:FuzzSimControlProcess \
-	./agent/sandbox:FuzzLeaseOf
+	./cuda/wire:FuzzReadFrame ./agent/cudaserver:FuzzSession ./agent/sandbox:FuzzLeaseOf
 
 fuzz: ## run every fuzz target for FUZZTIME each (default 10s): FSM commands, Acquire validation, lease tokens, data-plane frames, quantities
 	@for t in $(FUZZ_TARGETS); do \

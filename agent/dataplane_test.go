@@ -59,7 +59,7 @@ func TestAuthorizeChecksEveryClaim(t *testing.T) {
 		})
 	}
 	dir, err := a.LeaseDir("L1")
-	if err != nil || !strings.HasSuffix(dir, "/work/L1") {
+	if err != nil || !strings.HasSuffix(dir, filepath.Join("work", "L1")) {
 		t.Fatalf("LeaseDir = %q, %v", dir, err)
 	}
 	if _, err := a.LeaseDir("L7"); err == nil {

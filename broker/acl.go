@@ -10,11 +10,10 @@ import (
 
 	"github.com/hashicorp/raft"
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/metadata"
-	"google.golang.org/grpc/status"
 
 	gpupoolv1 "github.com/gpupool/gpupool/proto/gpupool/v1"
+	"github.com/gpupool/gpupool/protocol"
 )
 
 // ACL tokens travel as gRPC metadata "authorization: Bearer <secret>".
@@ -151,12 +150,7 @@ func (c *caller) management() bool {
 
 func (c *caller) String() string {
 	t := c.token
-	return fmt.Sprintf("token %s (%q, %s)", t.AccessorId, t.Name, KindName(t.Kind))
-}
-
-// KindName is a token kind as the CLI spells it.
-func KindName(k gpupoolv1.TokenKind) string {
-	return strings.ToLower(strings.TrimPrefix(k.String(), "TOKEN_KIND_"))
+	return fmt.Sprintf("token %s (%q, %s)", t.AccessorId, t.Name, protocol.TokenKindName(t.Kind))
 }
 
 // tenants are the tenants the caller may act for; nil for all.
@@ -172,7 +166,7 @@ func (c *caller) mayActFor(tenant, what string) error {
 	if c.management() || slices.Contains(c.token.Tenants, tenant) {
 		return nil
 	}
-	return status.Errorf(codes.PermissionDenied, "%s: %s may act for tenants %s only, not tenant %q",
+	return refusef(ErrDenied, "%s: %s may act for tenants %s only, not tenant %q",
 		what, c, strings.Join(c.token.Tenants, ", "), tenant)
 }
 
@@ -196,10 +190,10 @@ func (c *caller) scopeRequest(r *gpupoolv1.LeaseRequest) error {
 		return err
 	}
 	if t.MaxPriority != nil && r.Priority > *t.MaxPriority {
-		return status.Errorf(codes.PermissionDenied, "request.priority %d: %s may ask for priority %d at most", r.Priority, c, *t.MaxPriority)
+		return refusef(ErrDenied, "request.priority %d: %s may ask for priority %d at most", r.Priority, c, *t.MaxPriority)
 	}
 	if t.PreemptibleOnly && r.Class != gpupoolv1.LeaseClass_LEASE_CLASS_PREEMPTIBLE {
-		return status.Errorf(codes.PermissionDenied, "request.class guaranteed: %s may ask for preemptible leases only", c)
+		return refusef(ErrDenied, "request.class guaranteed: %s may ask for preemptible leases only", c)
 	}
 	return nil
 }
@@ -210,7 +204,7 @@ func (c *caller) mayActAsHost(id string) error {
 	if c.management() || (c.token.Kind == gpupoolv1.TokenKind_TOKEN_KIND_AGENT && c.token.HostId == id) {
 		return nil
 	}
-	return status.Errorf(codes.PermissionDenied, "host_id %q: %s is the join token of host %q, not of host %q",
+	return refusef(ErrDenied, "host_id %q: %s is the join token of host %q, not of host %q",
 		id, c, c.token.HostId, id)
 }
 
@@ -225,13 +219,13 @@ func secretFrom(ctx context.Context) (string, error) {
 	md, _ := metadata.FromIncomingContext(ctx)
 	vals := md.Get(AuthHeader)
 	if len(vals) == 0 {
-		return "", status.Error(codes.Unauthenticated, "no ACL token: pass --token or set GPUPOOL_TOKEN (gRPC metadata \"authorization: Bearer <secret>\")")
+		return "", refuse(ErrUnauthenticated, "no ACL token: pass --token or set GPUPOOL_TOKEN (gRPC metadata \"authorization: Bearer <secret>\")")
 	}
 	v := strings.TrimSpace(vals[0])
 	scheme, secret, ok := strings.Cut(v, " ")
 	secret = strings.TrimSpace(secret)
 	if !ok || !strings.EqualFold(scheme, "bearer") || secret == "" {
-		return "", status.Error(codes.Unauthenticated, "authorization metadata: must be \"Bearer <secret>\"")
+		return "", refuse(ErrUnauthenticated, "authorization metadata: must be \"Bearer <secret>\"")
 	}
 	return secret, nil
 }
@@ -255,7 +249,7 @@ func (s *Server) authenticate(ctx context.Context) (*caller, error) {
 		t = s.fsm.State().ACLTokenBySecret(hash)
 	}
 	if t == nil {
-		return nil, status.Error(codes.Unauthenticated, "ACL token not recognised: no such token (check --token / GPUPOOL_TOKEN)")
+		return nil, refuse(ErrUnauthenticated, "ACL token not recognised: no such token (check --token / GPUPOOL_TOKEN)")
 	}
 	if err := s.stillValid(t); err != nil {
 		return nil, err
@@ -266,11 +260,11 @@ func (s *Server) authenticate(ctx context.Context) (*caller, error) {
 // stillValid returns Unauthenticated for a revoked or expired token.
 func (s *Server) stillValid(t *gpupoolv1.AclToken) error {
 	if t.Revoked {
-		return status.Errorf(codes.Unauthenticated, "ACL token %s (%q) was revoked at %s by %s",
-			t.AccessorId, t.Name, time.UnixMilli(t.RevokedAtMs).UTC().Format(time.RFC3339), ActorText(t.RevokedBy))
+		return refusef(ErrUnauthenticated, "ACL token %s (%q) was revoked at %s by %s",
+			t.AccessorId, t.Name, time.UnixMilli(t.RevokedAtMs).UTC().Format(time.RFC3339), protocol.ActorText(t.RevokedBy))
 	}
 	if tokenExpired(t, s.cfg.Clock.Now()) {
-		return status.Errorf(codes.Unauthenticated, "ACL token %s (%q) expired at %s",
+		return refusef(ErrUnauthenticated, "ACL token %s (%q) expired at %s",
 			t.AccessorId, t.Name, time.UnixMilli(t.ExpiresAtMs).UTC().Format(time.RFC3339))
 	}
 	return nil
@@ -288,7 +282,7 @@ func (s *Server) recheck(c *caller) error {
 	}
 	t := s.fsm.State().ACLToken(c.token.AccessorId)
 	if t == nil {
-		return status.Errorf(codes.Unauthenticated, "ACL token %s is gone (snapshot restore?)", c.token.AccessorId)
+		return refusef(ErrUnauthenticated, "ACL token %s is gone (snapshot restore?)", c.token.AccessorId)
 	}
 	return s.stillValid(t)
 }
@@ -340,7 +334,7 @@ func authorize(c *caller, method string) error {
 		r == rightAgent && kind == gpupoolv1.TokenKind_TOKEN_KIND_AGENT:
 		return nil
 	}
-	return status.Errorf(codes.PermissionDenied, "%s: %s lacks %s", method, c, r)
+	return refusef(ErrDenied, "%s: %s lacks %s", method, c, r)
 }
 
 // check authenticates and authorizes one call.
@@ -352,7 +346,7 @@ func (s *Server) check(ctx context.Context, method string) (*caller, error) {
 		// A new leader decides on tokens only once it has applied what
 		// earlier leaders committed (its barrier): a revocation already
 		// acknowledged, or the bootstrap, may not be in its state yet.
-		return nil, status.Error(codes.Unavailable, "this broker just became leader and is catching up with the log; retry")
+		return nil, refuse(ErrUnavailable, "this broker just became leader and is catching up with the log; retry")
 	}
 	switch methodRights[method] {
 	case rightJoin:
@@ -442,18 +436,6 @@ func forwardAuth(in, out context.Context) context.Context {
 	return out
 }
 
-// ActorText is an actor as people read it: "name (accessor)", or the name
-// alone for the broker and anonymous callers.
-func ActorText(a *gpupoolv1.Actor) string {
-	switch {
-	case a == nil:
-		return "unknown"
-	case a.AccessorId == "":
-		return a.Name
-	}
-	return fmt.Sprintf("%s (%s)", a.Name, a.AccessorId)
-}
-
 // mayTouch returns NotFound, as for a lease that does not exist, when
 // the caller may not act on lease l (another tenant's): a tenant cannot
 // even tell whether another tenant's lease id exists. A nil lease passes:
@@ -462,5 +444,5 @@ func (c *caller) mayTouch(l *gpupoolv1.Lease, what string) error {
 	if l == nil || c.sees(l) {
 		return nil
 	}
-	return status.Errorf(codes.NotFound, "lease %q: not found", l.Id)
+	return refusef(ErrNotFound, "lease %q: not found", l.Id)
 }

@@ -4,15 +4,15 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"fmt"
 	"time"
 
 	"github.com/google/uuid"
-	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 
 	"github.com/gpupool/gpupool/broker/fsm"
 	gpupoolv1 "github.com/gpupool/gpupool/proto/gpupool/v1"
+	"github.com/gpupool/gpupool/protocol"
 )
 
 // aclService implements AclService.
@@ -24,9 +24,6 @@ type aclService struct {
 // secretBytes is the size of a token's random secret.
 const secretBytes = 32
 
-// MaxTokenTTL bounds a token's lifetime when one is given.
-const MaxTokenTTL = 10 * 365 * 24 * time.Hour
-
 func (e aclService) Bootstrap(ctx context.Context, req *gpupoolv1.AclBootstrapRequest) (*gpupoolv1.AclTokenSecret, error) {
 	name := req.GetName()
 	if name == "" {
@@ -34,7 +31,7 @@ func (e aclService) Bootstrap(ctx context.Context, req *gpupoolv1.AclBootstrapRe
 	}
 	t := &gpupoolv1.AclToken{Name: name, Kind: gpupoolv1.TokenKind_TOKEN_KIND_MANAGEMENT}
 	if err := fsm.ValidateACLToken(t); err != nil {
-		return nil, toStatus(err)
+		return nil, err
 	}
 	if conn, fctx, err := e.s.leaderConn(ctx); err != nil {
 		return nil, err
@@ -42,21 +39,21 @@ func (e aclService) Bootstrap(ctx context.Context, req *gpupoolv1.AclBootstrapRe
 		return gpupoolv1.NewAclServiceClient(conn).Bootstrap(fctx, req)
 	}
 	if at := e.s.fsm.State().ACLBootstrapIndex(); at != 0 {
-		return nil, status.Errorf(codes.FailedPrecondition, "ACL already bootstrapped (log index %d): the bootstrap token exists; create more tokens with a management token ('gpupool operator acl token create')", at)
+		return nil, refusef(ErrPrecondition, "ACL already bootstrapped (log index %d): the bootstrap token exists; create more tokens with a management token ('gpupool operator acl token create')", at)
 	}
 	return e.s.createToken(t, &gpupoolv1.Actor{Name: "bootstrap"}, true)
 }
 
 func (e aclService) CreateToken(ctx context.Context, req *gpupoolv1.CreateAclTokenRequest) (*gpupoolv1.AclTokenSecret, error) {
-	if req.TtlMs < 0 || time.Duration(req.TtlMs)*time.Millisecond > MaxTokenTTL {
-		return nil, status.Errorf(codes.InvalidArgument, "ttl_ms %d: must be 0 (no expiry) or up to %s", req.TtlMs, MaxTokenTTL)
+	if req.TtlMs < 0 || time.Duration(req.TtlMs)*time.Millisecond > protocol.MaxTokenTTL {
+		return nil, refusef(ErrInvalid, "ttl_ms %d: must be 0 (no expiry) or up to %s", req.TtlMs, protocol.MaxTokenTTL)
 	}
 	t := &gpupoolv1.AclToken{
 		Name: req.Name, Kind: req.Kind, Tenants: req.Tenants, MaxPriority: req.MaxPriority,
 		PreemptibleOnly: req.PreemptibleOnly, HostId: req.HostId,
 	}
 	if err := fsm.ValidateACLToken(t); err != nil {
-		return nil, toStatus(err)
+		return nil, err
 	}
 	if conn, fctx, err := e.s.leaderConn(ctx); err != nil {
 		return nil, err
@@ -74,7 +71,7 @@ func (e aclService) CreateToken(ctx context.Context, req *gpupoolv1.CreateAclTok
 func (s *Server) createToken(t *gpupoolv1.AclToken, by *gpupoolv1.Actor, bootstrap bool) (*gpupoolv1.AclTokenSecret, error) {
 	b := make([]byte, secretBytes)
 	if _, err := rand.Read(b); err != nil {
-		return nil, status.Errorf(codes.Internal, "token secret: %v", err)
+		return nil, fmt.Errorf("token secret: %v", err)
 	}
 	secret := hex.EncodeToString(b)
 	t = proto.CloneOf(t)
@@ -84,9 +81,9 @@ func (s *Server) createToken(t *gpupoolv1.AclToken, by *gpupoolv1.Actor, bootstr
 	t.CreatedBy = by
 	res, err := s.apply(&gpupoolv1.CreateAclTokenCommand{Token: t, Bootstrap: bootstrap})
 	if err != nil {
-		return nil, toStatus(err)
+		return nil, err
 	}
-	s.log.Info("ACL token created", "accessor", t.AccessorId, "name", t.Name, "kind", KindName(t.Kind), "by", ActorText(by))
+	s.log.Info("ACL token created", "accessor", t.AccessorId, "name", t.Name, "kind", protocol.TokenKindName(t.Kind), "by", protocol.ActorText(by))
 	return &gpupoolv1.AclTokenSecret{Token: s.tokenView(res.Token), Secret: secret}, nil
 }
 
@@ -114,7 +111,7 @@ func (e aclService) ListTokens(ctx context.Context, req *gpupoolv1.ListAclTokens
 
 func (e aclService) RevokeToken(ctx context.Context, req *gpupoolv1.RevokeAclTokenRequest) (*gpupoolv1.RevokeAclTokenResponse, error) {
 	if req.AccessorId == "" {
-		return nil, status.Error(codes.InvalidArgument, "accessor_id: is required; see 'gpupool operator acl token ls'")
+		return nil, refuse(ErrInvalid, "accessor_id: is required; see 'gpupool operator acl token ls'")
 	}
 	if conn, fctx, err := e.s.leaderConn(ctx); err != nil {
 		return nil, err
@@ -124,9 +121,9 @@ func (e aclService) RevokeToken(ctx context.Context, req *gpupoolv1.RevokeAclTok
 	by := callerFrom(ctx).actor()
 	res, err := e.s.apply(&gpupoolv1.RevokeAclTokenCommand{AccessorId: req.AccessorId, NowMs: e.s.nowMs(), Actor: by, RevokeLeases: !req.KeepLeases})
 	if err != nil {
-		return nil, toStatus(err)
+		return nil, err
 	}
-	e.s.log.Info("ACL token revoked", "accessor", req.AccessorId, "by", ActorText(by), "leases_revoked", len(res.Ended))
+	e.s.log.Info("ACL token revoked", "accessor", req.AccessorId, "by", protocol.ActorText(by), "leases_revoked", len(res.Ended))
 	return &gpupoolv1.RevokeAclTokenResponse{Token: e.s.tokenView(res.Token), RevokedLeases: res.Ended}, nil
 }
 

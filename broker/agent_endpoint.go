@@ -5,8 +5,6 @@ import (
 	"regexp"
 
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/status"
 
 	"github.com/gpupool/gpupool/broker/fsm"
 	gpupoolv1 "github.com/gpupool/gpupool/proto/gpupool/v1"
@@ -22,27 +20,27 @@ var hostIDRE = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$`)
 
 func validateHost(h *gpupoolv1.Host) error {
 	if h == nil {
-		return status.Error(codes.InvalidArgument, "host: is required")
+		return refuse(ErrInvalid, "host: is required")
 	}
 	if !hostIDRE.MatchString(h.Id) {
-		return status.Errorf(codes.InvalidArgument, "host.id %q: must be 1-63 letters, digits, '.', '_' or '-', starting with a letter or digit", h.Id)
+		return refusef(ErrInvalid, "host.id %q: must be 1-63 letters, digits, '.', '_' or '-', starting with a letter or digit", h.Id)
 	}
 	seen := map[string]bool{}
 	for i, d := range h.Devices {
 		switch {
 		case d.Uuid == "":
-			return status.Errorf(codes.InvalidArgument, "host.devices[%d].uuid: is required", i)
+			return refusef(ErrInvalid, "host.devices[%d].uuid: is required", i)
 		case seen[d.Uuid]:
-			return status.Errorf(codes.InvalidArgument, "host.devices[%d].uuid %q: reported twice", i, d.Uuid)
+			return refusef(ErrInvalid, "host.devices[%d].uuid %q: reported twice", i, d.Uuid)
 		case d.MemoryMib < 1:
-			return status.Errorf(codes.InvalidArgument, "host.devices[%d].memory_mib %d: must be at least 1", i, d.MemoryMib)
+			return refusef(ErrInvalid, "host.devices[%d].memory_mib %d: must be at least 1", i, d.MemoryMib)
 		case d.Model == "":
-			return status.Errorf(codes.InvalidArgument, "host.devices[%d].model: is required", i)
+			return refusef(ErrInvalid, "host.devices[%d].model: is required", i)
 		}
 		seen[d.Uuid] = true
 	}
 	if h.CpuMillicores < 0 || h.MemoryMib < 0 {
-		return status.Errorf(codes.InvalidArgument, "host.cpu_millicores %d, host.memory_mib %d: must be 0 or more", h.CpuMillicores, h.MemoryMib)
+		return refusef(ErrInvalid, "host.cpu_millicores %d, host.memory_mib %d: must be 0 or more", h.CpuMillicores, h.MemoryMib)
 	}
 	return nil
 }
@@ -58,7 +56,7 @@ func (e agentService) Register(ctx context.Context, req *gpupoolv1.RegisterReque
 	}
 	host := req.Host
 	if _, err := e.s.apply(&gpupoolv1.RegisterHostCommand{Host: host, Devices: host.Devices, NowMs: e.s.nowMs()}); err != nil {
-		return nil, toStatus(err)
+		return nil, err
 	}
 	if ls := e.s.currentLeader(); ls != nil {
 		e.s.sawHeartbeat(ls, host.Id)
@@ -93,7 +91,7 @@ func (e agentService) Heartbeat(stream grpc.BidiStreamingServer[gpupoolv1.Heartb
 			if hostID == "" {
 				hostID = r.HostId
 			} else if r.HostId != hostID {
-				return status.Errorf(codes.InvalidArgument, "host_id %q: this stream belongs to host %q", r.HostId, hostID)
+				return refusef(ErrInvalid, "host_id %q: this stream belongs to host %q", r.HostId, hostID)
 			}
 			acked, err := e.s.heartbeat(ls, r)
 			if err != nil {
@@ -133,26 +131,26 @@ func (s *Server) heartbeat(ls *leaderState, req *gpupoolv1.HeartbeatRequest) (ui
 	st := s.fsm.State()
 	h := st.Host(req.HostId)
 	if h == nil {
-		return 0, status.Errorf(codes.NotFound, "host %q: not registered; register first", req.HostId)
+		return 0, refusef(ErrNotFound, "host %q: not registered; register first", req.HostId)
 	}
 	s.sawHeartbeat(ls, h.Id)
 	if h.Status == gpupoolv1.HostStatus_HOST_STATUS_DOWN {
 		if _, err := s.apply(&gpupoolv1.SetHostStatusCommand{
 			HostId: h.Id, Status: gpupoolv1.HostStatus_HOST_STATUS_READY, NowMs: s.nowMs(), Reason: "heartbeats resumed",
 		}); err != nil {
-			return 0, toStatus(err)
+			return 0, err
 		}
 		s.log.Info("host back: heartbeats resumed", "host", h.Id)
 	}
 	ls.storeReport(h.Id, req)
 	acked, err := s.applyAgentReports(h, req)
 	if err != nil {
-		return 0, toStatus(err)
+		return 0, err
 	}
 	// The leases torn down everywhere are freed together: their entries
 	// are sent at once and share Raft's fsyncs, so a host that tore down
 	// hundreds of leases since its last heartbeat frees them in one round.
-	var frees []*proposal
+	var frees []Proposal
 	for _, id := range req.TornDown {
 		l := st.Lease(id)
 		if l == nil || l.State != gpupoolv1.LeaseState_LEASE_STATE_RELEASING || !ls.tornDownEverywhere(h.Id, l) {
@@ -161,7 +159,7 @@ func (s *Server) heartbeat(ls *leaderState, req *gpupoolv1.HeartbeatRequest) (ui
 		frees = append(frees, s.applyAsync(freeAfterTeardown(l, s.nowMs())))
 	}
 	for _, f := range frees {
-		if _, err := f.wait(); err != nil {
+		if _, err := f.Wait(); err != nil {
 			s.log.Debug("free lease after teardown", "err", err)
 		}
 	}

@@ -20,6 +20,8 @@ type testServer struct {
 	s     *Server
 	c     *client.Client
 	clock *clock.Fake
+	// faults fails chosen commands before they reach Raft.
+	faults *faultyProposer
 }
 
 // startServer starts a server; opts change its Config first.
@@ -31,6 +33,8 @@ func startServer(t testing.TB, opts ...func(*Config)) *testServer {
 		Clock: fake, HeartbeatInterval: time.Second, HeartbeatTTL: 5 * time.Second, LockDelay: 10 * time.Second,
 		PreemptGrace: 2 * time.Second, PendingGrace: 3 * time.Second,
 	}
+	faults := &faultyProposer{}
+	cfg.wrapProposer = faults.wrap
 	for _, o := range opts {
 		o(&cfg)
 	}
@@ -45,7 +49,7 @@ func startServer(t testing.TB, opts ...func(*Config)) *testServer {
 	}
 	t.Cleanup(func() { c.Close() })
 	waitFor(t, "leadership", func() bool { return s.currentLeader() != nil })
-	return &testServer{s: s, c: c, clock: fake}
+	return &testServer{s: s, c: c, clock: fake, faults: faults}
 }
 
 // waitFor polls cond until it holds or 20 s pass.
@@ -77,6 +81,16 @@ func (ts *testServer) registerHost(t testing.TB, id string, gpus int, memMiB int
 	if _, err := ts.c.Agent.Register(ctx(t), &gpupoolv1.RegisterRequest{Host: h}); err != nil {
 		t.Fatal(err)
 	}
+	// The leader arms the heartbeat deadline in its own goroutine: wait for
+	// it, so that advancing the fake clock afterwards counts against it.
+	waitFor(t, "the heartbeat deadline of "+id+" armed", func() bool {
+		ls := ts.s.currentLeader()
+		if ls == nil {
+			return false
+		}
+		_, ok := ls.heartbeat.Deadline(id)
+		return ok
+	})
 }
 
 // heartbeater opens a heartbeat stream for host and returns beat, which
@@ -326,6 +340,14 @@ func TestLeaseExpiresWithoutKeepAliveAndNotWithIt(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// The leader arms TTL timers in its own goroutine: time counts against
+	// them once they are armed.
+	waitFor(t, "the TTLs of both leases armed", func() bool {
+		ls := ts.s.currentLeader()
+		_, okA := ls.ttl.Deadline(a.Lease.Id)
+		_, okB := ls.ttl.Deadline(b.Lease.Id)
+		return okA && okB
+	})
 	// Keep the host alive and renew only b, in steps shorter than the TTL.
 	beat := ts.heartbeater(t, "h1")
 	ka, err := ts.c.Lease.KeepAlive(ctx(t))

@@ -6,12 +6,10 @@ import (
 	"strings"
 
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/status"
 
 	"github.com/gpupool/gpupool/broker/fsm"
-	"github.com/gpupool/gpupool/broker/lease"
 	gpupoolv1 "github.com/gpupool/gpupool/proto/gpupool/v1"
+	"github.com/gpupool/gpupool/protocol"
 )
 
 // AuditLog is served from this server's own state, like Watch: every
@@ -25,8 +23,8 @@ import (
 func (e operatorService) AuditLog(req *gpupoolv1.AuditLogRequest, stream grpc.ServerStreamingServer[gpupoolv1.AuditEntry]) error {
 	c := callerFrom(stream.Context())
 	if req.Tenant != "" {
-		if err := lease.ValidateTenant("tenant", req.Tenant); err != nil {
-			return toStatus(err)
+		if err := protocol.ValidateTenant("tenant", req.Tenant); err != nil {
+			return err
 		}
 		if err := c.mayActFor(req.Tenant, "tenant"); err != nil {
 			return err
@@ -34,7 +32,7 @@ func (e operatorService) AuditLog(req *gpupoolv1.AuditLogRequest, stream grpc.Se
 	}
 	for i, k := range req.Kinds {
 		if fsm.AuditKindName(k) == "" || gpupoolv1.AuditKind_name[int32(k)] == "" {
-			return status.Errorf(codes.InvalidArgument, "kinds[%d] %d: must be one of %s", i, k, auditKindList())
+			return refusef(ErrInvalid, "kinds[%d] %d: must be one of %s", i, k, auditKindList())
 		}
 	}
 	match := func(a *gpupoolv1.AuditEntry) bool {
@@ -86,10 +84,10 @@ func (e operatorService) AuditLog(req *gpupoolv1.AuditLogRequest, stream grpc.Se
 		case <-stream.Context().Done():
 			return nil
 		case <-e.s.shutdownCh:
-			return status.Error(codes.Unavailable, "server shutting down")
+			return refuse(ErrUnavailable, "server shutting down")
 		case ev, ok := <-events:
 			if !ok {
-				return status.Errorf(codes.ResourceExhausted, "audit log follow fell too far behind; resume with since_index %d", last)
+				return refusef(ErrExhausted, "audit log follow fell too far behind; resume with since_index %d", last)
 			}
 			if ev.Reset {
 				// A restored snapshot: send what it holds after what was sent.

@@ -9,12 +9,10 @@ import (
 
 	"github.com/hashicorp/raft"
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/metadata"
-	"google.golang.org/grpc/status"
 
-	"github.com/gpupool/gpupool/client"
 	gpupoolv1 "github.com/gpupool/gpupool/proto/gpupool/v1"
+	"github.com/gpupool/gpupool/protocol"
 )
 
 // clustered reports whether this server has a Raft configuration: it
@@ -159,7 +157,7 @@ func (s *Server) connTo(addr string) (*grpc.ClientConn, error) {
 	if c, ok := s.conns[addr]; ok {
 		return c, nil
 	}
-	c, err := grpc.NewClient(addr, append(s.peerDialOptions(), client.Reconnect)...)
+	c, err := grpc.NewClient(addr, append(s.peerDialOptions(), protocol.Reconnect)...)
 	if err != nil {
 		return nil, err
 	}
@@ -196,7 +194,7 @@ func (c clusterService) ServerInfo(context.Context, *gpupoolv1.ServerInfoRequest
 
 func (c clusterService) Join(ctx context.Context, req *gpupoolv1.JoinRequest) (*gpupoolv1.JoinResponse, error) {
 	if req.Id == "" || req.RaftAddress == "" || req.RpcAddress == "" {
-		return nil, status.Error(codes.InvalidArgument, "join: id, raft_address and rpc_address are required")
+		return nil, refuse(ErrInvalid, "join: id, raft_address and rpc_address are required")
 	}
 	md, _ := metadata.FromIncomingContext(ctx)
 	update := len(md.Get(addressUpdateKey)) > 0
@@ -214,7 +212,7 @@ func (c clusterService) Join(ctx context.Context, req *gpupoolv1.JoinRequest) (*
 	if update {
 		f := c.s.raft.GetConfiguration()
 		if err := f.Error(); err != nil {
-			return nil, toStatus(raftError(err))
+			return nil, raftError(err)
 		}
 		found := false
 		for _, srv := range f.Configuration().Servers {
@@ -223,15 +221,15 @@ func (c clusterService) Join(ctx context.Context, req *gpupoolv1.JoinRequest) (*
 			}
 		}
 		if !found {
-			return nil, status.Errorf(codes.FailedPrecondition, "server %q is not in the Raft configuration (removed?); start it with an empty data dir to join as a new server", req.Id)
+			return nil, refusef(ErrPrecondition, "server %q is not in the Raft configuration (removed?); start it with an empty data dir to join as a new server", req.Id)
 		}
 	}
 	// For an id already configured, AddVoter replaces its address.
 	if err := c.s.raft.AddVoter(raft.ServerID(req.Id), raft.ServerAddress(req.RaftAddress), 0, 0).Error(); err != nil {
-		return nil, toStatus(raftError(err))
+		return nil, raftError(err)
 	}
 	if _, err := c.s.apply(&gpupoolv1.UpsertServerCommand{Id: req.Id, RpcAddress: req.RpcAddress, RaftAddress: req.RaftAddress}); err != nil {
-		return nil, toStatus(err)
+		return nil, err
 	}
 	if update {
 		c.s.log.Info("server address updated", "id", req.Id, "old_raft", old, "raft", req.RaftAddress, "rpc", req.RpcAddress)

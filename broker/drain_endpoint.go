@@ -3,34 +3,29 @@ package broker
 import (
 	"context"
 	"fmt"
-	"time"
-
-	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/status"
 
 	"github.com/gpupool/gpupool/broker/fsm"
+	"github.com/gpupool/gpupool/broker/planner"
 	gpupoolv1 "github.com/gpupool/gpupool/proto/gpupool/v1"
+	"github.com/gpupool/gpupool/protocol"
 )
-
-// MaxDrainDeadline is the longest drain deadline a request may ask for.
-const MaxDrainDeadline = 30 * 24 * time.Hour
 
 // validateDrain checks a drain request's fields and their combination.
 func validateDrain(req *gpupoolv1.DrainHostRequest) error {
 	switch {
 	case req.HostId == "":
-		return status.Error(codes.InvalidArgument, "host_id: is required; see 'gpupool host ls'")
-	case len(req.Reason) > 256:
-		return status.Errorf(codes.InvalidArgument, "reason: %d bytes, must be at most 256", len(req.Reason))
-	case req.DeadlineAfterMs < 0 || req.DeadlineAfterMs > MaxDrainDeadline.Milliseconds():
-		return status.Errorf(codes.InvalidArgument, "deadline_after_ms %d: must be between 0 (no deadline) and %d (%s)",
-			req.DeadlineAfterMs, MaxDrainDeadline.Milliseconds(), MaxDrainDeadline)
+		return refuse(ErrInvalid, "host_id: is required; see 'gpupool host ls'")
+	case len(req.Reason) > protocol.MaxDrainReasonLen:
+		return refusef(ErrInvalid, "reason: %d bytes, must be at most %d", len(req.Reason), protocol.MaxDrainReasonLen)
+	case req.DeadlineAfterMs < 0 || req.DeadlineAfterMs > protocol.MaxDrainDeadline.Milliseconds():
+		return refusef(ErrInvalid, "deadline_after_ms %d: must be between 0 (no deadline) and %d (%s)",
+			req.DeadlineAfterMs, protocol.MaxDrainDeadline.Milliseconds(), protocol.MaxDrainDeadline)
 	case req.Force && req.DeadlineAfterMs != 0:
-		return status.Errorf(codes.InvalidArgument, "force true with deadline_after_ms %d: force revokes every lease now, so give one or the other", req.DeadlineAfterMs)
+		return refusef(ErrInvalid, "force true with deadline_after_ms %d: force revokes every lease now, so give one or the other", req.DeadlineAfterMs)
 	case req.Cancel && (req.Force || req.DeadlineAfterMs != 0 || req.KeepDeadline):
-		return status.Error(codes.InvalidArgument, "cancel true: cannot be combined with force, deadline_after_ms or keep_deadline")
+		return refuse(ErrInvalid, "cancel true: cannot be combined with force, deadline_after_ms or keep_deadline")
 	case req.Force && req.KeepDeadline:
-		return status.Error(codes.InvalidArgument, "force true with keep_deadline true: force revokes every lease now, so give one or the other")
+		return refuse(ErrInvalid, "force true with keep_deadline true: force revokes every lease now, so give one or the other")
 	}
 	return nil
 }
@@ -45,7 +40,7 @@ func (e poolService) DrainHost(ctx context.Context, req *gpupoolv1.DrainHostRequ
 		return gpupoolv1.NewPoolServiceClient(conn).DrainHost(fctx, req)
 	}
 	if e.s.fsm.State().Host(req.HostId) == nil {
-		return nil, status.Errorf(codes.NotFound, "host %q: not found; see 'gpupool host ls'", req.HostId)
+		return nil, refusef(ErrNotFound, "host %q: not found; see 'gpupool host ls'", req.HostId)
 	}
 	now := e.s.nowMs()
 	c := &gpupoolv1.DrainHostCommand{HostId: req.HostId, Cancel: req.Cancel, Reason: req.Reason, Force: req.Force, KeepDeadline: req.KeepDeadline, NowMs: now,
@@ -55,7 +50,7 @@ func (e poolService) DrainHost(ctx context.Context, req *gpupoolv1.DrainHostRequ
 	}
 	res, err := e.s.apply(c)
 	if err != nil {
-		return nil, toStatus(err)
+		return nil, err
 	}
 	resp := &gpupoolv1.DrainHostResponse{Host: res.Host}
 	for _, l := range e.s.fsm.State().HostLeases(req.HostId) {
@@ -64,13 +59,13 @@ func (e poolService) DrainHost(ctx context.Context, req *gpupoolv1.DrainHostRequ
 		}
 	}
 	e.s.log.Info("host drain", "host", req.HostId, "cancel", req.Cancel, "force", req.Force, "deadline", fsm.DeadlineText(res.Host.GetDrain().GetDeadlineMs()),
-		"status", fsm.HostStatusName(res.Host.GetStatus()), "leases", resp.Leases, "by", ActorText(callerFrom(ctx).actor()))
+		"status", fsm.HostStatusName(res.Host.GetStatus()), "leases", resp.Leases, "by", protocol.ActorText(callerFrom(ctx).actor()))
 	return resp, nil
 }
 
 func (e poolService) SetEligibility(ctx context.Context, req *gpupoolv1.SetEligibilityRequest) (*gpupoolv1.SetEligibilityResponse, error) {
 	if req.HostId == "" {
-		return nil, status.Error(codes.InvalidArgument, "host_id: is required; see 'gpupool host ls'")
+		return nil, refuse(ErrInvalid, "host_id: is required; see 'gpupool host ls'")
 	}
 	if conn, fctx, err := e.s.leaderConn(ctx); err != nil {
 		return nil, err
@@ -80,7 +75,7 @@ func (e poolService) SetEligibility(ctx context.Context, req *gpupoolv1.SetEligi
 	st := e.s.fsm.State()
 	h := st.Host(req.HostId)
 	if h == nil {
-		return nil, status.Errorf(codes.NotFound, "host %q: not found; see 'gpupool host ls'", req.HostId)
+		return nil, refusef(ErrNotFound, "host %q: not found; see 'gpupool host ls'", req.HostId)
 	}
 	if req.Eligible && h.Drain != nil && h.Status != gpupoolv1.HostStatus_HOST_STATUS_DRAINED {
 		// Draining, or down before it drained: enabling would drop a
@@ -91,18 +86,18 @@ func (e poolService) SetEligibility(ctx context.Context, req *gpupoolv1.SetEligi
 				left++
 			}
 		}
-		what := fmt.Sprintf("draining with %s left", plural(left, "lease", "leases"))
+		what := fmt.Sprintf("draining with %s left", planner.Plural(left, "lease", "leases"))
 		if h.Status != gpupoolv1.HostStatus_HOST_STATUS_DRAINING {
-			what = fmt.Sprintf("%s and not drained yet (%s left)", fsm.HostStatusName(h.Status), plural(left, "lease", "leases"))
+			what = fmt.Sprintf("%s and not drained yet (%s left)", fsm.HostStatusName(h.Status), planner.Plural(left, "lease", "leases"))
 		}
-		return nil, status.Error(codes.FailedPrecondition, fmt.Sprintf(
+		return nil, refuse(ErrPrecondition, fmt.Sprintf(
 			"host %s is %s: enable it once it is drained, or cancel the drain with 'gpupool host drain %s --cancel'",
 			h.Id, what, h.Id))
 	}
 	res, err := e.s.apply(&gpupoolv1.SetHostEligibilityCommand{HostId: req.HostId, Eligible: req.Eligible, NowMs: e.s.nowMs(),
 		Actor: callerFrom(ctx).actor()})
 	if err != nil {
-		return nil, toStatus(err)
+		return nil, err
 	}
 	e.s.log.Info("host eligibility", "host", req.HostId, "eligible", req.Eligible, "status", fsm.HostStatusName(res.Host.GetStatus()))
 	return &gpupoolv1.SetEligibilityResponse{Host: res.Host}, nil

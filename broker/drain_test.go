@@ -39,7 +39,29 @@ func (ts *testServer) drain(t *testing.T, req *gpupoolv1.DrainHostRequest) *gpup
 	if err != nil {
 		t.Fatal(err)
 	}
+	ts.drainArmed(t, resp.Host)
 	return resp
+}
+
+// drainArmed waits until the leader, which reacts to committed changes in
+// its own goroutine, has armed h's drain deadline timer, so that advancing
+// the fake clock afterwards fires it. A drain without a deadline, or a
+// forced one, arms nothing.
+func (ts *testServer) drainArmed(t *testing.T, h *gpupoolv1.Host) {
+	t.Helper()
+	d := h.GetDrain()
+	if d == nil || d.DeadlineMs == 0 || d.Force {
+		return
+	}
+	want := time.UnixMilli(d.DeadlineMs)
+	waitFor(t, "the drain deadline armed", func() bool {
+		ls := ts.s.currentLeader()
+		if ls == nil {
+			return false
+		}
+		at, ok := ls.drain.Deadline(h.Id)
+		return ok && at.Equal(want)
+	})
 }
 
 // nextEvent returns the next event a KeepAlive stream carries, skipping
@@ -316,8 +338,7 @@ func TestDrainDeadlineRevocationThatFailsToCommitIsRetriedWithBackoff(t *testing
 				}
 				return nil
 			}
-			ts.s.applyFault.Store(&fault)
-			t.Cleanup(func() { ts.s.applyFault.Store(nil) })
+			ts.faults.inject(t, fault)
 
 			for range 5 { // 20 s: the deadline fires, synchronously, in Advance
 				ts.clock.Advance(4 * time.Second)

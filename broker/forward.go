@@ -7,11 +7,9 @@ import (
 	"io"
 
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/metadata"
-	"google.golang.org/grpc/status"
 
-	"github.com/gpupool/gpupool/client"
+	"github.com/gpupool/gpupool/protocol"
 )
 
 // forwardedKey marks a call one server forwarded to another, so that a
@@ -28,19 +26,19 @@ func (s *Server) leaderConn(ctx context.Context) (*grpc.ClientConn, context.Cont
 		return nil, ctx, nil
 	}
 	if md, ok := metadata.FromIncomingContext(ctx); ok && len(md.Get(forwardedKey)) > 0 {
-		return nil, nil, status.Error(codes.Unavailable, fmt.Sprintf("server %s was forwarded a call but is not the leader; retry", s.cfg.NodeID))
+		return nil, nil, refuse(ErrUnavailable, fmt.Sprintf("server %s was forwarded a call but is not the leader; retry", s.cfg.NodeID))
 	}
 	_, id := s.raft.LeaderWithID()
 	if id == "" {
-		return nil, nil, status.Error(codes.Unavailable, ErrNoLeader.Error())
+		return nil, nil, refuse(ErrUnavailable, ErrNoLeader.Error())
 	}
 	addr := s.rpcAddrOf(string(id))
 	if addr == "" {
-		return nil, nil, status.Errorf(codes.Unavailable, "leader %s has no known address yet; retry", id)
+		return nil, nil, refusef(ErrUnavailable, "leader %s has no known address yet; retry", id)
 	}
 	conn, err := s.connTo(addr)
 	if err != nil {
-		return nil, nil, status.Errorf(codes.Unavailable, "connect to leader %s at %s: %v", id, addr, err)
+		return nil, nil, refusef(ErrUnavailable, "connect to leader %s at %s: %v", id, addr, err)
 	}
 	// The caller's own token goes along and the leader checks it again:
 	// the forwarded marker grants nothing.
@@ -62,10 +60,10 @@ func (s *Server) readConn(ctx context.Context, stale bool) (*grpc.ClientConn, co
 	if s.currentLeader() == nil {
 		// Until its barrier, a new leader may not have applied everything
 		// its predecessor acknowledged.
-		return nil, nil, status.Error(codes.Unavailable, "leader is still catching up; retry")
+		return nil, nil, refuse(ErrUnavailable, "leader is still catching up; retry")
 	}
 	if err := s.raft.VerifyLeader().Error(); err != nil {
-		return nil, nil, toStatus(raftError(err))
+		return nil, nil, raftError(err)
 	}
 	return nil, ctx, nil
 }
@@ -133,7 +131,7 @@ func proxyServerStream[Resp any](in grpc.ServerStreamingServer[Resp], out grpc.S
 }
 
 // nameLeader tells the caller of every unary call which server leads, in
-// the client.LeaderHeader response header, so that clients can send their
+// the protocol.LeaderHeader response header, so that clients can send their
 // next calls there instead of through a follower.
 func (s *Server) nameLeader(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
 	addr := ""
@@ -142,6 +140,6 @@ func (s *Server) nameLeader(ctx context.Context, req any, info *grpc.UnaryServer
 	} else if _, id := s.raft.LeaderWithID(); id != "" {
 		addr = s.rpcAddrOf(string(id))
 	}
-	_ = grpc.SetHeader(ctx, metadata.Pairs(client.LeaderHeader, addr))
+	_ = grpc.SetHeader(ctx, metadata.Pairs(protocol.LeaderHeader, addr))
 	return handler(ctx, req)
 }

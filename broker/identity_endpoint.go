@@ -3,10 +3,8 @@ package broker
 import (
 	"context"
 
-	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/status"
-
 	gpupoolv1 "github.com/gpupool/gpupool/proto/gpupool/v1"
+	"github.com/gpupool/gpupool/protocol"
 )
 
 // ResetHostIdentity forgets a host's data-plane address and certificate
@@ -15,9 +13,9 @@ import (
 func (e poolService) ResetHostIdentity(ctx context.Context, req *gpupoolv1.ResetHostIdentityRequest) (*gpupoolv1.ResetHostIdentityResponse, error) {
 	switch {
 	case req.GetHostId() == "":
-		return nil, status.Error(codes.InvalidArgument, "host_id: is required; see 'gpupool host ls'")
+		return nil, refuse(ErrInvalid, "host_id: is required; see 'gpupool host ls'")
 	case len(req.GetReason()) > 256:
-		return nil, status.Errorf(codes.InvalidArgument, "reason: %d bytes, must be at most 256", len(req.GetReason()))
+		return nil, refusef(ErrInvalid, "reason: %d bytes, must be at most 256", len(req.GetReason()))
 	}
 	if conn, fctx, err := e.s.leaderConn(ctx); err != nil {
 		return nil, err
@@ -25,11 +23,11 @@ func (e poolService) ResetHostIdentity(ctx context.Context, req *gpupoolv1.Reset
 		return gpupoolv1.NewPoolServiceClient(conn).ResetHostIdentity(fctx, req)
 	}
 	if e.s.fsm.State().Host(req.HostId) == nil {
-		return nil, status.Errorf(codes.NotFound, "host %q: not found; see 'gpupool host ls'", req.HostId)
+		return nil, refusef(ErrNotFound, "host %q: not found; see 'gpupool host ls'", req.HostId)
 	}
 	res, err := e.s.apply(&gpupoolv1.ResetHostIdentityCommand{HostId: req.HostId, Reason: req.Reason, NowMs: e.s.nowMs(), Actor: callerFrom(ctx).actor()})
 	if err != nil {
-		return nil, toStatus(err)
+		return nil, err
 	}
 	resp := &gpupoolv1.ResetHostIdentityResponse{Host: res.Host}
 	for _, l := range e.s.fsm.State().HostLeases(req.HostId) {
@@ -38,6 +36,6 @@ func (e poolService) ResetHostIdentity(ctx context.Context, req *gpupoolv1.Reset
 		}
 	}
 	e.s.log.Warn("host identity reset: its next registration sets a new data-plane address and certificate", "host", req.HostId,
-		"leases", resp.Leases, "by", ActorText(callerFrom(ctx).actor()))
+		"leases", resp.Leases, "by", protocol.ActorText(callerFrom(ctx).actor()))
 	return resp, nil
 }

@@ -3,20 +3,19 @@ package broker
 import (
 	"sync"
 
-	"github.com/hashicorp/raft"
-	"google.golang.org/protobuf/proto"
-
-	"github.com/gpupool/gpupool/broker/fsm"
+	"github.com/gpupool/gpupool/broker/planner"
 	"github.com/gpupool/gpupool/broker/state"
 	gpupoolv1 "github.com/gpupool/gpupool/proto/gpupool/v1"
 )
 
-// inflight holds the grants the leader has placed and sent to Raft but
-// that the state does not show yet. Acquire places the next request on the
-// state plus these, and lets go of placeMu while its grant commits, so
-// that concurrent acquires share Raft's batched fsyncs instead of waiting
-// for each other's. Apply still re-checks every slice: in-flight grants
-// only make placement see the capacity they take.
+// inflight holds what the leader proposed under placeMu and the state
+// does not show yet: Acquire's grants and pending leases, the queue's
+// grants and extras, and the room a preemption in flight reserves. Every
+// decision places on the state plus these, so placeMu can be let go
+// while the commands commit (see the lock rule in doc.go) and concurrent
+// acquires share Raft's batched fsyncs instead of waiting for each
+// other's. Apply still re-checks every slice: what is in flight only
+// makes placement see the capacity it takes.
 type inflight struct {
 	mu     sync.Mutex
 	leases map[string]*flight // by lease id; guarded by mu
@@ -102,7 +101,9 @@ func (f *inflight) snapshot() []*gpupoolv1.Lease {
 func overlay(st *state.Reader, hosts []*gpupoolv1.Host, snap []*gpupoolv1.Lease) []*gpupoolv1.Host {
 	var pending []*gpupoolv1.Lease
 	for _, l := range snap {
-		if st.Lease(l.Id) == nil {
+		// A grant of a lease the queue holds is in flight while the
+		// state still shows it pending.
+		if cur := st.Lease(l.Id); cur == nil || cur.State == gpupoolv1.LeaseState_LEASE_STATE_PENDING {
 			pending = append(pending, l)
 		}
 	}
@@ -123,47 +124,21 @@ func overlay(st *state.Reader, hosts []*gpupoolv1.Host, snap []*gpupoolv1.Lease)
 			copies = append(copies, h)
 		}
 	}
-	work := copyPool(copies)
+	work := planner.NewPool(copies)
 	for _, l := range pending {
-		work.allocate(l)
+		work.Allocate(l)
 	}
 	out := make([]*gpupoolv1.Host, len(hosts))
 	copy(out, hosts)
-	for _, h := range work.hosts {
+	for _, h := range work.Hosts() {
 		out[at[h.Id]] = h
 	}
 	return out
 }
 
-// proposal is a command sent to Raft and not yet known to commit.
-type proposal struct {
-	f   raft.ApplyFuture
-	err error // set when it could not be sent
-}
-
-// applyAsync sends cmd to Raft and returns at once; wait for the outcome
-// with proposal.wait. Commands sent one after the other commit in that order.
-func (s *Server) applyAsync(cmd proto.Message) *proposal {
-	if fault := s.applyFault.Load(); fault != nil {
-		if err := (*fault)(cmd); err != nil {
-			return &proposal{err: raftError(err)}
-		}
-	}
-	b, err := fsm.Encode(cmd)
-	if err != nil {
-		return &proposal{err: err}
-	}
-	return &proposal{f: s.raft.Apply(b, applyTimeout)}
-}
-
-// wait returns the command's result once it is applied.
-func (p *proposal) wait() (*fsm.Result, error) {
-	if p.err != nil {
-		return nil, p.err
-	}
-	if err := p.f.Error(); err != nil {
-		return nil, raftError(err)
-	}
-	res := p.f.Response().(*fsm.Result)
-	return res, res.Err
+// reservedPool is the pool as Acquire may place on: the state with the
+// grants in flight, less what pending leases whose victims are still
+// leaving will take once they have gone.
+func (s *Server) reservedPool(st *state.Reader, inflight []*gpupoolv1.Lease) []*gpupoolv1.Host {
+	return planner.Reserved(st, overlay(st, st.HostsWithDevices(), inflight), s.placer)
 }

@@ -127,7 +127,7 @@ func TestReservationsSeeTheGrantsInFlight(t *testing.T) {
 	srv := &Server{placer: newPlacer(placement.Binpack, 0)}
 	inflight := []*gpupoolv1.Lease{{Id: "l-inflight", Slices: whole("GPU-a")}}
 	hosts := srv.reservedPool(s.Read(), inflight)
-	if ss, err := srv.placer.place(hosts, &gpupoolv1.LeaseRequest{Count: 1, Exclusive: true}); err == nil {
+	if ss, err := srv.placer.Place(hosts, &gpupoolv1.LeaseRequest{Count: 1, Exclusive: true}); err == nil {
 		t.Fatalf("a whole GPU was placed on %s: GPU-a is in flight, GPU-b and GPU-c are reserved for the pending lease", ss[0].Device)
 	}
 }

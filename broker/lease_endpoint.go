@@ -11,15 +11,16 @@ import (
 	"time"
 
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 
 	"github.com/gpupool/gpupool/broker/fsm"
 	"github.com/gpupool/gpupool/broker/lease"
 	"github.com/gpupool/gpupool/broker/placement"
+	"github.com/gpupool/gpupool/broker/planner"
 	"github.com/gpupool/gpupool/broker/state"
 	gpupoolv1 "github.com/gpupool/gpupool/proto/gpupool/v1"
+	"github.com/gpupool/gpupool/protocol"
 )
 
 // leaseService implements LeaseService.
@@ -30,18 +31,18 @@ type leaseService struct {
 
 func (e leaseService) Acquire(ctx context.Context, req *gpupoolv1.AcquireRequest) (*gpupoolv1.AcquireResponse, error) {
 	if req.GetRequest() == nil {
-		return nil, toStatus(lease.Validate(nil))
+		return nil, protocol.Validate(nil)
 	}
-	req = proto.CloneOf(req)
+	req = proto.CloneOf(req) // the one copy of the request on this broker
 	r := req.Request
 	if err := callerFrom(ctx).scopeRequest(r); err != nil {
 		return nil, err
 	}
-	if err := lease.Validate(r); err != nil {
-		return nil, toStatus(err)
+	if err := protocol.Validate(r); err != nil {
+		return nil, err
 	}
-	if err := lease.ValidateWait(req.WaitMs); err != nil {
-		return nil, toStatus(err)
+	if err := protocol.ValidateWait(req.WaitMs); err != nil {
+		return nil, err
 	}
 	if conn, fctx, err := e.s.leaderConn(ctx); err != nil {
 		return nil, err
@@ -57,13 +58,22 @@ func (e leaseService) Acquire(ctx context.Context, req *gpupoolv1.AcquireRequest
 
 // acquire places and grants a lease on the leader. With a wait, a request
 // that does not fit now joins the queue and the call waits for its grant.
+// r is the call's own: Acquire cloned the request once on its way in, and
+// acquire fills in its defaults in place.
 func (s *Server) acquire(ctx context.Context, r *gpupoolv1.LeaseRequest, wait time.Duration) (*gpupoolv1.AcquireResponse, error) {
-	r = proto.Clone(r).(*gpupoolv1.LeaseRequest)
 	if r.Tenant == "" {
-		r.Tenant = lease.DefaultTenant
+		r.Tenant = protocol.DefaultTenant
 	}
 	if r.Class == gpupoolv1.LeaseClass_LEASE_CLASS_UNSPECIFIED {
 		r.Class = gpupoolv1.LeaseClass_LEASE_CLASS_GUARANTEED
+	}
+	if currentKey(s.fsm.State()) == nil {
+		// Granting a lease whose tokens cannot be signed would leave the
+		// caller with nothing to use it with. Outside placeMu: it waits
+		// for a commit (see doc.go).
+		if err := s.ensureSigningKey(); err != nil {
+			return nil, refusef(ErrUnavailable, "no token signing key yet: %v; retry", err)
+		}
 	}
 	s.placeMu.Lock()
 	locked := true
@@ -81,7 +91,7 @@ func (s *Server) acquire(ctx context.Context, r *gpupoolv1.LeaseRequest, wait ti
 	st := s.fsm.State()
 	if ex := st.LeaseByRequest(r.Tenant, r.RequestId); ex != nil {
 		if !proto.Equal(ex.Request, r) {
-			return nil, status.Errorf(codes.AlreadyExists, "request_id %q: already used by lease %s for a different request; use a new request_id", r.RequestId, ex.Id)
+			return nil, refusef(ErrExists, "request_id %q: already used by lease %s for a different request; use a new request_id", r.RequestId, ex.Id)
 		}
 		switch {
 		case ex.State == gpupoolv1.LeaseState_LEASE_STATE_PENDING && wait > 0:
@@ -89,10 +99,10 @@ func (s *Server) acquire(ctx context.Context, r *gpupoolv1.LeaseRequest, wait ti
 			locked = false
 			return s.awaitGrant(ctx, ex.Id, wait)
 		case ex.State == gpupoolv1.LeaseState_LEASE_STATE_PENDING:
-			return nil, status.Errorf(codes.ResourceExhausted, "request_id %q: waiting in the queue as lease %s (%s); acquire with a wait to rejoin it",
+			return nil, refusef(ErrExhausted, "request_id %q: waiting in the queue as lease %s (%s); acquire with a wait to rejoin it",
 				r.RequestId, ex.Id, s.whyPending(st, ex))
 		case ex.FencingToken == 0:
-			return nil, status.Errorf(codes.ResourceExhausted, "request_id %q: its pending lease %s left the queue without a grant (%s); use a new request_id",
+			return nil, refusef(ErrExhausted, "request_id %q: its pending lease %s left the queue without a grant (%s); use a new request_id",
 				r.RequestId, ex.Id, ex.Reason)
 		}
 		return s.acquired(ex, true)
@@ -114,13 +124,6 @@ func (s *Server) acquire(ctx context.Context, r *gpupoolv1.LeaseRequest, wait ti
 		}
 		return s.acquire(ctx, r, wait)
 	}
-	if currentKey(st) == nil {
-		// Granting a lease whose tokens cannot be signed would leave the
-		// caller with nothing to use it with.
-		if err := s.ensureSigningKey(); err != nil {
-			return nil, status.Errorf(codes.Unavailable, "no token signing key yet: %v; retry", err)
-		}
-	}
 	hosts := s.reservedPool(st, inflight)
 	if err := checkAgainstPool(r, hosts); err != nil {
 		return nil, err
@@ -129,42 +132,28 @@ func (s *Server) acquire(ctx context.Context, r *gpupoolv1.LeaseRequest, wait ti
 		if wait <= 0 {
 			return nil, err
 		}
-		pl, qerr := s.enqueue(r, callerFrom(ctx).actor())
+		l, p := s.queue.proposeEnqueue(r, callerFrom(ctx).actor(), s.nowMs())
+		s.placeMu.Unlock()
+		locked = false
+		pl, qerr := s.queue.landEnqueue(l, p)
 		if qerr != nil {
 			return nil, qerr
 		}
-		s.placeMu.Unlock()
-		locked = false
 		return s.awaitGrant(ctx, pl.Id, wait)
 	}
 	s.placer.observe(hosts, r)
-	slices, err := s.placer.place(hosts, r)
+	slices, err := s.placer.Place(hosts, r)
 	if pe := (*placement.Error)(nil); errors.As(err, &pe) && !pe.Never {
 		if wait <= 0 {
-			return nil, s.preemptionHint(st, hosts, r, pe)
+			return nil, planner.PreemptionHint(st, hosts, r, pe, s.placer, s.cfg.PreemptGrace)
 		}
 		return queue(err)
 	}
 	if err != nil {
 		return nil, err
 	}
-	setIsolation(slices, st.Host)
-	now := s.nowMs()
-	l := &gpupoolv1.Lease{
-		Id:                "l-" + randomHex(8),
-		Tenant:            r.Tenant,
-		Holder:            r.Holder,
-		Request:           r,
-		Slices:            slices,
-		Class:             r.Class,
-		Priority:          r.Priority,
-		TtlMs:             r.TtlMs,
-		CreatedAtMs:       now,
-		RequestId:         r.RequestId,
-		HostCpuMillicores: r.HostCpuMillicores,
-		HostMemoryMib:     r.HostMemoryMib,
-		GrantedBy:         callerFrom(ctx).actor(),
-	}
+	planner.SetIsolation(slices, st.Host)
+	l := lease.New(newLeaseID(), r, slices, s.nowMs(), callerFrom(ctx).actor())
 	// The fast path: Apply checks the quota again in the grant's entry.
 	if err := fsm.CheckQuota(st, l); err != nil {
 		return queue(err)
@@ -175,13 +164,13 @@ func (s *Server) acquire(ctx context.Context, r *gpupoolv1.LeaseRequest, wait ti
 	s.grants.add(l)
 	s.placeMu.Unlock()
 	locked = false
-	res, err := g.wait()
+	res, err := g.Wait()
 	s.grants.done(l.Id)
 	if err != nil {
 		return nil, err
 	}
 	if ls := s.currentLeader(); ls != nil && !res.Existing {
-		ls.ttl.Reset(res.Lease.Id, lease.TTL(r))
+		ls.ttl.Reset(res.Lease.Id, protocol.TTL(r))
 	}
 	return s.acquired(res.Lease, res.Existing)
 }
@@ -203,26 +192,10 @@ func (s *Server) acquired(l *gpupoolv1.Lease, existing bool) (*gpupoolv1.Acquire
 	}
 	toks, err := s.hostTokens(s.fsm.State(), l, deadline)
 	if err != nil {
-		return nil, status.Error(codes.Unavailable, err.Error())
+		return nil, refuse(ErrUnavailable, err.Error())
 	}
 	resp.Tokens = toks
 	return resp, nil
-}
-
-// setIsolation decides how the agent will isolate each slice: exclusive
-// slices own their GPU; fractional ones use MPS where the host's agent can
-// run it, else the watchdog alone.
-func setIsolation(ss []*gpupoolv1.Slice, host func(id string) *gpupoolv1.Host) {
-	for _, sl := range ss {
-		switch {
-		case sl.Exclusive:
-			sl.Isolation = gpupoolv1.Isolation_ISOLATION_EXCLUSIVE
-		case host(sl.Host).GetMps():
-			sl.Isolation = gpupoolv1.Isolation_ISOLATION_MPS
-		default:
-			sl.Isolation = gpupoolv1.Isolation_ISOLATION_WATCHDOG
-		}
-	}
 }
 
 // checkAgainstPool rejects constraints that name things the pool does not
@@ -233,7 +206,7 @@ func checkAgainstPool(r *gpupoolv1.LeaseRequest, hosts []*gpupoolv1.Host) error 
 		return nil
 	}
 	if c.Host != "" && !slices.ContainsFunc(hosts, func(h *gpupoolv1.Host) bool { return h.Id == c.Host }) {
-		return &lease.FieldError{Field: "constraints.host", Value: fmt.Sprintf("%q", c.Host), Allowed: "no such host; see 'gpupool host ls'"}
+		return &protocol.FieldError{Field: "constraints.host", Value: fmt.Sprintf("%q", c.Host), Allowed: "no such host; see 'gpupool host ls'"}
 	}
 	if c.Model == "" {
 		return nil
@@ -251,7 +224,7 @@ func checkAgainstPool(r *gpupoolv1.LeaseRequest, hosts []*gpupoolv1.Host) error 
 	if len(known) == 0 {
 		known = []string{"none: no host has registered GPUs"}
 	}
-	return &lease.FieldError{Field: "constraints.model", Value: fmt.Sprintf("%q", c.Model), Allowed: "matches no GPU in the pool; models: " + strings.Join(known, ", ")}
+	return &protocol.FieldError{Field: "constraints.model", Value: fmt.Sprintf("%q", c.Model), Allowed: "matches no GPU in the pool; models: " + strings.Join(known, ", ")}
 }
 
 // withLeaderView returns l with what only the leader knows filled in: its
@@ -277,18 +250,18 @@ func (s *Server) withLeaderView(l *gpupoolv1.Lease) *gpupoolv1.Lease {
 
 // view is l as reads show it: the leader's view, and for a pending lease
 // why it is not granted yet.
-func (s *Server) view(why *pendingExplainer, l *gpupoolv1.Lease) *gpupoolv1.Lease {
+func (s *Server) view(why *planner.Explainer, l *gpupoolv1.Lease) *gpupoolv1.Lease {
 	if l.State != gpupoolv1.LeaseState_LEASE_STATE_PENDING {
 		return s.withLeaderView(l)
 	}
 	l = proto.CloneOf(l)
-	l.PendingReason = why.reason(l)
+	l.PendingReason = why.Why(l)
 	return l
 }
 
 func (e leaseService) Release(ctx context.Context, req *gpupoolv1.ReleaseRequest) (*gpupoolv1.ReleaseResponse, error) {
 	if req.LeaseId == "" {
-		return nil, status.Error(codes.InvalidArgument, "lease_id: is required")
+		return nil, refuse(ErrInvalid, "lease_id: is required")
 	}
 	if conn, fctx, err := e.s.leaderConn(ctx); err != nil {
 		return nil, err
@@ -307,14 +280,14 @@ func (e leaseService) Release(ctx context.Context, req *gpupoolv1.ReleaseRequest
 		LeaseId: req.LeaseId, EndState: gpupoolv1.LeaseState_LEASE_STATE_RELEASED, Reason: reason, NowMs: e.s.nowMs(), Actor: c.actor(),
 	})
 	if err != nil {
-		return nil, toStatus(err)
+		return nil, err
 	}
 	return &gpupoolv1.ReleaseResponse{Lease: res.Lease}, nil
 }
 
 func (e leaseService) Get(ctx context.Context, req *gpupoolv1.GetLeaseRequest) (*gpupoolv1.GetLeaseResponse, error) {
 	if req.LeaseId == "" {
-		return nil, status.Error(codes.InvalidArgument, "lease_id: is required")
+		return nil, refuse(ErrInvalid, "lease_id: is required")
 	}
 	if conn, fctx, err := e.s.readConn(ctx, req.Stale); err != nil {
 		return nil, err
@@ -323,13 +296,13 @@ func (e leaseService) Get(ctx context.Context, req *gpupoolv1.GetLeaseRequest) (
 	}
 	l := e.s.fsm.State().Lease(req.LeaseId)
 	if l == nil {
-		return nil, status.Errorf(codes.NotFound, "lease %q: not found", req.LeaseId)
+		return nil, refusef(ErrNotFound, "lease %q: not found", req.LeaseId)
 	}
 	if err := callerFrom(ctx).mayTouch(l, "get"); err != nil {
 		return nil, err
 	}
 	st := e.s.fsm.State()
-	resp := &gpupoolv1.GetLeaseResponse{Lease: e.s.view(e.s.pendingExplainer(st), l), HostIsolation: map[string]string{}}
+	resp := &gpupoolv1.GetLeaseResponse{Lease: e.s.view(e.s.explainer(st), l), HostIsolation: map[string]string{}}
 	for _, id := range state.LeaseHosts(l) {
 		if h := st.Host(id); h != nil {
 			resp.HostIsolation[id] = h.GetLeaseIsolation()
@@ -377,7 +350,7 @@ func leaseMatches(l *gpupoolv1.Lease, req *gpupoolv1.ListLeasesRequest) bool {
 func (e leaseService) List(ctx context.Context, req *gpupoolv1.ListLeasesRequest) (*gpupoolv1.ListLeasesResponse, error) {
 	for _, st := range req.States {
 		if _, ok := gpupoolv1.LeaseState_name[int32(st)]; !ok || st == gpupoolv1.LeaseState_LEASE_STATE_UNSPECIFIED {
-			return nil, status.Errorf(codes.InvalidArgument, "states %d: must be one of pending, granted, releasing, released, expired, revoked", st)
+			return nil, refusef(ErrInvalid, "states %d: must be one of pending, granted, releasing, released, expired, revoked", st)
 		}
 	}
 	c := callerFrom(ctx)
@@ -397,7 +370,7 @@ func (e leaseService) List(ctx context.Context, req *gpupoolv1.ListLeasesRequest
 	if req.Host != "" && onlyHolding(req) {
 		candidates = st.HostLeases(req.Host)
 	}
-	why := e.s.pendingExplainer(st)
+	why := e.s.explainer(st)
 	for _, l := range candidates {
 		if leaseMatches(l, req) && c.sees(l) {
 			resp.Leases = append(resp.Leases, e.s.view(why, l))
@@ -444,10 +417,10 @@ func (e leaseService) Watch(req *gpupoolv1.WatchLeasesRequest, stream grpc.Serve
 		case <-stream.Context().Done():
 			return nil
 		case <-e.s.shutdownCh:
-			return status.Error(codes.Unavailable, "server shutting down")
+			return refuse(ErrUnavailable, "server shutting down")
 		case ev, ok := <-events:
 			if !ok {
-				return status.Error(codes.ResourceExhausted, "watch fell too far behind; watch again")
+				return refuse(ErrExhausted, "watch fell too far behind; watch again")
 			}
 			if ev.Reset {
 				if since, err = sendAll(); err != nil {
@@ -596,7 +569,7 @@ func serveOnLeader[Req, Resp any](s *Server, stream grpc.BidiStreamingServer[Req
 	}
 	ls := s.currentLeader()
 	if ls == nil {
-		return status.Error(codes.Unavailable, "leader is still starting; retry")
+		return refuse(ErrUnavailable, "leader is still starting; retry")
 	}
 	events, cancel := s.fsm.Subscribe()
 	defer cancel()
@@ -606,7 +579,7 @@ func serveOnLeader[Req, Resp any](s *Server, stream grpc.BidiStreamingServer[Req
 		case <-ctx.Done():
 			return nil
 		case <-ls.stopCh:
-			return status.Error(codes.Unavailable, ErrLeadershipLost.Error())
+			return refuse(ErrUnavailable, ErrLeadershipLost.Error())
 		case r, ok := <-reqs:
 			if !ok {
 				return nil
@@ -619,7 +592,7 @@ func serveOnLeader[Req, Resp any](s *Server, stream grpc.BidiStreamingServer[Req
 			}
 		case ev, ok := <-events:
 			if !ok {
-				return status.Error(codes.Unavailable, "stream fell behind the leader's changes; reconnect")
+				return refuse(ErrUnavailable, "stream fell behind the leader's changes; reconnect")
 			}
 			if err := onEvent(ev); err != nil {
 				return err

@@ -14,12 +14,11 @@ import (
 
 	"github.com/hashicorp/raft"
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/metadata"
-	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 
 	gpupoolv1 "github.com/gpupool/gpupool/proto/gpupool/v1"
+	"github.com/gpupool/gpupool/protocol"
 )
 
 // operatorService implements OperatorService.
@@ -31,7 +30,7 @@ type operatorService struct {
 func (e operatorService) RaftPeers(ctx context.Context, _ *gpupoolv1.RaftPeersRequest) (*gpupoolv1.RaftPeersResponse, error) {
 	f := e.s.raft.GetConfiguration()
 	if err := f.Error(); err != nil {
-		return nil, toStatus(raftError(err))
+		return nil, raftError(err)
 	}
 	_, leader := e.s.raft.LeaderWithID()
 	resp := &gpupoolv1.RaftPeersResponse{LeaderId: string(leader), AppliedIndex: e.s.raft.AppliedIndex()}
@@ -52,7 +51,7 @@ func (e operatorService) RaftPeers(ctx context.Context, _ *gpupoolv1.RaftPeersRe
 
 func (e operatorService) RemovePeer(ctx context.Context, req *gpupoolv1.RemovePeerRequest) (*gpupoolv1.RemovePeerResponse, error) {
 	if req.Id == "" {
-		return nil, status.Error(codes.InvalidArgument, "id: is required; see 'gpupool operator raft peers'")
+		return nil, refuse(ErrInvalid, "id: is required; see 'gpupool operator raft peers'")
 	}
 	if conn, fctx, err := e.s.leaderConn(ctx); err != nil {
 		return nil, err
@@ -61,7 +60,7 @@ func (e operatorService) RemovePeer(ctx context.Context, req *gpupoolv1.RemovePe
 	}
 	f := e.s.raft.GetConfiguration()
 	if err := f.Error(); err != nil {
-		return nil, toStatus(raftError(err))
+		return nil, raftError(err)
 	}
 	var ids []string
 	found := false
@@ -70,10 +69,10 @@ func (e operatorService) RemovePeer(ctx context.Context, req *gpupoolv1.RemovePe
 		found = found || string(srv.ID) == req.Id
 	}
 	if !found {
-		return nil, status.Errorf(codes.NotFound, "peer %q: not in the configuration; peers are %s", req.Id, strings.Join(ids, ", "))
+		return nil, refusef(ErrNotFound, "peer %q: not in the configuration; peers are %s", req.Id, strings.Join(ids, ", "))
 	}
 	if err := e.s.raft.RemoveServer(raft.ServerID(req.Id), 0, 0).Error(); err != nil {
-		return nil, toStatus(raftError(err))
+		return nil, raftError(err)
 	}
 	return &gpupoolv1.RemovePeerResponse{}, nil
 }
@@ -98,12 +97,12 @@ func (e operatorService) TransferLeadership(ctx context.Context, req *gpupoolv1.
 			}
 		}
 		if addr == "" {
-			return nil, status.Errorf(codes.NotFound, "to_id %q: no such peer; see 'gpupool operator raft peers'", req.ToId)
+			return nil, refusef(ErrNotFound, "to_id %q: no such peer; see 'gpupool operator raft peers'", req.ToId)
 		}
 		f = e.s.raft.LeadershipTransferToServer(raft.ServerID(req.ToId), raft.ServerAddress(addr))
 	}
 	if err := f.Error(); err != nil {
-		return nil, toStatus(raftError(err))
+		return nil, raftError(err)
 	}
 	// Answer with the new leader once this server has heard from it; the
 	// old leader steps down before the new one announces itself.
@@ -117,7 +116,7 @@ func (e operatorService) TransferLeadership(ctx context.Context, req *gpupoolv1.
 		}
 		select {
 		case <-ctx.Done():
-			return nil, toStatus(ctx.Err())
+			return nil, ctx.Err()
 		case <-deadline.C:
 			return &gpupoolv1.TransferLeadershipResponse{}, nil
 		case <-tick.C:
@@ -129,9 +128,6 @@ func (e operatorService) TransferLeadership(ctx context.Context, req *gpupoolv1.
 const snapshotMagic = "gpupool-snapshot v1"
 
 const snapshotChunk = 256 << 10
-
-// snapshotIndexTrailer carries a saved snapshot's Raft index.
-const snapshotIndexTrailer = "gpupool-snapshot-index"
 
 // SnapshotSave streams the leader's state after a barrier, so the
 // snapshot holds every write acknowledged before the call.
@@ -146,15 +142,15 @@ func (e operatorService) SnapshotSave(req *gpupoolv1.SnapshotSaveRequest, stream
 		return proxyServerStream(stream, out)
 	}
 	if err := e.s.raft.Barrier(10 * time.Second).Error(); err != nil {
-		return toStatus(raftError(err))
+		return raftError(err)
 	}
 	st := e.s.fsm.State()
 	data, err := st.Encode()
 	if err != nil {
-		return toStatus(err)
+		return err
 	}
 	index := st.Index()
-	stream.SetTrailer(metadata.Pairs(snapshotIndexTrailer, strconv.FormatUint(index, 10)))
+	stream.SetTrailer(metadata.Pairs(protocol.SnapshotIndexTrailer, strconv.FormatUint(index, 10)))
 	sum := sha256.Sum256(data)
 	header := fmt.Sprintf("%s index=%d size=%d sha256=%s\n", snapshotMagic, index, len(data), hex.EncodeToString(sum[:]))
 	all := append([]byte(header), data...)
@@ -204,10 +200,10 @@ func (s *Server) checkRestoreKeepsACL(data []byte) error {
 	}
 	var snap gpupoolv1.StateSnapshot
 	if err := proto.Unmarshal(data, &snap); err != nil {
-		return status.Error(codes.InvalidArgument, "snapshot: body does not decode: "+err.Error())
+		return refuse(ErrInvalid, "snapshot: body does not decode: "+err.Error())
 	}
 	if snap.AclBootstrapIndex == 0 {
-		return status.Error(codes.FailedPrecondition, "snapshot: it has no ACL bootstrap (saved before 'gpupool operator acl bootstrap', or on a cluster without ACL); "+
+		return refuse(ErrPrecondition, "snapshot: it has no ACL bootstrap (saved before 'gpupool operator acl bootstrap', or on a cluster without ACL); "+
 			"restoring it would let anyone bootstrap this cluster again and take it over: restore a snapshot saved after the bootstrap")
 	}
 	return nil
@@ -226,12 +222,12 @@ func (e operatorService) SnapshotRestore(stream grpc.ClientStreamingServer[gpupo
 		}
 		buf.Write(c.Data)
 		if buf.Len() > 1<<30 {
-			return status.Error(codes.InvalidArgument, "snapshot: larger than 1 GiB")
+			return refuse(ErrInvalid, "snapshot: larger than 1 GiB")
 		}
 	}
 	data, err := parseSnapshot(buf.Bytes())
 	if err != nil {
-		return status.Error(codes.InvalidArgument, "snapshot: "+err.Error())
+		return refuse(ErrInvalid, "snapshot: "+err.Error())
 	}
 	if conn, fctx, err := e.s.leaderConn(stream.Context()); err != nil {
 		return err
@@ -259,7 +255,7 @@ func (e operatorService) SnapshotRestore(stream grpc.ClientStreamingServer[gpupo
 	}
 	meta := &raft.SnapshotMeta{Version: raft.SnapshotVersionMax, Size: int64(len(data))}
 	if err := e.s.raft.Restore(meta, bytes.NewReader(data), time.Minute); err != nil {
-		return toStatus(raftError(err))
+		return raftError(err)
 	}
 	e.s.log.Warn("state restored from snapshot", "index", e.s.raft.AppliedIndex())
 	return stream.SendAndClose(&gpupoolv1.SnapshotRestoreResponse{Index: e.s.raft.AppliedIndex()})
@@ -282,7 +278,7 @@ func (e operatorService) RotateSigningKey(ctx context.Context, req *gpupoolv1.Ro
 	}
 	k, until, err := e.s.rotateSigningKey()
 	if err != nil {
-		return nil, toStatus(err)
+		return nil, err
 	}
 	e.s.log.Info("rotated the token signing key", "key", k.Id, "old_keys_verify_until", until.Format(time.RFC3339))
 	return &gpupoolv1.RotateSigningKeyResponse{KeyId: k.Id, Keys: publicKeys(e.s.fsm.State(), e.s.cfg.Clock.Now())}, nil

@@ -46,9 +46,9 @@ func (p *placer) options() placement.Options {
 	return o
 }
 
-// place places r on hosts: on the next window of them if it fits there,
-// else on all of them.
-func (p *placer) place(hosts []*gpupoolv1.Host, r *gpupoolv1.LeaseRequest) ([]*gpupoolv1.Slice, error) {
+// Place places r on hosts: on the next window of them if it fits there,
+// else on all of them. It implements planner.Placer.
+func (p *placer) Place(hosts []*gpupoolv1.Host, r *gpupoolv1.LeaseRequest) ([]*gpupoolv1.Slice, error) {
 	opts := p.options()
 	if n := len(hosts); p.window > 0 && n > p.window {
 		from := int(p.next.Add(int64(p.window))-int64(p.window)) % n

@@ -46,7 +46,7 @@ func TestPlacerFGDLearnsTheMixAndAvoidsFragments(t *testing.T) {
 			for _, r := range tt.observed {
 				p.observe(hosts, r)
 			}
-			ss, err := p.place(hosts, small)
+			ss, err := p.Place(hosts, small)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -81,7 +81,7 @@ func TestPlacerRelearnsFromTheLiveLeases(t *testing.T) {
 	if got := p.options().Mix.Len(); got != 1 {
 		t.Fatalf("the relearned mix has %d shapes, want 1 (the half-GPU shape of the granted and pending leases)", got)
 	}
-	ss, err := p.place(s.Read().HostsWithDevices(), &gpupoolv1.LeaseRequest{Count: 1, MemoryMib: 1024, ComputePercent: 10})
+	ss, err := p.Place(s.Read().HostsWithDevices(), &gpupoolv1.LeaseRequest{Count: 1, MemoryMib: 1024, ComputePercent: 10})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -105,7 +105,7 @@ func TestPlacerWindowRotatesAndFallsBackToTheWholePool(t *testing.T) {
 	small := &gpupoolv1.LeaseRequest{Count: 1, MemoryMib: 1024, ComputePercent: 10}
 	var got []string
 	for range 3 {
-		ss, err := p.place(hosts, small)
+		ss, err := p.Place(hosts, small)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -116,11 +116,11 @@ func TestPlacerWindowRotatesAndFallsBackToTheWholePool(t *testing.T) {
 		t.Fatalf("placed on %v, want %v", got, want)
 	}
 	big := &gpupoolv1.LeaseRequest{Count: 1, MemoryMib: 120000, ComputePercent: 10}
-	ss, err := p.place(hosts, big) // window [b c] has no room: the whole pool does
+	ss, err := p.Place(hosts, big) // window [b c] has no room: the whole pool does
 	if err != nil || ss[0].Host != "e" {
 		t.Fatalf("a request only host e fits: got %v, %v", ss, err)
 	}
-	if _, err := p.place(hosts, &gpupoolv1.LeaseRequest{Count: 1, MemoryMib: 200000, ComputePercent: 10}); err == nil ||
+	if _, err := p.Place(hosts, &gpupoolv1.LeaseRequest{Count: 1, MemoryMib: 200000, ComputePercent: 10}); err == nil ||
 		!strings.Contains(err.Error(), "163840") {
 		t.Fatalf("a request nothing fits: got %v, want the reason from the whole pool (largest GPU 163840 MiB)", err)
 	}

@@ -4,8 +4,6 @@ import (
 	"context"
 	"path"
 
-	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 
 	gpupoolv1 "github.com/gpupool/gpupool/proto/gpupool/v1"
@@ -66,7 +64,7 @@ func (e poolService) ListHosts(ctx context.Context, req *gpupoolv1.ListHostsRequ
 
 func (e poolService) GetHost(ctx context.Context, req *gpupoolv1.GetHostRequest) (*gpupoolv1.GetHostResponse, error) {
 	if req.HostId == "" {
-		return nil, status.Error(codes.InvalidArgument, "host_id: is required")
+		return nil, refuse(ErrInvalid, "host_id: is required")
 	}
 	if conn, fctx, err := e.s.readConn(ctx, req.Stale); err != nil {
 		return nil, err
@@ -76,7 +74,7 @@ func (e poolService) GetHost(ctx context.Context, req *gpupoolv1.GetHostRequest)
 	st := e.s.fsm.State()
 	h := st.Host(req.HostId)
 	if h == nil {
-		return nil, status.Errorf(codes.NotFound, "host %q: not found; see 'gpupool host ls'", req.HostId)
+		return nil, refusef(ErrNotFound, "host %q: not found; see 'gpupool host ls'", req.HostId)
 	}
 	h = proto.Clone(h).(*gpupoolv1.Host)
 	h.Devices = st.HostDevices(h.Id)
@@ -93,7 +91,7 @@ func (e poolService) GetHost(ctx context.Context, req *gpupoolv1.GetHostRequest)
 
 func (e poolService) ListDevices(ctx context.Context, req *gpupoolv1.ListDevicesRequest) (*gpupoolv1.ListDevicesResponse, error) {
 	if _, err := path.Match(req.Model, ""); err != nil {
-		return nil, status.Errorf(codes.InvalidArgument, "model %q: must be a valid glob such as A100*", req.Model)
+		return nil, refusef(ErrInvalid, "model %q: must be a valid glob such as A100*", req.Model)
 	}
 	if conn, fctx, err := e.s.readConn(ctx, req.Stale); err != nil {
 		return nil, err

@@ -2,21 +2,18 @@ package broker
 
 import (
 	"context"
-	"errors"
 	"fmt"
+	"log/slog"
 	"slices"
-	"strings"
 	"time"
 
-	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 
-	"github.com/gpupool/gpupool/broker/fsm"
 	"github.com/gpupool/gpupool/broker/lease"
-	"github.com/gpupool/gpupool/broker/placement"
+	"github.com/gpupool/gpupool/broker/planner"
 	"github.com/gpupool/gpupool/broker/state"
 	gpupoolv1 "github.com/gpupool/gpupool/proto/gpupool/v1"
+	"github.com/gpupool/gpupool/protocol"
 )
 
 // The queue runs on the leader. Pending leases, preemption deadlines and
@@ -24,19 +21,11 @@ import (
 // a pending lease (a new leader gives absent waiters PendingGrace to come
 // back) and the timers, re-armed from the state like lease TTLs.
 //
-// A pass (schedule) walks the queue in order, priority then arrival, on a
-// private copy of the pool:
-//   - a request that fits is granted; a later, smaller one that fits while
-//     the head does not is granted too (backfill);
-//   - a request whose victims are still leaving has its slices reserved in
-//     the copy, so nothing placed after it takes the room it waits for;
-//   - a guaranteed request that does not fit looks for preemptible leases
-//     to preempt (chooseVictims) and, if that makes room, notifies them and
-//     reserves;
-//   - when nobody waits for capacity, elastic leases grow into what is left.
-//
-// Passes run one at a time, under placeMu like Acquire's own placement, and
-// are triggered by every change that can free or take capacity.
+// A pass (schedule) asks broker/planner what to do (its package doc has
+// the rules: order, backfill, reservations, victims, growth) and writes
+// the plan to the log through the queueWriter. Passes run one at a time,
+// follow the same lock rule as Acquire (doc.go), and are triggered by
+// every change that can free or take capacity.
 
 // minPassInterval spaces the queue's passes under a stream of changes, so
 // a queue that cannot move does not hold placeMu back to back.
@@ -67,227 +56,130 @@ func (s *Server) runQueue(ls *leaderState) {
 	}
 }
 
-// outcome is what a pass did with one pending lease.
-type outcome int
-
-const (
-	granted         outcome = iota
-	waitingCapacity         // waits for room: nothing may grow into it
-	waitingQuota            // waits for its tenant's quota: does not block others
-	waitingNever            // cannot fit the pool as it is built now: blocks nothing
-)
-
+// schedule runs one pass of the queue under the lock rule (see doc.go):
+// under placeMu it plans on a snapshot (planner.Make, pure) and proposes
+// the plan, registering its grants, extras and reservations as in flight;
+// it waits for the commits after letting go of placeMu, as Acquire does.
+// FSM Apply re-checks every grant and preemption.
 func (s *Server) schedule(ls *leaderState) {
 	s.placeMu.Lock()
-	defer s.placeMu.Unlock()
 	if st := s.fsm.State(); len(st.PendingLeases()) == 0 && len(st.ElasticLeases()) == 0 {
+		s.placeMu.Unlock()
 		return
 	}
-	s.grants.drain() // the pass works on a copy of the state alone
+	s.grants.drain() // the plan reads the state alone
 	st := s.fsm.State()
-	queue := st.PendingLeases()
-	pool := newWorkPool(st)
-	blocked := false
-	for _, r := range queue {
-		if s.scheduleOne(ls, pool, r) == waitingCapacity {
-			blocked = true
-		}
-	}
-	if !blocked {
-		s.grow(ls, pool)
-	}
-}
-
-// scheduleOne grants, reserves for or preempts for pending lease r.
-func (s *Server) scheduleOne(ls *leaderState, pool *workPool, r *gpupoolv1.Lease) outcome {
-	st := s.fsm.State()
-	victims := st.PreemptedFor(r.Id)
-	ss, err := pool.place(r.Request, s.placer)
-	roomNow := err == nil
-	if roomNow && fsm.CheckQuota(st, grantOf(r, ss)) == nil {
-		// It fits as the pool is, victims or not (their preemption is
-		// withdrawn once r is granted).
-		return s.grantPending(ls, pool, r, ss)
-	}
-	if pe := (*placement.Error)(nil); errors.As(err, &pe) && pe.Never {
-		return waitingNever
-	}
-	if len(victims) > 0 {
-		work := pool.clone()
-		for _, v := range victims {
-			work.free(v)
-		}
-		if ss, err := work.place(r.Request, s.placer); err == nil && fsm.CheckQuotaWithout(st, grantOf(r, ss), victims) == nil {
-			// Reserved until the victims are gone.
-			pool.allocate(&gpupoolv1.Lease{Slices: ss, HostCpuMillicores: r.HostCpuMillicores, HostMemoryMib: r.HostMemoryMib})
-			return waitingCapacity
-		}
-	}
-	blocked := waitingCapacity
-	if roomNow {
-		blocked = waitingQuota
-	}
-	if r.Class == gpupoolv1.LeaseClass_LEASE_CLASS_PREEMPTIBLE {
-		return blocked
-	}
-	// Victims beyond those already leaving, counting those as gone: room
-	// on the pool and in the tenant's quota.
-	work := pool.clone()
-	for _, v := range victims {
-		work.free(v)
-	}
-	more, ss := chooseVictimsFor(work, preemptionCandidates(st, r), func(trial *workPool, chosen []*gpupoolv1.Lease) []*gpupoolv1.Slice {
-		ss, err := trial.place(r.Request, s.placer)
-		if err != nil || fsm.CheckQuotaWithout(st, grantOf(r, ss), append(slices.Clone(victims), chosen...)) != nil {
-			return nil
-		}
-		return ss
+	plan := planner.Make(planner.Input{
+		State: st, Hosts: st.HostsWithDevices(), Placer: s.placer,
+		Now: s.cfg.Clock.Now(), PreemptGrace: s.cfg.PreemptGrace, NewID: newLeaseID,
 	})
-	if more == nil {
-		if len(victims) > 0 {
-			// Its victims no longer make room (the pool or the quota
-			// changed): spare them.
-			go s.applyLogged("withdraw a preemption", withdrawal(r.Id, ids(victims)))
+	sent := s.queue.proposePlan(st, plan, s.nowMs())
+	s.placeMu.Unlock()
+	s.queue.landPlan(ls.ttl, sent)
+}
+
+// sentPlan is a plan whose commands are proposed and not yet landed.
+type sentPlan struct {
+	grants, grows []sentGrant
+	preemptions   []sentPreemption
+	withdrawals   []Proposal
+}
+
+type sentGrant struct {
+	lease *gpupoolv1.Lease
+	p     Proposal
+}
+
+type sentPreemption struct {
+	cmd     *gpupoolv1.PreemptLeasesCommand
+	reserve string // the in-flight id of the room kept for cmd.ForLease
+	p       Proposal
+}
+
+// queueWriter writes the queue's decisions to the log through the
+// Proposer, following the lock rule (see doc.go): its propose methods run
+// under placeMu and record what they take as in flight; its land methods
+// run outside it and wait for the commits.
+type queueWriter struct {
+	props  Proposer
+	grants *inflight
+	log    *slog.Logger
+	grace  time.Duration // how long a preempted lease keeps running, for the log
+}
+
+// proposePlan proposes plan's commands in order: grants, preemptions,
+// withdrawals, extras. st is the snapshot plan was made on, nowMs the
+// leader's time. What it grants or reserves is in flight before it
+// returns, so a decision made after it places around it.
+func (s *queueWriter) proposePlan(st *state.Reader, plan *planner.Plan, now int64) *sentPlan {
+	sent := &sentPlan{}
+	for _, g := range plan.Grants {
+		s.grants.add(g)
+		sent.grants = append(sent.grants, sentGrant{g, s.props.Propose(&gpupoolv1.GrantLeaseCommand{Lease: g, NowMs: now})})
+	}
+	for _, c := range plan.Preemptions {
+		// Until it commits, the room it makes is held in flight; once it
+		// has, the state's preemption reserves it (planner.Reserved).
+		r := st.Lease(c.ForLease)
+		room := &gpupoolv1.Lease{Id: "reserved-for-" + c.ForLease, Slices: plan.Reserved[c.ForLease],
+			HostCpuMillicores: r.GetHostCpuMillicores(), HostMemoryMib: r.GetHostMemoryMib()}
+		s.grants.add(room)
+		sent.preemptions = append(sent.preemptions, sentPreemption{c, room.Id, s.props.Propose(c)})
+	}
+	for _, c := range plan.Withdrawals {
+		sent.withdrawals = append(sent.withdrawals, s.props.Propose(c))
+	}
+	for _, x := range plan.Grows {
+		s.grants.add(x)
+		sent.grows = append(sent.grows, sentGrant{x, s.props.Propose(&gpupoolv1.GrantLeaseCommand{Lease: x, NowMs: x.CreatedAtMs})})
+	}
+	return sent
+}
+
+// landPlan waits for a sent plan's commands and arms the TTLs of what it
+// granted on ttl.
+func (s *queueWriter) landPlan(ttl *lease.Timers, sent *sentPlan) {
+	for _, g := range sent.grants {
+		res, err := g.p.Wait()
+		s.grants.done(g.lease.Id)
+		if err != nil {
+			s.log.Debug("granting a pending lease failed", "lease", g.lease.Id, "err", err)
+			continue
 		}
-		return blocked
-	}
-	deadline := s.cfg.Clock.Now().Add(s.cfg.PreemptGrace)
-	reason := fmt.Sprintf("preempted for %s (tenant %s, guaranteed, priority %d): %s", r.Id, r.Tenant, r.Priority, requestText(r.Request))
-	if _, err := s.apply(&gpupoolv1.PreemptLeasesCommand{LeaseIds: ids(more), ForLease: r.Id, DeadlineMs: deadline.UnixMilli(), Reason: reason, NowMs: s.nowMs()}); err != nil {
-		s.log.Warn("preempting leases failed", "for", r.Id, "leases", ids(more), "err", err)
-		return waitingCapacity
-	}
-	s.log.Info("leases preempted", "for", r.Id, "leases", ids(more), "grace", s.cfg.PreemptGrace)
-	pool.allocate(&gpupoolv1.Lease{Slices: ss, HostCpuMillicores: r.HostCpuMillicores, HostMemoryMib: r.HostMemoryMib})
-	return waitingCapacity
-}
-
-// grantPending grants pending lease r on slices ss.
-func (s *Server) grantPending(ls *leaderState, pool *workPool, r *gpupoolv1.Lease, ss []*gpupoolv1.Slice) outcome {
-	res, err := s.apply(&gpupoolv1.GrantLeaseCommand{Lease: grantOf(r, ss), NowMs: s.nowMs()})
-	if err != nil {
-		s.log.Debug("granting a pending lease failed", "lease", r.Id, "err", err)
-		return waitingCapacity
-	}
-	if res.Lease.State != gpupoolv1.LeaseState_LEASE_STATE_GRANTED || res.Lease.Id != r.Id {
-		return granted // it left the queue meanwhile; nothing was allocated
-	}
-	pool.allocate(res.Lease)
-	ls.ttl.Reset(res.Lease.Id, lease.TTL(res.Lease.Request))
-	s.log.Info("pending lease granted", "lease", r.Id, "tenant", r.Tenant, "waited", time.Duration(res.Lease.StateChangedAtMs-res.Lease.CreatedAtMs)*time.Millisecond)
-	return granted
-}
-
-func ids(ls []*gpupoolv1.Lease) []string {
-	out := make([]string, len(ls))
-	for i, l := range ls {
-		out[i] = l.Id
-	}
-	return out
-}
-
-// preemptionCandidates are the leases r may preempt: granted preemptible
-// leases of priority at most r's, and every elastic extra (extras only
-// use room nobody waits for), not already preempted. A guaranteed lease
-// is never preempted.
-func preemptionCandidates(st *state.Reader, r *gpupoolv1.Lease) []*gpupoolv1.Lease {
-	return slices.DeleteFunc(st.Preemptible(), func(l *gpupoolv1.Lease) bool { return l.Parent == "" && l.Priority > r.Priority })
-}
-
-// grantOf is the grant of pending lease r on slices ss.
-func grantOf(r *gpupoolv1.Lease, ss []*gpupoolv1.Slice) *gpupoolv1.Lease {
-	l := proto.CloneOf(r)
-	l.Slices = ss
-	l.State, l.Reason, l.PendingReason = gpupoolv1.LeaseState_LEASE_STATE_UNSPECIFIED, "", ""
-	return l
-}
-
-// grow adds extras to elastic leases while the pool has room: one slice
-// per lease per round, the leases with the fewest extras first (then the
-// oldest), until none can grow.
-func (s *Server) grow(ls *leaderState, pool *workPool) {
-	type growing struct {
-		p      *gpupoolv1.Lease
-		extras int32
-		left   int32
-	}
-	st := s.fsm.State()
-	var gs []*growing
-	for _, p := range st.ElasticLeases() {
-		held := int32(len(p.Slices))
-		var extras int32
-		for _, x := range st.Extras(p.Id) {
-			if state.Holding(x.State) {
-				held += int32(len(x.Slices))
-				extras++
-			}
+		if res.Lease.State != gpupoolv1.LeaseState_LEASE_STATE_GRANTED || res.Lease.Id != g.lease.Id {
+			continue // it left the queue meanwhile; nothing was allocated
 		}
-		if left := p.Request.ElasticMax - held; left > 0 {
-			gs = append(gs, &growing{p: p, extras: extras, left: left})
+		ttl.Reset(res.Lease.Id, protocol.TTL(res.Lease.Request))
+		s.log.Info("pending lease granted", "lease", g.lease.Id, "tenant", g.lease.Tenant, "waited", time.Duration(res.Lease.StateChangedAtMs-res.Lease.CreatedAtMs)*time.Millisecond)
+	}
+	for _, p := range sent.preemptions {
+		_, err := p.p.Wait()
+		s.grants.done(p.reserve)
+		if err != nil {
+			s.log.Warn("preempting leases failed", "for", p.cmd.ForLease, "leases", p.cmd.LeaseIds, "err", err)
+			continue
+		}
+		s.log.Info("leases preempted", "for", p.cmd.ForLease, "leases", p.cmd.LeaseIds, "grace", s.grace)
+	}
+	for _, p := range sent.withdrawals {
+		if _, err := p.Wait(); err != nil {
+			s.log.Debug("withdraw a preemption failed", "err", err)
 		}
 	}
-	slices.SortFunc(gs, func(a, b *growing) int {
-		if a.extras != b.extras {
-			return int(a.extras - b.extras)
+	for _, g := range sent.grows {
+		res, err := g.p.Wait()
+		s.grants.done(g.lease.Id)
+		if err != nil {
+			s.log.Debug("growing an elastic lease failed", "lease", g.lease.Parent, "err", err)
+			continue
 		}
-		return int(a.p.CreateIndex) - int(b.p.CreateIndex)
-	})
-	for len(gs) > 0 {
-		gs = slices.DeleteFunc(gs, func(g *growing) bool {
-			if !s.growOne(ls, pool, g.p) {
-				return true
-			}
-			g.extras++
-			g.left--
-			return g.left == 0
-		})
+		ttl.Reset(res.Lease.Id, time.Duration(res.Lease.TtlMs)*time.Millisecond)
+		s.log.Info("elastic lease grew", "lease", g.lease.Parent, "extra", res.Lease.Id, "host", g.lease.Slices[0].Host)
 	}
 }
 
-// growOne grants elastic lease p one extra slice if the pool has room.
-func (s *Server) growOne(ls *leaderState, pool *workPool, p *gpupoolv1.Lease) bool {
-	req := extraRequest(p.Request)
-	ss, err := pool.place(req, s.placer)
-	if err != nil {
-		return false
-	}
-	x := &gpupoolv1.Lease{
-		Id: "l-" + randomHex(8), Tenant: p.Tenant, Holder: p.Holder, Request: req, Slices: ss,
-		Class: gpupoolv1.LeaseClass_LEASE_CLASS_PREEMPTIBLE, Priority: p.Priority, TtlMs: p.TtlMs,
-		CreatedAtMs: s.nowMs(), Parent: p.Id,
-	}
-	if fsm.CheckQuota(s.fsm.State(), x) != nil {
-		return false
-	}
-	res, err := s.apply(&gpupoolv1.GrantLeaseCommand{Lease: x, NowMs: x.CreatedAtMs})
-	if err != nil {
-		s.log.Debug("growing an elastic lease failed", "lease", p.Id, "err", err)
-		return false
-	}
-	pool.allocate(res.Lease)
-	ls.ttl.Reset(res.Lease.Id, time.Duration(res.Lease.TtlMs)*time.Millisecond)
-	s.log.Info("elastic lease grew", "lease", p.Id, "extra", res.Lease.Id, "host", ss[0].Host)
-	return true
-}
-
-// extraRequest is the request of one extra slice of elastic request r.
-func extraRequest(r *gpupoolv1.LeaseRequest) *gpupoolv1.LeaseRequest {
-	x := proto.CloneOf(r)
-	x.Count, x.ElasticMax = 1, 0
-	x.Class = gpupoolv1.LeaseClass_LEASE_CLASS_PREEMPTIBLE
-	x.Topology = gpupoolv1.Topology_TOPOLOGY_UNSPECIFIED
-	x.HostCpuMillicores, x.HostMemoryMib = 0, 0
-	x.RequestId = ""
-	return x
-}
-
-// requestText is a short description of what a request asks for.
-func requestText(r *gpupoolv1.LeaseRequest) string {
-	if r.Exclusive {
-		return fmt.Sprintf("%d whole GPU(s)", r.Count)
-	}
-	return fmt.Sprintf("%d slice(s) of %d MiB and %d%% compute", r.Count, r.MemoryMib, r.ComputePercent)
-}
+// newLeaseID names a new lease.
+func newLeaseID() string { return "l-" + randomHex(8) }
 
 // addWaiter records a call waiting on pending lease id.
 func (ls *leaderState) addWaiter(id string) {
@@ -315,15 +207,26 @@ func (ls *leaderState) waiting(id string) bool {
 	return ls.waiters[id] > 0
 }
 
-// enqueue adds r to the queue as a pending lease and returns it.
+// enqueue adds r to the queue as a pending lease and returns it. Call it
+// without placeMu.
 func (s *Server) enqueue(r *gpupoolv1.LeaseRequest, by *gpupoolv1.Actor) (*gpupoolv1.Lease, error) {
-	l := &gpupoolv1.Lease{
-		GrantedBy: by,
-		Id:        "l-" + randomHex(8), Tenant: r.Tenant, Holder: r.Holder, Request: r, Class: r.Class, Priority: r.Priority,
-		TtlMs: r.TtlMs, CreatedAtMs: s.nowMs(), RequestId: r.RequestId,
-		HostCpuMillicores: r.HostCpuMillicores, HostMemoryMib: r.HostMemoryMib,
-	}
-	res, err := s.apply(&gpupoolv1.EnqueueLeaseCommand{Lease: l})
+	return s.queue.landEnqueue(s.queue.proposeEnqueue(r, by, s.nowMs()))
+}
+
+// proposeEnqueue proposes r as a pending lease, under placeMu (see
+// doc.go): it is in flight until it lands, so a retry of the same request
+// waits for it rather than enqueueing it twice. Wait for it, outside
+// placeMu, with landEnqueue.
+func (s *queueWriter) proposeEnqueue(r *gpupoolv1.LeaseRequest, by *gpupoolv1.Actor, nowMs int64) (*gpupoolv1.Lease, Proposal) {
+	l := lease.New(newLeaseID(), r, nil, nowMs, by)
+	s.grants.add(l)
+	return l, s.props.Propose(&gpupoolv1.EnqueueLeaseCommand{Lease: l})
+}
+
+// landEnqueue waits for an enqueue and returns the pending lease.
+func (s *queueWriter) landEnqueue(l *gpupoolv1.Lease, p Proposal) (*gpupoolv1.Lease, error) {
+	res, err := p.Wait()
+	s.grants.done(l.Id)
 	if err != nil {
 		return nil, err
 	}
@@ -336,7 +239,7 @@ func (s *Server) enqueue(r *gpupoolv1.LeaseRequest, by *gpupoolv1.Actor) (*gpupo
 func (s *Server) awaitGrant(ctx context.Context, id string, wait time.Duration) (*gpupoolv1.AcquireResponse, error) {
 	ls := s.currentLeader()
 	if ls == nil {
-		return nil, status.Error(codes.Unavailable, "leader is still starting; retry with the same request id to rejoin the queue")
+		return nil, refuse(ErrUnavailable, "leader is still starting; retry with the same request id to rejoin the queue")
 	}
 	changed, unwatch := ls.watchLease(id)
 	defer unwatch()
@@ -363,29 +266,29 @@ func (s *Server) awaitGrant(ctx context.Context, id string, wait time.Duration) 
 		switch {
 		case l == nil:
 			ls.removeWaiter(id)
-			return nil, status.Errorf(codes.NotFound, "lease %s: not found", id)
+			return nil, refusef(ErrNotFound, "lease %s: not found", id)
 		case l.State == gpupoolv1.LeaseState_LEASE_STATE_GRANTED:
 			ls.removeWaiter(id)
 			return s.acquired(l, false)
 		case l.State != gpupoolv1.LeaseState_LEASE_STATE_PENDING:
 			ls.removeWaiter(id)
-			return nil, status.Errorf(codes.ResourceExhausted, "lease %s left the queue without a grant: %s", id, l.Reason)
+			return nil, refusef(ErrExhausted, "lease %s left the queue without a grant: %s", id, l.Reason)
 		}
 		select {
 		case <-ctx.Done():
 			// A grant that raced with the departure is left to its TTL:
 			// nobody is there to hold it.
 			leave(gpupoolv1.LeaseState_LEASE_STATE_RELEASED, "left the queue: the waiting client went away")
-			return nil, status.FromContextError(ctx.Err()).Err()
+			return nil, ctx.Err()
 		case <-timeout:
 			why := s.whyPending(s.fsm.State(), l)
 			if now := leave(gpupoolv1.LeaseState_LEASE_STATE_EXPIRED, fmt.Sprintf("not granted within the wait of %s: %s", wait, why)); now.GetState() == gpupoolv1.LeaseState_LEASE_STATE_GRANTED {
 				return s.acquired(now, false) // granted as the wait ended
 			}
-			return nil, status.Errorf(codes.ResourceExhausted, "not granted within the wait of %s: %s", wait, why)
+			return nil, refusef(ErrExhausted, "not granted within the wait of %s: %s", wait, why)
 		case <-ls.stopCh:
 			ls.removeWaiter(id)
-			return nil, status.Errorf(codes.Unavailable, "%v while waiting; retry with the same request id to rejoin the queue", ErrLeadershipLost)
+			return nil, refusef(ErrUnavailable, "%v while waiting; retry with the same request id to rejoin the queue", ErrLeadershipLost)
 		case <-changed:
 		}
 	}
@@ -449,7 +352,7 @@ func (s *Server) preemptDeadlinePassed(ls *leaderState, id string) {
 		Reason: fmt.Sprintf("preempted for %s after a grace of %s", l.PreemptedFor, s.cfg.PreemptGrace),
 	}
 	if r := st.Lease(l.PreemptedFor); r == nil || r.State != gpupoolv1.LeaseState_LEASE_STATE_PENDING {
-		cmd = withdrawal(l.PreemptedFor, []string{id})
+		cmd = planner.Withdrawal(l.PreemptedFor, []string{id})
 	}
 	res, err := s.apply(cmd)
 	if err == nil || res != nil {
@@ -462,11 +365,6 @@ func (s *Server) preemptDeadlinePassed(ls *leaderState, id string) {
 	}
 	s.log.Warn("revoking a preempted lease failed; retrying", "lease", id, "err", err)
 	ls.preempt.Reset(id, time.Second)
-}
-
-func withdrawal(forLease string, ids []string) *gpupoolv1.PreemptLeasesCommand {
-	return &gpupoolv1.PreemptLeasesCommand{LeaseIds: ids, ForLease: forLease,
-		Reason: fmt.Sprintf("lease %s no longer waits for the room", forLease)}
 }
 
 // reactQueue keeps the queue's timers and follow-ups in step with a
@@ -497,7 +395,7 @@ func (s *Server) reactQueue(ls *leaderState, st *state.Reader, l *gpupoolv1.Leas
 			}
 		}
 		if len(spare) > 0 {
-			go s.applyLogged("withdraw a preemption", withdrawal(l.Id, spare))
+			go s.applyLogged("withdraw a preemption", planner.Withdrawal(l.Id, spare))
 		}
 	}
 	if l.GetRequest().GetElasticMax() > 0 && l.State != gpupoolv1.LeaseState_LEASE_STATE_GRANTED {
@@ -519,111 +417,13 @@ func (s *Server) applyLogged(what string, cmd proto.Message) {
 	}
 }
 
-// whyPending explains why pending lease l is not granted, from the real
-// blockers: the leases it is preempting, what placement finds short in the
-// pool (less what others reserved), hosts out of service, its tenant's
-// quota, and the requests ahead of it.
+// whyPending explains why pending lease l is not granted: see
+// planner.Explainer.
 func (s *Server) whyPending(st *state.Reader, l *gpupoolv1.Lease) string {
-	return s.pendingExplainer(st).reason(l)
+	return s.explainer(st).Why(l)
 }
 
-// pendingExplainer explains pending leases of one state: the pool less the
-// reservations and the queue's order are computed once, however many
-// leases a List explains.
-type pendingExplainer struct {
-	st     *state.Reader
-	placer *placer
-	now    time.Time
-	hosts  []*gpupoolv1.Host
-	ahead  map[string]int // pending lease → requests ahead of it
-}
-
-func (s *Server) pendingExplainer(st *state.Reader) *pendingExplainer {
-	e := &pendingExplainer{st: st, placer: s.placer, now: s.cfg.Clock.Now(), ahead: map[string]int{}}
-	for i, r := range st.PendingLeases() {
-		e.ahead[r.Id] = i
-	}
-	return e
-}
-
-func (e *pendingExplainer) reason(l *gpupoolv1.Lease) string {
-	st := e.st
-	var parts []string
-	if vs := st.PreemptedFor(l.Id); len(vs) > 0 {
-		var last int64
-		for _, v := range vs {
-			last = max(last, v.PreemptAtMs)
-		}
-		parts = append(parts, fmt.Sprintf("preempting %s (%s), revoked in %s", plural(len(vs), "lease", "leases"),
-			strings.Join(ids(vs), ", "), max(0, time.UnixMilli(last).Sub(e.now)).Round(time.Second)))
-	} else {
-		if e.hosts == nil {
-			// Its own reservation is not in it: only leases with victims have one.
-			e.hosts = reservedHosts(st, st.HostsWithDevices(), e.placer)
-		}
-		ss, err := e.placer.place(e.hosts, l.Request)
-		switch {
-		case err != nil:
-			parts = append(parts, err.Error())
-		case fsm.CheckQuota(st, grantOf(l, ss)) != nil:
-			parts = append(parts, fsm.CheckQuota(st, grantOf(l, ss)).Error())
-		default:
-			parts = append(parts, "fits now: the queue grants it next")
-		}
-	}
-	parts = append(parts, quotaPressure(st, l.Tenant)...)
-	if n := e.ahead[l.Id]; n > 0 {
-		parts = append(parts, fmt.Sprintf("%s ahead in the queue", plural(n, "request", "requests")))
-	}
-	return strings.Join(parts, "; ")
-}
-
-// quotaPressure names each dimension of a tenant's quota that is at least
-// 80% used: "tenant sim at 90% of memory quota".
-func quotaPressure(st *state.Reader, tenant string) []string {
-	q := st.Quota(tenant)
-	if q == nil {
-		return nil
-	}
-	use := fsm.TenantUsage(st, tenant)
-	var out []string
-	for _, d := range []struct {
-		name      string
-		used, max int64
-	}{
-		{"gpus", int64(use.Gpus), int64(q.Gpus)},
-		{"memory", use.MemoryMib, q.MemoryMib},
-		{"compute", use.ComputePercent, q.ComputePercent},
-	} {
-		if d.max > 0 && d.used*100 >= 80*d.max {
-			out = append(out, fmt.Sprintf("tenant %s at %d%% of %s quota", tenant, d.used*100/d.max, d.name))
-		}
-	}
-	return out
-}
-
-func plural(n int, one, many string) string {
-	if n == 1 {
-		return "1 " + one
-	}
-	return fmt.Sprintf("%d %s", n, many)
-}
-
-// preemptionHint is the error for a guaranteed request without a wait
-// that does not fit now: placement's reason, and, when preempting
-// preemptible leases would make room, how to get it.
-func (s *Server) preemptionHint(st *state.Reader, hosts []*gpupoolv1.Host, r *gpupoolv1.LeaseRequest, pe *placement.Error) error {
-	if r.Class == gpupoolv1.LeaseClass_LEASE_CLASS_PREEMPTIBLE {
-		return pe
-	}
-	cands := preemptionCandidates(st, &gpupoolv1.Lease{Priority: r.Priority})
-	if len(cands) == 0 {
-		return pe // the common case of a full pool: nothing to copy
-	}
-	victims, _ := chooseVictims(copyPool(hosts), r, s.placer, cands)
-	if victims == nil {
-		return pe
-	}
-	return &placement.Error{Reason: fmt.Sprintf("%s; preempting %s would make room: acquire with a wait of more than the %s grace (e.g. --wait 2m)",
-		pe.Reason, plural(len(victims), "preemptible lease", "preemptible leases"), s.cfg.PreemptGrace)}
+// explainer explains the pending leases of st, as of now on this server.
+func (s *Server) explainer(st *state.Reader) *planner.Explainer {
+	return planner.NewExplainer(st, s.placer, s.cfg.Clock.Now())
 }

@@ -5,24 +5,22 @@ import (
 	"fmt"
 	"strings"
 
-	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 
 	"github.com/gpupool/gpupool/broker/fsm"
-	"github.com/gpupool/gpupool/broker/lease"
 	"github.com/gpupool/gpupool/broker/state"
 	gpupoolv1 "github.com/gpupool/gpupool/proto/gpupool/v1"
+	"github.com/gpupool/gpupool/protocol"
 )
 
 // SetQuota replaces a tenant's quota. A quota below the tenant's usage is
 // set all the same; the response warns what is over.
 func (e operatorService) SetQuota(ctx context.Context, req *gpupoolv1.SetQuotaRequest) (*gpupoolv1.SetQuotaResponse, error) {
 	if req.GetQuota() == nil {
-		return nil, status.Error(codes.InvalidArgument, "quota: is required")
+		return nil, refuse(ErrInvalid, "quota: is required")
 	}
 	if err := fsm.ValidateQuota(req.Quota); err != nil {
-		return nil, toStatus(err)
+		return nil, err
 	}
 	if conn, fctx, err := e.s.leaderConn(ctx); err != nil {
 		return nil, err
@@ -34,9 +32,9 @@ func (e operatorService) SetQuota(ctx context.Context, req *gpupoolv1.SetQuotaRe
 	by := callerFrom(ctx).actor()
 	q.UpdatedBy = by
 	if _, err := e.s.apply(&gpupoolv1.SetQuotaCommand{Tenant: q.Tenant, Quota: q, Actor: by, NowMs: q.UpdatedAtMs}); err != nil {
-		return nil, toStatus(err)
+		return nil, err
 	}
-	e.s.log.Info("quota set", "tenant", q.Tenant, "gpus", q.Gpus, "memory_mib", q.MemoryMib, "compute_percent", q.ComputePercent, "by", ActorText(by))
+	e.s.log.Info("quota set", "tenant", q.Tenant, "gpus", q.Gpus, "memory_mib", q.MemoryMib, "compute_percent", q.ComputePercent, "by", protocol.ActorText(by))
 	if ls := e.s.currentLeader(); ls != nil {
 		ls.kickQueue() // a raised quota may let a pending lease through
 	}
@@ -51,10 +49,10 @@ func (e operatorService) SetQuota(ctx context.Context, req *gpupoolv1.SetQuotaRe
 // RemoveQuota drops a tenant's quota.
 func (e operatorService) RemoveQuota(ctx context.Context, req *gpupoolv1.RemoveQuotaRequest) (*gpupoolv1.RemoveQuotaResponse, error) {
 	if req.Tenant == "" {
-		return nil, status.Error(codes.InvalidArgument, "tenant: is required; see 'gpupool operator quota ls'")
+		return nil, refuse(ErrInvalid, "tenant: is required; see 'gpupool operator quota ls'")
 	}
-	if err := lease.ValidateTenant("tenant", req.Tenant); err != nil {
-		return nil, toStatus(err)
+	if err := protocol.ValidateTenant("tenant", req.Tenant); err != nil {
+		return nil, err
 	}
 	if conn, fctx, err := e.s.leaderConn(ctx); err != nil {
 		return nil, err
@@ -67,9 +65,9 @@ func (e operatorService) RemoveQuota(ctx context.Context, req *gpupoolv1.RemoveQ
 	}
 	by := callerFrom(ctx).actor()
 	if _, err := e.s.apply(&gpupoolv1.SetQuotaCommand{Tenant: req.Tenant, Actor: by, NowMs: e.s.nowMs()}); err != nil {
-		return nil, toStatus(err)
+		return nil, err
 	}
-	e.s.log.Info("quota removed", "tenant", req.Tenant, "by", ActorText(by))
+	e.s.log.Info("quota removed", "tenant", req.Tenant, "by", protocol.ActorText(by))
 	if ls := e.s.currentLeader(); ls != nil {
 		ls.kickQueue()
 	}
@@ -80,8 +78,8 @@ func (e operatorService) RemoveQuota(ctx context.Context, req *gpupoolv1.RemoveQ
 func (e operatorService) ListQuotas(ctx context.Context, req *gpupoolv1.ListQuotasRequest) (*gpupoolv1.ListQuotasResponse, error) {
 	c := callerFrom(ctx)
 	if req.Tenant != "" {
-		if err := lease.ValidateTenant("tenant", req.Tenant); err != nil {
-			return nil, toStatus(err)
+		if err := protocol.ValidateTenant("tenant", req.Tenant); err != nil {
+			return nil, err
 		}
 		if err := c.mayActFor(req.Tenant, "tenant"); err != nil {
 			return nil, err
@@ -101,7 +99,7 @@ func (e operatorService) ListQuotas(ctx context.Context, req *gpupoolv1.ListQuot
 	}
 	if req.Tenant != "" && len(resp.Quotas) == 0 {
 		if !c.management() {
-			return nil, status.Errorf(codes.NotFound, "tenant %q: has no quota", req.Tenant)
+			return nil, refusef(ErrNotFound, "tenant %q: has no quota", req.Tenant)
 		}
 		return nil, noQuota(st, req.Tenant)
 	}
@@ -123,5 +121,5 @@ func noQuota(st *state.Reader, tenant string) error {
 	if len(have) > 0 {
 		known = "tenants with a quota: " + strings.Join(have, ", ")
 	}
-	return status.Error(codes.NotFound, fmt.Sprintf("tenant %q: has no quota (%s); see 'gpupool operator quota ls'", tenant, known))
+	return refuse(ErrNotFound, fmt.Sprintf("tenant %q: has no quota (%s); see 'gpupool operator quota ls'", tenant, known))
 }

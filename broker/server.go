@@ -1,5 +1,3 @@
-// Package broker is the gpupool server: Raft replication, the FSM, the
-// leader's timers, placement, and the gRPC services.
 package broker
 
 import (
@@ -17,7 +15,6 @@ import (
 	"strconv"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/hashicorp/go-hclog"
@@ -25,7 +22,6 @@ import (
 	raftboltdb "github.com/hashicorp/raft-boltdb/v2"
 	"go.etcd.io/bbolt"
 	"google.golang.org/grpc"
-	"google.golang.org/protobuf/proto"
 
 	"github.com/gpupool/gpupool/broker/fsm"
 	"github.com/gpupool/gpupool/internal/clock"
@@ -80,6 +76,10 @@ type Config struct {
 
 	Clock  clock.Clock
 	Logger *slog.Logger
+
+	// wrapProposer, set by the package's tests only, wraps the Raft
+	// proposer in a test double (one that injects faults).
+	wrapProposer func(Proposer) Proposer
 	// RaftLogOutput receives raft's own log (default: discarded below warn).
 	RaftLogOutput io.Writer
 	// AuditSink, when set, receives every audit entry this server applies,
@@ -182,8 +182,11 @@ type Server struct {
 	placeMu sync.Mutex
 	// placer places with the policy, and learns FGD's mix on the leader.
 	placer *placer
-	// grants are the grants Acquire placed that are not applied yet.
+	// grants are the grants (and pending leases, extras, reservations)
+	// proposed under placeMu that are not applied yet.
 	grants *inflight
+	// queue writes the queue's plans and pending leases to the log.
+	queue *queueWriter
 	// keysMu serialises changes to the token signing keys.
 	keysMu sync.Mutex
 
@@ -198,9 +201,9 @@ type Server struct {
 
 	metrics *metrics
 
-	// applyFault, set by tests only, fails apply for the commands it
-	// returns an error for, before they reach raft.
-	applyFault atomic.Pointer[func(proto.Message) error]
+	// proposer sends every command to the log (Raft, or a test's double
+	// around it); set before the server serves, never changed.
+	proposer Proposer
 
 	shutdownOnce sync.Once
 	shutdownCh   chan struct{}
@@ -245,8 +248,11 @@ func New(cfg Config) (*Server, error) {
 		return nil, fmt.Errorf("broker: listen on --bind %s: %w", cfg.BindAddr, err)
 	}
 	s.listener = lis
-	// TLS's role checks run first, then the ACL's token checks.
-	s.grpc = grpc.NewServer(append(s.grpcServerOptions(),
+	// Errors leave through toStatus, outermost; then TLS's role checks
+	// run, then the ACL's token checks.
+	opts := []grpc.ServerOption{grpc.ChainUnaryInterceptor(statusUnary), grpc.ChainStreamInterceptor(statusStream)}
+	opts = append(opts, s.grpcServerOptions()...)
+	s.grpc = grpc.NewServer(append(opts,
 		grpc.ChainUnaryInterceptor(s.nameLeader, s.unaryACL), grpc.ChainStreamInterceptor(s.streamACL))...)
 	s.registerServices()
 	s.goFunc(func() { _ = s.grpc.Serve(lis) })
@@ -358,6 +364,11 @@ func (s *Server) openRaft() error {
 		return fmt.Errorf("broker: %w %s: start raft: %v", ErrDataDir, dir, err)
 	}
 	s.raft = r
+	s.proposer = raftProposer{r}
+	if s.cfg.wrapProposer != nil {
+		s.proposer = s.cfg.wrapProposer(s.proposer)
+	}
+	s.queue = &queueWriter{props: s.proposer, grants: s.grants, log: s.log, grace: s.cfg.PreemptGrace}
 	return nil
 }
 
@@ -411,15 +422,4 @@ func writeFileSync(path string, b []byte) error {
 		return err
 	}
 	return f.Close()
-}
-
-// applyTimeout bounds how long a command may wait to be enqueued.
-const applyTimeout = 10 * time.Second
-
-// apply submits a command to the log, waits until it is applied here, and
-// returns its result; the error is the result's error, or a raft error
-// (not leader, leadership lost) mapped to Unavailable. Only the leader
-// calls it.
-func (s *Server) apply(cmd proto.Message) (*fsm.Result, error) {
-	return s.applyAsync(cmd).wait()
 }

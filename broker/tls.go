@@ -11,11 +11,9 @@ import (
 
 	"github.com/hashicorp/raft"
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/peer"
-	"google.golang.org/grpc/status"
 
 	"github.com/gpupool/gpupool/internal/pki"
 	gpupoolv1 "github.com/gpupool/gpupool/proto/gpupool/v1"
@@ -113,10 +111,10 @@ func checkServiceRole(ctx context.Context, fullMethod string) error {
 	}
 	id, err := peerIdentity(ctx)
 	if err != nil {
-		return status.Error(codes.Unauthenticated, err.Error())
+		return refuse(ErrUnauthenticated, err.Error())
 	}
 	if !slices.Contains(allowed, id.Role) {
-		return status.Errorf(codes.PermissionDenied, "%s: certificate %q has role %s; only %s certificates may call it", service, id.Name, id.Role, roleNames(allowed))
+		return refusef(ErrDenied, "%s: certificate %q has role %s; only %s certificates may call it", service, id.Name, id.Role, roleNames(allowed))
 	}
 	return nil
 }

@@ -5,12 +5,11 @@ import (
 	"sync"
 	"time"
 
-	"github.com/google/uuid"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
-	"google.golang.org/protobuf/proto"
 
 	gpupoolv1 "github.com/gpupool/gpupool/proto/gpupool/v1"
+	"github.com/gpupool/gpupool/protocol"
 )
 
 // Pacing of WithPendingProgress: a first look soon after the call starts,
@@ -26,10 +25,6 @@ const (
 // client's retries of the call after Unavailable, each of which would
 // otherwise wait in full again.
 const waitGrace = 10 * time.Second
-
-// defaultTenant is the tenant the brokers count a request naming none
-// against.
-const defaultTenant = "default"
 
 // AcquireOption changes how Acquire and Grant ask for a lease.
 type AcquireOption func(*acquireOptions)
@@ -87,15 +82,15 @@ func (c *Client) Grant(ctx context.Context, req *gpupoolv1.LeaseRequest, opts ..
 	for _, opt := range opts {
 		opt(&o)
 	}
-	req = proto.CloneOf(req)
-	if req.RequestId == "" {
-		req.RequestId = uuid.NewString()
-	}
 	areq := &gpupoolv1.AcquireRequest{Request: req}
+	if o.wait > 0 {
+		areq.WaitMs = max(o.wait.Milliseconds(), 1)
+	}
+	areq = withRequestID(areq)
+	req = areq.Request
 	if o.wait <= 0 {
 		return c.Lease.Acquire(ctx, areq)
 	}
-	areq.WaitMs = max(o.wait.Milliseconds(), 1)
 	wctx, cancel := context.WithTimeout(ctx, o.wait+waitGrace)
 	defer cancel()
 	p := c.watchPending(wctx, req, o.progress)
@@ -133,7 +128,7 @@ func (c *Client) watchPending(ctx context.Context, req *gpupoolv1.LeaseRequest, 
 	}
 	tenant := req.Tenant
 	if tenant == "" {
-		tenant = defaultTenant
+		tenant = protocol.DefaultTenant
 	}
 	list := &gpupoolv1.ListLeasesRequest{Tenant: tenant, States: []gpupoolv1.LeaseState{gpupoolv1.LeaseState_LEASE_STATE_PENDING}}
 	go func() {

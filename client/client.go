@@ -18,7 +18,6 @@ import (
 
 	"github.com/google/uuid"
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/backoff"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
@@ -28,6 +27,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	gpupoolv1 "github.com/gpupool/gpupool/proto/gpupool/v1"
+	"github.com/gpupool/gpupool/protocol"
 )
 
 // DefaultAddrs are the broker addresses `gpupool dev` listens on.
@@ -66,12 +66,8 @@ func ParseAddrs(s string) []string {
 }
 
 // Reconnect makes a connection try a server again within a second of it
-// coming back: gRPC's default backoff grows to two minutes, and a broker
-// that was down for a while may be the next leader.
-var Reconnect = grpc.WithConnectParams(grpc.ConnectParams{
-	Backoff:           backoff.Config{BaseDelay: 100 * time.Millisecond, Multiplier: 1.6, Jitter: 0.2, MaxDelay: time.Second},
-	MinConnectTimeout: 5 * time.Second,
-})
+// coming back (protocol.Reconnect: the timings every component uses).
+var Reconnect = protocol.Reconnect
 
 // Options configure DialWith.
 type Options struct {
@@ -180,12 +176,22 @@ func (c *Client) Close() error {
 // (the grant committed, the answer was lost) return the same lease
 // instead of granting a second one.
 func ensureRequestID(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
-	if a, ok := req.(*gpupoolv1.AcquireRequest); ok && a.GetRequest() != nil && a.GetRequest().GetRequestId() == "" {
-		a = proto.Clone(a).(*gpupoolv1.AcquireRequest)
-		a.Request.RequestId = uuid.NewString()
-		req = a
+	if a, ok := req.(*gpupoolv1.AcquireRequest); ok {
+		req = withRequestID(a)
 	}
 	return invoker(ctx, method, req, reply, cc, opts...)
+}
+
+// withRequestID returns a, or, when its request has no request id, a copy
+// of it with a random one: the one place a client fills it in, and the
+// request's one copy on its way to the leader.
+func withRequestID(a *gpupoolv1.AcquireRequest) *gpupoolv1.AcquireRequest {
+	if a.GetRequest() == nil || a.GetRequest().GetRequestId() != "" {
+		return a
+	}
+	a = proto.CloneOf(a)
+	a.Request.RequestId = uuid.NewString()
+	return a
 }
 
 // maxRetryBackoff bounds the wait between retries of an Unavailable call.

@@ -9,11 +9,13 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
+
+	"github.com/gpupool/gpupool/protocol"
 )
 
 // LeaderHeader is the response header in which every broker names the
-// gRPC address of the leader it knows ("" when it knows none).
-const LeaderHeader = "gpupool-leader"
+// gRPC address of the leader it knows (protocol.LeaderHeader).
+const LeaderHeader = protocol.LeaderHeader
 
 // leaderRouter sends unary calls straight to the leader when the client
 // knows it, instead of to any broker (which forwards writes and

@@ -210,7 +210,7 @@ func (l *Lease) keepAlive(ctx context.Context) {
 			return
 		case <-time.After(pause):
 		}
-		pause = min(2*pause, 2*time.Second)
+		pause = min(2*pause, maxReconnectWait)
 	}
 }
 

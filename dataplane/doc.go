@@ -1,6 +1,6 @@
 // Package dataplane is the data plane between a lease holder and the agent
 // on the pool host that holds its slices: framed protobuf over QUIC
-// (DESIGN section 6, proto/gpupool/v1/dataplane.proto).
+// (docs/architecture.md, "Data plane"; proto/gpupool/v1/dataplane.proto).
 //
 // The agent runs a Server; a lease holder dials it with Dial, pinning the
 // agent's certificate by the SHA-256 fingerprint the broker published, and

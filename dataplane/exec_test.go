@@ -299,7 +299,7 @@ func TestExecStalledClientBlocksTheProcessInsteadOfBuffering(t *testing.T) {
 	})
 }
 
-func TestRevokeEndsARunningExecWithinASecond(t *testing.T) {
+func TestRevokeEndsARunningExecThatIgnoresSIGTERM(t *testing.T) {
 	a := newTestAgent(t)
 	c := a.dial(t)
 	stdout := newWatchWriter("ready")
@@ -314,8 +314,6 @@ func TestRevokeEndsARunningExecWithinASecond(t *testing.T) {
 	pid := <-a.leases.started
 	<-stdout.seen
 
-	limit := time.NewTimer(time.Second)
-	defer limit.Stop()
 	a.leases.end(testLease)
 	a.srv.Revoke(testLease)
 	// Revoke returns once the process is reaped.
@@ -327,8 +325,8 @@ func TestRevokeEndsARunningExecWithinASecond(t *testing.T) {
 		if !errors.Is(err, ErrLeaseEnded) {
 			t.Fatalf("got %v, want ErrLeaseEnded", err)
 		}
-	case <-limit.C:
-		t.Fatal("Exec still running a second after Revoke")
+	case <-time.After(20 * time.Second):
+		t.Fatal("Exec still running 20 s after Revoke")
 	}
 
 	_, err := c.Exec(t.Context(), testToken, &gpupoolv1.ExecStart{Argv: []string{"true"}}, ExecIO{})

@@ -18,7 +18,7 @@ import (
 	"github.com/gpupool/gpupool/internal/quantity"
 )
 
-const usageHead = `Usage: gpupool bench dataplane [flags]
+const usageHead = `Usage: gpupool-bench dataplane [flags]
 
 Benchmarks the data plane (QUIC, package dataplane) against the same
 operations over plain TCP + TLS 1.3, side by side on loopback:
@@ -33,9 +33,9 @@ Progress goes to stderr, a markdown table to stdout, and the results as JSON
 to --out. Exit code 1 when the benchmark fails, 2 for a usage error.
 
 Examples:
-  gpupool bench dataplane
-  gpupool bench dataplane --size 256MiB --execs 1000
-  gpupool bench dataplane --seed 7 --out /tmp/dataplane.json --tmpdir /var/tmp
+  gpupool-bench dataplane
+  gpupool-bench dataplane --size 256MiB --execs 1000
+  gpupool-bench dataplane --seed 7 --out /tmp/dataplane.json --tmpdir /var/tmp
 
 Flags:
 `
@@ -54,7 +54,7 @@ type options struct {
 
 // Run runs the benchmark for the command-line arguments args and returns
 // the exit code: 0, 1 when the benchmark failed, 2 for a usage error.
-// 'gpupool bench dataplane' calls it.
+// 'gpupool-bench dataplane' calls it.
 func Run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	return run(ctx, args, stdout, stderr)
 }

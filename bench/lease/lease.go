@@ -5,7 +5,7 @@
 // Both serve the same workload, acquire a fractional slice and release it,
 // from several numbers of concurrent clients for a fixed time each.
 //
-// Run is the whole command; 'gpupool bench lease' calls it.
+// Run is the whole command; 'gpupool-bench lease' calls it.
 package leasebench
 
 import (
@@ -20,7 +20,7 @@ import (
 	"time"
 )
 
-const usageHead = `Usage: gpupool bench lease [flags]
+const usageHead = `Usage: gpupool-bench lease [flags]
 
 Benchmarks gpupool's lease path against an allocator written on etcd:
 
@@ -40,9 +40,9 @@ DIR/lease.md and DIR/lease.png are written. Exit code 1 when the benchmark
 fails, 2 for a usage error.
 
 Examples:
-  gpupool bench lease
-  gpupool bench lease --clients 1,16 --duration 3s --out /tmp/lease
-  gpupool bench lease --gpupool /tmp/gpupool --etcd /usr/local/bin/etcd --tmpdir /var/tmp
+  gpupool-bench lease
+  gpupool-bench lease --clients 1,16 --duration 3s --out /tmp/lease
+  gpupool-bench lease --gpupool /tmp/gpupool --etcd /usr/local/bin/etcd --tmpdir /var/tmp
 
 Flags:
 `

@@ -67,7 +67,7 @@ func TestRunExitCodes(t *testing.T) {
 		wantStdout string
 		wantStderr string
 	}{
-		{name: "help prints the usage and succeeds", args: []string{"--help"}, want: 0, wantStdout: "Usage: gpupool bench lease"},
+		{name: "help prints the usage and succeeds", args: []string{"--help"}, want: 0, wantStdout: "Usage: gpupool-bench lease"},
 		{name: "a bad flag is a usage error", args: []string{"--clients", "0"}, want: 2, wantStderr: "Run with --help"},
 		{name: "a missing etcd is a failure that says how to install it", args: []string{"--etcd", "/nonexistent/etcd"}, want: 1,
 			wantStderr: "install-etcd.sh"},

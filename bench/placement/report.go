@@ -14,7 +14,7 @@ import (
 )
 
 // published is the FGD paper's unallocated GPU % at 100 % arrived (mean, sd over seeds
-// 42–51) by trace and policy, from /work/shared/traces/README.md. The paper's FGD knows the
+// 42–51) by trace and policy, as the traces' README (bench/traces/openb) quotes them. The paper's FGD knows the
 // mix in advance: it is fgd-oracle here.
 var published = map[string]map[string][2]float64{
 	"default":    {"random": {13.70, 0.33}, "dot-product": {9.38, 0.19}, "gpu-clustering": {8.35, 0.61}, "gpu-packing": {8.22, 0.53}, "best-fit": {7.14, 0.14}, FGDOracle: {4.77, 0.11}},

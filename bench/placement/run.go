@@ -4,8 +4,9 @@
 // arrived GPU request grows, next to the paper's published figures. It also measures how
 // many placements per second the engine makes on a large synthetic pool.
 //
-// The replay protocol is described in /work/shared/traces/README.md; the deviations from it
-// are listed in the report.
+// The replay protocol is described in bench/traces/openb/README.md (the traces and their
+// README ship in the repository with the placement work); the deviations from it are listed
+// in the report.
 package placement
 
 import (
@@ -23,10 +24,11 @@ import (
 	"time"
 )
 
-// Default trace files, used when they exist and the flags are not given.
+// Default trace files, relative to the repository's root (where make runs
+// the benchmark), used when they exist and the flags are not given.
 const (
-	defaultNodes = "/work/shared/traces/openb/openb_node_list_gpu_node.csv"
-	defaultPods  = "/work/shared/traces/openb/openb_pod_list_default.csv"
+	defaultNodes = "bench/traces/openb/openb_node_list_gpu_node.csv"
+	defaultPods  = "bench/traces/openb/openb_pod_list_default.csv"
 )
 
 const usage = `usage: placement [flags]

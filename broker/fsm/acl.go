@@ -4,9 +4,9 @@ import (
 	"fmt"
 	"slices"
 
-	"github.com/gpupool/gpupool/broker/lease"
 	"github.com/gpupool/gpupool/broker/state"
 	gpupoolv1 "github.com/gpupool/gpupool/proto/gpupool/v1"
+	"github.com/gpupool/gpupool/protocol"
 )
 
 // BrokerActor is the actor of what the leader does on its own: lease
@@ -25,55 +25,55 @@ func actorOr(a *gpupoolv1.Actor) *gpupoolv1.Actor {
 const SecretHashLen = 32
 
 // ValidateACLToken checks that a token's kind and scope fit together. It
-// returns a *lease.FieldError naming the field, so the API and Apply refuse
+// returns a *protocol.FieldError naming the field, so the API and Apply refuse
 // the same tokens with the same words.
 func ValidateACLToken(t *gpupoolv1.AclToken) error {
 	if t.GetName() == "" {
-		return &lease.FieldError{Field: "name", Value: `""`, Allowed: "is required"}
+		return &protocol.FieldError{Field: "name", Value: `""`, Allowed: "is required"}
 	}
 	if len(t.Name) > 128 {
-		return &lease.FieldError{Field: "name", Value: fmt.Sprintf("of %d bytes", len(t.Name)), Allowed: "must be at most 128 bytes"}
+		return &protocol.FieldError{Field: "name", Value: fmt.Sprintf("of %d bytes", len(t.Name)), Allowed: "must be at most 128 bytes"}
 	}
 	client := t.Kind == gpupoolv1.TokenKind_TOKEN_KIND_CLIENT
 	switch t.Kind {
 	case gpupoolv1.TokenKind_TOKEN_KIND_MANAGEMENT, gpupoolv1.TokenKind_TOKEN_KIND_CLIENT, gpupoolv1.TokenKind_TOKEN_KIND_AGENT:
 	default:
-		return &lease.FieldError{Field: "kind", Value: t.Kind, Allowed: "must be management, client or agent"}
+		return &protocol.FieldError{Field: "kind", Value: t.Kind, Allowed: "must be management, client or agent"}
 	}
 	if client && len(t.Tenants) == 0 {
-		return &lease.FieldError{Field: "tenants", Value: "[]", Allowed: "a client token needs at least one tenant"}
+		return &protocol.FieldError{Field: "tenants", Value: "[]", Allowed: "a client token needs at least one tenant"}
 	}
 	if !client && len(t.Tenants) > 0 {
-		return &lease.FieldError{Field: "tenants", Value: t.Tenants, Allowed: "only client tokens have tenants"}
+		return &protocol.FieldError{Field: "tenants", Value: t.Tenants, Allowed: "only client tokens have tenants"}
 	}
 	for i, tn := range t.Tenants {
-		if err := lease.ValidateTenant(fmt.Sprintf("tenants[%d]", i), tn); err != nil {
+		if err := protocol.ValidateTenant(fmt.Sprintf("tenants[%d]", i), tn); err != nil {
 			return err
 		}
 		if slices.Index(t.Tenants, tn) != i {
-			return &lease.FieldError{Field: fmt.Sprintf("tenants[%d]", i), Value: fmt.Sprintf("%q", tn), Allowed: "is listed twice"}
+			return &protocol.FieldError{Field: fmt.Sprintf("tenants[%d]", i), Value: fmt.Sprintf("%q", tn), Allowed: "is listed twice"}
 		}
 	}
 	if t.MaxPriority != nil {
 		if !client {
-			return &lease.FieldError{Field: "max_priority", Value: *t.MaxPriority, Allowed: "only client tokens have a priority limit"}
+			return &protocol.FieldError{Field: "max_priority", Value: *t.MaxPriority, Allowed: "only client tokens have a priority limit"}
 		}
-		if *t.MaxPriority < 0 || *t.MaxPriority > lease.MaxPriority {
-			return &lease.FieldError{Field: "max_priority", Value: *t.MaxPriority, Allowed: fmt.Sprintf("must be between 0 and %d", lease.MaxPriority)}
+		if *t.MaxPriority < 0 || *t.MaxPriority > protocol.MaxPriority {
+			return &protocol.FieldError{Field: "max_priority", Value: *t.MaxPriority, Allowed: fmt.Sprintf("must be between 0 and %d", protocol.MaxPriority)}
 		}
 	}
 	if t.PreemptibleOnly && !client {
-		return &lease.FieldError{Field: "preemptible_only", Value: true, Allowed: "only client tokens can be limited to preemptible leases"}
+		return &protocol.FieldError{Field: "preemptible_only", Value: true, Allowed: "only client tokens can be limited to preemptible leases"}
 	}
 	agent := t.Kind == gpupoolv1.TokenKind_TOKEN_KIND_AGENT
 	if agent && t.HostId == "" {
-		return &lease.FieldError{Field: "host_id", Value: `""`, Allowed: "an agent token needs the host id it joins as"}
+		return &protocol.FieldError{Field: "host_id", Value: `""`, Allowed: "an agent token needs the host id it joins as"}
 	}
 	if !agent && t.HostId != "" {
-		return &lease.FieldError{Field: "host_id", Value: fmt.Sprintf("%q", t.HostId), Allowed: "only agent tokens have a host id"}
+		return &protocol.FieldError{Field: "host_id", Value: fmt.Sprintf("%q", t.HostId), Allowed: "only agent tokens have a host id"}
 	}
 	if t.ExpiresAtMs < 0 {
-		return &lease.FieldError{Field: "expires_at_ms", Value: t.ExpiresAtMs, Allowed: "must be 0 (never) or a time"}
+		return &protocol.FieldError{Field: "expires_at_ms", Value: t.ExpiresAtMs, Allowed: "must be 0 (never) or a time"}
 	}
 	return nil
 }

@@ -6,10 +6,10 @@ import (
 	"math/big"
 	"strconv"
 
-	"github.com/gpupool/gpupool/broker/lease"
 	"github.com/gpupool/gpupool/broker/state"
 	"github.com/gpupool/gpupool/internal/quantity"
 	gpupoolv1 "github.com/gpupool/gpupool/proto/gpupool/v1"
+	"github.com/gpupool/gpupool/protocol"
 )
 
 // QuotaError is a grant that would take its tenant over quota in one
@@ -124,11 +124,23 @@ func CheckQuota(r *state.Reader, l *gpupoolv1.Lease) error {
 // CheckQuotaWithout is CheckQuota as if the tenant's leases in gone had
 // freed their capacity: the quota a preemption would make room in.
 func CheckQuotaWithout(r *state.Reader, l *gpupoolv1.Lease, gone []*gpupoolv1.Lease) error {
+	return CheckQuotaAfter(r, l, gone, nil)
+}
+
+// CheckQuotaAfter is CheckQuotaWithout as if the tenant's leases in added
+// were granted too: the quota a plan of several grants decides on before
+// any of them commits.
+func CheckQuotaAfter(r *state.Reader, l *gpupoolv1.Lease, gone, added []*gpupoolv1.Lease) error {
 	q := r.Quota(l.GetTenant())
 	if q == nil {
 		return nil
 	}
 	used, need := tenantUsage(r, l.Tenant), leaseUsage(r, l)
+	for _, a := range added {
+		if a.Tenant == l.Tenant {
+			used.add(leaseUsage(r, a))
+		}
+	}
 	for _, g := range gone {
 		if g.Tenant == l.Tenant && state.Holding(g.State) {
 			u := leaseUsage(r, g)
@@ -170,16 +182,16 @@ func OverQuota(q *gpupoolv1.Quota, used *gpupoolv1.TenantUsage) []string {
 // ValidateQuota checks a quota a caller asks to set: a valid tenant name,
 // no negative limit, and at least one limit, since a quota of 0 (unlimited) in every
 // dimension limits nothing and is only mistaken for one; removing the quota
-// says that. The error is a *lease.FieldError naming the field.
+// says that. The error is a *protocol.FieldError naming the field.
 func ValidateQuota(q *gpupoolv1.Quota) error {
 	if err := validateQuotaLimits(q); err != nil {
 		return err
 	}
-	if err := lease.ValidateTenant("quota.tenant", q.Tenant); err != nil {
+	if err := protocol.ValidateTenant("quota.tenant", q.Tenant); err != nil {
 		return err
 	}
 	if q.GetGpus() == 0 && q.GetMemoryMib() == 0 && q.GetComputePercent() == 0 {
-		return &lease.FieldError{Field: "quota", Value: "gpus=0 memory_mib=0 compute_percent=0",
+		return &protocol.FieldError{Field: "quota", Value: "gpus=0 memory_mib=0 compute_percent=0",
 			Allowed: fmt.Sprintf("limits nothing (0 is unlimited); set at least one limit above 0, or lift tenant %s's limits with 'gpupool operator quota rm %s'", q.Tenant, q.Tenant)}
 	}
 	return nil
@@ -190,11 +202,11 @@ func ValidateQuota(q *gpupoolv1.Quota) error {
 // in a log may hold: replaying them must give the state it gave.
 func validateQuotaLimits(q *gpupoolv1.Quota) error {
 	if q.GetTenant() == "" {
-		return &lease.FieldError{Field: "quota.tenant", Value: `""`, Allowed: "is required"}
+		return &protocol.FieldError{Field: "quota.tenant", Value: `""`, Allowed: "is required"}
 	}
 	for _, d := range dimensions(q, &gpupoolv1.TenantUsage{}, &gpupoolv1.TenantUsage{}) {
 		if d.quota < 0 {
-			return &lease.FieldError{Field: "quota." + d.field, Value: d.quota, Allowed: "must be 0 (unlimited) or more"}
+			return &protocol.FieldError{Field: "quota." + d.field, Value: d.quota, Allowed: "must be 0 (unlimited) or more"}
 		}
 	}
 	return nil

@@ -426,10 +426,10 @@ func TestPlaceErrors(t *testing.T) {
 			frac(40960, 10).hostRes(8000, 0), true,
 			"host cpu 8000 millicores: no host with a matching GPU that fits the slice has that much"},
 		{"an empty pool can never fit", nil, excl(), true, "the pool has no hosts"},
-		{"count 0 is invalid", poolOf(idle("host-1", 1)), excl().n(0), true, "count 0: must be at least 1"},
-		{"compute 0 is invalid", poolOf(idle("host-1", 1)), frac(1024, 0), true, "compute 0%: must be between 1 and 100"},
+		{"count 0 is invalid", poolOf(idle("host-1", 1)), excl().n(0), true, "count 0: must be between 1 and 256 GPUs"},
+		{"compute 0 is invalid", poolOf(idle("host-1", 1)), frac(1024, 0), true, "compute_percent 0: must be between 1 and 100 (percent of one GPU's SMs)"},
 		{"a bad model glob is invalid", poolOf(idle("host-1", 1)),
-			excl().where(&gpupoolv1.Constraints{Model: "["}), true, `model "[": not a valid glob pattern`},
+			excl().where(&gpupoolv1.Constraints{Model: "["}), true, `constraints.model "[": must be a valid glob such as A100* ([ needs a matching ]), alternatives separated by |`},
 
 		// Not now: the request would fit an empty pool.
 		{"no GPU with the memory free names the most free and what is out of service",

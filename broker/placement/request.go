@@ -1,11 +1,11 @@
 package placement
 
 import (
-	"fmt"
 	"path"
 	"strings"
 
 	gpupoolv1 "github.com/gpupool/gpupool/proto/gpupool/v1"
+	"github.com/gpupool/gpupool/protocol"
 )
 
 // request is a validated LeaseRequest with the rules that follow from it spelled out.
@@ -57,30 +57,16 @@ func newRequest(req *gpupoolv1.LeaseRequest, opts *Options) (*request, string) {
 	if !rq.exclusive {
 		rq.mem, rq.compute = req.GetMemoryMib(), req.GetComputePercent()
 	}
-	switch {
-	case rq.count < 1:
-		return nil, fmt.Sprintf("count %d: must be at least 1", rq.count)
-	case !rq.exclusive && rq.mem < 1:
-		return nil, fmt.Sprintf("memory %d MiB: must be at least 1 (or ask for exclusive GPUs)", rq.mem)
-	case !rq.exclusive && (rq.compute < 1 || rq.compute > 100):
-		return nil, fmt.Sprintf("compute %d%%: must be between 1 and 100", rq.compute)
-	case rq.hostCPU < 0:
-		return nil, fmt.Sprintf("host cpu %d millicores: must not be negative", rq.hostCPU)
-	case rq.hostMem < 0:
-		return nil, fmt.Sprintf("host memory %d MiB: must not be negative", rq.hostMem)
-	case topologyName(rq.topo) == "":
-		return nil, fmt.Sprintf("topology %d: unknown", rq.topo)
+	// The request's shape and model follow the protocol's rules; a request
+	// that breaks them can never be placed.
+	if err := protocol.ValidateShape(req); err != nil {
+		return nil, err.Error()
+	}
+	if err := protocol.ValidateModel(rq.cons.GetModel()); err != nil {
+		return nil, err.Error()
 	}
 	if m := rq.cons.GetModel(); m != "" {
 		rq.models = strings.Split(m, "|")
-		for _, alt := range rq.models {
-			if alt == "" {
-				return nil, fmt.Sprintf("model %q: empty alternative: separate glob patterns with a single |", m)
-			}
-			if _, err := path.Match(alt, ""); err != nil {
-				return nil, fmt.Sprintf("model %q: not a valid glob pattern", m)
-			}
-		}
 	}
 	rq.oneHost = rq.hostCPU > 0 || rq.hostMem > 0 || rq.topo == gpupoolv1.Topology_TOPOLOGY_SAME_HOST ||
 		rq.topo == gpupoolv1.Topology_TOPOLOGY_SAME_NVLINK || rq.topo == gpupoolv1.Topology_TOPOLOGY_SAME_PCIE_ROOT

@@ -133,8 +133,8 @@ func TestPlaceWithRefusesIncompleteOptions(t *testing.T) {
 
 func TestModelAlternativesAreValidated(t *testing.T) {
 	for _, tc := range []struct{ model, want string }{
-		{"T4||A10", `model "T4||A10": empty alternative`},
-		{"T4|[", `model "T4|[": not a valid glob pattern`},
+		{"T4||A10", `constraints.model "T4||A10": has an empty alternative`},
+		{"T4|[", `constraints.model "T4|[": must be a valid glob`},
 	} {
 		_, err := Place(poolOf(idle("host-1", 1)), excl().where(&gpupoolv1.Constraints{Model: tc.model}).req, Binpack)
 		if err == nil || !strings.HasPrefix(err.Error(), tc.want) {

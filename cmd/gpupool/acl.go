@@ -10,10 +10,9 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/gpupool/gpupool/broker"
-	"github.com/gpupool/gpupool/broker/lease"
 	"github.com/gpupool/gpupool/client"
 	gpupoolv1 "github.com/gpupool/gpupool/proto/gpupool/v1"
+	"github.com/gpupool/gpupool/protocol"
 )
 
 func newACLCmd() *cobra.Command {
@@ -129,7 +128,7 @@ func (f *aclTokenFlags) request(cmd *cobra.Command) (*gpupoolv1.CreateAclTokenRe
 		return nil, usagef("--preemptible-only: only client tokens can be limited to preemptible leases")
 	}
 	for i, t := range req.Tenants {
-		if err := lease.ValidateTenant("--tenants", t); err != nil {
+		if err := protocol.ValidateTenant("--tenants", t); err != nil {
 			if i == 0 && f.tenant != "" {
 				return nil, usagef("--tenant %q: must be a tenant name (lower-case letters, digits, '.', '_', '-'; at most 63)", t)
 			}
@@ -140,13 +139,13 @@ func (f *aclTokenFlags) request(cmd *cobra.Command) (*gpupoolv1.CreateAclTokenRe
 		if !client {
 			return nil, usagef("--max-priority: only client tokens have a priority limit")
 		}
-		if f.maxPriority < 0 || f.maxPriority > lease.MaxPriority {
-			return nil, usagef("--max-priority %d: must be between 0 and %d", f.maxPriority, lease.MaxPriority)
+		if f.maxPriority < 0 || f.maxPriority > protocol.MaxPriority {
+			return nil, usagef("--max-priority %d: must be between 0 and %d", f.maxPriority, protocol.MaxPriority)
 		}
 		req.MaxPriority = &f.maxPriority
 	}
-	if f.ttl < 0 || f.ttl > broker.MaxTokenTTL {
-		return nil, usagef("--ttl %s: must be 0 (no expiry) or up to %s", f.ttl, broker.MaxTokenTTL)
+	if f.ttl < 0 || f.ttl > protocol.MaxTokenTTL {
+		return nil, usagef("--ttl %s: must be 0 (no expiry) or up to %s", f.ttl, protocol.MaxTokenTTL)
 	}
 	if f.ttl > 0 && f.ttl < time.Millisecond {
 		return nil, usagef("--ttl %s: must be at least 1ms", f.ttl)
@@ -218,7 +217,7 @@ An agent token registers and heartbeats as --host-id only. --ttl makes it expire
 	fs.StringVar(&f.name, "name", "", "name shown in lists and audit records (default: from the kind and scope)")
 	fs.StringVar(&f.tenant, "tenant", "", "client: the tenant the token acts for by default")
 	fs.StringVar(&f.tenants, "tenants", "", "client: more tenants it may act for, comma-separated")
-	fs.Int32Var(&f.maxPriority, "max-priority", 0, fmt.Sprintf("client: the highest lease priority it may ask for (0-%d; default no limit)", lease.MaxPriority))
+	fs.Int32Var(&f.maxPriority, "max-priority", 0, fmt.Sprintf("client: the highest lease priority it may ask for (0-%d; default no limit)", protocol.MaxPriority))
 	fs.BoolVar(&f.preemptibleOnly, "preemptible-only", false, "client: only preemptible leases")
 	fs.StringVar(&f.hostID, "host-id", "", "agent: the host id it registers as")
 	fs.DurationVar(&f.ttl, "ttl", 0, "how long the token is valid, e.g. 720h (0: no expiry)")
@@ -312,7 +311,7 @@ func newACLWhoAmICmd() *cobra.Command {
 // printSecret shows a new token and its secret, once.
 func printSecret(w io.Writer, s *gpupoolv1.AclTokenSecret) error {
 	t := s.GetToken()
-	fmt.Fprintf(w, "accessor: %s\nname:     %s\nkind:     %s\nscope:    %s\n", t.GetAccessorId(), t.GetName(), broker.KindName(t.GetKind()), tokenScope(t))
+	fmt.Fprintf(w, "accessor: %s\nname:     %s\nkind:     %s\nscope:    %s\n", t.GetAccessorId(), t.GetName(), protocol.TokenKindName(t.GetKind()), tokenScope(t))
 	if t.GetExpiresAtMs() != 0 {
 		fmt.Fprintf(w, "expires:  %s\n", formatTimeMs(t.GetExpiresAtMs()))
 	}
@@ -360,8 +359,8 @@ func printTokens(w io.Writer, tokens []*gpupoolv1.AclToken) error {
 		if tok.GetExpiresAtMs() != 0 {
 			expires = formatTimeMs(tok.GetExpiresAtMs())
 		}
-		t.row(tok.GetAccessorId(), tok.GetName(), broker.KindName(tok.GetKind()), tokenScope(tok), tokenState(tok),
-			formatTimeMs(tok.GetCreatedAtMs()), expires, broker.ActorText(tok.GetCreatedBy()))
+		t.row(tok.GetAccessorId(), tok.GetName(), protocol.TokenKindName(tok.GetKind()), tokenScope(tok), tokenState(tok),
+			formatTimeMs(tok.GetCreatedAtMs()), expires, protocol.ActorText(tok.GetCreatedBy()))
 	}
 	return t.flush()
 }

@@ -15,9 +15,9 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/encoding/protojson"
 
-	"github.com/gpupool/gpupool/broker/lease"
 	"github.com/gpupool/gpupool/client"
 	gpupoolv1 "github.com/gpupool/gpupool/proto/gpupool/v1"
+	"github.com/gpupool/gpupool/protocol"
 )
 
 type auditFlags struct {
@@ -35,7 +35,7 @@ func (f *auditFlags) request() (*gpupoolv1.AuditLogRequest, error) {
 	}
 	req := &gpupoolv1.AuditLogRequest{SinceIndex: f.since, Limit: uint32(f.limit), Follow: f.follow}
 	if f.tenant != "" {
-		if err := lease.ValidateTenant("--tenant", f.tenant); err != nil {
+		if err := protocol.ValidateTenant("--tenant", f.tenant); err != nil {
 			return nil, usagef("%v", err)
 		}
 		req.Tenant = f.tenant

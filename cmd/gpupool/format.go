@@ -20,10 +20,10 @@ import (
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/reflect/protoreflect"
 
-	"github.com/gpupool/gpupool/broker"
 	"github.com/gpupool/gpupool/client"
 	"github.com/gpupool/gpupool/internal/quantity"
 	gpupoolv1 "github.com/gpupool/gpupool/proto/gpupool/v1"
+	"github.com/gpupool/gpupool/protocol"
 )
 
 // usageArgs wraps a cobra argument check so that its complaint is a usage
@@ -294,10 +294,10 @@ func printLease(w io.Writer, l *gpupoolv1.Lease) error {
 		kv.row("REASON", l.GetReason())
 	}
 	if a := l.GetGrantedBy(); a != nil {
-		kv.row("GRANTED BY", broker.ActorText(a))
+		kv.row("GRANTED BY", protocol.ActorText(a))
 	}
 	if a := l.GetEndedBy(); a != nil {
-		kv.row("ENDED BY", broker.ActorText(a))
+		kv.row("ENDED BY", protocol.ActorText(a))
 	}
 	if l.GetViolations() > 0 {
 		kv.row("VIOLATIONS", fmt.Sprintf("%d, last: %s", l.GetViolations(), l.GetLastViolation()))

@@ -12,10 +12,10 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/gpupool/gpupool/broker"
 	"github.com/gpupool/gpupool/client"
 	"github.com/gpupool/gpupool/internal/quantity"
 	gpupoolv1 "github.com/gpupool/gpupool/proto/gpupool/v1"
+	"github.com/gpupool/gpupool/protocol"
 )
 
 func newHostCmd() *cobra.Command {
@@ -311,7 +311,7 @@ func printHostDetail(w io.Writer, resp *gpupoolv1.GetHostResponse, now time.Time
 	if d := h.GetDrain(); d != nil {
 		kv.row("DRAIN", fmt.Sprintf("%s; started %s ago; %s", d.GetReason(), ageSince(now, d.GetStartedAtMs()), deadlineText(d, now)))
 		if d.GetBy() != nil {
-			kv.row("DRAINED BY", broker.ActorText(d.GetBy()))
+			kv.row("DRAINED BY", protocol.ActorText(d.GetBy()))
 		}
 	}
 	kv.row("ADDRESS", orDash(h.GetAddress()))

@@ -17,14 +17,8 @@ import (
 
 	"github.com/gpupool/gpupool/client"
 	gpupoolv1 "github.com/gpupool/gpupool/proto/gpupool/v1"
+	"github.com/gpupool/gpupool/protocol"
 )
-
-// defaultDrainDeadline is how long a drain gives leases before revoking
-// them, unless --deadline, --no-deadline or --force says otherwise.
-const defaultDrainDeadline = time.Hour
-
-// maxDrainDeadline matches the brokers' limit (broker.MaxDrainDeadline).
-const maxDrainDeadline = 30 * 24 * time.Hour
 
 // stdoutIsTerminal reports whether w is an interactive terminal, where the
 // drain monitor redraws its line. Tests replace it.
@@ -64,12 +58,12 @@ func (o *drainOpts) check(args []string) error {
 		return usagef("--deadline %s and --no-deadline: give one or the other", o.deadline)
 	case o.deadlineSet && o.deadline <= 0:
 		return usagef("--deadline %s: must be positive; use --force to revoke the leases now, or --no-deadline to wait for them to end", o.deadline)
-	case o.deadlineSet && o.deadline < time.Second:
-		return usagef("--deadline %s: must be at least 1s; use --force to revoke the leases now", o.deadline)
-	case o.deadline > maxDrainDeadline:
-		return usagef("--deadline %s: must be at most %s", o.deadline, maxDrainDeadline)
-	case len(o.reason) > 256:
-		return usagef("--reason: %d bytes, must be at most 256", len(o.reason))
+	case o.deadlineSet && o.deadline < protocol.MinDrainDeadline:
+		return usagef("--deadline %s: must be at least %s; use --force to revoke the leases now", o.deadline, protocol.MinDrainDeadline)
+	case o.deadline > protocol.MaxDrainDeadline:
+		return usagef("--deadline %s: must be at most %s", o.deadline, protocol.MaxDrainDeadline)
+	case len(o.reason) > protocol.MaxDrainReasonLen:
+		return usagef("--reason: %d bytes, must be at most %d", len(o.reason), protocol.MaxDrainReasonLen)
 	}
 	if o.selector != "" {
 		if _, err := parseSelector(o.selector); err != nil {
@@ -233,7 +227,7 @@ exactly, or the hosts by label with --selector key=value[,key=value].`,
 		},
 	}
 	f := cmd.Flags()
-	f.DurationVar(&o.deadline, "deadline", defaultDrainDeadline, "revoke the leases still on the host after this long")
+	f.DurationVar(&o.deadline, "deadline", protocol.DefaultDrainDeadline, "revoke the leases still on the host after this long")
 	f.BoolVar(&o.noDeadline, "no-deadline", false, "never revoke: wait for the leases to end by themselves")
 	f.BoolVar(&o.force, "force", false, "revoke every lease on the host now")
 	f.BoolVar(&o.monitor, "monitor", false, "show progress until the host is drained (default on a terminal)")
@@ -394,37 +388,21 @@ func deadlineText(d *gpupoolv1.HostDrain, now time.Time) string {
 // errDetached means the operator pressed Ctrl-C while monitoring.
 var errDetached = errors.New("detached")
 
-// drainProgress is one host's state as the monitor last read it.
-type drainProgress struct {
-	resp *gpupoolv1.GetHostResponse
-	err  error
-}
-
-// done reports whether there is nothing left to wait for on the host:
-// drained, cancelled, or down with no lease left.
-func (p drainProgress) done() bool {
-	if p.resp == nil {
-		return false
+// drainLine is a host's progress: "gpu-3: draining, 2 leases left,
+// deadline in 58m (14:05:00 UTC)".
+func drainLine(p client.DrainProgress, now time.Time) string {
+	id := p.Host
+	if p.Err != nil {
+		return fmt.Sprintf("%s: %s", id, status.Convert(p.Err).Message())
 	}
-	h := p.resp.GetHost()
-	return h.GetDrain() == nil || h.GetStatus() == gpupoolv1.HostStatus_HOST_STATUS_DRAINED ||
-		(h.GetStatus() == gpupoolv1.HostStatus_HOST_STATUS_DOWN && len(p.resp.GetLeases()) == 0)
-}
-
-// line is the host's progress: "gpu-3: draining, 2 leases left, deadline
-// in 58m (14:05:00 UTC)".
-func (p drainProgress) line(id string, now time.Time) string {
-	if p.err != nil {
-		return fmt.Sprintf("%s: %s", id, status.Convert(p.err).Message())
-	}
-	h := p.resp.GetHost()
+	h := p.Resp.GetHost()
 	switch {
 	case h.GetDrain() == nil:
 		return fmt.Sprintf("%s: drain cancelled (%s)", id, enumLabel(h.GetStatus()))
 	case h.GetStatus() == gpupoolv1.HostStatus_HOST_STATUS_DRAINED:
 		return fmt.Sprintf("%s: drained", id)
 	}
-	return fmt.Sprintf("%s: %s, %s left, %s", id, enumLabel(h.GetStatus()), leasesText(len(p.resp.GetLeases())), deadlineText(h.GetDrain(), now))
+	return fmt.Sprintf("%s: %s, %s left, %s", id, enumLabel(h.GetStatus()), leasesText(len(p.Resp.GetLeases())), deadlineText(h.GetDrain(), now))
 }
 
 // monitorDrain shows the drain of hosts until every one is done, and
@@ -432,30 +410,13 @@ func (p drainProgress) line(id string, now time.Time) string {
 // second; otherwise it prints a line whenever the leases left or a status
 // change. It returns errDetached when ctx ends (Ctrl-C).
 func monitorDrain(ctx context.Context, c *client.Client, w io.Writer, ids []string, redraw bool) ([]*gpupoolv1.DrainHostResponse, error) {
-	tick := time.NewTicker(time.Second)
-	defer tick.Stop()
 	last := ""
-	for {
-		prog := make([]drainProgress, len(ids))
-		all := true
-		for i, id := range ids {
-			cctx, cancel := context.WithTimeout(ctx, global.timeout)
-			resp, err := c.Pool.GetHost(cctx, &gpupoolv1.GetHostRequest{HostId: id})
-			cancel()
-			if ctx.Err() != nil {
-				return nil, errDetached
-			}
-			if status.Code(err) == codes.NotFound {
-				return nil, fmt.Errorf("host %s: %w", id, err)
-			}
-			prog[i] = drainProgress{resp: resp, err: err}
-			all = all && prog[i].done()
-		}
+	out, err := c.WatchDrain(ctx, ids, time.Second, global.timeout, func(prog []client.DrainProgress) {
 		now := time.Now()
 		var lines, keys []string
-		for i, p := range prog {
-			lines = append(lines, p.line(ids[i], now))
-			keys = append(keys, p.line(ids[i], time.Time{}))
+		for _, p := range prog {
+			lines = append(lines, drainLine(p, now))
+			keys = append(keys, drainLine(p, time.Time{}))
 		}
 		text := strings.Join(lines, "; ")
 		if redraw {
@@ -464,26 +425,22 @@ func monitorDrain(ctx context.Context, c *client.Client, w io.Writer, ids []stri
 			fmt.Fprintln(w, text)
 			last = key
 		}
-		if all {
-			if redraw {
-				fmt.Fprintln(w)
-			}
-			var out []*gpupoolv1.DrainHostResponse
-			for _, p := range prog {
-				h := p.resp.GetHost()
-				out = append(out, &gpupoolv1.DrainHostResponse{Host: h, Leases: int32(len(p.resp.GetLeases()))})
-				if h.GetStatus() == gpupoolv1.HostStatus_HOST_STATUS_DRAINED {
-					fmt.Fprintf(w, "host %s is drained and stays out of the pool until 'gpupool host eligibility %s --enable'\n", h.GetId(), h.GetId())
-				}
-			}
-			return out, nil
-		}
-		select {
-		case <-ctx.Done():
-			return nil, errDetached
-		case <-tick.C:
+	})
+	if ctx.Err() != nil {
+		return nil, errDetached
+	}
+	if err != nil {
+		return nil, err
+	}
+	if redraw {
+		fmt.Fprintln(w)
+	}
+	for _, r := range out {
+		if h := r.GetHost(); h.GetStatus() == gpupoolv1.HostStatus_HOST_STATUS_DRAINED {
+			fmt.Fprintf(w, "host %s is drained and stays out of the pool until 'gpupool host eligibility %s --enable'\n", h.GetId(), h.GetId())
 		}
 	}
+	return out, nil
 }
 
 func newHostEligibilityCmd() *cobra.Command {

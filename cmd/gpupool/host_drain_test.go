@@ -16,6 +16,7 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/gpupool/gpupool/client"
 	gpupoolv1 "github.com/gpupool/gpupool/proto/gpupool/v1"
 )
 
@@ -131,27 +132,27 @@ func TestDrainProgressLines(t *testing.T) {
 	deadline := &gpupoolv1.HostDrain{DeadlineMs: now.Add(58*time.Minute + 20*time.Second).UnixMilli()}
 	for _, tc := range []struct {
 		name string
-		p    drainProgress
+		p    client.DrainProgress
 		want string
 		done bool
 	}{
-		{"draining with a deadline", drainProgress{resp: &gpupoolv1.GetHostResponse{Host: host(gpupoolv1.HostStatus_HOST_STATUS_DRAINING, deadline), Leases: make([]*gpupoolv1.Lease, 2)}},
+		{"draining with a deadline", client.DrainProgress{Host: "gpu-3", Resp: &gpupoolv1.GetHostResponse{Host: host(gpupoolv1.HostStatus_HOST_STATUS_DRAINING, deadline), Leases: make([]*gpupoolv1.Lease, 2)}},
 			"gpu-3: draining, 2 leases left, deadline in 58m (13:58:20 UTC)", false},
-		{"draining without a deadline", drainProgress{resp: &gpupoolv1.GetHostResponse{Host: host(gpupoolv1.HostStatus_HOST_STATUS_DRAINING, &gpupoolv1.HostDrain{}), Leases: make([]*gpupoolv1.Lease, 1)}},
+		{"draining without a deadline", client.DrainProgress{Host: "gpu-3", Resp: &gpupoolv1.GetHostResponse{Host: host(gpupoolv1.HostStatus_HOST_STATUS_DRAINING, &gpupoolv1.HostDrain{}), Leases: make([]*gpupoolv1.Lease, 1)}},
 			"gpu-3: draining, 1 lease left, no deadline", false},
-		{"past the deadline, before the revocation lands", drainProgress{resp: &gpupoolv1.GetHostResponse{Host: host(gpupoolv1.HostStatus_HOST_STATUS_DRAINING,
+		{"past the deadline, before the revocation lands", client.DrainProgress{Host: "gpu-3", Resp: &gpupoolv1.GetHostResponse{Host: host(gpupoolv1.HostStatus_HOST_STATUS_DRAINING,
 			&gpupoolv1.HostDrain{DeadlineMs: now.Add(-300 * time.Millisecond).UnixMilli()}), Leases: make([]*gpupoolv1.Lease, 1)}},
 			"gpu-3: draining, 1 lease left, deadline passed (12:59:59 UTC): revoking", false},
-		{"drained", drainProgress{resp: &gpupoolv1.GetHostResponse{Host: host(gpupoolv1.HostStatus_HOST_STATUS_DRAINED, deadline)}}, "gpu-3: drained", true},
-		{"down with nothing left", drainProgress{resp: &gpupoolv1.GetHostResponse{Host: host(gpupoolv1.HostStatus_HOST_STATUS_DOWN, deadline)}},
+		{"drained", client.DrainProgress{Host: "gpu-3", Resp: &gpupoolv1.GetHostResponse{Host: host(gpupoolv1.HostStatus_HOST_STATUS_DRAINED, deadline)}}, "gpu-3: drained", true},
+		{"down with nothing left", client.DrainProgress{Host: "gpu-3", Resp: &gpupoolv1.GetHostResponse{Host: host(gpupoolv1.HostStatus_HOST_STATUS_DOWN, deadline)}},
 			"gpu-3: down, 0 leases left", true},
-		{"cancelled meanwhile", drainProgress{resp: &gpupoolv1.GetHostResponse{Host: host(gpupoolv1.HostStatus_HOST_STATUS_READY, nil)}}, "gpu-3: drain cancelled (ready)", true},
+		{"cancelled meanwhile", client.DrainProgress{Host: "gpu-3", Resp: &gpupoolv1.GetHostResponse{Host: host(gpupoolv1.HostStatus_HOST_STATUS_READY, nil)}}, "gpu-3: drain cancelled (ready)", true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			if got := tc.p.line("gpu-3", now); !strings.HasPrefix(got, tc.want) {
+			if got := drainLine(tc.p, now); !strings.HasPrefix(got, tc.want) {
 				t.Fatalf("got %q, want %q", got, tc.want)
 			}
-			if got := tc.p.done(); got != tc.done {
+			if got := tc.p.Done(); got != tc.done {
 				t.Fatalf("done: got %t, want %t", got, tc.done)
 			}
 		})

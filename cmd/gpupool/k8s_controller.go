@@ -12,10 +12,10 @@ import (
 	"k8s.io/apimachinery/pkg/util/validation"
 	"k8s.io/klog/v2"
 
-	"github.com/gpupool/gpupool/broker/lease"
 	"github.com/gpupool/gpupool/client"
-	"github.com/gpupool/gpupool/client/k8s"
+	"github.com/gpupool/gpupool/k8s"
 	gpupoolv1 "github.com/gpupool/gpupool/proto/gpupool/v1"
+	"github.com/gpupool/gpupool/protocol"
 )
 
 type controllerOpts struct {
@@ -172,13 +172,13 @@ func runK8sController(cmd *cobra.Command, o controllerOpts) error {
 // checkTenantAndTTL checks --tenant and --lease-ttl by the brokers' own
 // rules for a lease request.
 func checkTenantAndTTL(tenant string, ttl time.Duration) error {
-	if ttl < lease.MinTTL || ttl > lease.MaxTTL {
-		return usagef("--lease-ttl %s: must be between %s and %s", ttl, lease.MinTTL, lease.MaxTTL)
+	if ttl < protocol.MinTTL || ttl > protocol.MaxTTL {
+		return usagef("--lease-ttl %s: must be between %s and %s", ttl, protocol.MinTTL, protocol.MaxTTL)
 	}
 	if tenant == "" {
 		return usagef("--tenant is empty: give the broker tenant of the controller's leases, e.g. %s", k8s.DefaultTenant)
 	}
-	err := lease.Validate(&gpupoolv1.LeaseRequest{Count: 1, Exclusive: true, TtlMs: ttl.Milliseconds(), Tenant: tenant})
+	err := protocol.Validate(&gpupoolv1.LeaseRequest{Count: 1, Exclusive: true, TtlMs: ttl.Milliseconds(), Tenant: tenant})
 	if err != nil {
 		return usagef("--%v", err)
 	}

@@ -10,7 +10,7 @@ import (
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 
-	"github.com/gpupool/gpupool/client/k8s"
+	"github.com/gpupool/gpupool/k8s"
 )
 
 type nodePluginOpts struct {

@@ -7,19 +7,15 @@ import (
 	"io"
 	"os"
 	"regexp"
-	"slices"
 	"strconv"
 	"strings"
 	"time"
 
-	"github.com/google/uuid"
 	"github.com/spf13/cobra"
-	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/status"
 
-	"github.com/gpupool/gpupool/broker"
 	"github.com/gpupool/gpupool/client"
 	gpupoolv1 "github.com/gpupool/gpupool/proto/gpupool/v1"
+	"github.com/gpupool/gpupool/protocol"
 )
 
 func newLeaseCmd() *cobra.Command {
@@ -72,18 +68,9 @@ type acquireFlags struct {
 	wait    time.Duration
 	elastic string
 
-	changed func(name string) bool // whether a flag was given
+	changed func(name string) bool   // whether a flag was given
+	lookup  func(name string) string // a flag's value, as typed
 }
-
-const (
-	minLeaseTTL = time.Second
-	maxLeaseTTL = 24 * time.Hour
-	// maxWait is the longest --wait the brokers accept.
-	maxWait = 24 * time.Hour
-)
-
-// newRequestID makes the idempotency key of an acquire that was given none.
-var newRequestID = uuid.NewString
 
 // defaultHolder is "$USER@$HOSTNAME", the holder a lease acquired from a
 // shell names.
@@ -105,6 +92,12 @@ func defaultHolder() string {
 func (f *acquireFlags) register(cmd *cobra.Command) {
 	fs := cmd.Flags()
 	f.changed = fs.Changed
+	f.lookup = func(name string) string {
+		if fl := fs.Lookup(name); fl != nil {
+			return fl.Value.String()
+		}
+		return ""
+	}
 	fs.Int32Var(&f.gpus, "gpus", 1, "how many GPUs (or slices, one per GPU)")
 	fs.StringVar(&f.memory, "memory", "", "GPU memory per slice: 20GiB, 512MiB, or a plain number of MiB")
 	fs.StringVar(&f.compute, "compute", "", "compute per slice in percent of one GPU's SMs, 1-100 (a ceiling, not a reservation)")
@@ -114,7 +107,7 @@ func (f *acquireFlags) register(cmd *cobra.Command) {
 	fs.StringVar(&f.host, "host", "", "only this pool host (exact host ID)")
 	fs.StringArrayVar(&f.labels, "label", nil, "only hosts with this label, key=value (repeatable)")
 	fs.StringVar(&f.topology, "topology", "", "how the GPUs relate: "+strings.Join(enumLabels[gpupoolv1.Topology](), ", ")+" (default: no constraint)")
-	fs.DurationVar(&f.ttl, "ttl", 5*time.Minute, "how long the lease lives without renewal, 1s to 24h")
+	fs.DurationVar(&f.ttl, "ttl", 5*time.Minute, "how long the lease lives without renewal, "+protocol.Human(protocol.MinTTL)+" to "+protocol.Human(protocol.MaxTTL))
 	fs.StringVar(&f.tenant, "tenant", "", `tenant whose quota the lease counts against (default: your client token's first tenant, else "default")`)
 	fs.StringVar(&f.holder, "holder", defaultHolder(), "who holds the lease (free-form: job name, pod UID)")
 	fs.StringVar(&f.requestID, "request-id", "", "idempotency key: acquiring again with the same tenant and key returns the same lease (default: a new UUID)")
@@ -134,7 +127,7 @@ func (f *acquireFlags) registerQueue(cmd *cobra.Command) {
 }
 
 func (f *acquireFlags) registerWait(cmd *cobra.Command) {
-	cmd.Flags().DurationVar(&f.wait, "wait", 0, "wait this long in the queue when the request does not fit now (default 0: fail at once)")
+	cmd.Flags().DurationVar(&f.wait, "wait", 0, "wait this long in the queue when the request does not fit now, up to "+protocol.Human(protocol.MaxWait)+" (default 0: fail at once)")
 }
 
 // acquireOptions are the client options for --wait: the wait, and the
@@ -150,12 +143,6 @@ func (f *acquireFlags) acquireOptions(w io.Writer) []client.AcquireOption {
 // leaseRequest checks the flags and builds the request they describe.
 // Every mistake is a usage error naming the flag and what is allowed.
 func (f *acquireFlags) leaseRequest() (*gpupoolv1.LeaseRequest, error) {
-	if f.gpus < 1 {
-		return nil, usagef("--gpus %d: must be at least 1", f.gpus)
-	}
-	if f.wait < 0 || f.wait > maxWait {
-		return nil, usagef("--wait %s: must be between 0 (the default: fail at once) and %s, e.g. --wait 10m", f.wait, maxWait)
-	}
 	count, elasticMax := f.gpus, int32(0)
 	if f.elastic != "" {
 		var err error
@@ -180,19 +167,22 @@ func (f *acquireFlags) leaseRequest() (*gpupoolv1.LeaseRequest, error) {
 	}
 	slice := f.memory != "" || f.compute != ""
 	switch {
-	case f.exclusive && slice:
-		return nil, usagef("--exclusive leases whole GPUs and cannot be combined with --memory or --compute: drop --exclusive for a fractional slice, or drop --memory and --compute for whole GPUs")
 	case !f.exclusive && !slice:
 		return nil, usagef("say what each GPU should give: --exclusive for whole GPUs, or --memory and --compute for a fractional slice (e.g. --memory 20GiB --compute 25)")
-	case slice && f.memory == "":
+	case !f.exclusive && f.memory == "":
 		return nil, usagef("--compute needs --memory: a fractional slice has both (e.g. --memory 20GiB --compute %s)", f.compute)
-	case slice && f.compute == "":
+	case !f.exclusive && f.compute == "":
 		return nil, usagef("--memory needs --compute: a fractional slice has both (e.g. --memory %s --compute 25)", f.memory)
-	case slice:
+	}
+	// With --exclusive too they are parsed, for the rules to refuse.
+	if f.memory != "" {
 		var err error
 		if req.MemoryMib, err = parseMemoryFlag("memory", f.memory, 1); err != nil {
 			return nil, err
 		}
+	}
+	if f.compute != "" {
+		var err error
 		if req.ComputePercent, err = parsePercentFlag("compute", f.compute); err != nil {
 			return nil, err
 		}
@@ -214,29 +204,11 @@ func (f *acquireFlags) leaseRequest() (*gpupoolv1.LeaseRequest, error) {
 			return nil, err
 		}
 	}
-	if f.ttl < minLeaseTTL || f.ttl > maxLeaseTTL {
-		return nil, usagef("--ttl %s: must be between %s and %s", f.ttl, minLeaseTTL, maxLeaseTTL)
-	}
 	if f.changed("tenant") && strings.TrimSpace(f.tenant) == "" {
 		return nil, usagef("--tenant is empty: name the tenant whose quota the lease counts against, e.g. --tenant default")
 	}
 	if req.Class, err = parseEnumFlag[gpupoolv1.LeaseClass]("class", f.class); err != nil {
 		return nil, err
-	}
-	if elasticMax > 0 {
-		// An elastic lease's extras go wherever there is room, on any
-		// host.
-		switch {
-		case req.Class == gpupoolv1.LeaseClass_LEASE_CLASS_PREEMPTIBLE:
-			return nil, usagef("--elastic with --class preemptible: an elastic lease is guaranteed; its extras are preemptible: drop --class preemptible")
-		case f.topology != "":
-			return nil, usagef("--elastic with --topology %s: an elastic lease's extras go wherever there is room, so its slices have no topology: drop --topology, or drop --elastic", f.topology)
-		case f.hostCPU > 0 || f.hostMemory != "":
-			return nil, usagef("--elastic with --host-cpu or --host-memory: an elastic lease's extras may be on other hosts than the lease, so it holds no host CPU or memory: drop them, or drop --elastic")
-		}
-	}
-	if f.hostCPU < 0 {
-		return nil, usagef("--host-cpu %d: must not be negative (millicores: 1000 = one CPU)", f.hostCPU)
 	}
 	req.HostCpuMillicores = f.hostCPU
 	if f.hostMemory != "" {
@@ -244,12 +216,73 @@ func (f *acquireFlags) leaseRequest() (*gpupoolv1.LeaseRequest, error) {
 			return nil, err
 		}
 	}
-	if req.RequestId == "" {
-		// A key of our own makes the client's retries of this one
-		// acquire idempotent.
-		req.RequestId = newRequestID()
+	// The rules are the protocol's: a field it refuses is reported under
+	// the flag that set it.
+	if err := protocol.Validate(req); err != nil {
+		return nil, f.flagError(err)
 	}
+	if err := protocol.ValidateWait(f.wait.Milliseconds()); err != nil {
+		return nil, f.flagError(err)
+	}
+	// Without --request-id the SDK makes one, so that its retries of this
+	// acquire are idempotent.
 	return req, nil
+}
+
+// acquireFlagOf names the flag of 'lease acquire' that sets each request
+// field the protocol's rules may refuse.
+var acquireFlagOf = map[string]string{
+	"count":                      "gpus",
+	"exclusive":                  "exclusive",
+	"memory_mib":                 "memory",
+	"compute_percent":            "compute",
+	"host_cpu_millicores":        "host-cpu",
+	"host_memory_mib":            "host-memory",
+	"ttl_ms":                     "ttl",
+	"constraints.model":          "model",
+	"constraints.min_memory_mib": "min-memory",
+	"constraints.labels":         "label",
+	"constraints.host":           "host",
+	"topology":                   "topology",
+	"class":                      "class",
+	"priority":                   "priority",
+	"elastic_max":                "elastic",
+	"tenant":                     "tenant",
+	"request_id":                 "request-id",
+	"holder":                     "holder",
+	"wait_ms":                    "wait",
+}
+
+// fieldNamesAsFlags rewrites the request field names a rule's text may
+// mention into the flags that set them.
+var fieldNamesAsFlags = func() *strings.Replacer {
+	var pairs []string
+	for field, flag := range acquireFlagOf {
+		if strings.Contains(field, "_") && !strings.Contains(field, ".") {
+			pairs = append(pairs, field, "--"+flag)
+		}
+	}
+	return strings.NewReplacer(pairs...)
+}()
+
+// flagError turns the protocol's *FieldError into a usage error naming
+// the flag, as typed, and what is allowed.
+func (f *acquireFlags) flagError(err error) error {
+	var fe *protocol.FieldError
+	if !errors.As(err, &fe) {
+		return err
+	}
+	flag, ok := acquireFlagOf[fe.Field]
+	if !ok {
+		return usagef("%v", err)
+	}
+	value := fmt.Sprint(fe.Value)
+	if f.lookup != nil {
+		if v := f.lookup(flag); v != "" {
+			value = v
+		}
+	}
+	return usagef("--%s %s: %s", flag, value, fieldNamesAsFlags.Replace(fe.Allowed))
 }
 
 // parseElasticFlag reads --elastic MIN..MAX: MIN slices guaranteed, up
@@ -550,16 +583,8 @@ a lock-delay passes), and only then is its capacity free for others.`,
 	return cmd
 }
 
-// Renewal pacing of 'lease keepalive'.
-const (
-	// minRenewEvery bounds how often a lease is renewed when the pace
-	// comes from its TTL.
-	minRenewEvery = 500 * time.Millisecond
-	// minInterval is the smallest --interval accepted.
-	minInterval = 100 * time.Millisecond
-	// maxReconnectWait caps the wait between reconnect attempts.
-	maxReconnectWait = 2 * time.Second
-)
+// minInterval is the smallest --interval 'lease keepalive' accepts.
+const minInterval = client.MinRenewInterval
 
 func newLeaseKeepAliveCmd() *cobra.Command {
 	var (
@@ -613,21 +638,25 @@ is dropped, with its extras; when none is left keepalive exits 1.
 				ctx, cancel = callCtx(cmd)
 				defer cancel()
 			}
-			k := &keepAliver{
-				renewals: newRenewals(args, interval, once),
-				open: func(ctx context.Context) (keepAliveStream, error) {
-					return c.Lease.KeepAlive(ctx)
-				},
-				print:  keepAlivePrinter(cmd.OutOrStdout()),
-				stderr: cmd.ErrOrStderr(),
-			}
-			return k.run(ctx)
+			return c.Renew(ctx, args, keepAliveOptions(interval, once, cmd.OutOrStdout(), cmd.ErrOrStderr()))
 		},
 	}
 	fs := cmd.Flags()
 	fs.BoolVar(&once, "once", false, "renew every lease once and exit")
 	fs.DurationVar(&interval, "interval", 0, "renew every lease this often (default: a third of its TTL, but no more often than every 500ms)")
 	return cmd
+}
+
+// keepAliveOptions are the SDK's renewal options for 'lease keepalive':
+// the pace, and the printing of answers to stdout and of outages to
+// stderr.
+func keepAliveOptions(interval time.Duration, once bool, stdout, stderr io.Writer) client.RenewOptions {
+	return client.RenewOptions{
+		Interval: interval,
+		Once:     once,
+		OnAnswer: keepAlivePrinter(stdout),
+		OnBroken: func(why string) { fmt.Fprintf(stderr, "keepalive stream broke: %s; reconnecting…\n", why) },
+	}
 }
 
 // keepAlivePrinter prints keepalive answers as JSON under -o json and as
@@ -663,11 +692,11 @@ func keepAliveLine(r *gpupoolv1.KeepAliveResponse) string {
 			line += " (revoked at " + formatTimeMs(ev.GetDeadlineMs()) + ")"
 		}
 		if a := ev.GetActor(); a != nil {
-			line += " [by " + broker.ActorText(a) + "]"
+			line += " [by " + protocol.ActorText(a) + "]"
 		}
 		return line
 	}
-	if why := renewalFailure(r); why != "" {
+	if why := client.RenewalFailure(r); why != "" {
 		return fmt.Sprintf("not renewed %s: %s", r.GetLeaseId(), why)
 	}
 	return fmt.Sprintf("renewed %s: ttl %s", r.GetLeaseId(), formatMillis(r.GetTtlMs()))
@@ -699,381 +728,4 @@ func extraEventLine(ev *gpupoolv1.LeaseEvent) string {
 		return fmt.Sprintf("shrank %s: extra %s ended%s", x.GetParent(), x.GetId(), why)
 	}
 	return ""
-}
-
-// renewalFailure says why a renewal answer is not a successful renewal, or
-// "" when it is one.
-func renewalFailure(r *gpupoolv1.KeepAliveResponse) string {
-	switch {
-	case r.GetError() != "":
-		return r.GetError()
-	case r.GetState() != gpupoolv1.LeaseState_LEASE_STATE_GRANTED:
-		return fmt.Sprintf("lease is %s, not granted", enumLabel(r.GetState()))
-	}
-	return ""
-}
-
-// renewals is the schedule of 'lease keepalive': which leases are still
-// being renewed, when each is due next, and which could not be renewed.
-// The extras of an elastic lease join the schedule when the lease grows
-// and leave it quietly when they end. It does no I/O and reads no clock,
-// so it is tested with plain times.
-type renewals struct {
-	ids      []string      // the leases, in the order given, without repeats
-	interval time.Duration // fixed pace; 0 paces each lease at a third of its TTL
-	once     bool          // renew each lease once, then drop it
-
-	extras   []string             // extras of those leases, in the order they grew
-	parentOf map[string]string    // extra → the lease it belongs to
-	active   map[string]bool      // leases and extras still to renew
-	next     map[string]time.Time // when an active lease is due; zero while waiting for an answer
-	failed   map[string]string    // lease → why it could not be renewed
-}
-
-func newRenewals(ids []string, interval time.Duration, once bool) *renewals {
-	r := &renewals{interval: interval, once: once, parentOf: map[string]string{},
-		active: map[string]bool{}, next: map[string]time.Time{}, failed: map[string]string{}}
-	for _, id := range ids {
-		if !r.active[id] {
-			r.ids = append(r.ids, id)
-			r.active[id] = true
-		}
-	}
-	return r
-}
-
-// due lists the active leases to renew at now, in the order given, then
-// their extras; all lists every active lease, as on a new stream.
-func (r *renewals) due(now time.Time, all bool) []string {
-	var out []string
-	for _, id := range slices.Concat(r.ids, r.extras) {
-		if !r.active[id] {
-			continue
-		}
-		if at := r.next[id]; all || !at.IsZero() && !at.After(now) {
-			out = append(out, id)
-		}
-	}
-	return out
-}
-
-// sent records that a renewal of id went out at now.
-func (r *renewals) sent(id string, now time.Time) {
-	if r.interval > 0 && !r.once {
-		r.next[id] = now.Add(r.interval)
-	} else {
-		r.next[id] = time.Time{} // due again once answered
-	}
-}
-
-// answer records an answer received at now. Answers about leases not
-// being renewed are ignored. A GROWN event adds the new extra of a lease
-// being renewed, due at once (but not with --once, which renews the
-// leases given only).
-func (r *renewals) answer(resp *gpupoolv1.KeepAliveResponse, now time.Time) {
-	if ev := resp.GetEvent(); ev != nil {
-		id := resp.GetLeaseId()
-		if id == "" {
-			id = ev.GetLease().GetId()
-		}
-		switch ev.GetType() {
-		case gpupoolv1.LeaseEventType_LEASE_EVENT_TYPE_GROWN:
-			if x := ev.GetLease(); r.active[x.GetParent()] && !r.active[x.GetId()] && x.GetId() != "" && !r.once {
-				r.grow(x.GetId(), x.GetParent(), now)
-			}
-		case gpupoolv1.LeaseEventType_LEASE_EVENT_TYPE_RELEASING:
-			if r.active[id] && r.parentOf[id] != "" {
-				r.drop(id, "") // an extra taken back cannot be renewed
-			}
-		case gpupoolv1.LeaseEventType_LEASE_EVENT_TYPE_ENDED:
-			if r.active[id] {
-				r.drop(id, "lease ended: "+orDash(ev.GetMessage()))
-			}
-		}
-		return
-	}
-	id := resp.GetLeaseId()
-	if !r.active[id] {
-		return
-	}
-	if why := renewalFailure(resp); why != "" {
-		r.drop(id, why)
-		return
-	}
-	switch {
-	case r.once:
-		r.drop(id, "")
-	case r.interval == 0:
-		r.next[id] = now.Add(max(time.Duration(resp.GetTtlMs())*time.Millisecond/3, minRenewEvery))
-	}
-}
-
-// repeated reports whether resp announces an extra already being
-// renewed, as the brokers do again on every new stream.
-func (r *renewals) repeated(resp *gpupoolv1.KeepAliveResponse) bool {
-	ev := resp.GetEvent()
-	return ev.GetType() == gpupoolv1.LeaseEventType_LEASE_EVENT_TYPE_GROWN && r.active[ev.GetLease().GetId()]
-}
-
-// grow adds extra, an extra of parent, to the schedule, due at now.
-func (r *renewals) grow(extra, parent string, now time.Time) {
-	if _, known := r.parentOf[extra]; !known {
-		r.extras = append(r.extras, extra)
-		r.parentOf[extra] = parent
-	}
-	r.active[extra] = true
-	r.next[extra] = now
-}
-
-// drop stops renewing id and, for a lease given, its extras. A non-empty
-// why records a failure of a lease given; an extra that ends or cannot be
-// renewed is not one.
-func (r *renewals) drop(id, why string) {
-	delete(r.active, id)
-	delete(r.next, id)
-	if r.parentOf[id] != "" {
-		return
-	}
-	if why != "" {
-		r.failed[id] = why
-	}
-	for _, x := range r.extras {
-		if r.parentOf[x] == id {
-			r.drop(x, "")
-		}
-	}
-}
-
-// wake is the earliest time a lease is due, if any is scheduled.
-func (r *renewals) wake() (time.Time, bool) {
-	var first time.Time
-	for id := range r.active {
-		if at := r.next[id]; !at.IsZero() && (first.IsZero() || at.Before(first)) {
-			first = at
-		}
-	}
-	return first, !first.IsZero()
-}
-
-// done reports whether no lease is left to renew.
-func (r *renewals) done() bool { return len(r.active) == 0 }
-
-// err summarises the failures, in the order the leases were given; nil
-// when every renewal succeeded.
-func (r *renewals) err() error {
-	var msgs []string
-	for _, id := range r.ids {
-		if why, ok := r.failed[id]; ok {
-			msgs = append(msgs, id+": "+why)
-		}
-	}
-	if len(msgs) == 0 {
-		return nil
-	}
-	return fmt.Errorf("%d of %d leases not renewed: %s", len(msgs), len(r.ids), strings.Join(msgs, "; "))
-}
-
-// pending lists the leases still active, in the order given.
-func (r *renewals) pending() []string {
-	var out []string
-	for _, id := range r.ids {
-		if r.active[id] {
-			out = append(out, id)
-		}
-	}
-	return out
-}
-
-// keepAliveStream is the client side of LeaseService.KeepAlive.
-type keepAliveStream interface {
-	Send(*gpupoolv1.KeepAliveRequest) error
-	Recv() (*gpupoolv1.KeepAliveResponse, error)
-	CloseSend() error
-}
-
-// keepAliver runs 'lease keepalive': it drives renewals over a stream and
-// opens a new stream whenever one breaks, until ctx ends or no lease is
-// left to renew.
-type keepAliver struct {
-	renewals *renewals
-	open     func(context.Context) (keepAliveStream, error)
-	print    func(*gpupoolv1.KeepAliveResponse) error
-	stderr   io.Writer
-
-	// now and wait default to the wall clock; tests replace them.
-	now  func() time.Time
-	wait func(ctx context.Context, d time.Duration) error
-	// firstWait is the first pause before reconnecting; it doubles up to
-	// maxReconnectWait. Zero means 50ms.
-	firstWait time.Duration
-}
-
-// run renews until ctx ends (nil: the user stopped it, unless --once was
-// still waiting for answers) or no lease is left (the renewal failures, if
-// any). A stream error that retrying cannot fix is returned as is.
-func (k *keepAliver) run(ctx context.Context) error {
-	if k.now == nil {
-		k.now = time.Now
-	}
-	if k.wait == nil {
-		k.wait = sleepCtx
-	}
-	first := k.firstWait
-	if first == 0 {
-		first = 50 * time.Millisecond
-	}
-	pause := first
-	lastLogged := ""
-	for {
-		answered, err := k.session(ctx)
-		switch {
-		case ctx.Err() != nil && k.renewals.once && !k.renewals.done():
-			return fmt.Errorf("no answer for %s before --timeout: %v", strings.Join(k.renewals.pending(), ", "), ctx.Err())
-		case ctx.Err() != nil:
-			return nil
-		case err == nil:
-			return k.renewals.err()
-		case !retryableStreamError(err):
-			return err
-		}
-		if answered {
-			pause, lastLogged = first, ""
-		}
-		// Say it once per outage, not once per attempt.
-		if msg := brokenStreamText(err); msg != lastLogged {
-			fmt.Fprintf(k.stderr, "keepalive stream broke: %s; reconnecting…\n", msg)
-			lastLogged = msg
-		}
-		if k.wait(ctx, pause) != nil {
-			continue // the top of the loop sorts out why ctx ended
-		}
-		pause = min(2*pause, maxReconnectWait)
-	}
-}
-
-// session runs one stream. It returns nil once no lease is left to renew,
-// or the error that ended the stream; answered tells whether the stream
-// carried any answer.
-func (k *keepAliver) session(ctx context.Context) (answered bool, err error) {
-	r := k.renewals
-	if r.done() {
-		return false, nil
-	}
-	if err := ctx.Err(); err != nil {
-		return false, err
-	}
-	sctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	st, err := k.open(sctx)
-	if err != nil {
-		return false, err
-	}
-	recv := make(chan received)
-	go func() {
-		for {
-			resp, err := st.Recv()
-			select {
-			case recv <- received{resp, err}:
-			case <-sctx.Done():
-				return
-			}
-			if err != nil {
-				return
-			}
-		}
-	}()
-	send := func(ids []string) error {
-		for _, id := range ids {
-			if err := st.Send(&gpupoolv1.KeepAliveRequest{LeaseId: id}); err != nil {
-				return streamError(err)
-			}
-			r.sent(id, k.now())
-		}
-		return nil
-	}
-	if err := send(r.due(k.now(), true)); err != nil {
-		return false, err
-	}
-	for !r.done() {
-		if err := k.step(ctx, recv, send, &answered); err != nil {
-			return answered, err
-		}
-	}
-	st.CloseSend()
-	return answered, nil
-}
-
-// received is one result of Recv on a keepalive stream.
-type received struct {
-	resp *gpupoolv1.KeepAliveResponse
-	err  error
-}
-
-// step waits for the next answer or the next due renewal and handles it.
-func (k *keepAliver) step(ctx context.Context, recv <-chan received, send func([]string) error, answered *bool) error {
-	r := k.renewals
-	var timer <-chan time.Time
-	if at, ok := r.wake(); ok {
-		t := time.NewTimer(at.Sub(k.now()))
-		defer t.Stop()
-		timer = t.C
-	}
-	select {
-	case <-ctx.Done():
-		return ctx.Err()
-	case m := <-recv:
-		if m.err != nil {
-			return streamError(m.err)
-		}
-		*answered = true
-		if !r.repeated(m.resp) {
-			if err := k.print(m.resp); err != nil {
-				return err
-			}
-		}
-		r.answer(m.resp, k.now())
-		return nil
-	case <-timer:
-		return send(r.due(k.now(), false))
-	}
-}
-
-// streamError names a stream's clean end, which io.EOF does not.
-func streamError(err error) error {
-	if err == io.EOF {
-		return errors.New("the broker closed the stream")
-	}
-	return err
-}
-
-// retryableStreamError reports whether a new stream may succeed where err
-// ended the last one: anything but a refusal that another broker would
-// repeat.
-func retryableStreamError(err error) bool {
-	switch status.Code(err) {
-	case codes.InvalidArgument, codes.Unimplemented, codes.PermissionDenied, codes.Unauthenticated:
-		return false
-	}
-	return true
-}
-
-// brokenStreamText describes why a stream broke: the broker's own words
-// and the gRPC code.
-func brokenStreamText(err error) string {
-	if st, ok := status.FromError(err); ok {
-		return fmt.Sprintf("%s (%s)", st.Message(), st.Code())
-	}
-	return err.Error()
-}
-
-// sleepCtx waits for d or until ctx ends.
-func sleepCtx(ctx context.Context, d time.Duration) error {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return ctx.Err()
-	case <-t.C:
-		return nil
-	}
 }

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"io"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -16,6 +17,7 @@ import (
 	"google.golang.org/protobuf/encoding/prototext"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/gpupool/gpupool/client"
 	gpupoolv1 "github.com/gpupool/gpupool/proto/gpupool/v1"
 )
 
@@ -28,8 +30,8 @@ func TestLeaseCommandsRefuseBadInput(t *testing.T) {
 		{"acquire with neither form explains both", []string{"lease", "acquire"}, []string{"--exclusive for whole GPUs", "--memory and --compute", "--memory 20GiB --compute 25"}},
 		{"acquire with --memory alone", []string{"lease", "acquire", "--memory", "20GiB"}, []string{"--memory needs --compute"}},
 		{"acquire with --compute alone", []string{"lease", "acquire", "--compute", "25"}, []string{"--compute needs --memory"}},
-		{"acquire with no GPUs", with("--gpus", "0"), []string{"--gpus 0", "at least 1"}},
-		{"acquire with negative GPUs", with("--gpus", "-2"), []string{"--gpus -2", "at least 1"}},
+		{"acquire with no GPUs", with("--gpus", "0"), []string{"--gpus 0", "between 1 and 256"}},
+		{"acquire with negative GPUs", with("--gpus", "-2"), []string{"--gpus -2", "between 1 and 256"}},
 		{"acquire with decimal GB", []string{"lease", "acquire", "--memory", "20GB", "--compute", "25"}, []string{`--memory "20GB"`, "decimal", "GiB"}},
 		{"acquire with zero memory", []string{"lease", "acquire", "--memory", "0", "--compute", "25"}, []string{`--memory "0"`, "at least 1 MiB"}},
 		{"acquire with a fraction of a MiB", []string{"lease", "acquire", "--memory", "0.0001GiB", "--compute", "25"}, []string{`--memory "0.0001GiB"`, "whole number of MiB"}},
@@ -38,20 +40,20 @@ func TestLeaseCommandsRefuseBadInput(t *testing.T) {
 		{"acquire with fractional compute", []string{"lease", "acquire", "--memory", "1GiB", "--compute", "12.5"}, []string{`--compute "12.5"`, "whole percent"}},
 		{"acquire with an unknown topology", with("--topology", "same-rack"), []string{`--topology "same-rack"`, "same-host, distinct-gpus, same-nvlink, same-pcie-root"}},
 		{"acquire with an unknown class", with("--class", "besteffort"), []string{`--class "besteffort"`, "guaranteed, preemptible"}},
-		{"acquire with a TTL under a second", with("--ttl", "500ms"), []string{"--ttl 500ms", "between 1s and 24h0m0s"}},
-		{"acquire with a TTL over a day", with("--ttl", "25h"), []string{"--ttl 25h0m0s", "between 1s and 24h0m0s"}},
+		{"acquire with a TTL under a second", with("--ttl", "500ms"), []string{"--ttl 500ms", "between 1000 (1s) and 86400000 (24h)"}},
+		{"acquire with a TTL over a day", with("--ttl", "25h"), []string{"--ttl 25h0m0s", "between 1000 (1s) and 86400000 (24h)"}},
 		{"acquire with a label missing =", with("--label", "gpu"), []string{`--label "gpu"`, "key=value"}},
 		{"acquire with a label missing its key", with("--label", "=x"), []string{`--label "=x"`, "key=value"}},
 		{"acquire with two values for one label", with("--label", "zone=a", "--label", "zone=b"), []string{`--label "zone=b"`, `"zone"`, `already given as "a"`}},
 		{"acquire with an empty tenant", with("--tenant", ""), []string{"--tenant is empty"}},
-		{"acquire with negative host CPU", with("--host-cpu", "-1"), []string{"--host-cpu -1", "negative", "millicores"}},
+		{"acquire with negative host CPU", with("--host-cpu", "-1"), []string{"--host-cpu -1", "0 or more", "millicores"}},
 		{"acquire with decimal host memory", with("--host-memory", "16GB"), []string{`--host-memory "16GB"`, "GiB"}},
 		{"acquire with negative min memory", with("--min-memory", "-1GiB"), []string{`--min-memory "-1GiB"`, "negative"}},
 		{"acquire with a positional argument", with("extra"), []string{"accepts 0 arg(s)", "usage: gpupool lease acquire"}},
 		{"acquire with an unknown flag", with("--gpu", "2"), []string{"--gpu"}},
 		{"acquire with a non-number for --gpus", with("--gpus", "two"), []string{"--gpus"}},
 		{"acquire with a bad --ttl", with("--ttl", "5"), []string{"--ttl"}},
-		{"acquire with a negative wait", with("--wait", "-1s"), []string{"--wait -1s", "between 0 (the default: fail at once) and 24h0m0s", "--wait 10m"}},
+		{"acquire with a negative wait", with("--wait", "-1s"), []string{"--wait -1s", "between 0 (fail at once) and 86400000 (24h)"}},
 		{"acquire with a wait over a day", with("--wait", "25h"), []string{"--wait 25h0m0s", "between 0"}},
 		{"acquire with a wait that is not a duration", with("--wait", "10"), []string{"--wait"}},
 		{"acquire with an elastic range without ..", with("--elastic", "2-6"), []string{`--elastic "2-6"`, "MIN..MAX", "--elastic 2..6"}},
@@ -61,9 +63,9 @@ func TestLeaseCommandsRefuseBadInput(t *testing.T) {
 		{"acquire with an elastic MAX under its MIN", with("--elastic", "5..2"), []string{"--elastic 5..2: MAX (2) must be at least MIN (5)"}},
 		{"acquire with --elastic and --gpus", with("--elastic", "2..6", "--gpus", "3"), []string{"--elastic 2..6", "--gpus 3", "keep --elastic", "keep --gpus"}},
 		{"acquire with --elastic and the default --gpus given", with("--gpus", "1", "--elastic", "2..6"), []string{"conflicts with --gpus 1"}},
-		{"acquire of a preemptible elastic lease", with("--elastic", "2..6", "--class", "preemptible"), []string{"an elastic lease is guaranteed; its extras are preemptible", "drop --class preemptible"}},
-		{"acquire of an elastic lease with a topology", with("--elastic", "2..6", "--topology", "same-host"), []string{"--elastic with --topology same-host", "drop --topology"}},
-		{"acquire of an elastic lease with host memory", with("--elastic", "2..6", "--host-memory", "16GiB"), []string{"--elastic with --host-cpu or --host-memory", "other hosts"}},
+		{"acquire of a preemptible elastic lease", with("--elastic", "2..6", "--class", "preemptible"), []string{"--class preemptible", "an elastic lease must be guaranteed (its extra slices are preemptible)", "drop class or --elastic"}},
+		{"acquire of an elastic lease with a topology", with("--elastic", "2..6", "--topology", "same-host"), []string{"--topology same-host", "must be unset for an elastic lease"}},
+		{"acquire of an elastic lease with host memory", with("--elastic", "2..6", "--host-memory", "16GiB"), []string{"--host-memory 16GiB", "must be unset for an elastic lease", "other hosts"}},
 		{"run with a wait over a day", []string{"run", "--exclusive", "--wait", "25h", "--", "true"}, []string{"--wait 25h0m0s", "between 0"}},
 		{"run has no --elastic", []string{"run", "--exclusive", "--elastic", "1..2", "--", "true"}, []string{"--elastic"}},
 		{"keepalive without a lease", []string{"lease", "keepalive"}, []string{"requires at least 1 arg(s)", "LEASE_ID..."}},
@@ -95,22 +97,18 @@ func parseAcquire(t *testing.T, args ...string) (*gpupoolv1.LeaseRequest, error)
 }
 
 func TestAcquireBuildsTheRequest(t *testing.T) {
-	prev := newRequestID
-	newRequestID = func() string { return "generated-id" }
-	t.Cleanup(func() { newRequestID = prev })
-
 	tests := []struct {
 		name string
 		args []string
 		want *gpupoolv1.LeaseRequest
 	}{
 		{
-			name: "a slice gets the defaults and a generated request id",
+			name: "a slice gets the defaults, and no request id (the SDK makes one)",
 			args: []string{"--memory", "20GiB", "--compute", "25%", "--holder", "me@box"},
 			want: &gpupoolv1.LeaseRequest{
 				Count: 1, MemoryMib: 20480, ComputePercent: 25, TtlMs: 300000,
-				RequestId: "generated-id", Holder: "me@box",
-				Class: gpupoolv1.LeaseClass_LEASE_CLASS_GUARANTEED, Constraints: &gpupoolv1.Constraints{},
+				Holder: "me@box", // no request id: the SDK makes one
+				Class:  gpupoolv1.LeaseClass_LEASE_CLASS_GUARANTEED, Constraints: &gpupoolv1.Constraints{},
 			},
 		},
 		{
@@ -132,8 +130,8 @@ func TestAcquireBuildsTheRequest(t *testing.T) {
 			args: []string{"--memory", "20GiB", "--compute", "25", "--elastic", "2..6", "--holder", "me@box", "--wait", "10m"},
 			want: &gpupoolv1.LeaseRequest{
 				Count: 2, ElasticMax: 6, MemoryMib: 20480, ComputePercent: 25, TtlMs: 300000,
-				RequestId: "generated-id", Holder: "me@box",
-				Class: gpupoolv1.LeaseClass_LEASE_CLASS_GUARANTEED, Constraints: &gpupoolv1.Constraints{},
+				Holder: "me@box", // no request id: the SDK makes one
+				Class:  gpupoolv1.LeaseClass_LEASE_CLASS_GUARANTEED, Constraints: &gpupoolv1.Constraints{},
 			},
 		},
 		{
@@ -141,8 +139,8 @@ func TestAcquireBuildsTheRequest(t *testing.T) {
 			args: []string{"--exclusive", "--elastic", " 3..3 ", "--holder", "me@box"},
 			want: &gpupoolv1.LeaseRequest{
 				Count: 3, ElasticMax: 3, Exclusive: true, TtlMs: 300000,
-				RequestId: "generated-id", Holder: "me@box",
-				Class: gpupoolv1.LeaseClass_LEASE_CLASS_GUARANTEED, Constraints: &gpupoolv1.Constraints{},
+				Holder: "me@box", // no request id: the SDK makes one
+				Class:  gpupoolv1.LeaseClass_LEASE_CLASS_GUARANTEED, Constraints: &gpupoolv1.Constraints{},
 			},
 		},
 	}
@@ -156,20 +154,6 @@ func TestAcquireBuildsTheRequest(t *testing.T) {
 				t.Errorf("got  %v\nwant %v", prototext.Format(got), prototext.Format(tt.want))
 			}
 		})
-	}
-}
-
-func TestAcquireMakesAFreshRequestIDEachTime(t *testing.T) {
-	a, err := parseAcquire(t, "--exclusive")
-	if err != nil {
-		t.Fatal(err)
-	}
-	b, err := parseAcquire(t, "--exclusive")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if a.GetRequestId() == "" || a.GetRequestId() == b.GetRequestId() {
-		t.Errorf("request ids %q and %q, want two different non-empty ones", a.GetRequestId(), b.GetRequestId())
 	}
 }
 
@@ -544,123 +528,10 @@ func granted(id string, ttl time.Duration) *gpupoolv1.KeepAliveResponse {
 	return &gpupoolv1.KeepAliveResponse{LeaseId: id, TtlMs: ttl.Milliseconds(), State: gpupoolv1.LeaseState_LEASE_STATE_GRANTED}
 }
 
-func TestRenewalsPaceEachLeaseAtAThirdOfItsTTL(t *testing.T) {
-	t0 := time.Unix(1000, 0)
-	r := newRenewals([]string{"l-1", "l-2", "l-1"}, 0, false)
-	if got := r.due(t0, true); strings.Join(got, ",") != "l-1,l-2" {
-		t.Fatalf("first send = %v, want l-1,l-2 (repeats dropped)", got)
-	}
-	r.sent("l-1", t0)
-	r.sent("l-2", t0)
-	if _, ok := r.wake(); ok {
-		t.Errorf("wake is set before any answer; want renewals to wait for the TTL")
-	}
-	r.answer(granted("l-1", 30*time.Second), t0)
-	r.answer(granted("l-2", 900*time.Millisecond), t0)
-	if at, _ := r.wake(); !at.Equal(t0.Add(minRenewEvery)) {
-		t.Errorf("wake = %v, want t0+500ms (a third of 900ms is under the minimum)", at.Sub(t0))
-	}
-	if got := r.due(t0.Add(time.Second), false); strings.Join(got, ",") != "l-2" {
-		t.Errorf("due at t0+1s = %v, want l-2", got)
-	}
-	if got := r.due(t0.Add(10*time.Second), false); strings.Join(got, ",") != "l-1,l-2" {
-		t.Errorf("due at t0+10s = %v, want l-1,l-2", got)
-	}
-	r.answer(&gpupoolv1.KeepAliveResponse{LeaseId: "l-2", Error: "lease l-2 not found"}, t0)
-	r.answer(granted("l-other", time.Second), t0)
-	if r.done() || strings.Join(r.pending(), ",") != "l-1" {
-		t.Errorf("pending = %v, want l-1 only", r.pending())
-	}
-	r.answer(&gpupoolv1.KeepAliveResponse{Event: &gpupoolv1.LeaseEvent{Type: gpupoolv1.LeaseEventType_LEASE_EVENT_TYPE_ENDED,
-		Lease: &gpupoolv1.Lease{Id: "l-1"}, Message: "revoked"}}, t0)
-	if !r.done() {
-		t.Errorf("an ended lease is still renewed")
-	}
-	if err := r.err(); err == nil || !strings.Contains(err.Error(), "2 of 2 leases not renewed: l-1: lease ended: revoked; l-2: lease l-2 not found") {
-		t.Errorf("err = %v, want both failures in order", err)
-	}
-}
-
-func TestRenewalsAtAFixedInterval(t *testing.T) {
-	t0 := time.Unix(1000, 0)
-	r := newRenewals([]string{"l-1"}, 10*time.Second, false)
-	r.sent("l-1", t0)
-	if at, ok := r.wake(); !ok || !at.Equal(t0.Add(10*time.Second)) {
-		t.Errorf("wake = %v, %v; want t0+10s even before an answer", at, ok)
-	}
-	r.answer(granted("l-1", time.Hour), t0.Add(time.Second))
-	if at, _ := r.wake(); !at.Equal(t0.Add(10 * time.Second)) {
-		t.Errorf("an answer moved the fixed schedule to %v", at.Sub(t0))
-	}
-}
-
-func TestRenewalsOnceDropsEachLeaseWhenAnswered(t *testing.T) {
-	r := newRenewals([]string{"l-1", "l-2"}, 0, true)
-	r.answer(granted("l-1", time.Minute), time.Time{})
-	if r.done() {
-		t.Fatal("done before l-2 was answered")
-	}
-	r.answer(granted("l-2", time.Minute), time.Time{})
-	if !r.done() || r.err() != nil {
-		t.Errorf("done = %v, err = %v; want done with no error", r.done(), r.err())
-	}
-}
-
-func TestRenewalsFollowTheExtrasOfAnElasticLease(t *testing.T) {
-	t0 := time.Unix(1000, 0)
-	r := newRenewals([]string{"l-1", "l-2"}, 0, false)
-	r.sent("l-1", t0)
-	r.sent("l-2", t0)
-	r.answer(granted("l-1", 30*time.Second), t0)
-	r.answer(granted("l-2", 30*time.Second), t0)
-
-	r.answer(grownResp(extraLease("x-1", "l-1")), t0)
-	r.answer(grownResp(extraLease("x-2", "l-1")), t0)
-	r.answer(grownResp(extraLease("x-3", "l-other")), t0) // not a lease being renewed
-	if got := r.due(t0, false); strings.Join(got, ",") != "x-1,x-2" {
-		t.Fatalf("due after growing = %v, want the new extras at once", got)
-	}
-	if !r.repeated(grownResp(extraLease("x-1", "l-1"))) || r.repeated(grownResp(extraLease("x-4", "l-1"))) {
-		t.Errorf("repeated: want true for x-1 (known), false for x-4 (new)")
-	}
-	r.sent("x-1", t0)
-	r.sent("x-2", t0)
-	r.answer(granted("x-1", 30*time.Second), t0)
-	r.answer(granted("x-2", 30*time.Second), t0)
-	if got := r.due(t0.Add(10*time.Second), false); strings.Join(got, ",") != "l-1,l-2,x-1,x-2" {
-		t.Errorf("due at t0+10s = %v, want the leases given, then the extras", got)
-	}
-	if got := r.due(t0, true); strings.Join(got, ",") != "l-1,l-2,x-1,x-2" {
-		t.Errorf("due on a new stream = %v, want the extras too", got)
-	}
-
-	// An extra that ends, or cannot be renewed, is dropped quietly.
-	r.answer(extraEvent(gpupoolv1.LeaseEventType_LEASE_EVENT_TYPE_ENDED, "x-1", "l-1", "revoked", 0), t0)
-	r.answer(&gpupoolv1.KeepAliveResponse{LeaseId: "x-2", Error: "lease x-2 not found"}, t0)
-	if got := r.due(t0, true); strings.Join(got, ",") != "l-1,l-2" {
-		t.Errorf("due after the extras ended = %v, want l-1,l-2", got)
-	}
-	if err := r.err(); err != nil {
-		t.Errorf("err = %v, want none: an extra's end is not a failure", err)
-	}
-
-	// A lease that ends takes its extras with it.
-	r.answer(grownResp(extraLease("x-5", "l-1")), t0)
-	r.answer(endedResp("l-1", "released"), t0)
-	if got := r.due(t0, true); strings.Join(got, ",") != "l-2" {
-		t.Errorf("due after l-1 ended = %v, want l-2 alone", got)
-	}
-	if err := r.err(); err == nil || !strings.Contains(err.Error(), "1 of 2 leases not renewed: l-1: lease ended: released") {
-		t.Errorf("err = %v, want l-1's end counted among the leases given", err)
-	}
-}
-
-func TestRenewalsOnceDoesNotTakeOnExtras(t *testing.T) {
-	r := newRenewals([]string{"l-1"}, 0, true)
-	r.answer(grownResp(extraLease("x-1", "l-1")), time.Time{})
-	if got := r.due(time.Time{}, true); strings.Join(got, ",") != "l-1" {
-		t.Errorf("due = %v, want l-1 alone with --once", got)
-	}
+// received is one scripted result of Recv on a keepalive stream.
+type received struct {
+	resp *gpupoolv1.KeepAliveResponse
+	err  error
 }
 
 // fakeStream answers each Send with whatever reply returns for the lease.
@@ -697,7 +568,7 @@ type fakeBroker struct {
 	openErr error
 }
 
-func (b *fakeBroker) open(ctx context.Context) (keepAliveStream, error) {
+func (b *fakeBroker) open(ctx context.Context) (client.KeepAliveStream, error) {
 	if b.openErr != nil {
 		return nil, b.openErr
 	}
@@ -709,14 +580,25 @@ func (b *fakeBroker) open(ctx context.Context) (keepAliveStream, error) {
 	return s, nil
 }
 
-func newTestKeepAliver(b *fakeBroker, r *renewals) (*keepAliver, *bytes.Buffer, *bytes.Buffer) {
-	var out, errOut bytes.Buffer
-	var waits []time.Duration
-	k := &keepAliver{
-		renewals: r, open: b.open, print: keepAlivePrinter(&out), stderr: &errOut,
-		wait: func(_ context.Context, d time.Duration) error { waits = append(waits, d); return nil },
-	}
-	return k, &out, &errOut
+// testKeepAlive runs 'lease keepalive' as the command does, over the
+// fake broker's streams, and returns its result, stdout and stderr.
+type testKeepAlive struct {
+	b      *fakeBroker
+	ids    []string
+	opts   client.RenewOptions
+	out    bytes.Buffer
+	errOut bytes.Buffer
+}
+
+func newTestKeepAliver(b *fakeBroker, ids []string, interval time.Duration, once bool) (*testKeepAlive, *bytes.Buffer, *bytes.Buffer) {
+	k := &testKeepAlive{b: b, ids: ids}
+	k.opts = keepAliveOptions(interval, once, &k.out, &k.errOut)
+	k.opts.Stream = b.open
+	return k, &k.out, &k.errOut
+}
+
+func (k *testKeepAlive) run(ctx context.Context) error {
+	return (&client.Client{}).Renew(ctx, k.ids, k.opts)
 }
 
 func unavailable(string) []received {
@@ -728,7 +610,7 @@ func TestKeepAliveOnceRenewsEveryLease(t *testing.T) {
 	b := &fakeBroker{scripts: []func(string) []received{
 		func(id string) []received { return []received{{resp: granted(id, 10*time.Minute)}} },
 	}}
-	k, out, _ := newTestKeepAliver(b, newRenewals([]string{"l-1", "l-2"}, 0, true))
+	k, out, _ := newTestKeepAliver(b, []string{"l-1", "l-2"}, 0, true)
 	if err := k.run(context.Background()); err != nil {
 		t.Fatalf("run: %v", err)
 	}
@@ -747,7 +629,7 @@ func TestKeepAliveOnceFailsWhenARenewalFails(t *testing.T) {
 			return []received{{resp: granted(id, time.Minute)}}
 		},
 	}}
-	k, out, _ := newTestKeepAliver(b, newRenewals([]string{"l-1", "l-2"}, 0, true))
+	k, out, _ := newTestKeepAliver(b, []string{"l-1", "l-2"}, 0, true)
 	err := k.run(context.Background())
 	if err == nil || !strings.Contains(err.Error(), "l-2: lease l-2 not found") {
 		t.Errorf("run = %v, want the failure of l-2", err)
@@ -764,7 +646,7 @@ func TestKeepAliveReconnectsAfterTheStreamBreaks(t *testing.T) {
 		unavailable,
 		func(id string) []received { return []received{{resp: granted(id, time.Minute)}} },
 	}}
-	k, out, errOut := newTestKeepAliver(b, newRenewals([]string{"l-1"}, 0, true))
+	k, out, errOut := newTestKeepAliver(b, []string{"l-1"}, 0, true)
 	if err := k.run(context.Background()); err != nil {
 		t.Fatalf("run: %v", err)
 	}
@@ -789,7 +671,7 @@ func TestKeepAliveCarriesOnAcrossFailoverUntilNoLeaseIsLeft(t *testing.T) {
 			return []received{{resp: &gpupoolv1.KeepAliveResponse{LeaseId: id, State: gpupoolv1.LeaseState_LEASE_STATE_EXPIRED}}}
 		},
 	}}
-	k, out, errOut := newTestKeepAliver(b, newRenewals([]string{"l-1"}, 0, false))
+	k, out, errOut := newTestKeepAliver(b, []string{"l-1"}, 0, false)
 	err := k.run(context.Background())
 	if err == nil || !strings.Contains(err.Error(), "l-1: lease is expired") {
 		t.Errorf("run = %v, want the expiry of l-1", err)
@@ -822,7 +704,7 @@ func TestKeepAliveRenewsTheExtrasOfAnElasticLeaseAcrossReconnects(t *testing.T) 
 				{resp: endedResp("l-1", "released")}}
 		},
 	}}
-	k, out, _ := newTestKeepAliver(b, newRenewals([]string{"l-1"}, 0, false))
+	k, out, _ := newTestKeepAliver(b, []string{"l-1"}, 0, false)
 	err := k.run(context.Background())
 	if err == nil || err.Error() != "1 of 1 leases not renewed: l-1: lease ended: released" {
 		t.Errorf("run = %v, want l-1's end alone", err)
@@ -852,21 +734,21 @@ func TestKeepAliveStopsCleanlyWhenCancelled(t *testing.T) {
 	setOutput(t, "json")
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	sends, printed := 0, 0
+	var sends, printed atomic.Int32
 	b := &fakeBroker{scripts: []func(string) []received{
 		func(id string) []received {
 			// Renewed at a fixed 1ms pace; Ctrl-C once a renewal was
 			// printed and the timer sent another one.
-			if sends++; sends >= 2 && printed >= 1 {
+			if sends.Add(1) >= 2 && printed.Load() >= 1 {
 				cancel()
 				return nil
 			}
 			return []received{{resp: granted(id, time.Minute)}}
 		},
 	}}
-	k, out, _ := newTestKeepAliver(b, newRenewals([]string{"l-1"}, time.Millisecond, false))
-	print := k.print
-	k.print = func(r *gpupoolv1.KeepAliveResponse) error { printed++; return print(r) }
+	k, out, _ := newTestKeepAliver(b, []string{"l-1"}, time.Millisecond, false)
+	print := k.opts.OnAnswer
+	k.opts.OnAnswer = func(r *gpupoolv1.KeepAliveResponse) error { printed.Add(1); return print(r) }
 	if err := k.run(ctx); err != nil {
 		t.Errorf("run after cancel = %v, want nil (Ctrl-C exits 0)", err)
 	}
@@ -877,7 +759,7 @@ func TestKeepAliveStopsCleanlyWhenCancelled(t *testing.T) {
 
 func TestKeepAliveGivesUpOnErrorsRetryingCannotFix(t *testing.T) {
 	b := &fakeBroker{openErr: status.Error(codes.Unimplemented, "unknown service")}
-	k, _, _ := newTestKeepAliver(b, newRenewals([]string{"l-1"}, 0, false))
+	k, _, _ := newTestKeepAliver(b, []string{"l-1"}, 0, false)
 	if err := k.run(context.Background()); status.Code(err) != codes.Unimplemented {
 		t.Errorf("run = %v, want Unimplemented", err)
 	}
@@ -888,7 +770,7 @@ func TestKeepAliveOnceReportsLeasesLeftUnanswered(t *testing.T) {
 	b := &fakeBroker{scripts: []func(string) []received{
 		func(string) []received { cancel(); return nil },
 	}}
-	k, _, _ := newTestKeepAliver(b, newRenewals([]string{"l-1"}, 0, true))
+	k, _, _ := newTestKeepAliver(b, []string{"l-1"}, 0, true)
 	err := k.run(ctx)
 	if err == nil || !strings.Contains(err.Error(), "no answer for l-1") {
 		t.Errorf("run = %v, want an error naming l-1", err)

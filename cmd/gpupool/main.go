@@ -127,7 +127,6 @@ Start a local cluster with 'gpupool dev', then try:
 		newOperatorCmd(),
 		newK8sNodePluginCmd(),
 		newK8sControllerCmd(),
-		newBenchCmd(),
 	)
 	return root
 }

@@ -10,25 +10,15 @@ import (
 	"io"
 	"os"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"time"
 
 	"github.com/mattn/go-isatty"
 	"github.com/spf13/cobra"
-	"google.golang.org/grpc/metadata"
 
 	"github.com/gpupool/gpupool/client"
 	gpupoolv1 "github.com/gpupool/gpupool/proto/gpupool/v1"
 )
-
-// snapshotIndexTrailer is the gRPC trailer in which a broker may report
-// the Raft index a saved snapshot was taken at.
-const snapshotIndexTrailer = "gpupool-snapshot-index"
-
-// snapshotChunkSize is how much of a snapshot file goes in one message,
-// well below gRPC's default 4 MiB limit.
-const snapshotChunkSize = 1 << 20
 
 func newOperatorCmd() *cobra.Command {
 	return newGroupCmd(&cobra.Command{
@@ -280,29 +270,15 @@ Raise --timeout for a large state.`,
 				return err
 			}
 			return withClient(cmd, func(ctx context.Context, c *client.Client) error {
-				stream, err := c.Operator.SnapshotSave(ctx, &gpupoolv1.SnapshotSaveRequest{})
+				n, index, err := c.SaveSnapshot(ctx, path)
 				if err != nil {
 					return err
 				}
-				n, err := receiveSnapshot(stream.Recv, path)
-				if err != nil {
-					return err
-				}
-				saved := snapshotSaved{File: path, Bytes: n, Index: trailerIndex(stream.Trailer())}
+				saved := snapshotSaved{File: path, Bytes: n, Index: index}
 				return printSnapshotSaved(cmd.OutOrStdout(), saved)
 			})
 		},
 	}
-}
-
-// trailerIndex reads the snapshot index trailer, 0 when absent.
-func trailerIndex(md metadata.MD) uint64 {
-	for _, v := range md.Get(snapshotIndexTrailer) {
-		if n, err := strconv.ParseUint(v, 10, 64); err == nil {
-			return n
-		}
-	}
-	return 0
 }
 
 func printSnapshotSaved(w io.Writer, s snapshotSaved) error {
@@ -320,69 +296,6 @@ func printSnapshotSaved(w io.Writer, s snapshotSaved) error {
 	}
 	_, err := fmt.Fprintln(w, line)
 	return err
-}
-
-// receiveSnapshot writes the chunks recv yields until io.EOF into path,
-// atomically: into a temporary file in the same directory, synced and then
-// renamed over path. On any error path is left as it was and the temporary
-// file is removed. It returns the bytes written.
-func receiveSnapshot(recv func() (*gpupoolv1.SnapshotChunk, error), path string) (n int64, err error) {
-	tmp, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".tmp-*")
-	if err != nil {
-		return 0, err
-	}
-	defer func() {
-		if err != nil {
-			tmp.Close()
-			os.Remove(tmp.Name())
-		}
-	}()
-	for {
-		chunk, err := recv()
-		if err == io.EOF {
-			break
-		}
-		if err != nil {
-			return n, err
-		}
-		m, err := tmp.Write(chunk.GetData())
-		n += int64(m)
-		if err != nil {
-			return n, err
-		}
-	}
-	if n == 0 {
-		return 0, errors.New("the broker sent an empty snapshot; nothing saved")
-	}
-	if err := tmp.Sync(); err != nil {
-		return n, err
-	}
-	if err := tmp.Close(); err != nil {
-		return n, err
-	}
-	return n, os.Rename(tmp.Name(), path)
-}
-
-// sendSnapshot sends the contents of r in chunks and returns the bytes
-// sent.
-func sendSnapshot(r io.Reader, send func(*gpupoolv1.SnapshotChunk) error) (int64, error) {
-	buf := make([]byte, snapshotChunkSize)
-	var n int64
-	for {
-		m, err := io.ReadFull(r, buf)
-		if m > 0 {
-			if err := send(&gpupoolv1.SnapshotChunk{Data: append([]byte(nil), buf[:m]...)}); err != nil {
-				return n, err
-			}
-			n += int64(m)
-		}
-		if err == io.EOF || err == io.ErrUnexpectedEOF {
-			return n, nil
-		}
-		if err != nil {
-			return n, err
-		}
-	}
 }
 
 // stdinIsTerminal reports whether r is an interactive terminal, where a
@@ -456,17 +369,7 @@ question (required when stdin is not a terminal, e.g. in scripts).`,
 			}
 			defer f.Close()
 			return withClient(cmd, func(ctx context.Context, c *client.Client) error {
-				stream, err := c.Operator.SnapshotRestore(ctx)
-				if err != nil {
-					return err
-				}
-				n, err := sendSnapshot(f, stream.Send)
-				if err != nil && err != io.EOF {
-					return err
-				}
-				// On io.EOF from Send the broker ended the stream; its
-				// reason comes from CloseAndRecv.
-				resp, err := stream.CloseAndRecv()
+				n, resp, err := c.RestoreSnapshot(ctx, f)
 				if err != nil {
 					return err
 				}

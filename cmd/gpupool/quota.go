@@ -9,9 +9,9 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/gpupool/gpupool/broker/lease"
 	"github.com/gpupool/gpupool/client"
 	gpupoolv1 "github.com/gpupool/gpupool/proto/gpupool/v1"
+	"github.com/gpupool/gpupool/protocol"
 )
 
 func newQuotaCmd() *cobra.Command {
@@ -53,7 +53,7 @@ type quotaFlags struct {
 // quota reads the flags into a quota for tenant. Every dimension not
 // given is unlimited (0).
 func (f *quotaFlags) quota(cmd *cobra.Command, tenant string) (*gpupoolv1.Quota, error) {
-	if err := lease.ValidateTenant("TENANT", tenant); err != nil {
+	if err := protocol.ValidateTenant("TENANT", tenant); err != nil {
 		return nil, usagef("%v", err)
 	}
 	fs := cmd.Flags()
@@ -141,7 +141,7 @@ after the quota was lowered below what the tenant held.`,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			req := &gpupoolv1.ListQuotasRequest{Stale: stale}
 			if len(args) == 1 {
-				if err := lease.ValidateTenant("TENANT", args[0]); err != nil {
+				if err := protocol.ValidateTenant("TENANT", args[0]); err != nil {
 					return usagef("%v", err)
 				}
 				req.Tenant = args[0]
@@ -174,7 +174,7 @@ func newQuotaRemoveCmd() *cobra.Command {
 		Example: `  gpupool operator quota rm sim`,
 		Args:    exactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			if err := lease.ValidateTenant("TENANT", args[0]); err != nil {
+			if err := protocol.ValidateTenant("TENANT", args[0]); err != nil {
 				return usagef("%v", err)
 			}
 			return withClient(cmd, func(ctx context.Context, c *client.Client) error {

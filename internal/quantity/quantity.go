@@ -1,7 +1,7 @@
 // Package quantity parses and formats the units gpupool users type: GPU
 // memory in binary units (MiB, GiB, TiB) and compute in whole percent.
 //
-// Memory is counted in whole MiB everywhere (see DESIGN.md §3), so every
+// Memory is counted in whole MiB everywhere (the API's unit), so every
 // size a parser accepts is an exact, non-negative number of MiB no larger
 // than MaxMiB. Decimal (SI) units such as GB are refused rather than
 // guessed: GPU memory is binary, and 20GB is not 20GiB.

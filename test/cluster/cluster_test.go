@@ -8,10 +8,12 @@ import (
 	"context"
 	"fmt"
 	"github.com/gpupool/gpupool/agent/sandbox"
+	"math/rand/v2"
 	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -42,15 +44,40 @@ func TestMain(m *testing.M) {
 	os.Exit(code)
 }
 
-// freePort asks the kernel for a free port on ip.
+// freePort returns an address on ip that nothing listens on, for a child
+// process to bind. The port is below the kernel's ephemeral range: a port
+// the kernel handed out for :0 was free only until the next process
+// (another test on a busy machine) asked for one, and a broker that lost
+// its port that way failed with "address already in use". The kernel never
+// hands out these ports; only an explicit bind can take one.
 func freePort(t *testing.T, ip string) string {
 	t.Helper()
-	l, err := net.Listen("tcp", net.JoinHostPort(ip, "0"))
+	const from = 10000
+	if lo := ephemeralStart(); lo > from+1000 {
+		for range 200 {
+			if l, err := net.Listen("tcp", net.JoinHostPort(ip, strconv.Itoa(from+rand.IntN(lo-from)))); err == nil {
+				defer l.Close()
+				return l.Addr().String()
+			}
+		}
+	}
+	l, err := net.Listen("tcp", net.JoinHostPort(ip, "0")) // the kernel's, as a last resort
 	if err != nil {
-		t.Fatal(err)
+		t.Fatalf("no free port on %s: %v", ip, err)
 	}
 	defer l.Close()
 	return l.Addr().String()
+}
+
+// ephemeralStart is the first port the kernel hands out for :0.
+func ephemeralStart() int {
+	b, err := os.ReadFile("/proc/sys/net/ipv4/ip_local_port_range")
+	if f := strings.Fields(string(b)); err == nil && len(f) == 2 {
+		if n, err := strconv.Atoi(f[0]); err == nil {
+			return n
+		}
+	}
+	return 32768 // Linux's default
 }
 
 // proc is one gpupool child process.

@@ -34,7 +34,7 @@ import (
 // What the scenarios rely on of the driver's contract
 // (docs/architecture.md, "Kubernetes (issue 5)"), spelled out as the
 // contract says them: the scenarios check the binaries against it, and
-// importing client/k8s would also add its CDI module to this module's
+// importing the k8s package would also add its CDI module to this module's
 // requirements.
 const (
 	scnConditionLeased      = "Leased"

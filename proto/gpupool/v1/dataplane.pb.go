@@ -1,5 +1,5 @@
 // The data plane between a lease holder and the agent on the pool host
-// that holds its slices (DESIGN section 6).
+// that holds its slices (docs/architecture.md, "Data plane").
 //
 // Transport: QUIC (TLS 1.3, ALPN "gpupool-dp/1"), the agent's certificate
 // pinned by the SHA-256 of its DER. Each bidirectional stream carries one

@@ -1,11 +1,16 @@
+// Command gpupool-bench runs gpupool's benchmarks. It is a binary of its
+// own so that the product binary, gpupool, links none of them (nor the
+// etcd client the lease benchmark compares against).
 package main
 
 import (
 	"context"
+	"fmt"
 	"io"
+	"os"
+	"os/signal"
 	"strings"
-
-	"github.com/spf13/cobra"
+	"syscall"
 
 	dataplanebench "github.com/gpupool/gpupool/bench/dataplane"
 	failoverbench "github.com/gpupool/gpupool/bench/failover"
@@ -38,42 +43,55 @@ func benchmarkNames() string {
 	return strings.Join(names, ", ")
 }
 
-func newBenchCmd() *cobra.Command {
-	cmd := &cobra.Command{
-		Use:   "bench NAME [flags]",
-		Short: "Run a benchmark; results go to bench/results/NAME.{json,md,png}",
-		Long: `Bench runs one of gpupool's benchmarks, each a side-by-side comparison with
-the baseline a user would pick instead, in one run. Each prints progress to
+func usage() string {
+	var b strings.Builder
+	b.WriteString(`Usage: gpupool-bench NAME [flags]
+
+Runs one of gpupool's benchmarks, each a side-by-side comparison with the
+baseline a user would pick instead, in one run. Each prints progress to
 stderr and writes JSON, a markdown table and, where a curve says more, a PNG
 to bench/results (most take --out). Runs are seeded and repeatable.
 Benchmarks never run in 'make test'; 'make bench' runs all of them.
 
-Benchmarks: ` + benchmarkNames() + `.
-'gpupool bench NAME --help' shows a benchmark's flags.`,
-		Example: `  gpupool bench placement --policy all --seeds 10
-  gpupool bench lease --clients 1,16 --duration 5s
-  gpupool bench dataplane --size 256MiB
-  gpupool bench placement --help`,
-		Args: func(cmd *cobra.Command, args []string) error {
-			if len(args) == 0 {
-				return usagef("name a benchmark: %s", benchmarkNames())
-			}
-			return usagef("unknown benchmark %q: must be one of %s", args[0], benchmarkNames())
-		},
-		RunE: func(*cobra.Command, []string) error { return nil },
+Benchmarks:
+`)
+	for _, bm := range benchmarks {
+		fmt.Fprintf(&b, "  %-10s %s\n", bm.name, bm.short)
+	}
+	b.WriteString(`
+'gpupool-bench NAME --help' shows a benchmark's flags.
+
+Examples:
+  gpupool-bench placement --policy all --seeds 10
+  gpupool-bench lease --clients 1,16 --duration 5s
+  gpupool-bench dataplane --size 256MiB
+`)
+	return b.String()
+}
+
+func main() {
+	os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
+}
+
+// run runs the benchmark args name and returns the exit code: the
+// benchmark's own, or 2 for a missing or unknown name.
+func run(args []string, stdout, stderr io.Writer) int {
+	if len(args) == 0 {
+		fmt.Fprintf(stderr, "error: name a benchmark: %s\n\n%s", benchmarkNames(), usage())
+		return 2
+	}
+	switch args[0] {
+	case "-h", "--help", "help":
+		fmt.Fprint(stdout, usage())
+		return 0
 	}
 	for _, b := range benchmarks {
-		cmd.AddCommand(&cobra.Command{
-			Use:                b.name + " [flags]",
-			Short:              b.short,
-			DisableFlagParsing: true, // the benchmark parses its own
-			RunE: func(cmd *cobra.Command, args []string) error {
-				if code := b.run(cmd.Context(), args, cmd.OutOrStdout(), cmd.ErrOrStderr()); code != 0 {
-					return &exitError{code: code} // it said why itself
-				}
-				return nil
-			},
-		})
+		if b.name == args[0] {
+			ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+			defer stop()
+			return b.run(ctx, args[1:], stdout, stderr)
+		}
 	}
-	return cmd
+	fmt.Fprintf(stderr, "error: unknown benchmark %q: must be one of %s\n", args[0], benchmarkNames())
+	return 2
 }

@@ -1,4 +1,4 @@
-package broker
+package planner
 
 import (
 	"fmt"
@@ -12,7 +12,7 @@ import (
 
 // testPool builds ready hosts of 80 GiB GPUs (name → GPU count) and
 // allocates the leases on them.
-func testPool(gpus map[string]int, leases ...*gpupoolv1.Lease) *workPool {
+func testPool(gpus map[string]int, leases ...*gpupoolv1.Lease) *Pool {
 	var hosts []*gpupoolv1.Host
 	for _, id := range slices.Sorted(maps.Keys(gpus)) {
 		h := &gpupoolv1.Host{Id: id, Status: gpupoolv1.HostStatus_HOST_STATUS_READY, Eligible: true}
@@ -22,12 +22,22 @@ func testPool(gpus map[string]int, leases ...*gpupoolv1.Lease) *workPool {
 		}
 		hosts = append(hosts, h)
 	}
-	p := copyPool(hosts)
+	p := NewPool(hosts)
 	for _, l := range leases {
-		p.allocate(l)
+		p.Allocate(l)
 	}
 	return p
 }
+
+// policy places with one of placement's policies, as the broker's placer
+// does without FGD's learned mix or a window.
+type policy string
+
+func (p policy) Place(hosts []*gpupoolv1.Host, r *gpupoolv1.LeaseRequest) ([]*gpupoolv1.Slice, error) {
+	return placement.Place(hosts, r, string(p))
+}
+
+const binpack = policy(placement.Binpack)
 
 func gpuID(host string, i int) string { return fmt.Sprintf("%s-gpu%d", host, i) }
 
@@ -75,8 +85,8 @@ func TestChooseVictimsLowestPriorityThenYoungestAndNoMore(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			p := testPool(map[string]int{"h1": 3}, a, b, c)
-			victims, ss := chooseVictims(p, tt.req, newPlacer(placement.Binpack, 0), []*gpupoolv1.Lease{a, b, c})
-			if got := ids(victims); !slices.Equal(got, tt.want) {
+			victims, ss := Victims(p, tt.req, binpack, []*gpupoolv1.Lease{a, b, c})
+			if got := IDs(victims); !slices.Equal(got, tt.want) {
 				t.Fatalf("victims %v, want %v", got, tt.want)
 			}
 			if len(tt.want) > 0 && len(ss) != int(tt.req.Count) {
@@ -97,16 +107,16 @@ func TestChooseVictimsDropsVictimsTheFitDoesNotNeed(t *testing.T) {
 	v1 := held("v1", pre, 0, 300, "h1/0:10240")
 	v2 := held("v2", pre, 0, 100, "h2/0")
 	p := testPool(map[string]int{"h1": 1, "h2": 1}, g, v1, v2)
-	victims, ss := chooseVictims(p, &gpupoolv1.LeaseRequest{Count: 1, Exclusive: true}, newPlacer(placement.Binpack, 0), []*gpupoolv1.Lease{v1, v2})
-	if got := ids(victims); !slices.Equal(got, []string{"v2"}) {
+	victims, ss := Victims(p, &gpupoolv1.LeaseRequest{Count: 1, Exclusive: true}, binpack, []*gpupoolv1.Lease{v1, v2})
+	if got := IDs(victims); !slices.Equal(got, []string{"v2"}) {
 		t.Fatalf("victims %v, want [v2]", got)
 	}
 	if ss[0].Host != "h2" {
 		t.Fatalf("placed on %s, want h2", ss[0].Host)
 	}
 	// The pool itself is untouched.
-	if d := p.devs[gpuID("h2", 0)]; !d.AllocatedExclusive {
-		t.Fatal("chooseVictims changed the pool it was given")
+	if d := p.Host("h2").Devices[0]; !d.AllocatedExclusive {
+		t.Fatal("Victims changed the pool it was given")
 	}
 }
 
@@ -116,9 +126,9 @@ func TestVictimOrder(t *testing.T) {
 		held("old-low", pre, 1, 100), held("young-low", pre, 1, 900),
 		held("tie-b", pre, 1, 500), held("tie-a", pre, 1, 500),
 	}
-	slices.SortFunc(ls, victimOrder)
+	slices.SortFunc(ls, VictimOrder)
 	want := []string{"young-low", "tie-a", "tie-b", "old-low", "young-high", "old-high"}
-	if got := ids(ls); !slices.Equal(got, want) {
+	if got := IDs(ls); !slices.Equal(got, want) {
 		t.Fatalf("order %v, want %v", got, want)
 	}
 }

@@ -1,0 +1,70 @@
+package broker
+
+import (
+	"time"
+
+	"github.com/hashicorp/raft"
+	"google.golang.org/protobuf/proto"
+
+	"github.com/gpupool/gpupool/broker/fsm"
+)
+
+// Proposer is the broker's one way to change the replicated state: every
+// command (Acquire's grants, the queue's plans, timers, admin calls) is
+// proposed through it. The server's is Raft; tests wrap it with a double
+// that fails chosen commands before they reach the log.
+type Proposer interface {
+	// Propose sends cmd to the log and returns at once, without waiting
+	// for it to commit. Commands proposed one after another commit in
+	// that order. Only the leader proposes.
+	Propose(cmd proto.Message) Proposal
+}
+
+// Proposal is a command sent to the log and not yet known to commit.
+type Proposal interface {
+	// Wait blocks until the command is applied on this server and returns
+	// its result. The error is the result's own error (the FSM refused
+	// the command: the result may still say why), or a Raft error mapped
+	// to one clients can act on (see raftError), with a nil result.
+	Wait() (*fsm.Result, error)
+}
+
+// raftProposer proposes commands to Raft.
+type raftProposer struct{ r *raft.Raft }
+
+func (p raftProposer) Propose(cmd proto.Message) Proposal {
+	b, err := fsm.Encode(cmd)
+	if err != nil {
+		return failed{err}
+	}
+	return raftProposal{p.r.Apply(b, applyTimeout)}
+}
+
+type raftProposal struct{ f raft.ApplyFuture }
+
+func (p raftProposal) Wait() (*fsm.Result, error) {
+	if err := p.f.Error(); err != nil {
+		return nil, raftError(err)
+	}
+	res := p.f.Response().(*fsm.Result)
+	return res, res.Err
+}
+
+// failed is a proposal that could not be sent.
+type failed struct{ err error }
+
+func (p failed) Wait() (*fsm.Result, error) { return nil, p.err }
+
+// applyTimeout bounds how long a command may wait to be enqueued.
+const applyTimeout = 10 * time.Second
+
+// apply proposes cmd and waits until it is applied here; see Proposal.
+// Only the leader calls it, and never under placeMu (see doc.go).
+func (s *Server) apply(cmd proto.Message) (*fsm.Result, error) {
+	return s.proposer.Propose(cmd).Wait()
+}
+
+// applyAsync proposes cmd and returns at once; see Proposer.
+func (s *Server) applyAsync(cmd proto.Message) Proposal {
+	return s.proposer.Propose(cmd)
+}
