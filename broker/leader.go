@@ -28,6 +28,9 @@ type leaderState struct {
 	preempt      *lease.Timers
 	pendingGrace *lease.Timers
 	kick         chan struct{} // asks for a pass of the queue
+	// verifier confirms that this server still leads before a renewal
+	// is answered; one per term.
+	verifier *leadVerifier
 
 	// expireMu orders renewals against expiry: a renewal that is answered
 	// happens entirely before or after an expiry is decided.
@@ -81,6 +84,7 @@ func (s *Server) startLeading() func() {
 		leaseWatch: map[string][]chan struct{}{},
 		kick:       make(chan struct{}, 1),
 	}
+	ls.verifier = newLeadVerifier(func() error { return s.raft.VerifyLeader().Error() })
 	ls.ttl = lease.NewTimers(s.cfg.Clock, s.expireLease)
 	ls.heartbeat = lease.NewTimers(s.cfg.Clock, s.hostMissedHeartbeats)
 	ls.lockDelay = lease.NewTimers(s.cfg.Clock, s.lockDelayPassed)

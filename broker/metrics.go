@@ -18,6 +18,9 @@ type metrics struct {
 	reg      *prometheus.Registry
 	acquires *prometheus.CounterVec
 	latency  prometheus.Histogram
+	// renewVerifyFailures counts renewals refused because this server
+	// could not confirm that it still leads.
+	renewVerifyFailures prometheus.Counter
 }
 
 func newMetrics(s *Server) *metrics {
@@ -30,8 +33,11 @@ func newMetrics(s *Server) *metrics {
 			Name: "gpupool_acquire_seconds", Help: "Time to place and commit a grant on the leader.",
 			Buckets: prometheus.ExponentialBuckets(0.0005, 2, 14),
 		}),
+		renewVerifyFailures: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "gpupool_renewals_unconfirmed_total", Help: "Renewals refused because this server could not confirm that it still leads.",
+		}),
 	}
-	m.reg.MustRegister(m.acquires, m.latency, stateCollector{s},
+	m.reg.MustRegister(m.acquires, m.latency, m.renewVerifyFailures, stateCollector{s},
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }
