@@ -135,6 +135,12 @@ func (s *Server) lead(ls *leaderState, events <-chan fsm.Event) {
 		s.runQueue(ls)
 	}()
 	defer func() { <-queueDone }()
+	versionsDone := make(chan struct{})
+	go func() {
+		defer close(versionsDone)
+		s.watchServerVersions(ls)
+	}()
+	defer func() { <-versionsDone }()
 	ls.kickQueue()
 	for {
 		select {
@@ -198,7 +204,7 @@ func (s *Server) upsertServers() {
 		if cur != nil && cur.RpcAddress == rpc && cur.RaftAddress == string(srv.Address) {
 			continue
 		}
-		if _, err := s.apply(&gpupoolv1.UpsertServerCommand{Id: id, RpcAddress: rpc, RaftAddress: string(srv.Address)}); err != nil {
+		if _, err := s.apply(keepVersion(s, &gpupoolv1.UpsertServerCommand{Id: id, RpcAddress: rpc, RaftAddress: string(srv.Address)})); err != nil {
 			s.log.Warn("record server address", "id", id, "err", err)
 		}
 	}

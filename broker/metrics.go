@@ -63,11 +63,12 @@ var (
 	descLeases    = prometheus.NewDesc("gpupool_leases", "Leases by state.", []string{"state"}, nil)
 	descLeader    = prometheus.NewDesc("gpupool_raft_leader", "1 if this server is the Raft leader.", nil, nil)
 	descApplied   = prometheus.NewDesc("gpupool_raft_applied_index", "Raft index of the last applied command.", nil, nil)
+	descUnknown   = prometheus.NewDesc("gpupool_fsm_unknown_commands_total", "Log entries of command types this server's binary does not know, which it did not apply (upgrade it).", nil, nil)
 	descTimerLens = prometheus.NewDesc("gpupool_leader_timers", "Deadlines the leader tracks, by kind (0 on followers).", []string{"kind"}, nil)
 )
 
 func (c stateCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{descHosts, descGPUs, descMemory, descCompute, descLeases, descLeader, descApplied, descTimerLens} {
+	for _, d := range []*prometheus.Desc{descHosts, descGPUs, descMemory, descCompute, descLeases, descLeader, descApplied, descUnknown, descTimerLens} {
 		ch <- d
 	}
 }
@@ -120,6 +121,7 @@ func (c stateCollector) Collect(ch chan<- prometheus.Metric) {
 	}
 	ch <- prometheus.MustNewConstMetric(descLeader, prometheus.GaugeValue, leader)
 	ch <- prometheus.MustNewConstMetric(descApplied, prometheus.GaugeValue, float64(st.Index()))
+	ch <- prometheus.MustNewConstMetric(descUnknown, prometheus.CounterValue, float64(c.s.fsm.UnknownCommands()))
 	var ttl, hb, ld float64
 	if ls := c.s.currentLeader(); ls != nil {
 		ttl, hb, ld = float64(ls.ttl.Len()), float64(ls.heartbeat.Len()), float64(ls.lockDelay.Len())
