@@ -8,7 +8,7 @@ PROTO_FILES := $(wildcard proto/gpupool/v1/*.proto)
 export CGO_CFLAGS ?= -O2 -g -Wno-deprecated-declarations
 PKG_RACE := ./broker/... ./agent/... ./client/... ./k8s/... ./protocol/... ./internal/... ./token/... ./dataplane/...
 
-.PHONY: all build test dev proto proto-check lint lint-refs bench bench-dataplane bench-placement bench-lease bench-failover bench-scale bench-go tools clean test-unit test-cluster helm chart test-k8s bench-k8s elastic-demo fuzz test-robustness soak robustness-tools
+.PHONY: all build test dev proto proto-check lint lint-refs bench bench-dataplane bench-placement bench-lease bench-failover bench-scale bench-go tools clean test-unit test-cluster helm chart test-k8s bench-k8s elastic-demo fuzz test-robustness soak robustness-tools test-upgrade
 
 all: build
 
@@ -148,6 +148,9 @@ robustness-tools: # ip, tc (iproute2) and iptables, installed from Debian when m
 	       (apt-get update -q >/dev/null && apt-get install -y -q $${t##*:} >/dev/null)); }; \
 	  done; \
 	else echo "robustness: not root, so no network namespaces: the runs use the TCP proxy"; fi
+
+test-upgrade: ## build an older commit (git archive), run a 3-broker cluster of it with leases held, upgrade it one process at a time to this build (a few minutes)
+	GPUPOOL_UPGRADE_TEST=1 $(GO) test -v -count=1 -timeout 20m -run 'TestRollingUpgrade' ./test/cluster | grep --line-buffered -v '^=== \(RUN\|PAUSE\|CONT\)'; exit $${PIPESTATUS[0]}
 
 test-robustness: robustness-tools fuzz ## fuzz targets (FUZZTIME each), then a 60s fault run on 3 brokers + 3 agents checked by porcupine, and the cut-off-agent double-holder measurement (about 5 min)
 	rm -rf $(ROBUSTNESS_OUT) && mkdir -p $(ROBUSTNESS_OUT)
