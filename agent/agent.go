@@ -69,8 +69,13 @@ type Config struct {
 	// Logger receives state changes; nil discards them.
 	Logger *slog.Logger
 
-	// DataDir holds one state file per enforced lease; required.
+	// DataDir holds one state file per enforced lease, and the agent's
+	// memory of GPU health and unacknowledged events (memory.go);
+	// required.
 	DataDir string
+	// HealthyAfter is how long after its last critical event an unhealthy
+	// GPU counts as healthy again; 0 means DefaultHealthyAfter.
+	HealthyAfter time.Duration
 	// Enforcement tunes the watchdog; zero fields take the defaults.
 	Enforcement Enforcement
 	// MPS runs the MPS daemons of shared GPUs; nil means this host has no
@@ -127,6 +132,8 @@ func (c *Config) validate() error {
 type Agent struct {
 	cfg Config
 	log *slog.Logger
+	// memoryMu serialises writes of the agent's memory file (memory.go).
+	memoryMu sync.Mutex
 
 	leases *leaseTable
 	keys   keyring
@@ -192,7 +199,7 @@ func New(cfg Config) (*Agent, error) {
 		leases:  newLeaseTable(),
 		files:   files,
 		procs:   workload.NewTable(cfg.ProcRoot),
-		health:  health{sick: map[string]string{}},
+		health:  health{sick: map[string]string{}, sickAt: map[string]time.Time{}},
 		kickCh:  make(chan struct{}, 1),
 	}, nil
 }
@@ -229,6 +236,9 @@ func (a *Agent) Run(ctx context.Context) error {
 	// through it.
 	certSHA, err := a.startDataPlane(ctx)
 	if err != nil {
+		return err
+	}
+	if err := a.loadMemory(); err != nil {
 		return err
 	}
 	if err := a.resume(ctx); err != nil {

@@ -145,7 +145,9 @@ func (a *Agent) heartbeat(ctx context.Context, ac gpupoolv1.AgentServiceClient, 
 				tick.Reset(interval)
 			}
 			quiet.Reset(silence())
-			a.leases.ack(resp.GetAckedEventSeq())
+			if a.leases.ack(resp.GetAckedEventSeq()) {
+				a.saveMemory()
+			}
 			a.follow(ctx, resp, time.Now())
 		}
 	}

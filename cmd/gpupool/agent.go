@@ -25,22 +25,23 @@ import (
 var machineIDFile = "/etc/machine-id"
 
 type agentOpts struct {
-	tokenFile  string
-	dataBind   string
-	dataDir    string
-	mps        string
-	simControl string
-	enforce    agent.Enforcement
-	metrics    string
-	brokers    string
-	simulate   string
-	hostID     string
-	address    string
-	labels     []string
-	cpu        int64
-	hostMemory int64
-	logLevel   string
-	insecure   bool
+	tokenFile    string
+	dataBind     string
+	dataDir      string
+	mps          string
+	simControl   string
+	enforce      agent.Enforcement
+	healthyAfter time.Duration
+	metrics      string
+	brokers      string
+	simulate     string
+	hostID       string
+	address      string
+	labels       []string
+	cpu          int64
+	hostMemory   int64
+	logLevel     string
+	insecure     bool
 }
 
 func newAgentCmd() *cobra.Command {
@@ -130,6 +131,7 @@ else the hostname.`,
 	f.DurationVar(&o.enforce.Grace, "watchdog-grace", agent.DefaultGrace, "how long a lease may exceed its memory before its processes are stopped")
 	f.DurationVar(&o.enforce.KillAfter, "kill-after", agent.DefaultKillAfter, "how long a process has after SIGTERM before SIGKILL")
 	f.DurationVar(&o.enforce.ExpiryGrace, "expiry-grace", agent.DefaultExpiryGrace, "how long past its expiry a lease's processes run while the brokers are unreachable")
+	f.DurationVar(&o.healthyAfter, "healthy-after", agent.DefaultHealthyAfter, "how long after its last critical event (Xid, ECC, lost) a GPU marked unhealthy counts as healthy again; the mark survives restarts (DATA_DIR/memory.json)")
 	f.BoolVar(&o.insecure, "insecure", false, insecureUsage)
 	cmd.AddCommand(newAgentSimulateCmd())
 	return cmd
@@ -192,7 +194,7 @@ func runAgent(cmd *cobra.Command, o agentOpts) error {
 	for _, d := range []struct {
 		flag string
 		v    time.Duration
-	}{{"watchdog-poll", o.enforce.Poll}, {"watchdog-grace", o.enforce.Grace}, {"kill-after", o.enforce.KillAfter}, {"expiry-grace", o.enforce.ExpiryGrace}} {
+	}{{"watchdog-poll", o.enforce.Poll}, {"watchdog-grace", o.enforce.Grace}, {"kill-after", o.enforce.KillAfter}, {"expiry-grace", o.enforce.ExpiryGrace}, {"healthy-after", o.healthyAfter}} {
 		if d.v <= 0 {
 			return usagef("--%s %s: must be positive, e.g. 500ms or 2s", d.flag, d.v)
 		}
@@ -267,6 +269,7 @@ func runAgent(cmd *cobra.Command, o agentOpts) error {
 		Logger:        logger,
 		DataDir:       o.dataDir,
 		Enforcement:   o.enforce,
+		HealthyAfter:  o.healthyAfter,
 		MPS:           mpsCtl,
 		DataBind:      o.dataBind,
 		TLS:           tlsConfigOf(src),
