@@ -148,6 +148,9 @@ func (a *Agent) heartbeat(ctx context.Context, ac gpupoolv1.AgentServiceClient, 
 			if a.leases.ack(resp.GetAckedEventSeq()) {
 				a.saveMemory()
 			}
+			if ids := resp.GetClearHealth(); len(ids) > 0 {
+				a.clearHealth(ids)
+			}
 			a.follow(ctx, resp, time.Now())
 		}
 	}

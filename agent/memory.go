@@ -22,8 +22,9 @@ import (
 // read back before the agent registers.
 //
 // A GPU marked unhealthy stays unhealthy across restarts until
-// Config.HealthyAfter has passed since its last critical event (or an
-// operator clears it; see the host gpu-health command).
+// Config.HealthyAfter has passed since its last critical event, or an
+// operator clears it ('gpupool host gpu-health HOST GPU --clear', which
+// reaches the agent in a heartbeat response: clearHealth).
 
 // memoryFile is the file, in the data dir, that holds the agent's memory.
 const memoryFile = "memory.json"
@@ -152,4 +153,31 @@ func (a *Agent) healAfterLocked(now time.Time) bool {
 		healed = true
 	}
 	return healed
+}
+
+// clearHealth forgets the unhealthy marks of the devices an operator
+// cleared (uuids; unknown ones are ignored). A GPU-lost mark covers every
+// device, so clearing any device clears it too. The next heartbeat, sent
+// at once, reports them healthy.
+func (a *Agent) clearHealth(uuids []string) {
+	a.health.mu.Lock()
+	changed := false
+	for _, uuid := range uuids {
+		if why, ok := a.health.sick[uuid]; ok {
+			a.log.Warn("GPU unhealthy mark cleared by an operator", "device", uuid, "was", why)
+			delete(a.health.sick, uuid)
+			delete(a.health.sickAt, uuid)
+			changed = true
+		}
+		if a.health.allLost != "" {
+			a.log.Warn("GPU-lost mark cleared by an operator", "device", uuid, "was", a.health.allLost)
+			a.health.allLost = ""
+			changed = true
+		}
+	}
+	a.health.mu.Unlock()
+	if changed {
+		a.saveMemory()
+		a.kick()
+	}
 }

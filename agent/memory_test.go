@@ -111,3 +111,21 @@ func TestACorruptMemoryFileIsMovedAsideAndForgotten(t *testing.T) {
 		t.Fatalf("the corrupt file was not moved aside: %v", err)
 	}
 }
+
+func TestAClearedGPUIsHealthyAndStaysSoAcrossARestart(t *testing.T) {
+	cfg := testConfig(t, "127.0.0.1:1")
+	a := restarted(t, cfg)
+	var uuid string
+	for u := range a.devices {
+		uuid = u
+		break
+	}
+	a.markUnhealthy(uuid, "Xid 79")
+	a.clearHealth([]string{uuid, "GPU-not-here"})
+	if h, why := a.healthOf(uuid); h != gpupoolv1.DeviceHealth_DEVICE_HEALTH_HEALTHY {
+		t.Fatalf("after the clear: got %v %q, want healthy", h, why)
+	}
+	if h, _ := restarted(t, cfg).healthOf(uuid); h != gpupoolv1.DeviceHealth_DEVICE_HEALTH_HEALTHY {
+		t.Fatalf("after the clear and a restart: got %v, want healthy", h)
+	}
+}

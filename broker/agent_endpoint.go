@@ -99,6 +99,7 @@ func (e agentService) Heartbeat(stream grpc.BidiStreamingServer[gpupoolv1.Heartb
 			}
 			resp := e.s.assignments(ls, hostID)
 			resp.AckedEventSeq = acked
+			resp.ClearHealth = ls.healthClearsFor(hostID, r)
 			return stream.Send(resp)
 		},
 		func(ev fsm.Event) error {

@@ -45,6 +45,9 @@ type leaderState struct {
 	drainRetry map[string]drainRetry      // guarded by mu; host → retry
 	waiters    map[string]int             // guarded by mu; pending lease → Acquire calls waiting on it
 	leaseWatch map[string][]chan struct{} // guarded by mu; lease → channels signalled when it changes
+	// healthClears are the GPUs whose unhealthy mark an operator cleared
+	// and whose agent has not reported them healthy yet.
+	healthClears map[string]map[string]bool // guarded by mu; host → device uuids
 }
 
 // monitorLeadership starts and stops the leader's duties as raft reports
@@ -79,10 +82,11 @@ func (s *Server) startLeading() func() {
 		confirmed: map[string]map[string]bool{},
 		reports:   map[string]*hostReport{},
 
-		drainRetry: map[string]drainRetry{},
-		waiters:    map[string]int{},
-		leaseWatch: map[string][]chan struct{}{},
-		kick:       make(chan struct{}, 1),
+		drainRetry:   map[string]drainRetry{},
+		waiters:      map[string]int{},
+		leaseWatch:   map[string][]chan struct{}{},
+		healthClears: map[string]map[string]bool{},
+		kick:         make(chan struct{}, 1),
 	}
 	ls.verifier = newLeadVerifier(func() error { return s.raft.VerifyLeader().Error() })
 	ls.ttl = lease.NewTimers(s.cfg.Clock, s.expireLease)

@@ -34,6 +34,7 @@ hosts take new leases.`,
 		newHostGetCmd(),
 		newHostDrainCmd(),
 		newHostEligibilityCmd(),
+		newHostGPUHealthCmd(),
 	)
 }
 

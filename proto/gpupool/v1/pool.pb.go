@@ -21,6 +21,105 @@ const (
 	_ = protoimpl.EnforceVersion(protoimpl.MaxVersion - 20)
 )
 
+type ClearDeviceHealthRequest struct {
+	state  protoimpl.MessageState `protogen:"open.v1"`
+	HostId string                 `protobuf:"bytes,1,opt,name=host_id,json=hostId,proto3" json:"host_id,omitempty"`
+	// The GPU: its index on the host or its uuid.
+	Device        string `protobuf:"bytes,2,opt,name=device,proto3" json:"device,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ClearDeviceHealthRequest) Reset() {
+	*x = ClearDeviceHealthRequest{}
+	mi := &file_gpupool_v1_pool_proto_msgTypes[0]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ClearDeviceHealthRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ClearDeviceHealthRequest) ProtoMessage() {}
+
+func (x *ClearDeviceHealthRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_gpupool_v1_pool_proto_msgTypes[0]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ClearDeviceHealthRequest.ProtoReflect.Descriptor instead.
+func (*ClearDeviceHealthRequest) Descriptor() ([]byte, []int) {
+	return file_gpupool_v1_pool_proto_rawDescGZIP(), []int{0}
+}
+
+func (x *ClearDeviceHealthRequest) GetHostId() string {
+	if x != nil {
+		return x.HostId
+	}
+	return ""
+}
+
+func (x *ClearDeviceHealthRequest) GetDevice() string {
+	if x != nil {
+		return x.Device
+	}
+	return ""
+}
+
+type ClearDeviceHealthResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The GPU as the brokers see it now (still unhealthy until its agent
+	// acts on the clear).
+	Device        *Device `protobuf:"bytes,1,opt,name=device,proto3" json:"device,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ClearDeviceHealthResponse) Reset() {
+	*x = ClearDeviceHealthResponse{}
+	mi := &file_gpupool_v1_pool_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ClearDeviceHealthResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ClearDeviceHealthResponse) ProtoMessage() {}
+
+func (x *ClearDeviceHealthResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_gpupool_v1_pool_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ClearDeviceHealthResponse.ProtoReflect.Descriptor instead.
+func (*ClearDeviceHealthResponse) Descriptor() ([]byte, []int) {
+	return file_gpupool_v1_pool_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *ClearDeviceHealthResponse) GetDevice() *Device {
+	if x != nil {
+		return x.Device
+	}
+	return nil
+}
+
 type DrainHostRequest struct {
 	state  protoimpl.MessageState `protogen:"open.v1"`
 	HostId string                 `protobuf:"bytes,1,opt,name=host_id,json=hostId,proto3" json:"host_id,omitempty"`
@@ -42,7 +141,7 @@ type DrainHostRequest struct {
 
 func (x *DrainHostRequest) Reset() {
 	*x = DrainHostRequest{}
-	mi := &file_gpupool_v1_pool_proto_msgTypes[0]
+	mi := &file_gpupool_v1_pool_proto_msgTypes[2]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -54,7 +153,7 @@ func (x *DrainHostRequest) String() string {
 func (*DrainHostRequest) ProtoMessage() {}
 
 func (x *DrainHostRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_gpupool_v1_pool_proto_msgTypes[0]
+	mi := &file_gpupool_v1_pool_proto_msgTypes[2]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -67,7 +166,7 @@ func (x *DrainHostRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DrainHostRequest.ProtoReflect.Descriptor instead.
 func (*DrainHostRequest) Descriptor() ([]byte, []int) {
-	return file_gpupool_v1_pool_proto_rawDescGZIP(), []int{0}
+	return file_gpupool_v1_pool_proto_rawDescGZIP(), []int{2}
 }
 
 func (x *DrainHostRequest) GetHostId() string {
@@ -122,7 +221,7 @@ type SetEligibilityRequest struct {
 
 func (x *SetEligibilityRequest) Reset() {
 	*x = SetEligibilityRequest{}
-	mi := &file_gpupool_v1_pool_proto_msgTypes[1]
+	mi := &file_gpupool_v1_pool_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -134,7 +233,7 @@ func (x *SetEligibilityRequest) String() string {
 func (*SetEligibilityRequest) ProtoMessage() {}
 
 func (x *SetEligibilityRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_gpupool_v1_pool_proto_msgTypes[1]
+	mi := &file_gpupool_v1_pool_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -147,7 +246,7 @@ func (x *SetEligibilityRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetEligibilityRequest.ProtoReflect.Descriptor instead.
 func (*SetEligibilityRequest) Descriptor() ([]byte, []int) {
-	return file_gpupool_v1_pool_proto_rawDescGZIP(), []int{1}
+	return file_gpupool_v1_pool_proto_rawDescGZIP(), []int{3}
 }
 
 func (x *SetEligibilityRequest) GetHostId() string {
@@ -173,7 +272,7 @@ type SetEligibilityResponse struct {
 
 func (x *SetEligibilityResponse) Reset() {
 	*x = SetEligibilityResponse{}
-	mi := &file_gpupool_v1_pool_proto_msgTypes[2]
+	mi := &file_gpupool_v1_pool_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -185,7 +284,7 @@ func (x *SetEligibilityResponse) String() string {
 func (*SetEligibilityResponse) ProtoMessage() {}
 
 func (x *SetEligibilityResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_gpupool_v1_pool_proto_msgTypes[2]
+	mi := &file_gpupool_v1_pool_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -198,7 +297,7 @@ func (x *SetEligibilityResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetEligibilityResponse.ProtoReflect.Descriptor instead.
 func (*SetEligibilityResponse) Descriptor() ([]byte, []int) {
-	return file_gpupool_v1_pool_proto_rawDescGZIP(), []int{2}
+	return file_gpupool_v1_pool_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *SetEligibilityResponse) GetHost() *Host {
@@ -219,7 +318,7 @@ type DrainHostResponse struct {
 
 func (x *DrainHostResponse) Reset() {
 	*x = DrainHostResponse{}
-	mi := &file_gpupool_v1_pool_proto_msgTypes[3]
+	mi := &file_gpupool_v1_pool_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -231,7 +330,7 @@ func (x *DrainHostResponse) String() string {
 func (*DrainHostResponse) ProtoMessage() {}
 
 func (x *DrainHostResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_gpupool_v1_pool_proto_msgTypes[3]
+	mi := &file_gpupool_v1_pool_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -244,7 +343,7 @@ func (x *DrainHostResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DrainHostResponse.ProtoReflect.Descriptor instead.
 func (*DrainHostResponse) Descriptor() ([]byte, []int) {
-	return file_gpupool_v1_pool_proto_rawDescGZIP(), []int{3}
+	return file_gpupool_v1_pool_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *DrainHostResponse) GetHost() *Host {
@@ -270,7 +369,7 @@ type ListHostsRequest struct {
 
 func (x *ListHostsRequest) Reset() {
 	*x = ListHostsRequest{}
-	mi := &file_gpupool_v1_pool_proto_msgTypes[4]
+	mi := &file_gpupool_v1_pool_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -282,7 +381,7 @@ func (x *ListHostsRequest) String() string {
 func (*ListHostsRequest) ProtoMessage() {}
 
 func (x *ListHostsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_gpupool_v1_pool_proto_msgTypes[4]
+	mi := &file_gpupool_v1_pool_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -295,7 +394,7 @@ func (x *ListHostsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListHostsRequest.ProtoReflect.Descriptor instead.
 func (*ListHostsRequest) Descriptor() ([]byte, []int) {
-	return file_gpupool_v1_pool_proto_rawDescGZIP(), []int{4}
+	return file_gpupool_v1_pool_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *ListHostsRequest) GetStale() bool {
@@ -314,7 +413,7 @@ type ListHostsResponse struct {
 
 func (x *ListHostsResponse) Reset() {
 	*x = ListHostsResponse{}
-	mi := &file_gpupool_v1_pool_proto_msgTypes[5]
+	mi := &file_gpupool_v1_pool_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -326,7 +425,7 @@ func (x *ListHostsResponse) String() string {
 func (*ListHostsResponse) ProtoMessage() {}
 
 func (x *ListHostsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_gpupool_v1_pool_proto_msgTypes[5]
+	mi := &file_gpupool_v1_pool_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -339,7 +438,7 @@ func (x *ListHostsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListHostsResponse.ProtoReflect.Descriptor instead.
 func (*ListHostsResponse) Descriptor() ([]byte, []int) {
-	return file_gpupool_v1_pool_proto_rawDescGZIP(), []int{5}
+	return file_gpupool_v1_pool_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *ListHostsResponse) GetHosts() []*Host {
@@ -359,7 +458,7 @@ type GetHostRequest struct {
 
 func (x *GetHostRequest) Reset() {
 	*x = GetHostRequest{}
-	mi := &file_gpupool_v1_pool_proto_msgTypes[6]
+	mi := &file_gpupool_v1_pool_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -371,7 +470,7 @@ func (x *GetHostRequest) String() string {
 func (*GetHostRequest) ProtoMessage() {}
 
 func (x *GetHostRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_gpupool_v1_pool_proto_msgTypes[6]
+	mi := &file_gpupool_v1_pool_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -384,7 +483,7 @@ func (x *GetHostRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetHostRequest.ProtoReflect.Descriptor instead.
 func (*GetHostRequest) Descriptor() ([]byte, []int) {
-	return file_gpupool_v1_pool_proto_rawDescGZIP(), []int{6}
+	return file_gpupool_v1_pool_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *GetHostRequest) GetHostId() string {
@@ -411,7 +510,7 @@ type GetHostResponse struct {
 
 func (x *GetHostResponse) Reset() {
 	*x = GetHostResponse{}
-	mi := &file_gpupool_v1_pool_proto_msgTypes[7]
+	mi := &file_gpupool_v1_pool_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -423,7 +522,7 @@ func (x *GetHostResponse) String() string {
 func (*GetHostResponse) ProtoMessage() {}
 
 func (x *GetHostResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_gpupool_v1_pool_proto_msgTypes[7]
+	mi := &file_gpupool_v1_pool_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -436,7 +535,7 @@ func (x *GetHostResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetHostResponse.ProtoReflect.Descriptor instead.
 func (*GetHostResponse) Descriptor() ([]byte, []int) {
-	return file_gpupool_v1_pool_proto_rawDescGZIP(), []int{7}
+	return file_gpupool_v1_pool_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *GetHostResponse) GetHost() *Host {
@@ -464,7 +563,7 @@ type ListDevicesRequest struct {
 
 func (x *ListDevicesRequest) Reset() {
 	*x = ListDevicesRequest{}
-	mi := &file_gpupool_v1_pool_proto_msgTypes[8]
+	mi := &file_gpupool_v1_pool_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -476,7 +575,7 @@ func (x *ListDevicesRequest) String() string {
 func (*ListDevicesRequest) ProtoMessage() {}
 
 func (x *ListDevicesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_gpupool_v1_pool_proto_msgTypes[8]
+	mi := &file_gpupool_v1_pool_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -489,7 +588,7 @@ func (x *ListDevicesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListDevicesRequest.ProtoReflect.Descriptor instead.
 func (*ListDevicesRequest) Descriptor() ([]byte, []int) {
-	return file_gpupool_v1_pool_proto_rawDescGZIP(), []int{8}
+	return file_gpupool_v1_pool_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *ListDevicesRequest) GetHostId() string {
@@ -522,7 +621,7 @@ type ListDevicesResponse struct {
 
 func (x *ListDevicesResponse) Reset() {
 	*x = ListDevicesResponse{}
-	mi := &file_gpupool_v1_pool_proto_msgTypes[9]
+	mi := &file_gpupool_v1_pool_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -534,7 +633,7 @@ func (x *ListDevicesResponse) String() string {
 func (*ListDevicesResponse) ProtoMessage() {}
 
 func (x *ListDevicesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_gpupool_v1_pool_proto_msgTypes[9]
+	mi := &file_gpupool_v1_pool_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -547,7 +646,7 @@ func (x *ListDevicesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListDevicesResponse.ProtoReflect.Descriptor instead.
 func (*ListDevicesResponse) Descriptor() ([]byte, []int) {
-	return file_gpupool_v1_pool_proto_rawDescGZIP(), []int{9}
+	return file_gpupool_v1_pool_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *ListDevicesResponse) GetDevices() []*Device {
@@ -566,7 +665,7 @@ type StatusRequest struct {
 
 func (x *StatusRequest) Reset() {
 	*x = StatusRequest{}
-	mi := &file_gpupool_v1_pool_proto_msgTypes[10]
+	mi := &file_gpupool_v1_pool_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -578,7 +677,7 @@ func (x *StatusRequest) String() string {
 func (*StatusRequest) ProtoMessage() {}
 
 func (x *StatusRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_gpupool_v1_pool_proto_msgTypes[10]
+	mi := &file_gpupool_v1_pool_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -591,7 +690,7 @@ func (x *StatusRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatusRequest.ProtoReflect.Descriptor instead.
 func (*StatusRequest) Descriptor() ([]byte, []int) {
-	return file_gpupool_v1_pool_proto_rawDescGZIP(), []int{10}
+	return file_gpupool_v1_pool_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *StatusRequest) GetStale() bool {
@@ -620,7 +719,7 @@ type ModelCapacity struct {
 
 func (x *ModelCapacity) Reset() {
 	*x = ModelCapacity{}
-	mi := &file_gpupool_v1_pool_proto_msgTypes[11]
+	mi := &file_gpupool_v1_pool_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -632,7 +731,7 @@ func (x *ModelCapacity) String() string {
 func (*ModelCapacity) ProtoMessage() {}
 
 func (x *ModelCapacity) ProtoReflect() protoreflect.Message {
-	mi := &file_gpupool_v1_pool_proto_msgTypes[11]
+	mi := &file_gpupool_v1_pool_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -645,7 +744,7 @@ func (x *ModelCapacity) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ModelCapacity.ProtoReflect.Descriptor instead.
 func (*ModelCapacity) Descriptor() ([]byte, []int) {
-	return file_gpupool_v1_pool_proto_rawDescGZIP(), []int{11}
+	return file_gpupool_v1_pool_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *ModelCapacity) GetModel() string {
@@ -729,7 +828,7 @@ type StatusResponse struct {
 
 func (x *StatusResponse) Reset() {
 	*x = StatusResponse{}
-	mi := &file_gpupool_v1_pool_proto_msgTypes[12]
+	mi := &file_gpupool_v1_pool_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -741,7 +840,7 @@ func (x *StatusResponse) String() string {
 func (*StatusResponse) ProtoMessage() {}
 
 func (x *StatusResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_gpupool_v1_pool_proto_msgTypes[12]
+	mi := &file_gpupool_v1_pool_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -754,7 +853,7 @@ func (x *StatusResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatusResponse.ProtoReflect.Descriptor instead.
 func (*StatusResponse) Descriptor() ([]byte, []int) {
-	return file_gpupool_v1_pool_proto_rawDescGZIP(), []int{12}
+	return file_gpupool_v1_pool_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *StatusResponse) GetHosts() int32 {
@@ -874,7 +973,12 @@ var File_gpupool_v1_pool_proto protoreflect.FileDescriptor
 const file_gpupool_v1_pool_proto_rawDesc = "" +
 	"\n" +
 	"\x15gpupool/v1/pool.proto\x12\n" +
-	"gpupool.v1\x1a\x16gpupool/v1/types.proto\"\xc2\x01\n" +
+	"gpupool.v1\x1a\x16gpupool/v1/types.proto\"K\n" +
+	"\x18ClearDeviceHealthRequest\x12\x17\n" +
+	"\ahost_id\x18\x01 \x01(\tR\x06hostId\x12\x16\n" +
+	"\x06device\x18\x02 \x01(\tR\x06device\"G\n" +
+	"\x19ClearDeviceHealthResponse\x12*\n" +
+	"\x06device\x18\x01 \x01(\v2\x12.gpupool.v1.DeviceR\x06device\"\xc2\x01\n" +
 	"\x10DrainHostRequest\x12\x17\n" +
 	"\ahost_id\x18\x01 \x01(\tR\x06hostId\x12\x16\n" +
 	"\x06cancel\x18\x02 \x01(\bR\x06cancel\x12\x16\n" +
@@ -941,14 +1045,15 @@ const file_gpupool_v1_pool_proto_rawDesc = "" +
 	"\x0egpus_unhealthy\x18\x10 \x01(\x05R\rgpusUnhealthy\x1a@\n" +
 	"\x12LeasesByStateEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\x05R\x05value:\x028\x012\xcf\x03\n" +
+	"\x05value\x18\x02 \x01(\x05R\x05value:\x028\x012\xb1\x04\n" +
 	"\vPoolService\x12H\n" +
 	"\tListHosts\x12\x1c.gpupool.v1.ListHostsRequest\x1a\x1d.gpupool.v1.ListHostsResponse\x12B\n" +
 	"\aGetHost\x12\x1a.gpupool.v1.GetHostRequest\x1a\x1b.gpupool.v1.GetHostResponse\x12N\n" +
 	"\vListDevices\x12\x1e.gpupool.v1.ListDevicesRequest\x1a\x1f.gpupool.v1.ListDevicesResponse\x12?\n" +
 	"\x06Status\x12\x19.gpupool.v1.StatusRequest\x1a\x1a.gpupool.v1.StatusResponse\x12H\n" +
 	"\tDrainHost\x12\x1c.gpupool.v1.DrainHostRequest\x1a\x1d.gpupool.v1.DrainHostResponse\x12W\n" +
-	"\x0eSetEligibility\x12!.gpupool.v1.SetEligibilityRequest\x1a\".gpupool.v1.SetEligibilityResponseB7Z5github.com/gpupool/gpupool/proto/gpupool/v1;gpupoolv1b\x06proto3"
+	"\x0eSetEligibility\x12!.gpupool.v1.SetEligibilityRequest\x1a\".gpupool.v1.SetEligibilityResponse\x12`\n" +
+	"\x11ClearDeviceHealth\x12$.gpupool.v1.ClearDeviceHealthRequest\x1a%.gpupool.v1.ClearDeviceHealthResponseB7Z5github.com/gpupool/gpupool/proto/gpupool/v1;gpupoolv1b\x06proto3"
 
 var (
 	file_gpupool_v1_pool_proto_rawDescOnce sync.Once
@@ -962,52 +1067,57 @@ func file_gpupool_v1_pool_proto_rawDescGZIP() []byte {
 	return file_gpupool_v1_pool_proto_rawDescData
 }
 
-var file_gpupool_v1_pool_proto_msgTypes = make([]protoimpl.MessageInfo, 14)
+var file_gpupool_v1_pool_proto_msgTypes = make([]protoimpl.MessageInfo, 16)
 var file_gpupool_v1_pool_proto_goTypes = []any{
-	(*DrainHostRequest)(nil),       // 0: gpupool.v1.DrainHostRequest
-	(*SetEligibilityRequest)(nil),  // 1: gpupool.v1.SetEligibilityRequest
-	(*SetEligibilityResponse)(nil), // 2: gpupool.v1.SetEligibilityResponse
-	(*DrainHostResponse)(nil),      // 3: gpupool.v1.DrainHostResponse
-	(*ListHostsRequest)(nil),       // 4: gpupool.v1.ListHostsRequest
-	(*ListHostsResponse)(nil),      // 5: gpupool.v1.ListHostsResponse
-	(*GetHostRequest)(nil),         // 6: gpupool.v1.GetHostRequest
-	(*GetHostResponse)(nil),        // 7: gpupool.v1.GetHostResponse
-	(*ListDevicesRequest)(nil),     // 8: gpupool.v1.ListDevicesRequest
-	(*ListDevicesResponse)(nil),    // 9: gpupool.v1.ListDevicesResponse
-	(*StatusRequest)(nil),          // 10: gpupool.v1.StatusRequest
-	(*ModelCapacity)(nil),          // 11: gpupool.v1.ModelCapacity
-	(*StatusResponse)(nil),         // 12: gpupool.v1.StatusResponse
-	nil,                            // 13: gpupool.v1.StatusResponse.LeasesByStateEntry
-	(*Host)(nil),                   // 14: gpupool.v1.Host
-	(*Lease)(nil),                  // 15: gpupool.v1.Lease
-	(*Device)(nil),                 // 16: gpupool.v1.Device
+	(*ClearDeviceHealthRequest)(nil),  // 0: gpupool.v1.ClearDeviceHealthRequest
+	(*ClearDeviceHealthResponse)(nil), // 1: gpupool.v1.ClearDeviceHealthResponse
+	(*DrainHostRequest)(nil),          // 2: gpupool.v1.DrainHostRequest
+	(*SetEligibilityRequest)(nil),     // 3: gpupool.v1.SetEligibilityRequest
+	(*SetEligibilityResponse)(nil),    // 4: gpupool.v1.SetEligibilityResponse
+	(*DrainHostResponse)(nil),         // 5: gpupool.v1.DrainHostResponse
+	(*ListHostsRequest)(nil),          // 6: gpupool.v1.ListHostsRequest
+	(*ListHostsResponse)(nil),         // 7: gpupool.v1.ListHostsResponse
+	(*GetHostRequest)(nil),            // 8: gpupool.v1.GetHostRequest
+	(*GetHostResponse)(nil),           // 9: gpupool.v1.GetHostResponse
+	(*ListDevicesRequest)(nil),        // 10: gpupool.v1.ListDevicesRequest
+	(*ListDevicesResponse)(nil),       // 11: gpupool.v1.ListDevicesResponse
+	(*StatusRequest)(nil),             // 12: gpupool.v1.StatusRequest
+	(*ModelCapacity)(nil),             // 13: gpupool.v1.ModelCapacity
+	(*StatusResponse)(nil),            // 14: gpupool.v1.StatusResponse
+	nil,                               // 15: gpupool.v1.StatusResponse.LeasesByStateEntry
+	(*Device)(nil),                    // 16: gpupool.v1.Device
+	(*Host)(nil),                      // 17: gpupool.v1.Host
+	(*Lease)(nil),                     // 18: gpupool.v1.Lease
 }
 var file_gpupool_v1_pool_proto_depIdxs = []int32{
-	14, // 0: gpupool.v1.SetEligibilityResponse.host:type_name -> gpupool.v1.Host
-	14, // 1: gpupool.v1.DrainHostResponse.host:type_name -> gpupool.v1.Host
-	14, // 2: gpupool.v1.ListHostsResponse.hosts:type_name -> gpupool.v1.Host
-	14, // 3: gpupool.v1.GetHostResponse.host:type_name -> gpupool.v1.Host
-	15, // 4: gpupool.v1.GetHostResponse.leases:type_name -> gpupool.v1.Lease
-	16, // 5: gpupool.v1.ListDevicesResponse.devices:type_name -> gpupool.v1.Device
-	11, // 6: gpupool.v1.StatusResponse.models:type_name -> gpupool.v1.ModelCapacity
-	13, // 7: gpupool.v1.StatusResponse.leases_by_state:type_name -> gpupool.v1.StatusResponse.LeasesByStateEntry
-	4,  // 8: gpupool.v1.PoolService.ListHosts:input_type -> gpupool.v1.ListHostsRequest
-	6,  // 9: gpupool.v1.PoolService.GetHost:input_type -> gpupool.v1.GetHostRequest
-	8,  // 10: gpupool.v1.PoolService.ListDevices:input_type -> gpupool.v1.ListDevicesRequest
-	10, // 11: gpupool.v1.PoolService.Status:input_type -> gpupool.v1.StatusRequest
-	0,  // 12: gpupool.v1.PoolService.DrainHost:input_type -> gpupool.v1.DrainHostRequest
-	1,  // 13: gpupool.v1.PoolService.SetEligibility:input_type -> gpupool.v1.SetEligibilityRequest
-	5,  // 14: gpupool.v1.PoolService.ListHosts:output_type -> gpupool.v1.ListHostsResponse
-	7,  // 15: gpupool.v1.PoolService.GetHost:output_type -> gpupool.v1.GetHostResponse
-	9,  // 16: gpupool.v1.PoolService.ListDevices:output_type -> gpupool.v1.ListDevicesResponse
-	12, // 17: gpupool.v1.PoolService.Status:output_type -> gpupool.v1.StatusResponse
-	3,  // 18: gpupool.v1.PoolService.DrainHost:output_type -> gpupool.v1.DrainHostResponse
-	2,  // 19: gpupool.v1.PoolService.SetEligibility:output_type -> gpupool.v1.SetEligibilityResponse
-	14, // [14:20] is the sub-list for method output_type
-	8,  // [8:14] is the sub-list for method input_type
-	8,  // [8:8] is the sub-list for extension type_name
-	8,  // [8:8] is the sub-list for extension extendee
-	0,  // [0:8] is the sub-list for field type_name
+	16, // 0: gpupool.v1.ClearDeviceHealthResponse.device:type_name -> gpupool.v1.Device
+	17, // 1: gpupool.v1.SetEligibilityResponse.host:type_name -> gpupool.v1.Host
+	17, // 2: gpupool.v1.DrainHostResponse.host:type_name -> gpupool.v1.Host
+	17, // 3: gpupool.v1.ListHostsResponse.hosts:type_name -> gpupool.v1.Host
+	17, // 4: gpupool.v1.GetHostResponse.host:type_name -> gpupool.v1.Host
+	18, // 5: gpupool.v1.GetHostResponse.leases:type_name -> gpupool.v1.Lease
+	16, // 6: gpupool.v1.ListDevicesResponse.devices:type_name -> gpupool.v1.Device
+	13, // 7: gpupool.v1.StatusResponse.models:type_name -> gpupool.v1.ModelCapacity
+	15, // 8: gpupool.v1.StatusResponse.leases_by_state:type_name -> gpupool.v1.StatusResponse.LeasesByStateEntry
+	6,  // 9: gpupool.v1.PoolService.ListHosts:input_type -> gpupool.v1.ListHostsRequest
+	8,  // 10: gpupool.v1.PoolService.GetHost:input_type -> gpupool.v1.GetHostRequest
+	10, // 11: gpupool.v1.PoolService.ListDevices:input_type -> gpupool.v1.ListDevicesRequest
+	12, // 12: gpupool.v1.PoolService.Status:input_type -> gpupool.v1.StatusRequest
+	2,  // 13: gpupool.v1.PoolService.DrainHost:input_type -> gpupool.v1.DrainHostRequest
+	3,  // 14: gpupool.v1.PoolService.SetEligibility:input_type -> gpupool.v1.SetEligibilityRequest
+	0,  // 15: gpupool.v1.PoolService.ClearDeviceHealth:input_type -> gpupool.v1.ClearDeviceHealthRequest
+	7,  // 16: gpupool.v1.PoolService.ListHosts:output_type -> gpupool.v1.ListHostsResponse
+	9,  // 17: gpupool.v1.PoolService.GetHost:output_type -> gpupool.v1.GetHostResponse
+	11, // 18: gpupool.v1.PoolService.ListDevices:output_type -> gpupool.v1.ListDevicesResponse
+	14, // 19: gpupool.v1.PoolService.Status:output_type -> gpupool.v1.StatusResponse
+	5,  // 20: gpupool.v1.PoolService.DrainHost:output_type -> gpupool.v1.DrainHostResponse
+	4,  // 21: gpupool.v1.PoolService.SetEligibility:output_type -> gpupool.v1.SetEligibilityResponse
+	1,  // 22: gpupool.v1.PoolService.ClearDeviceHealth:output_type -> gpupool.v1.ClearDeviceHealthResponse
+	16, // [16:23] is the sub-list for method output_type
+	9,  // [9:16] is the sub-list for method input_type
+	9,  // [9:9] is the sub-list for extension type_name
+	9,  // [9:9] is the sub-list for extension extendee
+	0,  // [0:9] is the sub-list for field type_name
 }
 
 func init() { file_gpupool_v1_pool_proto_init() }
@@ -1022,7 +1132,7 @@ func file_gpupool_v1_pool_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_gpupool_v1_pool_proto_rawDesc), len(file_gpupool_v1_pool_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   14,
+			NumMessages:   16,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

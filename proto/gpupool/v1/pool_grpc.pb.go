@@ -19,12 +19,13 @@ import (
 const _ = grpc.SupportPackageIsVersion9
 
 const (
-	PoolService_ListHosts_FullMethodName      = "/gpupool.v1.PoolService/ListHosts"
-	PoolService_GetHost_FullMethodName        = "/gpupool.v1.PoolService/GetHost"
-	PoolService_ListDevices_FullMethodName    = "/gpupool.v1.PoolService/ListDevices"
-	PoolService_Status_FullMethodName         = "/gpupool.v1.PoolService/Status"
-	PoolService_DrainHost_FullMethodName      = "/gpupool.v1.PoolService/DrainHost"
-	PoolService_SetEligibility_FullMethodName = "/gpupool.v1.PoolService/SetEligibility"
+	PoolService_ListHosts_FullMethodName         = "/gpupool.v1.PoolService/ListHosts"
+	PoolService_GetHost_FullMethodName           = "/gpupool.v1.PoolService/GetHost"
+	PoolService_ListDevices_FullMethodName       = "/gpupool.v1.PoolService/ListDevices"
+	PoolService_Status_FullMethodName            = "/gpupool.v1.PoolService/Status"
+	PoolService_DrainHost_FullMethodName         = "/gpupool.v1.PoolService/DrainHost"
+	PoolService_SetEligibility_FullMethodName    = "/gpupool.v1.PoolService/SetEligibility"
+	PoolService_ClearDeviceHealth_FullMethodName = "/gpupool.v1.PoolService/ClearDeviceHealth"
 )
 
 // PoolServiceClient is the client API for PoolService service.
@@ -51,6 +52,11 @@ type PoolServiceClient interface {
 	// SetEligibility makes a host take new leases or not. Enabling a drained
 	// host ends its drain; a draining host is refused (cancel the drain).
 	SetEligibility(ctx context.Context, in *SetEligibilityRequest, opts ...grpc.CallOption) (*SetEligibilityResponse, error)
+	// ClearDeviceHealth clears the unhealthy mark of one GPU of a host: its
+	// agent forgets the critical events it saw (a simulated Xid included)
+	// and reports the GPU healthy again. NotFound for an unknown host or
+	// GPU; FailedPrecondition for a GPU that is healthy.
+	ClearDeviceHealth(ctx context.Context, in *ClearDeviceHealthRequest, opts ...grpc.CallOption) (*ClearDeviceHealthResponse, error)
 }
 
 type poolServiceClient struct {
@@ -121,6 +127,16 @@ func (c *poolServiceClient) SetEligibility(ctx context.Context, in *SetEligibili
 	return out, nil
 }
 
+func (c *poolServiceClient) ClearDeviceHealth(ctx context.Context, in *ClearDeviceHealthRequest, opts ...grpc.CallOption) (*ClearDeviceHealthResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ClearDeviceHealthResponse)
+	err := c.cc.Invoke(ctx, PoolService_ClearDeviceHealth_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // PoolServiceServer is the server API for PoolService service.
 // All implementations must embed UnimplementedPoolServiceServer
 // for forward compatibility.
@@ -145,6 +161,11 @@ type PoolServiceServer interface {
 	// SetEligibility makes a host take new leases or not. Enabling a drained
 	// host ends its drain; a draining host is refused (cancel the drain).
 	SetEligibility(context.Context, *SetEligibilityRequest) (*SetEligibilityResponse, error)
+	// ClearDeviceHealth clears the unhealthy mark of one GPU of a host: its
+	// agent forgets the critical events it saw (a simulated Xid included)
+	// and reports the GPU healthy again. NotFound for an unknown host or
+	// GPU; FailedPrecondition for a GPU that is healthy.
+	ClearDeviceHealth(context.Context, *ClearDeviceHealthRequest) (*ClearDeviceHealthResponse, error)
 	mustEmbedUnimplementedPoolServiceServer()
 }
 
@@ -172,6 +193,9 @@ func (UnimplementedPoolServiceServer) DrainHost(context.Context, *DrainHostReque
 }
 func (UnimplementedPoolServiceServer) SetEligibility(context.Context, *SetEligibilityRequest) (*SetEligibilityResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method SetEligibility not implemented")
+}
+func (UnimplementedPoolServiceServer) ClearDeviceHealth(context.Context, *ClearDeviceHealthRequest) (*ClearDeviceHealthResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method ClearDeviceHealth not implemented")
 }
 func (UnimplementedPoolServiceServer) mustEmbedUnimplementedPoolServiceServer() {}
 func (UnimplementedPoolServiceServer) testEmbeddedByValue()                     {}
@@ -302,6 +326,24 @@ func _PoolService_SetEligibility_Handler(srv interface{}, ctx context.Context, d
 	return interceptor(ctx, in, info, handler)
 }
 
+func _PoolService_ClearDeviceHealth_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ClearDeviceHealthRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(PoolServiceServer).ClearDeviceHealth(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: PoolService_ClearDeviceHealth_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(PoolServiceServer).ClearDeviceHealth(ctx, req.(*ClearDeviceHealthRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // PoolService_ServiceDesc is the grpc.ServiceDesc for PoolService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -332,6 +374,10 @@ var PoolService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "SetEligibility",
 			Handler:    _PoolService_SetEligibility_Handler,
+		},
+		{
+			MethodName: "ClearDeviceHealth",
+			Handler:    _PoolService_ClearDeviceHealth_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},
