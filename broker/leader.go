@@ -335,7 +335,7 @@ func (s *Server) hostMissedHeartbeats(id string) {
 func (s *Server) lockDelayPassed(id string) {
 	_, err := s.apply(&gpupoolv1.FreeLeaseCommand{
 		LeaseId: id, NowMs: s.nowMs(), RequireHostDown: true,
-		Reason: fmt.Sprintf("capacity freed after the lock-delay of %s: the agent could not confirm teardown", s.cfg.LockDelay),
+		Reason: fmt.Sprintf("capacity freed after the lock-delay of %s: %s", s.cfg.LockDelay, unconfirmedFreeReason),
 	})
 	s.logTimerErr("free lease after lock-delay", id, err)
 }
