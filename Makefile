@@ -6,20 +6,41 @@ TOOLS := $(CURDIR)/.bin
 PROTO_FILES := $(wildcard proto/gpupool/v1/*.proto)
 # go-nvml's cgo prints deprecation warnings on every fresh build; they are not ours.
 export CGO_CFLAGS ?= -O2 -g -Wno-deprecated-declarations
-PKG_RACE := ./broker/... ./agent/... ./client/... ./k8s/... ./protocol/... ./internal/... ./token/... ./dataplane/...
+PKG_RACE := ./broker/... ./agent/... ./client/... ./k8s/... ./protocol/... ./internal/... ./token/... ./dataplane/... ./cuda/...
 
-.PHONY: all build test dev proto proto-check lint lint-refs bench bench-dataplane bench-placement bench-lease bench-failover bench-scale bench-go tools clean test-unit test-cluster helm chart test-k8s bench-k8s elastic-demo fuzz test-robustness soak robustness-tools test-upgrade
+.PHONY: all build cc cuda-gen examples test-gpu test dev proto proto-check lint lint-refs bench bench-dataplane bench-placement bench-lease bench-failover bench-scale bench-go tools clean test-unit test-cluster helm chart test-k8s bench-k8s elastic-demo fuzz test-robustness soak robustness-tools test-upgrade
 
 all: build
 
-build: ## build bin/gpupool (the product) and bin/gpupool-bench (the benchmarks, kept out of the product)
+build: cc ## build bin/gpupool (the product), bin/gpupool-bench (the benchmarks, kept out of the product) and the CUDA shim bin/lib/libcuda.so.1
 	$(GO) build -o $(BIN)/gpupool ./cmd/gpupool
 	$(GO) build -o $(BIN)/gpupool-bench ./cmd/gpupool-bench
+	$(GO) run ./cuda/shim/mkshim $(BIN)/lib >/dev/null
+
+# gcc builds the CUDA shim (C, loaded into other people's programs) and the
+# C test programs; installed from Debian when missing.
+cc:
+	@command -v gcc >/dev/null || { \
+	  echo "installing gcc (Debian)"; \
+	  (apt-get install -y -q gcc libc6-dev >/dev/null 2>&1 || \
+	   (apt-get update -q >/dev/null && apt-get install -y -q gcc libc6-dev >/dev/null)); }
+
+cuda-gen: ## regenerate the CUDA shim's stubs and the server's dispatch from cuda/api/cuda.api
+	$(GO) generate ./cuda/api
+
+examples: build ## build the C examples into bin/examples (vecadd: run it under 'gpupool attach')
+	@mkdir -p $(BIN)/examples
+	gcc -std=gnu11 -O2 -Wall -Wextra -Werror -I cuda/shim/csrc -o $(BIN)/examples/vecadd examples/cuda/vecadd.c -L $(BIN)/lib -lcuda
+
+# The shim's C test programs against the real backend on this machine's
+# GPU (libcuda.so.1 from the driver); skips with a message where there is none.
+test-gpu: cc ## the CUDA remoting tests on a real GPU (skips without one)
+	GPUPOOL_TEST_GPU=1 $(GO) test -count=1 -v -run 'TestRealGPU' ./cuda/shimtest
 
 dev: build ## run 3 brokers + 4 simulated hosts and show a lease's life; Ctrl-C stops
 	$(BIN)/gpupool dev --demo
 
-test: tools proto-check lint test-unit ## everything CI runs by default
+test: tools cc proto-check lint test-unit ## everything CI runs by default
 
 test-unit:
 	$(GO) test -race -count=1 -timeout 15m $(PKG_RACE)
@@ -115,7 +136,8 @@ elastic-demo: ## examples/elastic-sim on a local 'gpupool dev' while guaranteed 
 FUZZTIME ?= 10s
 FUZZ_TARGETS := ./broker/fsm:FuzzDecode ./protocol:FuzzValidate ./token:FuzzVerify \
 	./dataplane:FuzzReadFrame ./internal/quantity:FuzzParseMemoryMiB ./internal/quantity:FuzzParsePercent \
-	./client:FuzzReadTokenFile ./agent:FuzzReadLeaseFile ./agent/device:FuzzSimControlProcess
+	./client:FuzzReadTokenFile ./agent:FuzzReadLeaseFile ./agent/device:FuzzSimControlProcess \
+	./cuda/wire:FuzzReadFrame ./agent/cudaserver:FuzzSession
 
 fuzz: ## run every fuzz target for FUZZTIME each (default 10s): FSM commands, Acquire validation, lease tokens, data-plane frames, quantities
 	@for t in $(FUZZ_TARGETS); do \

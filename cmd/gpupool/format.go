@@ -18,7 +18,6 @@ import (
 
 	"github.com/spf13/cobra"
 	"google.golang.org/protobuf/proto"
-	"google.golang.org/protobuf/reflect/protoreflect"
 
 	"github.com/gpupool/gpupool/client"
 	"github.com/gpupool/gpupool/internal/quantity"
@@ -119,67 +118,24 @@ func parseMemoryFlag(flag, value string, min int64) (int64, error) {
 }
 
 // protoEnum is a generated protobuf enum type.
-type protoEnum interface {
-	~int32
-	Descriptor() protoreflect.EnumDescriptor
-}
+type protoEnum = protocol.Enum
 
-// enumPrefix is the common prefix of an enum's value names, read from its
-// zero value: LEASE_STATE_UNSPECIFIED gives LEASE_STATE_.
-func enumPrefix(d protoreflect.EnumDescriptor) string {
-	zero := d.Values().ByNumber(0)
-	if zero == nil {
-		return ""
-	}
-	return strings.TrimSuffix(string(zero.Name()), "UNSPECIFIED")
-}
-
-// enumLabel is the name users read and type for an enum value:
-// LEASE_STATE_GRANTED is "granted", TOPOLOGY_SAME_PCIE_ROOT is
-// "same-pcie-root". The zero (unspecified) value is "-".
-func enumLabel[T protoEnum](v T) string {
-	if v == 0 {
-		return "-"
-	}
-	d := v.Descriptor()
-	ev := d.Values().ByNumber(protoreflect.EnumNumber(v))
-	if ev == nil {
-		return strconv.Itoa(int(v))
-	}
-	return labelOf(string(ev.Name()), enumPrefix(d))
-}
-
-func labelOf(name, prefix string) string {
-	return strings.ReplaceAll(strings.ToLower(strings.TrimPrefix(name, prefix)), "_", "-")
-}
+// enumLabel is the name users read and type for an enum value (see
+// protocol.EnumLabel).
+func enumLabel[T protoEnum](v T) string { return protocol.EnumLabel(v) }
 
 // enumLabels lists the labels of every value of T but the zero one, in
 // declaration order.
-func enumLabels[T protoEnum]() []string {
-	var zero T
-	d := zero.Descriptor()
-	var out []string
-	for i := 0; i < d.Values().Len(); i++ {
-		if v := d.Values().Get(i); v.Number() != 0 {
-			out = append(out, labelOf(string(v.Name()), enumPrefix(d)))
-		}
-	}
-	return out
-}
+func enumLabels[T protoEnum]() []string { return protocol.EnumLabels[T]() }
 
 // parseEnumFlag reads the value of flag as one of T's labels (see
 // enumLabel), ignoring case and accepting _ for -.
 func parseEnumFlag[T protoEnum](flag, s string) (T, error) {
-	var zero T
-	d := zero.Descriptor()
-	want := strings.ReplaceAll(strings.ToLower(strings.TrimSpace(s)), "_", "-")
-	for i := 0; i < d.Values().Len(); i++ {
-		v := d.Values().Get(i)
-		if v.Number() != 0 && labelOf(string(v.Name()), enumPrefix(d)) == want {
-			return T(v.Number()), nil
-		}
+	v, ok := protocol.ParseEnumLabel[T](s)
+	if !ok {
+		return v, usagef("--%s %q: must be one of %s", flag, s, strings.Join(enumLabels[T](), ", "))
 	}
-	return zero, usagef("--%s %q: must be one of %s", flag, s, strings.Join(enumLabels[T](), ", "))
+	return v, nil
 }
 
 // formatMillis formats a duration given in milliseconds the Go way: 10m0s.
@@ -329,7 +285,7 @@ func printLease(w io.Writer, l *gpupoolv1.Lease) error {
 			}
 		}
 		t.row(s.GetHost(), s.GetDevice(), s.GetDeviceIndex(), orDash(s.GetModel()), memory, compute,
-			isolationText(s.GetIsolation()), used, util, procs)
+			enumLabel(s.GetIsolation()), used, util, procs)
 	}
 	if err := t.flush(); err != nil {
 		return err
@@ -339,20 +295,6 @@ func printLease(w io.Writer, l *gpupoolv1.Lease) error {
 		return err
 	}
 	return nil
-}
-
-// isolationText names how a slice is isolated, as 'gpupool lease get'
-// shows it.
-func isolationText(i gpupoolv1.Isolation) string {
-	switch i {
-	case gpupoolv1.Isolation_ISOLATION_EXCLUSIVE:
-		return "exclusive"
-	case gpupoolv1.Isolation_ISOLATION_MPS:
-		return "mps"
-	case gpupoolv1.Isolation_ISOLATION_WATCHDOG:
-		return "watchdog"
-	}
-	return "-"
 }
 
 // ended reports whether a lease state is final.

@@ -1,0 +1,264 @@
+package cudaserver
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"os"
+	"runtime"
+	"sync"
+
+	"github.com/gpupool/gpupool/cuda/wire"
+)
+
+// Backend runs driver calls for one session.
+type Backend interface {
+	Calls
+	// Bind makes ctx current for the calls that follow: a context handle
+	// the backend returned, or 0 for none. The session has checked it.
+	Bind(ctx uint64) Result
+	// Close frees every context, allocation, module, stream and event the
+	// backend created. The backend is not used again.
+	Close() error
+}
+
+// Device is one of the lease's devices.
+type Device struct {
+	// Index is the backend's ordinal of the device on the pool host.
+	Index int
+	// MemoryBytes is the lease's memory on the device (a slice's): the
+	// total memory the client sees, and the most the lease's sessions may
+	// hold allocated on it together. 0 means the whole device.
+	MemoryBytes uint64
+}
+
+// Config is one lease's CUDA server.
+type Config struct {
+	// Devices are the lease's devices; the client sees Devices[i] as
+	// device i. At least one.
+	Devices []Device
+	// NewBackend opens the backend of one session.
+	NewBackend func() (Backend, error)
+	// Logger gets session starts, ends and refusals; nil discards them.
+	Logger *slog.Logger
+}
+
+// Server serves the CUDA calls of one lease. Its methods are safe for
+// concurrent use.
+type Server struct {
+	cfg Config
+	log *slog.Logger
+
+	mu       sync.Mutex
+	used     map[int32]uint64      // guarded by mu; bytes allocated per client device, over all sessions
+	conns    map[net.Conn]struct{} // guarded by mu
+	closed   bool                  // guarded by mu
+	sessions int                   // guarded by mu; sessions started, for log ids
+}
+
+// New checks cfg and returns a server.
+func New(cfg Config) (*Server, error) {
+	if len(cfg.Devices) == 0 {
+		return nil, errors.New("cudaserver: Devices: at least one device, the lease's")
+	}
+	seen := map[int]bool{}
+	for i, d := range cfg.Devices {
+		if d.Index < 0 || seen[d.Index] {
+			return nil, fmt.Errorf("cudaserver: Devices[%d].Index %d: want distinct ordinals >= 0", i, d.Index)
+		}
+		seen[d.Index] = true
+	}
+	if cfg.NewBackend == nil {
+		return nil, errors.New("cudaserver: NewBackend: required")
+	}
+	log := cfg.Logger
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	return &Server{cfg: cfg, log: log, used: map[int32]uint64{}, conns: map[net.Conn]struct{}{}}, nil
+}
+
+// Serve accepts connections on l and serves each in its own session until
+// l fails or the server is closed.
+func (s *Server) Serve(l net.Listener) error {
+	for {
+		c, err := l.Accept()
+		if err != nil {
+			s.mu.Lock()
+			closed := s.closed
+			s.mu.Unlock()
+			if closed {
+				return nil
+			}
+			return err
+		}
+		go func() { _ = s.ServeConn(c) }()
+	}
+}
+
+// Close ends every session: their clients' next calls fail with
+// CUDA_ERROR_DEVICE_UNAVAILABLE. Sessions free their backends as they end.
+func (s *Server) Close() {
+	s.mu.Lock()
+	s.closed = true
+	conns := s.conns
+	s.conns = map[net.Conn]struct{}{}
+	s.mu.Unlock()
+	for c := range conns {
+		_ = c.Close()
+	}
+}
+
+// ServeConn runs one session on c until c ends or a frame is malformed,
+// which it returns as the error. It closes c.
+func (s *Server) ServeConn(c net.Conn) error {
+	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		_ = c.Close()
+		return errors.New("cudaserver: closed")
+	}
+	s.conns[c] = struct{}{}
+	s.sessions++
+	id := s.sessions
+	s.mu.Unlock()
+	defer func() {
+		s.mu.Lock()
+		delete(s.conns, c)
+		s.mu.Unlock()
+		_ = c.Close()
+	}()
+	log := s.log.With("session", id)
+
+	// The driver's current context is per OS thread.
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+
+	err := s.serve(c, log)
+	switch {
+	case err == nil || errors.Is(err, io.EOF) || errors.Is(err, net.ErrClosed):
+		log.Debug("cuda session ended")
+		return nil
+	default:
+		log.Warn("cuda session ended", "err", err)
+		return err
+	}
+}
+
+func (s *Server) serve(c net.Conn, log *slog.Logger) error {
+	r := bufio.NewReaderSize(c, 64<<10)
+	w := bufio.NewWriterSize(c, 64<<10)
+	h, p, err := wire.ReadFrame(r, nil)
+	if err != nil {
+		return err
+	}
+	if h.Op != wire.OpHello {
+		return fmt.Errorf("%w: op %d before the handshake", errMalformed, h.Op)
+	}
+	d := wire.NewDecoder(p)
+	magic, version, hash := d.U32(), d.U32(), d.U32()
+	if err := d.Err(); err != nil || magic != wire.Magic {
+		return fmt.Errorf("%w: not a gpupool CUDA handshake", errMalformed)
+	}
+	var e wire.Encoder
+	e.U32(Protocol)
+	e.U32(APIHash)
+	res, msg := Success, ""
+	if version != Protocol || hash != APIHash {
+		res = ErrorSystemDriverMismatch
+		msg = fmt.Sprintf("the shim speaks protocol %d (API %08x), this server %d (API %08x)", version, hash, Protocol, APIHash)
+	}
+	e.String(msg)
+	if err := reply(w, h, res, e.B); err != nil {
+		return err
+	}
+	if res != Success {
+		return fmt.Errorf("cudaserver: %s", msg)
+	}
+
+	b, err := s.cfg.NewBackend()
+	if err != nil {
+		return fmt.Errorf("cudaserver: opening the backend: %w", err)
+	}
+	ss := newSession(s, b, log)
+	defer ss.close()
+	log.Debug("cuda session started")
+	for {
+		h, p, err := wire.ReadFrame(r, nil)
+		if err != nil {
+			return err
+		}
+		e := wire.Encoder{B: make([]byte, 0, 64)}
+		res, err := ss.call(h, p, &e)
+		if err != nil {
+			return err
+		}
+		if res != Success {
+			e.B = e.B[:0]
+		}
+		if err := reply(w, h, res, e.B); err != nil {
+			return err
+		}
+	}
+}
+
+func reply(w *bufio.Writer, req wire.Header, res Result, payload []byte) error {
+	frame := wire.AppendFrame(nil, wire.Header{Op: req.Op, Flags: wire.FlagReply, Seq: req.Seq, Word: uint64(res)}, payload)
+	if _, err := w.Write(frame); err != nil {
+		return err
+	}
+	return w.Flush()
+}
+
+// reserve takes n bytes of the lease's memory on device dev.
+func (s *Server) reserve(dev int32, n uint64, total uint64) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if n > total || s.used[dev] > total-n {
+		return false
+	}
+	s.used[dev] += n
+	return true
+}
+
+// release returns n bytes of device dev.
+func (s *Server) release(dev int32, n uint64) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.used[dev] -= n
+}
+
+// usedOn is the lease's memory allocated on dev.
+func (s *Server) usedOn(dev int32) uint64 {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.used[dev]
+}
+
+// ListenAndServe serves the unix socket at path, which it creates with
+// mode 0600 (the proxy or the agent connects as the same user), until ctx
+// ends; then it closes the server, ending every session, and removes the
+// socket. It returns nil when ctx ended it.
+func (s *Server) ListenAndServe(ctx context.Context, path string) error {
+	l, err := net.ListenUnix("unix", &net.UnixAddr{Name: path, Net: "unix"})
+	if err != nil {
+		return fmt.Errorf("cudaserver: %w", err)
+	}
+	defer os.Remove(path)
+	if err := os.Chmod(path, 0o600); err != nil {
+		l.Close()
+		return fmt.Errorf("cudaserver: %w", err)
+	}
+	stop := context.AfterFunc(ctx, func() { s.Close(); l.Close() })
+	defer stop()
+	err = s.Serve(l)
+	if ctx.Err() != nil {
+		return nil
+	}
+	l.Close()
+	return err
+}

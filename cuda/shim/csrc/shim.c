@@ -1,0 +1,1118 @@
+/*
+ * gpupool's libcuda.so.1: the transport to the lease's CUDA server and the
+ * driver calls that need more than a generated stub (docs/remote-cuda.md).
+ *
+ * Rules this file keeps:
+ *  - Every piece of process-wide state is in `st` or `tab`, each guarded by
+ *    its mutex, or is a single word read and written atomically (init_pid,
+ *    the log-once flags); the current-context stack is thread-local, as in
+ *    the driver.
+ *  - One call is one request frame and one reply frame, under st.mu, so
+ *    calls from many threads are serialised (pipelining is part 2).
+ *  - fork(): pthread_atfork takes both mutexes around the fork, so the child
+ *    never inherits one held mid-call. A child forked after the connection
+ *    was made closes its copy and fails every call with
+ *    CUDA_ERROR_NOT_INITIALIZED, as the NVIDIA driver does; the parent's
+ *    connection is untouched.
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include "shim.h"
+
+#define SHIM_MAGIC 0x55435047u
+#define SHIM_HEADER 20 /* length word + cuda/wire.HeaderSize */
+#define SHIM_MAX_PAYLOAD (SHIM_CHUNK + ((size_t)64 << 10))
+#define SHIM_CTX_DEPTH 32
+#define SHIM_MAX_PARAMS 1024
+
+static struct {
+    pthread_mutex_t mu;
+    int fd;              /* guarded by mu; -1 when not connected */
+    pid_t pid;           /* guarded by mu; the process that connected */
+    int forked;          /* guarded by mu; this process is a child forked after connecting */
+    CUresult sticky;     /* guarded by mu; a connection failure every later call returns */
+    uint32_t seq;        /* guarded by mu */
+} st = {PTHREAD_MUTEX_INITIALIZER, -1, 0, 0, CUDA_SUCCESS, 0};
+
+/* The process in which cuInit succeeded (0: none), read without a lock
+   (atomically) so that the calls answered in the shim never wait behind a
+   call on the wire. A forked child has another pid, so it is not
+   initialised. */
+static pid_t init_pid;
+
+struct param_layout {
+    uint64_t fn;
+    unsigned int count;
+    uint32_t *offsets, *sizes;
+    size_t total;
+};
+
+struct host_alloc {
+    char *p;
+    size_t n;
+    unsigned int flags;
+    int registered; /* the caller's memory (cuMemHostRegister), not ours to free */
+};
+
+static struct {
+    pthread_mutex_t mu;
+    struct param_layout *layouts; /* guarded by mu */
+    size_t nlayouts, caplayouts;  /* guarded by mu */
+    struct host_alloc *hosts;     /* guarded by mu */
+    size_t nhosts, caphosts;      /* guarded by mu */
+} tab = {PTHREAD_MUTEX_INITIALIZER, NULL, 0, 0, NULL, 0, 0};
+
+/* GPUPOOL_CUDA_TRACE=1 logs every remoted call and its result. Set once
+   when the library loads, before any thread can call, and only read after. */
+static int trace;
+
+static __thread CUcontext ctx_stack[SHIM_CTX_DEPTH];
+static __thread int ctx_depth;
+
+static void shim_log(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+static void shim_log(const char *fmt, ...)
+{
+    char buf[512];
+    va_list ap;
+    int n;
+    va_start(ap, fmt);
+    n = vsnprintf(buf, sizeof buf - 1, fmt, ap);
+    va_end(ap);
+    if (n < 0)
+        return;
+    if ((size_t)n > sizeof buf - 2)
+        n = sizeof buf - 2;
+    buf[n++] = '\n';
+    if (write(2, "gpupool cuda: ", 14) < 0 || write(2, buf, (size_t)n) < 0)
+        return;
+}
+
+/* --- fork */
+
+static void atfork_prepare(void)
+{
+    pthread_mutex_lock(&st.mu);
+    pthread_mutex_lock(&tab.mu);
+}
+
+static void atfork_parent(void)
+{
+    pthread_mutex_unlock(&tab.mu);
+    pthread_mutex_unlock(&st.mu);
+}
+
+static void atfork_child(void)
+{
+    if (st.fd >= 0) {
+        close(st.fd);
+        st.fd = -1;
+        st.forked = 1;
+    }
+    pthread_mutex_unlock(&tab.mu);
+    pthread_mutex_unlock(&st.mu);
+}
+
+__attribute__((constructor)) static void shim_load(void)
+{
+    const char *t = getenv("GPUPOOL_CUDA_TRACE");
+    trace = t && *t && strcmp(t, "0") != 0;
+    pthread_atfork(atfork_prepare, atfork_parent, atfork_child);
+}
+
+/* --- transport */
+
+static int write_all(int fd, const void *p, size_t n)
+{
+    const char *c = p;
+    while (n > 0) {
+        ssize_t w = send(fd, c, n, MSG_NOSIGNAL);
+        if (w < 0 && errno == EINTR)
+            continue;
+        if (w <= 0)
+            return -1;
+        c += w;
+        n -= (size_t)w;
+    }
+    return 0;
+}
+
+static int read_all(int fd, void *p, size_t n)
+{
+    char *c = p;
+    while (n > 0) {
+        ssize_t r = read(fd, c, n);
+        if (r < 0 && errno == EINTR)
+            continue;
+        if (r <= 0)
+            return -1;
+        c += r;
+        n -= (size_t)r;
+    }
+    return 0;
+}
+
+static void put_le32(unsigned char *p, uint32_t v)
+{
+    for (int i = 0; i < 4; i++)
+        p[i] = (unsigned char)(v >> (8 * i));
+}
+
+static void put_le64(unsigned char *p, uint64_t v)
+{
+    for (int i = 0; i < 8; i++)
+        p[i] = (unsigned char)(v >> (8 * i));
+}
+
+static uint32_t get_le32(const unsigned char *p)
+{
+    return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
+}
+
+static uint64_t get_le64(const unsigned char *p)
+{
+    return (uint64_t)get_le32(p) | (uint64_t)get_le32(p + 4) << 32;
+}
+
+/* The connection is gone: every later call fails the same way. */
+static CUresult lostLocked(const char *why)
+{
+    if (st.fd >= 0) {
+        close(st.fd);
+        st.fd = -1;
+    }
+    if (st.sticky == CUDA_SUCCESS) {
+        shim_log("the connection to the lease's GPU server is lost (%s): the lease may have ended; "
+                 "every CUDA call now fails with CUDA_ERROR_DEVICE_UNAVAILABLE", why);
+        st.sticky = CUDA_ERROR_DEVICE_UNAVAILABLE;
+    }
+    return st.sticky;
+}
+
+/* Sends one frame and reads its reply into *payload (malloc'd). */
+static CUresult exchangeLocked(unsigned char *frame, size_t len, uint16_t op, unsigned char **payload, size_t *plen)
+{
+    unsigned char h[SHIM_HEADER];
+    uint32_t n, seq = ++st.seq;
+    put_le32(frame, (uint32_t)(len - 4));
+    frame[4] = (unsigned char)op;
+    frame[5] = (unsigned char)(op >> 8);
+    frame[6] = frame[7] = 0;
+    put_le32(frame + 8, seq);
+    put_le64(frame + 12, (uint64_t)(uintptr_t)(ctx_depth > 0 ? ctx_stack[ctx_depth - 1] : NULL));
+    if (write_all(st.fd, frame, len) < 0)
+        return lostLocked("write failed");
+    if (read_all(st.fd, h, sizeof h) < 0)
+        return lostLocked("the server closed the connection");
+    n = get_le32(h);
+    if (n < SHIM_HEADER - 4 || n - (SHIM_HEADER - 4) > SHIM_MAX_PAYLOAD)
+        return lostLocked("a reply frame with a bad length");
+    if ((h[4] | h[5] << 8) != op || (h[6] & 1) == 0 || get_le32(h + 8) != seq)
+        return lostLocked("a reply to another call");
+    *plen = n - (SHIM_HEADER - 4);
+    *payload = malloc(*plen ? *plen : 1);
+    if (!*payload)
+        return lostLocked("out of memory for a reply");
+    if (read_all(st.fd, *payload, *plen) < 0) {
+        free(*payload);
+        *payload = NULL;
+        return lostLocked("a truncated reply");
+    }
+    return (CUresult)(uint32_t)get_le64(h + 12);
+}
+
+static CUresult connectLocked(void)
+{
+    const char *path = getenv("GPUPOOL_CUDA_SOCKET");
+    struct sockaddr_un addr;
+    unsigned char hello[SHIM_HEADER + 12], *payload = NULL;
+    size_t plen = 0;
+    CUresult r;
+    uint32_t server = 0, server_hash = 0;
+
+    if (!path || !*path) {
+        shim_log("GPUPOOL_CUDA_SOCKET is not set: set it to the socket of the lease's CUDA proxy or "
+                 "server (gpupool's docs/remote-cuda.md); no devices");
+        return st.sticky = CUDA_ERROR_NO_DEVICE;
+    }
+    if (strlen(path) >= sizeof addr.sun_path) {
+        shim_log("GPUPOOL_CUDA_SOCKET %s: longer than a unix socket path may be", path);
+        return st.sticky = CUDA_ERROR_NO_DEVICE;
+    }
+    memset(&addr, 0, sizeof addr);
+    addr.sun_family = AF_UNIX;
+    memcpy(addr.sun_path, path, strlen(path));
+    st.fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (st.fd < 0 || connect(st.fd, (struct sockaddr *)&addr, sizeof addr) < 0) {
+        shim_log("cannot connect to GPUPOOL_CUDA_SOCKET %s: %s; no devices", path, strerror(errno));
+        if (st.fd >= 0)
+            close(st.fd);
+        st.fd = -1;
+        return st.sticky = CUDA_ERROR_NO_DEVICE;
+    }
+    st.pid = getpid();
+    put_le32(hello + SHIM_HEADER, SHIM_MAGIC);
+    put_le32(hello + SHIM_HEADER + 4, GPUPOOL_CUDA_PROTOCOL);
+    put_le32(hello + SHIM_HEADER + 8, GPUPOOL_CUDA_API_HASH);
+    r = exchangeLocked(hello, sizeof hello, 0, &payload, &plen);
+    if (st.fd < 0) {
+        free(payload);
+        return st.sticky;
+    }
+    if (plen >= 8) {
+        server = get_le32(payload);
+        server_hash = get_le32(payload + 4);
+    }
+    if (r != CUDA_SUCCESS || server != GPUPOOL_CUDA_PROTOCOL || server_hash != GPUPOOL_CUDA_API_HASH) {
+        shim_log("this libcuda.so.1 speaks gpupool CUDA protocol %d (API %08x) but the server speaks %u (API %08x): "
+                 "use the libcuda.so.1 of the same gpupool release as the pool host",
+                 GPUPOOL_CUDA_PROTOCOL, GPUPOOL_CUDA_API_HASH, server, server_hash);
+        free(payload);
+        close(st.fd);
+        st.fd = -1;
+        return st.sticky = CUDA_ERROR_SYSTEM_DRIVER_MISMATCH;
+    }
+    free(payload);
+    return CUDA_SUCCESS;
+}
+
+/* readyLocked connects on first use and says whether calls may be made. */
+static CUresult readyLocked(void)
+{
+    if (st.forked || (st.fd >= 0 && st.pid != getpid())) {
+        st.forked = 1;
+        return CUDA_ERROR_NOT_INITIALIZED;
+    }
+    if (st.sticky != CUDA_SUCCESS)
+        return st.sticky;
+    if (st.fd < 0)
+        return connectLocked();
+    return CUDA_SUCCESS;
+}
+
+CUresult shim_begin(struct shim_call *c, uint16_t op)
+{
+    CUresult r;
+    memset(c, 0, sizeof *c);
+    c->op = op;
+    pthread_mutex_lock(&st.mu);
+    r = readyLocked();
+    pthread_mutex_unlock(&st.mu);
+    if (r != CUDA_SUCCESS)
+        return r;
+    c->cap = 256;
+    c->req = malloc(c->cap);
+    if (!c->req)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    c->len = SHIM_HEADER;
+    return CUDA_SUCCESS;
+}
+
+static unsigned char *put(struct shim_call *c, size_t n)
+{
+    if (c->oom)
+        return NULL;
+    if (c->len + n > c->cap) {
+        size_t cap = c->cap * 2;
+        unsigned char *p;
+        while (cap < c->len + n)
+            cap *= 2;
+        p = realloc(c->req, cap);
+        if (!p) {
+            c->oom = 1;
+            return NULL;
+        }
+        c->req = p;
+        c->cap = cap;
+    }
+    c->len += n;
+    return c->req + c->len - n;
+}
+
+void shim_put_u32(struct shim_call *c, uint32_t v)
+{
+    unsigned char *p = put(c, 4);
+    if (p)
+        put_le32(p, v);
+}
+
+void shim_put_u64(struct shim_call *c, uint64_t v)
+{
+    unsigned char *p = put(c, 8);
+    if (p)
+        put_le64(p, v);
+}
+
+void shim_put_f32(struct shim_call *c, float v)
+{
+    uint32_t u;
+    memcpy(&u, &v, 4);
+    shim_put_u32(c, u);
+}
+
+void shim_put_bytes(struct shim_call *c, const void *src, size_t n)
+{
+    unsigned char *p;
+    if (n > SHIM_MAX_PAYLOAD) {
+        c->oom = 1;
+        return;
+    }
+    shim_put_u32(c, (uint32_t)n);
+    p = put(c, n);
+    if (p && n)
+        memcpy(p, src, n);
+}
+
+void shim_put_str(struct shim_call *c, const char *s)
+{
+    shim_put_bytes(c, s, strlen(s));
+}
+
+/* The length of a module image: an ELF cubin's from its section headers, a
+   fatbin's from its header, else PTX text up to its NUL (included). */
+void shim_put_image(struct shim_call *c, const void *image)
+{
+    const unsigned char *p = image;
+    size_t n;
+    if (p[0] == 0x7f && p[1] == 'E' && p[2] == 'L' && p[3] == 'F' && p[4] == 2) {
+        uint64_t shoff = get_le64(p + 0x28);
+        unsigned shentsize = p[0x3a] | p[0x3b] << 8, shnum = p[0x3c] | p[0x3d] << 8;
+        n = (size_t)(shoff + (uint64_t)shentsize * shnum);
+    } else if (get_le32(p) == 0xba55ed50u) {
+        n = (size_t)((p[6] | p[7] << 8) + get_le64(p + 8));
+    } else {
+        n = strlen(image) + 1;
+    }
+    shim_put_bytes(c, image, n);
+}
+
+CUresult shim_roundtrip(struct shim_call *c)
+{
+    CUresult r;
+    if (c->oom)
+        return CUDA_ERROR_INVALID_VALUE; /* a request larger than a frame may be */
+    pthread_mutex_lock(&st.mu);
+    r = readyLocked();
+    if (r == CUDA_SUCCESS)
+        r = exchangeLocked(c->req, c->len, c->op, &c->resp, &c->rlen);
+    pthread_mutex_unlock(&st.mu);
+    if (trace) {
+        const char *name = NULL;
+        for (const struct shim_error *e = shim_errors; e->name; e++)
+            if (e->value == r)
+                name = e->name;
+        shim_log("trace: %s (%zu bytes) -> %s (%d)", c->op < shim_op_count ? shim_op_names[c->op] : "?", c->len,
+                 name ? name : "?", (int)r);
+    }
+    return r;
+}
+
+static const unsigned char *get(struct shim_call *c, size_t n)
+{
+    if (c->bad || !c->resp || c->rlen - c->roff < n) {
+        c->bad = 1;
+        return NULL;
+    }
+    c->roff += n;
+    return c->resp + c->roff - n;
+}
+
+uint32_t shim_get_u32(struct shim_call *c)
+{
+    const unsigned char *p = get(c, 4);
+    return p ? get_le32(p) : 0;
+}
+
+uint64_t shim_get_u64(struct shim_call *c)
+{
+    const unsigned char *p = get(c, 8);
+    return p ? get_le64(p) : 0;
+}
+
+float shim_get_f32(struct shim_call *c)
+{
+    uint32_t u = shim_get_u32(c);
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+void shim_get_raw(struct shim_call *c, void *dst, size_t n)
+{
+    const unsigned char *p = get(c, n);
+    if (p)
+        memcpy(dst, p, n);
+}
+
+void shim_get_buf(struct shim_call *c, void *dst, size_t cap)
+{
+    uint32_t n = shim_get_u32(c);
+    const unsigned char *p;
+    if (n > cap) {
+        c->bad = 1;
+        return;
+    }
+    p = get(c, n);
+    if (p && n)
+        memcpy(dst, p, n);
+}
+
+CUresult shim_end(struct shim_call *c, CUresult r)
+{
+    if (r == CUDA_SUCCESS && (c->bad || c->roff != c->rlen)) {
+        shim_log("a malformed reply to op %u", c->op);
+        r = CUDA_ERROR_UNKNOWN;
+    }
+    free(c->req);
+    free(c->resp);
+    return r;
+}
+
+static unsigned char unsupported_logged[4096];
+
+CUresult shim_unsupported(const char *name, int index)
+{
+    if (index >= 0 && index < (int)sizeof unsupported_logged &&
+        !__atomic_exchange_n(&unsupported_logged[index], 1, __ATOMIC_RELAXED))
+        shim_log("%s is not supported by gpupool's CUDA remoting: CUDA_ERROR_NOT_SUPPORTED "
+                 "(docs/remote-cuda.md lists what is)", name);
+    return CUDA_ERROR_NOT_SUPPORTED;
+}
+
+static int initialized(void)
+{
+    return __atomic_load_n(&init_pid, __ATOMIC_ACQUIRE) == getpid();
+}
+
+/* --- init */
+
+SHIM_EXPORT CUresult cuInit(unsigned int Flags)
+{
+    CUresult r;
+    pthread_mutex_lock(&st.mu);
+    r = readyLocked();
+    if (r == CUDA_ERROR_NOT_INITIALIZED && st.forked) {
+        static int logged;
+        if (!__atomic_exchange_n(&logged, 1, __ATOMIC_RELAXED))
+            shim_log("this process was forked after CUDA was initialised: the child cannot use CUDA "
+                     "(as with the NVIDIA driver); exec a program, or initialise CUDA after fork()");
+    }
+    pthread_mutex_unlock(&st.mu);
+    if (r != CUDA_SUCCESS)
+        return r;
+    r = rpc_cuInit(Flags);
+    if (r == CUDA_SUCCESS)
+        __atomic_store_n(&init_pid, getpid(), __ATOMIC_RELEASE);
+    return r;
+}
+
+/* --- contexts: the stack of current contexts is per thread, as in the
+   driver; each request carries the top, and the server binds it. */
+
+static void ctx_forget(CUcontext ctx)
+{
+    int j = 0;
+    for (int i = 0; i < ctx_depth; i++)
+        if (ctx_stack[i] != ctx)
+            ctx_stack[j++] = ctx_stack[i];
+    ctx_depth = j;
+}
+
+SHIM_EXPORT CUresult cuCtxCreate_v2(CUcontext *pctx, unsigned int flags, CUdevice dev)
+{
+    CUresult r;
+    if (ctx_depth >= SHIM_CTX_DEPTH)
+        return CUDA_ERROR_INVALID_VALUE;
+    r = rpc_cuCtxCreate_v2(pctx, flags, dev);
+    if (r == CUDA_SUCCESS)
+        ctx_stack[ctx_depth++] = *pctx;
+    return r;
+}
+
+SHIM_EXPORT CUresult cuCtxDestroy_v2(CUcontext ctx)
+{
+    CUresult r;
+    if (!ctx)
+        return CUDA_ERROR_INVALID_VALUE;
+    r = rpc_cuCtxDestroy_v2(ctx);
+    if (r == CUDA_SUCCESS)
+        ctx_forget(ctx);
+    return r;
+}
+
+SHIM_EXPORT CUresult cuCtxSetCurrent(CUcontext ctx)
+{
+    CUresult r;
+    if (!ctx) {
+        if (!initialized())
+            return CUDA_ERROR_NOT_INITIALIZED;
+        if (ctx_depth > 0)
+            ctx_depth--;
+        return CUDA_SUCCESS;
+    }
+    r = rpc_cuCtxSetCurrent(ctx);
+    if (r != CUDA_SUCCESS)
+        return r;
+    if (ctx_depth == 0)
+        ctx_depth = 1;
+    ctx_stack[ctx_depth - 1] = ctx;
+    return CUDA_SUCCESS;
+}
+
+SHIM_EXPORT CUresult cuCtxGetCurrent(CUcontext *pctx)
+{
+    if (!initialized())
+        return CUDA_ERROR_NOT_INITIALIZED;
+    if (!pctx)
+        return CUDA_ERROR_INVALID_VALUE;
+    *pctx = ctx_depth > 0 ? ctx_stack[ctx_depth - 1] : NULL;
+    return CUDA_SUCCESS;
+}
+
+SHIM_EXPORT CUresult cuCtxPushCurrent_v2(CUcontext ctx)
+{
+    CUresult r;
+    if (!ctx || ctx_depth >= SHIM_CTX_DEPTH)
+        return CUDA_ERROR_INVALID_VALUE;
+    r = rpc_cuCtxPushCurrent_v2(ctx);
+    if (r == CUDA_SUCCESS)
+        ctx_stack[ctx_depth++] = ctx;
+    return r;
+}
+
+SHIM_EXPORT CUresult cuCtxPopCurrent_v2(CUcontext *pctx)
+{
+    if (!initialized())
+        return CUDA_ERROR_NOT_INITIALIZED;
+    if (ctx_depth == 0)
+        return CUDA_ERROR_INVALID_CONTEXT;
+    ctx_depth--;
+    if (pctx)
+        *pctx = ctx_stack[ctx_depth];
+    return CUDA_SUCCESS;
+}
+
+/* --- host-pinned memory: ordinary page-aligned host memory the shim keeps
+   track of (part 2 may register it with the transport). */
+
+/* host_track records [p, p+n) as host memory the CUDA calls know. */
+static CUresult host_track(void *p, size_t bytesize, unsigned int flags, int registered)
+{
+    pthread_mutex_lock(&tab.mu);
+    if (tab.nhosts == tab.caphosts) {
+        size_t cap = tab.caphosts ? tab.caphosts * 2 : 16;
+        struct host_alloc *h = realloc(tab.hosts, cap * sizeof *h);
+        if (!h) {
+            pthread_mutex_unlock(&tab.mu);
+            return CUDA_ERROR_OUT_OF_MEMORY;
+        }
+        tab.hosts = h;
+        tab.caphosts = cap;
+    }
+    tab.hosts[tab.nhosts].p = p;
+    tab.hosts[tab.nhosts].n = bytesize;
+    tab.hosts[tab.nhosts].flags = flags;
+    tab.hosts[tab.nhosts].registered = registered;
+    tab.nhosts++;
+    pthread_mutex_unlock(&tab.mu);
+    return CUDA_SUCCESS;
+}
+
+static CUresult host_alloc(void **pp, size_t bytesize, unsigned int flags)
+{
+    void *p = NULL;
+    CUresult r;
+    if (!initialized())
+        return CUDA_ERROR_NOT_INITIALIZED;
+    if (!pp || bytesize == 0)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (posix_memalign(&p, 4096, bytesize) != 0)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    r = host_track(p, bytesize, flags, 0);
+    if (r != CUDA_SUCCESS) {
+        free(p);
+        return r;
+    }
+    *pp = p;
+    return CUDA_SUCCESS;
+}
+
+/* findHostLocked returns the pinned allocation holding p, or -1. */
+static long findHostLocked(const void *p)
+{
+    for (size_t i = 0; i < tab.nhosts; i++)
+        if ((const char *)p >= tab.hosts[i].p && (const char *)p < tab.hosts[i].p + tab.hosts[i].n)
+            return (long)i;
+    return -1;
+}
+
+SHIM_EXPORT CUresult cuMemAllocHost_v2(void **pp, size_t bytesize)
+{
+    return host_alloc(pp, bytesize, 0);
+}
+
+SHIM_EXPORT CUresult cuMemHostAlloc(void **pp, size_t bytesize, unsigned int Flags)
+{
+    if (Flags & ~7u)
+        return CUDA_ERROR_INVALID_VALUE;
+    return host_alloc(pp, bytesize, Flags);
+}
+
+SHIM_EXPORT CUresult cuMemFreeHost(void *p)
+{
+    long i;
+    if (!initialized())
+        return CUDA_ERROR_NOT_INITIALIZED;
+    pthread_mutex_lock(&tab.mu);
+    i = findHostLocked(p);
+    if (i < 0 || tab.hosts[i].p != p || tab.hosts[i].registered) {
+        pthread_mutex_unlock(&tab.mu);
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    tab.hosts[i] = tab.hosts[--tab.nhosts];
+    pthread_mutex_unlock(&tab.mu);
+    free(p);
+    return CUDA_SUCCESS;
+}
+
+/* Registered host memory is the caller's; the shim tracks its range so that
+   pointer attributes and flags answer for it (copies need nothing more). */
+SHIM_EXPORT CUresult cuMemHostRegister_v2(void *p, size_t bytesize, unsigned int Flags)
+{
+    long i;
+    if (!initialized())
+        return CUDA_ERROR_NOT_INITIALIZED;
+    if (!p || bytesize == 0 || (Flags & ~0xfu))
+        return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&tab.mu);
+    i = findHostLocked(p);
+    if (i < 0)
+        i = findHostLocked((char *)p + bytesize - 1);
+    pthread_mutex_unlock(&tab.mu);
+    if (i >= 0)
+        return CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED;
+    return host_track(p, bytesize, Flags, 1);
+}
+
+SHIM_EXPORT CUresult cuMemHostUnregister(void *p)
+{
+    long i;
+    if (!initialized())
+        return CUDA_ERROR_NOT_INITIALIZED;
+    pthread_mutex_lock(&tab.mu);
+    i = findHostLocked(p);
+    if (i < 0 || tab.hosts[i].p != p || !tab.hosts[i].registered) {
+        pthread_mutex_unlock(&tab.mu);
+        return CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED;
+    }
+    tab.hosts[i] = tab.hosts[--tab.nhosts];
+    pthread_mutex_unlock(&tab.mu);
+    return CUDA_SUCCESS;
+}
+
+SHIM_EXPORT CUresult cuMemHostGetFlags(unsigned int *pFlags, void *p)
+{
+    long i;
+    if (!initialized())
+        return CUDA_ERROR_NOT_INITIALIZED;
+    if (!pFlags)
+        return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&tab.mu);
+    i = findHostLocked(p);
+    if (i >= 0)
+        *pFlags = tab.hosts[i].flags;
+    pthread_mutex_unlock(&tab.mu);
+    return i >= 0 ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+}
+
+/* --- pointer attributes: host allocations here, device ones on the server */
+
+static size_t attribute_width(CUpointer_attribute a)
+{
+    switch (a) {
+    case CU_POINTER_ATTRIBUTE_CONTEXT:
+    case CU_POINTER_ATTRIBUTE_DEVICE_POINTER:
+    case CU_POINTER_ATTRIBUTE_HOST_POINTER:
+    case CU_POINTER_ATTRIBUTE_BUFFER_ID:
+    case CU_POINTER_ATTRIBUTE_RANGE_START_ADDR:
+    case CU_POINTER_ATTRIBUTE_RANGE_SIZE:
+        return 8;
+    case CU_POINTER_ATTRIBUTE_MEMORY_TYPE:
+    case CU_POINTER_ATTRIBUTE_IS_MANAGED:
+    case CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL:
+        return 4;
+    }
+    return 0;
+}
+
+SHIM_EXPORT CUresult cuPointerGetAttribute(void *data, CUpointer_attribute attribute, CUdeviceptr ptr)
+{
+    size_t w = attribute_width(attribute);
+    cuuint64_t v = 0;
+    long i;
+    CUresult r = CUDA_SUCCESS;
+    if (!initialized())
+        return CUDA_ERROR_NOT_INITIALIZED;
+    if (!data)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (w == 0)
+        return shim_unsupported("cuPointerGetAttribute with this attribute", shim_unsupported_count);
+    pthread_mutex_lock(&tab.mu);
+    i = findHostLocked((const void *)(uintptr_t)ptr);
+    if (i >= 0) {
+        switch (attribute) {
+        case CU_POINTER_ATTRIBUTE_MEMORY_TYPE:
+            v = CU_MEMORYTYPE_HOST;
+            break;
+        case CU_POINTER_ATTRIBUTE_HOST_POINTER:
+            v = ptr;
+            break;
+        case CU_POINTER_ATTRIBUTE_IS_MANAGED:
+            v = 0;
+            break;
+        case CU_POINTER_ATTRIBUTE_RANGE_START_ADDR:
+            v = (uintptr_t)tab.hosts[i].p;
+            break;
+        case CU_POINTER_ATTRIBUTE_RANGE_SIZE:
+            v = tab.hosts[i].n;
+            break;
+        default:
+            r = CUDA_ERROR_INVALID_VALUE;
+        }
+    }
+    pthread_mutex_unlock(&tab.mu);
+    if (i < 0)
+        r = rpc_gpupoolPointerGetAttribute(&v, attribute, ptr);
+    if (r != CUDA_SUCCESS)
+        return r;
+    if (w == 8) {
+        memcpy(data, &v, 8);
+    } else {
+        uint32_t v32 = (uint32_t)v;
+        memcpy(data, &v32, 4);
+    }
+    return CUDA_SUCCESS;
+}
+
+SHIM_EXPORT CUresult cuPointerGetAttributes(unsigned int numAttributes, CUpointer_attribute *attributes, void **data,
+                                            CUdeviceptr ptr)
+{
+    if (numAttributes && (!attributes || !data))
+        return CUDA_ERROR_INVALID_VALUE;
+    for (unsigned int i = 0; i < numAttributes; i++) {
+        CUresult r = cuPointerGetAttribute(data[i], attributes[i], ptr);
+        if (r != CUDA_SUCCESS)
+            return r;
+    }
+    return CUDA_SUCCESS;
+}
+
+/* --- modules, libraries and kernel parameter layouts */
+
+/* fetch_layout asks the server for f's parameter offsets and sizes and
+   keeps them, so launches can serialise kernelParams. Every resolution of a
+   function fetches again. */
+static CUresult fetch_layout(uint64_t fn)
+{
+    char info[8 * SHIM_MAX_PARAMS];
+    unsigned int count = 0;
+    struct param_layout l = {fn, 0, NULL, NULL, 0};
+    CUresult r = rpc_gpupoolFuncParams((CUfunction)(uintptr_t)fn, info, sizeof info, &count);
+    if (r != CUDA_SUCCESS)
+        return r;
+    if (count > SHIM_MAX_PARAMS)
+        return CUDA_ERROR_UNKNOWN;
+    l.count = count;
+    l.offsets = calloc(count + 1, sizeof *l.offsets);
+    l.sizes = calloc(count + 1, sizeof *l.sizes);
+    if (!l.offsets || !l.sizes) {
+        free(l.offsets);
+        free(l.sizes);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    for (unsigned int i = 0; i < count; i++) {
+        l.offsets[i] = get_le32((unsigned char *)info + 8 * i);
+        l.sizes[i] = get_le32((unsigned char *)info + 8 * i + 4);
+        if ((size_t)l.offsets[i] + l.sizes[i] > l.total)
+            l.total = (size_t)l.offsets[i] + l.sizes[i];
+    }
+    pthread_mutex_lock(&tab.mu);
+    for (size_t i = 0; i < tab.nlayouts; i++) {
+        /* Replace what was known: the driver may reuse a handle of an
+           unloaded module's function for a new one. Launches copy what
+           they need under the lock, so the old arrays are free to go. */
+        if (tab.layouts[i].fn == fn) {
+            free(tab.layouts[i].offsets);
+            free(tab.layouts[i].sizes);
+            tab.layouts[i] = l;
+            pthread_mutex_unlock(&tab.mu);
+            return CUDA_SUCCESS;
+        }
+    }
+    if (tab.nlayouts == tab.caplayouts) {
+        size_t cap = tab.caplayouts ? tab.caplayouts * 2 : 16;
+        struct param_layout *p = realloc(tab.layouts, cap * sizeof *p);
+        if (!p) {
+            pthread_mutex_unlock(&tab.mu);
+            free(l.offsets);
+            free(l.sizes);
+            return CUDA_ERROR_OUT_OF_MEMORY;
+        }
+        tab.layouts = p;
+        tab.caplayouts = cap;
+    }
+    tab.layouts[tab.nlayouts++] = l;
+    pthread_mutex_unlock(&tab.mu);
+    return CUDA_SUCCESS;
+}
+
+SHIM_EXPORT CUresult cuModuleGetFunction(CUfunction *hfunc, CUmodule hmod, const char *name)
+{
+    CUresult r = rpc_cuModuleGetFunction(hfunc, hmod, name);
+    return r == CUDA_SUCCESS ? fetch_layout((uint64_t)(uintptr_t)*hfunc) : r;
+}
+
+SHIM_EXPORT CUresult cuLibraryGetKernel(CUkernel *pKernel, CUlibrary library, const char *name)
+{
+    CUresult r = rpc_cuLibraryGetKernel(pKernel, library, name);
+    return r == CUDA_SUCCESS ? fetch_layout((uint64_t)(uintptr_t)*pKernel) : r;
+}
+
+SHIM_EXPORT CUresult cuKernelGetFunction(CUfunction *pFunc, CUkernel kernel)
+{
+    CUresult r = rpc_cuKernelGetFunction(pFunc, kernel);
+    return r == CUDA_SUCCESS ? fetch_layout((uint64_t)(uintptr_t)*pFunc) : r;
+}
+
+SHIM_EXPORT CUresult cuModuleLoadDataEx(CUmodule *module, const void *image, unsigned int numOptions,
+                                        CUjit_option *options, void **optionValues)
+{
+    (void)numOptions; /* JIT options are hints; the server's defaults apply */
+    (void)options;
+    (void)optionValues;
+    return rpc_cuModuleLoadData(module, image);
+}
+
+SHIM_EXPORT CUresult cuModuleLoad(CUmodule *module, const char *fname)
+{
+    FILE *f;
+    char *buf;
+    long n;
+    CUresult r;
+    if (!fname || !module)
+        return CUDA_ERROR_INVALID_VALUE;
+    f = fopen(fname, "rb");
+    if (!f)
+        return CUDA_ERROR_FILE_NOT_FOUND;
+    if (fseek(f, 0, SEEK_END) != 0 || (n = ftell(f)) < 0 || (size_t)n > SHIM_CHUNK || fseek(f, 0, SEEK_SET) != 0) {
+        fclose(f);
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    buf = calloc(1, (size_t)n + 1);
+    if (!buf) {
+        fclose(f);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    if (fread(buf, 1, (size_t)n, f) != (size_t)n) {
+        fclose(f);
+        free(buf);
+        return CUDA_ERROR_FILE_NOT_FOUND;
+    }
+    fclose(f);
+    r = rpc_cuModuleLoadData(module, buf);
+    free(buf);
+    return r;
+}
+
+SHIM_EXPORT CUresult cuLibraryLoadData(CUlibrary *library, const void *code, CUjit_option *jitOptions,
+                                       void **jitOptionsValues, unsigned int numJitOptions,
+                                       CUlibraryOption *libraryOptions, void **libraryOptionValues,
+                                       unsigned int numLibraryOptions)
+{
+    (void)jitOptions;
+    (void)jitOptionsValues;
+    (void)numJitOptions;
+    (void)libraryOptions;
+    (void)libraryOptionValues;
+    (void)numLibraryOptions;
+    return rpc_gpupoolLibraryLoadData(library, code);
+}
+
+/* --- launch */
+
+SHIM_EXPORT CUresult cuLaunchKernel(CUfunction f, unsigned int gridDimX, unsigned int gridDimY, unsigned int gridDimZ,
+                                    unsigned int blockDimX, unsigned int blockDimY, unsigned int blockDimZ,
+                                    unsigned int sharedMemBytes, CUstream hStream, void **kernelParams, void **extra)
+{
+    uint64_t fn = (uint64_t)(uintptr_t)f;
+    struct param_layout l = {0, 0, NULL, NULL, 0};
+    char *blob = NULL;
+    size_t len = 0;
+    int found = 0;
+    CUresult r;
+
+    if (!f)
+        return CUDA_ERROR_INVALID_HANDLE;
+    if (kernelParams && extra)
+        return CUDA_ERROR_INVALID_VALUE;
+    for (int attempt = 0; attempt < 2 && !found; attempt++) {
+        pthread_mutex_lock(&tab.mu);
+        for (size_t i = 0; i < tab.nlayouts; i++) {
+            if (tab.layouts[i].fn == fn) {
+                l = tab.layouts[i];
+                found = 1;
+                if (kernelParams) {
+                    blob = calloc(1, l.total ? l.total : 1);
+                    for (unsigned int p = 0; blob && p < l.count; p++) {
+                        if (!kernelParams[p]) {
+                            free(blob);
+                            blob = NULL;
+                            pthread_mutex_unlock(&tab.mu);
+                            return CUDA_ERROR_INVALID_VALUE;
+                        }
+                        memcpy(blob + l.offsets[p], kernelParams[p], l.sizes[p]);
+                    }
+                }
+                break;
+            }
+        }
+        pthread_mutex_unlock(&tab.mu);
+        if (!found) {
+            r = fetch_layout(fn);
+            if (r != CUDA_SUCCESS)
+                return r;
+        }
+    }
+    if (!found)
+        return CUDA_ERROR_INVALID_HANDLE;
+    len = l.total;
+    if (kernelParams) {
+        if (!blob)
+            return CUDA_ERROR_OUT_OF_MEMORY;
+    } else if (extra) {
+        void *buf = NULL;
+        size_t size = 0;
+        for (void **e = extra; *e != CU_LAUNCH_PARAM_END; e += 2) {
+            if (*e == CU_LAUNCH_PARAM_BUFFER_POINTER)
+                buf = e[1];
+            else if (*e == CU_LAUNCH_PARAM_BUFFER_SIZE && e[1])
+                size = *(size_t *)e[1];
+            else
+                return CUDA_ERROR_INVALID_VALUE;
+        }
+        if (l.total > 0 && (!buf || size < l.total))
+            return CUDA_ERROR_INVALID_VALUE;
+        blob = malloc(len ? len : 1);
+        if (!blob)
+            return CUDA_ERROR_OUT_OF_MEMORY;
+        if (len)
+            memcpy(blob, buf, len);
+    } else if (l.count > 0) {
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    r = rpc_gpupoolLaunchKernel(f, gridDimX, gridDimY, gridDimZ, blockDimX, blockDimY, blockDimZ, sharedMemBytes,
+                                hStream, blob ? blob : "", (unsigned int)len);
+    free(blob);
+    return r;
+}
+
+SHIM_EXPORT CUresult cuOccupancyMaxPotentialBlockSize(int *minGridSize, int *blockSize, CUfunction func,
+                                                      CUoccupancyB2DSize blockSizeToDynamicSMemSize,
+                                                      size_t dynamicSMemSize, int blockSizeLimit)
+{
+    if (blockSizeToDynamicSMemSize)
+        return shim_unsupported("cuOccupancyMaxPotentialBlockSize with a block-size callback",
+                                shim_unsupported_count + 1);
+    return rpc_gpupoolOccupancyMaxPotentialBlockSize(minGridSize, blockSize, func, dynamicSMemSize, blockSizeLimit);
+}
+
+/* --- errors and entry points: work before cuInit, as in the driver */
+
+SHIM_EXPORT CUresult cuGetErrorName(CUresult error, const char **pStr)
+{
+    if (!pStr)
+        return CUDA_ERROR_INVALID_VALUE;
+    for (const struct shim_error *e = shim_errors; e->name; e++) {
+        if (e->value == error) {
+            *pStr = e->name;
+            return CUDA_SUCCESS;
+        }
+    }
+    *pStr = NULL;
+    return CUDA_ERROR_INVALID_VALUE;
+}
+
+SHIM_EXPORT CUresult cuGetErrorString(CUresult error, const char **pStr)
+{
+    if (!pStr)
+        return CUDA_ERROR_INVALID_VALUE;
+    for (const struct shim_error *e = shim_errors; e->name; e++) {
+        if (e->value == error) {
+            *pStr = e->text;
+            return CUDA_SUCCESS;
+        }
+    }
+    *pStr = NULL;
+    return CUDA_ERROR_INVALID_VALUE;
+}
+
+/* The newest version of symbol available at cudaVersion; unsupported stubs
+   only when nothing supported has the name. Flags (per-thread default
+   stream variants) are accepted and ignored: streams are remoted as given. */
+SHIM_EXPORT CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int cudaVersion, cuuint64_t flags,
+                                         CUdriverProcAddressQueryResult *symbolStatus)
+{
+    const struct shim_proc *best = NULL;
+    int named = 0;
+    (void)flags;
+    if (!symbol || !pfn)
+        return CUDA_ERROR_INVALID_VALUE;
+    for (const struct shim_proc *p = shim_procs; p->base; p++) {
+        if (strcmp(p->base, symbol) != 0)
+            continue;
+        named = 1;
+        if (p->since > cudaVersion)
+            continue;
+        if (!best || p->supported > best->supported || (p->supported == best->supported && p->since > best->since))
+            best = p;
+    }
+    if (!best) {
+        *pfn = NULL;
+        if (symbolStatus)
+            *symbolStatus = named ? CU_GET_PROC_ADDRESS_VERSION_NOT_SUFFICIENT : CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND;
+        return CUDA_ERROR_NOT_FOUND;
+    }
+    *pfn = best->fn;
+    if (symbolStatus)
+        *symbolStatus = CU_GET_PROC_ADDRESS_SUCCESS;
+    return CUDA_SUCCESS;
+}
+
+SHIM_EXPORT CUresult cuGetProcAddress(const char *symbol, void **pfn, int cudaVersion, cuuint64_t flags)
+{
+    return cuGetProcAddress_v2(symbol, pfn, cudaVersion, flags, NULL);
+}
+
+/* cudart's private tables are not remoted: see docs/remote-cuda.md. Under
+   GPUPOOL_CUDA_TRACE each table asked for is logged by its UUID, the first
+   thing to learn about a runtime version. */
+SHIM_EXPORT CUresult cuGetExportTable(const void **ppExportTable, const CUuuid *pExportTableId)
+{
+    if (ppExportTable)
+        *ppExportTable = NULL;
+    if (trace && pExportTableId) {
+        const unsigned char *u = (const unsigned char *)pExportTableId->bytes;
+        shim_log("trace: cuGetExportTable %02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x "
+                 "-> CUDA_ERROR_NOT_SUPPORTED",
+                 u[0], u[1], u[2], u[3], u[4], u[5], u[6], u[7], u[8], u[9], u[10], u[11], u[12], u[13], u[14], u[15]);
+    }
+    return shim_unsupported("cuGetExportTable (used by the CUDA runtime, cudart)", shim_unsupported_count + 2);
+}
