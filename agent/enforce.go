@@ -295,10 +295,16 @@ func (a *Agent) onHealthEvent(ev device.HealthEvent) {
 // healthOf returns a device's health and why.
 func (a *Agent) healthOf(uuid string) (gpupoolv1.DeviceHealth, string) {
 	a.health.mu.Lock()
-	defer a.health.mu.Unlock()
-	if a.healAfterLocked(time.Now()) {
-		go a.saveMemory()
+	healed := a.healAfterLocked(time.Now())
+	h, why := a.healthLocked(uuid)
+	a.health.mu.Unlock()
+	if healed {
+		a.saveMemory()
 	}
+	return h, why
+}
+
+func (a *Agent) healthLocked(uuid string) (gpupoolv1.DeviceHealth, string) {
 	if a.health.allLost != "" {
 		return gpupoolv1.DeviceHealth_DEVICE_HEALTH_UNHEALTHY, a.health.allLost
 	}
