@@ -85,6 +85,10 @@ type Config struct {
 	// TLS, when set, makes the connection to the brokers mutual TLS with
 	// the agent's certificate (see client.Options.TLS); nil is plaintext.
 	TLS *tls.Config
+	// CudaServer is the command that runs a lease's CUDA server (the
+	// agent's own binary and "agent cuda-server"); the agent adds the
+	// lease's description. Empty: the data plane serves no CUDA.
+	CudaServer []string
 }
 
 // validHostID is what a host id may look like: it shows up in CLI tables,

@@ -298,7 +298,7 @@ func startRefusal(argv0 string, err error) *RefusedError {
 // with the server's ends of its stdio pipes.
 type process struct {
 	pid            int
-	stdin          *os.File // write end
+	stdin          *os.File // write end; nil when the command came with its own stdin
 	stdout, stderr *os.File // read ends
 
 	exited atomic.Int64 // Unix nanoseconds of the exit, 0 while running
@@ -308,7 +308,9 @@ type process struct {
 }
 
 // startProcess starts cmd in a process group of its own, with pipes for
-// its stdio, and reaps it when it exits.
+// its stdout and stderr, and for its stdin unless cmd.Stdin is set (to an
+// *os.File), and reaps it when it exits. It is how every process of a
+// lease starts: exec's and the lease's CUDA server.
 func startProcess(cmd *exec.Cmd) (*process, error) {
 	var files []*os.File
 	closeAll := func() {
@@ -323,9 +325,14 @@ func startProcess(cmd *exec.Cmd) (*process, error) {
 		}
 		return r, w, err
 	}
-	inR, inW, err := pipe()
-	if err != nil {
-		return nil, err
+	// A command that comes with its stdin (a CUDA server's listening
+	// socket) keeps it; the others get a pipe.
+	inR, inW := (*os.File)(nil), (*os.File)(nil)
+	if cmd.Stdin == nil {
+		var err error
+		if inR, inW, err = pipe(); err != nil {
+			return nil, err
+		}
 	}
 	outR, outW, err := pipe()
 	if err != nil {
@@ -337,7 +344,10 @@ func startProcess(cmd *exec.Cmd) (*process, error) {
 		closeAll()
 		return nil, err
 	}
-	cmd.Stdin, cmd.Stdout, cmd.Stderr = inR, outW, errW
+	if inR != nil {
+		cmd.Stdin = inR
+	}
+	cmd.Stdout, cmd.Stderr = outW, errW
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	if err := cmd.Start(); err != nil {
 		closeAll()
@@ -345,7 +355,9 @@ func startProcess(cmd *exec.Cmd) (*process, error) {
 	}
 	// The child holds its ends now; the pipes report EOF once it and its
 	// descendants have closed them.
-	inR.Close()
+	if inR != nil {
+		inR.Close()
+	}
 	outW.Close()
 	errW.Close()
 	p := &process{

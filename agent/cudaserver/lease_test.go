@@ -101,3 +101,35 @@ func TestASimulatedLeaseServerShowsTheSlice(t *testing.T) {
 		t.Errorf("cuDeviceGetName: got %q (%v), want the H100 the slice is on", name, r)
 	}
 }
+
+func TestALeaseServerSurvivesItsCommandLine(t *testing.T) {
+	inv := []*gpupoolv1.Device{{Uuid: "GPU-00000000-0000-0000-0000-000000000001", Index: 0, Model: "A100-SXM4-80GB", MemoryMib: 81920, SmCount: 108}}
+	ls := LeaseServer{
+		Lease:     &gpupoolv1.Lease{Id: "l-1", Slices: []*gpupoolv1.Slice{{Host: "h1", Device: inv[0].Uuid, MemoryMib: 8192, ComputePercent: 25}}},
+		HostID:    "h1",
+		Inventory: inv,
+		Backend:   BackendSimulated,
+	}
+	arg, err := ls.Arg()
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := ParseArg(arg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got.Lease.GetSlices()[0].GetMemoryMib() != 8192 || got.HostID != "h1" || got.Backend != BackendSimulated || got.Inventory[0].GetSmCount() != 108 {
+		t.Errorf("got %+v, want %+v", got, ls)
+	}
+	for _, tc := range []struct{ name, arg, want string }{
+		{"not JSON", "{", "the lease's description"},
+		{"an unknown backend", `{"lease":{"id":"l","slices":[{"host":"h1","device":"GPU-00000000-0000-0000-0000-000000000001","memoryMib":1}]},"host_id":"h1","inventory":[{"uuid":"GPU-00000000-0000-0000-0000-000000000001"}],"backend":"gpu"}`, `backend "gpu"`},
+		{"a slice of another host's device", `{"lease":{"id":"l","slices":[{"host":"h1","device":"GPU-x","memoryMib":1}]},"host_id":"h1","inventory":[],"backend":"simulated"}`, "is not on host h1"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if _, err := ParseArg(tc.arg); err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Errorf("got %v, want an error containing %q", err, tc.want)
+			}
+		})
+	}
+}

@@ -131,7 +131,7 @@ else the hostname.`,
 	f.DurationVar(&o.enforce.KillAfter, "kill-after", agent.DefaultKillAfter, "how long a process has after SIGTERM before SIGKILL")
 	f.DurationVar(&o.enforce.ExpiryGrace, "expiry-grace", agent.DefaultExpiryGrace, "how long past its expiry a lease's processes run while the brokers are unreachable")
 	f.BoolVar(&o.insecure, "insecure", false, insecureUsage)
-	cmd.AddCommand(newAgentSimulateCmd())
+	cmd.AddCommand(newAgentSimulateCmd(), newAgentCudaServerCmd())
 	return cmd
 }
 
@@ -270,6 +270,7 @@ func runAgent(cmd *cobra.Command, o agentOpts) error {
 		MPS:           mpsCtl,
 		DataBind:      o.dataBind,
 		TLS:           tlsConfigOf(src),
+		CudaServer:    cudaServerCommand(logger),
 	})
 	if err != nil {
 		return usagef("%v", err)
@@ -340,4 +341,16 @@ func machineMemoryMiB() int64 {
 		}
 	}
 	return 0
+}
+
+// cudaServerCommand is how the agent starts a lease's CUDA server: this
+// binary's hidden 'agent cuda-server'. Without a path to this binary the
+// agent serves no CUDA, and says so.
+func cudaServerCommand(logger *slog.Logger) []string {
+	exe, err := os.Executable()
+	if err != nil {
+		logger.Warn("this agent serves no CUDA: it cannot find its own binary", "err", err)
+		return nil
+	}
+	return []string{exe, "agent", "cuda-server"}
 }
