@@ -104,6 +104,12 @@ type testAgent struct {
 // end of the test.
 func newTestAgent(t *testing.T) *testAgent {
 	t.Helper()
+	return newTestAgentCuda(t, nil)
+}
+
+// newTestAgentCuda is newTestAgent whose cuda operation starts cuda.
+func newTestAgentCuda(t *testing.T, cuda CudaServerFunc) *testAgent {
+	t.Helper()
 	base := t.TempDir()
 	cert, fp, err := LoadOrCreateCert(filepath.Join(base, "cert"))
 	if err != nil {
@@ -137,7 +143,8 @@ func newTestAgent(t *testing.T) *testAgent {
 		Cert:   cert,
 		Auth:   auth,
 		Leases: leases,
-		Logger: slog.New(slog.NewTextHandler(t.Output(), &slog.HandlerOptions{Level: slog.LevelDebug})),
+		Logger:     slog.New(slog.NewTextHandler(t.Output(), &slog.HandlerOptions{Level: slog.LevelDebug})),
+		CudaServer: cuda,
 	})
 	if err != nil {
 		t.Fatal(err)
