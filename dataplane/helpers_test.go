@@ -139,10 +139,10 @@ func newTestAgentCuda(t *testing.T, cuda CudaServerFunc) *testAgent {
 		refusal: map[string]string{"expired": "token expired at 2026-01-02T03:04:05Z"},
 	}
 	srv, err := NewServer(ServerConfig{
-		Addr:   "127.0.0.1:0",
-		Cert:   cert,
-		Auth:   auth,
-		Leases: leases,
+		Addr:       "127.0.0.1:0",
+		Cert:       cert,
+		Auth:       auth,
+		Leases:     leases,
 		Logger:     slog.New(slog.NewTextHandler(t.Output(), &slog.HandlerOptions{Level: slog.LevelDebug})),
 		CudaServer: cuda,
 	})
