@@ -77,7 +77,7 @@ const (
 
 // LeaseServer is what the per-lease server process needs to serve a lease:
 // the workload the agent starts in the lease's sandbox (docs/remote-cuda.md,
-// Integration).
+// How the agent runs the server).
 type LeaseServer struct {
 	// Lease and HostID pick the lease's slices on this host.
 	Lease  *gpupoolv1.Lease

@@ -47,8 +47,9 @@ when CMD ends, or, with --lease ID, attaches to a lease you hold and leaves it
 granted. It renews the lease while CMD runs. If the lease ends meanwhile,
 CMD's next CUDA call fails with CUDA_ERROR_DEVICE_UNAVAILABLE.
 
-The shim is found in --shim-dir, else in $GPUPOOL_CUDA_SHIM_DIR, else in
-../lib next to the gpupool binary (where 'make build' puts it: bin/lib).
+The shim is found in --shim-dir, else in $GPUPOOL_CUDA_SHIM_DIR, else in lib
+next to the gpupool binary (where 'make build' puts it: bin/lib), else in
+../lib (an installed prefix: /usr/local/bin and /usr/local/lib).
 Programs that use the CUDA driver API run; programs that use the runtime API
 (cudart) and the frameworks built on it do not yet (docs/remote-cuda.md).
 
@@ -132,18 +133,21 @@ passed on to it. Attach exits with CMD's exit code.`,
 	f.ttl = time.Minute
 	cmd.Flags().Lookup("ttl").DefValue = f.ttl.String()
 	cmd.Flags().StringVar(&leaseID, "lease", "", "attach to this lease you hold instead of acquiring one (left granted afterwards)")
-	cmd.Flags().StringVar(&shimDir, "shim-dir", "", "the directory of gpupool's libcuda.so.1 (default $"+shimDirEnv+", else ../lib next to the gpupool binary)")
+	cmd.Flags().StringVar(&shimDir, "shim-dir", "", "the directory of gpupool's libcuda.so.1 (default $"+shimDirEnv+", else lib or ../lib next to the gpupool binary)")
 	return cmd
 }
 
 // findShim returns the directory of the shim, libcuda.so.1: dir, else
-// $GPUPOOL_CUDA_SHIM_DIR, else ../lib next to this binary.
+// $GPUPOOL_CUDA_SHIM_DIR, else lib next to this binary (bin/lib of a
+// build tree), else ../lib (an installed prefix).
 func findShim(dir string) (string, error) {
-	from := "--shim-dir"
-	if dir == "" {
+	var from string
+	switch {
+	case dir != "":
+		from = "--shim-dir"
+	case os.Getenv(shimDirEnv) != "":
 		dir, from = os.Getenv(shimDirEnv), shimDirEnv
-	}
-	if dir == "" {
+	default:
 		exe, err := os.Executable()
 		if err != nil {
 			return "", usagef("--shim-dir: not given, and the gpupool binary's own path is unknown (%v): give the directory of libcuda.so.1", err)
@@ -151,16 +155,28 @@ func findShim(dir string) (string, error) {
 		if real, err := filepath.EvalSymlinks(exe); err == nil {
 			exe = real
 		}
-		dir, from = filepath.Join(filepath.Dir(exe), "..", "lib"), "--shim-dir (default: ../lib next to "+exe+")"
+		near := []string{filepath.Join(filepath.Dir(exe), "lib"), filepath.Join(filepath.Dir(exe), "..", "lib")}
+		for _, d := range near {
+			if hasShim(d) {
+				return filepath.Clean(d), nil
+			}
+		}
+		return "", usagef("--shim-dir: not given, and no libcuda.so.1 in %s or %s next to the gpupool binary: give the directory of gpupool's CUDA shim ('make build' puts it in bin/lib)",
+			near[0], filepath.Clean(near[1]))
 	}
 	dir, err := filepath.Abs(dir)
 	if err != nil {
 		return "", usagef("%s %s: %v", from, dir, err)
 	}
-	if st, err := os.Stat(filepath.Join(dir, "libcuda.so.1")); err != nil || !st.Mode().IsRegular() {
+	if !hasShim(dir) {
 		return "", usagef("%s %s: no libcuda.so.1 there: give the directory of gpupool's CUDA shim ('make build' puts it in bin/lib)", from, dir)
 	}
 	return dir, nil
+}
+
+func hasShim(dir string) bool {
+	st, err := os.Stat(filepath.Join(dir, "libcuda.so.1"))
+	return err == nil && st.Mode().IsRegular()
 }
 
 // attachRun runs argv here with the lease's CUDA server behind the shim,

@@ -23,7 +23,7 @@ func TestAttachRefusesBadInput(t *testing.T) {
 		{"a shim directory without the shim", []string{"attach", "--exclusive", "--shim-dir", empty, "--", "./vecadd"},
 			[]string{"--shim-dir " + empty + ": no libcuda.so.1 there"}},
 		{"no shim next to the binary", []string{"attach", "--exclusive", "--", "./vecadd"},
-			[]string{"--shim-dir (default: ../lib next to", "no libcuda.so.1 there", "make build"}},
+			[]string{"--shim-dir: not given, and no libcuda.so.1 in", "next to the gpupool binary", "make build"}},
 		{"neither slice nor whole GPU", []string{"attach", "--shim-dir", shim, "--", "./vecadd"}, []string{"--exclusive for whole GPUs, or --memory and --compute"}},
 		{"a bad memory quantity", []string{"attach", "--memory", "lots", "--compute", "25", "--shim-dir", shim, "--", "./vecadd"}, []string{"--memory"}},
 		{"the CUDA server without its lease", []string{"agent", "cuda-server"}, []string{"--lease: required"}},
