@@ -270,7 +270,7 @@ func runAgent(cmd *cobra.Command, o agentOpts) error {
 		MPS:           mpsCtl,
 		DataBind:      o.dataBind,
 		TLS:           tlsConfigOf(src),
-		CudaServer:    cudaServerCommand(logger),
+		CudaServer:    cudaServerCommand(),
 	})
 	if err != nil {
 		return usagef("%v", err)
@@ -343,14 +343,11 @@ func machineMemoryMiB() int64 {
 	return 0
 }
 
-// cudaServerCommand is how the agent starts a lease's CUDA server: this
-// binary's hidden 'agent cuda-server'. Without a path to this binary the
-// agent serves no CUDA, and says so.
-func cudaServerCommand(logger *slog.Logger) []string {
-	exe, err := os.Executable()
-	if err != nil {
-		logger.Warn("this agent serves no CUDA: it cannot find its own binary", "err", err)
-		return nil
-	}
-	return []string{exe, "agent", "cuda-server"}
+// cudaServerCommand is how the agent starts a lease's CUDA server: its own
+// binary's hidden 'agent cuda-server', named /proc/self/exe, which the
+// process starting it resolves to the agent's binary wherever it is and
+// whatever a lease's mount namespace hides, so that the server always
+// speaks the agent's version of the protocol.
+func cudaServerCommand() []string {
+	return []string{"/proc/self/exe", "agent", "cuda-server"}
 }
