@@ -8,14 +8,25 @@ PROTO_FILES := $(wildcard proto/gpupool/v1/*.proto)
 export CGO_CFLAGS ?= -O2 -g -Wno-deprecated-declarations
 PKG_RACE := ./broker/... ./agent/... ./client/... ./k8s/... ./protocol/... ./internal/... ./token/... ./dataplane/... ./cuda/...
 
-.PHONY: all build cc cuda-gen examples test-gpu test dev proto proto-check lint lint-refs bench bench-dataplane bench-placement bench-lease bench-failover bench-scale bench-go tools clean test-unit test-cluster helm chart test-k8s bench-k8s elastic-demo fuzz test-robustness soak robustness-tools
+.PHONY: tmux test-dashboard all build install cc cuda-gen examples test-gpu test dev proto proto-check lint lint-refs bench bench-dataplane bench-placement bench-lease bench-failover bench-scale bench-go tools clean test-unit test-cluster helm chart test-k8s bench-k8s elastic-demo fuzz test-robustness soak robustness-tools
 
 all: build
 
-build: cc ## build bin/gpupool (the product), bin/gpupool-bench (the benchmarks, kept out of the product) and the CUDA shim bin/lib/libcuda.so.1
-	$(GO) build -o $(BIN)/gpupool ./cmd/gpupool
-	$(GO) build -o $(BIN)/gpupool-bench ./cmd/gpupool-bench
+# The version and commit 'gpupool version' prints, from git.
+VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
+COMMIT  ?= $(shell git rev-parse --short=12 HEAD 2>/dev/null)
+LDFLAGS := -X github.com/gpupool/gpupool/internal/version.Version=$(VERSION) -X github.com/gpupool/gpupool/internal/version.Commit=$(COMMIT)
+PREFIX  ?= /usr/local
+
+build: cc ## build bin/gpupool (the product, stamped with the git version and commit), bin/gpupool-bench (the benchmarks, kept out of the product) and the CUDA shim bin/lib/libcuda.so.1
+	$(GO) build -ldflags "$(LDFLAGS)" -o $(BIN)/gpupool ./cmd/gpupool
+	$(GO) build -ldflags "$(LDFLAGS)" -o $(BIN)/gpupool-bench ./cmd/gpupool-bench
 	$(GO) run ./cuda/shim/mkshim $(BIN)/lib >/dev/null
+
+install: build ## install gpupool into $(PREFIX)/bin (default /usr/local; e.g. make install PREFIX=$$HOME/.local)
+	install -d $(DESTDIR)$(PREFIX)/bin
+	install -m 0755 $(BIN)/gpupool $(DESTDIR)$(PREFIX)/bin/gpupool
+	@echo "installed $(DESTDIR)$(PREFIX)/bin/gpupool ($$($(DESTDIR)$(PREFIX)/bin/gpupool version | head -1))"
 
 # gcc builds the CUDA shim (C, loaded into other people's programs) and the
 # C test programs; installed from Debian when missing.
@@ -40,11 +51,18 @@ test-gpu: cc ## the CUDA remoting tests on a real GPU (skips without one)
 dev: build ## run 3 brokers + 4 simulated hosts and show a lease's life; Ctrl-C stops
 	$(BIN)/gpupool dev --demo
 
-test: tools cc proto-check lint test-unit ## everything CI runs by default
+test: tools tmux cc proto-check lint test-unit test-dashboard ## everything CI runs by default
 
 test-unit:
 	$(GO) test -race -count=1 -timeout 15m $(PKG_RACE)
 	$(GO) test -count=1 -timeout 15m ./cmd/... ./proto/... ./bench/... ./examples/... ./test/...
+
+# The Grafana dashboards (deploy/grafana) against the metrics a real broker
+# and agent register: every query parses with Prometheus' own PromQL parser
+# and names a metric that exists. Its own module (test/dashboard), so the
+# product's go.mod does not carry the Prometheus server.
+test-dashboard:
+	cd test/dashboard && $(GO) vet ./... && $(GO) test -count=1 ./...
 
 # The Kubernetes integration suite: its own module (test/k8s), which builds
 # kube-apiserver, kube-scheduler and kube-controller-manager from
@@ -61,6 +79,14 @@ test-k8s: chart
 # GPUPOOL_BENCH_OUT override the pod count and the output directory).
 bench-k8s: ## pod creation -> Leased=True / bound / prepared for 200 fractional pods (p50, p99); writes bench/results/k8s.{md,json}
 	cd test/k8s && GPUPOOL_BENCH_K8S=1 $(GO) test -count=1 -run TestBenchK8s -timeout 30m -v .
+
+# tmux drives 'gpupool top' in test/cluster (send-keys, capture-pane);
+# Debian's, installed once.
+tmux:
+	@command -v tmux >/dev/null || { \
+	  echo "installing tmux (Debian)"; \
+	  (apt-get install -y -q tmux >/dev/null 2>&1 || \
+	   (apt-get update -q >/dev/null && apt-get install -y -q tmux >/dev/null)); }
 
 # protoc comes from Debian (pinned by the distribution); the Go plugins are
 # pinned as tools in go.mod.
@@ -109,7 +135,7 @@ lint-refs: ## fail if any file cites DESIGN.md, /work/ or ../shared (paths outsi
 
 bench: build bench-placement bench-lease bench-failover bench-scale bench-dataplane ## every benchmark (about 20 minutes on 2 cores); writes bench/results/*.{json,md,png}; see bench/README.md
 
-bench-placement: build ## the broker's placement engine on the Alibaba openb trace, 9 policies incl. FGD, 10 seeds (about 9 min)
+bench-placement: build ## the placement engine replays the four openb traces beside the FGD paper's reference (9 policies, 10 seeds), a mix-shift replay and the placement cost from 1k to 100k hosts; writes bench/results/placement*
 	$(BIN)/gpupool-bench placement
 
 bench-lease: build ## acquire+release on 3 gpupool brokers against an allocator on 3 etcd members, 1-256 clients (installs Debian's etcd-server; about 5 min)

@@ -85,6 +85,10 @@ type Config struct {
 	// TLS, when set, makes the connection to the brokers mutual TLS with
 	// the agent's certificate (see client.Options.TLS); nil is plaintext.
 	TLS *tls.Config
+	// DCGMJobMappingDir, when set, is DCGM's HPC job mapping directory:
+	// the agent keeps in it, per GPU index, the ids of the leases holding
+	// the GPU (see jobMap). Empty writes none.
+	DCGMJobMappingDir string
 	// CudaServer is the command that runs a lease's CUDA server (the
 	// agent's own binary and "agent cuda-server"); the agent adds the
 	// lease's description. Empty: the data plane serves no CUDA.
@@ -161,6 +165,8 @@ type Agent struct {
 	sampleErr, scanErr errorOnce
 	// connected is true while a heartbeat stream to the brokers works.
 	connected atomic.Bool
+	// jobs is DCGM's job mapping; nil without DCGMJobMappingDir.
+	jobs *jobMap
 }
 
 // New validates cfg and returns an agent ready to Run.
@@ -198,12 +204,29 @@ func New(cfg Config) (*Agent, error) {
 		procs:   workload.NewTable(cfg.ProcRoot),
 		health:  health{sick: map[string]string{}},
 		kickCh:  make(chan struct{}, 1),
+		jobs:    newJobMap(cfg.DCGMJobMappingDir, log.With("host", cfg.HostID)),
 	}, nil
 }
+
+// syncJobMap brings DCGM's job mapping in line with the enforced leases.
+func (a *Agent) syncJobMap() { a.jobs.sync(a.byIndex, a.leases.enforced) }
 
 // Assignments returns a copy of the leases this host enforces, sorted by
 // lease id.
 func (a *Agent) Assignments() []*gpupoolv1.Assignment { return a.leases.enforced() }
+
+// ErrNotConnected is Ready's answer while no heartbeat stream to the
+// brokers works.
+var ErrNotConnected = errors.New("not connected to the brokers")
+
+// Ready returns nil while the agent's heartbeat stream to the brokers
+// works, ErrNotConnected otherwise.
+func (a *Agent) Ready() error {
+	if !a.connected.Load() {
+		return ErrNotConnected
+	}
+	return nil
+}
 
 // kick makes the heartbeat loop send a heartbeat now.
 func (a *Agent) kick() {
@@ -291,6 +314,12 @@ func (a *Agent) Run(ctx context.Context) error {
 	for ctx.Err() == nil {
 		if reg == nil {
 			reg, err = a.register(ctx, c.Agent, host)
+			if status.Code(err) == codes.PermissionDenied {
+				// The token does not allow this host (another host's join
+				// token, or not an agent token): retrying cannot help.
+				return fmt.Errorf("agent: the brokers refuse host %q: %s; start the agent with this host's own join token ('gpupool operator acl token create --kind agent --host-id %s')",
+					host.GetId(), status.Convert(err).Message(), host.GetId())
+			}
 			if err != nil {
 				conn.lost(a.log, "register failed", err, retry.peek())
 				sleep(ctx, retry.next())
@@ -341,6 +370,7 @@ func (a *Agent) resume(ctx context.Context) error {
 		a.log.Info("resumed lease from the data dir", "lease", rec.Assignment.LeaseId,
 			"expires", rec.Deadline.Format(time.RFC3339), "slices", describeSlices(rec.Assignment.Slices))
 	}
+	a.syncJobMap() // also clears what a crash left
 	return nil
 }
 

@@ -49,6 +49,7 @@ func (a *Agent) prepare(ctx context.Context, as *gpupoolv1.Assignment, now time.
 		return
 	}
 	a.log.Info("enforcing lease", "lease", as.LeaseId, "slices", describeSlices(as.Slices), "tenant", as.Tenant, "holder", as.Holder)
+	a.syncJobMap()
 }
 
 func (a *Agent) prepareErr(ctx context.Context, as *gpupoolv1.Assignment, deadline time.Time) error {
@@ -136,6 +137,7 @@ func (a *Agent) teardown(o teardownOrder) {
 	a.wg.Add(1)
 	go func() {
 		defer a.wg.Done()
+		a.syncJobMap() // the lease is no longer enforced: off DCGM's map
 		if a.dp != nil {
 			// The lease is no longer enforced (LeaseEnv says so), so no
 			// new stream is authorized; Revoke ends the open ones and the

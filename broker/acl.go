@@ -10,6 +10,7 @@ import (
 
 	"github.com/hashicorp/raft"
 	"google.golang.org/grpc"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/metadata"
 
 	gpupoolv1 "github.com/gpupool/gpupool/proto/gpupool/v1"
@@ -77,6 +78,9 @@ var methodRights = map[string]right{
 	gpupoolv1.ClusterService_ServerInfo_FullMethodName: rightOpen,
 	gpupoolv1.ClusterService_Join_FullMethodName:       rightJoin,
 	gpupoolv1.AclService_Bootstrap_FullMethodName:      rightOpen,
+	healthpb.Health_Check_FullMethodName:               rightOpen,
+	healthpb.Health_Watch_FullMethodName:               rightOpen,
+	healthpb.Health_List_FullMethodName:                rightOpen,
 
 	gpupoolv1.AclService_WhoAmI_FullMethodName:      rightAny,
 	gpupoolv1.AclService_CreateToken_FullMethodName: rightManage,

@@ -10,8 +10,8 @@ import (
 
 // BenchmarkAcquireLargePool grants fractional slices on a leader holding
 // many hosts of 8 GPUs, with FGD: the cost of placement and grant per lease
-// as the pool grows, with every host looked at and with the broker's
-// default placement window, one client at a time and 32 at once.
+// as the pool grows, placed through the pool index,
+// one client at a time and 32 at once.
 func BenchmarkAcquireLargePool(b *testing.B) {
 	for _, hosts := range []int{1000, 10000} {
 		ts := startServer(b)
@@ -26,15 +26,13 @@ func BenchmarkAcquireLargePool(b *testing.B) {
 				b.Fatal(err)
 			}
 		}
-		for _, window := range []int{0, 1024} {
-			b.Run(fmt.Sprintf("hosts=%d/window=%d/clients=1", hosts, window), func(b *testing.B) {
-				ts.s.placer.window = window
+		{
+			b.Run(fmt.Sprintf("hosts=%d/clients=1", hosts), func(b *testing.B) {
 				for range b.N {
 					acquire(b)
 				}
 			})
-			b.Run(fmt.Sprintf("hosts=%d/window=%d/clients=32", hosts, window), func(b *testing.B) {
-				ts.s.placer.window = window
+			b.Run(fmt.Sprintf("hosts=%d/clients=32", hosts), func(b *testing.B) {
 				b.SetParallelism(16) // × GOMAXPROCS 2
 				b.RunParallel(func(pb *testing.PB) {
 					for pb.Next() {

@@ -3,6 +3,7 @@ package broker
 import (
 	"context"
 	"errors"
+	"fmt"
 	"slices"
 	"strings"
 	"time"
@@ -11,6 +12,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/metadata"
 
+	"github.com/gpupool/gpupool/internal/version"
 	gpupoolv1 "github.com/gpupool/gpupool/proto/gpupool/v1"
 	"github.com/gpupool/gpupool/protocol"
 )
@@ -34,6 +36,23 @@ func (s *Server) selfInfo() *gpupoolv1.ServerInfoResponse {
 	if _, id := s.raft.LeaderWithID(); id != "" {
 		info.LeaderId = string(id)
 		info.LeaderRpcAddress = s.rpcAddrOf(string(id))
+	}
+	info.RaftState = strings.ToLower(s.raft.State().String())
+	fmt.Sscan(s.raft.Stats()["term"], &info.Term)
+	info.LastContactMs = -1
+	if s.raft.State() == raft.Leader {
+		info.LastContactMs = 0
+	} else if t := s.raft.LastContact(); !t.IsZero() {
+		info.LastContactMs = time.Since(t).Milliseconds()
+	}
+	info.Version = version.Get().Version
+	if f := s.raft.GetConfiguration(); f.Error() == nil {
+		for _, srv := range f.Configuration().Servers {
+			info.Peers = append(info.Peers, &gpupoolv1.ClusterPeer{
+				Id: string(srv.ID), RaftAddress: string(srv.Address),
+				RpcAddress: s.rpcAddrOf(string(srv.ID)), Voter: srv.Suffrage == raft.Voter,
+			})
+		}
 	}
 	return info
 }

@@ -99,16 +99,16 @@ func (f *inflight) snapshot() []*gpupoolv1.Lease {
 // overlay returns hosts with the grants of snap that st does not show yet
 // counted as taken. Only the hosts they touch are copied.
 func overlay(st *state.Reader, hosts []*gpupoolv1.Host, snap []*gpupoolv1.Lease) []*gpupoolv1.Host {
-	var pending []*gpupoolv1.Lease
-	for _, l := range snap {
-		// A grant of a lease the queue holds is in flight while the
-		// state still shows it pending.
-		if cur := st.Lease(l.Id); cur == nil || cur.State == gpupoolv1.LeaseState_LEASE_STATE_PENDING {
-			pending = append(pending, l)
-		}
-	}
+	out, _ := overlayCopies(st, hosts, snap)
+	return out
+}
+
+// overlayCopies is overlay, and the copies it made: the hosts the grants in flight touch,
+// with those grants.
+func overlayCopies(st *state.Reader, hosts []*gpupoolv1.Host, snap []*gpupoolv1.Lease) ([]*gpupoolv1.Host, []*gpupoolv1.Host) {
+	pending := inFlight(st, snap)
 	if len(pending) == 0 {
-		return hosts
+		return hosts, nil
 	}
 	touched := map[string]bool{}
 	for _, l := range pending {
@@ -130,10 +130,27 @@ func overlay(st *state.Reader, hosts []*gpupoolv1.Host, snap []*gpupoolv1.Lease)
 	}
 	out := make([]*gpupoolv1.Host, len(hosts))
 	copy(out, hosts)
+	var made []*gpupoolv1.Host
 	for _, h := range work.Hosts() {
+		if out[at[h.Id]] != h {
+			made = append(made, h)
+		}
 		out[at[h.Id]] = h
 	}
-	return out
+	return out, made
+}
+
+// inFlight are the grants of snap that st does not show yet.
+func inFlight(st *state.Reader, snap []*gpupoolv1.Lease) []*gpupoolv1.Lease {
+	var pending []*gpupoolv1.Lease
+	for _, l := range snap {
+		// A grant of a lease the queue holds is in flight while the
+		// state still shows it pending.
+		if cur := st.Lease(l.Id); cur == nil || cur.State == gpupoolv1.LeaseState_LEASE_STATE_PENDING {
+			pending = append(pending, l)
+		}
+	}
+	return pending
 }
 
 // reservedPool is the pool as Acquire may place on: the state with the
@@ -141,4 +158,45 @@ func overlay(st *state.Reader, hosts []*gpupoolv1.Host, snap []*gpupoolv1.Lease)
 // leaving will take once they have gone.
 func (s *Server) reservedPool(st *state.Reader, inflight []*gpupoolv1.Lease) []*gpupoolv1.Host {
 	return planner.Reserved(st, overlay(st, st.HostsWithDevices(), inflight), s.placer)
+}
+
+// reserving reports whether a pending lease reserves capacity while its
+// victims are still leaving.
+func reserving(st *state.Reader) bool {
+	for _, r := range st.PendingLeases() {
+		if len(st.PreemptedFor(r.Id)) > 0 {
+			return true
+		}
+	}
+	return false
+}
+
+// acquirePool is reservedPool as a function that builds it when a caller
+// needs it, and, when no pending lease reserves capacity, the hosts the
+// grants in flight touch, as copies with those grants: then the FSM's
+// pool index (never behind st) with those copies over it is the pool
+// Acquire places on, and a grant reads no more of the pool than that.
+func (s *Server) acquirePool(st *state.Reader, inflight []*gpupoolv1.Lease) (hosts func() []*gpupoolv1.Host, over []*gpupoolv1.Host, indexed bool) {
+	var pool []*gpupoolv1.Host
+	hosts = func() []*gpupoolv1.Host {
+		if pool == nil {
+			pool = s.reservedPool(st, inflight)
+		}
+		return pool
+	}
+	if reserving(st) {
+		return hosts, nil, false
+	}
+	var touched []*gpupoolv1.Host
+	seen := map[string]bool{}
+	for _, l := range inFlight(st, inflight) {
+		for _, id := range state.LeaseHosts(l) {
+			if h := st.HostWithDevices(id); h != nil && !seen[id] {
+				seen[id] = true
+				touched = append(touched, h)
+			}
+		}
+	}
+	_, over = overlayCopies(st, touched, inflight)
+	return hosts, over, true
 }

@@ -124,7 +124,7 @@ func TestReservationsSeeTheGrantsInFlight(t *testing.T) {
 		Request: &gpupoolv1.LeaseRequest{Count: 2, Exclusive: true}})
 	w.Commit(1)
 
-	srv := &Server{placer: newPlacer(placement.Binpack, 0)}
+	srv := &Server{placer: newPlacer(placement.Binpack)}
 	inflight := []*gpupoolv1.Lease{{Id: "l-inflight", Slices: whole("GPU-a")}}
 	hosts := srv.reservedPool(s.Read(), inflight)
 	if ss, err := srv.placer.Place(hosts, &gpupoolv1.LeaseRequest{Count: 1, Exclusive: true}); err == nil {

@@ -124,9 +124,11 @@ func (s *Server) acquire(ctx context.Context, r *gpupoolv1.LeaseRequest, wait ti
 		}
 		return s.acquire(ctx, r, wait)
 	}
-	hosts := s.reservedPool(st, inflight)
-	if err := checkAgainstPool(r, hosts); err != nil {
-		return nil, err
+	pool, over, indexed := s.acquirePool(st, inflight)
+	if c := r.GetConstraints(); !indexed || c.GetHost() != "" || c.GetModel() != "" {
+		if err := checkAgainstPool(r, pool()); err != nil {
+			return nil, err
+		}
 	}
 	queue := func(err error) (*gpupoolv1.AcquireResponse, error) {
 		if wait <= 0 {
@@ -141,11 +143,17 @@ func (s *Server) acquire(ctx context.Context, r *gpupoolv1.LeaseRequest, wait ti
 		}
 		return s.awaitGrant(ctx, pl.Id, wait)
 	}
-	s.placer.observe(hosts, r)
-	slices, err := s.placer.Place(hosts, r)
+	s.placer.observeLazy(pool, r)
+	var slices []*gpupoolv1.Slice
+	var err error
+	if indexed {
+		slices, err = s.placer.placeIndexed(s.fsm.PoolIndex(), over, r)
+	} else {
+		slices, err = s.placer.Place(pool(), r)
+	}
 	if pe := (*placement.Error)(nil); errors.As(err, &pe) && !pe.Never {
 		if wait <= 0 {
-			return nil, planner.PreemptionHint(st, hosts, r, pe, s.placer, s.cfg.PreemptGrace)
+			return nil, planner.PreemptionHint(st, pool(), r, pe, s.placer, s.cfg.PreemptGrace)
 		}
 		return queue(err)
 	}

@@ -1,6 +1,7 @@
 package broker
 
 import (
+	"strings"
 	"time"
 
 	"github.com/hashicorp/raft"
@@ -18,6 +19,14 @@ type metrics struct {
 	reg      *prometheus.Registry
 	acquires *prometheus.CounterVec
 	latency  prometheus.Histogram
+
+	// Fed by countLeaseEvents from this server's change feed, and by
+	// proposals on the leader.
+	leaseEvents *prometheus.CounterVec
+	leaseEnds   *prometheus.CounterVec
+	queueWait   prometheus.Histogram
+	apply       prometheus.Histogram
+	s           *Server
 }
 
 func newMetrics(s *Server) *metrics {
@@ -31,6 +40,30 @@ func newMetrics(s *Server) *metrics {
 			Buckets: prometheus.ExponentialBuckets(0.0005, 2, 14),
 		}),
 	}
+	m.s = s
+	m.leaseEvents = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "gpupool_lease_events_total", Help: "Lease changes this server applied, by event type (granted, releasing, ended, lost, violation, ...).",
+	}, []string{"type"})
+	m.leaseEnds = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "gpupool_leases_ended_total", Help: "Leases this server saw end (capacity freed), by end state: released, expired or revoked.",
+	}, []string{"state"})
+	m.queueWait = prometheus.NewHistogram(prometheus.HistogramOpts{
+		Name: "gpupool_queue_wait_seconds", Help: "How long leases granted from the pending queue waited in it.",
+		Buckets: prometheus.ExponentialBuckets(0.1, 2, 16),
+	})
+	m.apply = prometheus.NewHistogram(prometheus.HistogramOpts{
+		Name: "gpupool_raft_apply_seconds", Help: "On the leader: time from proposing a command to Raft to its being applied.",
+		Buckets: prometheus.ExponentialBuckets(0.0005, 2, 14),
+	})
+	for v, name := range gpupoolv1.LeaseEventType_name {
+		if v != 0 && gpupoolv1.LeaseEventType(v) != gpupoolv1.LeaseEventType_LEASE_EVENT_TYPE_SNAPSHOT {
+			m.leaseEvents.WithLabelValues(eventTypeLabel(name))
+		}
+	}
+	for _, st := range []gpupoolv1.LeaseState{gpupoolv1.LeaseState_LEASE_STATE_RELEASED, gpupoolv1.LeaseState_LEASE_STATE_EXPIRED, gpupoolv1.LeaseState_LEASE_STATE_REVOKED} {
+		m.leaseEnds.WithLabelValues(stateName(st))
+	}
+	m.reg.MustRegister(m.leaseEvents, m.leaseEnds, m.queueWait, m.apply, poolCollector{s})
 	m.reg.MustRegister(m.acquires, m.latency, stateCollector{s},
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
@@ -41,6 +74,133 @@ func (m *metrics) observeAcquire(start time.Time, err error) {
 	if err == nil {
 		m.latency.Observe(time.Since(start).Seconds())
 	}
+}
+
+// eventTypeLabel is LEASE_EVENT_TYPE_DRAIN_NOTICE as "drain_notice".
+func eventTypeLabel(name string) string {
+	return strings.ToLower(strings.TrimPrefix(name, "LEASE_EVENT_TYPE_"))
+}
+
+// countLeaseEvents counts the lease changes this server applies, until it
+// shuts down. A subscription that falls behind is renewed: what it missed
+// is not counted.
+func (m *metrics) countLeaseEvents() {
+	for {
+		events, cancel := m.s.fsm.Subscribe()
+		for open := true; open; {
+			select {
+			case <-m.s.shutdownCh:
+				cancel()
+				return
+			case ev, ok := <-events:
+				if !ok {
+					open = false
+					break
+				}
+				m.observeLeaseEvent(ev)
+			}
+		}
+		cancel()
+	}
+}
+
+func (m *metrics) observeLeaseEvent(ev fsm.Event) {
+	if ev.Reset || ev.Lease == nil || ev.Type == gpupoolv1.LeaseEventType_LEASE_EVENT_TYPE_SNAPSHOT {
+		return
+	}
+	m.leaseEvents.WithLabelValues(eventTypeLabel(ev.Type.String())).Inc()
+	l := ev.Lease
+	switch ev.Type {
+	case gpupoolv1.LeaseEventType_LEASE_EVENT_TYPE_ENDED:
+		m.leaseEnds.WithLabelValues(stateName(l.State)).Inc()
+	case gpupoolv1.LeaseEventType_LEASE_EVENT_TYPE_GRANTED:
+		// A grant from the queue keeps the pending lease's arrival.
+		if l.CreateIndex != l.FencingToken && l.StateChangedAtMs >= l.CreatedAtMs {
+			m.queueWait.Observe(float64(l.StateChangedAtMs-l.CreatedAtMs) / 1000)
+		}
+	}
+}
+
+// observeApply records a proposal's time to apply.
+func (m *metrics) observeApply(d time.Duration) { m.apply.Observe(d.Seconds()) }
+
+// poolCollector reads per-host and queue gauges from the state at scrape
+// time.
+type poolCollector struct{ s *Server }
+
+var (
+	descHostReady     = prometheus.NewDesc("gpupool_host_ready", "1 if the host is ready (status ready and eligible), else 0.", []string{"host", "status"}, nil)
+	descHostUnhealthy = prometheus.NewDesc("gpupool_host_gpus_unhealthy", "The host's unhealthy GPUs.", []string{"host"}, nil)
+	descHostGPUs      = prometheus.NewDesc("gpupool_host_gpus", "The host's GPUs.", []string{"host"}, nil)
+	descHostAllocated = prometheus.NewDesc("gpupool_host_compute_allocated_ratio", "Compute allocated on the host's GPUs, 0 to 1.", []string{"host"}, nil)
+	descHostHeartbeat = prometheus.NewDesc("gpupool_host_heartbeat_age_seconds", "Time since the leader last heard the host's agent (leader only).", []string{"host"}, nil)
+	descQueuePending  = prometheus.NewDesc("gpupool_queue_pending", "Leases waiting in the pending queue.", nil, nil)
+	descQueueOldest   = prometheus.NewDesc("gpupool_queue_oldest_wait_seconds", "How long the oldest pending lease has waited (0 when none waits).", nil, nil)
+)
+
+func (c poolCollector) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range []*prometheus.Desc{descHostReady, descHostUnhealthy, descHostGPUs, descHostAllocated, descHostHeartbeat, descQueuePending, descQueueOldest} {
+		ch <- d
+	}
+}
+
+func (c poolCollector) Collect(ch chan<- prometheus.Metric) {
+	st := c.s.fsm.State()
+	gauge := func(d *prometheus.Desc, v float64, labels ...string) {
+		ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, v, labels...)
+	}
+	ages := map[string]time.Duration{}
+	if ls := c.s.currentLeader(); ls != nil {
+		now := c.s.cfg.Clock.Now()
+		ls.mu.Lock()
+		for id, t := range ls.lastSeen {
+			ages[id] = now.Sub(t)
+		}
+		ls.mu.Unlock()
+	}
+	byHost := map[string][]*gpupoolv1.Device{}
+	for _, d := range st.Devices() {
+		byHost[d.HostId] = append(byHost[d.HostId], d)
+	}
+	for _, h := range st.Hosts() {
+		ready := 0.0
+		if h.Status == gpupoolv1.HostStatus_HOST_STATUS_READY && h.Eligible {
+			ready = 1
+		}
+		gauge(descHostReady, ready, h.Id, fsm.HostStatusName(h.Status))
+		var bad, alloc float64
+		devs := byHost[h.Id]
+		for _, d := range devs {
+			if d.Health == gpupoolv1.DeviceHealth_DEVICE_HEALTH_UNHEALTHY {
+				bad++
+			}
+			if d.AllocatedExclusive {
+				alloc += 100
+			} else {
+				alloc += float64(d.AllocatedComputePercent)
+			}
+		}
+		gauge(descHostUnhealthy, bad, h.Id)
+		gauge(descHostGPUs, float64(len(devs)), h.Id)
+		ratio := 0.0
+		if len(devs) > 0 {
+			ratio = alloc / float64(100*len(devs))
+		}
+		gauge(descHostAllocated, ratio, h.Id)
+		if age, ok := ages[h.Id]; ok {
+			gauge(descHostHeartbeat, age.Seconds(), h.Id)
+		}
+	}
+	pending, oldest := 0, int64(0)
+	now := c.s.cfg.Clock.Now().UnixMilli()
+	for _, l := range st.Leases() {
+		if l.State == gpupoolv1.LeaseState_LEASE_STATE_PENDING {
+			pending++
+			oldest = max(oldest, now-l.CreatedAtMs)
+		}
+	}
+	gauge(descQueuePending, float64(pending))
+	gauge(descQueueOldest, float64(oldest)/1000)
 }
 
 // Metrics is the server's Prometheus registry.

@@ -268,6 +268,7 @@ func (s *Server) registerServices() {
 	gpupoolv1.RegisterOperatorServiceServer(s.grpc, operatorService{s: s})
 	gpupoolv1.RegisterClusterServiceServer(s.grpc, clusterService{s: s})
 	gpupoolv1.RegisterAclServiceServer(s.grpc, aclService{s: s})
+	s.registerHealth()
 }
 
 func (e operatorService) RotateSigningKey(ctx context.Context, req *gpupoolv1.RotateSigningKeyRequest) (*gpupoolv1.RotateSigningKeyResponse, error) {

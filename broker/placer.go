@@ -2,7 +2,6 @@ package broker
 
 import (
 	"sync"
-	"sync/atomic"
 
 	"github.com/gpupool/gpupool/broker/placement"
 	"github.com/gpupool/gpupool/broker/state"
@@ -16,24 +15,29 @@ var Policies = []string{placement.FGD, placement.Binpack, placement.Spread}
 
 // placer places requests with the broker's policy. For FGD it learns the
 // mix of requests online, on the leader: from the live leases when it
-// starts leading, then from every request it is asked to place. Nothing
-// here is replicated; a new leader learns the mix again from the state.
+// starts leading, then from every request it is asked to place. It
+// places with FGD's look-ahead (placement.Mix.LookAhead). Nothing here is
+// replicated; a new leader learns the mix again from the state.
+//
+// Every placement is the best of the whole pool: Acquire places through
+// the FSM's pool index, which rates one host per distinct host state
+// that can hold the request; Place, on any hosts (the queue's private
+// copies of the pool), rates every host.
 type placer struct {
 	policy string
-	// window is how many hosts a placement looks at first (0: all). On a
-	// larger pool each placement looks at the next window of hosts, round
-	// robin, and at all of them only when the request fits none there, as
-	// the Kubernetes scheduler scores a share of the nodes: placement
-	// cost stays flat however large the pool grows.
-	window int
-	next   atomic.Int64 // where the next window starts
 
 	mu      sync.Mutex
 	learner placement.MixLearner // guarded by mu
 	refMem  int64                // the largest GPU memory seen, MiB; guarded by mu
 }
 
-func newPlacer(policy string, window int) *placer { return &placer{policy: policy, window: window} }
+func newPlacer(policy string) *placer {
+	return &placer{policy: policy, learner: newLearner()}
+}
+
+// newLearner is the learner of the default policy: the mix learned
+// online, rated with look-ahead.
+func newLearner() placement.MixLearner { return placement.MixLearner{LookAhead: true} }
 
 // options are the placement options as learned so far.
 func (p *placer) options() placement.Options {
@@ -46,20 +50,33 @@ func (p *placer) options() placement.Options {
 	return o
 }
 
-// Place places r on hosts: on the next window of them if it fits there,
-// else on all of them. It implements planner.Placer.
+// Place places r on hosts, rating every one of them. It implements
+// planner.Placer.
 func (p *placer) Place(hosts []*gpupoolv1.Host, r *gpupoolv1.LeaseRequest) ([]*gpupoolv1.Slice, error) {
-	opts := p.options()
-	if n := len(hosts); p.window > 0 && n > p.window {
-		from := int(p.next.Add(int64(p.window))-int64(p.window)) % n
-		part := make([]*gpupoolv1.Host, 0, p.window)
-		part = append(part, hosts[from:min(n, from+p.window)]...)
-		part = append(part, hosts[:p.window-len(part)]...)
-		if ss, err := placement.PlaceWith(part, r, opts); err == nil {
-			return ss, nil
-		}
+	return placement.PlaceWith(hosts, r, p.options())
+}
+
+// placeIndexed places r on the pool of idx with over in place of the
+// hosts of the same id: the same placement as Place on that pool, at the
+// cost of one host per distinct host state that can hold r.
+func (p *placer) placeIndexed(idx *placement.Index, over []*gpupoolv1.Host, r *gpupoolv1.LeaseRequest) ([]*gpupoolv1.Slice, error) {
+	return idx.PlaceOver(over, r, p.options())
+}
+
+// observeLazy is observe with the pool built only when the placer has
+// not yet seen how large a GPU is.
+func (p *placer) observeLazy(hosts func() []*gpupoolv1.Host, r *gpupoolv1.LeaseRequest) {
+	if p.policy != placement.FGD {
+		return
 	}
-	return placement.PlaceWith(hosts, r, opts)
+	p.mu.Lock()
+	known := p.refMem != 0
+	p.mu.Unlock()
+	if known {
+		p.observe(nil, r)
+		return
+	}
+	p.observe(hosts(), r)
 }
 
 // observe counts r in the mix FGD expects. hosts tell how large a GPU is,
@@ -84,7 +101,7 @@ func (p *placer) relearn(st *state.Reader) {
 	}
 	hosts := st.HostsWithDevices()
 	p.mu.Lock()
-	p.learner = placement.MixLearner{}
+	p.learner = newLearner()
 	p.refMem = largestGPU(hosts)
 	p.mu.Unlock()
 	for _, l := range st.Leases() {

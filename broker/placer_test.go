@@ -1,7 +1,6 @@
 package broker
 
 import (
-	"slices"
 	"strings"
 	"testing"
 
@@ -10,7 +9,7 @@ import (
 	gpupoolv1 "github.com/gpupool/gpupool/proto/gpupool/v1"
 )
 
-// placerHosts are two ready hosts of one 80 GiB GPU: h1's has 45 % of its
+// placerHosts are two ready hosts of one 80 GiB GPU: h1's has 35 % of its
 // compute taken, h2's is idle.
 func placerHosts() []*gpupoolv1.Host {
 	gpu := func(host string, used int32) *gpupoolv1.Device {
@@ -21,11 +20,11 @@ func placerHosts() []*gpupoolv1.Host {
 		return &gpupoolv1.Host{Id: id, Status: gpupoolv1.HostStatus_HOST_STATUS_READY, Eligible: true,
 			Devices: []*gpupoolv1.Device{gpu(id, used)}}
 	}
-	return []*gpupoolv1.Host{host("h1", 45), host("h2", 0)}
+	return []*gpupoolv1.Host{host("h1", 35), host("h2", 0)}
 }
 
 func TestPlacerFGDLearnsTheMixAndAvoidsFragments(t *testing.T) {
-	half := &gpupoolv1.LeaseRequest{Count: 1, MemoryMib: 1024, ComputePercent: 50}
+	third := &gpupoolv1.LeaseRequest{Count: 1, MemoryMib: 1024, ComputePercent: 30}
 	small := &gpupoolv1.LeaseRequest{Count: 1, MemoryMib: 1024, ComputePercent: 10}
 	tests := []struct {
 		name     string
@@ -33,16 +32,17 @@ func TestPlacerFGDLearnsTheMixAndAvoidsFragments(t *testing.T) {
 		observed []*gpupoolv1.LeaseRequest
 		want     string
 	}{
-		// A 10 % slice on h1 would leave 45 % there, which no half-GPU
-		// task can use: FGD opens h2, binpack fills h1.
-		{"fgd keeps room for the half-GPU tasks it has seen", placement.FGD, []*gpupoolv1.LeaseRequest{half, half, half, small}, "h2"},
-		{"binpack fills the fullest GPU", placement.Binpack, []*gpupoolv1.LeaseRequest{half, half, half, small}, "h1"},
+		// A 10 % slice on h1 would leave room for one 30 % task there
+		// instead of two; on h2 three still fit: FGD with look-ahead opens
+		// h2, binpack fills h1.
+		{"fgd keeps room for the 30 % tasks it has seen", placement.FGD, []*gpupoolv1.LeaseRequest{third, third, third, small}, "h2"},
+		{"binpack fills the fullest GPU", placement.Binpack, []*gpupoolv1.LeaseRequest{third, third, third, small}, "h1"},
 		{"fgd with only small tasks seen leaves nothing unusable either way, and packs", placement.FGD, []*gpupoolv1.LeaseRequest{small}, "h1"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			hosts := placerHosts()
-			p := newPlacer(tt.policy, 0)
+			p := newPlacer(tt.policy)
 			for _, r := range tt.observed {
 				p.observe(hosts, r)
 			}
@@ -58,7 +58,7 @@ func TestPlacerFGDLearnsTheMixAndAvoidsFragments(t *testing.T) {
 }
 
 func TestPlacerRelearnsFromTheLiveLeases(t *testing.T) {
-	half := &gpupoolv1.LeaseRequest{Count: 1, MemoryMib: 1024, ComputePercent: 50}
+	third := &gpupoolv1.LeaseRequest{Count: 1, MemoryMib: 1024, ComputePercent: 30}
 	s := state.New()
 	w := s.Write()
 	for _, h := range placerHosts() {
@@ -71,15 +71,15 @@ func TestPlacerRelearnsFromTheLiveLeases(t *testing.T) {
 	}
 	for i, st := range []gpupoolv1.LeaseState{gpupoolv1.LeaseState_LEASE_STATE_GRANTED, gpupoolv1.LeaseState_LEASE_STATE_PENDING,
 		gpupoolv1.LeaseState_LEASE_STATE_RELEASED} {
-		w.PutLease(&gpupoolv1.Lease{Id: "l-" + string(rune('a'+i)), State: st, Request: half})
+		w.PutLease(&gpupoolv1.Lease{Id: "l-" + string(rune('a'+i)), State: st, Request: third})
 	}
 	w.Commit(1)
 
-	p := newPlacer(placement.FGD, 0)
+	p := newPlacer(placement.FGD)
 	p.observe(placerHosts(), &gpupoolv1.LeaseRequest{Count: 1, MemoryMib: 1024, ComputePercent: 10}) // forgotten
 	p.relearn(s.Read())
 	if got := p.options().Mix.Len(); got != 1 {
-		t.Fatalf("the relearned mix has %d shapes, want 1 (the half-GPU shape of the granted and pending leases)", got)
+		t.Fatalf("the relearned mix has %d shapes, want 1 (the 30 %% shape of the granted and pending leases)", got)
 	}
 	ss, err := p.Place(s.Read().HostsWithDevices(), &gpupoolv1.LeaseRequest{Count: 1, MemoryMib: 1024, ComputePercent: 10})
 	if err != nil {
@@ -90,7 +90,7 @@ func TestPlacerRelearnsFromTheLiveLeases(t *testing.T) {
 	}
 }
 
-func TestPlacerWindowRotatesAndFallsBackToTheWholePool(t *testing.T) {
+func TestPlacerPlacesThroughTheIndexAsOnTheWholePool(t *testing.T) {
 	var hosts []*gpupoolv1.Host
 	for i := range 5 {
 		id := string(rune('a' + i))
@@ -101,26 +101,24 @@ func TestPlacerWindowRotatesAndFallsBackToTheWholePool(t *testing.T) {
 		hosts = append(hosts, &gpupoolv1.Host{Id: id, Status: gpupoolv1.HostStatus_HOST_STATUS_READY, Eligible: true,
 			Devices: []*gpupoolv1.Device{{Uuid: "GPU-" + id, HostId: id, Model: "A100", MemoryMib: mem}}})
 	}
-	p := newPlacer(placement.Binpack, 2)
-	small := &gpupoolv1.LeaseRequest{Count: 1, MemoryMib: 1024, ComputePercent: 10}
-	var got []string
-	for range 3 {
-		ss, err := p.Place(hosts, small)
-		if err != nil {
-			t.Fatal(err)
+	idx := placement.NewIndex(hosts, nil)
+	for _, policy := range Policies {
+		p := newPlacer(policy)
+		for _, mem := range []int64{1024, 120000} {
+			r := &gpupoolv1.LeaseRequest{Count: 1, MemoryMib: mem, ComputePercent: 10}
+			p.observe(hosts, r)
+			want, err := p.Place(hosts, r)
+			if err != nil {
+				t.Fatal(err)
+			}
+			got, err := p.placeIndexed(idx, nil, r)
+			if err != nil || got[0].Host != want[0].Host || got[0].Device != want[0].Device {
+				t.Errorf("%s, %d MiB: through the index got %v, %v; want %v as on the whole pool", policy, mem, got, err, want)
+			}
 		}
-		got = append(got, ss[0].Host)
 	}
-	// Windows [a b], [c d], [e a]: binpack takes the first of equal hosts.
-	if want := []string{"a", "c", "a"}; !slices.Equal(got, want) {
-		t.Fatalf("placed on %v, want %v", got, want)
-	}
-	big := &gpupoolv1.LeaseRequest{Count: 1, MemoryMib: 120000, ComputePercent: 10}
-	ss, err := p.Place(hosts, big) // window [b c] has no room: the whole pool does
-	if err != nil || ss[0].Host != "e" {
-		t.Fatalf("a request only host e fits: got %v, %v", ss, err)
-	}
-	if _, err := p.Place(hosts, &gpupoolv1.LeaseRequest{Count: 1, MemoryMib: 200000, ComputePercent: 10}); err == nil ||
+	p := newPlacer(placement.Binpack)
+	if _, err := p.placeIndexed(idx, nil, &gpupoolv1.LeaseRequest{Count: 1, MemoryMib: 200000, ComputePercent: 10}); err == nil ||
 		!strings.Contains(err.Error(), "163840") {
 		t.Fatalf("a request nothing fits: got %v, want the reason from the whole pool (largest GPU 163840 MiB)", err)
 	}

@@ -30,21 +30,33 @@ type Proposal interface {
 }
 
 // raftProposer proposes commands to Raft.
-type raftProposer struct{ r *raft.Raft }
+type raftProposer struct {
+	r *raft.Raft
+	// observe, when set, gets each applied proposal's time from Propose
+	// to applied (gpupool_raft_apply_seconds).
+	observe func(time.Duration)
+}
 
 func (p raftProposer) Propose(cmd proto.Message) Proposal {
 	b, err := fsm.Encode(cmd)
 	if err != nil {
 		return failed{err}
 	}
-	return raftProposal{p.r.Apply(b, applyTimeout)}
+	return raftProposal{f: p.r.Apply(b, applyTimeout), sent: time.Now(), observe: p.observe}
 }
 
-type raftProposal struct{ f raft.ApplyFuture }
+type raftProposal struct {
+	f       raft.ApplyFuture
+	sent    time.Time
+	observe func(time.Duration)
+}
 
 func (p raftProposal) Wait() (*fsm.Result, error) {
 	if err := p.f.Error(); err != nil {
 		return nil, raftError(err)
+	}
+	if p.observe != nil {
+		p.observe(time.Since(p.sent))
 	}
 	res := p.f.Response().(*fsm.Result)
 	return res, res.Err

@@ -47,8 +47,8 @@ type Config struct {
 	Join []string
 	// Policy is one of Policies (placement.FGD by default).
 	Policy string
-	// PlacementWindow is how many hosts a placement looks at first, round
-	// robin over the pool, before it looks at all of them (0: all at once).
+	// PlacementWindow is accepted for compatibility and ignored: every
+	// placement is the best of the whole pool, through the pool index.
 	PlacementWindow int
 
 	HeartbeatInterval time.Duration // how often agents heartbeat
@@ -228,7 +228,7 @@ func New(cfg Config) (*Server, error) {
 		peers:      map[string]*gpupoolv1.ServerInfoResponse{},
 		shutdownCh: make(chan struct{}),
 		notifyCh:   make(chan bool, 16),
-		placer:     newPlacer(cfg.Policy, cfg.PlacementWindow),
+		placer:     newPlacer(cfg.Policy),
 		grants:     newInflight(),
 	}
 	s.metrics = newMetrics(s)
@@ -254,6 +254,7 @@ func New(cfg Config) (*Server, error) {
 	s.goFunc(s.monitorLeadership)
 	s.goFunc(s.formCluster)
 	s.goFunc(s.keepOwnAddressCurrent)
+	s.goFunc(s.metrics.countLeaseEvents)
 	s.log.Info("broker started", "id", s.cfg.NodeID, "rpc", s.Addr(), "raft", s.cfg.RaftBindAddr, "data_dir", s.cfg.DataDir, "acl", s.cfg.ACL)
 	return s, nil
 }
@@ -359,7 +360,7 @@ func (s *Server) openRaft() error {
 		return fmt.Errorf("broker: %w %s: start raft: %v", ErrDataDir, dir, err)
 	}
 	s.raft = r
-	s.proposer = raftProposer{r}
+	s.proposer = raftProposer{r: r, observe: s.metrics.observeApply}
 	if s.cfg.wrapProposer != nil {
 		s.proposer = s.cfg.wrapProposer(s.proposer)
 	}

@@ -101,9 +101,20 @@ var serviceRoles = map[string][]pki.Role{
 	gpupoolv1.AgentService_ServiceDesc.ServiceName:   {pki.RoleAgent, pki.RoleBroker},
 }
 
+// anyRoleMethods are methods of a restricted service that every
+// certificate of the CA may call: ServerInfo tells a client which brokers
+// answer and who leads ('gpupool operator members', the CLI's diagnosis of
+// a cluster without a leader).
+var anyRoleMethods = map[string]bool{
+	gpupoolv1.ClusterService_ServerInfo_FullMethodName: true,
+}
+
 // checkServiceRole refuses a call to a service the caller's certificate
 // role may not use, with PermissionDenied.
 func checkServiceRole(ctx context.Context, fullMethod string) error {
+	if anyRoleMethods[fullMethod] {
+		return nil
+	}
 	service, _, _ := strings.Cut(strings.TrimPrefix(fullMethod, "/"), "/")
 	allowed, ok := serviceRoles[service]
 	if !ok {

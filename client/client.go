@@ -13,6 +13,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"net"
+	"slices"
 	"strings"
 	"time"
 
@@ -45,8 +46,11 @@ var (
 // unary calls to the leader directly once a broker has named it (see
 // LeaderHeader).
 type Client struct {
-	conn   *grpc.ClientConn
-	router *leaderRouter
+	conn    *grpc.ClientConn
+	router  *leaderRouter
+	addrs   []string
+	tls     bool
+	dialOne func(addr string) (*grpc.ClientConn, error)
 
 	Lease    gpupoolv1.LeaseServiceClient
 	Pool     gpupoolv1.PoolServiceClient
@@ -83,6 +87,15 @@ type Options struct {
 	// streaming) as "authorization: Bearer <secret>". Empty sends none,
 	// which only brokers without ACL (--insecure, gpupool dev) accept.
 	Token string
+	// ConnectTimeout is the connect budget: how long a unary call keeps
+	// retrying while no broker answers or no leader is known (Unavailable),
+	// separately from the call's own deadline. When it runs out, or after
+	// half of it when every broker refuses the connection, the call fails with a
+	// *ClusterError that says what happened to each broker (refused, TLS
+	// failure, timeout, up but no leader) and names a lost quorum. Zero
+	// retries until the call's deadline. Set it longer than an election
+	// (a few seconds).
+	ConnectTimeout time.Duration
 	// DialOptions are applied after the client's own.
 	DialOptions []grpc.DialOption
 }
@@ -120,7 +133,7 @@ func DialWith(addrs []string, o Options) (*Client, error) {
 		state.Addresses = append(state.Addresses, addr)
 	}
 	r.InitialState(state)
-	router := newLeaderRouter(addrs, func(addr string) (*grpc.ClientConn, error) {
+	dialOne := func(addr string) (*grpc.ClientConn, error) {
 		creds := insecure.NewCredentials()
 		if o.TLS != nil {
 			tc := o.TLS.Clone()
@@ -134,12 +147,18 @@ func DialWith(addrs []string, o Options) (*Client, error) {
 			opts = append(opts, WithToken(o.Token))
 		}
 		return grpc.NewClient(addr, append(opts, o.DialOptions...)...)
-	})
+	}
+	router := newLeaderRouter(addrs, dialOne)
+	c := &Client{router: router, addrs: slices.Clone(addrs), tls: o.TLS != nil, dialOne: dialOne}
+	retry := RetryUnavailable
+	if o.ConnectTimeout > 0 {
+		retry = c.retryWithin(o.ConnectTimeout)
+	}
 	base := []grpc.DialOption{
 		grpc.WithResolvers(r),
 		grpc.WithTransportCredentials(creds),
 		grpc.WithDefaultServiceConfig(`{"loadBalancingConfig":[{"round_robin":{}}]}`),
-		grpc.WithChainUnaryInterceptor(ensureRequestID, RetryUnavailable, router.intercept),
+		grpc.WithChainUnaryInterceptor(ensureRequestID, retry, router.intercept),
 		Reconnect,
 	}
 	if o.TLS == nil {
@@ -152,14 +171,12 @@ func DialWith(addrs []string, o Options) (*Client, error) {
 	if err != nil {
 		return nil, fmt.Errorf("client: dial %s: %w", strings.Join(addrs, ","), err)
 	}
-	return &Client{
-		conn:     conn,
-		router:   router,
-		Lease:    gpupoolv1.NewLeaseServiceClient(conn),
-		Pool:     gpupoolv1.NewPoolServiceClient(conn),
-		Agent:    gpupoolv1.NewAgentServiceClient(conn),
-		Operator: gpupoolv1.NewOperatorServiceClient(conn),
-	}, nil
+	c.conn = conn
+	c.Lease = gpupoolv1.NewLeaseServiceClient(conn)
+	c.Pool = gpupoolv1.NewPoolServiceClient(conn)
+	c.Agent = gpupoolv1.NewAgentServiceClient(conn)
+	c.Operator = gpupoolv1.NewOperatorServiceClient(conn)
+	return c, nil
 }
 
 // Conn is the underlying connection, for services the Client does not wrap.

@@ -6,10 +6,12 @@ import (
 	"io"
 	"io/fs"
 	"net"
+	"strings"
 	"sync"
 	"time"
 
 	"github.com/gpupool/gpupool/dataplane"
+	"github.com/gpupool/gpupool/internal/clock"
 	gpupoolv1 "github.com/gpupool/gpupool/proto/gpupool/v1"
 )
 
@@ -22,41 +24,46 @@ func (c *Client) Attach(ctx context.Context, leaseID string) (*Lease, error) {
 	if err != nil {
 		return nil, err
 	}
-	// The stream lives only for this first renewal: cancelling its context
-	// frees it (CloseSend alone leaves it open until ctx ends).
-	sctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	ka, err := c.Lease.KeepAlive(sctx)
-	if err != nil {
+	var tokens []*gpupoolv1.HostToken
+	first := newRenewSchedule([]string{leaseID}, 0, true)
+	k := &renewer{sched: first, open: c.keepAliveStream, clk: clock.Real, onAnswer: func(r *gpupoolv1.KeepAliveResponse) error {
+		if r.GetEvent() == nil && r.GetLeaseId() == leaseID && RenewalFailure(r) == "" {
+			tokens = r.GetTokens()
+		}
+		return nil
+	}}
+	if err := k.run(ctx); err != nil {
+		if why, failed := first.failed[leaseID]; failed {
+			return nil, fmt.Errorf("%w: %s", ErrLeaseEnded, strings.TrimPrefix(why, "lease ended: "))
+		}
 		return nil, err
 	}
-	defer ka.CloseSend()
-	if err := ka.Send(&gpupoolv1.KeepAliveRequest{LeaseId: leaseID}); err != nil {
-		return nil, err
-	}
-	for {
-		r, err := ka.Recv()
-		if err != nil {
-			return nil, err
-		}
-		if r.Event != nil {
-			continue
-		}
-		if r.Error != "" || r.State != gpupoolv1.LeaseState_LEASE_STATE_GRANTED {
-			return nil, fmt.Errorf("%w: %s", ErrLeaseEnded, r.Error)
-		}
-		return c.follow(got.Lease, r.Tokens), nil
-	}
+	return c.follow(got.Lease, tokens), nil
+}
+
+// keepAliveStream opens a LeaseService.KeepAlive stream.
+func (c *Client) keepAliveStream(ctx context.Context) (KeepAliveStream, error) {
+	return c.Lease.KeepAlive(ctx)
 }
 
 // follow starts renewing l in the background.
 func (c *Client) follow(l *gpupoolv1.Lease, tokens []*gpupoolv1.HostToken) *Lease {
+	return c.followWith(l, tokens, clock.Real, c.keepAliveStream)
+}
+
+// followWith starts renewing l in the background with the renewer, over
+// the streams open opens and paced by clk: a third of its TTL at a time,
+// giving up when no renewal succeeds for a whole TTL.
+func (c *Client) followWith(l *gpupoolv1.Lease, tokens []*gpupoolv1.HostToken, clk clock.Clock, open func(context.Context) (KeepAliveStream, error)) *Lease {
 	rctx, cancel := context.WithCancel(context.Background())
 	lease := &Lease{c: c, events: make(chan *gpupoolv1.LeaseEvent, 64), done: make(chan struct{}), cancel: cancel}
 	lease.parent.update(l)
 	lease.parent.setTokens(tokens)
 	lease.sessions.src = lease
-	go lease.keepAlive(rctx)
+	sched := newRenewSchedule([]string{l.GetId()}, 0, false)
+	sched.expireAfter(l.GetId(), time.Duration(l.GetTtlMs())*time.Millisecond, clk.Now())
+	k := &renewer{sched: sched, open: open, onAnswer: lease.answer, clk: clk}
+	go lease.keepAlive(rctx, k)
 	return lease
 }
 

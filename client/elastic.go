@@ -169,22 +169,10 @@ func (l *Lease) dropExtraLocked(id string) {
 	}
 }
 
-// renewalIDs lists what one round of renewals renews: the lease, then its
-// extras.
-func (l *Lease) renewalIDs() []string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	ids := []string{l.parent.lease.GetId()}
-	for _, x := range l.extras {
-		ids = append(ids, x.lease.GetId())
-	}
-	return ids
-}
-
 // handleEvent applies an event from the KeepAlive stream and passes it on
-// to Events. It returns the id of a new extra, to renew at once, and an
-// error wrapping ErrLeaseEnded when the lease itself ended.
-func (l *Lease) handleEvent(ev *gpupoolv1.LeaseEvent) (grown string, err error) {
+// to Events. A new extra's GROWN is held back until its first renewal,
+// which the renewer sends at once.
+func (l *Lease) handleEvent(ev *gpupoolv1.LeaseEvent) {
 	id := ev.GetLease().GetId()
 	l.mu.Lock()
 	parentID := l.parent.lease.GetId()
@@ -197,10 +185,7 @@ func (l *Lease) handleEvent(ev *gpupoolv1.LeaseEvent) (grown string, err error) 
 		}
 		l.mu.Unlock()
 		l.emit(ev)
-		if ev.Type == gpupoolv1.LeaseEventType_LEASE_EVENT_TYPE_ENDED {
-			return "", fmt.Errorf("%w: %s", ErrLeaseEnded, ev.Message)
-		}
-		return "", nil
+		return
 	}
 	x := l.extraLocked(id)
 	var out []*gpupoolv1.LeaseEvent // what to pass on, in order
@@ -208,8 +193,7 @@ func (l *Lease) handleEvent(ev *gpupoolv1.LeaseEvent) (grown string, err error) 
 	case x == nil && ev.Type == gpupoolv1.LeaseEventType_LEASE_EVENT_TYPE_GROWN && ev.Lease.GetParent() == parentID:
 		x = &held{grown: ev}
 		x.update(ev.Lease)
-		l.extras = append(l.extras, x)
-		grown = id // passed on once renewed
+		l.extras = append(l.extras, x) // its GROWN is passed on once renewed
 	case x == nil:
 		// About an extra already dropped: pass it on as it is.
 		out = append(out, ev)
@@ -236,7 +220,6 @@ func (l *Lease) handleEvent(ev *gpupoolv1.LeaseEvent) (grown string, err error) 
 	for _, e := range out {
 		l.emit(e)
 	}
-	return grown, nil
 }
 
 // isExtraAnswer reports whether a renewal answer is about another lease
@@ -254,7 +237,7 @@ func (l *Lease) handleExtraAnswer(r *gpupoolv1.KeepAliveResponse) {
 		l.mu.Unlock()
 		return // dropped already
 	}
-	if why := renewalFailure(r); why != "" {
+	if why := RenewalFailure(r); why != "" {
 		l.dropExtraLocked(r.GetLeaseId())
 		announced := x.grown == nil
 		l.mu.Unlock()
@@ -272,16 +255,4 @@ func (l *Lease) handleExtraAnswer(r *gpupoolv1.KeepAliveResponse) {
 		l.emit(grown)
 	}
 	l.renewed()
-}
-
-// renewalFailure says why a renewal answer does not renew, or "" when it
-// does.
-func renewalFailure(r *gpupoolv1.KeepAliveResponse) string {
-	switch {
-	case r.GetError() != "":
-		return r.GetError()
-	case r.GetState() != gpupoolv1.LeaseState_LEASE_STATE_GRANTED:
-		return "lease is " + r.GetState().String()
-	}
-	return ""
 }

@@ -4,18 +4,14 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"slices"
+	"strings"
 	"sync"
-	"time"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
 	gpupoolv1 "github.com/gpupool/gpupool/proto/gpupool/v1"
 )
-
-// minRenewEvery bounds how often a Lease renews itself.
-const minRenewEvery = 500 * time.Millisecond
 
 // ErrLeaseEnded is what Lease.Err wraps once the lease can no longer be
 // renewed: released, expired, revoked or lost.
@@ -183,34 +179,22 @@ func (l *Lease) Release(ctx context.Context, reason string) error {
 	return err
 }
 
-// keepAlive renews until ctx ends or the lease ends, reconnecting after a
-// broken stream for as long as the lease may still be alive.
-func (l *Lease) keepAlive(ctx context.Context) {
+// keepAlive renews the lease and its extras through k until ctx ends or
+// the lease can no longer be renewed, then says why.
+func (l *Lease) keepAlive(ctx context.Context, k *renewer) {
 	defer close(l.events)
 	defer close(l.done)
-	ttl := time.Duration(l.Info().GetTtlMs()) * time.Millisecond
-	deadline := time.Now().Add(ttl)
-	pause := 100 * time.Millisecond
-	for {
-		err := l.session(ctx, ttl, &deadline)
-		switch {
-		case ctx.Err() != nil:
-			l.stop(context.Canceled)
-			return
-		case errors.Is(err, ErrLeaseEnded):
-			l.stop(err)
-			return
-		case time.Now().After(deadline):
-			l.stop(fmt.Errorf("%w: could not renew it before it expired: %v", ErrLeaseEnded, err))
-			return
-		}
-		select {
-		case <-ctx.Done():
-			l.stop(context.Canceled)
-			return
-		case <-time.After(pause):
-		}
-		pause = min(2*pause, maxReconnectWait)
+	err := k.run(ctx)
+	why, failed := k.sched.failed[l.ID()]
+	switch {
+	case failed:
+		l.stop(fmt.Errorf("%w: %s", ErrLeaseEnded, strings.TrimPrefix(why, "lease ended: ")))
+	case ctx.Err() != nil:
+		l.stop(context.Canceled)
+	case err != nil:
+		l.stop(fmt.Errorf("%w: %v", ErrLeaseEnded, err))
+	default:
+		l.stop(ErrLeaseEnded)
 	}
 }
 
@@ -223,125 +207,19 @@ func (l *Lease) stop(err error) {
 	l.mu.Unlock()
 }
 
-// session runs one KeepAlive stream: it renews the lease and its extras
-// every ttl/3 and passes events on. It returns ErrLeaseEnded when the
-// broker says the lease can no longer be renewed.
-func (l *Lease) session(ctx context.Context, ttl time.Duration, deadline *time.Time) error {
-	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	stream, err := l.c.Lease.KeepAlive(ctx)
-	if err != nil {
-		return err
+// answer applies what the KeepAlive stream says about the lease or its
+// extras; the renewer, which calls it, keeps the schedule.
+func (l *Lease) answer(r *gpupoolv1.KeepAliveResponse) error {
+	switch {
+	case r.GetEvent() != nil:
+		l.handleEvent(r.GetEvent())
+	case l.isExtraAnswer(r):
+		l.handleExtraAnswer(r)
+	case RenewalFailure(r) == "":
+		l.mu.Lock()
+		l.parent.setTokens(r.GetTokens())
+		l.mu.Unlock()
+		l.renewed()
 	}
-	answers := make(chan *gpupoolv1.KeepAliveResponse)
-	recvErr := make(chan error, 1)
-	go func() {
-		for {
-			r, err := stream.Recv()
-			if err != nil {
-				recvErr <- err
-				return
-			}
-			select {
-			case answers <- r:
-			case <-ctx.Done():
-				return
-			}
-		}
-	}()
-	// Renewals are sent from their own goroutine, so this loop keeps taking
-	// answers while a send waits on flow control: sending from the loop
-	// can deadlock with a broker that pushes many events (a blocked send
-	// stops the loop, which stops Recv, which blocks the broker's sends
-	// and with them its reads of this stream).
-	var (
-		sendMu  sync.Mutex
-		pending []string // guarded by sendMu; ids to renew, in order
-	)
-	sendKick := make(chan struct{}, 1)
-	sendErr := make(chan error, 1)
-	go func() {
-		for {
-			select {
-			case <-ctx.Done():
-				return
-			case <-sendKick:
-			}
-			sendMu.Lock()
-			ids := pending
-			pending = nil
-			sendMu.Unlock()
-			for _, id := range ids {
-				if err := stream.Send(&gpupoolv1.KeepAliveRequest{LeaseId: id}); err != nil {
-					sendErr <- err
-					return
-				}
-			}
-		}
-	}()
-	send := func(ids ...string) error {
-		sendMu.Lock()
-		for _, id := range ids {
-			if !slices.Contains(pending, id) {
-				pending = append(pending, id)
-			}
-		}
-		sendMu.Unlock()
-		select {
-		case sendKick <- struct{}{}:
-		default:
-		}
-		return nil
-	}
-	every := max(ttl/3, minRenewEvery)
-	tick := time.NewTimer(0)
-	defer tick.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case err := <-recvErr:
-			return err
-		case err := <-sendErr:
-			return err
-		case <-tick.C:
-			if time.Now().After(*deadline) {
-				// No answer for a whole TTL: the stream may be half-open.
-				return errors.New("no renewal answered before the lease's TTL ran out")
-			}
-			// The lease first: the brokers re-announce its live extras
-			// when a stream first renews it.
-			if err := send(l.renewalIDs()...); err != nil {
-				return err
-			}
-			tick.Reset(min(every, max(time.Until(*deadline), time.Millisecond)))
-		case r := <-answers:
-			if ev := r.GetEvent(); ev != nil {
-				grown, err := l.handleEvent(ev)
-				if err != nil {
-					return err
-				}
-				if grown != "" {
-					// Renew a new extra at once: its tokens come with
-					// the answer.
-					if err := send(grown); err != nil {
-						return err
-					}
-				}
-				continue
-			}
-			if l.isExtraAnswer(r) {
-				l.handleExtraAnswer(r)
-				continue
-			}
-			if r.Error != "" || r.State != gpupoolv1.LeaseState_LEASE_STATE_GRANTED {
-				return fmt.Errorf("%w: %s", ErrLeaseEnded, r.Error)
-			}
-			*deadline = time.Now().Add(time.Duration(r.TtlMs) * time.Millisecond)
-			l.mu.Lock()
-			l.parent.setTokens(r.Tokens)
-			l.mu.Unlock()
-			l.renewed()
-		}
-	}
+	return nil
 }

@@ -205,3 +205,49 @@ func TestDrainNoticeReachesTheHolderWithItsDeadline(t *testing.T) {
 		}
 	}
 }
+
+func TestAttachFetchesTheTokensOfALeaseThatCanStillBeRenewed(t *testing.T) {
+	c := startBroker(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	live, err := c.Acquire(ctx, &gpupoolv1.LeaseRequest{Count: 1, MemoryMib: 1024, ComputePercent: 10, TtlMs: 60_000})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer live.Release(ctx, "test")
+	gone, err := c.Acquire(ctx, &gpupoolv1.LeaseRequest{Count: 1, MemoryMib: 1024, ComputePercent: 10, TtlMs: 60_000})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := gone.Release(ctx, "test"); err != nil {
+		t.Fatal(err)
+	}
+	cases := []struct {
+		name  string
+		id    string
+		ended bool   // want an error wrapping ErrLeaseEnded
+		want  string // in the error; "" for none
+	}{
+		{name: "a granted lease is attached with its tokens", id: live.ID()},
+		{name: "a released lease cannot be attached", id: gone.ID(), ended: true, want: "lease ended"},
+		{name: "an unknown lease cannot be attached", id: "l-unknown", want: "l-unknown"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			l, err := c.Attach(ctx, tc.id)
+			if tc.want == "" {
+				if err != nil {
+					t.Fatalf("Attach: %v", err)
+				}
+				defer l.Close()
+				if tok, ok := l.Token("h1"); !ok || tok.Token == "" {
+					t.Errorf("token for h1: %v %t, want one", tok, ok)
+				}
+				return
+			}
+			if err == nil || !strings.Contains(err.Error(), tc.want) || errors.Is(err, client.ErrLeaseEnded) != tc.ended {
+				t.Errorf("Attach = %v, want an error with %q (ErrLeaseEnded: %t)", err, tc.want, tc.ended)
+			}
+		})
+	}
+}

@@ -14,13 +14,18 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/gpupool/gpupool/internal/clock"
 	gpupoolv1 "github.com/gpupool/gpupool/proto/gpupool/v1"
+	"github.com/gpupool/gpupool/protocol"
 )
 
 // Pacing of Renew.
 const (
 	// MinRenewInterval is the smallest fixed RenewOptions.Interval.
 	MinRenewInterval = 100 * time.Millisecond
+	// minRenewEvery bounds how often a lease is renewed when paced at a
+	// third of its TTL.
+	minRenewEvery = 500 * time.Millisecond
 	// maxReconnectWait caps the wait between reconnect attempts.
 	maxReconnectWait = 2 * time.Second
 )
@@ -57,9 +62,9 @@ type RenewOptions struct {
 func (c *Client) Renew(ctx context.Context, ids []string, o RenewOptions) error {
 	open := o.Stream
 	if open == nil {
-		open = func(ctx context.Context) (KeepAliveStream, error) { return c.Lease.KeepAlive(ctx) }
+		open = c.keepAliveStream
 	}
-	k := &renewer{sched: newRenewSchedule(ids, o.Interval, o.Once), open: open, onAnswer: o.OnAnswer, onBroken: o.OnBroken}
+	k := &renewer{sched: newRenewSchedule(ids, o.Interval, o.Once), open: open, onAnswer: o.OnAnswer, onBroken: o.OnBroken, clk: clock.Real}
 	return k.run(ctx)
 }
 
@@ -116,31 +121,36 @@ func RenewalFailure(r *gpupoolv1.KeepAliveResponse) string {
 	case r.GetError() != "":
 		return r.GetError()
 	case r.GetState() != gpupoolv1.LeaseState_LEASE_STATE_GRANTED:
-		return fmt.Sprintf("lease is %s, not granted", stateLabel(r.GetState()))
+		return fmt.Sprintf("lease is %s, not granted", protocol.EnumLabel(r.GetState()))
 	}
 	return ""
 }
 
 // renewSchedule is the schedule of a Renew: which leases are still
 // being renewed, when each is due next, and which could not be renewed.
-// The extras of an elastic lease join the schedule when the lease grows
-// and leave it quietly when they end. It does no I/O and reads no clock,
-// so it is tested with plain times.
+// The extras of an elastic lease join the schedule when the lease grows,
+// are renewed with it, and leave it quietly when they end. A lease whose
+// TTL is known (expireAfter) is given up once no renewal has succeeded for
+// a whole TTL: it has expired at the brokers. It does no I/O and reads no
+// clock, so it is tested with plain times.
 type renewSchedule struct {
 	ids      []string      // the leases, in the order given, without repeats
 	interval time.Duration // fixed pace; 0 paces each lease at a third of its TTL
 	once     bool          // renew each lease once, then drop it
 
-	extras   []string             // extras of those leases, in the order they grew
-	parentOf map[string]string    // extra → the lease it belongs to
-	active   map[string]bool      // leases and extras still to renew
-	next     map[string]time.Time // when an active lease is due; zero while waiting for an answer
-	failed   map[string]string    // lease → why it could not be renewed
+	extras   []string                 // extras of those leases, in the order they grew
+	parentOf map[string]string        // extra → the lease it belongs to
+	active   map[string]bool          // leases and extras still to renew
+	next     map[string]time.Time     // when an active lease is due; zero while waiting for an answer
+	failed   map[string]string        // lease → why it could not be renewed
+	ttl      map[string]time.Duration // lease → its TTL, for those given up after it
+	expires  map[string]time.Time     // lease → when it expires unless renewed before
 }
 
 func newRenewSchedule(ids []string, interval time.Duration, once bool) *renewSchedule {
 	r := &renewSchedule{interval: interval, once: once, parentOf: map[string]string{},
-		active: map[string]bool{}, next: map[string]time.Time{}, failed: map[string]string{}}
+		active: map[string]bool{}, next: map[string]time.Time{}, failed: map[string]string{},
+		ttl: map[string]time.Duration{}, expires: map[string]time.Time{}}
 	for _, id := range ids {
 		if !r.active[id] {
 			r.ids = append(r.ids, id)
@@ -150,16 +160,44 @@ func newRenewSchedule(ids []string, interval time.Duration, once bool) *renewSch
 	return r
 }
 
+// expireAfter gives up lease id, one of those given, unless a renewal
+// succeeds within ttl of now and of every successful renewal after; each
+// answer's TTL replaces ttl. A zero ttl does nothing.
+func (r *renewSchedule) expireAfter(id string, ttl time.Duration, now time.Time) {
+	if ttl <= 0 || !r.active[id] {
+		return
+	}
+	r.ttl[id] = ttl
+	r.expires[id] = now.Add(ttl)
+}
+
 // due lists the active leases to renew at now, in the order given, then
-// their extras; all lists every active lease, as on a new stream.
+// their extras; all lists every active lease, as on a new stream. An
+// extra not waiting for an answer is renewed with its lease, in the same
+// round.
 func (r *renewSchedule) due(now time.Time, all bool) []string {
 	var out []string
 	for _, id := range slices.Concat(r.ids, r.extras) {
 		if !r.active[id] {
 			continue
 		}
-		if at := r.next[id]; all || !at.IsZero() && !at.After(now) {
+		at := r.next[id]
+		withParent := !at.IsZero() && r.parentOf[id] != "" && slices.Contains(out, r.parentOf[id])
+		if all || withParent || !at.IsZero() && !at.After(now) {
 			out = append(out, id)
+		}
+	}
+	return out
+}
+
+// expire gives up the leases whose TTL ran out at now with no renewal,
+// and returns them.
+func (r *renewSchedule) expire(now time.Time) []string {
+	var out []string
+	for _, id := range r.ids {
+		if at, ok := r.expires[id]; ok && r.active[id] && !at.After(now) {
+			out = append(out, id)
+			r.drop(id, fmt.Sprintf("could not renew it before it expired: no renewal answered within its TTL of %s", r.ttl[id]))
 		}
 	}
 	return out
@@ -208,11 +246,18 @@ func (r *renewSchedule) answer(resp *gpupoolv1.KeepAliveResponse, now time.Time)
 		r.drop(id, why)
 		return
 	}
+	ttl := time.Duration(resp.GetTtlMs()) * time.Millisecond
+	if _, ok := r.expires[id]; ok {
+		if ttl > 0 {
+			r.ttl[id] = ttl
+		}
+		r.expires[id] = now.Add(r.ttl[id])
+	}
 	switch {
 	case r.once:
 		r.drop(id, "")
 	case r.interval == 0:
-		r.next[id] = now.Add(max(time.Duration(resp.GetTtlMs())*time.Millisecond/3, minRenewEvery))
+		r.next[id] = now.Add(max(ttl/3, minRenewEvery))
 	}
 }
 
@@ -239,6 +284,7 @@ func (r *renewSchedule) grow(extra, parent string, now time.Time) {
 func (r *renewSchedule) drop(id, why string) {
 	delete(r.active, id)
 	delete(r.next, id)
+	delete(r.expires, id)
 	if r.parentOf[id] != "" {
 		return
 	}
@@ -252,12 +298,15 @@ func (r *renewSchedule) drop(id, why string) {
 	}
 }
 
-// wake is the earliest time a lease is due, if any is scheduled.
+// wake is the earliest time a lease is due or expires, if any is
+// scheduled.
 func (r *renewSchedule) wake() (time.Time, bool) {
 	var first time.Time
 	for id := range r.active {
-		if at := r.next[id]; !at.IsZero() && (first.IsZero() || at.Before(first)) {
-			first = at
+		for _, at := range []time.Time{r.next[id], r.expires[id]} {
+			if !at.IsZero() && (first.IsZero() || at.Before(first)) {
+				first = at
+			}
 		}
 	}
 	return first, !first.IsZero()
@@ -307,9 +356,8 @@ type renewer struct {
 	onAnswer func(*gpupoolv1.KeepAliveResponse) error
 	onBroken func(why string)
 
-	// now and wait default to the wall clock; tests replace them.
-	now  func() time.Time
-	wait func(ctx context.Context, d time.Duration) error
+	// clk paces renewals and reconnects (nil: the wall clock).
+	clk clock.Clock
 	// firstWait is the first pause before reconnecting; it doubles up to
 	// maxReconnectWait. Zero means 50ms.
 	firstWait time.Duration
@@ -319,11 +367,8 @@ type renewer struct {
 // still waiting for answers) or no lease is left (the renewal failures, if
 // any). A stream error that retrying cannot fix is returned as is.
 func (k *renewer) run(ctx context.Context) error {
-	if k.now == nil {
-		k.now = time.Now
-	}
-	if k.wait == nil {
-		k.wait = sleepCtx
+	if k.clk == nil {
+		k.clk = clock.Real
 	}
 	first := k.firstWait
 	if first == 0 {
@@ -346,6 +391,11 @@ func (k *renewer) run(ctx context.Context) error {
 		if answered {
 			pause, lastLogged = first, ""
 		}
+		// A lease whose TTL ran out while no stream could renew it has
+		// expired at the brokers.
+		if k.sched.expire(k.clk.Now()); k.sched.done() {
+			return k.sched.err()
+		}
 		// Say it once per outage, not once per attempt.
 		if msg := brokenStreamText(err); msg != lastLogged {
 			if k.onBroken != nil {
@@ -353,7 +403,7 @@ func (k *renewer) run(ctx context.Context) error {
 			}
 			lastLogged = msg
 		}
-		if k.wait(ctx, pause) != nil {
+		if waitFor(ctx, k.clk, pause) != nil {
 			continue // the top of the loop sorts out why ctx ended
 		}
 		pause = min(2*pause, maxReconnectWait)
@@ -416,13 +466,13 @@ func (k *renewer) session(ctx context.Context) (answered bool, err error) {
 		}
 	}()
 	send := func(ids []string) {
-		now := k.now()
+		now := k.clk.Now()
 		for _, id := range ids {
 			r.sent(id, now)
 		}
 		out.put(ids)
 	}
-	send(r.due(k.now(), true))
+	send(r.due(k.clk.Now(), true))
 	for !r.done() {
 		if err := k.step(ctx, recv, sendErr, send, &answered); err != nil {
 			return answered, err
@@ -441,11 +491,16 @@ type received struct {
 // step waits for the next answer or the next due renewal and handles it.
 func (k *renewer) step(ctx context.Context, recv <-chan received, sendErr <-chan error, send func([]string), answered *bool) error {
 	r := k.sched
-	var timer <-chan time.Time
+	var timer <-chan struct{}
 	if at, ok := r.wake(); ok {
-		t := time.NewTimer(at.Sub(k.now()))
-		defer t.Stop()
-		timer = t.C
+		fired := make(chan struct{})
+		if d := at.Sub(k.clk.Now()); d > 0 {
+			t := k.clk.AfterFunc(d, func() { close(fired) })
+			defer t.Stop()
+		} else {
+			close(fired) // due already
+		}
+		timer = fired
 	}
 	select {
 	case <-ctx.Done():
@@ -462,13 +517,22 @@ func (k *renewer) step(ctx context.Context, recv <-chan received, sendErr <-chan
 				return err
 			}
 		}
-		r.answer(m.resp, k.now())
+		r.answer(m.resp, k.clk.Now())
 		return nil
 	case <-timer:
-		send(r.due(k.now(), false))
+		now := k.clk.Now()
+		if expired := r.expire(now); len(expired) > 0 && !r.done() {
+			// No answer for a whole TTL: the stream may be half-open.
+			// The others are renewed on a new one.
+			return fmt.Errorf("%w: no renewal of %s answered within its TTL", errHalfOpen, strings.Join(expired, ", "))
+		}
+		send(r.due(now, false))
 		return nil
 	}
 }
+
+// errHalfOpen ends a stream on which renewals go unanswered.
+var errHalfOpen = errors.New("the stream looks half-open")
 
 // streamError names a stream's clean end, which io.EOF does not.
 func streamError(err error) error {
@@ -498,22 +562,15 @@ func brokenStreamText(err error) string {
 	return err.Error()
 }
 
-// sleepCtx waits for d or until ctx ends.
-func sleepCtx(ctx context.Context, d time.Duration) error {
-	t := time.NewTimer(d)
+// waitFor waits for d on clk or until ctx ends.
+func waitFor(ctx context.Context, clk clock.Clock, d time.Duration) error {
+	fired := make(chan struct{})
+	t := clk.AfterFunc(d, func() { close(fired) })
 	defer t.Stop()
 	select {
 	case <-ctx.Done():
 		return ctx.Err()
-	case <-t.C:
+	case <-fired:
 		return nil
 	}
-}
-
-// stateLabel is a lease state as the CLI spells it: expired, releasing.
-func stateLabel(st gpupoolv1.LeaseState) string {
-	if st == gpupoolv1.LeaseState_LEASE_STATE_UNSPECIFIED {
-		return "-"
-	}
-	return strings.ToLower(strings.ReplaceAll(strings.TrimPrefix(st.String(), "LEASE_STATE_"), "_", "-"))
 }

@@ -37,6 +37,7 @@ import (
 
 	"github.com/gpupool/gpupool/client"
 	gpupoolv1 "github.com/gpupool/gpupool/proto/gpupool/v1"
+	"github.com/gpupool/gpupool/protocol"
 )
 
 // DefaultLeaseTTL is the TTL of the binder's leases. The binder renews
@@ -859,7 +860,7 @@ func unavailable(err error) bool {
 func endMessage(l *gpupoolv1.Lease, err error) string {
 	msg := fmt.Sprintf("lease %s ended", l.GetId())
 	if s := l.GetState(); s != gpupoolv1.LeaseState_LEASE_STATE_GRANTED && s != gpupoolv1.LeaseState_LEASE_STATE_UNSPECIFIED {
-		msg = fmt.Sprintf("lease %s is %s", l.GetId(), strings.ToLower(strings.TrimPrefix(s.String(), "LEASE_STATE_")))
+		msg = fmt.Sprintf("lease %s is %s", l.GetId(), protocol.EnumLabel(s))
 	}
 	if l.GetReason() != "" {
 		msg += ": " + l.GetReason()
@@ -910,14 +911,11 @@ func (b *Binder) leaseRequest(claim *resourceapi.ResourceClaim, r resourceapi.De
 	return req, nil
 }
 
-// maxHolder is the longest holder the brokers accept.
-const maxHolder = 256
-
 // holder names the claim to the brokers: "<namespace>/<name> <uid>", the
-// name cut short when that would be too long.
+// name cut short when that would be longer than they accept.
 func holder(claim *resourceapi.ResourceClaim) string {
 	name := claim.Name
-	if over := len(claim.Namespace) + len(name) + len(claim.UID) + 2 - maxHolder; over > 0 {
+	if over := len(claim.Namespace) + len(name) + len(claim.UID) + 2 - protocol.MaxHolderLen; over > 0 {
 		name = name[:len(name)-over-3] + "..."
 	}
 	return fmt.Sprintf("%s/%s %s", claim.Namespace, name, claim.UID)

@@ -26,6 +26,7 @@ import (
 
 	"github.com/gpupool/gpupool/client"
 	gpupoolv1 "github.com/gpupool/gpupool/proto/gpupool/v1"
+	"github.com/gpupool/gpupool/protocol"
 )
 
 // fakeBroker is a broker of one host, h1, whose GPUs GPU-h1-<i> have 80
@@ -746,7 +747,7 @@ func TestHolderFitsTheBrokersLimit(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			got := holder(&resourceapi.ResourceClaim{ObjectMeta: metav1.ObjectMeta{Namespace: tc.ns, Name: tc.claim, UID: claimUID}})
-			if got != tc.want || len(got) > maxHolder {
+			if got != tc.want || len(got) > protocol.MaxHolderLen {
 				t.Errorf("holder = %q (%d bytes), want %q", got, len(got), tc.want)
 			}
 		})

@@ -12,7 +12,7 @@ import (
 
 const (
 	nodesCSV = "sn,cpu_milli,memory_mib,gpu,model\n" +
-		"n0,32000,131072,2,T4\nn1,64000,262144,4,V100M16\nn2,8000,32768,1,T4\nn3,96000,393216,8,G2\n"
+		"n0,32000,131072,2,T4\nn1,64000,262144,4,V100M16\nn2,8000,32768,1,T4\nn3,96000,393216,8,G2\nn4,48000,376832,4,V100M32\n"
 	podsCSV = "name,cpu_milli,memory_mib,num_gpu,gpu_milli,gpu_spec\n" +
 		"p0,4000,8192,1,500,\np1,8000,16384,1,1000,\np2,2000,4096,0,0,\np3,16000,65536,2,1000,\n" +
 		"p4,1000,2048,1,250,T4\np5,6000,12288,1,460,V100M16|V100M32\np6,32000,131072,4,1000,\np7,3000,8192,1,300,\n"
@@ -42,6 +42,8 @@ func TestTraceLoaderRefusesBadFilesWithFileAndLine(t *testing.T) {
 			"pods.csv:2: column gpu_milli: 1500: must be between 0 and 1000"},
 		{"a pod list with a short row", nodesCSV, "name,cpu_milli,memory_mib,num_gpu,gpu_milli\np0,1,1\n",
 			"pods.csv:2: record on line 2: wrong number of fields"},
+		{"a pod list with a model no node has", nodesCSV, "name,cpu_milli,memory_mib,num_gpu,gpu_milli,gpu_spec\np0,1,1,1,500,T4\np1,1,1,1,500,T4|H100\n",
+			`pods.csv:3: column gpu_spec: unknown model "H100": the node list has T4, V100M16, G2, V100M32`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			var stderr bytes.Buffer
@@ -61,6 +63,7 @@ func TestRunRefusesBadFlagsAsUsageErrors(t *testing.T) {
 	}{
 		{[]string{"--policy", "fgd,worst-fit"}, `unknown policy "worst-fit": must be all or one or more of binpack, spread, best-fit, dot-product, gpu-packing, gpu-clustering, random, fgd, fgd-oracle`},
 		{[]string{"--seeds", "0"}, "--seeds 0: must be at least 1"},
+		{[]string{"--scale-hosts", "1000,lots"}, `--scale-hosts "1000,lots": "lots": want whole numbers of hosts between 1 and 1000000`},
 		{[]string{"extra"}, `unexpected argument "extra"`},
 	} {
 		var stderr bytes.Buffer
@@ -77,11 +80,11 @@ func TestRunWritesTheSameFiguresForTheSameSeeds(t *testing.T) {
 		out := t.TempDir()
 		var stdout, stderr bytes.Buffer
 		args := []string{"--nodes", nodes, "--pods", pods, "--seeds", "2", "--out", out,
-			"--synthetic-hosts", "20", "--synthetic-tasks", "5"}
+			"--synthetic-hosts", "20", "--synthetic-tasks", "5", "--scale-hosts", "10,20"}
 		if code := Run(context.Background(), args, &stdout, &stderr); code != 0 {
 			t.Fatalf("Run: exit %d: %s", code, stderr.String())
 		}
-		for _, f := range []string{"placement.json", "placement.md", "placement.png"} {
+		for _, f := range []string{"placement.json", "placement.md", "placement-default.png", "placement-scale.png"} {
 			if _, err := os.Stat(filepath.Join(out, f)); err != nil {
 				t.Errorf("want %s written: %v", f, err)
 			}
@@ -97,10 +100,10 @@ func TestRunWritesTheSameFiguresForTheSameSeeds(t *testing.T) {
 		if err := json.Unmarshal(data, &rep); err != nil {
 			t.Fatal(err)
 		}
-		if len(rep.Policies) != len(benchPolicies) {
-			t.Fatalf("got %d policies, want %d", len(rep.Policies), len(benchPolicies))
+		if len(rep.Traces) != 1 || len(rep.Traces[0].Policies) != len(benchPolicies) {
+			t.Fatalf("got %d traces, want 1 with %d policies", len(rep.Traces), len(benchPolicies))
 		}
-		return rep.Policies
+		return rep.Traces[0].Policies
 	}
 	a, b := results(), results()
 	for i := range a {
@@ -135,12 +138,18 @@ func TestArrivalInflatesToTheTargetAndFollowsTheSeed(t *testing.T) {
 	}
 }
 
-func TestTheOpenbTracesLoad(t *testing.T) {
-	dir := filepath.Dir(defaultPods)
-	if _, err := os.Stat(defaultNodes); err != nil {
-		t.Skipf("no openb traces at %s", dir)
+func TestRunOutsideTheRepositoryAsksForTheTraces(t *testing.T) {
+	t.Chdir(t.TempDir())
+	var stderr bytes.Buffer
+	code := Run(context.Background(), []string{"--seeds", "1"}, &bytes.Buffer{}, &stderr)
+	if want := "give --traces DIR"; code != 2 || !strings.Contains(stderr.String(), want) {
+		t.Errorf("got exit %d and %q, want exit 2 and %q", code, stderr.String(), want)
 	}
-	if nodes, err := loadNodes(defaultNodes); err != nil || len(nodes) != 1213 {
+}
+
+func TestTheOpenbTracesLoad(t *testing.T) {
+	dir := defaultTraces()
+	if nodes, err := loadNodes(filepath.Join(dir, nodesFile)); err != nil || len(nodes) != 1213 {
 		t.Errorf("nodes: got %d, %v; want 1213", len(nodes), err)
 	}
 	for _, v := range []string{"default", "gpushare40", "multigpu20", "gpuspec10"} {

@@ -1,15 +1,15 @@
-// Package placement is the placement benchmark (issue 7): the broker's placement engine
+// Package placement is the placement benchmark: the broker's placement engine
 // replays the Alibaba openb GPU-sharing trace the way the FGD paper (Weng et al., USENIX
 // ATC '23) does, for each policy and seed, and reports the unallocated GPU share as the
 // arrived GPU request grows, next to the paper's published figures. It also measures how
 // many placements per second the engine makes on a large synthetic pool.
 //
-// The replay protocol is described in bench/traces/openb/README.md (the traces and their
-// README ship in the repository with the placement work); the deviations from it are listed
-// in the report.
+// The traces ship in bench/traces/openb (CC BY 4.0, see the README there); the replay
+// protocol is in bench/README.md.
 package placement
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"flag"
@@ -19,41 +19,75 @@ import (
 	"path/filepath"
 	"runtime"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/gpupool/gpupool/broker/placement"
 )
 
-// Default trace files, relative to the repository's root (where make runs
-// the benchmark), used when they exist and the flags are not given.
-const (
-	defaultNodes = "bench/traces/openb/openb_node_list_gpu_node.csv"
-	defaultPods  = "bench/traces/openb/openb_pod_list_default.csv"
-)
+// tracesDir is where the openb traces are, relative to the repository's root: the default of
+// --traces.
+const tracesDir = "bench/traces/openb"
+
+// Trace files in the traces directory: the node list and the pod lists replayed by default.
+const nodesFile = "openb_node_list_gpu_node.csv"
+
+var podsFiles = []string{"openb_pod_list_default.csv", "openb_pod_list_gpushare40.csv",
+	"openb_pod_list_gpuspec10.csv", "openb_pod_list_multigpu20.csv"}
+
+// defaultTraces is tracesDir under the repository that holds the working directory: the first
+// directory upwards with a go.mod naming this module. It returns tracesDir itself (relative)
+// when there is none, so the error names the path tried.
+func defaultTraces() string {
+	dir, err := os.Getwd()
+	if err != nil {
+		return tracesDir
+	}
+	for {
+		if b, err := os.ReadFile(filepath.Join(dir, "go.mod")); err == nil && bytes.Contains(b, []byte("module "+modulePath+"\n")) {
+			return filepath.Join(dir, tracesDir)
+		}
+		up := filepath.Dir(dir)
+		if up == dir {
+			return tracesDir
+		}
+		dir = up
+	}
+}
+
+// modulePath is the repository's Go module.
+const modulePath = "github.com/gpupool/gpupool"
 
 const usage = `usage: placement [flags]
 
-Replays the openb GPU trace through the broker's placement engine for each policy and seed,
-and writes placement.json, placement.md and placement.png to --out.
+Replays the openb GPU traces (bench/traces/openb) through the broker's placement engine for
+each policy and seed, as the FGD paper's experiment does, beside a reference of that
+experiment; then a replay whose mix shifts halfway (the first two traces), and the default
+policy's placement rate on synthetic pools (--synthetic-hosts, --scale-hosts). Writes
+placement.json, placement.md, placement-TRACE.png and placement-scale.png to --out.
 
 Examples:
-  placement                                   # every policy, seeds 42..51, the default trace
-  placement --policy fgd,best-fit --seeds 2
-  placement --pods openb_pod_list_gpushare40.csv --out /tmp/r
+  placement                                   # every policy, seeds 42..51, the four traces
+  placement --policy fgd,fgd-oracle --seeds 2
+  placement --pods bench/traces/openb/openb_pod_list_gpushare40.csv --out /tmp/r
+  placement --traces /data/openb --scale-hosts ""
 
 Flags:
 `
 
 type config struct {
+	Traces         string   `json:"-"`
 	Nodes          string   `json:"nodes"`
-	Pods           string   `json:"pods"`
-	Trace          string   `json:"trace"`
+	Pods           []string `json:"pods"`
 	Seeds          []int64  `json:"seeds"`
 	Inflate        float64  `json:"inflate"`
 	Policies       []string `json:"policies"`
 	Out            string   `json:"-"`
 	SyntheticHosts int      `json:"synthetic_hosts"`
 	SyntheticTasks int      `json:"synthetic_tasks"`
+	ScaleHosts     []int    `json:"scale_hosts"`
 	Workers        int      `json:"workers"`
 }
 
@@ -83,15 +117,18 @@ func parseFlags(args []string, stderr io.Writer) (*config, error) {
 	cfg := &config{}
 	var seeds int
 	var policy string
-	fs.StringVar(&cfg.Nodes, "nodes", "", "node list CSV (default "+defaultNodes+" when it exists)")
-	fs.StringVar(&cfg.Pods, "pods", "", "pod list CSV (default "+defaultPods+" when it exists)")
+	fs.StringVar(&cfg.Traces, "traces", "", "directory of the openb traces (default "+tracesDir+" in the repository holding the working directory)")
+	fs.StringVar(&cfg.Nodes, "nodes", "", "node list CSV (default "+nodesFile+" in --traces)")
+	var pods string
+	fs.StringVar(&pods, "pods", "", "pod list CSVs, comma-separated (default the four openb pod lists in --traces)")
 	fs.IntVar(&seeds, "seeds", 10, "number of seeds, from 42")
 	fs.Float64Var(&cfg.Inflate, "inflate", 1.3, "offer tasks until they ask for this multiple of the GPU capacity")
 	fs.StringVar(&policy, "policy", "all", "policy, comma-separated policies, or all: "+strings.Join(benchPolicies, ", "))
-	fs.StringVar(&cfg.Out, "out", "bench/results", "directory for placement.json, .md and .png")
+	fs.StringVar(&cfg.Out, "out", "bench/results", "directory for placement.json, placement.md and the PNG charts")
 	fs.IntVar(&cfg.SyntheticHosts, "synthetic-hosts", 10000, "hosts (8 GPUs each) of the pool for placements/s; 0 skips it")
 	fs.IntVar(&cfg.SyntheticTasks, "synthetic-tasks", 2000, "placements per policy for placements/s")
 	fs.IntVar(&cfg.Workers, "workers", runtime.NumCPU(), "replays run at once")
+	scale := fs.String("scale-hosts", "1000,3000,10000,30000,100000", "pool sizes (hosts × 8 GPUs) of the scale curve of the default policy, comma-separated; empty skips it")
 	if err := fs.Parse(args); err != nil {
 		return nil, err
 	}
@@ -110,24 +147,43 @@ func parseFlags(args []string, stderr io.Writer) (*config, error) {
 	for i := range seeds {
 		cfg.Seeds = append(cfg.Seeds, int64(42+i))
 	}
+	for f := range strings.SplitSeq(*scale, ",") {
+		if f = strings.TrimSpace(f); f == "" {
+			continue
+		}
+		n, err := strconv.Atoi(f)
+		if err != nil || n < 1 || n > 1_000_000 {
+			return nil, fmt.Errorf("--scale-hosts %q: %q: want whole numbers of hosts between 1 and 1000000", *scale, f)
+		}
+		cfg.ScaleHosts = append(cfg.ScaleHosts, n)
+	}
 	var err error
 	if cfg.Policies, err = parsePolicies(policy); err != nil {
 		return nil, err
 	}
-	for _, f := range []struct {
-		name string
-		v    *string
-		def  string
-	}{{"nodes", &cfg.Nodes, defaultNodes}, {"pods", &cfg.Pods, defaultPods}} {
-		if *f.v != "" {
-			continue
-		}
-		if _, err := os.Stat(f.def); err != nil {
-			return nil, fmt.Errorf("--%s: not given, and the default %s does not exist: name the openb CSV file", f.name, f.def)
-		}
-		*f.v = f.def
+	if cfg.Traces == "" {
+		cfg.Traces = defaultTraces()
 	}
-	cfg.Trace = traceName(cfg.Pods)
+	if cfg.Nodes == "" {
+		cfg.Nodes = filepath.Join(cfg.Traces, nodesFile)
+	}
+	if pods == "" {
+		for _, f := range podsFiles {
+			cfg.Pods = append(cfg.Pods, filepath.Join(cfg.Traces, f))
+		}
+	} else {
+		cfg.Pods = strings.Split(pods, ",")
+	}
+	files := []struct{ flag, path string }{{"nodes", cfg.Nodes}}
+	for _, p := range cfg.Pods {
+		files = append(files, struct{ flag, path string }{"pods", p})
+	}
+	for _, f := range files {
+		if _, err := os.Stat(f.path); err != nil {
+			return nil, fmt.Errorf("--%s %s: %v: run from inside the repository (the traces are in %s), or give --traces DIR or --%s FILE",
+				f.flag, f.path, errors.Unwrap(err), tracesDir, f.flag)
+		}
+	}
 	return cfg, nil
 }
 
@@ -163,37 +219,66 @@ func run(ctx context.Context, cfg *config, stdout, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
-	tasks, err := loadTasks(cfg.Pods)
-	if err != nil {
-		return err
+	traces := make([][]task, len(cfg.Pods))
+	for i, f := range cfg.Pods {
+		if traces[i], err = loadTasks(f); err != nil {
+			return err
+		}
+		if err := checkModels(f, traces[i], nodes); err != nil {
+			return err
+		}
 	}
 	if err := os.MkdirAll(cfg.Out, 0o755); err != nil {
 		return err
 	}
-	arrivals := make([]*arrival, len(cfg.Seeds))
-	for i, s := range cfg.Seeds {
-		arrivals[i] = arrive(nodes, tasks, s, cfg.Inflate)
+	rep := newReport(cfg)
+	for i, f := range cfg.Pods {
+		tasks := traces[i]
+		arrivals := make([]*arrival, len(cfg.Seeds))
+		for i, s := range cfg.Seeds {
+			arrivals[i] = arrive(nodes, tasks, s, cfg.Inflate)
+		}
+		name := traceName(f)
+		fmt.Fprintf(stderr, "placement: %s: %d nodes, %d tasks (%d offered per seed), %d policies × %d seeds on %d workers\n",
+			name, len(nodes), len(tasks), len(arrivals[0].tasks), len(cfg.Policies), len(cfg.Seeds), cfg.Workers)
+		outcomes, err := replayAll(ctx, cfg, nodes, tasks, arrivals, stderr)
+		if err != nil {
+			return err
+		}
+		rep.addTrace(name, outcomes)
 	}
-	fmt.Fprintf(stderr, "placement: %s: %d nodes, %d tasks (%d offered per seed), %d policies × %d seeds on %d workers\n",
-		cfg.Trace, len(nodes), len(tasks), len(arrivals[0].tasks), len(cfg.Policies), len(cfg.Seeds), cfg.Workers)
-
-	outcomes, err := replayAll(ctx, cfg, nodes, arrivals, stderr)
-	if err != nil {
-		return err
+	if len(traces) >= 2 && slices.Contains(cfg.Policies, placement.FGD) && slices.Contains(cfg.Policies, FGDOracle) {
+		shift, err := mixShift(ctx, cfg, nodes, traceName(cfg.Pods[0]), traces[0], traceName(cfg.Pods[1]), traces[1], stderr)
+		if err != nil {
+			return err
+		}
+		rep.MixShift = shift
 	}
-	replaySeconds := time.Since(start).Seconds()
-	rates := map[string]float64{}
+	rep.ReplaySeconds = time.Since(start).Seconds()
 	if cfg.SyntheticHosts > 0 {
+		arrival := arrive(nodes, traces[0], cfg.Seeds[0], cfg.Inflate)
 		for _, p := range cfg.Policies {
-			r, err := throughput(ctx, cfg, nodes, arrivals[0], p)
+			r, err := throughput(ctx, cfg, cfg.SyntheticHosts, nodes, traces[0], arrival, p)
 			if err != nil {
 				return err
 			}
-			fmt.Fprintf(stderr, "placement: %s: %.0f placements/s on %d hosts\n", p, r, cfg.SyntheticHosts)
-			rates[p] = r
+			fmt.Fprintf(stderr, "placement: %s: %.0f placements/s (%.0f per CPU second) on %d hosts\n", p, r.Wall, r.CPU, cfg.SyntheticHosts)
+			rep.Rates[p] = r
+		}
+		for _, n := range cfg.ScaleHosts {
+			r, err := throughput(ctx, cfg, n, nodes, traces[0], arrival, placement.FGD)
+			if err != nil {
+				return err
+			}
+			fmt.Fprintf(stderr, "placement: scale: %s: %.0f placements/s (%.0f per CPU second) on %d hosts\n", placement.FGD, r.Wall, r.CPU, n)
+			pt := scalePoint{Hosts: n, PlacementsPerSec: r.Wall, PerCPUSecond: r.CPU}
+			if r.CPU > 0 {
+				pt.CPUMicrosPerPlacement = 1e6 / r.CPU
+			}
+			rep.Scale = append(rep.Scale, pt)
 		}
 	}
-	rep := newReport(cfg, outcomes, rates, replaySeconds, time.Since(start).Seconds())
+	rep.TotalSeconds = time.Since(start).Seconds()
 	paths, err := rep.write(cfg.Out)
 	if err != nil {
 		return err
@@ -205,7 +290,7 @@ func run(ctx context.Context, cfg *config, stdout, stderr io.Writer) error {
 
 // replayAll replays every policy on every seed, cfg.Workers at a time, and returns the
 // outcomes by policy, in seed order.
-func replayAll(ctx context.Context, cfg *config, nodes []node, arrivals []*arrival, stderr io.Writer) (map[string][]*outcome, error) {
+func replayAll(ctx context.Context, cfg *config, nodes []node, tasks []task, arrivals []*arrival, stderr io.Writer) (map[string][]*outcome, error) {
 	type job struct {
 		policy string
 		a      int
@@ -243,7 +328,7 @@ func replayAll(ctx context.Context, cfg *config, nodes []node, arrivals []*arriv
 					}
 				}
 				t0 := time.Now()
-				o, err := replay(ctx, nodes, a, j.policy, progress)
+				o, err := replay(ctx, nodes, tasks, a, j.policy, progress)
 				mu.Lock()
 				if err != nil {
 					if firstErr == nil {

@@ -25,6 +25,30 @@ type task struct {
 	gpus     int    // 0 for a task without GPUs
 	milli    int    // share of each GPU in thousandths
 	spec     string // allowed models, "|"-separated; "" for any
+	line     int    // in its file
+}
+
+// checkModels refuses a task of file whose gpu_spec names a model no node has, with its line.
+func checkModels(file string, tasks []task, nodes []node) error {
+	have := map[string]bool{}
+	var models []string
+	for _, n := range nodes {
+		if n.model != "" && !have[n.model] {
+			have[n.model] = true
+			models = append(models, n.model)
+		}
+	}
+	for _, t := range tasks {
+		if t.spec == "" {
+			continue
+		}
+		for _, m := range strings.Split(t.spec, "|") {
+			if !have[m] {
+				return fmt.Errorf("%s:%d: column gpu_spec: unknown model %q: the node list has %s", file, t.line, m, strings.Join(models, ", "))
+			}
+		}
+	}
+	return nil
 }
 
 // gpuMilli is the GPU capacity the task asks for, in thousandths of a GPU.
@@ -181,7 +205,7 @@ func parseTasks(file string, r io.Reader) ([]task, error) {
 			}
 			return tasks, err
 		}
-		k := task{name: t.str("name"), spec: t.str("gpu_spec")}
+		k := task{name: t.str("name"), spec: t.str("gpu_spec"), line: t.line}
 		var gpus, milli int64
 		if k.cpu, err = t.num("cpu_milli", 0, 1<<40); err != nil {
 			return nil, err

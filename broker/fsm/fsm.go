@@ -55,6 +55,7 @@ type Result struct {
 // FSM implements raft.FSM over a state store.
 type FSM struct {
 	store *state.Store
+	index *placement.Index
 	log   *slog.Logger
 	pub   publisher
 }
@@ -64,8 +65,15 @@ func New(logger *slog.Logger) *FSM {
 	if logger == nil {
 		logger = slog.New(slog.DiscardHandler)
 	}
-	return &FSM{store: state.New(), log: logger}
+	f := &FSM{store: state.New(), index: placement.NewIndex(nil, nil), log: logger}
+	f.store.ObservePool(f.index)
+	return f
 }
+
+// PoolIndex is the placement index of the pool, kept up to date by every applied change and
+// rebuilt by a restore. It is never behind State(): a change reaches it before it becomes
+// visible there.
+func (f *FSM) PoolIndex() *placement.Index { return f.index }
 
 // State returns a consistent read view of the current state.
 func (f *FSM) State() *state.Reader { return f.store.Read() }

@@ -58,6 +58,10 @@ type Mix struct {
 	alts   [][]string // shapes[i].Models split at "|"; nil for any model
 	probs  []float64  // sum to 1, or empty
 
+	// lookAhead: a shape's fragmentation also counts what many tasks of the shape could use,
+	// not only the next one (see LookAhead).
+	lookAhead bool
+
 	mu      sync.Mutex
 	memo    map[nodeKey]float64 // guarded by mu
 	allowed map[string][]bool   // model → whether each shape accepts it; guarded by mu
@@ -98,11 +102,12 @@ func NewMix(shapes []Shape, weights []float64) (*Mix, error) {
 
 // MixFromCounts keeps the most frequent shapes of counts until they cover the fraction
 // coverage (0 < coverage ≤ 1) of all tasks, as the FGD paper keeps 95 %, and returns their
-// mix. Equal counts keep shapes in a fixed order, so the result is deterministic.
+// mix. Equal counts keep shapes in a fixed order (the larger CPU, share, GPU count and model
+// list first, as the FGD paper's artifact orders them), so the result is deterministic.
 func MixFromCounts(counts map[Shape]int, coverage float64) *Mix {
 	shapes := slices.SortedFunc(maps.Keys(counts), func(a, b Shape) int {
-		return cmp.Or(cmp.Compare(counts[b], counts[a]), cmp.Compare(a.GPUs, b.GPUs), cmp.Compare(a.Milli, b.Milli),
-			cmp.Compare(a.CPU, b.CPU), cmp.Compare(a.Memory, b.Memory), strings.Compare(a.Models, b.Models))
+		return cmp.Or(cmp.Compare(counts[b], counts[a]), cmp.Compare(b.CPU, a.CPU), cmp.Compare(b.Milli, a.Milli),
+			cmp.Compare(b.GPUs, a.GPUs), strings.Compare(b.Models, a.Models), cmp.Compare(b.Memory, a.Memory))
 	})
 	var total int
 	for _, n := range counts {
@@ -129,6 +134,19 @@ func MixFromCounts(counts map[Shape]int, coverage float64) *Mix {
 	return m
 }
 
+// LookAhead returns a mix of the same shapes that also rates a host by what tasks of each
+// shape could go on taking there, not only the next one. A shape's fragmentation is the mean
+// of FGD's (the free GPU capacity the next task of the shape could not use) and the free GPU
+// capacity that as many tasks of the shape as fit, one after the other (by free GPU share, host
+// CPU and host memory), would leave unused. A host with eight idle GPUs and CPU left for one
+// task of a shape strands seven GPUs for that shape, where FGD counts none; a GPU with 65 %
+// free holds two tasks of 30 % and strands 5 %, where FGD counts none.
+func (m *Mix) LookAhead() *Mix {
+	c := &Mix{shapes: m.shapes, alts: m.alts, probs: m.probs, lookAhead: true,
+		memo: make(map[nodeKey]float64), allowed: make(map[string][]bool)}
+	return c
+}
+
 // Len is the number of shapes in the mix.
 func (m *Mix) Len() int { return len(m.shapes) }
 
@@ -137,6 +155,8 @@ func (m *Mix) Len() int { return len(m.shapes) }
 type MixLearner struct {
 	// Coverage is the share of tasks the mix covers, as in MixFromCounts; 0.95 when zero.
 	Coverage float64
+	// LookAhead makes the mixes it builds look ahead (see Mix.LookAhead).
+	LookAhead bool
 
 	counts map[Shape]int
 	total  int
@@ -159,6 +179,9 @@ func (l *MixLearner) Observe(s Shape) {
 func (l *MixLearner) Mix() *Mix {
 	if l.mix == nil || l.total >= l.next {
 		l.mix = MixFromCounts(l.counts, cmp.Or(l.Coverage, 0.95))
+		if l.LookAhead {
+			l.mix = l.mix.LookAhead()
+		}
 		switch {
 		case l.next < 1:
 			l.next = 1
@@ -262,7 +285,30 @@ func (m *Mix) shapeFragLocked(i int, st *nodeState) int64 {
 	if s.GPUs == 0 || fit < s.GPUs || st.cpu < s.CPU || st.mem < s.Memory {
 		return total
 	}
-	return unusable
+	if !m.lookAhead {
+		return unusable
+	}
+	return (unusable + m.lookAheadFrag(i, st, total)) / 2
+}
+
+// lookAheadFrag is the free capacity of st that as many tasks of shape i as fit leave unused.
+func (m *Mix) lookAheadFrag(i int, st *nodeState, total int64) int64 {
+	s := &m.shapes[i]
+	// How many tasks of the shape fit, one after the other: by GPU slots, CPU and memory.
+	var slots int64
+	for g, f := range st.free {
+		if m.acceptsLocked(i, st.models[g]) && f >= s.Milli {
+			slots += int64(f / s.Milli)
+		}
+	}
+	tasks := slots / int64(s.GPUs)
+	if s.CPU > 0 {
+		tasks = min(tasks, st.cpu/s.CPU)
+	}
+	if s.Memory > 0 {
+		tasks = min(tasks, st.mem/s.Memory)
+	}
+	return total - tasks*int64(s.GPUs)*int64(s.Milli)
 }
 
 // acceptsLocked reports whether shape i accepts GPUs of model.

@@ -2,6 +2,7 @@ package placement
 
 import (
 	"math"
+	"slices"
 	"testing"
 
 	gpupoolv1 "github.com/gpupool/gpupool/proto/gpupool/v1"
@@ -119,6 +120,38 @@ func TestShapeOnWeighsMemoryAgainstTheGPU(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			if got := ShapeOn(tt.req, tt.gpuMem).Milli; got != tt.want {
 				t.Fatalf("Milli = %d, want %d", got, tt.want)
+			}
+		})
+	}
+}
+
+func TestLookAheadCountsWhatManyTasksOfAShapeWouldStrand(t *testing.T) {
+	eight := func(f int32) []int32 { return []int32{f, f, f, f, f, f, f, f} }
+	models := func(n int) []string { return slices.Repeat([]string{a100}, n) }
+	for _, tc := range []struct {
+		name     string
+		shape    Shape
+		cpu      int64
+		free     []int32
+		fgd, got float64
+	}{
+		{"a GPU with 65 % free holds two tasks of 30 %, stranding 5 %", Shape{GPUs: 1, Milli: 300}, 64000, []int32{650},
+			0, 25},
+		{"eight idle GPUs with CPU for one whole-GPU task strand seven", Shape{GPUs: 1, Milli: 1000, CPU: 8000}, 8000, eight(1000),
+			0, 3500},
+		{"a shape that does not fit strands everything, as in FGD", Shape{GPUs: 2, Milli: 1000}, 64000, []int32{1000, 500},
+			1500, 1500},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			m, err := NewMix([]Shape{tc.shape}, []float64{1})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got := m.Frag(tc.cpu, 1<<20, tc.free, models(len(tc.free))); got != tc.fgd {
+				t.Errorf("FGD: got %v, want %v", got, tc.fgd)
+			}
+			if got := m.LookAhead().Frag(tc.cpu, 1<<20, tc.free, models(len(tc.free))); got != tc.got {
+				t.Errorf("look-ahead: got %v, want %v", got, tc.got)
 			}
 		})
 	}

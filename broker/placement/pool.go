@@ -35,7 +35,16 @@ type pool struct {
 	// their tie-break. lastScore is the score rateBetter computed last.
 	rated     map[hostShape]int
 	lastScore int
+	// maxCPU and maxGPU are the largest host CPU (millicores) and GPU count × 1000 among the
+	// hosts given: the scale of best-fit, dot-product and gpu-clustering.
+	maxCPU, maxGPU int64
+	// fits is scratch for the two-pass policies: the hosts that fit and their raw scores.
+	fits []hostFit
+	aff  map[string]int // scratch for affinity
 }
+
+// hostFit is a host that fits the request, with its raw score.
+type hostFit struct{ h, raw int }
 
 // hostShape is what FGD's rating of a host depends on: the host as FGD sees it, and its
 // candidates' free memory, compute and size in a fixed order.
@@ -75,12 +84,12 @@ func (p *pool) fgdTry(hs *hostState, found bool, try func(*hostState, string, []
 	k, ok := p.shape(hs)
 	if ok {
 		if score, seen := p.rated[k]; seen {
-			if score < 0 || (found && !p.rating(hs, "", score).beats(p.top)) {
+			if score == noFit || (found && !p.rating(hs, "", score).beats(p.top)) {
 				return
 			}
 		}
 	}
-	p.lastScore = -1
+	p.lastScore = noFit
 	try(hs, "", p.fgdPick(hs))
 	if ok {
 		if p.rated == nil {
@@ -127,8 +136,13 @@ func newPool(hosts []*gpupoolv1.Host, rq *request, v view) *pool {
 	}
 	p.rq, p.v, p.hosts, p.cands = rq, v, p.hosts[:0], p.cands[:0]
 	p.scored, p.top = v == viewNow && scoredPolicy(rq.opts.Policy), rating{}
+	p.maxCPU, p.maxGPU = 0, 0
 	for _, h := range hosts {
-		if h == nil || !v.hostUsable(h) || !rq.hostMatches(h) {
+		if h == nil {
+			continue
+		}
+		p.maxCPU, p.maxGPU = max(p.maxCPU, h.GetCpuMillicores()), max(p.maxGPU, 1000*int64(len(h.GetDevices())))
+		if !v.hostUsable(h) || !rq.hostMatches(h) {
 			continue
 		}
 		hs := hostState{h: h, lo: len(p.cands), roomy: rq.hostRoomy(v, h)}
@@ -151,6 +165,9 @@ func newPool(hosts []*gpupoolv1.Host, rq *request, v view) *pool {
 		}
 		hs.hi, hs.baseFree = len(p.cands), hs.freeMem
 		p.hosts = append(p.hosts, hs)
+	}
+	if rq.opts.maxCPU > 0 || rq.opts.maxGPU > 0 {
+		p.maxCPU, p.maxGPU = rq.opts.maxCPU, rq.opts.maxGPU
 	}
 	return p
 }
@@ -298,6 +315,9 @@ func (p *pool) search() []int {
 		}
 		return p.greedy(0, len(p.cands), "", n)
 	}
+	if p.scored && p.twoPass() {
+		return p.searchTwoPass(n)
+	}
 	var best score
 	found := false
 	try := func(hs *hostState, root string, picks []int) {
@@ -341,6 +361,76 @@ func (p *pool) search() []int {
 	if !found {
 		return nil
 	}
+	return p.best
+}
+
+// twoPass reports whether the policy needs every host that fits before it can choose: Random
+// picks one of them, best-fit normalises its scores over them. Topologies within a host
+// (same-nvlink, same-pcie-root) are rated in one pass, best-fit without normalising.
+func (p *pool) twoPass() bool {
+	switch p.rq.topo {
+	case gpupoolv1.Topology_TOPOLOGY_SAME_NVLINK, gpupoolv1.Topology_TOPOLOGY_SAME_PCIE_ROOT:
+		return false
+	}
+	return p.rq.opts.Policy == Random || p.rq.opts.Policy == BestFit
+}
+
+// searchTwoPass is search for the two-pass policies: it finds the hosts that fit (and rates
+// them), then chooses one, then places the request on it.
+func (p *pool) searchTwoPass(n int) []int {
+	p.fits = p.fits[:0]
+	lo, hi := math.MaxInt, math.MinInt
+	for h := range p.hosts {
+		hs := &p.hosts[h]
+		if !hs.roomy || p.greedy(hs.lo, hs.hi, "", n) == nil {
+			p.reset(hs)
+			continue
+		}
+		f := hostFit{h: h}
+		if p.rq.opts.Policy == BestFit {
+			f.raw = p.hostScore(hs)
+			lo, hi = min(lo, f.raw), max(hi, f.raw)
+		}
+		p.reset(hs)
+		p.fits = append(p.fits, f)
+	}
+	if len(p.fits) == 0 {
+		return nil
+	}
+	var win *hostState
+	if p.rq.opts.Policy == Random {
+		win = &p.hosts[p.fits[p.rq.opts.Rand.Intn(len(p.fits))].h]
+	} else {
+		var top rating
+		for i, f := range p.fits {
+			hs := &p.hosts[f.h]
+			if r := p.rating(hs, "", normalise(f.raw, lo, hi)); i == 0 || r.beats(top) {
+				top, win = r, hs
+			}
+		}
+	}
+	if p.rq.opts.Policy == Random && n == 1 && !p.rq.exclusive {
+		return p.randomGPU(win)
+	}
+	p.best = append(p.best[:0], p.greedy(win.lo, win.hi, "", n)...)
+	return p.best
+}
+
+// randomGPU takes one slice on a GPU of hs drawn uniformly among those with room, each kept
+// with probability 1/(GPUs with room seen), in device order.
+func (p *pool) randomGPU(hs *hostState) []int {
+	pick, seen := -1, 0
+	for i := hs.lo; i < hs.hi; i++ {
+		if p.slots(&p.cands[i]) == 0 {
+			continue
+		}
+		seen++
+		if p.rq.opts.Rand.Intn(seen) == 0 {
+			pick = i
+		}
+	}
+	p.take(pick)
+	p.best = append(p.best[:0], pick)
 	return p.best
 }
 
@@ -456,6 +546,9 @@ func (p *pool) better(s, t score) bool {
 	}
 	return cmp.Or(c, strings.Compare(s.host, t.host), strings.Compare(s.root, t.root)) < 0
 }
+
+// noFit is the score remembered for a host shape on which no slice fits.
+const noFit = math.MinInt
 
 // noLimit counts capacity to the end.
 const noLimit = math.MaxInt64

@@ -21,6 +21,7 @@ type request struct {
 	binpack   bool
 	opts      *Options // never nil
 	models    []string // the model constraint's alternatives; nil when unset
+	class     string   // Class of the request
 
 	// oneHost: every slice on one host. distinct: every slice on its own device.
 	oneHost, distinct bool
@@ -44,6 +45,7 @@ func newRequest(req *gpupoolv1.LeaseRequest, opts *Options) (*request, string) {
 		cons:      req.GetConstraints(),
 		binpack:   opts.Policy == Binpack || scoredPolicy(opts.Policy),
 		opts:      opts,
+		class:     Class(req),
 	}
 	if rq.cons == nil {
 		rq.cons = &gpupoolv1.Constraints{}

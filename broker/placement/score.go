@@ -89,97 +89,177 @@ func freeMilli(d *gpupoolv1.Device, mem int64, compute int32) int32 {
 	return max(0, f)
 }
 
-// hostScore rates the trial placement on hs for the scored policies, from 0 to 100.
+// fgdScore is FGD's score of a placement that takes a host's expected fragmentation from
+// before to after (thousandths of a GPU): 100·sigmoid((before−after)/1000), truncated, as the
+// paper's artifact computes it.
+func fgdScore(before, after float64) int {
+	x := (before - after) / 1000
+	return int(1 / (1 + math.Exp(-x)) * 100)
+}
+
+// hostScore rates the trial placement on hs for the scored policies, from 0 to 100 (BestFit:
+// its raw score, which search normalises over the hosts that fit). The formulas are those of
+// the FGD paper's artifact; the artifact's constants (128 cores, 8 GPUs) are the largest host
+// CPU and GPU count of the pool given.
 func (p *pool) hostScore(hs *hostState) int {
 	before, after := &p.before, &p.after
 	p.node(hs, false, before)
 	p.node(hs, true, after)
-	h := hs.h
+	gpuLeft := sum(before.free)
+	gpuReq := gpuLeft - sum(after.free)
 	switch p.rq.opts.Policy {
 	case FGD:
-		delta := p.rq.opts.Mix.frag(after) - p.rq.opts.Mix.frag(before)
-		return int(100 / (1 + math.Exp(delta/1000))) // 100·sigmoid(−Δ/1000)
+		return fgdScore(p.rq.opts.Mix.frag(before), p.rq.opts.Mix.frag(after))
 	case BestFit:
-		var left float64
-		var dims int
-		for _, r := range [][2]int64{{after.cpu, h.GetCpuMillicores()}, {after.mem, h.GetMemoryMib()},
-			{sum(after.free), 1000 * int64(len(after.free))}} {
-			if r[1] > 0 {
-				left += float64(r[0]) / float64(r[1])
-				dims++
-			}
-		}
-		return int(100 * (1 - left/float64(max(dims, 1))))
+		return bestFitRaw(before.cpu, gpuLeft, p.rq.hostCPU, gpuReq, p.maxCPU, p.maxGPU)
 	case DotProduct:
-		var dot float64
-		var dims int
-		gpuCap := 1000 * int64(len(before.free))
-		for _, r := range [][3]int64{{p.rq.hostCPU, before.cpu, h.GetCpuMillicores()}, {p.rq.hostMem, before.mem, h.GetMemoryMib()},
-			{sum(before.free) - sum(after.free), sum(before.free), gpuCap}} {
-			if r[2] > 0 {
-				dot += float64(r[0]) / float64(r[2]) * float64(r[1]) / float64(r[2])
-				dims++
-			}
-		}
-		return int(100 * (1 - dot/float64(max(dims, 1))))
+		return dotProduct(before.cpu, gpuLeft, p.rq.hostCPU, gpuReq, p.maxCPU, p.maxGPU)
 	case GPUPacking:
-		for i := hs.lo; i < hs.hi; i++ {
-			if c := &p.cands[i]; c.taken > 0 && !c.idle && !p.rq.exclusive {
-				return 100 // shares a GPU already in use
-			}
-		}
-		if p.anyInUse(h) {
-			return 50
-		}
-		return 0
+		return p.packing(hs, before)
 	case GPUClustering:
-		for _, d := range h.GetDevices() {
-			if d != nil && p.v.deviceUsable(d) && p.sameShare(d) {
-				return 100
-			}
-		}
-		if !p.anyInUse(h) {
-			return 50
-		}
-		return 0
+		return clustering(p.affinity(hs.h), p.rq.class, gpuLeft, p.maxGPU)
 	}
 	return 0
 }
 
-// anyInUse reports whether a usable GPU of h has anything allocated.
-func (p *pool) anyInUse(h *gpupoolv1.Host) bool {
-	for _, d := range h.GetDevices() {
-		if d != nil && p.v.deviceUsable(d) && !p.v.idle(d) {
-			return true
+// bestFitRaw is best-fit's score before normalisation: 100 less half the free CPU and half
+// the free GPU share left after the placement, each relative to the pool's largest host.
+func bestFitRaw(cpuLeft, gpuLeft, cpu, gpu, maxCPU, maxGPU int64) int {
+	free := [2]float64{float64(cpuLeft), float64(gpuLeft)}
+	req := [2]float64{float64(cpu), float64(gpu)}
+	mx := [2]float64{float64(maxCPU), float64(maxGPU)}
+	var sc float64
+	for i := range free {
+		if free[i] < req[i] {
+			return 0
+		}
+		if mx[i] > 0 {
+			sc += (free[i] - req[i]) / mx[i] * 0.5
 		}
 	}
-	return false
+	return int((1 - sc) * 100)
 }
 
-// sameShare reports whether every lease on d has the request's share of it: d is held
-// exclusively for an exclusive request, or d's leases each take the request's compute.
-func (p *pool) sameShare(d *gpupoolv1.Device) bool {
-	if p.rq.exclusive {
-		return p.v.heldExclusive(d)
+// dotProduct is dot-product's score: 100 less half the dot product of the host's free CPU and
+// GPU share with the request's, each relative to the pool's largest host.
+func dotProduct(cpuLeft, gpuLeft, cpu, gpu, maxCPU, maxGPU int64) int {
+	if cpuLeft < cpu {
+		return 0
 	}
-	n := d.GetLeaseCount()
-	return n > 0 && !d.GetAllocatedExclusive() && d.GetAllocatedComputePercent() == n*p.rq.compute
+	var d float64
+	if maxCPU > 0 {
+		d += float64(cpuLeft) / float64(maxCPU) * float64(cpu) / float64(maxCPU)
+	}
+	if maxGPU > 0 {
+		d += float64(gpuLeft) / float64(maxGPU) * float64(gpu) / float64(maxGPU)
+	}
+	return int(100 * (1 - d/2))
 }
 
-// fgdPick takes one slice of a fractional request on the candidate of hs that grows hs's
-// fragmentation least (the first such in device order) and returns it, or nil when none has
-// room. The take stays in place until reset.
+// normalise maps raw scores of the hosts that fit onto 0..100 by min-max, truncated, as the
+// artifact normalises best-fit; all equal scores become 0.
+func normalise(raw, lo, hi int) int {
+	if hi == lo {
+		return 0
+	}
+	return (raw - lo) * 100 / (hi - lo)
+}
+
+// packing is gpu-packing's score: a request that takes only GPUs already in use scores 50 to
+// 100 (the fuller the GPUs, the higher), one that opens idle GPUs on a host in use 33 to 49,
+// and one on an idle host at most 33; a request without GPUs scores 0.
+func (p *pool) packing(hs *hostState, before *nodeState) int {
+	idle := 0
+	for _, f := range before.free {
+		if f == 1000 {
+			idle++
+		}
+	}
+	if idle == len(before.free) {
+		return max(100/3-idle, idle)
+	}
+	opened, r := 0, 0
+	for i := hs.lo; i < hs.hi; i++ {
+		c := &p.cands[i]
+		if c.taken == 0 {
+			continue
+		}
+		f := int(freeMilli(c.d, c.baseMem, c.baseCompute))
+		if f == 1000 {
+			opened++
+		}
+		r += f * 100 / 1000
+	}
+	if opened > 0 {
+		return max(50-opened, 33)
+	}
+	return max(100-r/10, 50)
+}
+
+// clustering is gpu-clustering's score: base 0 to 25 for how full the host's GPUs are
+// relative to the pool's largest host, plus 75 when the host holds only leases of the
+// request's class, 50 when it holds that class among others, 25 when it holds none.
+func clustering(aff map[string]int, class string, gpuLeft, maxGPU int64) int {
+	if class == "" {
+		return 0
+	}
+	var base int64
+	if maxGPU > 0 {
+		base = 25 * (maxGPU - gpuLeft) / maxGPU
+	}
+	switch {
+	case aff[class] > 0 && len(aff) == 1:
+		return int(base) + 75
+	case aff[class] > 0:
+		return int(base) + 50
+	case len(aff) == 0:
+		return int(base) + 25
+	}
+	return int(base)
+}
+
+// affinity is the lease classes h holds: from Options.Affinity when given, else read from its
+// devices (see Options.Affinity).
+func (p *pool) affinity(h *gpupoolv1.Host) map[string]int {
+	if a := p.rq.opts.Affinity; a != nil {
+		return a[h.GetId()]
+	}
+	clear(p.aff)
+	if p.aff == nil {
+		p.aff = map[string]int{}
+	}
+	for _, d := range h.GetDevices() {
+		if d == nil || !p.v.deviceUsable(d) || p.v.idle(d) {
+			continue
+		}
+		switch {
+		case !d.GetAllocatedExclusive():
+			p.aff[classShare]++
+		case p.rq.exclusive:
+			p.aff[p.rq.class]++
+		default:
+			p.aff["whole-gpu"]++
+		}
+	}
+	return p.aff
+}
+
+// fgdPick takes one slice of a fractional request on the candidate of hs whose placement FGD
+// scores highest (the first such in device order) and returns it, or nil when none has room.
+// The take stays in place until reset.
 func (p *pool) fgdPick(hs *hostState) []int {
+	p.node(hs, false, &p.before)
+	before := p.rq.opts.Mix.frag(&p.before)
 	st := &p.after
-	best, bestFrag := -1, 0.0
+	best, bestScore := -1, 0
 	for i := hs.lo; i < hs.hi; i++ {
 		if p.slots(&p.cands[i]) == 0 {
 			continue
 		}
 		p.take(i)
 		p.node(hs, true, st)
-		if f := p.rq.opts.Mix.frag(st); best < 0 || f < bestFrag {
-			best, bestFrag = i, f
+		if sc := fgdScore(before, p.rq.opts.Mix.frag(st)); best < 0 || sc > bestScore {
+			best, bestScore = i, sc
 		}
 		p.reset(hs)
 	}

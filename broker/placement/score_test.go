@@ -70,7 +70,7 @@ func TestScoredPoliciesChooseTheirHost(t *testing.T) {
 			want: "host-2/1",
 		},
 		{
-			name: "gpu-clustering joins leases of the same share",
+			name: "gpu-clustering joins leases of the same class",
 			hosts: poolOf(host("host-1", gpu(0, half), gpu(1)), idle("host-2", 1),
 				host("host-3", gpu(0, func(d *gpupoolv1.Device) {
 					d.AllocatedMemoryMib, d.AllocatedComputePercent, d.LeaseCount = a100Mem/2, 50, 2
@@ -79,8 +79,8 @@ func TestScoredPoliciesChooseTheirHost(t *testing.T) {
 			want: "host-3/0",
 		},
 		{
-			name:  "gpu-clustering prefers an idle host to one with other shares",
-			hosts: poolOf(host("host-1", gpu(0, half), gpu(1)), idle("host-2", 1)),
+			name:  "gpu-clustering prefers an idle host to one with leases of another class",
+			hosts: poolOf(host("host-1", gpu(0, held), gpu(1)), idle("host-2", 1)),
 			req:   quarter(), opts: Options{Policy: GPUClustering},
 			want: "host-2/0",
 		},

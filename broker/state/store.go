@@ -14,8 +14,25 @@ import (
 
 // Store holds the state. Reads may run concurrently with one writer.
 type Store struct {
-	db atomic.Pointer[memdb.MemDB] // swapped whole by Restore
+	db  atomic.Pointer[memdb.MemDB] // swapped whole by Restore
+	obs PoolObserver                // set before the first write; may be nil
 }
+
+// PoolObserver is told of every change to the pool view (HostsWithDevices), on the writer's
+// goroutine, before the write becomes visible to readers: an observer is never behind a
+// Reader, though it may be ahead of one read before the change.
+type PoolObserver interface {
+	// Update gives a host's new pool view (a host with its devices). It must not be modified.
+	Update(h *gpupoolv1.Host)
+	// Remove says the host with id is gone.
+	Remove(id string)
+	// Reset gives the whole pool view after a restore.
+	Reset(hosts []*gpupoolv1.Host)
+}
+
+// ObservePool makes o observe the pool view from the next write on. Call it before the first
+// write.
+func (s *Store) ObservePool(o PoolObserver) { s.obs = o }
 
 // New returns an empty store.
 func New() *Store {
@@ -36,7 +53,7 @@ func (s *Store) Read() *Reader {
 
 // Write starts the one write transaction. Call Commit or Abort.
 func (s *Store) Write() *Writer {
-	return &Writer{Reader: Reader{txn: s.db.Load().Txn(true)}}
+	return &Writer{Reader: Reader{txn: s.db.Load().Txn(true)}, obs: s.obs}
 }
 
 // Reader is a snapshot-consistent view of the state.
@@ -121,6 +138,12 @@ func (r *Reader) HostsWithDevices() []*gpupoolv1.Host {
 	return all[gpupoolv1.Host](r, tablePool, indexID)
 }
 
+// HostWithDevices returns one host with its devices filled in, as
+// HostsWithDevices does, or nil. It must not be modified.
+func (r *Reader) HostWithDevices(id string) *gpupoolv1.Host {
+	return first[gpupoolv1.Host](r, tablePool, indexID, id)
+}
+
 // Lease returns a lease, or nil.
 func (r *Reader) Lease(id string) *gpupoolv1.Lease {
 	return first[gpupoolv1.Lease](r, tableLeases, indexID, id)
@@ -157,6 +180,7 @@ type Writer struct {
 	dirty map[string]struct{}
 	// audit holds the audit entries Commit writes.
 	audit []*gpupoolv1.AuditEntry
+	obs   PoolObserver // told of pool view changes; nil for none
 }
 
 func (w *Writer) touch(hostID string) {
@@ -174,11 +198,17 @@ func (w *Writer) rebuildPool() {
 			if _, err := w.txn.DeleteAll(tablePool, indexID, id); err != nil {
 				panic(fmt.Sprintf("state: delete pool view %s: %v", id, err))
 			}
+			if w.obs != nil {
+				w.obs.Remove(id)
+			}
 			continue
 		}
 		v := proto.CloneOf(h)
 		v.Devices = w.HostDevices(id)
 		w.insert(tablePool, v)
+		if w.obs != nil {
+			w.obs.Update(v)
+		}
 	}
 	w.dirty = nil
 }
@@ -293,6 +323,9 @@ func (s *Store) Restore(b []byte) error {
 	}
 	w.restoreAudit(snap.Audit)
 	w.Commit(snap.Index)
+	if s.obs != nil {
+		s.obs.Reset((&Reader{txn: db.Txn(false)}).HostsWithDevices())
+	}
 	s.db.Store(db)
 	return nil
 }

@@ -28,7 +28,7 @@ type benchmark struct {
 
 // benchmarks lists the benchmarks in the order 'make bench' runs them.
 var benchmarks = []benchmark{
-	{"placement", "the broker's placement engine replays the Alibaba openb trace: unallocated GPU share per policy, FGD included, and placements/s", placementbench.Run},
+	{"placement", "the placement engine replays the four Alibaba openb traces beside a reference of the FGD paper's experiment: unallocated GPU share per policy, a mix-shift replay, placements/s from 1k to 100k hosts", placementbench.Run},
 	{"lease", "acquire+release of a fractional slice on 3 gpupool brokers against an allocator on a 3-member etcd cluster, 1-256 clients", leasebench.Run},
 	{"failover", "kill -9 the leader under steady acquire load, 10 times: time to the next acquire, acknowledged leases lost", failoverbench.Run},
 	{"scale", "one broker with 10k hosts, 80k GPUs and 100k leases: memory, snapshot size and time, restart-to-ready", scalebench.Run},

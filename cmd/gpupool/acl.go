@@ -63,7 +63,8 @@ with ACL (the default). It works once: a second bootstrap is refused, whoever
 asks. The secret is printed here and nowhere else; keep it like a root
 password, and create narrower tokens with it for everyday use.`,
 		Example: `  gpupool operator acl bootstrap
-  gpupool operator acl bootstrap -o json > bootstrap-token.json`,
+  gpupool operator acl bootstrap -o json > bootstrap-token.json
+  export GPUPOOL_TOKEN=$(gpupool operator acl bootstrap -q)   # the secret alone`,
 		Args: exactArgs(0),
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			return withClient(cmd, func(ctx context.Context, c *client.Client) error {
@@ -71,7 +72,7 @@ password, and create narrower tokens with it for everyday use.`,
 				if err != nil {
 					return err
 				}
-				return render(cmd.OutOrStdout(), resp, func(w io.Writer) error { return printSecret(w, resp) })
+				return renderSecret(cmd.OutOrStdout(), resp)
 			})
 		},
 	}
@@ -195,8 +196,10 @@ An agent token registers and heartbeats as --host-id only. --ttl makes it expire
   # the Kubernetes controller's token for tenant k8s
   gpupool operator acl token create --kind client --tenant k8s --name k8s-controller
 
-  # an agent's join token, for one year
-  gpupool operator acl token create --kind agent --host-id gpu-07 --ttl 8760h`,
+  # an agent's join token, for one year, into the file its agent reads
+  gpupool operator acl token create --kind agent --host-id gpu-07 --ttl 8760h -q > gpu-07.token
+
+  # -q (or -o name) prints the secret alone; -o json the token and secret`,
 		Args: exactArgs(0),
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			req, err := f.request(cmd)
@@ -208,7 +211,7 @@ An agent token registers and heartbeats as --host-id only. --ttl makes it expire
 				if err != nil {
 					return err
 				}
-				return render(cmd.OutOrStdout(), resp, func(w io.Writer) error { return printSecret(w, resp) })
+				return renderSecret(cmd.OutOrStdout(), resp)
 			})
 		},
 	}
@@ -242,7 +245,8 @@ the brokers do not have them.`,
 				if err != nil {
 					return err
 				}
-				return render(cmd.OutOrStdout(), resp, func(w io.Writer) error { return printTokens(w, resp.GetTokens()) })
+				ids := idsOf(resp.GetTokens(), (*gpupoolv1.AclToken).GetAccessorId)
+				return renderList(cmd.OutOrStdout(), resp, "", ids, func(w io.Writer) error { return printTokens(w, resp.GetTokens()) })
 			})
 		},
 	}
@@ -338,6 +342,16 @@ func tokenState(t *gpupoolv1.AclToken) string {
 		return "expired"
 	}
 	return "active"
+}
+
+// renderSecret prints a new token: the secret alone under -q (or -o
+// name), for a script or a token file; else as render does.
+func renderSecret(w io.Writer, resp *gpupoolv1.AclTokenSecret) error {
+	if global.output == "name" {
+		_, err := fmt.Fprintln(w, resp.GetSecret())
+		return err
+	}
+	return render(w, resp, func(w io.Writer) error { return printSecret(w, resp) })
 }
 
 func printTokens(w io.Writer, tokens []*gpupoolv1.AclToken) error {

@@ -6,7 +6,6 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
-	"runtime/debug"
 	"strings"
 	"time"
 
@@ -19,6 +18,7 @@ import (
 	"github.com/gpupool/gpupool/agent/mps"
 	"github.com/gpupool/gpupool/client"
 	"github.com/gpupool/gpupool/internal/pki"
+	"github.com/gpupool/gpupool/internal/version"
 )
 
 // machineIDFile names this host for --host-id's default.
@@ -41,6 +41,8 @@ type agentOpts struct {
 	hostMemory int64
 	logLevel   string
 	insecure   bool
+	// dcgmJobMappingDir is DCGM's HPC job mapping directory; empty writes none.
+	dcgmJobMappingDir string
 }
 
 func newAgentCmd() *cobra.Command {
@@ -131,6 +133,7 @@ else the hostname.`,
 	f.DurationVar(&o.enforce.KillAfter, "kill-after", agent.DefaultKillAfter, "how long a process has after SIGTERM before SIGKILL")
 	f.DurationVar(&o.enforce.ExpiryGrace, "expiry-grace", agent.DefaultExpiryGrace, "how long past its expiry a lease's processes run while the brokers are unreachable")
 	f.BoolVar(&o.insecure, "insecure", false, insecureUsage)
+	f.StringVar(&o.dcgmJobMappingDir, "dcgm-job-mapping-dir", "", "write each lease's id into DCGM's HPC job mapping files here (one file per GPU index; dcgm-exporter --hpc-job-mapping-dir), so DCGM's per-GPU metrics carry the lease; empty writes none")
 	cmd.AddCommand(newAgentSimulateCmd(), newAgentCudaServerCmd())
 	return cmd
 }
@@ -271,13 +274,15 @@ func runAgent(cmd *cobra.Command, o agentOpts) error {
 		DataBind:      o.dataBind,
 		TLS:           tlsConfigOf(src),
 		CudaServer:    cudaServerCommand(),
+
+		DCGMJobMappingDir: o.dcgmJobMappingDir,
 	})
 	if err != nil {
 		return usagef("%v", err)
 	}
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(a.Collector(), collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	if err := serveMetrics(cmd.Context(), o.metrics, reg, logger); err != nil {
+	if err := serveMetrics(cmd.Context(), o.metrics, reg, a.Ready, logger); err != nil {
 		return err
 	}
 	return a.Run(cmd.Context())
@@ -319,13 +324,8 @@ func defaultHostID() (string, error) {
 	return name, nil
 }
 
-// agentVersion is the module version the binary was built from.
-func agentVersion() string {
-	if bi, ok := debug.ReadBuildInfo(); ok && bi.Main.Version != "" {
-		return bi.Main.Version
-	}
-	return "(devel)"
-}
+// agentVersion is the version the binary was built as (see 'gpupool version').
+func agentVersion() string { return version.Get().Version }
 
 // machineMemoryMiB reads MemTotal from /proc/meminfo; 0 if it cannot.
 func machineMemoryMiB() int64 {

@@ -23,7 +23,7 @@ func TestAuditRefusesBadInput(t *testing.T) {
 		{"a since that is no number", []string{"operator", "audit", "--since", "yesterday"}, []string{`"yesterday"`, "--since"}},
 		{"a malformed tenant", []string{"operator", "audit", "--tenant", "Sim Team"}, []string{`--tenant "Sim Team": must be 1-63 lowercase`}},
 		{"an argument", []string{"operator", "audit", "sim"}, []string{"accepts 0 arg(s), received 1", "audit [--since INDEX]"}},
-		{"an unknown output", []string{"operator", "audit", "-o", "yaml"}, []string{`--output "yaml": must be table or json`}},
+		{"an unknown output", []string{"operator", "audit", "-o", "yaml"}, []string{`--output "yaml": must be table, wide, json or name`}},
 	})
 }
 

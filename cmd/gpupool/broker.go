@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"path/filepath"
+	"strconv"
 	"strings"
 	"time"
 
@@ -89,9 +91,15 @@ is for tests and benchmarks on a closed machine only. See docs/security.md.`,
 			if err != nil {
 				return err
 			}
-			if err := serveMetrics(cmd.Context(), metrics, s.Metrics(), logger); err != nil {
+			if err := serveMetrics(cmd.Context(), metrics, s.Metrics(), s.Ready, logger); err != nil {
 				s.Shutdown()
 				return err
+			}
+			// Who serves this data dir: 'gpupool dev' adopts a broker
+			// restarted by hand on its data dir from it.
+			pidFile := filepath.Join(cfg.DataDir, brokerPIDFile)
+			if err := os.WriteFile(pidFile, []byte(strconv.Itoa(os.Getpid())+"\n"), 0o600); err == nil {
+				defer os.Remove(pidFile)
 			}
 			security := "plaintext, ACL OFF (--insecure)"
 			if cfg.TLS != nil {
@@ -110,7 +118,7 @@ is for tests and benchmarks on a closed machine only. See docs/security.md.`,
 	f.IntVar(&cfg.BootstrapExpect, "bootstrap-expect", 0, "form a new cluster once this many servers know each other")
 	f.StringVar(&join, "join", "", "other servers' gRPC addresses, comma-separated")
 	f.StringVar(&cfg.NodeID, "node-id", "", "server id (default: the one stored in --data-dir, or a new random one)")
-	f.IntVar(&cfg.PlacementWindow, "placement-window", 1024, "a placement looks at this many hosts first, round robin over the pool, and at every host only when the request fits none of them: placement cost stays flat on large pools (0: every host, every time)")
+	f.IntVar(&cfg.PlacementWindow, "placement-window", 0, "ignored, kept so that old command lines still start: every placement is the best of the whole pool, through the pool index")
 	f.StringVar(&cfg.Policy, "policy", broker.Policies[0], "placement policy: "+strings.Join(broker.Policies, ", ")+" (fgd: fragmentation gradient descent over the mix of requests the leader sees; binpack: fullest GPU that fits; spread: emptiest)")
 	f.DurationVar(&cfg.HeartbeatInterval, "heartbeat-interval", broker.DefaultHeartbeatInterval, "how often agents heartbeat")
 	f.DurationVar(&cfg.HeartbeatTTL, "heartbeat-ttl", broker.DefaultHeartbeatTTL, "a host without heartbeats for this long goes down")
@@ -123,6 +131,10 @@ is for tests and benchmarks on a closed machine only. See docs/security.md.`,
 	f.BoolVar(&insecure, "insecure", false, insecureUsage)
 	return cmd
 }
+
+// brokerPIDFile, in a broker's data dir, holds the pid of the broker
+// serving it while it runs.
+const brokerPIDFile = "broker.pid"
 
 // aclMode applies --acl and --insecure. ACL is on unless --insecure turns
 // it off with TLS, or --acl=false turns it off on a TLS cluster, where

@@ -11,6 +11,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -66,6 +67,44 @@ the cluster fail over; Ctrl-C stops everything and deletes the data dirs
 	f.BoolVar(&o.exit, "exit-after-demo", false, "stop everything after --demo (for scripts and tests)")
 	f.StringVar(&o.ip, "ip", "127.0.0.1", "loopback address to listen on")
 	f.DurationVar(&o.grace, "preempt-grace", broker.DefaultPreemptGrace, "how long preempted leases and elastic extras taken back keep running after their notice")
+	cmd.AddCommand(newDevRestartCmd())
+	return cmd
+}
+
+func newDevRestartCmd() *cobra.Command {
+	basePort := 7641
+	cmd := &cobra.Command{
+		Use:   "restart NAME",
+		Short: "Restart a process of a running 'gpupool dev' that exited (broker-2, host-1, ...)",
+		Long: `Restart asks the running 'gpupool dev' (over its control socket) to start the
+named process again, on its old data dir and ports, and to supervise it as
+before: Ctrl-C of dev stops it with the rest. It fails when the process
+still runs.`,
+		Example: `  gpupool dev restart broker-2
+  gpupool dev restart host-1 --base-port 17641`,
+		Args: exactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			sock := devSocket(basePort)
+			conn, err := net.DialTimeout("unix", sock, 5*time.Second)
+			if err != nil {
+				return fmt.Errorf("no 'gpupool dev' runs on --base-port %d (%s): %v", basePort, sock, err)
+			}
+			defer conn.Close()
+			conn.SetDeadline(time.Now().Add(30 * time.Second))
+			fmt.Fprintf(conn, "restart %s\n", args[0])
+			line, err := bufio.NewReader(conn).ReadString('\n')
+			if err != nil {
+				return fmt.Errorf("gpupool dev did not answer: %v", err)
+			}
+			line = strings.TrimSpace(line)
+			if msg, ok := strings.CutPrefix(line, "ok: "); ok {
+				fmt.Fprintln(cmd.OutOrStdout(), msg)
+				return nil
+			}
+			return errors.New(strings.TrimPrefix(line, "error: "))
+		},
+	}
+	cmd.Flags().IntVar(&basePort, "base-port", basePort, "the --base-port of the 'gpupool dev' to ask")
 	return cmd
 }
 
@@ -167,14 +206,20 @@ func runDev(cmd *cobra.Command, o devOpts) error {
 		}})
 	}
 
-	var logMu sync.Mutex
+	pool := &devPool{self: self, out: out, brokers: o.brokers, children: children, exited: make(chan *devChild, len(children)), adopted: map[string]int{}}
 	for _, c := range children {
-		if err := c.start(self, out, &logMu); err != nil {
-			stopAll(children)
+		if err := pool.start(c); err != nil {
+			pool.stopAll()
 			return err
 		}
 	}
-	defer stopAll(children)
+	defer pool.stopAll()
+	sock := devSocket(o.basePort)
+	stopCtl, err := pool.serveControl(sock)
+	if err != nil {
+		return err
+	}
+	defer stopCtl()
 
 	fmt.Fprint(out, devBanner)
 	for i, c := range children[:o.brokers] {
@@ -191,8 +236,9 @@ func runDev(cmd *cobra.Command, o devOpts) error {
 		return err
 	}
 	fmt.Fprintf(out, "\nThe pool is up. In another terminal (GPUPOOL_ADDR defaults to this cluster):\n")
-	fmt.Fprintf(out, "  gpupool status\n  gpupool host ls\n  gpupool lease acquire --memory 20GiB --compute 25 --ttl 10m\n  gpupool lease ls\n  gpupool operator raft peers\n")
-	fmt.Fprintf(out, "Watch failover: kill -9 the leader's pid (see 'gpupool operator raft peers'); leases survive.\nCtrl-C stops everything.\n\n")
+	fmt.Fprintf(out, "  gpupool status\n  gpupool host ls\n  gpupool lease acquire --memory 20GiB --compute 25 --ttl 10m\n  gpupool lease ls\n  gpupool operator members\n")
+	fmt.Fprintf(out, "Watch failover: kill -9 the leader's pid (see 'gpupool operator members'); leases survive.\n")
+	fmt.Fprintf(out, "Restart a process that exited: %s NAME (e.g. broker-2); dev supervises it again.\nCtrl-C stops everything.\n\n", restartCommand(o.basePort))
 
 	if o.demo {
 		if err := runDemo(ctx, out, cmd.ErrOrStderr(), strings.Join(addrs, ",")); err != nil {
@@ -202,9 +248,268 @@ func runDev(cmd *cobra.Command, o devOpts) error {
 			return nil
 		}
 	}
-	watchChildren(ctx, out, children, o.brokers)
+	pool.watch(ctx, o.basePort)
 	fmt.Fprintln(out, "\ngpupool dev: stopping")
 	return nil
+}
+
+// devPool supervises the processes of one 'gpupool dev': its children,
+// and brokers a user restarted by hand on a child's data dir (adopted).
+// Stopping the pool stops both.
+type devPool struct {
+	self    string
+	out     io.Writer
+	brokers int
+	exited  chan *devChild // a child's process ended
+
+	logMu sync.Mutex // serialises the children's output lines
+
+	mu       sync.Mutex
+	children []*devChild    // guarded by mu; a restart replaces its entry
+	adopted  map[string]int // child name -> pid of its hand-started stand-in; guarded by mu
+}
+
+// devSocket is the control socket of the dev pool on basePort.
+func devSocket(basePort int) string {
+	return filepath.Join(os.TempDir(), fmt.Sprintf("gpupool-dev-%d.sock", basePort))
+}
+
+// restartCommand is how a user restarts a child of the dev pool.
+func restartCommand(basePort int) string {
+	if basePort == 7641 {
+		return "gpupool dev restart"
+	}
+	return fmt.Sprintf("gpupool dev restart --base-port %d", basePort)
+}
+
+func (p *devPool) start(c *devChild) error {
+	if err := c.start(p.self, p.out, &p.logMu); err != nil {
+		return err
+	}
+	go func() {
+		<-c.done
+		p.exited <- c
+	}()
+	return nil
+}
+
+// restart starts the named child again, on its old arguments, when its
+// process has ended and no adopted stand-in runs.
+func (p *devPool) restart(name string) (string, error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	var names []string
+	for i, c := range p.children {
+		names = append(names, c.name)
+		if c.name != name {
+			continue
+		}
+		if !c.exitedYet() {
+			return "", fmt.Errorf("%s is running (pid %d)", name, c.cmd.Process.Pid)
+		}
+		if pid, ok := p.adopted[name]; ok && pidAlive(pid) {
+			return "", fmt.Errorf("%s runs as pid %d, started by hand; dev stops it on Ctrl-C", name, pid)
+		}
+		delete(p.adopted, name)
+		n := &devChild{name: c.name, args: c.args}
+		if err := p.start(n); err != nil {
+			return "", err
+		}
+		p.children[i] = n
+		return fmt.Sprintf("%s restarted, pid %d", name, n.cmd.Process.Pid), nil
+	}
+	return "", fmt.Errorf("no process %q in this dev pool; choose one of: %s", name, strings.Join(names, ", "))
+}
+
+// serveControl serves restart requests on a unix socket at path: one line
+// "restart NAME" in, one line "ok: ..." or "error: ..." out.
+func (p *devPool) serveControl(path string) (stop func(), err error) {
+	os.Remove(path) // a dead dev's; the ports check rules out a live one
+	lis, err := net.Listen("unix", path)
+	if err != nil {
+		return nil, fmt.Errorf("dev: control socket: %w", err)
+	}
+	go func() {
+		for {
+			conn, err := lis.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				defer conn.Close()
+				conn.SetDeadline(time.Now().Add(30 * time.Second))
+				line, _ := bufio.NewReader(conn).ReadString('\n')
+				verb, name, _ := strings.Cut(strings.TrimSpace(line), " ")
+				if verb != "restart" {
+					fmt.Fprintf(conn, "error: unknown request %q\n", verb)
+					return
+				}
+				msg, err := p.restart(name)
+				if err != nil {
+					fmt.Fprintf(conn, "error: %v\n", err)
+					return
+				}
+				p.logMu.Lock()
+				fmt.Fprintf(p.out, "\n*** %s\n\n", msg)
+				p.logMu.Unlock()
+				fmt.Fprintf(conn, "ok: %s\n", msg)
+			}()
+		}
+	}()
+	return func() { lis.Close(); os.Remove(path) }, nil
+}
+
+// stopAll stops every process of the pool, adopted ones included, and
+// waits until they are gone (SIGKILL after 10 s).
+func (p *devPool) stopAll() {
+	p.mu.Lock()
+	children := slices.Clone(p.children)
+	var adopted []int
+	for _, pid := range p.adopted {
+		adopted = append(adopted, pid)
+	}
+	p.mu.Unlock()
+	for _, c := range children {
+		if c.cmd != nil && c.cmd.Process != nil && !c.exitedYet() {
+			c.cmd.Process.Signal(syscall.SIGTERM)
+		}
+	}
+	for _, pid := range adopted {
+		syscall.Kill(pid, syscall.SIGTERM)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for _, c := range children {
+		if c.done == nil {
+			continue
+		}
+		select {
+		case <-c.done:
+		case <-time.After(time.Until(deadline)):
+			c.cmd.Process.Kill()
+			<-c.done
+		}
+	}
+	for _, pid := range adopted {
+		for pidAlive(pid) && time.Now().Before(deadline) {
+			time.Sleep(50 * time.Millisecond)
+		}
+		if pidAlive(pid) {
+			syscall.Kill(pid, syscall.SIGKILL)
+			for pidAlive(pid) {
+				time.Sleep(50 * time.Millisecond)
+			}
+		}
+	}
+}
+
+// pidAlive reports whether a process with pid exists (and is not a zombie
+// of ours: those are reaped by their Wait).
+func pidAlive(pid int) bool {
+	if syscall.Kill(pid, 0) != nil {
+		return false
+	}
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return false
+	}
+	// The state follows the command name in parentheses: "Z" is a zombie.
+	if i := strings.LastIndexByte(string(b), ')'); i >= 0 && i+2 < len(b) {
+		return b[i+2] != 'Z'
+	}
+	return true
+}
+
+// watch reports children that exit, counting the brokers left, and adopts
+// brokers restarted by hand on a child's data dir, until ctx ends.
+func (p *devPool) watch(ctx context.Context, basePort int) {
+	tick := time.NewTicker(500 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case c := <-p.exited:
+			p.mu.Lock()
+			current := slices.Contains(p.children, c)
+			p.mu.Unlock()
+			if !current {
+				continue
+			}
+			fmt.Fprintf(p.out, "\n*** %s (pid %d) exited: %v\n", c.name, c.cmd.Process.Pid, c.err)
+			if strings.HasPrefix(c.name, "broker") {
+				fmt.Fprintf(p.out, "*** %s\n", p.quorumLine())
+			}
+			fmt.Fprintf(p.out, "*** restart it with:  %s %s\n", restartCommand(basePort), c.name)
+			if strings.HasPrefix(c.name, "broker") {
+				fmt.Fprintf(p.out, "***   or by hand (dev adopts it, and stops it on Ctrl-C):\n***   gpupool %s\n", strings.Join(c.args, " "))
+			}
+			fmt.Fprintln(p.out)
+		case <-tick.C:
+			p.adopt()
+		}
+	}
+}
+
+// quorumLine counts the brokers up against the majority the cluster needs.
+func (p *devPool) quorumLine() string {
+	p.mu.Lock()
+	up := 0
+	for _, c := range p.children[:p.brokers] {
+		if !c.exitedYet() {
+			up++
+		} else if pid, ok := p.adopted[c.name]; ok && pidAlive(pid) {
+			up++
+		}
+	}
+	p.mu.Unlock()
+	majority := p.brokers/2 + 1
+	if up >= majority {
+		return fmt.Sprintf("%d of %d brokers up; the cluster keeps serving while a majority (%d) is up", up, p.brokers, majority)
+	}
+	return fmt.Sprintf("%d of %d brokers up: the cluster has lost its quorum and serves nothing until a majority (%d) is up again", up, p.brokers, majority)
+}
+
+// adopt takes in brokers a user started by hand on the data dir of a
+// broker child that exited: the broker writes its pid there.
+func (p *devPool) adopt() {
+	p.mu.Lock()
+	var found []string
+	for _, c := range p.children[:p.brokers] {
+		if !c.exitedYet() {
+			continue
+		}
+		if pid, ok := p.adopted[c.name]; ok && pidAlive(pid) {
+			continue
+		}
+		pid := readPIDFile(filepath.Join(flagValue(c.args, "--data-dir"), brokerPIDFile))
+		if pid > 0 && pidAlive(pid) {
+			p.adopted[c.name] = pid
+			found = append(found, fmt.Sprintf("adopted %s (pid %d), started by hand; Ctrl-C stops it too", c.name, pid))
+		}
+	}
+	p.mu.Unlock()
+	for _, f := range found {
+		fmt.Fprintf(p.out, "\n*** %s\n*** %s\n\n", f, p.quorumLine())
+	}
+}
+
+func readPIDFile(path string) int {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return 0
+	}
+	pid, _ := strconv.Atoi(strings.TrimSpace(string(b)))
+	return pid
+}
+
+// flagValue is the value after flag in args, "" if absent.
+func flagValue(args []string, flag string) string {
+	for i, a := range args {
+		if a == flag && i+1 < len(args) {
+			return args[i+1]
+		}
+	}
+	return ""
 }
 
 // devBanner says loudly what dev leaves out.
@@ -253,59 +558,13 @@ func (c *devChild) start(self string, out io.Writer, mu *sync.Mutex) error {
 	return nil
 }
 
-func stopAll(children []*devChild) {
-	for _, c := range children {
-		if c.cmd != nil && c.cmd.Process != nil {
-			c.cmd.Process.Signal(syscall.SIGTERM)
-		}
-	}
-	deadline := time.After(10 * time.Second)
-	for _, c := range children {
-		if c.done == nil {
-			continue
-		}
-		select {
-		case <-c.done:
-		case <-deadline:
-			c.cmd.Process.Kill()
-		}
-	}
-}
-
-// watchChildren reports children that exit until ctx ends.
-func watchChildren(ctx context.Context, out io.Writer, children []*devChild, brokers int) {
-	pending := map[*devChild]bool{}
-	for _, c := range children {
-		pending[c] = true
-	}
-	for len(pending) > 0 {
-		cases := make(chan *devChild, len(children))
-		for c := range pending {
-			go func(c *devChild) {
-				select {
-				case <-c.done:
-					cases <- c
-				case <-ctx.Done():
-				}
-			}(c)
-		}
-		select {
-		case <-ctx.Done():
-			return
-		case c := <-cases:
-			delete(pending, c)
-			alive := 0
-			for _, b := range children[:brokers] {
-				if pending[b] {
-					alive++
-				}
-			}
-			fmt.Fprintf(out, "\n*** %s (pid %d) exited: %v\n", c.name, c.cmd.Process.Pid, c.err)
-			if strings.HasPrefix(c.name, "broker") {
-				fmt.Fprintf(out, "*** %d of %d brokers left; the cluster keeps serving while a majority (%d) is up. Restart it with:\n    gpupool %s\n\n",
-					alive, brokers, brokers/2+1, strings.Join(c.args, " "))
-			}
-		}
+// exitedYet reports whether the child's process has ended.
+func (c *devChild) exitedYet() bool {
+	select {
+	case <-c.done:
+		return true
+	default:
+		return false
 	}
 }
 

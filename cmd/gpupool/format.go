@@ -82,12 +82,60 @@ func withClient(cmd *cobra.Command, fn func(ctx context.Context, c *client.Clien
 	return fn(ctx, c)
 }
 
-// render prints m as JSON under -o json, and calls table otherwise.
+// render prints m as JSON under -o json, its id under -o name (and -q),
+// and calls table otherwise.
 func render(w io.Writer, m proto.Message, table func(io.Writer) error) error {
-	if global.output == "json" {
+	switch global.output {
+	case "json":
 		return printJSON(w, m)
+	case "name":
+		if id := messageID(m); id != "" {
+			_, err := fmt.Fprintln(w, id)
+			return err
+		}
 	}
 	return table(w)
+}
+
+// messageID is the string field "id" (or "accessor_id") of m, "" if none.
+func messageID(m proto.Message) string {
+	r := m.ProtoReflect()
+	for _, name := range []protoreflect.Name{"id", "accessor_id"} {
+		if f := r.Descriptor().Fields().ByName(name); f != nil && f.Kind() == protoreflect.StringKind {
+			return r.Get(f).String()
+		}
+	}
+	return ""
+}
+
+// renderList prints a list: JSON under -o json; the ids, one a line, under
+// -o name and -q; "no NOUN" when it is empty (unless noun is "": the table
+// then says it); the table otherwise.
+func renderList(w io.Writer, m proto.Message, noun string, ids []string, table func(io.Writer) error) error {
+	switch {
+	case global.output == "json":
+		return printJSON(w, m)
+	case global.output == "name":
+		for _, id := range ids {
+			if _, err := fmt.Fprintln(w, id); err != nil {
+				return err
+			}
+		}
+		return nil
+	case len(ids) == 0 && noun != "":
+		_, err := fmt.Fprintln(w, "no "+noun)
+		return err
+	}
+	return table(w)
+}
+
+// idsOf maps a list to its ids.
+func idsOf[T any](items []T, id func(T) string) []string {
+	out := make([]string, len(items))
+	for i, it := range items {
+		out[i] = id(it)
+	}
+	return out
 }
 
 // addStaleFlag adds --stale, for reads that may be served by any server.
@@ -119,67 +167,24 @@ func parseMemoryFlag(flag, value string, min int64) (int64, error) {
 }
 
 // protoEnum is a generated protobuf enum type.
-type protoEnum interface {
-	~int32
-	Descriptor() protoreflect.EnumDescriptor
-}
+type protoEnum = protocol.Enum
 
-// enumPrefix is the common prefix of an enum's value names, read from its
-// zero value: LEASE_STATE_UNSPECIFIED gives LEASE_STATE_.
-func enumPrefix(d protoreflect.EnumDescriptor) string {
-	zero := d.Values().ByNumber(0)
-	if zero == nil {
-		return ""
-	}
-	return strings.TrimSuffix(string(zero.Name()), "UNSPECIFIED")
-}
-
-// enumLabel is the name users read and type for an enum value:
-// LEASE_STATE_GRANTED is "granted", TOPOLOGY_SAME_PCIE_ROOT is
-// "same-pcie-root". The zero (unspecified) value is "-".
-func enumLabel[T protoEnum](v T) string {
-	if v == 0 {
-		return "-"
-	}
-	d := v.Descriptor()
-	ev := d.Values().ByNumber(protoreflect.EnumNumber(v))
-	if ev == nil {
-		return strconv.Itoa(int(v))
-	}
-	return labelOf(string(ev.Name()), enumPrefix(d))
-}
-
-func labelOf(name, prefix string) string {
-	return strings.ReplaceAll(strings.ToLower(strings.TrimPrefix(name, prefix)), "_", "-")
-}
+// enumLabel is the name users read and type for an enum value (see
+// protocol.EnumLabel).
+func enumLabel[T protoEnum](v T) string { return protocol.EnumLabel(v) }
 
 // enumLabels lists the labels of every value of T but the zero one, in
 // declaration order.
-func enumLabels[T protoEnum]() []string {
-	var zero T
-	d := zero.Descriptor()
-	var out []string
-	for i := 0; i < d.Values().Len(); i++ {
-		if v := d.Values().Get(i); v.Number() != 0 {
-			out = append(out, labelOf(string(v.Name()), enumPrefix(d)))
-		}
-	}
-	return out
-}
+func enumLabels[T protoEnum]() []string { return protocol.EnumLabels[T]() }
 
 // parseEnumFlag reads the value of flag as one of T's labels (see
 // enumLabel), ignoring case and accepting _ for -.
 func parseEnumFlag[T protoEnum](flag, s string) (T, error) {
-	var zero T
-	d := zero.Descriptor()
-	want := strings.ReplaceAll(strings.ToLower(strings.TrimSpace(s)), "_", "-")
-	for i := 0; i < d.Values().Len(); i++ {
-		v := d.Values().Get(i)
-		if v.Number() != 0 && labelOf(string(v.Name()), enumPrefix(d)) == want {
-			return T(v.Number()), nil
-		}
+	v, ok := protocol.ParseEnumLabel[T](s)
+	if !ok {
+		return v, usagef("--%s %q: must be one of %s", flag, s, strings.Join(enumLabels[T](), ", "))
 	}
-	return zero, usagef("--%s %q: must be one of %s", flag, s, strings.Join(enumLabels[T](), ", "))
+	return v, nil
 }
 
 // formatMillis formats a duration given in milliseconds the Go way: 10m0s.
@@ -241,6 +246,26 @@ func sliceShare(s *gpupoolv1.Slice) string {
 		return "exclusive"
 	}
 	return fmt.Sprintf("%s %d%%", compactMiB(s.GetMemoryMib()), s.GetComputePercent())
+}
+
+// maxSlicesInCell is how many slices a list row shows before it folds
+// them into a count (-o wide shows them all).
+const maxSlicesInCell = 2
+
+// sliceCell is sliceSummary for a list row: with more than
+// maxSlicesInCell slices, "7 slices on 3 hosts" unless -o wide.
+func sliceCell(slices []*gpupoolv1.Slice) string {
+	if len(slices) <= maxSlicesInCell || global.output == "wide" {
+		return sliceSummary(slices)
+	}
+	hosts := map[string]bool{}
+	for _, s := range slices {
+		hosts[s.GetHost()] = true
+	}
+	if len(hosts) == 1 {
+		return fmt.Sprintf("%d slices on %s", len(slices), slices[0].GetHost())
+	}
+	return fmt.Sprintf("%d slices on %d hosts", len(slices), len(hosts))
 }
 
 // sliceSummary lists a lease's slices in one cell:
@@ -329,7 +354,7 @@ func printLease(w io.Writer, l *gpupoolv1.Lease) error {
 			}
 		}
 		t.row(s.GetHost(), s.GetDevice(), s.GetDeviceIndex(), orDash(s.GetModel()), memory, compute,
-			isolationText(s.GetIsolation()), used, util, procs)
+			enumLabel(s.GetIsolation()), used, util, procs)
 	}
 	if err := t.flush(); err != nil {
 		return err
@@ -341,20 +366,6 @@ func printLease(w io.Writer, l *gpupoolv1.Lease) error {
 	return nil
 }
 
-// isolationText names how a slice is isolated, as 'gpupool lease get'
-// shows it.
-func isolationText(i gpupoolv1.Isolation) string {
-	switch i {
-	case gpupoolv1.Isolation_ISOLATION_EXCLUSIVE:
-		return "exclusive"
-	case gpupoolv1.Isolation_ISOLATION_MPS:
-		return "mps"
-	case gpupoolv1.Isolation_ISOLATION_WATCHDOG:
-		return "watchdog"
-	}
-	return "-"
-}
-
 // ended reports whether a lease state is final.
 func ended(s gpupoolv1.LeaseState) bool {
 	switch s {
@@ -364,12 +375,23 @@ func ended(s gpupoolv1.LeaseState) bool {
 	return false
 }
 
+// sortLeases orders leases oldest first (newest last), by creation time,
+// then id.
+func sortLeases(leases []*gpupoolv1.Lease) {
+	slices.SortStableFunc(leases, func(a, b *gpupoolv1.Lease) int {
+		if c := cmp.Compare(a.GetCreatedAtMs(), b.GetCreatedAtMs()); c != 0 {
+			return c
+		}
+		return cmp.Compare(a.GetId(), b.GetId())
+	})
+}
+
 // printLeases prints leases one per row, ages counted from now.
 func printLeases(w io.Writer, leases []*gpupoolv1.Lease, now time.Time) error {
 	t := newTable(w, "ID", "TENANT", "HOLDER", "STATE", "SLICES", "FENCING", "AGE")
 	for _, l := range leases {
 		t.row(l.GetId(), orDash(l.GetTenant()), orDash(l.GetHolder()), leaseStateText(l),
-			sliceSummary(l.GetSlices()), l.GetFencingToken(), ageSince(now, l.GetCreatedAtMs()))
+			sliceCell(l.GetSlices()), l.GetFencingToken(), ageSince(now, l.GetCreatedAtMs()))
 	}
 	return t.flush()
 }

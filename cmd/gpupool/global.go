@@ -22,6 +22,8 @@ type globalOpts struct {
 	addr    string
 	output  string
 	timeout time.Duration
+	connect time.Duration
+	quiet   bool
 	token   string
 	tls     tlsOpts
 }
@@ -35,8 +37,10 @@ func addGlobalFlags(root *cobra.Command) {
 	}
 	pf := root.PersistentFlags()
 	pf.StringVar(&global.addr, "addr", def, "broker addresses, comma-separated (env GPUPOOL_ADDR)")
-	pf.StringVarP(&global.output, "output", "o", "table", "output format: table or json")
-	pf.DurationVar(&global.timeout, "timeout", 30*time.Second, "how long to wait for the brokers")
+	pf.StringVarP(&global.output, "output", "o", "table", "output format: table, wide (lists: every slice instead of a count), json, or name (ids only, one a line)")
+	pf.BoolVarP(&global.quiet, "quiet", "q", false, "print only ids, one a line (the same as -o name)")
+	pf.DurationVar(&global.timeout, "timeout", 30*time.Second, "how long a whole call may take")
+	pf.DurationVar(&global.connect, "connect-timeout", 5*time.Second, "how long to wait for a broker to answer and a leader to be known before failing with what happened to each broker (0: up to --timeout)")
 	// The default is not the environment's: --help would print the secret.
 	pf.StringVar(&global.token, "token", "", "ACL token secret sent to the brokers (default $GPUPOOL_TOKEN); see 'gpupool operator acl'")
 	addTLSFlags(pf, &global.tls)
@@ -52,11 +56,21 @@ func globalToken() string {
 
 // checkOutput validates -o; commands call it before doing anything.
 func checkOutput() error {
-	switch global.output {
-	case "table", "json":
-		return nil
+	if global.connect < 0 {
+		return usagef("--connect-timeout %s: must be 0 or positive, e.g. 5s", global.connect)
 	}
-	return usagef("--output %q: must be table or json", global.output)
+	switch global.output {
+	case "table", "wide", "json", "name":
+	default:
+		return usagef("--output %q: must be table, wide, json or name", global.output)
+	}
+	if global.quiet {
+		if global.output != "table" && global.output != "name" {
+			return usagef("-q prints ids only: it cannot be combined with -o %s", global.output)
+		}
+		global.output = "name"
+	}
+	return nil
 }
 
 // dial connects to the brokers named by --addr, over mutual TLS when the
@@ -73,7 +87,7 @@ func dial() (*client.Client, error) {
 	if err != nil {
 		return nil, err
 	}
-	return client.DialWith(addrs, client.Options{TLS: tc, Token: globalToken()})
+	return client.DialWith(addrs, client.Options{TLS: tc, Token: globalToken(), ConnectTimeout: global.connect})
 }
 
 // callCtx bounds one call by --timeout.

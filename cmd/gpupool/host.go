@@ -56,7 +56,8 @@ does not know, e.g. with --stale on a follower).`,
 				if err != nil {
 					return err
 				}
-				return render(cmd.OutOrStdout(), resp, func(w io.Writer) error { return printHosts(w, resp.GetHosts()) })
+				ids := idsOf(resp.GetHosts(), (*gpupoolv1.Host).GetId)
+				return renderList(cmd.OutOrStdout(), resp, "hosts", ids, func(w io.Writer) error { return printHosts(w, resp.GetHosts()) })
 			})
 		},
 	}
@@ -140,16 +141,28 @@ func (t hostTotals) gpuCount() string {
 
 // printHosts prints one row per host.
 func printHosts(w io.Writer, hosts []*gpupoolv1.Host) error {
-	t := newTable(w, "HOST", "STATUS", "ELIGIBLE", "GPUS", "MODELS", "MEMORY", "COMPUTE", "SLICES", "TOPOLOGY", "HEALTH", "HEARTBEAT", "ADDRESS")
+	t := newTable(w, "HOST", "STATUS", "ELIGIBLE", "GPUS", "MODELS", "MEMORY", "COMPUTE", "SLICES", "TOPOLOGY", "HEALTH", "HEARTBEAT", "ADDRESS", "VERSION")
+	odd := versionOutliers(idsOf(hosts, (*gpupoolv1.Host).GetAgentVersion))
 	for _, h := range hosts {
+		ver := orDash(h.GetAgentVersion())
+		if odd[h.GetAgentVersion()] {
+			ver += " *"
+		}
 		s := sumHost(h)
 		t.row(h.GetId(), enumLabel(h.GetStatus()), yesNo(h.GetEligible()), s.gpuCount(),
 			orDash(strings.Join(s.models, ",")),
 			quantity.FormatMiB(s.allocMemory)+"/"+quantity.FormatMiB(s.memory),
 			fmt.Sprintf("%d%%/%d%%", s.allocCompute, 100*s.gpus),
-			s.sliceCount, topologySummary(h.GetDevices()), healthSummary(h), heartbeatAge(h.GetLastHeartbeatAgeMs()), orDash(h.GetAddress()))
+			s.sliceCount, topologySummary(h.GetDevices()), healthSummary(h), heartbeatAge(h.GetLastHeartbeatAgeMs()), orDash(h.GetAddress()), ver)
 	}
-	return t.flush()
+	if err := t.flush(); err != nil {
+		return err
+	}
+	if len(odd) > 0 {
+		_, err := fmt.Fprintln(w, "* agent version differs from the others")
+		return err
+	}
+	return nil
 }
 
 // topologySummary is "nvlink 8, pcie 4": the sizes of the host's NVLink

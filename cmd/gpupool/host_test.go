@@ -13,7 +13,7 @@ import (
 func TestHostCommandsRefuseBadInput(t *testing.T) {
 	checkUsageErrors(t, []usageCase{
 		{"ls with a positional argument", []string{"host", "ls", "h1"}, []string{"accepts 0 arg(s), received 1", "gpupool host ls"}},
-		{"ls with a bad -o", []string{"host", "ls", "-o", "yaml"}, []string{`--output "yaml"`, "table or json"}},
+		{"ls with a bad -o", []string{"host", "ls", "-o", "yaml"}, []string{`--output "yaml"`, "json or name"}},
 		{"get without a host", []string{"host", "get"}, []string{"accepts 1 arg(s), received 0", "gpupool host get HOST_ID"}},
 		{"get with two hosts", []string{"host", "get", "h1", "h2"}, []string{"accepts 1 arg(s), received 2"}},
 		{"get with an unknown flag", []string{"host", "get", "h1", "--fresh"}, []string{"--fresh"}},

@@ -148,7 +148,7 @@ func runK8sController(cmd *cobra.Command, o controllerOpts) error {
 	klog.SetSlogLogger(logger)
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	if err := serveMetrics(cmd.Context(), o.metrics, reg, logger); err != nil {
+	if err := serveMetrics(cmd.Context(), o.metrics, reg, nil, logger); err != nil {
 		return err
 	}
 	err = k8s.Run(cmd.Context(), k8s.Config{

@@ -505,7 +505,7 @@ func newLeaseListCmd() *cobra.Command {
 		Use:     "ls",
 		Aliases: []string{"list"},
 		Short:   "List leases",
-		Long: `Ls lists leases, newest last. By default it shows every lease that has not
+		Long: `Ls lists leases, oldest first and newest last. By default it shows every lease that has not
 ended (pending, granted, releasing); --all adds released, expired and revoked
 ones, and --state picks states explicitly.
 
@@ -517,7 +517,9 @@ smaller request that fits may be granted ahead of its turn (backfill).`,
   gpupool lease ls --tenant team-a --host gpu-node-3
   gpupool lease ls --state releasing,expired
   gpupool lease ls --pending --tenant sim
-  gpupool lease ls --all -o json`,
+  gpupool lease ls --all -o json
+  gpupool lease ls -o wide            # every slice, not a count
+  gpupool lease ls -q                 # ids only, e.g. for 'gpupool lease release'`,
 		Args: exactArgs(0),
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			req, err := f.listRequest()
@@ -529,7 +531,14 @@ smaller request that fits may be granted ahead of its turn (backfill).`,
 				if err != nil {
 					return err
 				}
-				return render(cmd.OutOrStdout(), resp, func(w io.Writer) error {
+				noun := "leases"
+				if f.pending {
+					noun = "pending leases"
+				} else {
+					sortLeases(resp.Leases)
+				}
+				ids := idsOf(resp.GetLeases(), (*gpupoolv1.Lease).GetId)
+				return renderList(cmd.OutOrStdout(), resp, noun, ids, func(w io.Writer) error {
 					if f.pending {
 						return printPendingLeases(w, resp.GetLeases(), time.Now())
 					}
@@ -551,25 +560,44 @@ smaller request that fits may be granted ahead of its turn (backfill).`,
 func newLeaseReleaseCmd() *cobra.Command {
 	var reason string
 	cmd := &cobra.Command{
-		Use:   "release LEASE_ID",
-		Short: "End a lease",
-		Long: `Release ends a lease at once: its holder is no longer entitled to anything.
-The lease stays "releasing" until the agent confirms its workload is gone (or
-a lock-delay passes), and only then is its capacity free for others.`,
+		Use:   "release LEASE_ID...",
+		Short: "End one or more leases",
+		Long: `Release ends leases at once: their holders are no longer entitled to anything.
+A lease stays "releasing" until the agent confirms its workload is gone (or
+a lock-delay passes), and only then is its capacity free for others.
+
+With several ids, each is released in turn; a failure is reported and the
+rest are still released, and the command then exits 1.`,
 		Example: `  gpupool lease release l-42
-  gpupool lease release l-42 --reason "job finished"`,
-		Args: exactArgs(1),
+  gpupool lease release l-42 l-43 --reason "job finished"
+  gpupool lease release $(gpupool lease ls --tenant sim -q)`,
+		Args: minArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			return withClient(cmd, func(ctx context.Context, c *client.Client) error {
-				resp, err := c.Lease.Release(ctx, &gpupoolv1.ReleaseRequest{LeaseId: args[0], Reason: reason})
-				if err != nil {
-					return err
+				failed := 0
+				for _, id := range args {
+					resp, err := c.Lease.Release(ctx, &gpupoolv1.ReleaseRequest{LeaseId: id, Reason: reason})
+					if err != nil {
+						if len(args) == 1 {
+							return err
+						}
+						failed++
+						fmt.Fprintf(cmd.ErrOrStderr(), "error: release %s: %s\n", id, errorMessage(err))
+						continue
+					}
+					err = render(cmd.OutOrStdout(), resp.GetLease(), func(w io.Writer) error {
+						_, err := fmt.Fprintf(w, "released %s: now %s (capacity is freed once the agent confirms teardown)\n",
+							id, leaseStateText(resp.GetLease()))
+						return err
+					})
+					if err != nil {
+						return err
+					}
 				}
-				return render(cmd.OutOrStdout(), resp.GetLease(), func(w io.Writer) error {
-					_, err := fmt.Fprintf(w, "released %s: now %s (capacity is freed once the agent confirms teardown)\n",
-						args[0], leaseStateText(resp.GetLease()))
-					return err
-				})
+				if failed > 0 {
+					return fmt.Errorf("%d of %d leases not released", failed, len(args))
+				}
+				return nil
 			})
 		},
 	}

@@ -71,15 +71,15 @@ func TestLeaseCommandsRefuseBadInput(t *testing.T) {
 		{"keepalive without a lease", []string{"lease", "keepalive"}, []string{"requires at least 1 arg(s)", "LEASE_ID..."}},
 		{"keepalive --once with --interval", []string{"lease", "keepalive", "l-1", "--once", "--interval", "5s"}, []string{"--interval", "--once"}},
 		{"keepalive with a tiny --interval", []string{"lease", "keepalive", "l-1", "--interval", "1ms"}, []string{"--interval 1ms", "at least 100ms"}},
-		{"keepalive with a bad -o", []string{"lease", "keepalive", "l-1", "-o", "yaml"}, []string{`--output "yaml"`, "table or json"}},
+		{"keepalive with a bad -o", []string{"lease", "keepalive", "l-1", "-o", "yaml"}, []string{`--output "yaml"`, "json or name"}},
 		{"get without a lease", []string{"lease", "get"}, []string{"accepts 1 arg(s), received 0", "gpupool lease get LEASE_ID"}},
 		{"get with two leases", []string{"lease", "get", "l-1", "l-2"}, []string{"accepts 1 arg(s), received 2"}},
-		{"get with a bad -o", []string{"lease", "get", "l-1", "-o", "yaml"}, []string{`--output "yaml"`, "table or json"}},
+		{"get with a bad -o", []string{"lease", "get", "l-1", "-o", "yaml"}, []string{`--output "yaml"`, "json or name"}},
 		{"ls with an unknown state", []string{"lease", "ls", "--state", "granted,bogus"}, []string{`--state "bogus"`, "pending, granted, releasing, released, expired, revoked"}},
 		{"ls with a positional argument", []string{"lease", "ls", "l-1"}, []string{"accepts 0 arg(s)"}},
 		{"ls --pending with --state", []string{"lease", "ls", "--pending", "--state", "granted"}, []string{"--pending", "conflicts with --state granted", "keep --pending", "or keep --state"}},
 		{"ls --pending with --all", []string{"lease", "ls", "--pending", "--all"}, []string{"--pending", "conflicts with --all", "keep one"}},
-		{"release without a lease", []string{"lease", "release"}, []string{"accepts 1 arg(s), received 0", "gpupool lease release LEASE_ID"}},
+		{"release without a lease", []string{"lease", "release"}, []string{"requires at least 1 arg(s), only received 0", "gpupool lease release LEASE_ID..."}},
 	})
 }
 

@@ -12,10 +12,8 @@ import (
 	"syscall"
 
 	"github.com/spf13/cobra"
-	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/status"
 
-	"github.com/gpupool/gpupool/client"
+	"github.com/gpupool/gpupool/internal/version"
 )
 
 func main() {
@@ -23,8 +21,8 @@ func main() {
 }
 
 // run executes the CLI with args and returns the process exit code:
-// 0 success, 1 failure, 2 usage (bad flags or input the API refused as
-// InvalidArgument).
+// 0 success, 1 failure, 2 usage (bad flags, an unknown command, or input
+// the API refused as InvalidArgument), 130 when interrupted (Ctrl-C).
 func run(args []string, stdout, stderr io.Writer) int {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
@@ -40,6 +38,10 @@ func run(args []string, stdout, stderr io.Writer) int {
 	if errors.As(err, &ee) {
 		return ee.code // the remote command spoke for itself
 	}
+	if ctx.Err() != nil {
+		fmt.Fprintln(stderr, "interrupted")
+		return exitInterrupted
+	}
 	fmt.Fprintf(stderr, "error: %s\n", errorMessage(err))
 	return exitCode(err)
 }
@@ -51,48 +53,6 @@ func (e *usageError) Error() string { return e.msg }
 
 // usagef returns a usage error: the CLI exits with code 2.
 func usagef(format string, a ...any) error { return &usageError{fmt.Sprintf(format, a...)} }
-
-func exitCode(err error) int {
-	var ee *exitError
-	if errors.As(err, &ee) {
-		return ee.code
-	}
-	var ue *usageError
-	if errors.As(err, &ue) {
-		return 2
-	}
-	if st, ok := status.FromError(err); ok && st.Code() == codes.InvalidArgument {
-		return 2
-	}
-	return 1
-}
-
-// errorMessage strips gRPC's "rpc error: code = X desc =" wrapping so users
-// read the broker's own sentence.
-func errorMessage(err error) string {
-	if st, ok := status.FromError(err); ok {
-		if st.Code() == codes.Unavailable && client.IsTLSError(err) {
-			if !global.tls.set() {
-				return "cannot talk to the brokers: " + st.Message() + " (--tls-ca, --tls-cert and --tls-key, or GPUPOOL_TLS_CA, GPUPOOL_TLS_CERT and GPUPOOL_TLS_KEY)"
-			}
-			return "cannot talk to the brokers over TLS: " + st.Message() + " (check --tls-ca, --tls-cert and --tls-key)"
-		}
-		if st.Code() == codes.Unavailable {
-			return "no broker reachable: " + st.Message() + " (is the cluster up? set --addr or GPUPOOL_ADDR)"
-		}
-		if st.Code() == codes.DeadlineExceeded {
-			return "timed out waiting for the brokers: " + st.Message()
-		}
-		if st.Code() == codes.Unauthenticated {
-			return "unauthenticated: " + st.Message()
-		}
-		if st.Code() == codes.PermissionDenied {
-			return "permission denied: " + st.Message()
-		}
-		return st.Message()
-	}
-	return err.Error()
-}
 
 func newRootCmd() *cobra.Command {
 	root := &cobra.Command{
@@ -106,12 +66,15 @@ Start a local cluster with 'gpupool dev', then try:
   gpupool status
   gpupool lease acquire --memory 20GiB --compute 25 --ttl 10m
   gpupool lease ls`,
+		Version:       version.Get().String(),
 		SilenceUsage:  true,
 		SilenceErrors: true,
 	}
+	root.SetVersionTemplate("gpupool {{.Version}}\n")
 	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return &usageError{err.Error()} })
 	addGlobalFlags(root)
-	root.AddCommand(
+	newGroupCmd(root,
+		newVersionCmd(),
 		newBrokerCmd(),
 		newAgentCmd(),
 		newDevCmd(),
@@ -122,6 +85,7 @@ Start a local cluster with 'gpupool dev', then try:
 		newForwardCmd(),
 		newHostCmd(),
 		newStatusCmd(),
+		newTopCmd(),
 		newOperatorCmd(),
 		newK8sNodePluginCmd(),
 		newK8sControllerCmd(),

@@ -13,9 +13,11 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 )
 
-// serveMetrics serves reg at http://addr/metrics until ctx ends. An empty
-// addr serves nothing.
-func serveMetrics(ctx context.Context, addr string, reg *prometheus.Registry, log *slog.Logger) error {
+// serveMetrics serves reg at http://addr/metrics until ctx ends, with
+// /healthz (200 while the process serves HTTP) and /readyz (200 while
+// ready returns nil, else 503 and the reason; nil ready is always ready).
+// An empty addr serves nothing.
+func serveMetrics(ctx context.Context, addr string, reg *prometheus.Registry, ready func() error, log *slog.Logger) error {
 	if addr == "" {
 		return nil
 	}
@@ -25,6 +27,16 @@ func serveMetrics(ctx context.Context, addr string, reg *prometheus.Registry, lo
 	}
 	mux := http.NewServeMux()
 	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
+	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { fmt.Fprintln(w, "ok") })
+	mux.HandleFunc("/readyz", func(w http.ResponseWriter, _ *http.Request) {
+		if ready != nil {
+			if err := ready(); err != nil {
+				http.Error(w, "not ready: "+err.Error(), http.StatusServiceUnavailable)
+				return
+			}
+		}
+		fmt.Fprintln(w, "ok")
+	})
 	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
 	go func() {
 		<-ctx.Done()

@@ -10,6 +10,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"time"
 
@@ -30,7 +31,8 @@ of the whole state (hosts, devices, leases), cap what each tenant may
 hold with quotas, manage the ACL tokens that say who may call the brokers,
 read the audit log of who did what, and make the certificates of the
 cluster's mutual TLS.`,
-		Example: `  gpupool operator raft peers
+		Example: `  gpupool operator members
+  gpupool operator raft peers
   gpupool operator raft transfer-leadership --to broker-2
   gpupool operator snapshot save backup.snap
   gpupool operator snapshot restore backup.snap
@@ -39,6 +41,7 @@ cluster's mutual TLS.`,
   gpupool operator acl bootstrap
   gpupool operator audit --follow`,
 	},
+		newMembersCmd(),
 		newGroupCmd(&cobra.Command{
 			Use:   "raft",
 			Short: "Inspect and change the Raft configuration of the brokers",
@@ -81,6 +84,7 @@ plus a minute), then is dropped.`,
 		newACLCmd(),
 		newAuditCmd(),
 		newTLSCmd(),
+		newK8sInitCmd(),
 	)
 }
 
@@ -98,7 +102,8 @@ func newKeysListCmd() *cobra.Command {
 				if err != nil {
 					return err
 				}
-				return render(cmd.OutOrStdout(), resp, func(w io.Writer) error { return printKeys(w, resp.GetKeys(), time.Now()) })
+				ids := idsOf(resp.GetKeys(), (*gpupoolv1.PublicKey).GetId)
+				return renderList(cmd.OutOrStdout(), resp, "signing keys", ids, func(w io.Writer) error { return printKeys(w, resp.GetKeys(), time.Now()) })
 			})
 		},
 	}
@@ -157,7 +162,8 @@ which ones vote. A healthy cluster has an odd number of voters (3 or 5).`,
 				if err != nil {
 					return err
 				}
-				return render(cmd.OutOrStdout(), resp, func(w io.Writer) error { return printRaftPeers(w, resp) })
+				ids := idsOf(resp.GetPeers(), (*gpupoolv1.RaftPeer).GetId)
+				return renderList(cmd.OutOrStdout(), resp, "peers", ids, func(w io.Writer) error { return printRaftPeers(w, resp) })
 			})
 		},
 	}
@@ -165,15 +171,26 @@ which ones vote. A healthy cluster has an odd number of voters (3 or 5).`,
 
 // printRaftPeers prints one row per Raft peer.
 func printRaftPeers(w io.Writer, resp *gpupoolv1.RaftPeersResponse) error {
+	noLeader := resp.GetLeaderId() == "" && !slices.ContainsFunc(resp.GetPeers(), (*gpupoolv1.RaftPeer).GetLeader)
 	t := newTable(w, "ID", "RAFT ADDRESS", "RPC ADDRESS", "ROLE", "VOTER")
 	for _, p := range resp.GetPeers() {
 		role := "follower"
-		if p.GetLeader() {
+		switch {
+		case p.GetLeader():
 			role = "leader"
+		case noLeader:
+			role = "-" // the answering server knows no leader: nobody is a follower of one
 		}
 		t.row(p.GetId(), orDash(p.GetRaftAddress()), orDash(p.GetRpcAddress()), role, yesNo(p.GetVoter()))
 	}
-	return t.flush()
+	if err := t.flush(); err != nil {
+		return err
+	}
+	if noLeader {
+		_, err := fmt.Fprintln(w, "no leader known: 'gpupool operator members' shows which servers answer")
+		return err
+	}
+	return nil
 }
 
 func newRaftRemovePeerCmd() *cobra.Command {

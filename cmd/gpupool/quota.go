@@ -151,7 +151,8 @@ after the quota was lowered below what the tenant held.`,
 				if err != nil {
 					return err
 				}
-				return render(cmd.OutOrStdout(), resp, func(w io.Writer) error {
+				ids := idsOf(resp.GetQuotas(), func(q *gpupoolv1.QuotaStatus) string { return q.GetQuota().GetTenant() })
+				return renderList(cmd.OutOrStdout(), resp, "", ids, func(w io.Writer) error {
 					if len(resp.GetQuotas()) == 0 {
 						_, err := fmt.Fprintln(w, "no quotas: every tenant is unlimited; set one with 'gpupool operator quota set TENANT --gpus 8'")
 						return err

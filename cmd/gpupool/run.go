@@ -52,8 +52,13 @@ runs (as its base name); --download PATH copies a file of the lease directory
 back to the current directory afterwards. Both check SHA-256 checksums.
 
 Ctrl-C is forwarded to the remote command as SIGINT; if it has not exited
-within 5 s, run releases the lease, which stops it. The lease is always
-released when run ends.`,
+within 5 s, run releases the lease, which stops it, and exits 130. The lease
+is always released when run ends.
+
+The lease's --ttl defaults to 1m, not the 5m of 'gpupool lease acquire', on
+purpose: run renews its lease itself while it runs, so a short TTL frees the
+GPU within a minute of a run that died without releasing; a lease from
+'lease acquire' is renewed by a separate command and needs more slack.`,
 		Example: `  gpupool run --memory 4GiB --compute 25 -- nvidia-smi
   gpupool run --gpus 1 --exclusive --upload train.py --download model.pt -- python3 train.py
   gpupool run --memory 8GiB --compute 50 -- sh -c 'echo $CUDA_VISIBLE_DEVICES'`,

@@ -13,6 +13,7 @@ import (
 	"github.com/gpupool/gpupool/client"
 	"github.com/gpupool/gpupool/internal/quantity"
 	gpupoolv1 "github.com/gpupool/gpupool/proto/gpupool/v1"
+	"github.com/gpupool/gpupool/protocol"
 )
 
 func newStatusCmd() *cobra.Command {
@@ -108,9 +109,9 @@ func leasesByState(counts map[string]int32) string {
 		n     int32
 	}
 	var entries []entry
-	prefix := enumPrefix(gpupoolv1.LeaseState(0).Descriptor())
+	states := gpupoolv1.LeaseState(0).Descriptor()
 	for k, n := range counts {
-		entries = append(entries, entry{labelOf(k, prefix), n})
+		entries = append(entries, entry{protocol.EnumNameLabel(states, k), n})
 	}
 	sort.Slice(entries, func(i, j int) bool {
 		ri, rj := rank(entries[i].label), rank(entries[j].label)

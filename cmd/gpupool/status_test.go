@@ -11,7 +11,7 @@ import (
 func TestStatusRefusesBadInput(t *testing.T) {
 	checkUsageErrors(t, []usageCase{
 		{"a positional argument", []string{"status", "now"}, []string{"accepts 0 arg(s), received 1", "gpupool status"}},
-		{"a bad -o", []string{"status", "-o", "yaml"}, []string{`--output "yaml"`, "table or json"}},
+		{"a bad -o", []string{"status", "-o", "yaml"}, []string{`--output "yaml"`, "json or name"}},
 	})
 }
 

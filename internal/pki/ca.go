@@ -135,16 +135,26 @@ func LoadCA(dir string) (*CA, error) {
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w: cannot read the CA key %s: %v", dir, ErrNoCA, CAKeyFile, err)
 	}
-	pair, err := parseKeyPair(certPEM, keyPEM)
+	ca, err := ParseCA(certPEM, keyPEM)
 	if err != nil {
 		return nil, fmt.Errorf("pki: CA in %s: %w", dir, err)
 	}
+	return ca, nil
+}
+
+// ParseCA loads a CA from its certificate and key in PEM, as InitCA
+// writes them (e.g. kept in a Kubernetes Secret).
+func ParseCA(certPEM, keyPEM []byte) (*CA, error) {
+	pair, err := parseKeyPair(certPEM, keyPEM)
+	if err != nil {
+		return nil, err
+	}
 	if !pair.leaf.IsCA {
-		return nil, fmt.Errorf("pki: %s in %s is not a CA certificate", CACertFile, dir)
+		return nil, errors.New("not a CA certificate")
 	}
 	signer, ok := pair.cert.PrivateKey.(crypto.Signer)
 	if !ok {
-		return nil, fmt.Errorf("pki: CA key in %s cannot sign", dir)
+		return nil, errors.New("the CA key cannot sign")
 	}
 	return &CA{Cert: pair.leaf, CertPEM: certPEM, key: signer}, nil
 }

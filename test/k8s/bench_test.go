@@ -66,7 +66,7 @@ const benchPollNote = "kube-scheduler waits for a claim's binding conditions (Le
 	"so our pods are bound no sooner than about 5 s after their claim was allocated, however fast the lease. " +
 	"\"Leased\" is not subject to that floor; the baseline has no binding conditions and no wait."
 
-// TestBenchK8s is issue 5's benchmark: for GPUPOOL_BENCH_PODS (200) pods,
+// TestBenchK8s is the Kubernetes benchmark: for GPUPOOL_BENCH_PODS (200) pods,
 // each with a fractional claim from a ResourceClaimTemplate, the time from
 // the pod's creation to its claim's Leased=True, to the pod's binding and
 // to the kubelet stand-in's NodePrepareResources returning for it, as

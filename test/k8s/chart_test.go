@@ -38,7 +38,7 @@ const chartRenderedEnv = "GPUPOOL_CHART_RENDERED"
 // chartExamples are the example manifests, relative to this package.
 const chartExamples = "../../deploy/examples/*.yaml"
 
-// TestChart checks issue 5's chart and examples against the real
+// TestChart checks the chart and examples against the real
 // apiserver: every object of the rendered Helm chart and of
 // deploy/examples decodes (strictly, with client-go's scheme) and is
 // accepted by a server-side dry-run create with strict field validation,
@@ -60,7 +60,7 @@ func TestChart(t *testing.T) {
 	if len(objs) == 0 {
 		t.Fatalf("%s: no objects: did the chart render?", rendered)
 	}
-	// The chart must hold what issue 5 asks of it, lest an empty or
+	// The chart must hold what it must hold, lest an empty or
 	// half-rendered chart pass vacuously.
 	var kinds []string
 	for _, o := range objs {

@@ -32,7 +32,7 @@ import (
 )
 
 // What the scenarios rely on of the driver's contract
-// (docs/architecture.md, "Kubernetes (issue 5)"), spelled out as the
+// (docs/architecture.md, "Kubernetes"), spelled out as the
 // contract says them: the scenarios check the binaries against it, and
 // importing the k8s package would also add its CDI module to this module's
 // requirements.
@@ -60,7 +60,7 @@ const (
 	scnBind = 2 * time.Minute
 )
 
-// TestScenarios runs issue 5's scenarios against the real binaries: the
+// TestScenarios runs the Kubernetes scenarios against the real binaries: the
 // dev broker cluster with 2 simulated pool hosts (2 A100 80GB each),
 // `gpupool k8s-controller` acting as a service account bound to the
 // chart's controller ClusterRole, and on each of 2 fake nodes

@@ -63,7 +63,7 @@ type procSpec struct {
 
 // launchArgs is the command line of every broker and agent this package
 // starts, in one place so that flags every process needs (e.g. the
-// security flags of issue 9) are added once.
+// security flags) are added once.
 func launchArgs(s procSpec) []string {
 	ms := func(d time.Duration) string { return d.String() }
 	switch s.role {

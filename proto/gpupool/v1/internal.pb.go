@@ -74,7 +74,19 @@ type ServerInfoResponse struct {
 	BootstrapExpect int32 `protobuf:"varint,7,opt,name=bootstrap_expect,json=bootstrapExpect,proto3" json:"bootstrap_expect,omitempty"`
 	// The server's last applied Raft index: a follower that does not know
 	// a token waits until it has applied as much as the leader had.
-	AppliedIndex  uint64 `protobuf:"varint,8,opt,name=applied_index,json=appliedIndex,proto3" json:"applied_index,omitempty"`
+	AppliedIndex uint64 `protobuf:"varint,8,opt,name=applied_index,json=appliedIndex,proto3" json:"applied_index,omitempty"`
+	// The server's Raft role: "leader", "follower", "candidate" or
+	// "shutdown".
+	RaftState string `protobuf:"bytes,9,opt,name=raft_state,json=raftState,proto3" json:"raft_state,omitempty"`
+	// The Raft term the server is in.
+	Term uint64 `protobuf:"varint,10,opt,name=term,proto3" json:"term,omitempty"`
+	// Milliseconds since the server last heard from a leader; 0 on the
+	// leader itself, -1 when it never has.
+	LastContactMs int64 `protobuf:"varint,11,opt,name=last_contact_ms,json=lastContactMs,proto3" json:"last_contact_ms,omitempty"`
+	// The server's build version ('gpupool version').
+	Version string `protobuf:"bytes,12,opt,name=version,proto3" json:"version,omitempty"`
+	// The Raft configuration as this server knows it: every server, up or not.
+	Peers         []*ClusterPeer `protobuf:"bytes,13,rep,name=peers,proto3" json:"peers,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -165,6 +177,111 @@ func (x *ServerInfoResponse) GetAppliedIndex() uint64 {
 	return 0
 }
 
+func (x *ServerInfoResponse) GetRaftState() string {
+	if x != nil {
+		return x.RaftState
+	}
+	return ""
+}
+
+func (x *ServerInfoResponse) GetTerm() uint64 {
+	if x != nil {
+		return x.Term
+	}
+	return 0
+}
+
+func (x *ServerInfoResponse) GetLastContactMs() int64 {
+	if x != nil {
+		return x.LastContactMs
+	}
+	return 0
+}
+
+func (x *ServerInfoResponse) GetVersion() string {
+	if x != nil {
+		return x.Version
+	}
+	return ""
+}
+
+func (x *ServerInfoResponse) GetPeers() []*ClusterPeer {
+	if x != nil {
+		return x.Peers
+	}
+	return nil
+}
+
+// ClusterPeer is one server of the Raft configuration.
+type ClusterPeer struct {
+	state       protoimpl.MessageState `protogen:"open.v1"`
+	Id          string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	RaftAddress string                 `protobuf:"bytes,2,opt,name=raft_address,json=raftAddress,proto3" json:"raft_address,omitempty"`
+	// Empty when the server does not know it.
+	RpcAddress    string `protobuf:"bytes,3,opt,name=rpc_address,json=rpcAddress,proto3" json:"rpc_address,omitempty"`
+	Voter         bool   `protobuf:"varint,4,opt,name=voter,proto3" json:"voter,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ClusterPeer) Reset() {
+	*x = ClusterPeer{}
+	mi := &file_gpupool_v1_internal_proto_msgTypes[2]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ClusterPeer) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ClusterPeer) ProtoMessage() {}
+
+func (x *ClusterPeer) ProtoReflect() protoreflect.Message {
+	mi := &file_gpupool_v1_internal_proto_msgTypes[2]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ClusterPeer.ProtoReflect.Descriptor instead.
+func (*ClusterPeer) Descriptor() ([]byte, []int) {
+	return file_gpupool_v1_internal_proto_rawDescGZIP(), []int{2}
+}
+
+func (x *ClusterPeer) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
+}
+
+func (x *ClusterPeer) GetRaftAddress() string {
+	if x != nil {
+		return x.RaftAddress
+	}
+	return ""
+}
+
+func (x *ClusterPeer) GetRpcAddress() string {
+	if x != nil {
+		return x.RpcAddress
+	}
+	return ""
+}
+
+func (x *ClusterPeer) GetVoter() bool {
+	if x != nil {
+		return x.Voter
+	}
+	return false
+}
+
 type JoinRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Id            string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
@@ -176,7 +293,7 @@ type JoinRequest struct {
 
 func (x *JoinRequest) Reset() {
 	*x = JoinRequest{}
-	mi := &file_gpupool_v1_internal_proto_msgTypes[2]
+	mi := &file_gpupool_v1_internal_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -188,7 +305,7 @@ func (x *JoinRequest) String() string {
 func (*JoinRequest) ProtoMessage() {}
 
 func (x *JoinRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_gpupool_v1_internal_proto_msgTypes[2]
+	mi := &file_gpupool_v1_internal_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -201,7 +318,7 @@ func (x *JoinRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use JoinRequest.ProtoReflect.Descriptor instead.
 func (*JoinRequest) Descriptor() ([]byte, []int) {
-	return file_gpupool_v1_internal_proto_rawDescGZIP(), []int{2}
+	return file_gpupool_v1_internal_proto_rawDescGZIP(), []int{3}
 }
 
 func (x *JoinRequest) GetId() string {
@@ -233,7 +350,7 @@ type JoinResponse struct {
 
 func (x *JoinResponse) Reset() {
 	*x = JoinResponse{}
-	mi := &file_gpupool_v1_internal_proto_msgTypes[3]
+	mi := &file_gpupool_v1_internal_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -245,7 +362,7 @@ func (x *JoinResponse) String() string {
 func (*JoinResponse) ProtoMessage() {}
 
 func (x *JoinResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_gpupool_v1_internal_proto_msgTypes[3]
+	mi := &file_gpupool_v1_internal_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -258,7 +375,7 @@ func (x *JoinResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use JoinResponse.ProtoReflect.Descriptor instead.
 func (*JoinResponse) Descriptor() ([]byte, []int) {
-	return file_gpupool_v1_internal_proto_rawDescGZIP(), []int{3}
+	return file_gpupool_v1_internal_proto_rawDescGZIP(), []int{4}
 }
 
 type UpsertServerCommand struct {
@@ -272,7 +389,7 @@ type UpsertServerCommand struct {
 
 func (x *UpsertServerCommand) Reset() {
 	*x = UpsertServerCommand{}
-	mi := &file_gpupool_v1_internal_proto_msgTypes[4]
+	mi := &file_gpupool_v1_internal_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -284,7 +401,7 @@ func (x *UpsertServerCommand) String() string {
 func (*UpsertServerCommand) ProtoMessage() {}
 
 func (x *UpsertServerCommand) ProtoReflect() protoreflect.Message {
-	mi := &file_gpupool_v1_internal_proto_msgTypes[4]
+	mi := &file_gpupool_v1_internal_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -297,7 +414,7 @@ func (x *UpsertServerCommand) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UpsertServerCommand.ProtoReflect.Descriptor instead.
 func (*UpsertServerCommand) Descriptor() ([]byte, []int) {
-	return file_gpupool_v1_internal_proto_rawDescGZIP(), []int{4}
+	return file_gpupool_v1_internal_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *UpsertServerCommand) GetId() string {
@@ -332,7 +449,7 @@ type RegisterHostCommand struct {
 
 func (x *RegisterHostCommand) Reset() {
 	*x = RegisterHostCommand{}
-	mi := &file_gpupool_v1_internal_proto_msgTypes[5]
+	mi := &file_gpupool_v1_internal_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -344,7 +461,7 @@ func (x *RegisterHostCommand) String() string {
 func (*RegisterHostCommand) ProtoMessage() {}
 
 func (x *RegisterHostCommand) ProtoReflect() protoreflect.Message {
-	mi := &file_gpupool_v1_internal_proto_msgTypes[5]
+	mi := &file_gpupool_v1_internal_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -357,7 +474,7 @@ func (x *RegisterHostCommand) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegisterHostCommand.ProtoReflect.Descriptor instead.
 func (*RegisterHostCommand) Descriptor() ([]byte, []int) {
-	return file_gpupool_v1_internal_proto_rawDescGZIP(), []int{5}
+	return file_gpupool_v1_internal_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *RegisterHostCommand) GetHost() *Host {
@@ -393,7 +510,7 @@ type SetHostStatusCommand struct {
 
 func (x *SetHostStatusCommand) Reset() {
 	*x = SetHostStatusCommand{}
-	mi := &file_gpupool_v1_internal_proto_msgTypes[6]
+	mi := &file_gpupool_v1_internal_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -405,7 +522,7 @@ func (x *SetHostStatusCommand) String() string {
 func (*SetHostStatusCommand) ProtoMessage() {}
 
 func (x *SetHostStatusCommand) ProtoReflect() protoreflect.Message {
-	mi := &file_gpupool_v1_internal_proto_msgTypes[6]
+	mi := &file_gpupool_v1_internal_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -418,7 +535,7 @@ func (x *SetHostStatusCommand) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetHostStatusCommand.ProtoReflect.Descriptor instead.
 func (*SetHostStatusCommand) Descriptor() ([]byte, []int) {
-	return file_gpupool_v1_internal_proto_rawDescGZIP(), []int{6}
+	return file_gpupool_v1_internal_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *SetHostStatusCommand) GetHostId() string {
@@ -463,7 +580,7 @@ type GrantLeaseCommand struct {
 
 func (x *GrantLeaseCommand) Reset() {
 	*x = GrantLeaseCommand{}
-	mi := &file_gpupool_v1_internal_proto_msgTypes[7]
+	mi := &file_gpupool_v1_internal_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -475,7 +592,7 @@ func (x *GrantLeaseCommand) String() string {
 func (*GrantLeaseCommand) ProtoMessage() {}
 
 func (x *GrantLeaseCommand) ProtoReflect() protoreflect.Message {
-	mi := &file_gpupool_v1_internal_proto_msgTypes[7]
+	mi := &file_gpupool_v1_internal_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -488,7 +605,7 @@ func (x *GrantLeaseCommand) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GrantLeaseCommand.ProtoReflect.Descriptor instead.
 func (*GrantLeaseCommand) Descriptor() ([]byte, []int) {
-	return file_gpupool_v1_internal_proto_rawDescGZIP(), []int{7}
+	return file_gpupool_v1_internal_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *GrantLeaseCommand) GetLease() *Lease {
@@ -527,7 +644,7 @@ type EndLeaseCommand struct {
 
 func (x *EndLeaseCommand) Reset() {
 	*x = EndLeaseCommand{}
-	mi := &file_gpupool_v1_internal_proto_msgTypes[8]
+	mi := &file_gpupool_v1_internal_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -539,7 +656,7 @@ func (x *EndLeaseCommand) String() string {
 func (*EndLeaseCommand) ProtoMessage() {}
 
 func (x *EndLeaseCommand) ProtoReflect() protoreflect.Message {
-	mi := &file_gpupool_v1_internal_proto_msgTypes[8]
+	mi := &file_gpupool_v1_internal_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -552,7 +669,7 @@ func (x *EndLeaseCommand) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EndLeaseCommand.ProtoReflect.Descriptor instead.
 func (*EndLeaseCommand) Descriptor() ([]byte, []int) {
-	return file_gpupool_v1_internal_proto_rawDescGZIP(), []int{8}
+	return file_gpupool_v1_internal_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *EndLeaseCommand) GetLeaseId() string {
@@ -628,7 +745,7 @@ type FreeLeaseCommand struct {
 
 func (x *FreeLeaseCommand) Reset() {
 	*x = FreeLeaseCommand{}
-	mi := &file_gpupool_v1_internal_proto_msgTypes[9]
+	mi := &file_gpupool_v1_internal_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -640,7 +757,7 @@ func (x *FreeLeaseCommand) String() string {
 func (*FreeLeaseCommand) ProtoMessage() {}
 
 func (x *FreeLeaseCommand) ProtoReflect() protoreflect.Message {
-	mi := &file_gpupool_v1_internal_proto_msgTypes[9]
+	mi := &file_gpupool_v1_internal_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -653,7 +770,7 @@ func (x *FreeLeaseCommand) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FreeLeaseCommand.ProtoReflect.Descriptor instead.
 func (*FreeLeaseCommand) Descriptor() ([]byte, []int) {
-	return file_gpupool_v1_internal_proto_rawDescGZIP(), []int{9}
+	return file_gpupool_v1_internal_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *FreeLeaseCommand) GetLeaseId() string {
@@ -696,7 +813,7 @@ type SetDeviceHealthCommand struct {
 
 func (x *SetDeviceHealthCommand) Reset() {
 	*x = SetDeviceHealthCommand{}
-	mi := &file_gpupool_v1_internal_proto_msgTypes[10]
+	mi := &file_gpupool_v1_internal_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -708,7 +825,7 @@ func (x *SetDeviceHealthCommand) String() string {
 func (*SetDeviceHealthCommand) ProtoMessage() {}
 
 func (x *SetDeviceHealthCommand) ProtoReflect() protoreflect.Message {
-	mi := &file_gpupool_v1_internal_proto_msgTypes[10]
+	mi := &file_gpupool_v1_internal_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -721,7 +838,7 @@ func (x *SetDeviceHealthCommand) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetDeviceHealthCommand.ProtoReflect.Descriptor instead.
 func (*SetDeviceHealthCommand) Descriptor() ([]byte, []int) {
-	return file_gpupool_v1_internal_proto_rawDescGZIP(), []int{10}
+	return file_gpupool_v1_internal_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *SetDeviceHealthCommand) GetHostId() string {
@@ -757,7 +874,7 @@ type RecordAgentEventsCommand struct {
 
 func (x *RecordAgentEventsCommand) Reset() {
 	*x = RecordAgentEventsCommand{}
-	mi := &file_gpupool_v1_internal_proto_msgTypes[11]
+	mi := &file_gpupool_v1_internal_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -769,7 +886,7 @@ func (x *RecordAgentEventsCommand) String() string {
 func (*RecordAgentEventsCommand) ProtoMessage() {}
 
 func (x *RecordAgentEventsCommand) ProtoReflect() protoreflect.Message {
-	mi := &file_gpupool_v1_internal_proto_msgTypes[11]
+	mi := &file_gpupool_v1_internal_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -782,7 +899,7 @@ func (x *RecordAgentEventsCommand) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RecordAgentEventsCommand.ProtoReflect.Descriptor instead.
 func (*RecordAgentEventsCommand) Descriptor() ([]byte, []int) {
-	return file_gpupool_v1_internal_proto_rawDescGZIP(), []int{11}
+	return file_gpupool_v1_internal_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *RecordAgentEventsCommand) GetHostId() string {
@@ -816,7 +933,7 @@ type SigningKey struct {
 
 func (x *SigningKey) Reset() {
 	*x = SigningKey{}
-	mi := &file_gpupool_v1_internal_proto_msgTypes[12]
+	mi := &file_gpupool_v1_internal_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -828,7 +945,7 @@ func (x *SigningKey) String() string {
 func (*SigningKey) ProtoMessage() {}
 
 func (x *SigningKey) ProtoReflect() protoreflect.Message {
-	mi := &file_gpupool_v1_internal_proto_msgTypes[12]
+	mi := &file_gpupool_v1_internal_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -841,7 +958,7 @@ func (x *SigningKey) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SigningKey.ProtoReflect.Descriptor instead.
 func (*SigningKey) Descriptor() ([]byte, []int) {
-	return file_gpupool_v1_internal_proto_rawDescGZIP(), []int{12}
+	return file_gpupool_v1_internal_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *SigningKey) GetId() string {
@@ -889,7 +1006,7 @@ type SetSigningKeysCommand struct {
 
 func (x *SetSigningKeysCommand) Reset() {
 	*x = SetSigningKeysCommand{}
-	mi := &file_gpupool_v1_internal_proto_msgTypes[13]
+	mi := &file_gpupool_v1_internal_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -901,7 +1018,7 @@ func (x *SetSigningKeysCommand) String() string {
 func (*SetSigningKeysCommand) ProtoMessage() {}
 
 func (x *SetSigningKeysCommand) ProtoReflect() protoreflect.Message {
-	mi := &file_gpupool_v1_internal_proto_msgTypes[13]
+	mi := &file_gpupool_v1_internal_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -914,7 +1031,7 @@ func (x *SetSigningKeysCommand) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetSigningKeysCommand.ProtoReflect.Descriptor instead.
 func (*SetSigningKeysCommand) Descriptor() ([]byte, []int) {
-	return file_gpupool_v1_internal_proto_rawDescGZIP(), []int{13}
+	return file_gpupool_v1_internal_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *SetSigningKeysCommand) GetKeys() []*SigningKey {
@@ -953,7 +1070,7 @@ type DrainHostCommand struct {
 
 func (x *DrainHostCommand) Reset() {
 	*x = DrainHostCommand{}
-	mi := &file_gpupool_v1_internal_proto_msgTypes[14]
+	mi := &file_gpupool_v1_internal_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -965,7 +1082,7 @@ func (x *DrainHostCommand) String() string {
 func (*DrainHostCommand) ProtoMessage() {}
 
 func (x *DrainHostCommand) ProtoReflect() protoreflect.Message {
-	mi := &file_gpupool_v1_internal_proto_msgTypes[14]
+	mi := &file_gpupool_v1_internal_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -978,7 +1095,7 @@ func (x *DrainHostCommand) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DrainHostCommand.ProtoReflect.Descriptor instead.
 func (*DrainHostCommand) Descriptor() ([]byte, []int) {
-	return file_gpupool_v1_internal_proto_rawDescGZIP(), []int{14}
+	return file_gpupool_v1_internal_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *DrainHostCommand) GetHostId() string {
@@ -1059,7 +1176,7 @@ type SetHostEligibilityCommand struct {
 
 func (x *SetHostEligibilityCommand) Reset() {
 	*x = SetHostEligibilityCommand{}
-	mi := &file_gpupool_v1_internal_proto_msgTypes[15]
+	mi := &file_gpupool_v1_internal_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1071,7 +1188,7 @@ func (x *SetHostEligibilityCommand) String() string {
 func (*SetHostEligibilityCommand) ProtoMessage() {}
 
 func (x *SetHostEligibilityCommand) ProtoReflect() protoreflect.Message {
-	mi := &file_gpupool_v1_internal_proto_msgTypes[15]
+	mi := &file_gpupool_v1_internal_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1084,7 +1201,7 @@ func (x *SetHostEligibilityCommand) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetHostEligibilityCommand.ProtoReflect.Descriptor instead.
 func (*SetHostEligibilityCommand) Descriptor() ([]byte, []int) {
-	return file_gpupool_v1_internal_proto_rawDescGZIP(), []int{15}
+	return file_gpupool_v1_internal_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *SetHostEligibilityCommand) GetHostId() string {
@@ -1131,7 +1248,7 @@ type SetQuotaCommand struct {
 
 func (x *SetQuotaCommand) Reset() {
 	*x = SetQuotaCommand{}
-	mi := &file_gpupool_v1_internal_proto_msgTypes[16]
+	mi := &file_gpupool_v1_internal_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1143,7 +1260,7 @@ func (x *SetQuotaCommand) String() string {
 func (*SetQuotaCommand) ProtoMessage() {}
 
 func (x *SetQuotaCommand) ProtoReflect() protoreflect.Message {
-	mi := &file_gpupool_v1_internal_proto_msgTypes[16]
+	mi := &file_gpupool_v1_internal_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1156,7 +1273,7 @@ func (x *SetQuotaCommand) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetQuotaCommand.ProtoReflect.Descriptor instead.
 func (*SetQuotaCommand) Descriptor() ([]byte, []int) {
-	return file_gpupool_v1_internal_proto_rawDescGZIP(), []int{16}
+	return file_gpupool_v1_internal_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *SetQuotaCommand) GetTenant() string {
@@ -1201,7 +1318,7 @@ type CreateAclTokenCommand struct {
 
 func (x *CreateAclTokenCommand) Reset() {
 	*x = CreateAclTokenCommand{}
-	mi := &file_gpupool_v1_internal_proto_msgTypes[17]
+	mi := &file_gpupool_v1_internal_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1213,7 +1330,7 @@ func (x *CreateAclTokenCommand) String() string {
 func (*CreateAclTokenCommand) ProtoMessage() {}
 
 func (x *CreateAclTokenCommand) ProtoReflect() protoreflect.Message {
-	mi := &file_gpupool_v1_internal_proto_msgTypes[17]
+	mi := &file_gpupool_v1_internal_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1226,7 +1343,7 @@ func (x *CreateAclTokenCommand) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateAclTokenCommand.ProtoReflect.Descriptor instead.
 func (*CreateAclTokenCommand) Descriptor() ([]byte, []int) {
-	return file_gpupool_v1_internal_proto_rawDescGZIP(), []int{17}
+	return file_gpupool_v1_internal_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *CreateAclTokenCommand) GetToken() *AclToken {
@@ -1256,7 +1373,7 @@ type RevokeAclTokenCommand struct {
 
 func (x *RevokeAclTokenCommand) Reset() {
 	*x = RevokeAclTokenCommand{}
-	mi := &file_gpupool_v1_internal_proto_msgTypes[18]
+	mi := &file_gpupool_v1_internal_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1268,7 +1385,7 @@ func (x *RevokeAclTokenCommand) String() string {
 func (*RevokeAclTokenCommand) ProtoMessage() {}
 
 func (x *RevokeAclTokenCommand) ProtoReflect() protoreflect.Message {
-	mi := &file_gpupool_v1_internal_proto_msgTypes[18]
+	mi := &file_gpupool_v1_internal_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1281,7 +1398,7 @@ func (x *RevokeAclTokenCommand) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RevokeAclTokenCommand.ProtoReflect.Descriptor instead.
 func (*RevokeAclTokenCommand) Descriptor() ([]byte, []int) {
-	return file_gpupool_v1_internal_proto_rawDescGZIP(), []int{18}
+	return file_gpupool_v1_internal_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *RevokeAclTokenCommand) GetAccessorId() string {
@@ -1318,7 +1435,7 @@ type EnqueueLeaseCommand struct {
 
 func (x *EnqueueLeaseCommand) Reset() {
 	*x = EnqueueLeaseCommand{}
-	mi := &file_gpupool_v1_internal_proto_msgTypes[19]
+	mi := &file_gpupool_v1_internal_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1330,7 +1447,7 @@ func (x *EnqueueLeaseCommand) String() string {
 func (*EnqueueLeaseCommand) ProtoMessage() {}
 
 func (x *EnqueueLeaseCommand) ProtoReflect() protoreflect.Message {
-	mi := &file_gpupool_v1_internal_proto_msgTypes[19]
+	mi := &file_gpupool_v1_internal_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1343,7 +1460,7 @@ func (x *EnqueueLeaseCommand) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EnqueueLeaseCommand.ProtoReflect.Descriptor instead.
 func (*EnqueueLeaseCommand) Descriptor() ([]byte, []int) {
-	return file_gpupool_v1_internal_proto_rawDescGZIP(), []int{19}
+	return file_gpupool_v1_internal_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *EnqueueLeaseCommand) GetLease() *Lease {
@@ -1368,7 +1485,7 @@ type PreemptLeasesCommand struct {
 
 func (x *PreemptLeasesCommand) Reset() {
 	*x = PreemptLeasesCommand{}
-	mi := &file_gpupool_v1_internal_proto_msgTypes[20]
+	mi := &file_gpupool_v1_internal_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1380,7 +1497,7 @@ func (x *PreemptLeasesCommand) String() string {
 func (*PreemptLeasesCommand) ProtoMessage() {}
 
 func (x *PreemptLeasesCommand) ProtoReflect() protoreflect.Message {
-	mi := &file_gpupool_v1_internal_proto_msgTypes[20]
+	mi := &file_gpupool_v1_internal_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1393,7 +1510,7 @@ func (x *PreemptLeasesCommand) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PreemptLeasesCommand.ProtoReflect.Descriptor instead.
 func (*PreemptLeasesCommand) Descriptor() ([]byte, []int) {
-	return file_gpupool_v1_internal_proto_rawDescGZIP(), []int{20}
+	return file_gpupool_v1_internal_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *PreemptLeasesCommand) GetLeaseIds() []string {
@@ -1451,7 +1568,7 @@ type StateSnapshot struct {
 
 func (x *StateSnapshot) Reset() {
 	*x = StateSnapshot{}
-	mi := &file_gpupool_v1_internal_proto_msgTypes[21]
+	mi := &file_gpupool_v1_internal_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1463,7 +1580,7 @@ func (x *StateSnapshot) String() string {
 func (*StateSnapshot) ProtoMessage() {}
 
 func (x *StateSnapshot) ProtoReflect() protoreflect.Message {
-	mi := &file_gpupool_v1_internal_proto_msgTypes[21]
+	mi := &file_gpupool_v1_internal_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1476,7 +1593,7 @@ func (x *StateSnapshot) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StateSnapshot.ProtoReflect.Descriptor instead.
 func (*StateSnapshot) Descriptor() ([]byte, []int) {
-	return file_gpupool_v1_internal_proto_rawDescGZIP(), []int{21}
+	return file_gpupool_v1_internal_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *StateSnapshot) GetServers() []*UpsertServerCommand {
@@ -1555,7 +1672,7 @@ const file_gpupool_v1_internal_proto_rawDesc = "" +
 	"\n" +
 	"\x19gpupool/v1/internal.proto\x12\n" +
 	"gpupool.v1\x1a\x16gpupool/v1/agent.proto\x1a\x16gpupool/v1/types.proto\"\x13\n" +
-	"\x11ServerInfoRequest\"\xa1\x02\n" +
+	"\x11ServerInfoRequest\"\xc5\x03\n" +
 	"\x12ServerInfoResponse\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12!\n" +
 	"\fraft_address\x18\x02 \x01(\tR\vraftAddress\x12\x1f\n" +
@@ -1565,7 +1682,20 @@ const file_gpupool_v1_internal_proto_rawDesc = "" +
 	"\tleader_id\x18\x05 \x01(\tR\bleaderId\x12,\n" +
 	"\x12leader_rpc_address\x18\x06 \x01(\tR\x10leaderRpcAddress\x12)\n" +
 	"\x10bootstrap_expect\x18\a \x01(\x05R\x0fbootstrapExpect\x12#\n" +
-	"\rapplied_index\x18\b \x01(\x04R\fappliedIndex\"a\n" +
+	"\rapplied_index\x18\b \x01(\x04R\fappliedIndex\x12\x1d\n" +
+	"\n" +
+	"raft_state\x18\t \x01(\tR\traftState\x12\x12\n" +
+	"\x04term\x18\n" +
+	" \x01(\x04R\x04term\x12&\n" +
+	"\x0flast_contact_ms\x18\v \x01(\x03R\rlastContactMs\x12\x18\n" +
+	"\aversion\x18\f \x01(\tR\aversion\x12-\n" +
+	"\x05peers\x18\r \x03(\v2\x17.gpupool.v1.ClusterPeerR\x05peers\"w\n" +
+	"\vClusterPeer\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id\x12!\n" +
+	"\fraft_address\x18\x02 \x01(\tR\vraftAddress\x12\x1f\n" +
+	"\vrpc_address\x18\x03 \x01(\tR\n" +
+	"rpcAddress\x12\x14\n" +
+	"\x05voter\x18\x04 \x01(\bR\x05voter\"a\n" +
 	"\vJoinRequest\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12!\n" +
 	"\fraft_address\x18\x02 \x01(\tR\vraftAddress\x12\x1f\n" +
@@ -1690,76 +1820,78 @@ func file_gpupool_v1_internal_proto_rawDescGZIP() []byte {
 	return file_gpupool_v1_internal_proto_rawDescData
 }
 
-var file_gpupool_v1_internal_proto_msgTypes = make([]protoimpl.MessageInfo, 22)
+var file_gpupool_v1_internal_proto_msgTypes = make([]protoimpl.MessageInfo, 23)
 var file_gpupool_v1_internal_proto_goTypes = []any{
 	(*ServerInfoRequest)(nil),         // 0: gpupool.v1.ServerInfoRequest
 	(*ServerInfoResponse)(nil),        // 1: gpupool.v1.ServerInfoResponse
-	(*JoinRequest)(nil),               // 2: gpupool.v1.JoinRequest
-	(*JoinResponse)(nil),              // 3: gpupool.v1.JoinResponse
-	(*UpsertServerCommand)(nil),       // 4: gpupool.v1.UpsertServerCommand
-	(*RegisterHostCommand)(nil),       // 5: gpupool.v1.RegisterHostCommand
-	(*SetHostStatusCommand)(nil),      // 6: gpupool.v1.SetHostStatusCommand
-	(*GrantLeaseCommand)(nil),         // 7: gpupool.v1.GrantLeaseCommand
-	(*EndLeaseCommand)(nil),           // 8: gpupool.v1.EndLeaseCommand
-	(*FreeLeaseCommand)(nil),          // 9: gpupool.v1.FreeLeaseCommand
-	(*SetDeviceHealthCommand)(nil),    // 10: gpupool.v1.SetDeviceHealthCommand
-	(*RecordAgentEventsCommand)(nil),  // 11: gpupool.v1.RecordAgentEventsCommand
-	(*SigningKey)(nil),                // 12: gpupool.v1.SigningKey
-	(*SetSigningKeysCommand)(nil),     // 13: gpupool.v1.SetSigningKeysCommand
-	(*DrainHostCommand)(nil),          // 14: gpupool.v1.DrainHostCommand
-	(*SetHostEligibilityCommand)(nil), // 15: gpupool.v1.SetHostEligibilityCommand
-	(*SetQuotaCommand)(nil),           // 16: gpupool.v1.SetQuotaCommand
-	(*CreateAclTokenCommand)(nil),     // 17: gpupool.v1.CreateAclTokenCommand
-	(*RevokeAclTokenCommand)(nil),     // 18: gpupool.v1.RevokeAclTokenCommand
-	(*EnqueueLeaseCommand)(nil),       // 19: gpupool.v1.EnqueueLeaseCommand
-	(*PreemptLeasesCommand)(nil),      // 20: gpupool.v1.PreemptLeasesCommand
-	(*StateSnapshot)(nil),             // 21: gpupool.v1.StateSnapshot
-	(*Host)(nil),                      // 22: gpupool.v1.Host
-	(*Device)(nil),                    // 23: gpupool.v1.Device
-	(HostStatus)(0),                   // 24: gpupool.v1.HostStatus
-	(*Lease)(nil),                     // 25: gpupool.v1.Lease
-	(LeaseState)(0),                   // 26: gpupool.v1.LeaseState
-	(*Actor)(nil),                     // 27: gpupool.v1.Actor
-	(*DeviceReport)(nil),              // 28: gpupool.v1.DeviceReport
-	(*AgentEvent)(nil),                // 29: gpupool.v1.AgentEvent
-	(*Quota)(nil),                     // 30: gpupool.v1.Quota
-	(*AclToken)(nil),                  // 31: gpupool.v1.AclToken
-	(*AuditEntry)(nil),                // 32: gpupool.v1.AuditEntry
+	(*ClusterPeer)(nil),               // 2: gpupool.v1.ClusterPeer
+	(*JoinRequest)(nil),               // 3: gpupool.v1.JoinRequest
+	(*JoinResponse)(nil),              // 4: gpupool.v1.JoinResponse
+	(*UpsertServerCommand)(nil),       // 5: gpupool.v1.UpsertServerCommand
+	(*RegisterHostCommand)(nil),       // 6: gpupool.v1.RegisterHostCommand
+	(*SetHostStatusCommand)(nil),      // 7: gpupool.v1.SetHostStatusCommand
+	(*GrantLeaseCommand)(nil),         // 8: gpupool.v1.GrantLeaseCommand
+	(*EndLeaseCommand)(nil),           // 9: gpupool.v1.EndLeaseCommand
+	(*FreeLeaseCommand)(nil),          // 10: gpupool.v1.FreeLeaseCommand
+	(*SetDeviceHealthCommand)(nil),    // 11: gpupool.v1.SetDeviceHealthCommand
+	(*RecordAgentEventsCommand)(nil),  // 12: gpupool.v1.RecordAgentEventsCommand
+	(*SigningKey)(nil),                // 13: gpupool.v1.SigningKey
+	(*SetSigningKeysCommand)(nil),     // 14: gpupool.v1.SetSigningKeysCommand
+	(*DrainHostCommand)(nil),          // 15: gpupool.v1.DrainHostCommand
+	(*SetHostEligibilityCommand)(nil), // 16: gpupool.v1.SetHostEligibilityCommand
+	(*SetQuotaCommand)(nil),           // 17: gpupool.v1.SetQuotaCommand
+	(*CreateAclTokenCommand)(nil),     // 18: gpupool.v1.CreateAclTokenCommand
+	(*RevokeAclTokenCommand)(nil),     // 19: gpupool.v1.RevokeAclTokenCommand
+	(*EnqueueLeaseCommand)(nil),       // 20: gpupool.v1.EnqueueLeaseCommand
+	(*PreemptLeasesCommand)(nil),      // 21: gpupool.v1.PreemptLeasesCommand
+	(*StateSnapshot)(nil),             // 22: gpupool.v1.StateSnapshot
+	(*Host)(nil),                      // 23: gpupool.v1.Host
+	(*Device)(nil),                    // 24: gpupool.v1.Device
+	(HostStatus)(0),                   // 25: gpupool.v1.HostStatus
+	(*Lease)(nil),                     // 26: gpupool.v1.Lease
+	(LeaseState)(0),                   // 27: gpupool.v1.LeaseState
+	(*Actor)(nil),                     // 28: gpupool.v1.Actor
+	(*DeviceReport)(nil),              // 29: gpupool.v1.DeviceReport
+	(*AgentEvent)(nil),                // 30: gpupool.v1.AgentEvent
+	(*Quota)(nil),                     // 31: gpupool.v1.Quota
+	(*AclToken)(nil),                  // 32: gpupool.v1.AclToken
+	(*AuditEntry)(nil),                // 33: gpupool.v1.AuditEntry
 }
 var file_gpupool_v1_internal_proto_depIdxs = []int32{
-	22, // 0: gpupool.v1.RegisterHostCommand.host:type_name -> gpupool.v1.Host
-	23, // 1: gpupool.v1.RegisterHostCommand.devices:type_name -> gpupool.v1.Device
-	24, // 2: gpupool.v1.SetHostStatusCommand.status:type_name -> gpupool.v1.HostStatus
-	25, // 3: gpupool.v1.GrantLeaseCommand.lease:type_name -> gpupool.v1.Lease
-	26, // 4: gpupool.v1.EndLeaseCommand.end_state:type_name -> gpupool.v1.LeaseState
-	27, // 5: gpupool.v1.EndLeaseCommand.actor:type_name -> gpupool.v1.Actor
-	28, // 6: gpupool.v1.SetDeviceHealthCommand.devices:type_name -> gpupool.v1.DeviceReport
-	29, // 7: gpupool.v1.RecordAgentEventsCommand.events:type_name -> gpupool.v1.AgentEvent
-	12, // 8: gpupool.v1.SetSigningKeysCommand.keys:type_name -> gpupool.v1.SigningKey
-	27, // 9: gpupool.v1.DrainHostCommand.actor:type_name -> gpupool.v1.Actor
-	27, // 10: gpupool.v1.SetHostEligibilityCommand.actor:type_name -> gpupool.v1.Actor
-	30, // 11: gpupool.v1.SetQuotaCommand.quota:type_name -> gpupool.v1.Quota
-	27, // 12: gpupool.v1.SetQuotaCommand.actor:type_name -> gpupool.v1.Actor
-	31, // 13: gpupool.v1.CreateAclTokenCommand.token:type_name -> gpupool.v1.AclToken
-	27, // 14: gpupool.v1.RevokeAclTokenCommand.actor:type_name -> gpupool.v1.Actor
-	25, // 15: gpupool.v1.EnqueueLeaseCommand.lease:type_name -> gpupool.v1.Lease
-	4,  // 16: gpupool.v1.StateSnapshot.servers:type_name -> gpupool.v1.UpsertServerCommand
-	22, // 17: gpupool.v1.StateSnapshot.hosts:type_name -> gpupool.v1.Host
-	23, // 18: gpupool.v1.StateSnapshot.devices:type_name -> gpupool.v1.Device
-	25, // 19: gpupool.v1.StateSnapshot.leases:type_name -> gpupool.v1.Lease
-	12, // 20: gpupool.v1.StateSnapshot.signing_keys:type_name -> gpupool.v1.SigningKey
-	30, // 21: gpupool.v1.StateSnapshot.quotas:type_name -> gpupool.v1.Quota
-	31, // 22: gpupool.v1.StateSnapshot.acl_tokens:type_name -> gpupool.v1.AclToken
-	32, // 23: gpupool.v1.StateSnapshot.audit:type_name -> gpupool.v1.AuditEntry
-	0,  // 24: gpupool.v1.ClusterService.ServerInfo:input_type -> gpupool.v1.ServerInfoRequest
-	2,  // 25: gpupool.v1.ClusterService.Join:input_type -> gpupool.v1.JoinRequest
-	1,  // 26: gpupool.v1.ClusterService.ServerInfo:output_type -> gpupool.v1.ServerInfoResponse
-	3,  // 27: gpupool.v1.ClusterService.Join:output_type -> gpupool.v1.JoinResponse
-	26, // [26:28] is the sub-list for method output_type
-	24, // [24:26] is the sub-list for method input_type
-	24, // [24:24] is the sub-list for extension type_name
-	24, // [24:24] is the sub-list for extension extendee
-	0,  // [0:24] is the sub-list for field type_name
+	2,  // 0: gpupool.v1.ServerInfoResponse.peers:type_name -> gpupool.v1.ClusterPeer
+	23, // 1: gpupool.v1.RegisterHostCommand.host:type_name -> gpupool.v1.Host
+	24, // 2: gpupool.v1.RegisterHostCommand.devices:type_name -> gpupool.v1.Device
+	25, // 3: gpupool.v1.SetHostStatusCommand.status:type_name -> gpupool.v1.HostStatus
+	26, // 4: gpupool.v1.GrantLeaseCommand.lease:type_name -> gpupool.v1.Lease
+	27, // 5: gpupool.v1.EndLeaseCommand.end_state:type_name -> gpupool.v1.LeaseState
+	28, // 6: gpupool.v1.EndLeaseCommand.actor:type_name -> gpupool.v1.Actor
+	29, // 7: gpupool.v1.SetDeviceHealthCommand.devices:type_name -> gpupool.v1.DeviceReport
+	30, // 8: gpupool.v1.RecordAgentEventsCommand.events:type_name -> gpupool.v1.AgentEvent
+	13, // 9: gpupool.v1.SetSigningKeysCommand.keys:type_name -> gpupool.v1.SigningKey
+	28, // 10: gpupool.v1.DrainHostCommand.actor:type_name -> gpupool.v1.Actor
+	28, // 11: gpupool.v1.SetHostEligibilityCommand.actor:type_name -> gpupool.v1.Actor
+	31, // 12: gpupool.v1.SetQuotaCommand.quota:type_name -> gpupool.v1.Quota
+	28, // 13: gpupool.v1.SetQuotaCommand.actor:type_name -> gpupool.v1.Actor
+	32, // 14: gpupool.v1.CreateAclTokenCommand.token:type_name -> gpupool.v1.AclToken
+	28, // 15: gpupool.v1.RevokeAclTokenCommand.actor:type_name -> gpupool.v1.Actor
+	26, // 16: gpupool.v1.EnqueueLeaseCommand.lease:type_name -> gpupool.v1.Lease
+	5,  // 17: gpupool.v1.StateSnapshot.servers:type_name -> gpupool.v1.UpsertServerCommand
+	23, // 18: gpupool.v1.StateSnapshot.hosts:type_name -> gpupool.v1.Host
+	24, // 19: gpupool.v1.StateSnapshot.devices:type_name -> gpupool.v1.Device
+	26, // 20: gpupool.v1.StateSnapshot.leases:type_name -> gpupool.v1.Lease
+	13, // 21: gpupool.v1.StateSnapshot.signing_keys:type_name -> gpupool.v1.SigningKey
+	31, // 22: gpupool.v1.StateSnapshot.quotas:type_name -> gpupool.v1.Quota
+	32, // 23: gpupool.v1.StateSnapshot.acl_tokens:type_name -> gpupool.v1.AclToken
+	33, // 24: gpupool.v1.StateSnapshot.audit:type_name -> gpupool.v1.AuditEntry
+	0,  // 25: gpupool.v1.ClusterService.ServerInfo:input_type -> gpupool.v1.ServerInfoRequest
+	3,  // 26: gpupool.v1.ClusterService.Join:input_type -> gpupool.v1.JoinRequest
+	1,  // 27: gpupool.v1.ClusterService.ServerInfo:output_type -> gpupool.v1.ServerInfoResponse
+	4,  // 28: gpupool.v1.ClusterService.Join:output_type -> gpupool.v1.JoinResponse
+	27, // [27:29] is the sub-list for method output_type
+	25, // [25:27] is the sub-list for method input_type
+	25, // [25:25] is the sub-list for extension type_name
+	25, // [25:25] is the sub-list for extension extendee
+	0,  // [0:25] is the sub-list for field type_name
 }
 
 func init() { file_gpupool_v1_internal_proto_init() }
@@ -1775,7 +1907,7 @@ func file_gpupool_v1_internal_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_gpupool_v1_internal_proto_rawDesc), len(file_gpupool_v1_internal_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   22,
+			NumMessages:   23,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -201,3 +201,23 @@ The Secrets that hold the ACL tokens (acl.tokensSecret, acl.agentTokensSecret).
 {{- define "gpupool.agentTokensSecret" -}}
 {{- default (printf "%s-agent-tokens" (include "gpupool.fullname" .)) .Values.acl.agentTokensSecret }}
 {{- end }}
+
+{{/*
+The names the brokers' TLS certificate carries: every name clients dial them at (each server's
+stable DNS name, by a wildcard of the headless Service, and the client Service), or the hosts of
+broker.externalAddresses.
+*/}}
+{{- define "gpupool.brokerTLSHosts" -}}
+{{- $ns := .Release.Namespace }}
+{{- $hosts := list }}
+{{- if .Values.broker.enabled }}
+{{- $hosts = append $hosts (printf "*.%s.%s.svc.%s" (include "gpupool.broker.headless" .) $ns .Values.clusterDomain) }}
+{{- $hosts = append $hosts (printf "%s.%s.svc" (include "gpupool.broker.name" .) $ns) }}
+{{- $hosts = append $hosts (printf "%s.%s.svc.%s" (include "gpupool.broker.name" .) $ns .Values.clusterDomain) }}
+{{- else }}
+{{- range .Values.broker.externalAddresses }}
+{{- $hosts = append $hosts (regexReplaceAll ":[0-9]+$" . "") }}
+{{- end }}
+{{- end }}
+{{- join "," $hosts }}
+{{- end }}

@@ -1,0 +1,389 @@
+package placement
+
+import (
+	"cmp"
+	"fmt"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+
+	gpupoolv1 "github.com/gpupool/gpupool/proto/gpupool/v1"
+)
+
+// Index keeps a pool's free capacity indexed, change by change, so that a placement looks at
+// one host per distinct state that can hold the request rather than at every host.
+//
+// Hosts whose placement-relevant state is the same (status and eligibility, host CPU and
+// memory, and the multiset of their devices' model, size, health and allocation) form one
+// group, with a summary of what the group can hold (free CPU and memory, idle GPUs, the
+// largest free share, the models). Every policy rates a host from that state alone, so all
+// hosts of a group rate alike and the group's first host in tie-break order stands for it:
+// Place rates one host per group that can hold the request and returns the placement the
+// exhaustive PlaceWith would return on all the hosts (Random excepted: it draws a host
+// uniformly among those that fit, in its own order).
+//
+// An Index is safe for concurrent use. It keeps the *Host values it is given and never
+// modifies them; the caller gives a host again with Update whenever it changes, either a new
+// value (as the broker's state store makes one per change) or the same one modified in place.
+type Index struct {
+	mu     sync.Mutex
+	rank   map[string]int      // tie-break rank; nil: by host id
+	hosts  map[string]*ixHost  // guarded by mu
+	groups map[string]*ixGroup // by key; guarded by mu
+	list   []*ixGroup          // groups in a deterministic order; guarded by mu
+	cpus   map[int64]int       // host CPU capacities and how many hosts have each; guarded by mu
+	gpus   map[int64]int       // host GPU counts × 1000 and how many hosts have each; guarded by mu
+}
+
+type ixHost struct {
+	h *gpupoolv1.Host
+	g *ixGroup
+	// cpu and gpu are what the host added to Index.cpus and Index.gpus.
+	cpu, gpu int64
+}
+
+// ixGroup is hosts with the same key. members are sorted in tie-break order.
+type ixGroup struct {
+	key     string
+	pos     int // in Index.list
+	members []*ixHost
+	sum     summary
+}
+
+// summary is what a group's hosts can hold, for a quick test before rating one of them.
+type summary struct {
+	usable           bool // ready and eligible
+	freeCPU, freeMem int64
+	idle             int   // healthy GPUs with nothing allocated
+	maxMem           int64 // largest free memory of a healthy GPU not held exclusively
+	maxCompute       int32 // largest free compute of one
+	models           []string
+}
+
+// NewIndex returns an index of hosts. rank orders hosts whose placements rate alike, as
+// Options.Rank does (nil: by host id); Place uses it in place of Options.Rank.
+func NewIndex(hosts []*gpupoolv1.Host, rank map[string]int) *Index {
+	x := &Index{rank: rank}
+	x.Reset(hosts)
+	return x
+}
+
+// Update puts h (by its id) in the index, replacing what the index held for that id.
+func (x *Index) Update(h *gpupoolv1.Host) {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	x.updateLocked(h)
+}
+
+// Reset replaces everything the index holds by hosts, as NewIndex would build it.
+func (x *Index) Reset(hosts []*gpupoolv1.Host) {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	x.hosts, x.groups, x.list = make(map[string]*ixHost, len(hosts)), map[string]*ixGroup{}, nil
+	x.cpus, x.gpus = map[int64]int{}, map[int64]int{}
+	for _, h := range hosts {
+		x.updateLocked(h)
+	}
+}
+
+// Remove takes the host with id out of the index; an unknown id is ignored.
+func (x *Index) Remove(id string) {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	if ih := x.hosts[id]; ih != nil {
+		x.leaveLocked(ih)
+		delete(x.hosts, id)
+	}
+}
+
+// Len is the number of hosts indexed.
+func (x *Index) Len() int {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	return len(x.hosts)
+}
+
+// Groups is the number of distinct host states indexed: what a placement looks at, at most.
+func (x *Index) Groups() int {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	return len(x.groups)
+}
+
+// Dump describes the index: one line per host, in host id order, with its group's key. Two
+// indexes of the same pool dump the same text, however each was built.
+func (x *Index) Dump() string {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	ids := make([]string, 0, len(x.hosts))
+	for id := range x.hosts {
+		ids = append(ids, id)
+	}
+	slices.Sort(ids)
+	var b strings.Builder
+	for _, id := range ids {
+		ih := x.hosts[id]
+		fmt.Fprintf(&b, "%s %s\n", id, ih.g.key)
+	}
+	return b.String()
+}
+
+func (x *Index) updateLocked(h *gpupoolv1.Host) {
+	if h == nil {
+		return
+	}
+	ih := x.hosts[h.GetId()]
+	if ih == nil {
+		ih = &ixHost{}
+		x.hosts[h.GetId()] = ih
+	} else {
+		x.leaveLocked(ih)
+	}
+	ih.h = h
+	ih.cpu, ih.gpu = h.GetCpuMillicores(), 1000*int64(len(h.GetDevices()))
+	x.cpus[ih.cpu]++
+	x.gpus[ih.gpu]++
+	key, sum := hostKey(h)
+	g := x.groups[key]
+	if g == nil {
+		g = &ixGroup{key: key, pos: len(x.list), sum: sum}
+		x.groups[key] = g
+		x.list = append(x.list, g)
+	}
+	i, _ := slices.BinarySearchFunc(g.members, ih, x.order)
+	g.members = slices.Insert(g.members, i, ih)
+	ih.g = g
+}
+
+// leaveLocked takes ih out of its group (dropping the group when it empties) and out of the
+// capacity counts.
+func (x *Index) leaveLocked(ih *ixHost) {
+	g := ih.g
+	if i, ok := slices.BinarySearchFunc(g.members, ih, x.order); ok {
+		g.members = slices.Delete(g.members, i, i+1)
+	}
+	if len(g.members) == 0 {
+		last := x.list[len(x.list)-1]
+		x.list[g.pos], last.pos = last, g.pos
+		x.list = x.list[:len(x.list)-1]
+		delete(x.groups, g.key)
+	}
+	for _, c := range []struct {
+		m map[int64]int
+		v int64
+	}{{x.cpus, ih.cpu}, {x.gpus, ih.gpu}} {
+		if c.m[c.v]--; c.m[c.v] == 0 {
+			delete(c.m, c.v)
+		}
+	}
+	ih.g = nil
+}
+
+// order is the tie-break order of hosts: rank, then id.
+func (x *Index) order(a, b *ixHost) int {
+	return cmp.Or(cmp.Compare(x.rankOf(a.h.GetId()), x.rankOf(b.h.GetId())), strings.Compare(a.h.GetId(), b.h.GetId()))
+}
+
+func (x *Index) rankOf(id string) int {
+	if x.rank == nil {
+		return 0
+	}
+	if n, ok := x.rank[id]; ok {
+		return n
+	}
+	return int(^uint(0) >> 1)
+}
+
+// hostKey is what placement reads of h, with the devices in a canonical order, and its
+// summary.
+func hostKey(h *gpupoolv1.Host) (string, summary) {
+	s := summary{usable: viewNow.hostUsable(h), freeCPU: viewNow.hostFreeCPU(h), freeMem: viewNow.hostFreeMem(h)}
+	devs := make([]string, 0, len(h.GetDevices()))
+	for _, d := range h.GetDevices() {
+		if d == nil {
+			continue
+		}
+		healthy := viewNow.deviceUsable(d)
+		devs = append(devs, strings.Join([]string{d.GetModel(), strconv.FormatInt(d.GetMemoryMib(), 10),
+			strconv.FormatBool(healthy), strconv.FormatInt(d.GetAllocatedMemoryMib(), 10),
+			strconv.Itoa(int(d.GetAllocatedComputePercent())), strconv.FormatBool(d.GetAllocatedExclusive()),
+			strconv.Itoa(int(d.GetLeaseCount()))}, ","))
+		if !slices.Contains(s.models, d.GetModel()) {
+			s.models = append(s.models, d.GetModel())
+		}
+		if !healthy {
+			continue
+		}
+		if viewNow.idle(d) {
+			s.idle++
+		}
+		if !d.GetAllocatedExclusive() {
+			s.maxMem = max(s.maxMem, viewNow.freeMem(d))
+			s.maxCompute = max(s.maxCompute, viewNow.freeCompute(d))
+		}
+	}
+	slices.Sort(devs)
+	key := fmt.Sprintf("%t %d/%d %d/%d [%s]", s.usable, h.GetAllocatedCpuMillicores(), h.GetCpuMillicores(),
+		h.GetAllocatedMemoryMib(), h.GetMemoryMib(), strings.Join(devs, " "))
+	return key, s
+}
+
+// mayHold reports whether the hosts of a group may hold one host's share of rq: false only
+// when they cannot.
+func (s *summary) mayHold(rq *request, perHost int) bool {
+	if !s.usable || (rq.hostCPU > 0 && s.freeCPU < rq.hostCPU) || (rq.hostMem > 0 && s.freeMem < rq.hostMem) {
+		return false
+	}
+	if rq.models != nil && !slices.ContainsFunc(s.models, func(m string) bool { return modelMatches(rq.models, m) }) {
+		return false
+	}
+	if rq.exclusive {
+		return s.idle >= perHost
+	}
+	return s.maxMem >= rq.mem && s.maxCompute >= rq.compute
+}
+
+// indexable reports whether Place can answer rq from groups: the request's slices share one
+// host (or there is one), and nothing but the group's state decides where they go.
+func (rq *request) indexable() bool {
+	c := rq.cons
+	return (rq.oneHost || rq.count == 1) && c.GetHost() == "" && len(c.GetLabels()) == 0 && rq.devices == nil &&
+		rq.topo != gpupoolv1.Topology_TOPOLOGY_SAME_NVLINK && rq.topo != gpupoolv1.Topology_TOPOLOGY_SAME_PCIE_ROOT &&
+		!(rq.opts.Policy == GPUClustering && rq.opts.Affinity != nil)
+}
+
+// Place is PlaceWith on the indexed hosts, with ties broken by the index's rank. It rates
+// one host per group that may hold the request. A request that fits none is refused with the
+// same error PlaceWith gives.
+func (x *Index) Place(req *gpupoolv1.LeaseRequest, opts Options) ([]*gpupoolv1.Slice, error) {
+	return x.PlaceOver(nil, req, opts)
+}
+
+// PlaceOver is Place on the indexed hosts with over in place of the indexed hosts of the same
+// id (and in addition to them, for ids the index lacks): the pool with changes not yet
+// indexed, such as grants in flight. It rates the hosts of over one by one, so over should be
+// small.
+func (x *Index) PlaceOver(over []*gpupoolv1.Host, req *gpupoolv1.LeaseRequest, opts Options) ([]*gpupoolv1.Slice, error) {
+	if err := checkOptions(opts); err != nil {
+		return nil, err
+	}
+	opts.Rank = x.rank
+	if req == nil {
+		return nil, &Error{Never: true, Reason: "empty lease request"}
+	}
+	rq, reason := newRequest(req, &opts)
+	if reason != "" {
+		return nil, &Error{Never: true, Reason: reason}
+	}
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	opts.maxCPU, opts.maxGPU = maxKey(x.cpus), maxKey(x.gpus)
+	var overID map[string]bool
+	if len(over) > 0 {
+		overID = make(map[string]bool, len(over))
+		for _, h := range over {
+			overID[h.GetId()] = true
+			if len(h.GetDevices()) > 0 {
+				opts.maxCPU, opts.maxGPU = max(opts.maxCPU, h.GetCpuMillicores()), max(opts.maxGPU, 1000*int64(len(h.GetDevices())))
+			}
+		}
+	}
+	if !rq.indexable() || (opts.Policy == Random && len(over) > 0) {
+		return place(x.allLocked(over), req, &opts)
+	}
+	perHost := 1
+	if rq.oneHost {
+		perHost = rq.count
+	}
+	byID := x.rank != nil && !scoredPolicy(opts.Policy) // binpack and spread break ties by id
+	reps := make([]*gpupoolv1.Host, 0, 64+len(over))
+	var weights []int
+	for _, g := range x.list {
+		if !g.sum.mayHold(rq, perHost) {
+			continue
+		}
+		if h := g.first(byID, overID); h != nil {
+			reps = append(reps, h)
+			weights = append(weights, len(g.members))
+		}
+	}
+	if opts.Policy == Random {
+		return x.placeRandomLocked(reps, weights, req, &opts)
+	}
+	reps = append(reps, over...)
+	ss, err := place(reps, req, &opts)
+	if err != nil {
+		return place(x.allLocked(over), req, &opts) // the same refusal as the exhaustive placement
+	}
+	return ss, nil
+}
+
+// placeRandomLocked draws a host uniformly among those that fit: a group by its size among
+// the groups whose first host fits, then a member.
+func (x *Index) placeRandomLocked(reps []*gpupoolv1.Host, weights []int, req *gpupoolv1.LeaseRequest, opts *Options) ([]*gpupoolv1.Slice, error) {
+	probe := *opts
+	probe.Policy = Binpack
+	var fit []int
+	total := 0
+	for i, h := range reps {
+		if _, err := place([]*gpupoolv1.Host{h}, req, &probe); err == nil {
+			fit = append(fit, i)
+			total += weights[i]
+		}
+	}
+	if total == 0 {
+		return place(x.allLocked(nil), req, opts)
+	}
+	n := opts.Rand.Intn(total)
+	for _, i := range fit {
+		if n < weights[i] {
+			g := x.hosts[reps[i].GetId()].g
+			return place([]*gpupoolv1.Host{g.members[n].h}, req, opts)
+		}
+		n -= weights[i]
+	}
+	panic("placement: random draw out of range")
+}
+
+// first is the group's first host in tie-break order (or by id) that is not in skip, or nil.
+func (g *ixGroup) first(byID bool, skip map[string]bool) *gpupoolv1.Host {
+	var h *gpupoolv1.Host
+	for _, m := range g.members {
+		if skip[m.h.GetId()] {
+			continue
+		}
+		if !byID {
+			return m.h
+		}
+		if h == nil || m.h.GetId() < h.GetId() {
+			h = m.h
+		}
+	}
+	return h
+}
+
+// allLocked is every indexed host, with over in place of those of the same id, in id order.
+func (x *Index) allLocked(over []*gpupoolv1.Host) []*gpupoolv1.Host {
+	out := make([]*gpupoolv1.Host, 0, len(x.hosts)+len(over))
+	skip := map[string]bool{}
+	for _, h := range over {
+		skip[h.GetId()] = true
+		out = append(out, h)
+	}
+	for id, ih := range x.hosts {
+		if !skip[id] {
+			out = append(out, ih.h)
+		}
+	}
+	slices.SortFunc(out, func(a, b *gpupoolv1.Host) int { return strings.Compare(a.GetId(), b.GetId()) })
+	return out
+}
+
+func maxKey(m map[int64]int) int64 {
+	var most int64
+	for k := range m {
+		most = max(most, k)
+	}
+	return most
+}
