@@ -133,3 +133,45 @@ func TestALeaseServerSurvivesItsCommandLine(t *testing.T) {
 		})
 	}
 }
+
+func TestTheRealDriverNumbersTheLeasesDevicesAsCUDAVisibleDevicesLists(t *testing.T) {
+	lease := &gpupoolv1.Lease{Id: "l-1", Slices: []*gpupoolv1.Slice{
+		{Host: "h1", Device: inventory[1].Uuid, MemoryMib: 8192},
+		{Host: "h2", Device: "GPU-elsewhere", MemoryMib: 8192},
+		{Host: "h1", Device: inventory[0].Uuid, MemoryMib: 4096},
+	}}
+	devs, err := LeaseDevices(lease, "h1", inventory)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		name, visible string
+		want          []int
+		err           string
+	}{
+		{"no CUDA_VISIBLE_DEVICES keeps the host's numbering", "", []int{1, 0}, ""},
+		{"the agent's list numbers them in its order", inventory[1].Uuid + "," + inventory[0].Uuid, []int{0, 1}, ""},
+		{"a list in the other order", inventory[0].Uuid + "," + inventory[1].Uuid, []int{1, 0}, ""},
+		{"a list without one of the lease's devices", inventory[1].Uuid, nil, "is not in CUDA_VISIBLE_DEVICES"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got, err := driverOrdinals(lease, "h1", devs, tc.visible)
+			if tc.err != "" {
+				if err == nil || !strings.Contains(err.Error(), tc.err) {
+					t.Fatalf("got %v, want an error containing %q", err, tc.err)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			var ords []int
+			for _, d := range got {
+				ords = append(ords, d.Index)
+			}
+			if !reflect.DeepEqual(ords, tc.want) || got[0].MemoryBytes != 8192<<20 {
+				t.Errorf("got ordinals %v (memory %d), want %v with the first slice's memory", ords, got[0].MemoryBytes, tc.want)
+			}
+		})
+	}
+}
