@@ -12,6 +12,7 @@ import (
 	"regexp"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -118,6 +119,40 @@ func TestAttachRunsCUDAProgramsOnTheLeasedSlice(t *testing.T) {
 			if l.State == gpupoolv1.LeaseState_LEASE_STATE_GRANTED {
 				t.Errorf("lease %s still granted after attach ended", l.Id)
 			}
+		}
+	})
+	t.Run("SIGTERM to attach reaches the program", func(t *testing.T) {
+		cmd := exec.Command(binary, append(append([]string{"attach", "--addr=" + strings.Join(cl.addrs, ",")}, lease...),
+			"--", "sh", "-c", `trap 'exit 42' TERM; echo ready; while :; do sleep 0.1; done`)...)
+		stdout, err := cmd.StdoutPipe()
+		if err != nil {
+			t.Fatal(err)
+		}
+		var errOut syncBuffer
+		cmd.Stderr = &errOut
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		done := make(chan struct{})
+		go func() {
+			lines := bufio.NewScanner(stdout)
+			for lines.Scan() {
+				if lines.Text() == "ready" {
+					cmd.Process.Signal(syscall.SIGTERM)
+				}
+			}
+			cmd.Wait()
+			close(done)
+		}()
+		select {
+		case <-done:
+		case <-time.After(2 * time.Minute):
+			cmd.Process.Kill()
+			<-done
+			t.Fatalf("attach did not end after SIGTERM\nstderr:\n%s", errOut.String())
+		}
+		if code := cmd.ProcessState.ExitCode(); code != 42 {
+			t.Errorf("got exit code %d, want the program's 42 from its SIGTERM trap\nstderr:\n%s", code, errOut.String())
 		}
 	})
 	t.Run("a program's exit code is attach's", func(t *testing.T) {
