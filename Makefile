@@ -8,7 +8,7 @@ PROTO_FILES := $(wildcard proto/gpupool/v1/*.proto)
 export CGO_CFLAGS ?= -O2 -g -Wno-deprecated-declarations
 PKG_RACE := ./broker/... ./agent/... ./client/... ./k8s/... ./protocol/... ./internal/... ./token/... ./dataplane/... ./cuda/...
 
-.PHONY: tmux test-dashboard all build install cc cuda-gen examples test-gpu test dev proto proto-check lint lint-refs bench bench-dataplane bench-placement bench-lease bench-failover bench-scale bench-go tools clean test-unit test-cluster helm chart test-k8s bench-k8s elastic-demo fuzz test-robustness soak robustness-tools
+.PHONY: tmux test-dashboard chromium test-console bench-console all build install cc cuda-gen examples test-gpu test dev proto proto-check lint lint-refs bench bench-dataplane bench-placement bench-lease bench-failover bench-scale bench-go tools clean test-unit test-cluster helm chart test-k8s bench-k8s elastic-demo fuzz test-robustness soak robustness-tools
 
 all: build
 
@@ -51,7 +51,7 @@ test-gpu: cc ## the CUDA remoting tests on a real GPU (skips without one)
 dev: build ## run 3 brokers + 4 simulated hosts and show a lease's life; Ctrl-C stops
 	$(BIN)/gpupool dev --demo
 
-test: tools tmux cc proto-check lint test-unit test-dashboard ## everything CI runs by default
+test: tools tmux cc proto-check lint chromium test-unit test-dashboard ## everything CI runs by default
 
 test-unit:
 	$(GO) test -race -count=1 -timeout 15m $(PKG_RACE)
@@ -63,6 +63,20 @@ test-unit:
 # product's go.mod does not carry the Prometheus server.
 test-dashboard:
 	cd test/dashboard && $(GO) vet ./... && $(GO) test -count=1 ./...
+
+# The web console's browser suite (test/console, part of test-unit): Debian's
+# Chromium, installed when missing, driven headless by chromedp against three
+# broker processes and two simulated agents. Screenshots of every page go to
+# .bin/console-screenshots; GPUPOOL_CONSOLE_UPDATE_DOCS=1 also refreshes
+# docs/img/console-pool.png.
+chromium: # Debian's chromium, installed when missing (the console's browser tests)
+	@command -v chromium >/dev/null || { echo "installing chromium (Debian)"; \
+	  (apt-get install -y -q chromium >/dev/null 2>&1 || \
+	   (apt-get update -q >/dev/null && apt-get install -y -q chromium >/dev/null)) || \
+	  echo "chromium: could not install it (not root?): test/console skips, or fails under CI"; }
+
+test-console: chromium ## the web console in headless Chromium against a real cluster (about 1 min); screenshots in .bin/console-screenshots
+	$(GO) test -count=1 -timeout 5m -v -run 'TestConsole' ./test/console
 
 # The Kubernetes integration suite: its own module (test/k8s), which builds
 # kube-apiserver, kube-scheduler and kube-controller-manager from
@@ -148,6 +162,9 @@ bench-failover: build ## kill -9 the leader 10 times under load: time to the nex
 bench-scale: build ## one broker with 10k hosts x 8 GPUs and 100k leases: RSS, snapshot, restart (about 10 min; at most 12)
 	$(BIN)/gpupool-bench scale --gpupool $(BIN)/gpupool
 
+bench-console: build chromium ## the console's pool page on 10k hosts x 8 GPUs in headless Chromium: render and live-update times (about 2 min); writes bench/results/console.{json,md}
+	$(BIN)/gpupool-bench console
+
 bench-go: ## Go micro-benchmarks of placement and the FSM
 	$(GO) test -run '^$$' -bench . -benchmem ./broker/...
 
@@ -163,7 +180,7 @@ FUZZTIME ?= 10s
 FUZZ_TARGETS := ./broker/fsm:FuzzDecode ./protocol:FuzzValidate ./token:FuzzVerify \
 	./dataplane:FuzzReadFrame ./internal/quantity:FuzzParseMemoryMiB ./internal/quantity:FuzzParsePercent \
 	./client:FuzzReadTokenFile ./agent:FuzzReadLeaseFile ./agent/device:FuzzSimControlProcess \
-	./cuda/wire:FuzzReadFrame ./agent/cudaserver:FuzzSession
+	./cuda/wire:FuzzReadFrame ./agent/cudaserver:FuzzSession ./broker/console:FuzzParseFilters
 
 fuzz: ## run every fuzz target for FUZZTIME each (default 10s): FSM commands, Acquire validation, lease tokens, data-plane frames, quantities
 	@for t in $(FUZZ_TARGETS); do \

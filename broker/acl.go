@@ -115,6 +115,13 @@ var methodRights = map[string]right{
 	gpupoolv1.OperatorService_RemoveQuota_FullMethodName:        rightManage,
 	gpupoolv1.OperatorService_ListQuotas_FullMethodName:         rightPoolRead, // a client sees its tenants' quotas
 	gpupoolv1.OperatorService_AuditLog_FullMethodName:           rightLeases,   // a client sees its tenants' entries
+
+	// Watch streams and history (console): the same rights as the reads
+	// they follow; the queue and history show a client its tenants only.
+	gpupoolv1.PoolService_WatchHosts_FullMethodName:        rightPoolRead,
+	gpupoolv1.PoolService_WatchDevices_FullMethodName:      rightPoolRead,
+	gpupoolv1.LeaseService_WatchQueue_FullMethodName:       rightLeases,
+	gpupoolv1.OperatorService_TenantHistory_FullMethodName: rightPoolRead,
 }
 
 // caller is who makes a call: a verified token, or, with ACL off, anyone.

@@ -29,8 +29,8 @@ func (s *Server) withLiveView(h *gpupoolv1.Host) *gpupoolv1.Host {
 		}
 		ls.mu.Unlock()
 	}
-	for i, d := range h.Devices {
-		h.Devices[i] = withReadings(ls, d)
+	for _, d := range h.Devices {
+		setReadings(ls, d) // d is this copy's own
 	}
 	return h
 }
@@ -39,14 +39,20 @@ func (s *Server) withLiveView(h *gpupoolv1.Host) *gpupoolv1.Host {
 // reported to ls, or -1 for each when ls is nil or has none.
 func withReadings(ls *leaderState, d *gpupoolv1.Device) *gpupoolv1.Device {
 	d = proto.Clone(d).(*gpupoolv1.Device)
+	setReadings(ls, d)
+	return d
+}
+
+// setReadings sets d's readings as withReadings does; d must be a copy
+// (the state's objects are never modified).
+func setReadings(ls *leaderState, d *gpupoolv1.Device) {
 	d.UsedMemoryMib, d.UtilizationPercent = -1, -1
 	if ls == nil {
-		return d
+		return
 	}
 	if r := ls.deviceReport(d.HostId, d.Uuid); r != nil {
 		d.UsedMemoryMib, d.UtilizationPercent = r.UsedMemoryMib, r.UtilizationPercent
 	}
-	return d
 }
 
 func (e poolService) ListHosts(ctx context.Context, req *gpupoolv1.ListHostsRequest) (*gpupoolv1.ListHostsResponse, error) {

@@ -74,6 +74,12 @@ type Config struct {
 	// only for tests and 'gpupool dev' ('gpupool broker --insecure').
 	TLS *pki.Source
 
+	// UsageHistoryInterval is how often the server samples each tenant's
+	// usage into its memory (DefaultUsageHistoryInterval when 0).
+	UsageHistoryInterval time.Duration
+	// UI configures the web console; its Bind empty serves none.
+	UI UIConfig
+
 	Clock  clock.Clock
 	Logger *slog.Logger
 
@@ -147,6 +153,12 @@ func (c *Config) setDefaults() error {
 	if c.PendingGrace <= 0 {
 		c.PendingGrace = DefaultPendingGrace
 	}
+	if err := c.UI.validate(); err != nil {
+		return err
+	}
+	if c.UsageHistoryInterval <= 0 {
+		c.UsageHistoryInterval = DefaultUsageHistoryInterval
+	}
 	if c.Clock == nil {
 		c.Clock = clock.Real
 	}
@@ -195,6 +207,10 @@ type Server struct {
 	peers  map[string]*gpupoolv1.ServerInfoResponse // guarded by peerMu; learned while forming
 
 	metrics *metrics
+	// history is each tenant's recent usage, this server's memory only.
+	history *usageHistory
+	// ui is the web console, nil unless Config.UI.Bind is set.
+	ui *uiServer
 
 	// proposer sends every command to the log (Raft, or a test's double
 	// around it); set before the server serves, never changed.
@@ -230,6 +246,7 @@ func New(cfg Config) (*Server, error) {
 		notifyCh:   make(chan bool, 16),
 		placer:     newPlacer(cfg.Policy),
 		grants:     newInflight(),
+		history:    newUsageHistory(),
 	}
 	s.metrics = newMetrics(s)
 	if err := s.openRaft(); err != nil {
@@ -255,6 +272,11 @@ func New(cfg Config) (*Server, error) {
 	s.goFunc(s.formCluster)
 	s.goFunc(s.keepOwnAddressCurrent)
 	s.goFunc(s.metrics.countLeaseEvents)
+	s.goFunc(s.sampleTenantUsage)
+	if err := s.startUI(); err != nil {
+		s.Shutdown()
+		return nil, err
+	}
 	s.log.Info("broker started", "id", s.cfg.NodeID, "rpc", s.Addr(), "raft", s.cfg.RaftBindAddr, "data_dir", s.cfg.DataDir, "acl", s.cfg.ACL)
 	return s, nil
 }
@@ -383,6 +405,7 @@ func (s *Server) Shutdown() error {
 	var err error
 	s.shutdownOnce.Do(func() {
 		close(s.shutdownCh)
+		s.stopUI()
 		s.grpc.Stop()
 		err = s.raft.Shutdown().Error()
 		s.wg.Wait()

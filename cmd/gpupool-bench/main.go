@@ -12,6 +12,7 @@ import (
 	"strings"
 	"syscall"
 
+	consolebench "github.com/gpupool/gpupool/bench/console"
 	dataplanebench "github.com/gpupool/gpupool/bench/dataplane"
 	failoverbench "github.com/gpupool/gpupool/bench/failover"
 	leasebench "github.com/gpupool/gpupool/bench/lease"
@@ -33,6 +34,7 @@ var benchmarks = []benchmark{
 	{"failover", "kill -9 the leader under steady acquire load, 10 times: time to the next acquire, acknowledged leases lost", failoverbench.Run},
 	{"scale", "one broker with 10k hosts, 80k GPUs and 100k leases: memory, snapshot size and time, restart-to-ready", scalebench.Run},
 	{"dataplane", "the QUIC data plane against TCP+TLS on loopback: bulk throughput and exec latency", dataplanebench.Run},
+	{"console", "the web console's pool page on 10k hosts: server render, browser to first full render (goal 2 s), live update", consolebench.Run},
 }
 
 func benchmarkNames() string {

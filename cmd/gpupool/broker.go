@@ -106,6 +106,9 @@ is for tests and benchmarks on a closed machine only. See docs/security.md.`,
 				security = fmt.Sprintf("mutual TLS as %q (certificate valid until %s), ACL on", cfg.TLS.Identity().Name, cfg.TLS.NotAfter().Format(time.RFC3339))
 			}
 			fmt.Fprintf(cmd.ErrOrStderr(), "broker %s serving gRPC on %s, raft on %s, data in %s, %s\n", s.ID(), s.Addr(), s.RaftAddr(), cfg.DataDir, security)
+			if u := s.UIURL(); u != "" {
+				fmt.Fprintf(cmd.ErrOrStderr(), "broker %s console at %s\n", s.ID(), u)
+			}
 			<-cmd.Context().Done()
 			logger.Info("shutting down", "id", s.ID())
 			return s.Shutdown()
@@ -129,6 +132,8 @@ is for tests and benchmarks on a closed machine only. See docs/security.md.`,
 	f.StringVar(&metrics, "metrics-bind", "", "serve Prometheus metrics at http://ADDR/metrics (e.g. 127.0.0.1:9641); empty serves none")
 	f.BoolVar(&cfg.ACL, "acl", true, "check an ACL token on every call; --acl=false trusts every certificate of the cluster CA (prints a warning), --insecure turns it off too")
 	f.BoolVar(&insecure, "insecure", false, insecureUsage)
+	f.StringVar(&cfg.UI.Bind, "ui-bind", "", "serve the read-only web console at ADDR (e.g. 127.0.0.1:7701; HTTPS when the broker has TLS; sign in with an ACL token); empty serves none")
+	f.IntVar(&cfg.UI.StreamsPerToken, "ui-streams-per-token", 0, "live console streams one token may hold open at once (default 8)")
 	return cmd
 }
 

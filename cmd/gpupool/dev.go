@@ -60,7 +60,7 @@ the cluster fail over; Ctrl-C stops everything and deletes the data dirs
 	f.IntVar(&o.brokers, "brokers", 3, "broker servers to run (1, 3 or 5)")
 	f.IntVar(&o.hosts, "hosts", 4, "simulated pool hosts to run (0-64)")
 	f.StringVar(&o.simulate, "simulate", "8xA100-80GB", "GPUs of each simulated host, as for 'gpupool agent --simulate'")
-	f.IntVar(&o.basePort, "base-port", 7641, "first broker's gRPC port; broker i uses base+2i (gRPC), base+2i+1 (Raft) and base+50+i (metrics), agent i base+100+i (data plane) and base+150+i (metrics)")
+	f.IntVar(&o.basePort, "base-port", 7641, "first broker's gRPC port; broker i uses base+2i (gRPC), base+2i+1 (Raft) and base+50+i (metrics), base+60+i (web console), agent i base+100+i (data plane) and base+150+i (metrics)")
 	f.StringVar(&o.dataDir, "data-dir", "", "where the brokers keep their data (default: a new temporary directory)")
 	f.BoolVar(&o.keep, "keep", false, "keep the data dir on exit")
 	f.BoolVar(&o.demo, "demo", false, "once the pool is up, acquire a lease, show it in 'gpupool status', and release it")
@@ -191,7 +191,8 @@ func runDev(cmd *cobra.Command, o devOpts) error {
 		args := []string{"broker", "--node-id", fmt.Sprintf("broker-%d", i+1), "--data-dir", filepath.Join(dir, fmt.Sprintf("broker-%d", i+1)),
 			"--bind", a, "--bootstrap-expect", strconv.Itoa(o.brokers), "--heartbeat-interval", "1s", "--heartbeat-ttl", "5s", "--lock-delay", "10s",
 			"--preempt-grace", o.grace.String(), "--insecure",
-			"--metrics-bind", net.JoinHostPort(o.ip, strconv.Itoa(o.basePort+50+i))}
+			"--metrics-bind", net.JoinHostPort(o.ip, strconv.Itoa(o.basePort+50+i)),
+			"--ui-bind", net.JoinHostPort(o.ip, strconv.Itoa(o.basePort+60+i))}
 		if len(join) > 0 {
 			args = append(args, "--join", strings.Join(join, ","))
 		}
@@ -223,8 +224,8 @@ func runDev(cmd *cobra.Command, o devOpts) error {
 
 	fmt.Fprint(out, devBanner)
 	for i, c := range children[:o.brokers] {
-		fmt.Fprintf(out, "  %-9s pid %-7d gRPC %s  raft %s:%d  metrics http://%s:%d/metrics  data %s\n",
-			c.name, c.cmd.Process.Pid, addrs[i], o.ip, o.basePort+2*i+1, o.ip, o.basePort+50+i, filepath.Join(dir, c.name))
+		fmt.Fprintf(out, "  %-9s pid %-7d gRPC %s  raft %s:%d  metrics http://%s:%d/metrics  console http://%s:%d/  data %s\n",
+			c.name, c.cmd.Process.Pid, addrs[i], o.ip, o.basePort+2*i+1, o.ip, o.basePort+50+i, o.ip, o.basePort+60+i, filepath.Join(dir, c.name))
 	}
 	for i, c := range children[o.brokers:] {
 		fmt.Fprintf(out, "  %-9s pid %-7d agent, %s simulated  metrics http://%s:%d/metrics  sim-control %s\n", c.name, c.cmd.Process.Pid,
@@ -235,7 +236,8 @@ func runDev(cmd *cobra.Command, o devOpts) error {
 	if err := waitForPool(ctx, addrs, o.hosts); err != nil {
 		return err
 	}
-	fmt.Fprintf(out, "\nThe pool is up. In another terminal (GPUPOOL_ADDR defaults to this cluster):\n")
+	fmt.Fprintf(out, "\nThe pool is up. Console (open: no ACL in dev): %s\n", devConsoleURL(o))
+	fmt.Fprintf(out, "In another terminal (GPUPOOL_ADDR defaults to this cluster):\n")
 	fmt.Fprintf(out, "  gpupool status\n  gpupool host ls\n  gpupool lease acquire --memory 20GiB --compute 25 --ttl 10m\n  gpupool lease ls\n  gpupool operator members\n")
 	fmt.Fprintf(out, "Watch failover: kill -9 the leader's pid (see 'gpupool operator members'); leases survive.\n")
 	fmt.Fprintf(out, "Restart a process that exited: %s NAME (e.g. broker-2); dev supervises it again.\nCtrl-C stops everything.\n\n", restartCommand(o.basePort))
@@ -630,3 +632,8 @@ func runDemo(ctx context.Context, out, errOut io.Writer, addr string) error {
 
 // leaseIDRE finds a lease id in a command's output.
 var leaseIDRE = regexp.MustCompile(`\bl-[0-9a-f]{16}\b`)
+
+// devConsoleURL is the first broker's web console.
+func devConsoleURL(o devOpts) string {
+	return "http://" + net.JoinHostPort(o.ip, strconv.Itoa(o.basePort+60)) + "/"
+}

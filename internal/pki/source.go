@@ -128,6 +128,18 @@ func (s *Source) ServerConfig(allowed ...Role) *tls.Config {
 	}
 }
 
+// WebConfig is the configuration of an HTTPS server for browsers (the
+// broker's web console): the current certificate, and no client
+// certificate asked for (the console asks for an ACL token instead).
+func (s *Source) WebConfig() *tls.Config {
+	return &tls.Config{
+		MinVersion: tlsVersion,
+		GetCertificate: func(*tls.ClientHelloInfo) (*tls.Certificate, error) {
+			return s.current().cert, nil
+		},
+	}
+}
+
 // ClientConfig is the configuration of a TLS client that dials brokers:
 // it trusts the CA pool as it is now, presents the current certificate at
 // every handshake, and accepts only a server whose certificate has the

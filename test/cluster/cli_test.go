@@ -151,7 +151,7 @@ func TestDevDemoRunsAndStopsByItself(t *testing.T) {
 	if code != 0 {
 		t.Fatalf("dev --demo: exit %d\n%s\n%s", code, out, stderr)
 	}
-	for _, want := range []string{"The pool is up", "$ gpupool lease acquire --memory 20GiB --compute 25", "granted", "released l-", "demo done"} {
+	for _, want := range []string{"The pool is up", "Console (open: no ACL in dev): http://" + ip + ":" + strconv.Itoa(base+60) + "/", "$ gpupool lease acquire --memory 20GiB --compute 25", "granted", "released l-", "demo done"} {
 		if !strings.Contains(out, want) {
 			t.Fatalf("dev output lacks %q:\n%s", want, out)
 		}

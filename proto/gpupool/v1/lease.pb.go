@@ -818,6 +818,204 @@ func (x *WatchLeasesRequest) GetLeaseId() string {
 	return ""
 }
 
+type WatchQueueRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Only this tenant's leases; empty for every tenant the caller sees.
+	Tenant string `protobuf:"bytes,1,opt,name=tenant,proto3" json:"tenant,omitempty"`
+	// Served from the answering server's state.
+	Stale bool `protobuf:"varint,2,opt,name=stale,proto3" json:"stale,omitempty"`
+	// How often the why-pending texts are computed again; 0 for 1000.
+	// Between 100 and 60000.
+	IntervalMs    int64 `protobuf:"varint,3,opt,name=interval_ms,json=intervalMs,proto3" json:"interval_ms,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *WatchQueueRequest) Reset() {
+	*x = WatchQueueRequest{}
+	mi := &file_gpupool_v1_lease_proto_msgTypes[12]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *WatchQueueRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*WatchQueueRequest) ProtoMessage() {}
+
+func (x *WatchQueueRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_gpupool_v1_lease_proto_msgTypes[12]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use WatchQueueRequest.ProtoReflect.Descriptor instead.
+func (*WatchQueueRequest) Descriptor() ([]byte, []int) {
+	return file_gpupool_v1_lease_proto_rawDescGZIP(), []int{12}
+}
+
+func (x *WatchQueueRequest) GetTenant() string {
+	if x != nil {
+		return x.Tenant
+	}
+	return ""
+}
+
+func (x *WatchQueueRequest) GetStale() bool {
+	if x != nil {
+		return x.Stale
+	}
+	return false
+}
+
+func (x *WatchQueueRequest) GetIntervalMs() int64 {
+	if x != nil {
+		return x.IntervalMs
+	}
+	return 0
+}
+
+// ElasticLease is an elastic lease with the extras it holds now.
+type ElasticLease struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Lease         *Lease                 `protobuf:"bytes,1,opt,name=lease,proto3" json:"lease,omitempty"`
+	Extras        []*Lease               `protobuf:"bytes,2,rep,name=extras,proto3" json:"extras,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ElasticLease) Reset() {
+	*x = ElasticLease{}
+	mi := &file_gpupool_v1_lease_proto_msgTypes[13]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ElasticLease) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ElasticLease) ProtoMessage() {}
+
+func (x *ElasticLease) ProtoReflect() protoreflect.Message {
+	mi := &file_gpupool_v1_lease_proto_msgTypes[13]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ElasticLease.ProtoReflect.Descriptor instead.
+func (*ElasticLease) Descriptor() ([]byte, []int) {
+	return file_gpupool_v1_lease_proto_rawDescGZIP(), []int{13}
+}
+
+func (x *ElasticLease) GetLease() *Lease {
+	if x != nil {
+		return x.Lease
+	}
+	return nil
+}
+
+func (x *ElasticLease) GetExtras() []*Lease {
+	if x != nil {
+		return x.Extras
+	}
+	return nil
+}
+
+// QueueSnapshot is the queue as a whole at one applied index.
+type QueueSnapshot struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// In the order the queue serves them, each with pending_reason.
+	Pending []*Lease `protobuf:"bytes,1,rep,name=pending,proto3" json:"pending,omitempty"`
+	// Leases being preempted (preempt_at_ms is when they are revoked;
+	// preempted_for the pending lease they make room for).
+	Preempting []*Lease        `protobuf:"bytes,2,rep,name=preempting,proto3" json:"preempting,omitempty"`
+	Elastic    []*ElasticLease `protobuf:"bytes,3,rep,name=elastic,proto3" json:"elastic,omitempty"`
+	Index      uint64          `protobuf:"varint,4,opt,name=index,proto3" json:"index,omitempty"`
+	// When the snapshot was built, on the answering server's clock.
+	AtMs          int64 `protobuf:"varint,5,opt,name=at_ms,json=atMs,proto3" json:"at_ms,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *QueueSnapshot) Reset() {
+	*x = QueueSnapshot{}
+	mi := &file_gpupool_v1_lease_proto_msgTypes[14]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *QueueSnapshot) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*QueueSnapshot) ProtoMessage() {}
+
+func (x *QueueSnapshot) ProtoReflect() protoreflect.Message {
+	mi := &file_gpupool_v1_lease_proto_msgTypes[14]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use QueueSnapshot.ProtoReflect.Descriptor instead.
+func (*QueueSnapshot) Descriptor() ([]byte, []int) {
+	return file_gpupool_v1_lease_proto_rawDescGZIP(), []int{14}
+}
+
+func (x *QueueSnapshot) GetPending() []*Lease {
+	if x != nil {
+		return x.Pending
+	}
+	return nil
+}
+
+func (x *QueueSnapshot) GetPreempting() []*Lease {
+	if x != nil {
+		return x.Preempting
+	}
+	return nil
+}
+
+func (x *QueueSnapshot) GetElastic() []*ElasticLease {
+	if x != nil {
+		return x.Elastic
+	}
+	return nil
+}
+
+func (x *QueueSnapshot) GetIndex() uint64 {
+	if x != nil {
+		return x.Index
+	}
+	return 0
+}
+
+func (x *QueueSnapshot) GetAtMs() int64 {
+	if x != nil {
+		return x.AtMs
+	}
+	return 0
+}
+
 var File_gpupool_v1_lease_proto protoreflect.FileDescriptor
 
 const file_gpupool_v1_lease_proto_rawDesc = "" +
@@ -870,7 +1068,23 @@ const file_gpupool_v1_lease_proto_rawDesc = "" +
 	"\x05index\x18\x02 \x01(\x04R\x05index\"G\n" +
 	"\x12WatchLeasesRequest\x12\x16\n" +
 	"\x06tenant\x18\x01 \x01(\tR\x06tenant\x12\x19\n" +
-	"\blease_id\x18\x02 \x01(\tR\aleaseId*\x8f\x03\n" +
+	"\blease_id\x18\x02 \x01(\tR\aleaseId\"b\n" +
+	"\x11WatchQueueRequest\x12\x16\n" +
+	"\x06tenant\x18\x01 \x01(\tR\x06tenant\x12\x14\n" +
+	"\x05stale\x18\x02 \x01(\bR\x05stale\x12\x1f\n" +
+	"\vinterval_ms\x18\x03 \x01(\x03R\n" +
+	"intervalMs\"b\n" +
+	"\fElasticLease\x12'\n" +
+	"\x05lease\x18\x01 \x01(\v2\x11.gpupool.v1.LeaseR\x05lease\x12)\n" +
+	"\x06extras\x18\x02 \x03(\v2\x11.gpupool.v1.LeaseR\x06extras\"\xce\x01\n" +
+	"\rQueueSnapshot\x12+\n" +
+	"\apending\x18\x01 \x03(\v2\x11.gpupool.v1.LeaseR\apending\x121\n" +
+	"\n" +
+	"preempting\x18\x02 \x03(\v2\x11.gpupool.v1.LeaseR\n" +
+	"preempting\x122\n" +
+	"\aelastic\x18\x03 \x03(\v2\x18.gpupool.v1.ElasticLeaseR\aelastic\x12\x14\n" +
+	"\x05index\x18\x04 \x01(\x04R\x05index\x12\x13\n" +
+	"\x05at_ms\x18\x05 \x01(\x03R\x04atMs*\x8f\x03\n" +
 	"\x0eLeaseEventType\x12 \n" +
 	"\x1cLEASE_EVENT_TYPE_UNSPECIFIED\x10\x00\x12\x1d\n" +
 	"\x19LEASE_EVENT_TYPE_SNAPSHOT\x10\x01\x12\x1c\n" +
@@ -884,14 +1098,16 @@ const file_gpupool_v1_lease_proto_rawDesc = "" +
 	"\x1dLEASE_EVENT_TYPE_DRAIN_NOTICE\x10\t\x12\x1a\n" +
 	"\x16LEASE_EVENT_TYPE_GROWN\x10\n" +
 	"\x12#\n" +
-	"\x1fLEASE_EVENT_TYPE_PREEMPT_NOTICE\x10\v2\xb0\x03\n" +
+	"\x1fLEASE_EVENT_TYPE_PREEMPT_NOTICE\x10\v2\xfa\x03\n" +
 	"\fLeaseService\x12B\n" +
 	"\aAcquire\x12\x1a.gpupool.v1.AcquireRequest\x1a\x1b.gpupool.v1.AcquireResponse\x12L\n" +
 	"\tKeepAlive\x12\x1c.gpupool.v1.KeepAliveRequest\x1a\x1d.gpupool.v1.KeepAliveResponse(\x010\x01\x12B\n" +
 	"\aRelease\x12\x1a.gpupool.v1.ReleaseRequest\x1a\x1b.gpupool.v1.ReleaseResponse\x12@\n" +
 	"\x03Get\x12\x1b.gpupool.v1.GetLeaseRequest\x1a\x1c.gpupool.v1.GetLeaseResponse\x12E\n" +
 	"\x04List\x12\x1d.gpupool.v1.ListLeasesRequest\x1a\x1e.gpupool.v1.ListLeasesResponse\x12A\n" +
-	"\x05Watch\x12\x1e.gpupool.v1.WatchLeasesRequest\x1a\x16.gpupool.v1.LeaseEvent0\x01B7Z5github.com/gpupool/gpupool/proto/gpupool/v1;gpupoolv1b\x06proto3"
+	"\x05Watch\x12\x1e.gpupool.v1.WatchLeasesRequest\x1a\x16.gpupool.v1.LeaseEvent0\x01\x12H\n" +
+	"\n" +
+	"WatchQueue\x12\x1d.gpupool.v1.WatchQueueRequest\x1a\x19.gpupool.v1.QueueSnapshot0\x01B7Z5github.com/gpupool/gpupool/proto/gpupool/v1;gpupoolv1b\x06proto3"
 
 var (
 	file_gpupool_v1_lease_proto_rawDescOnce sync.Once
@@ -906,7 +1122,7 @@ func file_gpupool_v1_lease_proto_rawDescGZIP() []byte {
 }
 
 var file_gpupool_v1_lease_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_gpupool_v1_lease_proto_msgTypes = make([]protoimpl.MessageInfo, 12)
+var file_gpupool_v1_lease_proto_msgTypes = make([]protoimpl.MessageInfo, 15)
 var file_gpupool_v1_lease_proto_goTypes = []any{
 	(LeaseEventType)(0),        // 0: gpupool.v1.LeaseEventType
 	(*AcquireRequest)(nil),     // 1: gpupool.v1.AcquireRequest
@@ -921,43 +1137,53 @@ var file_gpupool_v1_lease_proto_goTypes = []any{
 	(*ListLeasesRequest)(nil),  // 10: gpupool.v1.ListLeasesRequest
 	(*ListLeasesResponse)(nil), // 11: gpupool.v1.ListLeasesResponse
 	(*WatchLeasesRequest)(nil), // 12: gpupool.v1.WatchLeasesRequest
-	(*LeaseRequest)(nil),       // 13: gpupool.v1.LeaseRequest
-	(*Lease)(nil),              // 14: gpupool.v1.Lease
-	(*HostToken)(nil),          // 15: gpupool.v1.HostToken
-	(*Actor)(nil),              // 16: gpupool.v1.Actor
-	(LeaseState)(0),            // 17: gpupool.v1.LeaseState
+	(*WatchQueueRequest)(nil),  // 13: gpupool.v1.WatchQueueRequest
+	(*ElasticLease)(nil),       // 14: gpupool.v1.ElasticLease
+	(*QueueSnapshot)(nil),      // 15: gpupool.v1.QueueSnapshot
+	(*LeaseRequest)(nil),       // 16: gpupool.v1.LeaseRequest
+	(*Lease)(nil),              // 17: gpupool.v1.Lease
+	(*HostToken)(nil),          // 18: gpupool.v1.HostToken
+	(*Actor)(nil),              // 19: gpupool.v1.Actor
+	(LeaseState)(0),            // 20: gpupool.v1.LeaseState
 }
 var file_gpupool_v1_lease_proto_depIdxs = []int32{
-	13, // 0: gpupool.v1.AcquireRequest.request:type_name -> gpupool.v1.LeaseRequest
-	14, // 1: gpupool.v1.AcquireResponse.lease:type_name -> gpupool.v1.Lease
-	15, // 2: gpupool.v1.AcquireResponse.tokens:type_name -> gpupool.v1.HostToken
+	16, // 0: gpupool.v1.AcquireRequest.request:type_name -> gpupool.v1.LeaseRequest
+	17, // 1: gpupool.v1.AcquireResponse.lease:type_name -> gpupool.v1.Lease
+	18, // 2: gpupool.v1.AcquireResponse.tokens:type_name -> gpupool.v1.HostToken
 	0,  // 3: gpupool.v1.LeaseEvent.type:type_name -> gpupool.v1.LeaseEventType
-	14, // 4: gpupool.v1.LeaseEvent.lease:type_name -> gpupool.v1.Lease
-	16, // 5: gpupool.v1.LeaseEvent.actor:type_name -> gpupool.v1.Actor
-	17, // 6: gpupool.v1.KeepAliveResponse.state:type_name -> gpupool.v1.LeaseState
+	17, // 4: gpupool.v1.LeaseEvent.lease:type_name -> gpupool.v1.Lease
+	19, // 5: gpupool.v1.LeaseEvent.actor:type_name -> gpupool.v1.Actor
+	20, // 6: gpupool.v1.KeepAliveResponse.state:type_name -> gpupool.v1.LeaseState
 	4,  // 7: gpupool.v1.KeepAliveResponse.event:type_name -> gpupool.v1.LeaseEvent
-	15, // 8: gpupool.v1.KeepAliveResponse.tokens:type_name -> gpupool.v1.HostToken
-	14, // 9: gpupool.v1.ReleaseResponse.lease:type_name -> gpupool.v1.Lease
-	14, // 10: gpupool.v1.GetLeaseResponse.lease:type_name -> gpupool.v1.Lease
-	17, // 11: gpupool.v1.ListLeasesRequest.states:type_name -> gpupool.v1.LeaseState
-	14, // 12: gpupool.v1.ListLeasesResponse.leases:type_name -> gpupool.v1.Lease
-	1,  // 13: gpupool.v1.LeaseService.Acquire:input_type -> gpupool.v1.AcquireRequest
-	3,  // 14: gpupool.v1.LeaseService.KeepAlive:input_type -> gpupool.v1.KeepAliveRequest
-	6,  // 15: gpupool.v1.LeaseService.Release:input_type -> gpupool.v1.ReleaseRequest
-	8,  // 16: gpupool.v1.LeaseService.Get:input_type -> gpupool.v1.GetLeaseRequest
-	10, // 17: gpupool.v1.LeaseService.List:input_type -> gpupool.v1.ListLeasesRequest
-	12, // 18: gpupool.v1.LeaseService.Watch:input_type -> gpupool.v1.WatchLeasesRequest
-	2,  // 19: gpupool.v1.LeaseService.Acquire:output_type -> gpupool.v1.AcquireResponse
-	5,  // 20: gpupool.v1.LeaseService.KeepAlive:output_type -> gpupool.v1.KeepAliveResponse
-	7,  // 21: gpupool.v1.LeaseService.Release:output_type -> gpupool.v1.ReleaseResponse
-	9,  // 22: gpupool.v1.LeaseService.Get:output_type -> gpupool.v1.GetLeaseResponse
-	11, // 23: gpupool.v1.LeaseService.List:output_type -> gpupool.v1.ListLeasesResponse
-	4,  // 24: gpupool.v1.LeaseService.Watch:output_type -> gpupool.v1.LeaseEvent
-	19, // [19:25] is the sub-list for method output_type
-	13, // [13:19] is the sub-list for method input_type
-	13, // [13:13] is the sub-list for extension type_name
-	13, // [13:13] is the sub-list for extension extendee
-	0,  // [0:13] is the sub-list for field type_name
+	18, // 8: gpupool.v1.KeepAliveResponse.tokens:type_name -> gpupool.v1.HostToken
+	17, // 9: gpupool.v1.ReleaseResponse.lease:type_name -> gpupool.v1.Lease
+	17, // 10: gpupool.v1.GetLeaseResponse.lease:type_name -> gpupool.v1.Lease
+	20, // 11: gpupool.v1.ListLeasesRequest.states:type_name -> gpupool.v1.LeaseState
+	17, // 12: gpupool.v1.ListLeasesResponse.leases:type_name -> gpupool.v1.Lease
+	17, // 13: gpupool.v1.ElasticLease.lease:type_name -> gpupool.v1.Lease
+	17, // 14: gpupool.v1.ElasticLease.extras:type_name -> gpupool.v1.Lease
+	17, // 15: gpupool.v1.QueueSnapshot.pending:type_name -> gpupool.v1.Lease
+	17, // 16: gpupool.v1.QueueSnapshot.preempting:type_name -> gpupool.v1.Lease
+	14, // 17: gpupool.v1.QueueSnapshot.elastic:type_name -> gpupool.v1.ElasticLease
+	1,  // 18: gpupool.v1.LeaseService.Acquire:input_type -> gpupool.v1.AcquireRequest
+	3,  // 19: gpupool.v1.LeaseService.KeepAlive:input_type -> gpupool.v1.KeepAliveRequest
+	6,  // 20: gpupool.v1.LeaseService.Release:input_type -> gpupool.v1.ReleaseRequest
+	8,  // 21: gpupool.v1.LeaseService.Get:input_type -> gpupool.v1.GetLeaseRequest
+	10, // 22: gpupool.v1.LeaseService.List:input_type -> gpupool.v1.ListLeasesRequest
+	12, // 23: gpupool.v1.LeaseService.Watch:input_type -> gpupool.v1.WatchLeasesRequest
+	13, // 24: gpupool.v1.LeaseService.WatchQueue:input_type -> gpupool.v1.WatchQueueRequest
+	2,  // 25: gpupool.v1.LeaseService.Acquire:output_type -> gpupool.v1.AcquireResponse
+	5,  // 26: gpupool.v1.LeaseService.KeepAlive:output_type -> gpupool.v1.KeepAliveResponse
+	7,  // 27: gpupool.v1.LeaseService.Release:output_type -> gpupool.v1.ReleaseResponse
+	9,  // 28: gpupool.v1.LeaseService.Get:output_type -> gpupool.v1.GetLeaseResponse
+	11, // 29: gpupool.v1.LeaseService.List:output_type -> gpupool.v1.ListLeasesResponse
+	4,  // 30: gpupool.v1.LeaseService.Watch:output_type -> gpupool.v1.LeaseEvent
+	15, // 31: gpupool.v1.LeaseService.WatchQueue:output_type -> gpupool.v1.QueueSnapshot
+	25, // [25:32] is the sub-list for method output_type
+	18, // [18:25] is the sub-list for method input_type
+	18, // [18:18] is the sub-list for extension type_name
+	18, // [18:18] is the sub-list for extension extendee
+	0,  // [0:18] is the sub-list for field type_name
 }
 
 func init() { file_gpupool_v1_lease_proto_init() }
@@ -972,7 +1198,7 @@ func file_gpupool_v1_lease_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_gpupool_v1_lease_proto_rawDesc), len(file_gpupool_v1_lease_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   12,
+			NumMessages:   15,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -19,12 +19,13 @@ import (
 const _ = grpc.SupportPackageIsVersion9
 
 const (
-	LeaseService_Acquire_FullMethodName   = "/gpupool.v1.LeaseService/Acquire"
-	LeaseService_KeepAlive_FullMethodName = "/gpupool.v1.LeaseService/KeepAlive"
-	LeaseService_Release_FullMethodName   = "/gpupool.v1.LeaseService/Release"
-	LeaseService_Get_FullMethodName       = "/gpupool.v1.LeaseService/Get"
-	LeaseService_List_FullMethodName      = "/gpupool.v1.LeaseService/List"
-	LeaseService_Watch_FullMethodName     = "/gpupool.v1.LeaseService/Watch"
+	LeaseService_Acquire_FullMethodName    = "/gpupool.v1.LeaseService/Acquire"
+	LeaseService_KeepAlive_FullMethodName  = "/gpupool.v1.LeaseService/KeepAlive"
+	LeaseService_Release_FullMethodName    = "/gpupool.v1.LeaseService/Release"
+	LeaseService_Get_FullMethodName        = "/gpupool.v1.LeaseService/Get"
+	LeaseService_List_FullMethodName       = "/gpupool.v1.LeaseService/List"
+	LeaseService_Watch_FullMethodName      = "/gpupool.v1.LeaseService/Watch"
+	LeaseService_WatchQueue_FullMethodName = "/gpupool.v1.LeaseService/WatchQueue"
 )
 
 // LeaseServiceClient is the client API for LeaseService service.
@@ -53,6 +54,11 @@ type LeaseServiceClient interface {
 	List(ctx context.Context, in *ListLeasesRequest, opts ...grpc.CallOption) (*ListLeasesResponse, error)
 	// Watch streams lease changes, starting with the current leases.
 	Watch(ctx context.Context, in *WatchLeasesRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[LeaseEvent], error)
+	// WatchQueue streams the queue as a whole, again whenever it changes:
+	// pending leases in the order the queue serves them (with why each is
+	// pending), preemptions in flight, elastic leases and their extras. A
+	// client token sees its tenants' leases only.
+	WatchQueue(ctx context.Context, in *WatchQueueRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[QueueSnapshot], error)
 }
 
 type leaseServiceClient struct {
@@ -135,6 +141,25 @@ func (c *leaseServiceClient) Watch(ctx context.Context, in *WatchLeasesRequest, 
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
 type LeaseService_WatchClient = grpc.ServerStreamingClient[LeaseEvent]
 
+func (c *leaseServiceClient) WatchQueue(ctx context.Context, in *WatchQueueRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[QueueSnapshot], error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	stream, err := c.cc.NewStream(ctx, &LeaseService_ServiceDesc.Streams[2], LeaseService_WatchQueue_FullMethodName, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	x := &grpc.GenericClientStream[WatchQueueRequest, QueueSnapshot]{ClientStream: stream}
+	if err := x.ClientStream.SendMsg(in); err != nil {
+		return nil, err
+	}
+	if err := x.ClientStream.CloseSend(); err != nil {
+		return nil, err
+	}
+	return x, nil
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type LeaseService_WatchQueueClient = grpc.ServerStreamingClient[QueueSnapshot]
+
 // LeaseServiceServer is the server API for LeaseService service.
 // All implementations must embed UnimplementedLeaseServiceServer
 // for forward compatibility.
@@ -161,6 +186,11 @@ type LeaseServiceServer interface {
 	List(context.Context, *ListLeasesRequest) (*ListLeasesResponse, error)
 	// Watch streams lease changes, starting with the current leases.
 	Watch(*WatchLeasesRequest, grpc.ServerStreamingServer[LeaseEvent]) error
+	// WatchQueue streams the queue as a whole, again whenever it changes:
+	// pending leases in the order the queue serves them (with why each is
+	// pending), preemptions in flight, elastic leases and their extras. A
+	// client token sees its tenants' leases only.
+	WatchQueue(*WatchQueueRequest, grpc.ServerStreamingServer[QueueSnapshot]) error
 	mustEmbedUnimplementedLeaseServiceServer()
 }
 
@@ -188,6 +218,9 @@ func (UnimplementedLeaseServiceServer) List(context.Context, *ListLeasesRequest)
 }
 func (UnimplementedLeaseServiceServer) Watch(*WatchLeasesRequest, grpc.ServerStreamingServer[LeaseEvent]) error {
 	return status.Error(codes.Unimplemented, "method Watch not implemented")
+}
+func (UnimplementedLeaseServiceServer) WatchQueue(*WatchQueueRequest, grpc.ServerStreamingServer[QueueSnapshot]) error {
+	return status.Error(codes.Unimplemented, "method WatchQueue not implemented")
 }
 func (UnimplementedLeaseServiceServer) mustEmbedUnimplementedLeaseServiceServer() {}
 func (UnimplementedLeaseServiceServer) testEmbeddedByValue()                      {}
@@ -300,6 +333,17 @@ func _LeaseService_Watch_Handler(srv interface{}, stream grpc.ServerStream) erro
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
 type LeaseService_WatchServer = grpc.ServerStreamingServer[LeaseEvent]
 
+func _LeaseService_WatchQueue_Handler(srv interface{}, stream grpc.ServerStream) error {
+	m := new(WatchQueueRequest)
+	if err := stream.RecvMsg(m); err != nil {
+		return err
+	}
+	return srv.(LeaseServiceServer).WatchQueue(m, &grpc.GenericServerStream[WatchQueueRequest, QueueSnapshot]{ServerStream: stream})
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type LeaseService_WatchQueueServer = grpc.ServerStreamingServer[QueueSnapshot]
+
 // LeaseService_ServiceDesc is the grpc.ServiceDesc for LeaseService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -334,6 +378,11 @@ var LeaseService_ServiceDesc = grpc.ServiceDesc{
 		{
 			StreamName:    "Watch",
 			Handler:       _LeaseService_Watch_Handler,
+			ServerStreams: true,
+		},
+		{
+			StreamName:    "WatchQueue",
+			Handler:       _LeaseService_WatchQueue_Handler,
 			ServerStreams: true,
 		},
 	},

@@ -1094,6 +1094,243 @@ func (x *AuditLogRequest) GetKinds() []AuditKind {
 	return nil
 }
 
+type TenantHistoryRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Only this tenant; empty for every tenant the caller may see.
+	Tenant        string `protobuf:"bytes,1,opt,name=tenant,proto3" json:"tenant,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *TenantHistoryRequest) Reset() {
+	*x = TenantHistoryRequest{}
+	mi := &file_gpupool_v1_operator_proto_msgTypes[22]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *TenantHistoryRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*TenantHistoryRequest) ProtoMessage() {}
+
+func (x *TenantHistoryRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_gpupool_v1_operator_proto_msgTypes[22]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use TenantHistoryRequest.ProtoReflect.Descriptor instead.
+func (*TenantHistoryRequest) Descriptor() ([]byte, []int) {
+	return file_gpupool_v1_operator_proto_rawDescGZIP(), []int{22}
+}
+
+func (x *TenantHistoryRequest) GetTenant() string {
+	if x != nil {
+		return x.Tenant
+	}
+	return ""
+}
+
+// TenantUsageSample is what a tenant's leases held at one time.
+type TenantUsageSample struct {
+	state          protoimpl.MessageState `protogen:"open.v1"`
+	AtMs           int64                  `protobuf:"varint,1,opt,name=at_ms,json=atMs,proto3" json:"at_ms,omitempty"`
+	Gpus           int32                  `protobuf:"varint,2,opt,name=gpus,proto3" json:"gpus,omitempty"`
+	MemoryMib      int64                  `protobuf:"varint,3,opt,name=memory_mib,json=memoryMib,proto3" json:"memory_mib,omitempty"`
+	ComputePercent int64                  `protobuf:"varint,4,opt,name=compute_percent,json=computePercent,proto3" json:"compute_percent,omitempty"`
+	Leases         int32                  `protobuf:"varint,5,opt,name=leases,proto3" json:"leases,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
+}
+
+func (x *TenantUsageSample) Reset() {
+	*x = TenantUsageSample{}
+	mi := &file_gpupool_v1_operator_proto_msgTypes[23]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *TenantUsageSample) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*TenantUsageSample) ProtoMessage() {}
+
+func (x *TenantUsageSample) ProtoReflect() protoreflect.Message {
+	mi := &file_gpupool_v1_operator_proto_msgTypes[23]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use TenantUsageSample.ProtoReflect.Descriptor instead.
+func (*TenantUsageSample) Descriptor() ([]byte, []int) {
+	return file_gpupool_v1_operator_proto_rawDescGZIP(), []int{23}
+}
+
+func (x *TenantUsageSample) GetAtMs() int64 {
+	if x != nil {
+		return x.AtMs
+	}
+	return 0
+}
+
+func (x *TenantUsageSample) GetGpus() int32 {
+	if x != nil {
+		return x.Gpus
+	}
+	return 0
+}
+
+func (x *TenantUsageSample) GetMemoryMib() int64 {
+	if x != nil {
+		return x.MemoryMib
+	}
+	return 0
+}
+
+func (x *TenantUsageSample) GetComputePercent() int64 {
+	if x != nil {
+		return x.ComputePercent
+	}
+	return 0
+}
+
+func (x *TenantUsageSample) GetLeases() int32 {
+	if x != nil {
+		return x.Leases
+	}
+	return 0
+}
+
+type TenantUsageHistory struct {
+	state  protoimpl.MessageState `protogen:"open.v1"`
+	Tenant string                 `protobuf:"bytes,1,opt,name=tenant,proto3" json:"tenant,omitempty"`
+	// Oldest first; the last is the tenant's use when the call was answered.
+	Samples       []*TenantUsageSample `protobuf:"bytes,2,rep,name=samples,proto3" json:"samples,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *TenantUsageHistory) Reset() {
+	*x = TenantUsageHistory{}
+	mi := &file_gpupool_v1_operator_proto_msgTypes[24]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *TenantUsageHistory) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*TenantUsageHistory) ProtoMessage() {}
+
+func (x *TenantUsageHistory) ProtoReflect() protoreflect.Message {
+	mi := &file_gpupool_v1_operator_proto_msgTypes[24]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use TenantUsageHistory.ProtoReflect.Descriptor instead.
+func (*TenantUsageHistory) Descriptor() ([]byte, []int) {
+	return file_gpupool_v1_operator_proto_rawDescGZIP(), []int{24}
+}
+
+func (x *TenantUsageHistory) GetTenant() string {
+	if x != nil {
+		return x.Tenant
+	}
+	return ""
+}
+
+func (x *TenantUsageHistory) GetSamples() []*TenantUsageSample {
+	if x != nil {
+		return x.Samples
+	}
+	return nil
+}
+
+type TenantHistoryResponse struct {
+	state   protoimpl.MessageState `protogen:"open.v1"`
+	Tenants []*TenantUsageHistory  `protobuf:"bytes,1,rep,name=tenants,proto3" json:"tenants,omitempty"`
+	// How often the server samples.
+	IntervalMs int64 `protobuf:"varint,2,opt,name=interval_ms,json=intervalMs,proto3" json:"interval_ms,omitempty"`
+	// The answering server's id.
+	ServerId      string `protobuf:"bytes,3,opt,name=server_id,json=serverId,proto3" json:"server_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *TenantHistoryResponse) Reset() {
+	*x = TenantHistoryResponse{}
+	mi := &file_gpupool_v1_operator_proto_msgTypes[25]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *TenantHistoryResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*TenantHistoryResponse) ProtoMessage() {}
+
+func (x *TenantHistoryResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_gpupool_v1_operator_proto_msgTypes[25]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use TenantHistoryResponse.ProtoReflect.Descriptor instead.
+func (*TenantHistoryResponse) Descriptor() ([]byte, []int) {
+	return file_gpupool_v1_operator_proto_rawDescGZIP(), []int{25}
+}
+
+func (x *TenantHistoryResponse) GetTenants() []*TenantUsageHistory {
+	if x != nil {
+		return x.Tenants
+	}
+	return nil
+}
+
+func (x *TenantHistoryResponse) GetIntervalMs() int64 {
+	if x != nil {
+		return x.IntervalMs
+	}
+	return 0
+}
+
+func (x *TenantHistoryResponse) GetServerId() string {
+	if x != nil {
+		return x.ServerId
+	}
+	return ""
+}
+
 var File_gpupool_v1_operator_proto protoreflect.FileDescriptor
 
 const file_gpupool_v1_operator_proto_rawDesc = "" +
@@ -1156,7 +1393,24 @@ const file_gpupool_v1_operator_proto_rawDesc = "" +
 	"\x05limit\x18\x02 \x01(\rR\x05limit\x12\x16\n" +
 	"\x06follow\x18\x03 \x01(\bR\x06follow\x12\x16\n" +
 	"\x06tenant\x18\x04 \x01(\tR\x06tenant\x12+\n" +
-	"\x05kinds\x18\x05 \x03(\x0e2\x15.gpupool.v1.AuditKindR\x05kinds2\x92\a\n" +
+	"\x05kinds\x18\x05 \x03(\x0e2\x15.gpupool.v1.AuditKindR\x05kinds\".\n" +
+	"\x14TenantHistoryRequest\x12\x16\n" +
+	"\x06tenant\x18\x01 \x01(\tR\x06tenant\"\x9c\x01\n" +
+	"\x11TenantUsageSample\x12\x13\n" +
+	"\x05at_ms\x18\x01 \x01(\x03R\x04atMs\x12\x12\n" +
+	"\x04gpus\x18\x02 \x01(\x05R\x04gpus\x12\x1d\n" +
+	"\n" +
+	"memory_mib\x18\x03 \x01(\x03R\tmemoryMib\x12'\n" +
+	"\x0fcompute_percent\x18\x04 \x01(\x03R\x0ecomputePercent\x12\x16\n" +
+	"\x06leases\x18\x05 \x01(\x05R\x06leases\"e\n" +
+	"\x12TenantUsageHistory\x12\x16\n" +
+	"\x06tenant\x18\x01 \x01(\tR\x06tenant\x127\n" +
+	"\asamples\x18\x02 \x03(\v2\x1d.gpupool.v1.TenantUsageSampleR\asamples\"\x8f\x01\n" +
+	"\x15TenantHistoryResponse\x128\n" +
+	"\atenants\x18\x01 \x03(\v2\x1e.gpupool.v1.TenantUsageHistoryR\atenants\x12\x1f\n" +
+	"\vinterval_ms\x18\x02 \x01(\x03R\n" +
+	"intervalMs\x12\x1b\n" +
+	"\tserver_id\x18\x03 \x01(\tR\bserverId2\xe8\a\n" +
 	"\x0fOperatorService\x12H\n" +
 	"\tRaftPeers\x12\x1c.gpupool.v1.RaftPeersRequest\x1a\x1d.gpupool.v1.RaftPeersResponse\x12K\n" +
 	"\n" +
@@ -1170,7 +1424,8 @@ const file_gpupool_v1_operator_proto_rawDesc = "" +
 	"\vRemoveQuota\x12\x1e.gpupool.v1.RemoveQuotaRequest\x1a\x1f.gpupool.v1.RemoveQuotaResponse\x12K\n" +
 	"\n" +
 	"ListQuotas\x12\x1d.gpupool.v1.ListQuotasRequest\x1a\x1e.gpupool.v1.ListQuotasResponse\x12A\n" +
-	"\bAuditLog\x12\x1b.gpupool.v1.AuditLogRequest\x1a\x16.gpupool.v1.AuditEntry0\x01B7Z5github.com/gpupool/gpupool/proto/gpupool/v1;gpupoolv1b\x06proto3"
+	"\bAuditLog\x12\x1b.gpupool.v1.AuditLogRequest\x1a\x16.gpupool.v1.AuditEntry0\x01\x12T\n" +
+	"\rTenantHistory\x12 .gpupool.v1.TenantHistoryRequest\x1a!.gpupool.v1.TenantHistoryResponseB7Z5github.com/gpupool/gpupool/proto/gpupool/v1;gpupoolv1b\x06proto3"
 
 var (
 	file_gpupool_v1_operator_proto_rawDescOnce sync.Once
@@ -1184,7 +1439,7 @@ func file_gpupool_v1_operator_proto_rawDescGZIP() []byte {
 	return file_gpupool_v1_operator_proto_rawDescData
 }
 
-var file_gpupool_v1_operator_proto_msgTypes = make([]protoimpl.MessageInfo, 22)
+var file_gpupool_v1_operator_proto_msgTypes = make([]protoimpl.MessageInfo, 26)
 var file_gpupool_v1_operator_proto_goTypes = []any{
 	(*RotateSigningKeyRequest)(nil),    // 0: gpupool.v1.RotateSigningKeyRequest
 	(*RotateSigningKeyResponse)(nil),   // 1: gpupool.v1.RotateSigningKeyResponse
@@ -1208,50 +1463,58 @@ var file_gpupool_v1_operator_proto_goTypes = []any{
 	(*ListQuotasRequest)(nil),          // 19: gpupool.v1.ListQuotasRequest
 	(*ListQuotasResponse)(nil),         // 20: gpupool.v1.ListQuotasResponse
 	(*AuditLogRequest)(nil),            // 21: gpupool.v1.AuditLogRequest
-	(*PublicKey)(nil),                  // 22: gpupool.v1.PublicKey
-	(*Quota)(nil),                      // 23: gpupool.v1.Quota
-	(*TenantUsage)(nil),                // 24: gpupool.v1.TenantUsage
-	(AuditKind)(0),                     // 25: gpupool.v1.AuditKind
-	(*AuditEntry)(nil),                 // 26: gpupool.v1.AuditEntry
+	(*TenantHistoryRequest)(nil),       // 22: gpupool.v1.TenantHistoryRequest
+	(*TenantUsageSample)(nil),          // 23: gpupool.v1.TenantUsageSample
+	(*TenantUsageHistory)(nil),         // 24: gpupool.v1.TenantUsageHistory
+	(*TenantHistoryResponse)(nil),      // 25: gpupool.v1.TenantHistoryResponse
+	(*PublicKey)(nil),                  // 26: gpupool.v1.PublicKey
+	(*Quota)(nil),                      // 27: gpupool.v1.Quota
+	(*TenantUsage)(nil),                // 28: gpupool.v1.TenantUsage
+	(AuditKind)(0),                     // 29: gpupool.v1.AuditKind
+	(*AuditEntry)(nil),                 // 30: gpupool.v1.AuditEntry
 }
 var file_gpupool_v1_operator_proto_depIdxs = []int32{
-	22, // 0: gpupool.v1.RotateSigningKeyResponse.keys:type_name -> gpupool.v1.PublicKey
-	22, // 1: gpupool.v1.ListSigningKeysResponse.keys:type_name -> gpupool.v1.PublicKey
+	26, // 0: gpupool.v1.RotateSigningKeyResponse.keys:type_name -> gpupool.v1.PublicKey
+	26, // 1: gpupool.v1.ListSigningKeysResponse.keys:type_name -> gpupool.v1.PublicKey
 	4,  // 2: gpupool.v1.RaftPeersResponse.peers:type_name -> gpupool.v1.RaftPeer
-	23, // 3: gpupool.v1.SetQuotaRequest.quota:type_name -> gpupool.v1.Quota
-	23, // 4: gpupool.v1.QuotaStatus.quota:type_name -> gpupool.v1.Quota
-	24, // 5: gpupool.v1.QuotaStatus.usage:type_name -> gpupool.v1.TenantUsage
+	27, // 3: gpupool.v1.SetQuotaRequest.quota:type_name -> gpupool.v1.Quota
+	27, // 4: gpupool.v1.QuotaStatus.quota:type_name -> gpupool.v1.Quota
+	28, // 5: gpupool.v1.QuotaStatus.usage:type_name -> gpupool.v1.TenantUsage
 	15, // 6: gpupool.v1.SetQuotaResponse.quota:type_name -> gpupool.v1.QuotaStatus
-	23, // 7: gpupool.v1.RemoveQuotaResponse.quota:type_name -> gpupool.v1.Quota
+	27, // 7: gpupool.v1.RemoveQuotaResponse.quota:type_name -> gpupool.v1.Quota
 	15, // 8: gpupool.v1.ListQuotasResponse.quotas:type_name -> gpupool.v1.QuotaStatus
-	25, // 9: gpupool.v1.AuditLogRequest.kinds:type_name -> gpupool.v1.AuditKind
-	5,  // 10: gpupool.v1.OperatorService.RaftPeers:input_type -> gpupool.v1.RaftPeersRequest
-	7,  // 11: gpupool.v1.OperatorService.RemovePeer:input_type -> gpupool.v1.RemovePeerRequest
-	9,  // 12: gpupool.v1.OperatorService.TransferLeadership:input_type -> gpupool.v1.TransferLeadershipRequest
-	11, // 13: gpupool.v1.OperatorService.SnapshotSave:input_type -> gpupool.v1.SnapshotSaveRequest
-	12, // 14: gpupool.v1.OperatorService.SnapshotRestore:input_type -> gpupool.v1.SnapshotChunk
-	0,  // 15: gpupool.v1.OperatorService.RotateSigningKey:input_type -> gpupool.v1.RotateSigningKeyRequest
-	2,  // 16: gpupool.v1.OperatorService.ListSigningKeys:input_type -> gpupool.v1.ListSigningKeysRequest
-	14, // 17: gpupool.v1.OperatorService.SetQuota:input_type -> gpupool.v1.SetQuotaRequest
-	17, // 18: gpupool.v1.OperatorService.RemoveQuota:input_type -> gpupool.v1.RemoveQuotaRequest
-	19, // 19: gpupool.v1.OperatorService.ListQuotas:input_type -> gpupool.v1.ListQuotasRequest
-	21, // 20: gpupool.v1.OperatorService.AuditLog:input_type -> gpupool.v1.AuditLogRequest
-	6,  // 21: gpupool.v1.OperatorService.RaftPeers:output_type -> gpupool.v1.RaftPeersResponse
-	8,  // 22: gpupool.v1.OperatorService.RemovePeer:output_type -> gpupool.v1.RemovePeerResponse
-	10, // 23: gpupool.v1.OperatorService.TransferLeadership:output_type -> gpupool.v1.TransferLeadershipResponse
-	12, // 24: gpupool.v1.OperatorService.SnapshotSave:output_type -> gpupool.v1.SnapshotChunk
-	13, // 25: gpupool.v1.OperatorService.SnapshotRestore:output_type -> gpupool.v1.SnapshotRestoreResponse
-	1,  // 26: gpupool.v1.OperatorService.RotateSigningKey:output_type -> gpupool.v1.RotateSigningKeyResponse
-	3,  // 27: gpupool.v1.OperatorService.ListSigningKeys:output_type -> gpupool.v1.ListSigningKeysResponse
-	16, // 28: gpupool.v1.OperatorService.SetQuota:output_type -> gpupool.v1.SetQuotaResponse
-	18, // 29: gpupool.v1.OperatorService.RemoveQuota:output_type -> gpupool.v1.RemoveQuotaResponse
-	20, // 30: gpupool.v1.OperatorService.ListQuotas:output_type -> gpupool.v1.ListQuotasResponse
-	26, // 31: gpupool.v1.OperatorService.AuditLog:output_type -> gpupool.v1.AuditEntry
-	21, // [21:32] is the sub-list for method output_type
-	10, // [10:21] is the sub-list for method input_type
-	10, // [10:10] is the sub-list for extension type_name
-	10, // [10:10] is the sub-list for extension extendee
-	0,  // [0:10] is the sub-list for field type_name
+	29, // 9: gpupool.v1.AuditLogRequest.kinds:type_name -> gpupool.v1.AuditKind
+	23, // 10: gpupool.v1.TenantUsageHistory.samples:type_name -> gpupool.v1.TenantUsageSample
+	24, // 11: gpupool.v1.TenantHistoryResponse.tenants:type_name -> gpupool.v1.TenantUsageHistory
+	5,  // 12: gpupool.v1.OperatorService.RaftPeers:input_type -> gpupool.v1.RaftPeersRequest
+	7,  // 13: gpupool.v1.OperatorService.RemovePeer:input_type -> gpupool.v1.RemovePeerRequest
+	9,  // 14: gpupool.v1.OperatorService.TransferLeadership:input_type -> gpupool.v1.TransferLeadershipRequest
+	11, // 15: gpupool.v1.OperatorService.SnapshotSave:input_type -> gpupool.v1.SnapshotSaveRequest
+	12, // 16: gpupool.v1.OperatorService.SnapshotRestore:input_type -> gpupool.v1.SnapshotChunk
+	0,  // 17: gpupool.v1.OperatorService.RotateSigningKey:input_type -> gpupool.v1.RotateSigningKeyRequest
+	2,  // 18: gpupool.v1.OperatorService.ListSigningKeys:input_type -> gpupool.v1.ListSigningKeysRequest
+	14, // 19: gpupool.v1.OperatorService.SetQuota:input_type -> gpupool.v1.SetQuotaRequest
+	17, // 20: gpupool.v1.OperatorService.RemoveQuota:input_type -> gpupool.v1.RemoveQuotaRequest
+	19, // 21: gpupool.v1.OperatorService.ListQuotas:input_type -> gpupool.v1.ListQuotasRequest
+	21, // 22: gpupool.v1.OperatorService.AuditLog:input_type -> gpupool.v1.AuditLogRequest
+	22, // 23: gpupool.v1.OperatorService.TenantHistory:input_type -> gpupool.v1.TenantHistoryRequest
+	6,  // 24: gpupool.v1.OperatorService.RaftPeers:output_type -> gpupool.v1.RaftPeersResponse
+	8,  // 25: gpupool.v1.OperatorService.RemovePeer:output_type -> gpupool.v1.RemovePeerResponse
+	10, // 26: gpupool.v1.OperatorService.TransferLeadership:output_type -> gpupool.v1.TransferLeadershipResponse
+	12, // 27: gpupool.v1.OperatorService.SnapshotSave:output_type -> gpupool.v1.SnapshotChunk
+	13, // 28: gpupool.v1.OperatorService.SnapshotRestore:output_type -> gpupool.v1.SnapshotRestoreResponse
+	1,  // 29: gpupool.v1.OperatorService.RotateSigningKey:output_type -> gpupool.v1.RotateSigningKeyResponse
+	3,  // 30: gpupool.v1.OperatorService.ListSigningKeys:output_type -> gpupool.v1.ListSigningKeysResponse
+	16, // 31: gpupool.v1.OperatorService.SetQuota:output_type -> gpupool.v1.SetQuotaResponse
+	18, // 32: gpupool.v1.OperatorService.RemoveQuota:output_type -> gpupool.v1.RemoveQuotaResponse
+	20, // 33: gpupool.v1.OperatorService.ListQuotas:output_type -> gpupool.v1.ListQuotasResponse
+	30, // 34: gpupool.v1.OperatorService.AuditLog:output_type -> gpupool.v1.AuditEntry
+	25, // 35: gpupool.v1.OperatorService.TenantHistory:output_type -> gpupool.v1.TenantHistoryResponse
+	24, // [24:36] is the sub-list for method output_type
+	12, // [12:24] is the sub-list for method input_type
+	12, // [12:12] is the sub-list for extension type_name
+	12, // [12:12] is the sub-list for extension extendee
+	0,  // [0:12] is the sub-list for field type_name
 }
 
 func init() { file_gpupool_v1_operator_proto_init() }
@@ -1266,7 +1529,7 @@ func file_gpupool_v1_operator_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_gpupool_v1_operator_proto_rawDesc), len(file_gpupool_v1_operator_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   22,
+			NumMessages:   26,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

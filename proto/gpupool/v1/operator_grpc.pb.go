@@ -30,6 +30,7 @@ const (
 	OperatorService_RemoveQuota_FullMethodName        = "/gpupool.v1.OperatorService/RemoveQuota"
 	OperatorService_ListQuotas_FullMethodName         = "/gpupool.v1.OperatorService/ListQuotas"
 	OperatorService_AuditLog_FullMethodName           = "/gpupool.v1.OperatorService/AuditLog"
+	OperatorService_TenantHistory_FullMethodName      = "/gpupool.v1.OperatorService/TenantHistory"
 )
 
 // OperatorServiceClient is the client API for OperatorService service.
@@ -63,6 +64,11 @@ type OperatorServiceClient interface {
 	// each new one as it applies. Management tokens see every entry; client
 	// tokens only the entries of their tenants.
 	AuditLog(ctx context.Context, in *AuditLogRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[AuditEntry], error)
+	// TenantHistory returns each tenant's recent usage, sampled by the
+	// answering server from its own state and kept in its memory only (not
+	// replicated: each server has its own, lost on restart). A client token
+	// gets its tenants only.
+	TenantHistory(ctx context.Context, in *TenantHistoryRequest, opts ...grpc.CallOption) (*TenantHistoryResponse, error)
 }
 
 type operatorServiceClient struct {
@@ -204,6 +210,16 @@ func (c *operatorServiceClient) AuditLog(ctx context.Context, in *AuditLogReques
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
 type OperatorService_AuditLogClient = grpc.ServerStreamingClient[AuditEntry]
 
+func (c *operatorServiceClient) TenantHistory(ctx context.Context, in *TenantHistoryRequest, opts ...grpc.CallOption) (*TenantHistoryResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(TenantHistoryResponse)
+	err := c.cc.Invoke(ctx, OperatorService_TenantHistory_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // OperatorServiceServer is the server API for OperatorService service.
 // All implementations must embed UnimplementedOperatorServiceServer
 // for forward compatibility.
@@ -235,6 +251,11 @@ type OperatorServiceServer interface {
 	// each new one as it applies. Management tokens see every entry; client
 	// tokens only the entries of their tenants.
 	AuditLog(*AuditLogRequest, grpc.ServerStreamingServer[AuditEntry]) error
+	// TenantHistory returns each tenant's recent usage, sampled by the
+	// answering server from its own state and kept in its memory only (not
+	// replicated: each server has its own, lost on restart). A client token
+	// gets its tenants only.
+	TenantHistory(context.Context, *TenantHistoryRequest) (*TenantHistoryResponse, error)
 	mustEmbedUnimplementedOperatorServiceServer()
 }
 
@@ -277,6 +298,9 @@ func (UnimplementedOperatorServiceServer) ListQuotas(context.Context, *ListQuota
 }
 func (UnimplementedOperatorServiceServer) AuditLog(*AuditLogRequest, grpc.ServerStreamingServer[AuditEntry]) error {
 	return status.Error(codes.Unimplemented, "method AuditLog not implemented")
+}
+func (UnimplementedOperatorServiceServer) TenantHistory(context.Context, *TenantHistoryRequest) (*TenantHistoryResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method TenantHistory not implemented")
 }
 func (UnimplementedOperatorServiceServer) mustEmbedUnimplementedOperatorServiceServer() {}
 func (UnimplementedOperatorServiceServer) testEmbeddedByValue()                         {}
@@ -472,6 +496,24 @@ func _OperatorService_AuditLog_Handler(srv interface{}, stream grpc.ServerStream
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
 type OperatorService_AuditLogServer = grpc.ServerStreamingServer[AuditEntry]
 
+func _OperatorService_TenantHistory_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(TenantHistoryRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(OperatorServiceServer).TenantHistory(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: OperatorService_TenantHistory_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(OperatorServiceServer).TenantHistory(ctx, req.(*TenantHistoryRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // OperatorService_ServiceDesc is the grpc.ServiceDesc for OperatorService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -510,6 +552,10 @@ var OperatorService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "ListQuotas",
 			Handler:    _OperatorService_ListQuotas_Handler,
+		},
+		{
+			MethodName: "TenantHistory",
+			Handler:    _OperatorService_TenantHistory_Handler,
 		},
 	},
 	Streams: []grpc.StreamDesc{

@@ -21,6 +21,66 @@ const (
 	_ = protoimpl.EnforceVersion(protoimpl.MaxVersion - 20)
 )
 
+// WatchEventType says what a host or device event of a watch stream means.
+type WatchEventType int32
+
+const (
+	WatchEventType_WATCH_EVENT_TYPE_UNSPECIFIED WatchEventType = 0
+	// The object as it is when the watch starts.
+	WatchEventType_WATCH_EVENT_TYPE_SNAPSHOT WatchEventType = 1
+	// Every SNAPSHOT event has been sent; no object is set.
+	WatchEventType_WATCH_EVENT_TYPE_SYNCED WatchEventType = 2
+	// The object changed, or appeared; it is sent whole.
+	WatchEventType_WATCH_EVENT_TYPE_UPDATED WatchEventType = 3
+	// The object is gone; only its id is set.
+	WatchEventType_WATCH_EVENT_TYPE_REMOVED WatchEventType = 4
+)
+
+// Enum value maps for WatchEventType.
+var (
+	WatchEventType_name = map[int32]string{
+		0: "WATCH_EVENT_TYPE_UNSPECIFIED",
+		1: "WATCH_EVENT_TYPE_SNAPSHOT",
+		2: "WATCH_EVENT_TYPE_SYNCED",
+		3: "WATCH_EVENT_TYPE_UPDATED",
+		4: "WATCH_EVENT_TYPE_REMOVED",
+	}
+	WatchEventType_value = map[string]int32{
+		"WATCH_EVENT_TYPE_UNSPECIFIED": 0,
+		"WATCH_EVENT_TYPE_SNAPSHOT":    1,
+		"WATCH_EVENT_TYPE_SYNCED":      2,
+		"WATCH_EVENT_TYPE_UPDATED":     3,
+		"WATCH_EVENT_TYPE_REMOVED":     4,
+	}
+)
+
+func (x WatchEventType) Enum() *WatchEventType {
+	p := new(WatchEventType)
+	*p = x
+	return p
+}
+
+func (x WatchEventType) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (WatchEventType) Descriptor() protoreflect.EnumDescriptor {
+	return file_gpupool_v1_pool_proto_enumTypes[0].Descriptor()
+}
+
+func (WatchEventType) Type() protoreflect.EnumType {
+	return &file_gpupool_v1_pool_proto_enumTypes[0]
+}
+
+func (x WatchEventType) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use WatchEventType.Descriptor instead.
+func (WatchEventType) EnumDescriptor() ([]byte, []int) {
+	return file_gpupool_v1_pool_proto_rawDescGZIP(), []int{0}
+}
+
 type DrainHostRequest struct {
 	state  protoimpl.MessageState `protogen:"open.v1"`
 	HostId string                 `protobuf:"bytes,1,opt,name=host_id,json=hostId,proto3" json:"host_id,omitempty"`
@@ -869,6 +929,293 @@ func (x *StatusResponse) GetGpusUnhealthy() int32 {
 	return 0
 }
 
+type WatchHostsRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Only this host; empty for every host.
+	HostId string `protobuf:"bytes,1,opt,name=host_id,json=hostId,proto3" json:"host_id,omitempty"`
+	// Served from the answering server's state, without leader memory
+	// (heartbeat age 0, readings -1).
+	Stale bool `protobuf:"varint,2,opt,name=stale,proto3" json:"stale,omitempty"`
+	// How often leader memory (heartbeat age, readings) is compared with
+	// what was sent; 0 for 1000. Between 100 and 60000.
+	IntervalMs int64 `protobuf:"varint,3,opt,name=interval_ms,json=intervalMs,proto3" json:"interval_ms,omitempty"`
+	// Send heartbeat-age changes too. Off, a host is sent again only when
+	// something else about it changes (its age then is as of that send).
+	HeartbeatAge  bool `protobuf:"varint,4,opt,name=heartbeat_age,json=heartbeatAge,proto3" json:"heartbeat_age,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *WatchHostsRequest) Reset() {
+	*x = WatchHostsRequest{}
+	mi := &file_gpupool_v1_pool_proto_msgTypes[13]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *WatchHostsRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*WatchHostsRequest) ProtoMessage() {}
+
+func (x *WatchHostsRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_gpupool_v1_pool_proto_msgTypes[13]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use WatchHostsRequest.ProtoReflect.Descriptor instead.
+func (*WatchHostsRequest) Descriptor() ([]byte, []int) {
+	return file_gpupool_v1_pool_proto_rawDescGZIP(), []int{13}
+}
+
+func (x *WatchHostsRequest) GetHostId() string {
+	if x != nil {
+		return x.HostId
+	}
+	return ""
+}
+
+func (x *WatchHostsRequest) GetStale() bool {
+	if x != nil {
+		return x.Stale
+	}
+	return false
+}
+
+func (x *WatchHostsRequest) GetIntervalMs() int64 {
+	if x != nil {
+		return x.IntervalMs
+	}
+	return 0
+}
+
+func (x *WatchHostsRequest) GetHeartbeatAge() bool {
+	if x != nil {
+		return x.HeartbeatAge
+	}
+	return false
+}
+
+type HostEvent struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Type  WatchEventType         `protobuf:"varint,1,opt,name=type,proto3,enum=gpupool.v1.WatchEventType" json:"type,omitempty"`
+	// With its devices; set for SNAPSHOT and UPDATED.
+	Host *Host `protobuf:"bytes,2,opt,name=host,proto3" json:"host,omitempty"`
+	// The host's id (also for REMOVED).
+	HostId string `protobuf:"bytes,3,opt,name=host_id,json=hostId,proto3" json:"host_id,omitempty"`
+	// The answering server's applied index when the event was built.
+	Index         uint64 `protobuf:"varint,4,opt,name=index,proto3" json:"index,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *HostEvent) Reset() {
+	*x = HostEvent{}
+	mi := &file_gpupool_v1_pool_proto_msgTypes[14]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *HostEvent) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*HostEvent) ProtoMessage() {}
+
+func (x *HostEvent) ProtoReflect() protoreflect.Message {
+	mi := &file_gpupool_v1_pool_proto_msgTypes[14]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use HostEvent.ProtoReflect.Descriptor instead.
+func (*HostEvent) Descriptor() ([]byte, []int) {
+	return file_gpupool_v1_pool_proto_rawDescGZIP(), []int{14}
+}
+
+func (x *HostEvent) GetType() WatchEventType {
+	if x != nil {
+		return x.Type
+	}
+	return WatchEventType_WATCH_EVENT_TYPE_UNSPECIFIED
+}
+
+func (x *HostEvent) GetHost() *Host {
+	if x != nil {
+		return x.Host
+	}
+	return nil
+}
+
+func (x *HostEvent) GetHostId() string {
+	if x != nil {
+		return x.HostId
+	}
+	return ""
+}
+
+func (x *HostEvent) GetIndex() uint64 {
+	if x != nil {
+		return x.Index
+	}
+	return 0
+}
+
+type WatchDevicesRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Only this host's devices; empty for every host.
+	HostId string `protobuf:"bytes,1,opt,name=host_id,json=hostId,proto3" json:"host_id,omitempty"`
+	// Only models matching this glob (e.g. A100*); empty for every model.
+	Model string `protobuf:"bytes,2,opt,name=model,proto3" json:"model,omitempty"`
+	Stale bool   `protobuf:"varint,3,opt,name=stale,proto3" json:"stale,omitempty"`
+	// As in WatchHostsRequest.
+	IntervalMs    int64 `protobuf:"varint,4,opt,name=interval_ms,json=intervalMs,proto3" json:"interval_ms,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *WatchDevicesRequest) Reset() {
+	*x = WatchDevicesRequest{}
+	mi := &file_gpupool_v1_pool_proto_msgTypes[15]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *WatchDevicesRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*WatchDevicesRequest) ProtoMessage() {}
+
+func (x *WatchDevicesRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_gpupool_v1_pool_proto_msgTypes[15]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use WatchDevicesRequest.ProtoReflect.Descriptor instead.
+func (*WatchDevicesRequest) Descriptor() ([]byte, []int) {
+	return file_gpupool_v1_pool_proto_rawDescGZIP(), []int{15}
+}
+
+func (x *WatchDevicesRequest) GetHostId() string {
+	if x != nil {
+		return x.HostId
+	}
+	return ""
+}
+
+func (x *WatchDevicesRequest) GetModel() string {
+	if x != nil {
+		return x.Model
+	}
+	return ""
+}
+
+func (x *WatchDevicesRequest) GetStale() bool {
+	if x != nil {
+		return x.Stale
+	}
+	return false
+}
+
+func (x *WatchDevicesRequest) GetIntervalMs() int64 {
+	if x != nil {
+		return x.IntervalMs
+	}
+	return 0
+}
+
+type DeviceEvent struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Type  WatchEventType         `protobuf:"varint,1,opt,name=type,proto3,enum=gpupool.v1.WatchEventType" json:"type,omitempty"`
+	// Set for SNAPSHOT and UPDATED.
+	Device *Device `protobuf:"bytes,2,opt,name=device,proto3" json:"device,omitempty"`
+	// The device's UUID (also for REMOVED).
+	Uuid          string `protobuf:"bytes,3,opt,name=uuid,proto3" json:"uuid,omitempty"`
+	Index         uint64 `protobuf:"varint,4,opt,name=index,proto3" json:"index,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DeviceEvent) Reset() {
+	*x = DeviceEvent{}
+	mi := &file_gpupool_v1_pool_proto_msgTypes[16]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DeviceEvent) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DeviceEvent) ProtoMessage() {}
+
+func (x *DeviceEvent) ProtoReflect() protoreflect.Message {
+	mi := &file_gpupool_v1_pool_proto_msgTypes[16]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DeviceEvent.ProtoReflect.Descriptor instead.
+func (*DeviceEvent) Descriptor() ([]byte, []int) {
+	return file_gpupool_v1_pool_proto_rawDescGZIP(), []int{16}
+}
+
+func (x *DeviceEvent) GetType() WatchEventType {
+	if x != nil {
+		return x.Type
+	}
+	return WatchEventType_WATCH_EVENT_TYPE_UNSPECIFIED
+}
+
+func (x *DeviceEvent) GetDevice() *Device {
+	if x != nil {
+		return x.Device
+	}
+	return nil
+}
+
+func (x *DeviceEvent) GetUuid() string {
+	if x != nil {
+		return x.Uuid
+	}
+	return ""
+}
+
+func (x *DeviceEvent) GetIndex() uint64 {
+	if x != nil {
+		return x.Index
+	}
+	return 0
+}
+
 var File_gpupool_v1_pool_proto protoreflect.FileDescriptor
 
 const file_gpupool_v1_pool_proto_rawDesc = "" +
@@ -941,14 +1288,45 @@ const file_gpupool_v1_pool_proto_rawDesc = "" +
 	"\x0egpus_unhealthy\x18\x10 \x01(\x05R\rgpusUnhealthy\x1a@\n" +
 	"\x12LeasesByStateEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\x05R\x05value:\x028\x012\xcf\x03\n" +
+	"\x05value\x18\x02 \x01(\x05R\x05value:\x028\x01\"\x88\x01\n" +
+	"\x11WatchHostsRequest\x12\x17\n" +
+	"\ahost_id\x18\x01 \x01(\tR\x06hostId\x12\x14\n" +
+	"\x05stale\x18\x02 \x01(\bR\x05stale\x12\x1f\n" +
+	"\vinterval_ms\x18\x03 \x01(\x03R\n" +
+	"intervalMs\x12#\n" +
+	"\rheartbeat_age\x18\x04 \x01(\bR\fheartbeatAge\"\x90\x01\n" +
+	"\tHostEvent\x12.\n" +
+	"\x04type\x18\x01 \x01(\x0e2\x1a.gpupool.v1.WatchEventTypeR\x04type\x12$\n" +
+	"\x04host\x18\x02 \x01(\v2\x10.gpupool.v1.HostR\x04host\x12\x17\n" +
+	"\ahost_id\x18\x03 \x01(\tR\x06hostId\x12\x14\n" +
+	"\x05index\x18\x04 \x01(\x04R\x05index\"{\n" +
+	"\x13WatchDevicesRequest\x12\x17\n" +
+	"\ahost_id\x18\x01 \x01(\tR\x06hostId\x12\x14\n" +
+	"\x05model\x18\x02 \x01(\tR\x05model\x12\x14\n" +
+	"\x05stale\x18\x03 \x01(\bR\x05stale\x12\x1f\n" +
+	"\vinterval_ms\x18\x04 \x01(\x03R\n" +
+	"intervalMs\"\x93\x01\n" +
+	"\vDeviceEvent\x12.\n" +
+	"\x04type\x18\x01 \x01(\x0e2\x1a.gpupool.v1.WatchEventTypeR\x04type\x12*\n" +
+	"\x06device\x18\x02 \x01(\v2\x12.gpupool.v1.DeviceR\x06device\x12\x12\n" +
+	"\x04uuid\x18\x03 \x01(\tR\x04uuid\x12\x14\n" +
+	"\x05index\x18\x04 \x01(\x04R\x05index*\xaa\x01\n" +
+	"\x0eWatchEventType\x12 \n" +
+	"\x1cWATCH_EVENT_TYPE_UNSPECIFIED\x10\x00\x12\x1d\n" +
+	"\x19WATCH_EVENT_TYPE_SNAPSHOT\x10\x01\x12\x1b\n" +
+	"\x17WATCH_EVENT_TYPE_SYNCED\x10\x02\x12\x1c\n" +
+	"\x18WATCH_EVENT_TYPE_UPDATED\x10\x03\x12\x1c\n" +
+	"\x18WATCH_EVENT_TYPE_REMOVED\x10\x042\xe1\x04\n" +
 	"\vPoolService\x12H\n" +
 	"\tListHosts\x12\x1c.gpupool.v1.ListHostsRequest\x1a\x1d.gpupool.v1.ListHostsResponse\x12B\n" +
 	"\aGetHost\x12\x1a.gpupool.v1.GetHostRequest\x1a\x1b.gpupool.v1.GetHostResponse\x12N\n" +
 	"\vListDevices\x12\x1e.gpupool.v1.ListDevicesRequest\x1a\x1f.gpupool.v1.ListDevicesResponse\x12?\n" +
 	"\x06Status\x12\x19.gpupool.v1.StatusRequest\x1a\x1a.gpupool.v1.StatusResponse\x12H\n" +
 	"\tDrainHost\x12\x1c.gpupool.v1.DrainHostRequest\x1a\x1d.gpupool.v1.DrainHostResponse\x12W\n" +
-	"\x0eSetEligibility\x12!.gpupool.v1.SetEligibilityRequest\x1a\".gpupool.v1.SetEligibilityResponseB7Z5github.com/gpupool/gpupool/proto/gpupool/v1;gpupoolv1b\x06proto3"
+	"\x0eSetEligibility\x12!.gpupool.v1.SetEligibilityRequest\x1a\".gpupool.v1.SetEligibilityResponse\x12D\n" +
+	"\n" +
+	"WatchHosts\x12\x1d.gpupool.v1.WatchHostsRequest\x1a\x15.gpupool.v1.HostEvent0\x01\x12J\n" +
+	"\fWatchDevices\x12\x1f.gpupool.v1.WatchDevicesRequest\x1a\x17.gpupool.v1.DeviceEvent0\x01B7Z5github.com/gpupool/gpupool/proto/gpupool/v1;gpupoolv1b\x06proto3"
 
 var (
 	file_gpupool_v1_pool_proto_rawDescOnce sync.Once
@@ -962,52 +1340,66 @@ func file_gpupool_v1_pool_proto_rawDescGZIP() []byte {
 	return file_gpupool_v1_pool_proto_rawDescData
 }
 
-var file_gpupool_v1_pool_proto_msgTypes = make([]protoimpl.MessageInfo, 14)
+var file_gpupool_v1_pool_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
+var file_gpupool_v1_pool_proto_msgTypes = make([]protoimpl.MessageInfo, 18)
 var file_gpupool_v1_pool_proto_goTypes = []any{
-	(*DrainHostRequest)(nil),       // 0: gpupool.v1.DrainHostRequest
-	(*SetEligibilityRequest)(nil),  // 1: gpupool.v1.SetEligibilityRequest
-	(*SetEligibilityResponse)(nil), // 2: gpupool.v1.SetEligibilityResponse
-	(*DrainHostResponse)(nil),      // 3: gpupool.v1.DrainHostResponse
-	(*ListHostsRequest)(nil),       // 4: gpupool.v1.ListHostsRequest
-	(*ListHostsResponse)(nil),      // 5: gpupool.v1.ListHostsResponse
-	(*GetHostRequest)(nil),         // 6: gpupool.v1.GetHostRequest
-	(*GetHostResponse)(nil),        // 7: gpupool.v1.GetHostResponse
-	(*ListDevicesRequest)(nil),     // 8: gpupool.v1.ListDevicesRequest
-	(*ListDevicesResponse)(nil),    // 9: gpupool.v1.ListDevicesResponse
-	(*StatusRequest)(nil),          // 10: gpupool.v1.StatusRequest
-	(*ModelCapacity)(nil),          // 11: gpupool.v1.ModelCapacity
-	(*StatusResponse)(nil),         // 12: gpupool.v1.StatusResponse
-	nil,                            // 13: gpupool.v1.StatusResponse.LeasesByStateEntry
-	(*Host)(nil),                   // 14: gpupool.v1.Host
-	(*Lease)(nil),                  // 15: gpupool.v1.Lease
-	(*Device)(nil),                 // 16: gpupool.v1.Device
+	(WatchEventType)(0),            // 0: gpupool.v1.WatchEventType
+	(*DrainHostRequest)(nil),       // 1: gpupool.v1.DrainHostRequest
+	(*SetEligibilityRequest)(nil),  // 2: gpupool.v1.SetEligibilityRequest
+	(*SetEligibilityResponse)(nil), // 3: gpupool.v1.SetEligibilityResponse
+	(*DrainHostResponse)(nil),      // 4: gpupool.v1.DrainHostResponse
+	(*ListHostsRequest)(nil),       // 5: gpupool.v1.ListHostsRequest
+	(*ListHostsResponse)(nil),      // 6: gpupool.v1.ListHostsResponse
+	(*GetHostRequest)(nil),         // 7: gpupool.v1.GetHostRequest
+	(*GetHostResponse)(nil),        // 8: gpupool.v1.GetHostResponse
+	(*ListDevicesRequest)(nil),     // 9: gpupool.v1.ListDevicesRequest
+	(*ListDevicesResponse)(nil),    // 10: gpupool.v1.ListDevicesResponse
+	(*StatusRequest)(nil),          // 11: gpupool.v1.StatusRequest
+	(*ModelCapacity)(nil),          // 12: gpupool.v1.ModelCapacity
+	(*StatusResponse)(nil),         // 13: gpupool.v1.StatusResponse
+	(*WatchHostsRequest)(nil),      // 14: gpupool.v1.WatchHostsRequest
+	(*HostEvent)(nil),              // 15: gpupool.v1.HostEvent
+	(*WatchDevicesRequest)(nil),    // 16: gpupool.v1.WatchDevicesRequest
+	(*DeviceEvent)(nil),            // 17: gpupool.v1.DeviceEvent
+	nil,                            // 18: gpupool.v1.StatusResponse.LeasesByStateEntry
+	(*Host)(nil),                   // 19: gpupool.v1.Host
+	(*Lease)(nil),                  // 20: gpupool.v1.Lease
+	(*Device)(nil),                 // 21: gpupool.v1.Device
 }
 var file_gpupool_v1_pool_proto_depIdxs = []int32{
-	14, // 0: gpupool.v1.SetEligibilityResponse.host:type_name -> gpupool.v1.Host
-	14, // 1: gpupool.v1.DrainHostResponse.host:type_name -> gpupool.v1.Host
-	14, // 2: gpupool.v1.ListHostsResponse.hosts:type_name -> gpupool.v1.Host
-	14, // 3: gpupool.v1.GetHostResponse.host:type_name -> gpupool.v1.Host
-	15, // 4: gpupool.v1.GetHostResponse.leases:type_name -> gpupool.v1.Lease
-	16, // 5: gpupool.v1.ListDevicesResponse.devices:type_name -> gpupool.v1.Device
-	11, // 6: gpupool.v1.StatusResponse.models:type_name -> gpupool.v1.ModelCapacity
-	13, // 7: gpupool.v1.StatusResponse.leases_by_state:type_name -> gpupool.v1.StatusResponse.LeasesByStateEntry
-	4,  // 8: gpupool.v1.PoolService.ListHosts:input_type -> gpupool.v1.ListHostsRequest
-	6,  // 9: gpupool.v1.PoolService.GetHost:input_type -> gpupool.v1.GetHostRequest
-	8,  // 10: gpupool.v1.PoolService.ListDevices:input_type -> gpupool.v1.ListDevicesRequest
-	10, // 11: gpupool.v1.PoolService.Status:input_type -> gpupool.v1.StatusRequest
-	0,  // 12: gpupool.v1.PoolService.DrainHost:input_type -> gpupool.v1.DrainHostRequest
-	1,  // 13: gpupool.v1.PoolService.SetEligibility:input_type -> gpupool.v1.SetEligibilityRequest
-	5,  // 14: gpupool.v1.PoolService.ListHosts:output_type -> gpupool.v1.ListHostsResponse
-	7,  // 15: gpupool.v1.PoolService.GetHost:output_type -> gpupool.v1.GetHostResponse
-	9,  // 16: gpupool.v1.PoolService.ListDevices:output_type -> gpupool.v1.ListDevicesResponse
-	12, // 17: gpupool.v1.PoolService.Status:output_type -> gpupool.v1.StatusResponse
-	3,  // 18: gpupool.v1.PoolService.DrainHost:output_type -> gpupool.v1.DrainHostResponse
-	2,  // 19: gpupool.v1.PoolService.SetEligibility:output_type -> gpupool.v1.SetEligibilityResponse
-	14, // [14:20] is the sub-list for method output_type
-	8,  // [8:14] is the sub-list for method input_type
-	8,  // [8:8] is the sub-list for extension type_name
-	8,  // [8:8] is the sub-list for extension extendee
-	0,  // [0:8] is the sub-list for field type_name
+	19, // 0: gpupool.v1.SetEligibilityResponse.host:type_name -> gpupool.v1.Host
+	19, // 1: gpupool.v1.DrainHostResponse.host:type_name -> gpupool.v1.Host
+	19, // 2: gpupool.v1.ListHostsResponse.hosts:type_name -> gpupool.v1.Host
+	19, // 3: gpupool.v1.GetHostResponse.host:type_name -> gpupool.v1.Host
+	20, // 4: gpupool.v1.GetHostResponse.leases:type_name -> gpupool.v1.Lease
+	21, // 5: gpupool.v1.ListDevicesResponse.devices:type_name -> gpupool.v1.Device
+	12, // 6: gpupool.v1.StatusResponse.models:type_name -> gpupool.v1.ModelCapacity
+	18, // 7: gpupool.v1.StatusResponse.leases_by_state:type_name -> gpupool.v1.StatusResponse.LeasesByStateEntry
+	0,  // 8: gpupool.v1.HostEvent.type:type_name -> gpupool.v1.WatchEventType
+	19, // 9: gpupool.v1.HostEvent.host:type_name -> gpupool.v1.Host
+	0,  // 10: gpupool.v1.DeviceEvent.type:type_name -> gpupool.v1.WatchEventType
+	21, // 11: gpupool.v1.DeviceEvent.device:type_name -> gpupool.v1.Device
+	5,  // 12: gpupool.v1.PoolService.ListHosts:input_type -> gpupool.v1.ListHostsRequest
+	7,  // 13: gpupool.v1.PoolService.GetHost:input_type -> gpupool.v1.GetHostRequest
+	9,  // 14: gpupool.v1.PoolService.ListDevices:input_type -> gpupool.v1.ListDevicesRequest
+	11, // 15: gpupool.v1.PoolService.Status:input_type -> gpupool.v1.StatusRequest
+	1,  // 16: gpupool.v1.PoolService.DrainHost:input_type -> gpupool.v1.DrainHostRequest
+	2,  // 17: gpupool.v1.PoolService.SetEligibility:input_type -> gpupool.v1.SetEligibilityRequest
+	14, // 18: gpupool.v1.PoolService.WatchHosts:input_type -> gpupool.v1.WatchHostsRequest
+	16, // 19: gpupool.v1.PoolService.WatchDevices:input_type -> gpupool.v1.WatchDevicesRequest
+	6,  // 20: gpupool.v1.PoolService.ListHosts:output_type -> gpupool.v1.ListHostsResponse
+	8,  // 21: gpupool.v1.PoolService.GetHost:output_type -> gpupool.v1.GetHostResponse
+	10, // 22: gpupool.v1.PoolService.ListDevices:output_type -> gpupool.v1.ListDevicesResponse
+	13, // 23: gpupool.v1.PoolService.Status:output_type -> gpupool.v1.StatusResponse
+	4,  // 24: gpupool.v1.PoolService.DrainHost:output_type -> gpupool.v1.DrainHostResponse
+	3,  // 25: gpupool.v1.PoolService.SetEligibility:output_type -> gpupool.v1.SetEligibilityResponse
+	15, // 26: gpupool.v1.PoolService.WatchHosts:output_type -> gpupool.v1.HostEvent
+	17, // 27: gpupool.v1.PoolService.WatchDevices:output_type -> gpupool.v1.DeviceEvent
+	20, // [20:28] is the sub-list for method output_type
+	12, // [12:20] is the sub-list for method input_type
+	12, // [12:12] is the sub-list for extension type_name
+	12, // [12:12] is the sub-list for extension extendee
+	0,  // [0:12] is the sub-list for field type_name
 }
 
 func init() { file_gpupool_v1_pool_proto_init() }
@@ -1021,13 +1413,14 @@ func file_gpupool_v1_pool_proto_init() {
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_gpupool_v1_pool_proto_rawDesc), len(file_gpupool_v1_pool_proto_rawDesc)),
-			NumEnums:      0,
-			NumMessages:   14,
+			NumEnums:      1,
+			NumMessages:   18,
 			NumExtensions: 0,
 			NumServices:   1,
 		},
 		GoTypes:           file_gpupool_v1_pool_proto_goTypes,
 		DependencyIndexes: file_gpupool_v1_pool_proto_depIdxs,
+		EnumInfos:         file_gpupool_v1_pool_proto_enumTypes,
 		MessageInfos:      file_gpupool_v1_pool_proto_msgTypes,
 	}.Build()
 	File_gpupool_v1_pool_proto = out.File

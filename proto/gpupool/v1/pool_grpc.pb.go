@@ -25,6 +25,8 @@ const (
 	PoolService_Status_FullMethodName         = "/gpupool.v1.PoolService/Status"
 	PoolService_DrainHost_FullMethodName      = "/gpupool.v1.PoolService/DrainHost"
 	PoolService_SetEligibility_FullMethodName = "/gpupool.v1.PoolService/SetEligibility"
+	PoolService_WatchHosts_FullMethodName     = "/gpupool.v1.PoolService/WatchHosts"
+	PoolService_WatchDevices_FullMethodName   = "/gpupool.v1.PoolService/WatchDevices"
 )
 
 // PoolServiceClient is the client API for PoolService service.
@@ -51,6 +53,14 @@ type PoolServiceClient interface {
 	// SetEligibility makes a host take new leases or not. Enabling a drained
 	// host ends its drain; a draining host is refused (cancel the drain).
 	SetEligibility(ctx context.Context, in *SetEligibilityRequest, opts ...grpc.CallOption) (*SetEligibilityResponse, error)
+	// WatchHosts streams every host (with its devices, heartbeat age and
+	// measured readings), then each host again whenever any of that changes.
+	// The leader serves it (followers proxy the stream, since heartbeats and
+	// readings are leader memory); with stale, the answering server serves it
+	// from its own state, without readings.
+	WatchHosts(ctx context.Context, in *WatchHostsRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[HostEvent], error)
+	// WatchDevices is WatchHosts for devices, one event per GPU.
+	WatchDevices(ctx context.Context, in *WatchDevicesRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[DeviceEvent], error)
 }
 
 type poolServiceClient struct {
@@ -121,6 +131,44 @@ func (c *poolServiceClient) SetEligibility(ctx context.Context, in *SetEligibili
 	return out, nil
 }
 
+func (c *poolServiceClient) WatchHosts(ctx context.Context, in *WatchHostsRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[HostEvent], error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	stream, err := c.cc.NewStream(ctx, &PoolService_ServiceDesc.Streams[0], PoolService_WatchHosts_FullMethodName, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	x := &grpc.GenericClientStream[WatchHostsRequest, HostEvent]{ClientStream: stream}
+	if err := x.ClientStream.SendMsg(in); err != nil {
+		return nil, err
+	}
+	if err := x.ClientStream.CloseSend(); err != nil {
+		return nil, err
+	}
+	return x, nil
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type PoolService_WatchHostsClient = grpc.ServerStreamingClient[HostEvent]
+
+func (c *poolServiceClient) WatchDevices(ctx context.Context, in *WatchDevicesRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[DeviceEvent], error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	stream, err := c.cc.NewStream(ctx, &PoolService_ServiceDesc.Streams[1], PoolService_WatchDevices_FullMethodName, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	x := &grpc.GenericClientStream[WatchDevicesRequest, DeviceEvent]{ClientStream: stream}
+	if err := x.ClientStream.SendMsg(in); err != nil {
+		return nil, err
+	}
+	if err := x.ClientStream.CloseSend(); err != nil {
+		return nil, err
+	}
+	return x, nil
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type PoolService_WatchDevicesClient = grpc.ServerStreamingClient[DeviceEvent]
+
 // PoolServiceServer is the server API for PoolService service.
 // All implementations must embed UnimplementedPoolServiceServer
 // for forward compatibility.
@@ -145,6 +193,14 @@ type PoolServiceServer interface {
 	// SetEligibility makes a host take new leases or not. Enabling a drained
 	// host ends its drain; a draining host is refused (cancel the drain).
 	SetEligibility(context.Context, *SetEligibilityRequest) (*SetEligibilityResponse, error)
+	// WatchHosts streams every host (with its devices, heartbeat age and
+	// measured readings), then each host again whenever any of that changes.
+	// The leader serves it (followers proxy the stream, since heartbeats and
+	// readings are leader memory); with stale, the answering server serves it
+	// from its own state, without readings.
+	WatchHosts(*WatchHostsRequest, grpc.ServerStreamingServer[HostEvent]) error
+	// WatchDevices is WatchHosts for devices, one event per GPU.
+	WatchDevices(*WatchDevicesRequest, grpc.ServerStreamingServer[DeviceEvent]) error
 	mustEmbedUnimplementedPoolServiceServer()
 }
 
@@ -172,6 +228,12 @@ func (UnimplementedPoolServiceServer) DrainHost(context.Context, *DrainHostReque
 }
 func (UnimplementedPoolServiceServer) SetEligibility(context.Context, *SetEligibilityRequest) (*SetEligibilityResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method SetEligibility not implemented")
+}
+func (UnimplementedPoolServiceServer) WatchHosts(*WatchHostsRequest, grpc.ServerStreamingServer[HostEvent]) error {
+	return status.Error(codes.Unimplemented, "method WatchHosts not implemented")
+}
+func (UnimplementedPoolServiceServer) WatchDevices(*WatchDevicesRequest, grpc.ServerStreamingServer[DeviceEvent]) error {
+	return status.Error(codes.Unimplemented, "method WatchDevices not implemented")
 }
 func (UnimplementedPoolServiceServer) mustEmbedUnimplementedPoolServiceServer() {}
 func (UnimplementedPoolServiceServer) testEmbeddedByValue()                     {}
@@ -302,6 +364,28 @@ func _PoolService_SetEligibility_Handler(srv interface{}, ctx context.Context, d
 	return interceptor(ctx, in, info, handler)
 }
 
+func _PoolService_WatchHosts_Handler(srv interface{}, stream grpc.ServerStream) error {
+	m := new(WatchHostsRequest)
+	if err := stream.RecvMsg(m); err != nil {
+		return err
+	}
+	return srv.(PoolServiceServer).WatchHosts(m, &grpc.GenericServerStream[WatchHostsRequest, HostEvent]{ServerStream: stream})
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type PoolService_WatchHostsServer = grpc.ServerStreamingServer[HostEvent]
+
+func _PoolService_WatchDevices_Handler(srv interface{}, stream grpc.ServerStream) error {
+	m := new(WatchDevicesRequest)
+	if err := stream.RecvMsg(m); err != nil {
+		return err
+	}
+	return srv.(PoolServiceServer).WatchDevices(m, &grpc.GenericServerStream[WatchDevicesRequest, DeviceEvent]{ServerStream: stream})
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type PoolService_WatchDevicesServer = grpc.ServerStreamingServer[DeviceEvent]
+
 // PoolService_ServiceDesc is the grpc.ServiceDesc for PoolService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -334,6 +418,17 @@ var PoolService_ServiceDesc = grpc.ServiceDesc{
 			Handler:    _PoolService_SetEligibility_Handler,
 		},
 	},
-	Streams:  []grpc.StreamDesc{},
+	Streams: []grpc.StreamDesc{
+		{
+			StreamName:    "WatchHosts",
+			Handler:       _PoolService_WatchHosts_Handler,
+			ServerStreams: true,
+		},
+		{
+			StreamName:    "WatchDevices",
+			Handler:       _PoolService_WatchDevices_Handler,
+			ServerStreams: true,
+		},
+	},
 	Metadata: "gpupool/v1/pool.proto",
 }
