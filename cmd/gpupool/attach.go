@@ -45,7 +45,8 @@ CUDA_ERROR_OUT_OF_MEMORY.
 Attach acquires a lease with the same flags as 'gpupool run' and releases it
 when CMD ends, or, with --lease ID, attaches to a lease you hold and leaves it
 granted. It renews the lease while CMD runs. If the lease ends meanwhile,
-CMD's next CUDA call fails with CUDA_ERROR_DEVICE_UNAVAILABLE.
+CMD's next CUDA call fails with CUDA_ERROR_DEVICE_UNAVAILABLE. A lease with
+slices on several pool hosts shows CMD the GPUs of its first host.
 
 The shim is found in --shim-dir, else in $GPUPOOL_CUDA_SHIM_DIR, else in lib
 next to the gpupool binary (where 'make build' puts it: bin/lib), else in
