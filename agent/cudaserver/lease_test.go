@@ -175,3 +175,31 @@ func TestTheRealDriverNumbersTheLeasesDevicesAsCUDAVisibleDevicesLists(t *testin
 		})
 	}
 }
+
+// FuzzParseArg: whatever the argument, ParseArg returns a LeaseServer
+// whose lease has devices on its host and a known backend, or an error;
+// it never panics.
+func FuzzParseArg(f *testing.F) {
+	arg, err := LeaseServer{
+		Lease:     &gpupoolv1.Lease{Id: "l-1", Slices: []*gpupoolv1.Slice{{Host: "h1", Device: inventory[0].Uuid, MemoryMib: 8192}}},
+		HostID:    "h1",
+		Inventory: inventory,
+		Backend:   BackendSimulated,
+	}.Arg()
+	if err != nil {
+		f.Fatal(err)
+	}
+	f.Add(arg)
+	f.Fuzz(func(t *testing.T, s string) {
+		ls, err := ParseArg(s)
+		if err != nil {
+			return
+		}
+		if _, err := LeaseDevices(ls.Lease, ls.HostID, ls.Inventory); err != nil {
+			t.Errorf("ParseArg accepted a lease with no device on its host: %v", err)
+		}
+		if ls.Backend != BackendReal && ls.Backend != BackendSimulated {
+			t.Errorf("ParseArg accepted backend %q", ls.Backend)
+		}
+	})
+}
