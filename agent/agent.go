@@ -9,16 +9,21 @@
 // use a GPU the lease does not hold, or whose lease expired while the
 // brokers were unreachable. Tearing a lease down means stopping its
 // processes and only then confirming to the broker, which frees the
-// capacity. A lease's processes are those whose environment carries
-// GPUPOOL_LEASE_ID=<lease id>.
+// capacity. Every process the agent starts for a lease runs in the lease's
+// sandbox (see package sandbox), and a lease's processes are those its
+// cgroup holds; only on a host without cgroups are they those whose
+// environment carries GPUPOOL_LEASE_ID=<lease id>.
 package agent
 
 import (
+	"cmp"
 	"context"
 	"crypto/tls"
 	"errors"
 	"fmt"
 	"log/slog"
+	"os"
+	"path/filepath"
 	"regexp"
 	"sync"
 	"sync/atomic"
@@ -30,6 +35,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/gpupool/gpupool/agent/device"
+	"github.com/gpupool/gpupool/agent/sandbox"
 	"github.com/gpupool/gpupool/agent/workload"
 	"github.com/gpupool/gpupool/client"
 	"github.com/gpupool/gpupool/dataplane"
@@ -89,6 +95,19 @@ type Config struct {
 	// the agent keeps in it, per GPU index, the ids of the leases holding
 	// the GPU (see jobMap). Empty writes none.
 	DCGMJobMappingDir string
+	// SandboxUsers are the user ids leases run as (zero: the sandbox
+	// package's default range).
+	SandboxUsers sandbox.Range
+	// MetricsLeaseIDs labels per-lease metrics with lease ids; otherwise
+	// the label is a pseudonym that names no lease (see Collector).
+	MetricsLeaseIDs bool
+	// CgroupParent names the agent's cgroups under each hierarchy's root
+	// (default gpupool/<host id>).
+	CgroupParent string
+	// AllowReducedIsolation lets the data plane start processes on a host
+	// that cannot give a lease a full sandbox (not root, no cgroups); they
+	// then run with the agent's user. Without it exec is refused there.
+	AllowReducedIsolation bool
 	// CudaServer is the command that runs a lease's CUDA server (the
 	// agent's own binary and "agent cuda-server"); the agent adds the
 	// lease's description. Empty: the data plane serves no CUDA.
@@ -140,6 +159,7 @@ type Agent struct {
 	keys   keyring
 	files  *leaseFiles
 	procs  *workload.Table
+	box    *sandbox.Manager
 	// devices are the host's GPUs, by uuid and in index order; read-only
 	// after New.
 	devices map[string]*gpupoolv1.Device
@@ -186,6 +206,30 @@ func New(cfg Config) (*Agent, error) {
 	if err != nil {
 		return nil, err
 	}
+	// The data dir holds the agent's key and the leases' dirs: nobody
+	// else may enter it.
+	if err := os.Chmod(cfg.DataDir, 0o700); err != nil {
+		return nil, fmt.Errorf("agent: data dir: %w", err)
+	}
+	box, err := sandbox.New(sandbox.Config{
+		Users:        cfg.SandboxUsers,
+		Hide:         []string{cfg.DataDir},
+		Expose:       []string{filepath.Join(cfg.DataDir, "mps")},
+		CgroupParent: cmp.Or(cfg.CgroupParent, "gpupool/"+cfg.HostID),
+		Logger:       log,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("agent: %w", err)
+	}
+	// An MPS daemon serves one user at a time: with per-lease users, the
+	// clients of every lease run as the sandbox's shared MPS user.
+	if m, ok := cfg.MPS.(interface{ SetClientUser(int) }); ok && box.Report().Full() {
+		m.SetClientUser(box.SharedUser())
+	}
+	procs := workload.NewTable(cfg.ProcRoot)
+	if box.HasCgroups() {
+		procs.SetLeaseOf(box.LeaseOf)
+	}
 	devices, err := cfg.Backend.Devices()
 	if err != nil {
 		return nil, fmt.Errorf("agent: list GPUs with the %s backend: %w", cfg.Backend.Name(), err)
@@ -201,7 +245,8 @@ func New(cfg Config) (*Agent, error) {
 		log:     log.With("host", cfg.HostID),
 		leases:  newLeaseTable(),
 		files:   files,
-		procs:   workload.NewTable(cfg.ProcRoot),
+		procs:   procs,
+		box:     box,
 		health:  health{sick: map[string]string{}},
 		kickCh:  make(chan struct{}, 1),
 		jobs:    newJobMap(cfg.DCGMJobMappingDir, log.With("host", cfg.HostID)),
@@ -273,17 +318,18 @@ func (a *Agent) Run(ctx context.Context) error {
 		}
 	}()
 	host := &gpupoolv1.Host{
-		Id:            a.cfg.HostID,
-		Address:       a.cfg.Address,
-		Labels:        a.cfg.Labels,
-		AgentVersion:  a.cfg.Version,
-		Devices:       devices,
-		Backend:       a.cfg.Backend.Name(),
-		BackendNote:   a.cfg.Backend.Note(),
-		CpuMillicores: a.cfg.CPUMillicores,
-		MemoryMib:     a.cfg.MemoryMiB,
-		Mps:           a.cfg.MPS != nil,
-		CertSha256:    certSHA,
+		Id:             a.cfg.HostID,
+		Address:        a.cfg.Address,
+		Labels:         a.cfg.Labels,
+		AgentVersion:   a.cfg.Version,
+		Devices:        devices,
+		Backend:        a.cfg.Backend.Name(),
+		BackendNote:    a.cfg.Backend.Note(),
+		CpuMillicores:  a.cfg.CPUMillicores,
+		MemoryMib:      a.cfg.MemoryMiB,
+		Mps:            a.cfg.MPS != nil,
+		CertSha256:     certSHA,
+		LeaseIsolation: a.box.Report().String(),
 	}
 	if host.Address == "" && a.dp != nil {
 		host.Address = a.dp.Addr().String()
@@ -296,6 +342,14 @@ func (a *Agent) Run(ctx context.Context) error {
 		attrs = append(attrs, "note", host.BackendNote)
 	}
 	a.log.Info("agent starting", attrs...)
+	if r := a.box.Report(); r.Full() {
+		a.log.Info("lease isolation: "+r.String(), "users", a.cfg.SandboxUsers)
+	} else if a.cfg.AllowReducedIsolation {
+		a.log.Warn("lease isolation: " + r.String() + "; workloads run with the agent's user because reduced isolation is allowed")
+	} else {
+		a.log.Warn("lease isolation: " + r.String() + "; exec is refused (allow it with --allow-reduced-isolation)")
+	}
+	defer a.box.Close()
 
 	c, err := client.DialWith(a.cfg.Brokers, client.Options{TLS: a.cfg.TLS, Token: a.cfg.Token, DialOptions: []grpc.DialOption{grpc.WithConnectParams(grpc.ConnectParams{
 		Backoff:           backoff.Config{BaseDelay: 100 * time.Millisecond, Multiplier: 1.6, Jitter: 0.2, MaxDelay: maxRetryDelay},

@@ -2,8 +2,10 @@ package agent
 
 import (
 	"context"
+	"fmt"
 	"log/slog"
 	"net"
+	"os"
 	"slices"
 	"strconv"
 	"strings"
@@ -16,6 +18,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/gpupool/gpupool/agent/device"
+	"github.com/gpupool/gpupool/agent/sandbox"
 	gpupoolv1 "github.com/gpupool/gpupool/proto/gpupool/v1"
 )
 
@@ -283,7 +286,30 @@ func testConfig(t *testing.T, addr string) Config {
 		Version:       "v0.0.0-test",
 		Logger:        slog.New(slog.NewTextHandler(t.Output(), &slog.HandlerOptions{Level: slog.LevelDebug})),
 		DataDir:       t.TempDir(),
+		CgroupParent:  testCgroupParent + "/host-a",
 	}
+}
+
+// testCgroupParent holds the cgroups of this test process's agents.
+var testCgroupParent = fmt.Sprintf("gpupool-test/agent-%d", os.Getpid())
+
+// testBox is a sandbox manager with the cgroups of host-a's agents, to
+// put test workloads in a lease's cgroup as the sandbox's init would.
+var testBox = sync.OnceValue(func() *sandbox.Manager {
+	m, err := sandbox.New(sandbox.Config{CgroupParent: testCgroupParent + "/host-a"})
+	if err != nil {
+		panic(err)
+	}
+	return m
+})
+
+func TestMain(m *testing.M) {
+	sandbox.Init()
+	code := m.Run()
+	// Leases still enforced when a test's agent stopped keep their
+	// cgroups, as across an agent restart: remove them.
+	testBox().Purge()
+	os.Exit(code)
 }
 
 // startAgent runs an agent until the end of the test, then checks that

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"slices"
 	"sync"
@@ -83,6 +84,8 @@ func (l dpLeases) Env(id string) ([]string, bool)                { return l.a.Le
 func (l dpLeases) Dir(id string) (string, error)                 { return l.a.LeaseDir(id) }
 func (l dpLeases) Started(id string, pid int)                    { l.a.TrackProcess(id, pid) }
 func (l dpLeases) Usage(id string) (*gpupoolv1.LeaseUsage, bool) { return l.a.LeaseUsage(id) }
+func (l dpLeases) Sandbox(id string, cmd *exec.Cmd) error        { return l.a.Sandbox(id, cmd) }
+func (l dpLeases) Listens(id string, port int) bool              { return l.a.Listens(id, port) }
 
 // assignmentWait is how long a valid token for a lease this agent does
 // not enforce yet waits for the broker's assignment: Acquire returns as
@@ -93,11 +96,12 @@ const assignmentWait = 3 * time.Second
 var ErrNotEnforced = errors.New("lease not enforced on this host")
 
 // keyring holds the brokers' public token keys as the agent last heard
-// them, and the newest fencing token seen per device.
+// them, and the fence: the newest fencing token and the capacity of every
+// slice the brokers list for this host.
 type keyring struct {
 	mu    sync.Mutex
 	keys  []*gpupoolv1.PublicKey // guarded by mu
-	fence map[string]uint64      // guarded by mu; device uuid → newest fencing token assigned
+	fence fenceTable             // guarded by mu
 }
 
 // setKeys replaces the keys, unless the brokers sent none (an older
@@ -111,23 +115,21 @@ func (k *keyring) setKeys(keys []*gpupoolv1.PublicKey) {
 	k.mu.Unlock()
 }
 
-// sawFencing records the fencing token of an assignment for its devices.
-func (k *keyring) sawFencing(a *gpupoolv1.Assignment) {
+// sawResponse records the slices a heartbeat response lists.
+func (k *keyring) sawResponse(resp *gpupoolv1.HeartbeatResponse) {
 	k.mu.Lock()
 	defer k.mu.Unlock()
 	if k.fence == nil {
-		k.fence = map[string]uint64{}
+		k.fence = fenceTable{}
 	}
-	for _, s := range a.GetSlices() {
-		k.fence[s.Device] = max(k.fence[s.Device], a.GetFencingToken())
-	}
+	k.fence.sawResponse(resp)
 }
 
 // Authorize checks a lease token presented to the data plane: signed by
 // a broker key the agent knows, not expired, for this host, for a lease
 // this host enforces with the same fencing token and slices, and not
-// fenced out by a newer lease on any of its devices. It returns the
-// lease id, or an error that says why.
+// fenced out on any of its slices (see fenceTable). It returns the lease
+// id, or an error that says why.
 func (a *Agent) Authorize(tok string) (string, error) {
 	a.keys.mu.Lock()
 	keys := a.keys.keys
@@ -148,15 +150,19 @@ func (a *Agent) Authorize(tok string) (string, error) {
 	}
 	a.keys.mu.Lock()
 	defer a.keys.mu.Unlock()
-	for _, s := range c.Slices {
-		if newest := a.keys.fence[s.Device]; c.FencingToken < newest {
-			return "", fmt.Errorf("token for lease %s is fenced out: fencing token %d is older than %d on %s", c.LeaseId, c.FencingToken, newest, s.Device)
-		}
+	if err := a.keys.fence.check(c.LeaseId, c.FencingToken, as.Slices, a.gpuMemoryMiB); err != nil {
+		return "", err
 	}
 	if c.FencingToken != as.FencingToken || !sameDevices(c.Slices, as.Slices) {
 		return "", fmt.Errorf("token for lease %s does not match what this host enforces (fencing token %d, want %d)", c.LeaseId, c.FencingToken, as.FencingToken)
 	}
 	return c.LeaseId, nil
+}
+
+// gpuMemoryMiB is the memory of the GPU with uuid, 0 if it is not one of
+// this host's.
+func (a *Agent) gpuMemoryMiB(uuid string) int64 {
+	return a.devices[uuid].GetMemoryMib()
 }
 
 func sameDevices(a, b []*gpupoolv1.Slice) bool {

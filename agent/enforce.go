@@ -98,6 +98,10 @@ func (a *Agent) prepareErr(ctx context.Context, as *gpupoolv1.Assignment, deadli
 		}
 		started = append(started, uuid)
 	}
+	if err := a.prepareSandbox(as); err != nil {
+		undo()
+		return err
+	}
 	if err := a.files.put(leaseRecord{Assignment: as, Deadline: deadline}); err != nil {
 		undo()
 		return fmt.Errorf("write the lease's state file: %w", err)
@@ -169,6 +173,9 @@ func (a *Agent) teardown(o teardownOrder) {
 			case <-time.After(pause):
 			}
 			pause = min(2*pause, 5*time.Second)
+		}
+		if err := a.box.Remove(id); err != nil {
+			a.log.Error("removing a lease's sandbox failed", "lease", id, "err", err)
 		}
 		if err := a.files.remove(id); err != nil {
 			a.log.Error("removing a lease's state file failed", "lease", id, "err", err)

@@ -2,6 +2,7 @@ package agent
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -51,7 +52,23 @@ func startWorkload(t *testing.T, id string) *testProc {
 		cmd.Process.Kill()
 		<-w.exited
 	})
+	if id != "" {
+		joinLease(t, id, w.pid)
+	}
 	return w
+}
+
+// joinLease puts pid in the lease's cgroup, as the sandbox's init does:
+// where leases have cgroups, their processes are those the cgroup holds,
+// whatever their environment says.
+func joinLease(t *testing.T, id string, pid int) {
+	t.Helper()
+	if box := testBox(); box.HasCgroups() {
+		if err := box.Join(id, pid); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { box.Remove(id) })
+	}
 }
 
 func (w *testProc) running() bool {
@@ -150,6 +167,7 @@ func TestWatchdogStopsALeaseThatIgnoresSIGTERMWithSIGKILL(t *testing.T) {
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
+	joinLease(t, "L1", cmd.Process.Pid)
 	exited := make(chan error, 1)
 	go func() { exited <- cmd.Wait() }()
 	t.Cleanup(func() { cmd.Process.Kill() })
@@ -415,43 +433,54 @@ func (m *recordingMPS) calls() []string {
 }
 
 func TestMetricsShowDeviceAndLeaseUsageAgainstLimits(t *testing.T) {
-	_, a, cfg := enforcedAgent(t, nil)
-	w := startWorkload(t, "L1")
-	sim := simulator(t, cfg.Backend)
-	if err := sim.SetProcess(0, w.pid, 512); err != nil {
-		t.Fatal(err)
-	}
-	if err := sim.InjectXid(2, 48); err != nil {
-		t.Fatal(err)
-	}
-	reg := prometheus.NewRegistry()
-	reg.MustRegister(a.Collector())
-	gpu0 := hostAGPU0()
-	want := []struct {
-		name   string
-		labels map[string]string
-		value  float64
-	}{
-		{"gpupool_agent_lease_memory_used_bytes", map[string]string{"lease": "L1", "device": gpu0}, 512 << 20},
-		{"gpupool_agent_lease_memory_limit_bytes", map[string]string{"lease": "L1", "device": gpu0}, 1024 << 20},
-		{"gpupool_agent_lease_processes", map[string]string{"lease": "L1", "device": gpu0}, 1},
-		{"gpupool_agent_device_memory_used_bytes", map[string]string{"index": "0"}, 512 << 20},
-		{"gpupool_agent_device_healthy", map[string]string{"index": "0"}, 1},
-		{"gpupool_agent_device_healthy", map[string]string{"index": "2"}, 0},
-		{"gpupool_agent_lease_violations_total", map[string]string{"lease": "L1"}, 0},
-	}
-	waitUntil(t, "the metrics show the workload and the Xid", func() bool {
-		families, err := reg.Gather()
-		if err != nil {
-			t.Fatal(err)
-		}
-		for _, w := range want {
-			if !hasMetric(families, w.name, w.labels, w.value) {
-				return false
+	for _, withIDs := range []bool{true, false} {
+		t.Run(fmt.Sprintf("lease ids asked for: %t", withIDs), func(t *testing.T) {
+			_, a, cfg := enforcedAgent(t, func(c *Config) { c.MetricsLeaseIDs = withIDs })
+			w := startWorkload(t, "L1")
+			sim := simulator(t, cfg.Backend)
+			if err := sim.SetProcess(0, w.pid, 512); err != nil {
+				t.Fatal(err)
 			}
-		}
-		return true
-	})
+			if err := sim.InjectXid(2, 48); err != nil {
+				t.Fatal(err)
+			}
+			reg := prometheus.NewRegistry()
+			reg.MustRegister(a.Collector())
+			gpu0 := hostAGPU0()
+			// Without ids, the lease label is a pseudonym naming no lease.
+			lease := "L1"
+			if !withIDs {
+				if lease = a.leaseLabel("L1"); !strings.HasPrefix(lease, "h-") || strings.Contains(lease, "L1") {
+					t.Fatalf("the lease label %q names the lease", lease)
+				}
+			}
+			want := []struct {
+				name   string
+				labels map[string]string
+				value  float64
+			}{
+				{"gpupool_agent_lease_memory_used_bytes", map[string]string{"lease": lease, "device": gpu0}, 512 << 20},
+				{"gpupool_agent_lease_memory_limit_bytes", map[string]string{"lease": lease, "device": gpu0}, 1024 << 20},
+				{"gpupool_agent_lease_processes", map[string]string{"lease": lease, "device": gpu0}, 1},
+				{"gpupool_agent_device_memory_used_bytes", map[string]string{"index": "0"}, 512 << 20},
+				{"gpupool_agent_device_healthy", map[string]string{"index": "0"}, 1},
+				{"gpupool_agent_device_healthy", map[string]string{"index": "2"}, 0},
+				{"gpupool_agent_lease_violations_total", map[string]string{"lease": lease}, 0},
+			}
+			waitUntil(t, "the metrics show the workload and the Xid", func() bool {
+				families, err := reg.Gather()
+				if err != nil {
+					t.Fatal(err)
+				}
+				for _, w := range want {
+					if !hasMetric(families, w.name, w.labels, w.value) {
+						return false
+					}
+				}
+				return true
+			})
+		})
+	}
 }
 
 func hasMetric(families []*dto.MetricFamily, name string, labels map[string]string, value float64) bool {
@@ -569,6 +598,7 @@ func TestATeardownSurvivesTheHeartbeatStreamBreaking(t *testing.T) {
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
+	joinLease(t, "L1", cmd.Process.Pid)
 	exited := make(chan struct{})
 	go func() { cmd.Wait(); close(exited) }()
 	t.Cleanup(func() { cmd.Process.Kill(); <-exited })

@@ -18,9 +18,7 @@ import (
 // a teardown), and moved deadlines saved.
 func (a *Agent) follow(ctx context.Context, resp *gpupoolv1.HeartbeatResponse, now time.Time) {
 	a.keys.setKeys(resp.GetKeys())
-	for _, as := range resp.GetEnforce() {
-		a.keys.sawFencing(as)
-	}
+	a.keys.sawResponse(resp)
 	p := a.leases.reconcile(resp, now)
 	for _, rec := range p.save {
 		if err := a.files.put(rec); err != nil {

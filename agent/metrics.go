@@ -1,6 +1,8 @@
 package agent
 
 import (
+	"crypto/sha256"
+	"encoding/hex"
 	"maps"
 	"slices"
 	"strconv"
@@ -28,8 +30,21 @@ var (
 	descLeaseViolated = prometheus.NewDesc("gpupool_agent_lease_violations_total", "Times the watchdog stopped the lease's processes since the agent started.", []string{"lease"}, nil)
 )
 
-// Collector returns a Prometheus collector of the agent's state.
+// Collector returns a Prometheus collector of the agent's state. Per-lease
+// series carry the lease id only with Config.MetricsLeaseIDs; otherwise
+// their lease label is "h-" and 12 hex digits of a hash of the host and
+// lease ids: stable for a lease, distinct between leases, and naming no
+// lease to whoever can scrape the agent.
 func (a *Agent) Collector() prometheus.Collector { return agentCollector{a} }
+
+// leaseLabel is the lease label of lease id.
+func (a *Agent) leaseLabel(id string) string {
+	if a.cfg.MetricsLeaseIDs {
+		return id
+	}
+	sum := sha256.Sum256([]byte(a.cfg.HostID + "\x00" + id))
+	return "h-" + hex.EncodeToString(sum[:6])
+}
 
 type agentCollector struct{ a *Agent }
 
@@ -78,7 +93,8 @@ func (c agentCollector) Collect(ch chan<- prometheus.Metric) {
 		if e.phase != enforcing {
 			continue
 		}
-		ch <- prometheus.MustNewConstMetric(descLeaseViolated, prometheus.CounterValue, float64(e.violations), id)
+		label := a.leaseLabel(id)
+		ch <- prometheus.MustNewConstMetric(descLeaseViolated, prometheus.CounterValue, float64(e.violations), label)
 		used := map[string]*gpupoolv1.SliceUsage{}
 		for _, u := range e.usage.GetSlices() {
 			used[u.Device] = u
@@ -88,10 +104,10 @@ func (c agentCollector) Collect(ch chan<- prometheus.Metric) {
 			if s.Exclusive {
 				limit = a.devices[s.Device].GetMemoryMib()
 			}
-			gauge(descLeaseLimit, float64(limit)*mib, id, s.Device)
+			gauge(descLeaseLimit, float64(limit)*mib, label, s.Device)
 			if u := used[s.Device]; u != nil {
-				gauge(descLeaseMemory, float64(u.MemoryUsedMib)*mib, id, s.Device)
-				gauge(descLeaseProcs, float64(u.Processes), id, s.Device)
+				gauge(descLeaseMemory, float64(u.MemoryUsedMib)*mib, label, s.Device)
+				gauge(descLeaseProcs, float64(u.Processes), label, s.Device)
 			}
 		}
 	}

@@ -94,12 +94,13 @@ var methodRights = map[string]right{
 	gpupoolv1.LeaseService_List_FullMethodName:      rightLeases,
 	gpupoolv1.LeaseService_Watch_FullMethodName:     rightLeases,
 
-	gpupoolv1.PoolService_ListHosts_FullMethodName:      rightPoolRead,
-	gpupoolv1.PoolService_GetHost_FullMethodName:        rightPoolRead,
-	gpupoolv1.PoolService_ListDevices_FullMethodName:    rightPoolRead,
-	gpupoolv1.PoolService_Status_FullMethodName:         rightPoolRead,
-	gpupoolv1.PoolService_DrainHost_FullMethodName:      rightManage,
-	gpupoolv1.PoolService_SetEligibility_FullMethodName: rightManage,
+	gpupoolv1.PoolService_ListHosts_FullMethodName:         rightPoolRead,
+	gpupoolv1.PoolService_GetHost_FullMethodName:           rightPoolRead,
+	gpupoolv1.PoolService_ListDevices_FullMethodName:       rightPoolRead,
+	gpupoolv1.PoolService_Status_FullMethodName:            rightPoolRead,
+	gpupoolv1.PoolService_DrainHost_FullMethodName:         rightManage,
+	gpupoolv1.PoolService_SetEligibility_FullMethodName:    rightManage,
+	gpupoolv1.PoolService_ResetHostIdentity_FullMethodName: rightManage,
 
 	gpupoolv1.AgentService_Register_FullMethodName:  rightAgent,
 	gpupoolv1.AgentService_Heartbeat_FullMethodName: rightAgent,
@@ -446,14 +447,13 @@ func forwardAuth(in, out context.Context) context.Context {
 	return out
 }
 
-// mayTouch returns PermissionDenied when the caller may not act on lease
-// l (another tenant's), naming the lease's tenant and the caller's. A nil
-// lease passes: the handler reports NotFound.
+// mayTouch returns NotFound, as for a lease that does not exist, when
+// the caller may not act on lease l (another tenant's): a tenant cannot
+// even tell whether another tenant's lease id exists. A nil lease passes:
+// the handler reports NotFound itself.
 func (c *caller) mayTouch(l *gpupoolv1.Lease, what string) error {
 	if l == nil || c.sees(l) {
 		return nil
 	}
-	// The owner is not named: a tenant learns nothing of others' leases.
-	return refusef(ErrDenied, "%s lease %s: it belongs to another tenant, and %s may act for tenants %s only",
-		what, l.Id, c, strings.Join(c.token.Tenants, ", "))
+	return refusef(ErrNotFound, "lease %q: not found", l.Id)
 }

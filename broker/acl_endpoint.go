@@ -119,12 +119,12 @@ func (e aclService) RevokeToken(ctx context.Context, req *gpupoolv1.RevokeAclTok
 		return gpupoolv1.NewAclServiceClient(conn).RevokeToken(fctx, req)
 	}
 	by := callerFrom(ctx).actor()
-	res, err := e.s.apply(&gpupoolv1.RevokeAclTokenCommand{AccessorId: req.AccessorId, NowMs: e.s.nowMs(), Actor: by})
+	res, err := e.s.apply(&gpupoolv1.RevokeAclTokenCommand{AccessorId: req.AccessorId, NowMs: e.s.nowMs(), Actor: by, RevokeLeases: !req.KeepLeases})
 	if err != nil {
 		return nil, err
 	}
-	e.s.log.Info("ACL token revoked", "accessor", req.AccessorId, "by", protocol.ActorText(by))
-	return &gpupoolv1.RevokeAclTokenResponse{Token: e.s.tokenView(res.Token)}, nil
+	e.s.log.Info("ACL token revoked", "accessor", req.AccessorId, "by", protocol.ActorText(by), "leases_revoked", len(res.Ended))
+	return &gpupoolv1.RevokeAclTokenResponse{Token: e.s.tokenView(res.Token), RevokedLeases: res.Ended}, nil
 }
 
 func (e aclService) WhoAmI(ctx context.Context, _ *gpupoolv1.WhoAmIRequest) (*gpupoolv1.WhoAmIResponse, error) {

@@ -174,7 +174,7 @@ func (s *Server) assignments(ls *leaderState, hostID string) *gpupoolv1.Heartbea
 		Keys: publicKeys(s.fsm.State(), now)}
 	for _, l := range s.fsm.State().HostLeases(hostID) {
 		a := &gpupoolv1.Assignment{LeaseId: l.Id, FencingToken: l.FencingToken, State: l.State, Tenant: l.Tenant, Holder: l.Holder,
-			TtlMs: l.TtlMs}
+			TtlMs: l.TtlMs, HostCpuMillicores: l.HostCpuMillicores, HostMemoryMib: l.HostMemoryMib}
 		if d, ok := ls.ttl.Deadline(l.Id); ok {
 			a.ExpiresInMs = max(1, d.Sub(now).Milliseconds())
 		}

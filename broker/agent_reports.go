@@ -117,12 +117,26 @@ func (s *Server) applyAgentReports(h *gpupoolv1.Host, req *gpupoolv1.HeartbeatRe
 			continue
 		}
 		s.log.Warn("agent refused a lease; revoking it", "host", h.Id, "lease", l.Id, "reason", r.Reason)
+		// The reason is the agent's word, not the broker's: it is quoted as
+		// such, and the agent is the actor the lease and the audit log name.
 		if _, err := s.apply(&gpupoolv1.EndLeaseCommand{
 			LeaseId: l.Id, EndState: gpupoolv1.LeaseState_LEASE_STATE_REVOKED, NowMs: s.nowMs(),
-			Reason: fmt.Sprintf("host %s refused the lease: %s", h.Id, r.Reason),
+			Reason: fmt.Sprintf("the agent of host %s refused the lease, saying: %q", h.Id, truncate(r.Reason, maxAgentReason)),
+			Actor:  &gpupoolv1.Actor{Name: "agent " + h.Id},
 		}); err != nil {
 			return 0, err
 		}
 	}
 	return acked, nil
+}
+
+// maxAgentReason bounds the part of an agent's refusal the broker keeps.
+const maxAgentReason = 512
+
+// truncate cuts s to at most n bytes, marking the cut.
+func truncate(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	return s[:n] + "…"
 }

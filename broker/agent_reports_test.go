@@ -287,8 +287,17 @@ func TestARefusedLeaseIsRevokedWithTheAgentsReason(t *testing.T) {
 		t.Fatalf("teardown: got %s, want %s", r.Teardown[0].LeaseId, held.Lease.Id)
 	}
 	l := ts.s.fsm.State().Lease(held.Lease.Id)
-	if l.EndState != gpupoolv1.LeaseState_LEASE_STATE_REVOKED || !strings.Contains(l.Reason, "device GPU-x is not on this host") {
-		t.Fatalf("lease: end %v reason %q, want revoked with the agent's reason", l.EndState, l.Reason)
+	// The reason is the agent's word: quoted, and the agent is who ended it.
+	wantReason := `the agent of host h1 refused the lease, saying: "device GPU-x is not on this host"`
+	if l.EndState != gpupoolv1.LeaseState_LEASE_STATE_REVOKED || l.Reason != wantReason || l.EndedBy.GetName() != "agent h1" {
+		t.Fatalf("lease: end %v reason %q by %v, want revoked with reason %q by agent h1", l.EndState, l.Reason, l.EndedBy, wantReason)
+	}
+	var audited bool
+	for _, e := range ts.s.fsm.State().AuditLog(0) {
+		audited = audited || e.Kind == gpupoolv1.AuditKind_AUDIT_KIND_LEASE_REVOKED && e.Subject == held.Lease.Id && e.Actor.GetName() == "agent h1" && e.Detail == wantReason
+	}
+	if !audited {
+		t.Fatalf("no lease-revoked audit entry by agent h1 with the agent's reason: %v", ts.s.fsm.State().AuditLog(0))
 	}
 }
 

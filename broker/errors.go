@@ -114,7 +114,10 @@ func toStatus(err error) error {
 	var ce *fsm.ConflictError
 	var pce *fsm.PreconditionError
 	var qe *fsm.QuotaError
+	var ie *fsm.IdentityError
 	switch {
+	case errors.As(err, &ie):
+		return status.Error(codes.FailedPrecondition, err.Error())
 	case errors.As(err, &fe):
 		return status.Error(codes.InvalidArgument, err.Error())
 	case errors.As(err, &pe):

@@ -76,11 +76,12 @@ func proxyBidi[Req, Resp any](in grpc.BidiStreamingServer[Req, Resp], out grpc.B
 		for {
 			m, err := in.Recv()
 			if err != nil {
-				out.CloseSend()
-				if errors.Is(err, io.EOF) {
-					return
+				if !errors.Is(err, io.EOF) {
+					// Before CloseSend: the leader may end its side at
+					// once, and the caller must get this error, not EOF.
+					errc <- err
 				}
-				errc <- err
+				out.CloseSend()
 				return
 			}
 			if err := out.Send(m); err != nil {
@@ -91,14 +92,17 @@ func proxyBidi[Req, Resp any](in grpc.BidiStreamingServer[Req, Resp], out grpc.B
 	}()
 	for {
 		m, err := out.Recv()
-		if errors.Is(err, io.EOF) {
-			return nil
-		}
 		if err != nil {
+			// The caller's own stream failed (its token was revoked, a
+			// malformed message): that error, unchanged, wins over how the
+			// leader's side ended.
 			select {
 			case e := <-errc:
 				return e
 			default:
+			}
+			if errors.Is(err, io.EOF) {
+				return nil
 			}
 			return err
 		}

@@ -310,7 +310,13 @@ func (e leaseService) Get(ctx context.Context, req *gpupoolv1.GetLeaseRequest) (
 		return nil, err
 	}
 	st := e.s.fsm.State()
-	return &gpupoolv1.GetLeaseResponse{Lease: e.s.view(e.s.explainer(st), l)}, nil
+	resp := &gpupoolv1.GetLeaseResponse{Lease: e.s.view(e.s.explainer(st), l), HostIsolation: map[string]string{}}
+	for _, id := range state.LeaseHosts(l) {
+		if h := st.Host(id); h != nil {
+			resp.HostIsolation[id] = h.GetLeaseIsolation()
+		}
+	}
+	return resp, nil
 }
 
 // ended reports whether a lease state is final.
@@ -390,13 +396,7 @@ func (e leaseService) Watch(req *gpupoolv1.WatchLeasesRequest, stream grpc.Serve
 			return err
 		}
 	}
-	if req.LeaseId != "" {
-		if l := e.s.fsm.State().Lease(req.LeaseId); l != nil {
-			if err := c.mayTouch(l, "watch"); err != nil {
-				return err
-			}
-		}
-	}
+	// Another tenant's lease id watches like a missing one: nothing shows.
 	events, cancel := e.s.fsm.Subscribe()
 	defer cancel()
 	match := func(l *gpupoolv1.Lease) bool {

@@ -88,6 +88,11 @@ type Config struct {
 	wrapProposer func(Proposer) Proposer
 	// RaftLogOutput receives raft's own log (default: discarded below warn).
 	RaftLogOutput io.Writer
+	// AuditSink, when set, receives every audit entry this server applies,
+	// one JSON object per line, for shipping elsewhere. A server replaying
+	// its log after a restart writes the replayed entries again: (index,
+	// seq) identifies an entry.
+	AuditSink io.Writer
 }
 
 // Defaults for Config's durations.
@@ -239,7 +244,7 @@ func New(cfg Config) (*Server, error) {
 	s := &Server{
 		cfg:        cfg,
 		log:        cfg.Logger,
-		fsm:        fsm.New(cfg.Logger),
+		fsm:        fsm.New(cfg.Logger, fsm.WithAuditSink(cfg.AuditSink)),
 		conns:      map[string]*grpc.ClientConn{},
 		peers:      map[string]*gpupoolv1.ServerInfoResponse{},
 		shutdownCh: make(chan struct{}),

@@ -8,6 +8,7 @@ import (
 	"io/fs"
 	"log/slog"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -228,6 +229,8 @@ func (a oneLeaseAgent) Started(string, int)         {}
 func (a oneLeaseAgent) Usage(id string) (*gpupoolv1.LeaseUsage, bool) {
 	return &gpupoolv1.LeaseUsage{LeaseId: id, Host: "h1"}, true
 }
+func (oneLeaseAgent) Sandbox(string, *exec.Cmd) error { return nil }
+func (oneLeaseAgent) Listens(string, int) bool        { return true }
 
 // startAgent runs a data-plane server for lease l-1 and returns its
 // address, certificate fingerprint and lease directory.

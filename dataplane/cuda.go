@@ -121,7 +121,7 @@ func (st *serverStream) cudaServer() (*cudaServer, *RefusedError) {
 	}
 	defer lf.Close() // the child has its copy once started
 	cmd.Stdin = lf
-	p, err := startProcess(cmd)
+	p, err := st.start(cmd) // as exec starts: in the lease's sandbox
 	if err != nil {
 		ln.Close()
 		return nil, startRefusal(argv[0], err)

@@ -49,7 +49,7 @@ func (st *serverStream) exec(req *gpupoolv1.ExecStart) *RefusedError {
 		st.mu.Unlock()
 		return nil
 	}
-	p, err := startProcess(cmd)
+	p, err := st.start(cmd)
 	if err == nil {
 		st.proc = p
 	}
@@ -282,9 +282,18 @@ func lookPath(file, path string) (string, error) {
 	return "", fmt.Errorf("no executable in PATH %s", path)
 }
 
+// start starts a process of the stream's lease, in the lease's sandbox:
+// how exec and the lease's CUDA server both start.
+func (st *serverStream) start(cmd *exec.Cmd) (*process, error) {
+	return startProcess(cmd, func(cmd *exec.Cmd) error { return st.srv.leases.Sandbox(st.leaseID, cmd) })
+}
+
 // startRefusal is the refusal for a process that did not start.
 func startRefusal(argv0 string, err error) *RefusedError {
+	var sb errSandbox
 	switch {
+	case errors.As(err, &sb):
+		return refusef(gpupoolv1.AcceptCode_ACCEPT_CODE_PERMISSION_DENIED, "%v", sb.err)
 	case errors.Is(err, fs.ErrNotExist):
 		return refusef(gpupoolv1.AcceptCode_ACCEPT_CODE_NOT_FOUND, "argv[0] %q: %v", argv0, err)
 	case errors.Is(err, fs.ErrPermission):
@@ -307,11 +316,17 @@ type process struct {
 	done chan struct{} // closed once the process is reaped
 }
 
-// startProcess starts cmd in a process group of its own, with pipes for
-// its stdout and stderr, and for its stdin unless cmd.Stdin is set (to an
-// *os.File), and reaps it when it exits. It is how every process of a
-// lease starts: exec's and the lease's CUDA server.
-func startProcess(cmd *exec.Cmd) (*process, error) {
+// errSandbox wraps why the lease's sandbox refused a process.
+type errSandbox struct{ err error }
+
+func (e errSandbox) Error() string { return e.err.Error() }
+
+// startProcess starts cmd in a process group of its own, within what
+// sandbox makes of it, with pipes for its stdout and stderr, and for its
+// stdin unless cmd.Stdin is set (to an *os.File), and reaps it when it
+// exits. It is how every process of a lease starts (serverStream.start):
+// exec's and the lease's CUDA server.
+func startProcess(cmd *exec.Cmd, sandbox func(*exec.Cmd) error) (*process, error) {
 	var files []*os.File
 	closeAll := func() {
 		for _, f := range files {
@@ -349,6 +364,10 @@ func startProcess(cmd *exec.Cmd) (*process, error) {
 	}
 	cmd.Stdout, cmd.Stderr = outW, errW
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	if err := sandbox(cmd); err != nil {
+		closeAll()
+		return nil, errSandbox{err}
+	}
 	if err := cmd.Start(); err != nil {
 		closeAll()
 		return nil, err

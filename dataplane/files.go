@@ -98,10 +98,14 @@ func (st *serverStream) put(req *gpupoolv1.PutStart) *RefusedError {
 		return refused
 	}
 	defer root.Close()
+	owner := leaseOwner(root)
 	parent := filepath.Dir(path)
 	if parent != "." {
 		if err := root.MkdirAll(parent, 0o755); err != nil {
 			return pathRefusal("path", path, err)
+		}
+		for p := parent; p != "."; p = filepath.Dir(p) {
+			owner.chown(root, p)
 		}
 	}
 	if fi, err := root.Lstat(path); err == nil && fi.IsDir() {
@@ -115,6 +119,7 @@ func (st *serverStream) put(req *gpupoolv1.PutStart) *RefusedError {
 	if err != nil {
 		return pathRefusal("path", path, err)
 	}
+	owner.chown(root, tmp)
 	committed := false
 	defer func() {
 		if !committed {
@@ -288,4 +293,31 @@ func (st *serverStream) get(req *gpupoolv1.GetStart) *RefusedError {
 	}
 	st.log.Info("get", "path", path, "bytes", n)
 	return nil
+}
+
+// owner is the user and group that own a lease's directory.
+type owner struct {
+	uid, gid int
+	differs  bool // from the agent's
+}
+
+// leaseOwner is the owner of the lease directory root: in a sandbox, the
+// lease's own user, who must own what put creates.
+func leaseOwner(root *os.Root) owner {
+	fi, err := root.Stat(".")
+	if err != nil {
+		return owner{}
+	}
+	st, ok := fi.Sys().(*syscall.Stat_t)
+	if !ok {
+		return owner{}
+	}
+	return owner{uid: int(st.Uid), gid: int(st.Gid), differs: int(st.Uid) != os.Geteuid()}
+}
+
+// chown hands path, under root, to the owner.
+func (o owner) chown(root *os.Root, path string) {
+	if o.differs {
+		root.Lchown(path, o.uid, o.gid)
+	}
 }

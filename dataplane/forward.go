@@ -23,6 +23,9 @@ func (st *serverStream) forward(req *gpupoolv1.ForwardStart) *RefusedError {
 	if port < 1 || port > 65535 {
 		return refusef(gpupoolv1.AcceptCode_ACCEPT_CODE_INVALID_ARGUMENT, "port %d: must be between 1 and 65535", port)
 	}
+	if !st.srv.leases.Listens(st.leaseID, int(port)) {
+		return refusef(gpupoolv1.AcceptCode_ACCEPT_CODE_PERMISSION_DENIED, "port %d: no process of lease %s listens on it; forward reaches only the lease's own listeners", port, st.leaseID)
+	}
 	addr := net.JoinHostPort("127.0.0.1", strconv.Itoa(int(port)))
 	d := net.Dialer{Timeout: dialTimeout}
 	c, err := d.DialContext(st.ctx, "tcp", addr)

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -73,6 +74,9 @@ func (l *fakeLeases) Dir(leaseID string) (string, error) {
 func (l *fakeLeases) Started(leaseID string, pid int) {
 	l.started <- pid
 }
+
+func (l *fakeLeases) Sandbox(string, *exec.Cmd) error { return nil }
+func (l *fakeLeases) Listens(string, int) bool        { return true }
 
 func (l *fakeLeases) Usage(leaseID string) (*gpupoolv1.LeaseUsage, bool) {
 	if _, ok := l.Env(leaseID); !ok {

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"os/exec"
 	"sync"
 	"time"
 
@@ -43,6 +44,14 @@ type Leases interface {
 	// no longer enforced on this host. The server only reads the message,
 	// possibly after Usage returns, so it must not be modified afterwards.
 	Usage(leaseID string) (*gpupoolv1.LeaseUsage, bool)
+	// Sandbox makes cmd, which exec built for the lease (absolute Path,
+	// Dir in the lease's directory, a process group of its own), run in
+	// the lease's sandbox, or says why it may not run at all; the client
+	// sees that message with PERMISSION_DENIED.
+	Sandbox(leaseID string, cmd *exec.Cmd) error
+	// Listens reports whether a process of the lease listens on the TCP
+	// port of the pool host's loopback: forward reaches nothing else.
+	Listens(leaseID string, port int) bool
 }
 
 // ServerConfig configures a Server.

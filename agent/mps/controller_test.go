@@ -48,6 +48,45 @@ cat > "$(dirname "$0")/stdin"
 	}
 }
 
+func TestStartServesTheSharedClientUser(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("handing the pipe directory to another user needs root; CI runs the tests as root")
+	}
+	// Logs every call (arguments, then stdin unless -d) next to itself.
+	bin := writeScript(t, `log="$(dirname "$0")/calls"
+echo "args: $*" >> "$log"
+[ "$1" = -d ] && exit 0
+cat >> "$log"
+`)
+	dir := t.TempDir()
+	c := New(bin, dir, nil)
+	c.SetClientUser(200000)
+	ctx := testContext(t)
+	if err := c.Start(ctx, gpu); err != nil {
+		t.Fatalf("Start: %v", err)
+	}
+	if err := c.Stop(ctx, gpu); err != nil {
+		t.Fatalf("Stop: %v", err)
+	}
+	got, err := os.ReadFile(filepath.Join(filepath.Dir(bin), "calls"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := "args: -d\nargs: \nstart_server -uid 200000\nargs: \nquit\n"
+	if string(got) != want {
+		t.Errorf("calls = %q, want %q", got, want)
+	}
+	for _, d := range []string{c.pipeDir(gpu), c.logDir(gpu)} {
+		fi, err := os.Stat(d)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if uid := fi.Sys().(*syscall.Stat_t).Uid; uid != 200000 {
+			t.Errorf("%s is owned by %d, want the client user 200000", d, uid)
+		}
+	}
+}
+
 func TestCommandErrors(t *testing.T) {
 	tests := []struct {
 		name    string

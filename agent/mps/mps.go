@@ -17,9 +17,15 @@
 //     counting the client's visible devices) and
 //     CUDA_MPS_ACTIVE_THREAD_PERCENTAGE (a whole percentage) limit it.
 //   - The daemon serves clients of one user at a time: clients of
-//     another user wait until the first user's clients are done. Pipe
-//     directories are private to the agent's user (mode 0700), so
-//     clients run as that user.
+//     another user wait until the first user's clients are done.
+//     "start_server -uid UID" on stdin starts the server for UID ahead
+//     of its first client.
+//
+// So all clients run as one user: the agent's (pipe directories are then
+// private to it, mode 0700), or the client user set with SetClientUser
+// (the agent's sandbox gives every lease with an MPS slice that one
+// shared user), who owns the pipe directories, and for whom Start starts
+// the server at once.
 package mps
 
 import (
@@ -92,11 +98,20 @@ type Controller struct {
 	// output after it exited.
 	timeout, waitDelay time.Duration
 
+	// clientUser is the user MPS clients run as; 0 for the agent's own.
+	// Set before Start is first called.
+	clientUser int
+
 	mu sync.Mutex
 	// gpus holds the GPUs Start was called for; entries are never
 	// removed. Guarded by mu.
 	gpus map[string]*daemon
 }
+
+// SetClientUser makes uid the user of every MPS client: Start hands it
+// the GPU's pipe and log directories and starts the daemon's server for
+// it. Call it before Start.
+func (c *Controller) SetClientUser(uid int) { c.clientUser = uid }
 
 // daemon is the control daemon of one GPU.
 type daemon struct {
@@ -159,7 +174,31 @@ func (c *Controller) Start(ctx context.Context, uuid string) error {
 	default:
 		return fmt.Errorf("mps: start daemon: %w", err)
 	}
+	if c.clientUser != 0 {
+		if err := c.serveClientUser(ctx, uuid); err != nil {
+			return err
+		}
+	}
 	c.setRunning(d, true)
+	return nil
+}
+
+// serveClientUser lets the client user reach uuid's pipe directory (the
+// directories above it only to pass through) and starts its server.
+func (c *Controller) serveClientUser(ctx context.Context, uuid string) error {
+	for _, dir := range []string{c.dir, filepath.Join(c.dir, uuid)} {
+		if err := os.Chmod(dir, 0o711); err != nil {
+			return fmt.Errorf("mps: start daemon for %s: %w", uuid, err)
+		}
+	}
+	for _, dir := range []string{c.pipeDir(uuid), c.logDir(uuid)} {
+		if err := os.Chown(dir, c.clientUser, c.clientUser); err != nil {
+			return fmt.Errorf("mps: start daemon for %s: %w", uuid, err)
+		}
+	}
+	if err := c.run(ctx, uuid, fmt.Sprintf("start_server -uid %d\n", c.clientUser)); err != nil {
+		return fmt.Errorf("mps: start the server of user %d: %w", c.clientUser, err)
+	}
 	return nil
 }
 

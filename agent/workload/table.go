@@ -18,6 +18,9 @@ import (
 // once it has exec'd.
 type Table struct {
 	procRoot string
+	// fromCgroup, when set, reads a process's lease from its
+	// /proc/PID/cgroup instead of its environment. Set before use.
+	fromCgroup func(cgroupFile []byte) string
 
 	mu sync.Mutex
 	// tracked maps processes registered with Track to their lease. It
@@ -39,6 +42,12 @@ func NewTable(procRoot string) *Table {
 		environ:  make(map[Proc]envEntry),
 	}
 }
+
+// SetLeaseOf makes the table read a process's lease from its cgroup: of
+// is given the process's /proc/PID/cgroup and returns the lease whose
+// cgroup holds it, or "". A process cannot change that, unlike its
+// environment. Call it before the table is used.
+func (t *Table) SetLeaseOf(of func(cgroupFile []byte) string) { t.fromCgroup = of }
 
 // Lookup returns the live process pid names now. It returns an error
 // wrapping ErrNoProcess if there is none, or it has exited.
@@ -147,7 +156,8 @@ func liveProc(d procDir) (Proc, string, bool) {
 }
 
 // leaseOf returns the lease of p, whose directory is d and command name
-// comm, reading its environment unless it is tracked or cached.
+// comm, reading its cgroup (or environment) unless it is tracked or
+// cached.
 func (t *Table) leaseOf(d procDir, p Proc, comm string) string {
 	t.mu.Lock()
 	lease, ok := t.tracked[p]
@@ -163,8 +173,21 @@ func (t *Table) leaseOf(d procDir, p Proc, comm string) string {
 	}
 	// Reading through d fails if p has gone, so a reused pid's
 	// environment is never cached under p.
-	lease, err := d.lease()
+	var err error
+	if t.fromCgroup != nil {
+		var b []byte
+		if b, err = d.root.ReadFile("cgroup"); err == nil {
+			lease = t.fromCgroup(b)
+		}
+	} else {
+		lease, err = d.lease()
+	}
 	if err != nil {
+		return ""
+	}
+	// A process outside every lease's cgroup may still be moved into one
+	// (the sandbox's init joins it before it execs): read it again.
+	if t.fromCgroup != nil && lease == "" {
 		return ""
 	}
 	t.mu.Lock()

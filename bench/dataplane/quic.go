@@ -6,6 +6,7 @@ import (
 	"errors"
 	"io"
 	"os"
+	"os/exec"
 
 	"github.com/gpupool/gpupool/dataplane"
 	gpupoolv1 "github.com/gpupool/gpupool/proto/gpupool/v1"
@@ -114,6 +115,9 @@ func (l *oneLease) Dir(leaseID string) (string, error) {
 
 // Started does nothing: the benchmark has no watchdog.
 func (l *oneLease) Started(string, int) {}
+
+func (l *oneLease) Sandbox(string, *exec.Cmd) error { return nil }
+func (l *oneLease) Listens(string, int) bool        { return true }
 
 func (l *oneLease) Usage(leaseID string) (*gpupoolv1.LeaseUsage, bool) {
 	return &gpupoolv1.LeaseUsage{LeaseId: leaseID}, leaseID == benchLease

@@ -118,15 +118,16 @@ func applyCreateACLToken(w *state.Writer, index uint64, c *gpupoolv1.CreateAclTo
 	return &Result{Token: t}
 }
 
-// applyRevokeACLToken marks a token revoked. A revoked token keeps its
-// first revocation.
-func applyRevokeACLToken(w *state.Writer, c *gpupoolv1.RevokeAclTokenCommand) *Result {
+// applyRevokeACLToken marks a token revoked, and with revoke_leases
+// revokes the granted and pending leases it acquired. A revoked token
+// keeps its first revocation.
+func applyRevokeACLToken(w *state.Writer, index uint64, c *gpupoolv1.RevokeAclTokenCommand) (*Result, []Event) {
 	old := w.ACLToken(c.GetAccessorId())
 	if old == nil {
-		return &Result{Err: fmt.Errorf("token %q: %w", c.GetAccessorId(), ErrNotFound)}
+		return &Result{Err: fmt.Errorf("token %q: %w", c.GetAccessorId(), ErrNotFound)}, nil
 	}
 	if old.Revoked {
-		return &Result{Token: old}
+		return &Result{Token: old}, nil
 	}
 	t := clone(old)
 	t.Revoked = true
@@ -135,5 +136,23 @@ func applyRevokeACLToken(w *state.Writer, c *gpupoolv1.RevokeAclTokenCommand) *R
 	w.PutACLToken(t)
 	w.Audit(&gpupoolv1.AuditEntry{AtMs: c.NowMs, Kind: gpupoolv1.AuditKind_AUDIT_KIND_ACL_TOKEN_REVOKED, Actor: clone(t.RevokedBy),
 		Subject: t.AccessorId, Detail: tokenText(t)})
-	return &Result{Token: t}
+	res := &Result{Token: t}
+	if !c.RevokeLeases {
+		return res, nil
+	}
+	var evs []Event
+	for _, l := range w.Leases() {
+		if l.GetGrantedBy().GetAccessorId() != t.AccessorId ||
+			(l.State != gpupoolv1.LeaseState_LEASE_STATE_GRANTED && l.State != gpupoolv1.LeaseState_LEASE_STATE_PENDING) {
+			continue
+		}
+		r, e := applyEndLease(w, index, &gpupoolv1.EndLeaseCommand{LeaseId: l.Id, EndState: gpupoolv1.LeaseState_LEASE_STATE_REVOKED,
+			Reason: "the ACL token that acquired it (" + t.AccessorId + ") was revoked", NowMs: c.NowMs, Actor: c.Actor})
+		if r.Err != nil {
+			return r, nil
+		}
+		res.Ended = append(res.Ended, l.Id)
+		evs = append(evs, e...)
+	}
+	return res, evs
 }

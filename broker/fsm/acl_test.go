@@ -5,6 +5,7 @@ import (
 	"crypto/sha256"
 	"errors"
 	"io"
+	"slices"
 	"strings"
 	"testing"
 
@@ -169,5 +170,43 @@ func TestAuditActorsDefaultToTheBroker(t *testing.T) {
 		if !proto.Equal(c.got, c.want) {
 			t.Errorf("%s: got %v, want %v", c.what, c.got, c.want)
 		}
+	}
+}
+
+func TestRevokingATokenRevokesTheLeasesItAcquiredUnlessKept(t *testing.T) {
+	byA := &gpupoolv1.Actor{AccessorId: "t-a", Name: "t-a"}
+	mine := grant("l-a", "h1", 0, 1024, 1)
+	mine.Lease.GrantedBy = byA
+	other := grant("l-b", "h1", 0, 1024, 1)
+	other.Lease.GrantedBy = &gpupoolv1.Actor{AccessorId: "t-b", Name: "t-b"}
+	tests := []struct {
+		name        string
+		revoke      *gpupoolv1.RevokeAclTokenCommand
+		wantEnded   []string
+		wantAState  gpupoolv1.LeaseState
+		wantAReason string
+	}{
+		{"the token's leases are revoked with it",
+			&gpupoolv1.RevokeAclTokenCommand{AccessorId: "t-a", NowMs: 9000, RevokeLeases: true}, []string{"l-a"},
+			gpupoolv1.LeaseState_LEASE_STATE_RELEASING, "the ACL token that acquired it (t-a) was revoked"},
+		{"kept leases run on",
+			&gpupoolv1.RevokeAclTokenCommand{AccessorId: "t-a", NowMs: 9000}, nil, gpupoolv1.LeaseState_LEASE_STATE_GRANTED, ""},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			f := New(nil)
+			res := applyAll(t, f, []proto.Message{host("h1", 1), createToken(clientTok("t-a", 2, "default")), mine, other, tt.revoke})
+			last := res[len(res)-1]
+			if last.Err != nil || !slices.Equal(last.Ended, tt.wantEnded) {
+				t.Fatalf("revoke: got ended %v, %v; want %v", last.Ended, last.Err, tt.wantEnded)
+			}
+			a, b := f.State().Lease("l-a"), f.State().Lease("l-b")
+			if a.State != tt.wantAState || (tt.wantAReason != "" && a.Reason != tt.wantAReason) {
+				t.Fatalf("l-a: got %v %q, want %v %q", a.State, a.Reason, tt.wantAState, tt.wantAReason)
+			}
+			if b.State != gpupoolv1.LeaseState_LEASE_STATE_GRANTED {
+				t.Fatalf("l-b of another token: got %v, want granted", b.State)
+			}
+		})
 	}
 }

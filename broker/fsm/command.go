@@ -37,6 +37,9 @@ const (
 	// ACL tokens decide who may call: not ignorable.
 	CreateACLTokenType MessageType = 15
 	RevokeACLTokenType MessageType = 16
+	// An operator's consent to a host's new identity: not ignorable, it
+	// changes which registrations apply.
+	ResetHostIdentityType MessageType = 17
 )
 
 // IgnoreUnknownTypeFlag marks a command that servers which do not know its
@@ -81,6 +84,8 @@ func newMessage(t MessageType) proto.Message {
 		return &gpupoolv1.CreateAclTokenCommand{}
 	case RevokeACLTokenType:
 		return &gpupoolv1.RevokeAclTokenCommand{}
+	case ResetHostIdentityType:
+		return &gpupoolv1.ResetHostIdentityCommand{}
 	}
 	return nil
 }
@@ -120,6 +125,8 @@ func TypeOf(m proto.Message) (MessageType, error) {
 		return CreateACLTokenType, nil
 	case *gpupoolv1.RevokeAclTokenCommand:
 		return RevokeACLTokenType, nil
+	case *gpupoolv1.ResetHostIdentityCommand:
+		return ResetHostIdentityType, nil
 	}
 	return 0, fmt.Errorf("fsm: %T is not a command", m)
 }

@@ -10,6 +10,7 @@ package fsm
 import (
 	"errors"
 	"fmt"
+	"google.golang.org/protobuf/encoding/protojson"
 	"io"
 	"log/slog"
 
@@ -47,9 +48,15 @@ type Result struct {
 	Host  *gpupoolv1.Host
 	// Token is the ACL token a token command created or revoked.
 	Token *gpupoolv1.AclToken
+	// Ended are the leases a command ended besides its subject (a revoked
+	// token's).
+	Ended []string
 	// Existing is set when a grant matched an earlier one by request id.
 	Existing bool
 	Err      error
+	// RecordRefusal, with Err, commits the audit entries Apply wrote and
+	// nothing else: the refusal itself is recorded.
+	RecordRefusal bool
 }
 
 // FSM implements raft.FSM over a state store.
@@ -58,16 +65,49 @@ type FSM struct {
 	index *placement.Index
 	log   *slog.Logger
 	pub   publisher
+	// sink receives the audit entries of every applied command as JSON
+	// lines; nil for none. Written only from Apply.
+	sink io.Writer
 }
 
+// Option configures an FSM.
+type Option func(*FSM)
+
+// WithAuditSink makes Apply write every audit entry it commits to w, as
+// one JSON object per line (protojson), after the commit. A nil w writes
+// nothing. A failed write is logged; it never fails the command.
+func WithAuditSink(w io.Writer) Option { return func(f *FSM) { f.sink = w } }
+
 // New returns an FSM over an empty store.
-func New(logger *slog.Logger) *FSM {
+func New(logger *slog.Logger, opts ...Option) *FSM {
 	if logger == nil {
 		logger = slog.New(slog.DiscardHandler)
 	}
 	f := &FSM{store: state.New(), index: placement.NewIndex(nil, nil), log: logger}
 	f.store.ObservePool(f.index)
+	for _, o := range opts {
+		o(f)
+	}
 	return f
+}
+
+// writeAudit writes entries to the sink.
+func (f *FSM) writeAudit(entries []*gpupoolv1.AuditEntry) {
+	if f.sink == nil || len(entries) == 0 {
+		return
+	}
+	var buf []byte
+	for _, e := range entries {
+		b, err := protojson.MarshalOptions{UseEnumNumbers: false}.Marshal(e)
+		if err != nil {
+			f.log.Error("audit sink: encoding an entry failed", "index", e.Index, "err", err)
+			continue
+		}
+		buf = append(append(buf, b...), '\n')
+	}
+	if _, err := f.sink.Write(buf); err != nil {
+		f.log.Error("audit sink: writing failed", "err", err)
+	}
 }
 
 // PoolIndex is the placement index of the pool, kept up to date by every applied change and
@@ -134,15 +174,18 @@ func (f *FSM) apply(index uint64, msg proto.Message) *Result {
 	case *gpupoolv1.CreateAclTokenCommand:
 		res = applyCreateACLToken(w, index, c)
 	case *gpupoolv1.RevokeAclTokenCommand:
-		res = applyRevokeACLToken(w, c)
+		res, evs = applyRevokeACLToken(w, index, c)
+	case *gpupoolv1.ResetHostIdentityCommand:
+		res, evs = applyResetHostIdentity(w, c)
 	default:
 		res = &Result{Err: fmt.Errorf("%w: %T", ErrInvalid, msg)}
 	}
-	if res.Err != nil {
+	if res.Err != nil && !res.RecordRefusal {
 		w.Abort()
 		return res
 	}
 	w.Commit(index)
+	f.writeAudit(w.Audited())
 	for _, e := range w.Audited() {
 		evs = append(evs, Event{Audit: e})
 	}
@@ -181,6 +224,9 @@ func applyRegisterHost(w *state.Writer, index uint64, c *gpupoolv1.RegisterHostC
 	h := clone(c.Host)
 	h.Devices = nil
 	old := w.Host(h.Id)
+	if res := checkIdentity(w, old, h, c.NowMs); res != nil {
+		return res, nil
+	}
 	if old == nil {
 		h.RegisteredAtMs = c.NowMs
 		h.Status = gpupoolv1.HostStatus_HOST_STATUS_READY

@@ -49,6 +49,9 @@ func schema() *memdb.DBSchema {
 		tableAudit: {Name: tableAudit, Indexes: map[string]*memdb.IndexSchema{
 			indexID: {Name: indexID, Unique: true, Indexer: auditIDIndex{}},
 		}},
+		tableAuditSecurity: {Name: tableAuditSecurity, Indexes: map[string]*memdb.IndexSchema{
+			indexID: {Name: indexID, Unique: true, Indexer: auditIDIndex{}},
+		}},
 		tableQuotas: {Name: tableQuotas, Indexes: map[string]*memdb.IndexSchema{
 			indexID: {Name: indexID, Unique: true, Indexer: &memdb.StringFieldIndex{Field: "Tenant"}},
 		}},

@@ -255,28 +255,36 @@ the brokers do not have them.`,
 }
 
 func newACLTokenRevokeCmd() *cobra.Command {
-	return &cobra.Command{
-		Use:   "revoke ACCESSOR",
-		Short: "Revoke an ACL token: calls with it fail from now on",
+	var keepLeases bool
+	cmd := &cobra.Command{
+		Use:   "revoke ACCESSOR [--keep-leases]",
+		Short: "Revoke an ACL token and the leases it acquired: calls with it fail from now on",
 		Long: `Revoke marks the token with this accessor id revoked: every broker refuses it
 from the moment the revocation is applied, including on streams already open
 (lease renewals, watches, agent heartbeats). Revoking twice keeps the first
-revocation.`,
-		Example: `  gpupool operator acl token revoke 6f1c2d3e-4b5a-4c3d-9e8f-0a1b2c3d4e5f`,
-		Args:    exactArgs(1),
+revocation.
+
+The granted and pending leases the token acquired are revoked with it, so that
+their lease tokens stop working on the pool hosts at once rather than at their
+expiry. --keep-leases leaves them running until they end by themselves.`,
+		Example: `  gpupool operator acl token revoke 6f1c2d3e-4b5a-4c3d-9e8f-0a1b2c3d4e5f
+  gpupool operator acl token revoke 6f1c2d3e-4b5a-4c3d-9e8f-0a1b2c3d4e5f --keep-leases`,
+		Args: exactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			return withClient(cmd, func(ctx context.Context, c *client.Client) error {
-				resp, err := gpupoolv1.NewAclServiceClient(c.Conn()).RevokeToken(ctx, &gpupoolv1.RevokeAclTokenRequest{AccessorId: args[0]})
+				resp, err := gpupoolv1.NewAclServiceClient(c.Conn()).RevokeToken(ctx, &gpupoolv1.RevokeAclTokenRequest{AccessorId: args[0], KeepLeases: keepLeases})
 				if err != nil {
 					return err
 				}
 				return render(cmd.OutOrStdout(), resp, func(w io.Writer) error {
-					_, err := fmt.Fprintf(w, "revoked token %s (%s)\n", resp.GetToken().GetAccessorId(), resp.GetToken().GetName())
+					_, err := fmt.Fprintf(w, "revoked token %s (%s) and %d of its leases\n", resp.GetToken().GetAccessorId(), resp.GetToken().GetName(), len(resp.GetRevokedLeases()))
 					return err
 				})
 			})
 		},
 	}
+	cmd.Flags().BoolVar(&keepLeases, "keep-leases", false, "leave the leases the token acquired running")
+	return cmd
 }
 
 func newACLWhoAmICmd() *cobra.Command {

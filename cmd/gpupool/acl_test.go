@@ -37,6 +37,7 @@ func TestBrokerACLFlagsRefuseBadCombinations(t *testing.T) {
 	checkUsageErrors(t, []usageCase{
 		{"ACL off without TLS", append(append([]string{}, base...), "--acl=false"), []string{"needs TLS", "--insecure"}},
 		{"--acl with --insecure", append(append([]string{}, base...), "--acl", "--insecure"), []string{"--acl with --insecure"}},
+		{"an audit file in a missing directory", append(append([]string{}, base...), "--insecure", "--audit-file", "/nonexistent/dir/audit.jsonl"), []string{"--audit-file open /nonexistent/dir/audit.jsonl: no such file or directory"}},
 	})
 }
 

@@ -1,7 +1,9 @@
 package main
 
 import (
+	"crypto/tls"
 	"fmt"
+	"github.com/gpupool/gpupool/agent/sandbox"
 	"log/slog"
 	"os"
 	"path/filepath"
@@ -25,22 +27,27 @@ import (
 var machineIDFile = "/etc/machine-id"
 
 type agentOpts struct {
-	tokenFile  string
-	dataBind   string
-	dataDir    string
-	mps        string
-	simControl string
-	enforce    agent.Enforcement
-	metrics    string
-	brokers    string
-	simulate   string
-	hostID     string
-	address    string
-	labels     []string
-	cpu        int64
-	hostMemory int64
-	logLevel   string
-	insecure   bool
+	tokenFile       string
+	dataBind        string
+	dataDir         string
+	mps             string
+	simControl      string
+	enforce         agent.Enforcement
+	metrics         string
+	brokers         string
+	simulate        string
+	hostID          string
+	address         string
+	labels          []string
+	cpu             int64
+	hostMemory      int64
+	logLevel        string
+	insecure        bool
+	users           string
+	allowReduced    bool
+	cgroupParent    string
+	metricsTLS      bool
+	metricsLeaseIDs bool
 	// dcgmJobMappingDir is DCGM's HPC job mapping directory; empty writes none.
 	dcgmJobMappingDir string
 }
@@ -63,8 +70,9 @@ simulated GPUs (go-nvml mock servers): SPEC is NxMODEL[:nvlink=K][:pcie=P]
 a part share an NVLink domain (default 8, 0 for none), P a PCIe root (default
 2). Their UUIDs derive from --host-id, so they are the same after a restart.
 
-Enforcement. A lease's processes are those whose environment carries
-GPUPOOL_LEASE_ID=<lease id>. Every --watchdog-poll the agent reads each GPU
+Enforcement. A lease's processes are those in its cgroup (see Isolation;
+on a host without cgroups, those whose environment carries
+GPUPOOL_LEASE_ID=<lease id>). Every --watchdog-poll the agent reads each GPU
 process's memory from NVML and sums it per lease and GPU. A lease that uses
 more than its slice, or any memory on a GPU it does not hold, for longer than
 --watchdog-grace gets SIGTERM, then SIGKILL after --kill-after; the holder
@@ -73,6 +81,17 @@ nvidia-cuda-mps-control is available (--mps auto|on|off): one MPS daemon per
 shared GPU, and the lease's processes get a pinned memory limit and an active
 thread percentage (a ceiling on compute, not a reservation). Without MPS they
 are "watchdog": memory is enforced after the fact and compute is not limited.
+
+Isolation. Every process the data plane starts for a lease runs in the
+lease's sandbox: its own unprivileged user from --sandbox-users, a private
+mount namespace in which the data dir is hidden and only the lease's
+directory is writable, a PID namespace with its own /proc, and a cgroup
+per lease (v2, or v1 on hybrid hosts) that caps the host CPU and memory the
+lease asked for and holds all its processes: that cgroup, not the
+environment, is how the watchdog and teardown find them. The agent needs
+root for this. Where a mechanism is missing it says so at start and exec is
+refused, unless --allow-reduced-isolation runs workloads as the agent's
+user. Forward reaches only a port a process of the lease listens on.
 
 Safety. The agent keeps one state file per lease in --data-dir and resumes
 enforcing after a restart. While the brokers are unreachable, a lease's
@@ -134,6 +153,11 @@ else the hostname.`,
 	f.DurationVar(&o.enforce.ExpiryGrace, "expiry-grace", agent.DefaultExpiryGrace, "how long past its expiry a lease's processes run while the brokers are unreachable")
 	f.BoolVar(&o.insecure, "insecure", false, insecureUsage)
 	f.StringVar(&o.dcgmJobMappingDir, "dcgm-job-mapping-dir", "", "write each lease's id into DCGM's HPC job mapping files here (one file per GPU index; dcgm-exporter --hpc-job-mapping-dir), so DCGM's per-GPU metrics carry the lease; empty writes none")
+	f.StringVar(&o.users, "sandbox-users", sandbox.DefaultRange.String(), "user ids leases run as, FIRST-LAST; each lease takes one (the first is shared by leases with MPS slices); give each agent on one machine its own range")
+	f.StringVar(&o.cgroupParent, "cgroup-parent", "", "where the leases' cgroups go under each cgroup hierarchy's root (default gpupool/HOST_ID)")
+	f.BoolVar(&o.metricsTLS, "metrics-tls", false, "serve --metrics-bind over mutual TLS with the agent's certificate: scrapers need a certificate of the cluster CA")
+	f.BoolVar(&o.metricsLeaseIDs, "metrics-lease-ids", false, "label per-lease metrics with the lease id; by default the label is a pseudonym (h-<hash>) that names no lease")
+	f.BoolVar(&o.allowReduced, "allow-reduced-isolation", false, "run lease workloads even where this host cannot sandbox them (not root, no cgroups): they then run as the agent's user and can reach what it can (gpupool dev sets it)")
 	cmd.AddCommand(newAgentSimulateCmd(), newAgentCudaServerCmd())
 	return cmd
 }
@@ -203,6 +227,16 @@ func runAgent(cmd *cobra.Command, o agentOpts) error {
 	if o.dataDir == "" {
 		return usagef("--data-dir is empty: give a directory for the per-lease state files")
 	}
+	if o.metricsTLS && src == nil {
+		return usagef("--metrics-tls needs the agent's TLS files (--tls-ca, --tls-cert, --tls-key)")
+	}
+	if p := o.cgroupParent; p != "" && (filepath.IsAbs(p) || strings.Contains(p, "..") || strings.ContainsAny(p, " \n")) {
+		return usagef("--cgroup-parent %q: must be a relative path without '..', e.g. gpupool/%s", p, hostID)
+	}
+	users, err := sandbox.ParseRange(o.users)
+	if err != nil {
+		return usagef("--sandbox-users %v", err)
+	}
 	if o.simControl != "" && !cmd.Flags().Changed("simulate") {
 		return usagef("--sim-control needs --simulate: only simulated GPUs can be driven")
 	}
@@ -258,22 +292,26 @@ func runAgent(cmd *cobra.Command, o agentOpts) error {
 	}
 
 	a, err := agent.New(agent.Config{
-		Brokers:       addrs,
-		Token:         token,
-		HostID:        hostID,
-		Address:       o.address,
-		Labels:        labels,
-		CPUMillicores: o.cpu,
-		MemoryMiB:     o.hostMemory,
-		Backend:       backend,
-		Version:       agentVersion(),
-		Logger:        logger,
-		DataDir:       o.dataDir,
-		Enforcement:   o.enforce,
-		MPS:           mpsCtl,
-		DataBind:      o.dataBind,
-		TLS:           tlsConfigOf(src),
-		CudaServer:    cudaServerCommand(),
+		Brokers:               addrs,
+		Token:                 token,
+		HostID:                hostID,
+		Address:               o.address,
+		Labels:                labels,
+		CPUMillicores:         o.cpu,
+		MemoryMiB:             o.hostMemory,
+		Backend:               backend,
+		Version:               agentVersion(),
+		Logger:                logger,
+		DataDir:               o.dataDir,
+		Enforcement:           o.enforce,
+		MPS:                   mpsCtl,
+		DataBind:              o.dataBind,
+		TLS:                   tlsConfigOf(src),
+		SandboxUsers:          users,
+		AllowReducedIsolation: o.allowReduced,
+		MetricsLeaseIDs:       o.metricsLeaseIDs,
+		CgroupParent:          o.cgroupParent,
+		CudaServer:            cudaServerCommand(),
 
 		DCGMJobMappingDir: o.dcgmJobMappingDir,
 	})
@@ -282,7 +320,11 @@ func runAgent(cmd *cobra.Command, o agentOpts) error {
 	}
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(a.Collector(), collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	if err := serveMetrics(cmd.Context(), o.metrics, reg, a.Ready, logger); err != nil {
+	var metricsTLS *tls.Config
+	if o.metricsTLS {
+		metricsTLS = src.ServerConfig()
+	}
+	if err := serveMetricsWith(cmd.Context(), o.metrics, reg, a.Ready, logger, metricsTLS); err != nil {
 		return err
 	}
 	return a.Run(cmd.Context())

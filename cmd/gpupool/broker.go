@@ -18,12 +18,13 @@ import (
 
 func newBrokerCmd() *cobra.Command {
 	var (
-		cfg      broker.Config
-		join     string
-		logLevel string
-		raftLog  bool
-		metrics  string
-		insecure bool
+		cfg       broker.Config
+		join      string
+		logLevel  string
+		raftLog   bool
+		auditFile string
+		metrics   string
+		insecure  bool
 	)
 	cmd := &cobra.Command{
 		Use:   "broker --data-dir DIR --bind ADDR (--bootstrap-expect N | --join ADDR,...)",
@@ -84,6 +85,18 @@ is for tests and benchmarks on a closed machine only. See docs/security.md.`,
 			}
 			cfg.Token = globalToken()
 			cfg.Logger = logger
+			switch auditFile {
+			case "":
+			case "-":
+				cfg.AuditSink = cmd.OutOrStdout()
+			default:
+				f, err := os.OpenFile(auditFile, os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o600)
+				if err != nil {
+					return usagef("--audit-file %v", err)
+				}
+				defer f.Close()
+				cfg.AuditSink = f
+			}
 			if raftLog {
 				cfg.RaftLogOutput = os.Stderr
 			}
@@ -115,6 +128,7 @@ is for tests and benchmarks on a closed machine only. See docs/security.md.`,
 		},
 	}
 	f := cmd.Flags()
+	f.StringVar(&auditFile, "audit-file", "", "also write every audit entry this broker applies to this file (appended), one JSON object per line, or to stdout with -; a restarted broker writes the entries it replays again ((index, seq) identifies one)")
 	f.StringVar(&cfg.DataDir, "data-dir", "", "directory for the Raft log, snapshots and node id (created on first start)")
 	f.StringVar(&cfg.BindAddr, "bind", "127.0.0.1:7641", "gRPC listen address")
 	f.StringVar(&cfg.RaftBindAddr, "raft-bind", "", "Raft listen address (default: --bind's port + 1)")

@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/gpupool/gpupool/agent/sandbox"
 	"io"
 	"net"
 	"os"
@@ -204,6 +205,11 @@ func runDev(cmd *cobra.Command, o devOpts) error {
 			"--data-bind", net.JoinHostPort(o.ip, strconv.Itoa(o.basePort+100+i)),
 			"--data-dir", filepath.Join(dir, fmt.Sprintf("host-%d", i+1)),
 			"--metrics-bind", net.JoinHostPort(o.ip, strconv.Itoa(o.basePort+150+i)),
+			// dev may run without root: then leases run with reduced
+			// isolation, which dev allows (and the agents say so).
+			"--allow-reduced-isolation",
+			"--sandbox-users", fmt.Sprintf("%d-%d", sandbox.DefaultRange.First+i*10000, sandbox.DefaultRange.First+i*10000+9999),
+			"--cgroup-parent", devCgroupParent(i),
 		}})
 	}
 
@@ -214,6 +220,15 @@ func runDev(cmd *cobra.Command, o devOpts) error {
 			return err
 		}
 	}
+	// Deferred first, so it runs after the agents stopped: their leases'
+	// cgroups, and whatever still runs in them, go with the dev pool.
+	defer func() {
+		for i := range o.hosts {
+			if m, err := sandbox.New(sandbox.Config{CgroupParent: devCgroupParent(i)}); err == nil {
+				m.Purge()
+			}
+		}
+	}()
 	defer pool.stopAll()
 	sock := devSocket(o.basePort)
 	stopCtl, err := pool.serveControl(sock)
@@ -230,6 +245,12 @@ func runDev(cmd *cobra.Command, o devOpts) error {
 	for i, c := range children[o.brokers:] {
 		fmt.Fprintf(out, "  %-9s pid %-7d agent, %s simulated  metrics http://%s:%d/metrics  sim-control %s\n", c.name, c.cmd.Process.Pid,
 			o.simulate, o.ip, o.basePort+150+i, filepath.Join(dir, c.name, "simulate.sock"))
+	}
+
+	if os.Geteuid() != 0 {
+		fmt.Fprintf(out, "  (not root: the agents cannot sandbox leases, so their processes run as you, with reduced isolation, which dev allows with --allow-reduced-isolation)\n")
+	} else {
+		fmt.Fprintf(out, "  (root: each lease's processes run in a sandbox of their own; dev still passes --allow-reduced-isolation)\n")
 	}
 
 	ctx := cmd.Context()
@@ -636,4 +657,10 @@ var leaseIDRE = regexp.MustCompile(`\bl-[0-9a-f]{16}\b`)
 // devConsoleURL is the first broker's web console.
 func devConsoleURL(o devOpts) string {
 	return "http://" + net.JoinHostPort(o.ip, strconv.Itoa(o.basePort+60)) + "/"
+}
+
+// devCgroupParent is where dev's host i keeps its leases' cgroups: under
+// this dev process, which removes them when it stops.
+func devCgroupParent(i int) string {
+	return fmt.Sprintf("gpupool-dev/%d/host-%d", os.Getpid(), i+1)
 }

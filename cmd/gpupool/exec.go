@@ -80,8 +80,12 @@ QUIC data plane, with live stdio, and exits with the remote exit code. Unlike
 'gpupool run' it neither acquires nor releases: it renews the lease while the
 command runs (which also fetches a fresh token), then leaves it granted. The
 command runs in the lease's directory with its environment (GPUPOOL_LEASE_ID,
-CUDA_VISIBLE_DEVICES and, on MPS hosts, the slice's limits). Ctrl-C is
-forwarded as SIGINT.
+CUDA_VISIBLE_DEVICES and, on MPS hosts, the slice's limits), in the lease's
+sandbox: its own user, its own mount and PID namespaces in which only the
+lease's directory (and a private /tmp) is writable, and its cgroup (see 'gpupool
+lease get' and docs/security.md). When CMD exits, whatever it left running in
+the sandbox is stopped. Ctrl-C is forwarded as SIGINT; a command killed by a
+signal exits 128+N.
 
 Without LEASE_ID, exec uses the lease of the pod it runs in. A container with a
 gpupool ResourceClaim has GPUPOOL_TOKEN_FILE set to the claim's token file,

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"log/slog"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -66,6 +67,8 @@ func (podAgent) Env(string) ([]string, bool)                { return []string{"G
 func (a podAgent) Dir(string) (string, error)               { return a.dir, nil }
 func (podAgent) Started(string, int)                        {}
 func (podAgent) Usage(string) (*gpupoolv1.LeaseUsage, bool) { return nil, false }
+func (podAgent) Sandbox(string, *exec.Cmd) error            { return nil }
+func (podAgent) Listens(string, int) bool                   { return true }
 
 func TestExecWithoutALeaseIDRunsOnThePodsLeaseWithoutABroker(t *testing.T) {
 	base := t.TempDir()

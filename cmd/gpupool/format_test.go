@@ -166,3 +166,18 @@ func TestHumanDuration(t *testing.T) {
 		}
 	}
 }
+
+func TestLeaseGetShowsWhatTheProcessesRunInPerHost(t *testing.T) {
+	var buf bytes.Buffer
+	err := printLeaseAndIsolation(&buf, &gpupoolv1.GetLeaseResponse{Lease: &gpupoolv1.Lease{Id: "l-1"}, HostIsolation: map[string]string{
+		"h2": "reduced (no user: the agent does not run as root)", "h1": "sandboxed (user, mounts, pid, cgroup, noprivs, cgroup v2)", "h3": "",
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := buf.String()
+	want := "PROCESSES ON h1: sandboxed (user, mounts, pid, cgroup, noprivs, cgroup v2)\nPROCESSES ON h2: reduced (no user: the agent does not run as root)\nPROCESSES ON h3: unknown"
+	if !strings.Contains(got, want) {
+		t.Fatalf("got\n%s\nwant it to contain\n%s", got, want)
+	}
+}

@@ -25,7 +25,10 @@ type globalOpts struct {
 	connect time.Duration
 	quiet   bool
 	token   string
-	tls     tlsOpts
+	// tokenFile holds the ACL token secret (--token-file, else
+	// $GPUPOOL_ACL_TOKEN_FILE): unlike --token, it stays out of ps.
+	tokenFile string
+	tls       tlsOpts
 }
 
 var global globalOpts
@@ -42,7 +45,8 @@ func addGlobalFlags(root *cobra.Command) {
 	pf.DurationVar(&global.timeout, "timeout", 30*time.Second, "how long a whole call may take")
 	pf.DurationVar(&global.connect, "connect-timeout", 5*time.Second, "how long to wait for a broker to answer and a leader to be known before failing with what happened to each broker (0: up to --timeout)")
 	// The default is not the environment's: --help would print the secret.
-	pf.StringVar(&global.token, "token", "", "ACL token secret sent to the brokers (default $GPUPOOL_TOKEN); see 'gpupool operator acl'")
+	pf.StringVar(&global.token, "token", "", "ACL token secret sent to the brokers (default $GPUPOOL_TOKEN); prefer --token-file, which keeps it out of ps; see 'gpupool operator acl'")
+	pf.StringVar(&global.tokenFile, "token-file", "", "read the ACL token secret from this file (default $GPUPOOL_ACL_TOKEN_FILE)")
 	addTLSFlags(pf, &global.tls)
 }
 
@@ -87,7 +91,36 @@ func dial() (*client.Client, error) {
 	if err != nil {
 		return nil, err
 	}
-	return client.DialWith(addrs, client.Options{TLS: tc, Token: globalToken(), ConnectTimeout: global.connect})
+	token, err := clientToken()
+	if err != nil {
+		return nil, err
+	}
+	return client.DialWith(addrs, client.Options{TLS: tc, Token: token, ConnectTimeout: global.connect})
+}
+
+// clientToken is the ACL token a client command sends: read from
+// --token-file (else $GPUPOOL_ACL_TOKEN_FILE), else --token (else
+// $GPUPOOL_TOKEN). A file and a token together are a usage error.
+func clientToken() (string, error) {
+	file, flag := global.tokenFile, "--token-file"
+	if file == "" {
+		file, flag = os.Getenv("GPUPOOL_ACL_TOKEN_FILE"), "GPUPOOL_ACL_TOKEN_FILE"
+	}
+	if file == "" {
+		return globalToken(), nil
+	}
+	if globalToken() != "" {
+		return "", usagef("%s with --token (or GPUPOOL_TOKEN): give one or the other", flag)
+	}
+	b, err := os.ReadFile(file)
+	if err != nil {
+		return "", usagef("%s %v", flag, err)
+	}
+	tok := strings.TrimSpace(string(b))
+	if tok == "" {
+		return "", usagef("%s %s: the file is empty; it must hold an ACL token secret", flag, file)
+	}
+	return tok, nil
 }
 
 // callCtx bounds one call by --timeout.

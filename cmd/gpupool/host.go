@@ -28,12 +28,14 @@ hosts take new leases.`,
 		Example: `  gpupool host ls
   gpupool host get gpu-node-3
   gpupool host drain gpu-node-3 --deadline 30m --reason "kernel upgrade"
-  gpupool host eligibility gpu-node-3 --enable`,
+  gpupool host eligibility gpu-node-3 --enable
+  gpupool host reset-identity gpu-node-3 --reason "new NIC"`,
 	},
 		newHostListCmd(),
 		newHostGetCmd(),
 		newHostDrainCmd(),
 		newHostEligibilityCmd(),
+		newHostResetIdentityCmd(),
 	)
 }
 

@@ -40,6 +40,9 @@ func TestHostDrainRefusesBadInputAndConflictingFlags(t *testing.T) {
 		{"eligibility without a flag", []string{"host", "eligibility", "h1"}, []string{"exactly one of --enable and --disable"}},
 		{"eligibility with both flags", []string{"host", "eligibility", "h1", "--enable", "--disable"}, []string{"exactly one of --enable and --disable"}},
 		{"eligibility without a host", []string{"host", "eligibility", "--enable"}, []string{"accepts 1 arg(s), received 0", "gpupool host eligibility HOST_ID"}},
+		{"reset-identity without a host", []string{"host", "reset-identity"}, []string{"accepts 1 arg(s), received 0", "gpupool host reset-identity HOST_ID"}},
+		{"reset-identity of a malformed host id", []string{"host", "reset-identity", "../h1"}, []string{`HOST_ID "../h1": must be 1 to 253 letters`}},
+		{"reset-identity with a reason too long", []string{"host", "reset-identity", "h1", "--reason", strings.Repeat("x", 257)}, []string{"--reason: 257 bytes, must be at most 256"}},
 	})
 }
 

@@ -443,6 +443,12 @@ watchdog and compute not limited), and the live usage the agent last reported
 VIOLATIONS counts the times the watchdog stopped the lease's processes.
 Live usage is known to the leader only: with --stale it shows "-".
 
+PROCESSES shows, per host, what the lease's processes run in there, as its
+agent reports it: "sandboxed" (their own user, mount and PID namespaces in
+which only the lease's directory is writable, a cgroup with the lease's host
+CPU and memory, no new privileges), or "reduced" naming what the host lacks;
+see docs/security.md.
+
 A lease waiting in the queue shows why it is PENDING. An elastic lease shows
 its ELASTIC range; each of its extras is a lease of its own whose PARENT is
 the elastic lease. A preempted lease shows when it is revoked and for which
@@ -458,7 +464,7 @@ NotFound (exit 1) for an unknown lease.`,
 				if err != nil {
 					return err
 				}
-				return render(cmd.OutOrStdout(), resp.GetLease(), func(w io.Writer) error { return printLease(w, resp.GetLease()) })
+				return render(cmd.OutOrStdout(), resp.GetLease(), func(w io.Writer) error { return printLeaseAndIsolation(w, resp) })
 			})
 		},
 	}

@@ -6,6 +6,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/gpupool/gpupool/agent/sandbox"
 	"io"
 	"os"
 	"os/signal"
@@ -17,6 +18,8 @@ import (
 )
 
 func main() {
+	// A sandbox's init is this binary, re-executed by the agent.
+	sandbox.Init()
 	os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
 }
 

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -18,12 +19,22 @@ import (
 // ready returns nil, else 503 and the reason; nil ready is always ready).
 // An empty addr serves nothing.
 func serveMetrics(ctx context.Context, addr string, reg *prometheus.Registry, ready func() error, log *slog.Logger) error {
+	return serveMetricsWith(ctx, addr, reg, ready, log, nil)
+}
+
+// serveMetricsWith is serveMetrics over TLS when tc is set (https, and
+// whatever client certificates tc requires).
+func serveMetricsWith(ctx context.Context, addr string, reg *prometheus.Registry, ready func() error, log *slog.Logger, tc *tls.Config) error {
 	if addr == "" {
 		return nil
 	}
 	lis, err := net.Listen("tcp", addr)
 	if err != nil {
 		return fmt.Errorf("--metrics-bind %s: %w", addr, err)
+	}
+	scheme := "http"
+	if tc != nil {
+		lis, scheme = tls.NewListener(lis, tc), "https"
 	}
 	mux := http.NewServeMux()
 	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
@@ -47,6 +58,6 @@ func serveMetrics(ctx context.Context, addr string, reg *prometheus.Registry, re
 			log.Error("metrics server stopped", "err", err)
 		}
 	}()
-	log.Info("serving metrics", "url", "http://"+lis.Addr().String()+"/metrics")
+	log.Info("serving metrics", "url", scheme+"://"+lis.Addr().String()+"/metrics")
 	return nil
 }

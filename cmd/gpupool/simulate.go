@@ -68,8 +68,9 @@ func simProcessCmd(socket *string) *cobra.Command {
 		Use:   "process --gpu N --pid PID --memory SIZE",
 		Short: "Make a process use GPU memory (0 removes it)",
 		Long: `Process makes the simulated NVML report that PID uses SIZE of GPU N's memory,
-as a compute process. The agent attributes the process to a lease through its
-GPUPOOL_LEASE_ID environment variable. --memory 0 removes the process.`,
+as a compute process. The agent attributes the process to the lease whose
+cgroup holds it (on a host without cgroups, through its GPUPOOL_LEASE_ID
+environment variable). --memory 0 removes the process.`,
 		Example: `  gpupool agent simulate --socket $S process --gpu 0 --pid 4242 --memory 30GiB`,
 		Args:    noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {

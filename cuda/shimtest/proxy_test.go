@@ -39,6 +39,8 @@ func (oneLease) Env(string) ([]string, bool)                { return nil, true }
 func (l oneLease) Dir(string) (string, error)               { return l.dir, nil }
 func (oneLease) Started(string, int)                        {}
 func (oneLease) Usage(string) (*gpupoolv1.LeaseUsage, bool) { return &gpupoolv1.LeaseUsage{}, true }
+func (oneLease) Sandbox(string, *exec.Cmd) error            { return nil }
+func (oneLease) Listens(string, int) bool                   { return true }
 
 // remoteLease is the pool host's side: a real QUIC data-plane server
 // whose cuda operation starts the lease's CUDA server as the agent does,

@@ -3,6 +3,7 @@ package cluster_test
 import (
 	"encoding/json"
 	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -104,9 +105,17 @@ func TestACLOnRealProcesses(t *testing.T) {
 	}
 	for _, cmd := range [][]string{{"lease", "get", lease.ID}, {"lease", "release", lease.ID}} {
 		_, stderr, code := run(append(cmd, "--token="+b.Secret)...)
-		if code != 1 || !strings.Contains(stderr, "permission denied") || !strings.Contains(stderr, "belongs to another tenant") || strings.Contains(stderr, "team-a") {
-			t.Errorf("team-b: gpupool %s: exit %d, %q; want 1, permission denied without naming the owner", strings.Join(cmd, " "), code, stderr)
+		if code != 1 || !strings.Contains(stderr, "not found") || strings.Contains(stderr, "team-a") {
+			t.Errorf("team-b: gpupool %s: exit %d, %q; want 1 and not found, as for a lease that does not exist", strings.Join(cmd, " "), code, stderr)
 		}
+	}
+	// A token file keeps the secret out of ps.
+	tokenFile := filepath.Join(t.TempDir(), "team-a.token")
+	if err := os.WriteFile(tokenFile, []byte(a.Secret+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if out := mustRun("lease", "ls", "-o", "json", "--token-file", tokenFile); !strings.Contains(out, lease.ID) {
+		t.Errorf("team-a's lease ls with --token-file does not show its lease:\n%s", out)
 	}
 	if out := mustRun("lease", "ls", "-o", "json", "--token="+b.Secret); strings.Contains(out, lease.ID) {
 		t.Errorf("team-b's lease ls shows team-a's lease:\n%s", out)
@@ -123,14 +132,29 @@ func TestACLOnRealProcesses(t *testing.T) {
 		t.Errorf("lease get does not say who acquired it:\n%s", out)
 	}
 
+	// A tenant forging its agent's refusal of another tenant's lease: a
+	// heartbeat needs the host's own agent token.
+	forger := cl.dialWithToken(b.Secret, cl.addrs...)
+	hb, err := forger.Agent.Heartbeat(ctxFor(t, 30*time.Second))
+	if err == nil {
+		hb.Send(&gpupoolv1.HeartbeatRequest{HostId: "host-1", Rejected: []*gpupoolv1.Rejection{{LeaseId: lease.ID, Reason: "forged"}}})
+		_, err = hb.Recv()
+	}
+	if status.Code(err) != codes.PermissionDenied {
+		t.Errorf("a client token sending host-1's heartbeat with a refusal: got %v, want PermissionDenied", err)
+	}
+	if out := mustRun("lease", "get", lease.ID, "-o", "json", "--token="+a.Secret); !strings.Contains(out, "GRANTED") {
+		t.Errorf("after a forged refusal team-a's lease is no longer granted:\n%s", out)
+	}
+
 	// Through a follower: the leader checks the caller's own token, so a
 	// forwarded call can do no more than the caller.
 	leader := cl.leader()
 	follower := cl.addrs[(leader+1)%3]
 	viaFollower := func(secret string) *client.Client { return cl.dialWithToken(secret, follower) }
 	_, err = viaFollower(b.Secret).Lease.Release(ctxFor(t, 30*time.Second), &gpupoolv1.ReleaseRequest{LeaseId: lease.ID})
-	if status.Code(err) != codes.PermissionDenied || !strings.Contains(status.Convert(err).Message(), "another tenant") {
-		t.Errorf("team-b releasing team-a's lease through follower %s: got %v, want PermissionDenied", follower, err)
+	if status.Code(err) != codes.NotFound || !strings.Contains(status.Convert(err).Message(), "not found") {
+		t.Errorf("team-b releasing team-a's lease through follower %s: got %v, want NotFound", follower, err)
 	}
 	_, err = viaFollower("").Lease.Release(ctxFor(t, 30*time.Second), &gpupoolv1.ReleaseRequest{LeaseId: lease.ID})
 	if status.Code(err) != codes.Unauthenticated {
@@ -158,5 +182,36 @@ func TestACLOnRealProcesses(t *testing.T) {
 	mustRun("lease", "release", lease.ID, "--token="+a.Secret)
 	if out := mustRun("lease", "get", lease.ID, mgmt); !strings.Contains(out, "ENDED BY") || !strings.Contains(out, a.Token.AccessorID) {
 		t.Errorf("lease get does not say who released it:\n%s", out)
+	}
+
+	// Revoking a token revokes the leases it acquired, unless kept.
+	c := newToken("operator", "acl", "token", "create", "--kind", "client", "--tenant", "team-c", "-o", "json", mgmt)
+	var leaseC, keptC struct {
+		ID string `json:"id"`
+	}
+	for _, l := range []*struct {
+		ID string `json:"id"`
+	}{&leaseC, &keptC} {
+		if err := json.Unmarshal([]byte(mustRun("lease", "acquire", "--memory", "1GiB", "--compute", "5", "-o", "json", "--token="+c.Secret)), l); err != nil {
+			t.Fatal(err)
+		}
+	}
+	d := newToken("operator", "acl", "token", "create", "--kind", "client", "--tenant", "team-c", "-o", "json", mgmt)
+	var leaseD struct {
+		ID string `json:"id"`
+	}
+	if err := json.Unmarshal([]byte(mustRun("lease", "acquire", "--memory", "1GiB", "--compute", "5", "-o", "json", "--token="+d.Secret)), &leaseD); err != nil {
+		t.Fatal(err)
+	}
+	if out := mustRun("operator", "acl", "token", "revoke", c.Token.AccessorID, mgmt); !strings.Contains(out, "and 2 of its leases") {
+		t.Errorf("revoking team-c's token: %q, want it to say 2 leases were revoked", out)
+	}
+	if out := mustRun("operator", "acl", "token", "revoke", d.Token.AccessorID, "--keep-leases", mgmt); !strings.Contains(out, "and 0 of its leases") {
+		t.Errorf("revoking with --keep-leases: %q, want no lease revoked", out)
+	}
+	for id, want := range map[string]string{leaseC.ID: "REVOKED", keptC.ID: "REVOKED", leaseD.ID: "GRANTED"} {
+		if out := mustRun("lease", "get", id, "-o", "json", mgmt); !strings.Contains(out, want) {
+			t.Errorf("lease %s after its token's revocation: want %s in\n%s", id, want, out)
+		}
 	}
 }

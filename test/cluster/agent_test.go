@@ -15,30 +15,54 @@ import (
 	gpupoolv1 "github.com/gpupool/gpupool/proto/gpupool/v1"
 )
 
-// leaseWorkload runs `sleep 600` as a process of lease id, as the
-// Kubernetes driver or the data plane would start it.
+// leaseWorkload is `sleep 600` run in lease id's sandbox through the
+// data plane ('gpupool exec'), as a holder runs it: pid is its host pid,
+// found in the lease's cgroup, and exited is closed once it is gone.
 type leaseWorkload struct {
-	cmd    *exec.Cmd
+	pid    int
 	exited chan struct{}
 	at     time.Time
 }
 
-func startLeaseWorkload(t *testing.T, id string) *leaseWorkload {
+func startLeaseWorkload(t *testing.T, cl *cluster, host, id string) *leaseWorkload {
 	t.Helper()
-	w := &leaseWorkload{cmd: exec.Command("sleep", "600"), exited: make(chan struct{})}
-	w.cmd.Env = append(os.Environ(), "GPUPOOL_LEASE_ID="+id)
-	if err := w.cmd.Start(); err != nil {
+	ex := exec.Command(binary, "exec", "--addr="+strings.Join(cl.addrs, ","), id, "--", "sleep", "600")
+	if err := ex.Start(); err != nil {
 		t.Fatal(err)
 	}
-	go func() {
-		w.cmd.Wait()
-		w.at = time.Now()
-		close(w.exited)
-	}()
-	t.Cleanup(func() {
-		w.cmd.Process.Kill()
-		<-w.exited
+	t.Cleanup(func() { ex.Process.Kill(); ex.Wait() })
+	// The agents keep each lease's processes in the v1 pids hierarchy
+	// (v2 where the host is unified), under their parent/<lease>.
+	w := &leaseWorkload{exited: make(chan struct{})}
+	eventually(t, "the lease's sleep to run in its cgroup", 20*time.Second, func() error {
+		parent := cl.cgroupParent(host)
+		procs := filepath.Join("/sys/fs/cgroup/pids", parent, id, "cgroup.procs")
+		if _, err := os.Stat("/sys/fs/cgroup/pids"); err != nil {
+			procs = filepath.Join("/sys/fs/cgroup", parent, id, "cgroup.procs")
+		}
+		b, err := os.ReadFile(procs)
+		if err != nil {
+			return err
+		}
+		for _, f := range strings.Fields(string(b)) {
+			if comm, _ := os.ReadFile("/proc/" + f + "/comm"); strings.TrimSpace(string(comm)) == "sleep" {
+				fmt.Sscan(f, &w.pid)
+				return nil
+			}
+		}
+		return fmt.Errorf("%s holds %q", procs, b)
 	})
+	go func() {
+		for {
+			st, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", w.pid))
+			if err != nil || strings.Contains(string(st), ") Z ") {
+				w.at = time.Now()
+				close(w.exited)
+				return
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+	}()
 	return w
 }
 
@@ -139,8 +163,8 @@ func TestAgentEnforcesALeaseThroughARestartAndReportsTheViolation(t *testing.T) 
 		}
 	}()
 
-	w := startLeaseWorkload(t, l.Id)
-	if err := cl.sim(0).SetProcess(gpu, w.cmd.Process.Pid, 512); err != nil {
+	w := startLeaseWorkload(t, cl, "host-1", l.Id)
+	if err := cl.sim(0).SetProcess(gpu, w.pid, 512); err != nil {
 		t.Fatal(err)
 	}
 	eventually(t, "lease get shows the agent's usage", 20*time.Second, func() error {
@@ -167,7 +191,7 @@ func TestAgentEnforcesALeaseThroughARestartAndReportsTheViolation(t *testing.T) 
 	})
 
 	start := time.Now()
-	if err := cl.sim(0).SetProcess(gpu, w.cmd.Process.Pid, 4096); err != nil {
+	if err := cl.sim(0).SetProcess(gpu, w.pid, 4096); err != nil {
 		t.Fatal(err)
 	}
 	w.wait(t, 20*time.Second, "it used 4 GiB of a 1 GiB slice")
@@ -288,12 +312,23 @@ func TestMPSDaemonFollowsTheGPUsSharedLeases(t *testing.T) {
 			return nil
 		})
 	}
-	start := "-d CUDA_VISIBLE_DEVICES=" + uuid + " pipe=" + uuid
-	wantLog(start)
+	// One daemon for the GPU, and its server started at once for the
+	// sandbox's shared MPS user (the first of host-1's range): an MPS
+	// daemon serves one user at a time.
+	start := []string{"-d CUDA_VISIBLE_DEVICES=" + uuid + " pipe=" + uuid, "start_server -uid 300000 CUDA_VISIBLE_DEVICES=" + uuid}
+	wantLog(start...)
+	// Both leases' processes run as that user, and reach the daemon's
+	// pipe directory from their sandboxes.
+	for _, l := range []*gpupoolv1.Lease{a.Lease, b.Lease} {
+		out, stderr, code := gpupool(t, "exec", "--addr="+strings.Join(cl.addrs, ","), l.Id, "--", "sh", "-c", `id -u; test -d "$CUDA_MPS_PIPE_DIRECTORY" && echo pipe`)
+		if code != 0 || out != "300000\npipe\n" {
+			t.Fatalf("exec on %s: exit %d, stdout %q, stderr %s; want the MPS user 300000 and its pipe directory", l.Id, code, out, stderr)
+		}
+	}
 	for _, l := range []*gpupoolv1.Lease{a.Lease, b.Lease} {
 		if _, err := cl.c.Lease.Release(ctxFor(t, 10*time.Second), &gpupoolv1.ReleaseRequest{LeaseId: l.Id}); err != nil {
 			t.Fatal(err)
 		}
 	}
-	wantLog(start, "quit CUDA_VISIBLE_DEVICES="+uuid)
+	wantLog(append(start, "quit CUDA_VISIBLE_DEVICES="+uuid)...)
 }

@@ -7,6 +7,7 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"github.com/gpupool/gpupool/agent/sandbox"
 	"math/rand/v2"
 	"net"
 	"os"
@@ -130,8 +131,13 @@ func (p *proc) running() bool {
 
 // cluster is three brokers and some agents.
 type cluster struct {
-	t       *testing.T
-	dir     string
+	t   *testing.T
+	dir string
+	// ports are the agents' data-plane addresses by index.
+	ports struct {
+		mu sync.Mutex
+		m  map[int]string
+	}
 	brokers []*proc
 	agents  []*proc
 	addrs   []string
@@ -294,9 +300,47 @@ var agentWatchdog = []string{"--watchdog-poll", "100ms", "--watchdog-grace", "50
 func (cl *cluster) newAgent(i int, extra ...string) *proc {
 	name := fmt.Sprintf("host-%d", i+1)
 	args := append([]string{"agent", "--broker", strings.Join(cl.addrs, ","), "--simulate", "8xA100-80GB", "--host-id", name,
-		"--data-dir", cl.agentDir(i), "--data-bind", "127.0.0.1:0", "--log-level", "debug"}, agentWatchdog...)
+		"--data-dir", cl.agentDir(i), "--data-bind", cl.dataBind(i), "--log-level", "debug",
+		// Agents on one machine each take their own users.
+		"--sandbox-users", fmt.Sprintf("%d-%d", 300000+i*1000, 300000+i*1000+999),
+		"--cgroup-parent", cl.cgroupParent(name)}, agentWatchdog...)
 	args = append(args, cl.security(name, pki.RoleAgent)...)
 	return cl.newProc(name, append(args, extra...)...)
+}
+
+// dataBind is host-(i+1)'s data-plane address, the same across its
+// restarts: a host that comes back on another address while it holds
+// leases is refused until an operator resets its identity.
+func (cl *cluster) dataBind(i int) string {
+	cl.ports.mu.Lock()
+	defer cl.ports.mu.Unlock()
+	if cl.ports.m == nil {
+		cl.ports.m = map[int]string{}
+	}
+	if a, ok := cl.ports.m[i]; ok {
+		return a
+	}
+	c, err := net.ListenPacket("udp", "127.0.0.1:0")
+	if err != nil {
+		cl.t.Fatal(err)
+	}
+	a := c.LocalAddr().String()
+	c.Close()
+	cl.ports.m[i] = a
+	return a
+}
+
+// cgroupParent is where host's agent keeps its leases' cgroups: under
+// this test process, so that no other agent on the machine shares them.
+// The leases left when the test ends are purged with their processes.
+func (cl *cluster) cgroupParent(host string) string {
+	p := fmt.Sprintf("gpupool-test/cluster-%d/%s", os.Getpid(), host)
+	cl.t.Cleanup(func() {
+		if m, err := sandbox.New(sandbox.Config{CgroupParent: p}); err == nil {
+			m.Purge()
+		}
+	})
+	return p
 }
 
 // agentDir is host-(i+1)'s data dir.

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"os"
 	"os/exec"
 	"path/filepath"
 	"regexp"
@@ -196,18 +197,28 @@ func TestReleasingTheLeaseDuringAnAttachFailsTheNextCUDACall(t *testing.T) {
 		go func() { cmd.Wait(); close(done) }()
 		t.Fatalf("got %q, want ready; stderr:\n%s", lines.Text(), errOut.String())
 	}
+	// The lease's CUDA server runs in the lease's sandbox, as an exec does:
+	// as the lease's user, in the lease's cgroup.
+	pid := cudaServerPID(t, id)
+	status, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	uid := regexp.MustCompile(`(?m)^Uid:\s+(\d+)`).FindStringSubmatch(string(status))
+	if uid == nil || uid[1] == fmt.Sprint(os.Getuid()) {
+		t.Errorf("the lease's CUDA server %d runs as uid %v, want the lease's own user, not the agent's %d", pid, uid, os.Getuid())
+	}
+	if cg, err := os.ReadFile(fmt.Sprintf("/proc/%d/cgroup", pid)); err != nil || !strings.Contains(string(cg), id) {
+		t.Errorf("the lease's CUDA server %d is in cgroups %q (%v), want the lease's", pid, cg, err)
+	}
 	if _, err := cl.c.Lease.Release(ctx, &gpupoolv1.ReleaseRequest{LeaseId: id, Reason: "test: the lease ends under a CUDA program"}); err != nil {
 		t.Fatal(err)
 	}
 	// The agent stops the lease's CUDA server once it hears of the
 	// release; the program's next call fails then.
-	pgrep := regexp.MustCompile(`agent cuda-server`)
 	eventually(t, "the agent to stop the lease's CUDA server", 30*time.Second, func() error {
-		b, _ := exec.Command("ps", "-eo", "args").Output()
-		for _, line := range strings.Split(string(b), "\n") {
-			if pgrep.MatchString(line) && strings.Contains(line, id) {
-				return errors.New("still running")
-			}
+		if pid := findCudaServer(id); pid != 0 {
+			return fmt.Errorf("pid %d still runs", pid)
 		}
 		return nil
 	})
@@ -253,4 +264,31 @@ func TestTheAgentRefusesAStaleTokenForCUDA(t *testing.T) {
 		}
 		return nil
 	})
+}
+
+// findCudaServer returns the pid of lease id's CUDA server, 0 if none runs.
+func findCudaServer(id string) int {
+	b, _ := exec.Command("ps", "-eo", "pid=,args=").Output()
+	for _, line := range strings.Split(string(b), "\n") {
+		// The server itself, not the sandbox's init that started it.
+		var pid int
+		if f := strings.Fields(line); len(f) > 3 && f[1] == "/proc/self/exe" && f[2] == "agent" && f[3] == "cuda-server" && strings.Contains(line, id) {
+			fmt.Sscan(f[0], &pid)
+			return pid
+		}
+	}
+	return 0
+}
+
+// cudaServerPID waits for lease id's CUDA server and returns its pid.
+func cudaServerPID(t *testing.T, id string) int {
+	t.Helper()
+	var pid int
+	eventually(t, "the lease's CUDA server to run", 30*time.Second, func() error {
+		if pid = findCudaServer(id); pid == 0 {
+			return errors.New("not found")
+		}
+		return nil
+	})
+	return pid
 }

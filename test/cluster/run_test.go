@@ -1,6 +1,7 @@
 package cluster_test
 
 import (
+	"bufio"
 	"bytes"
 	"errors"
 	"fmt"
@@ -10,6 +11,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -141,22 +143,25 @@ func TestExecAndForwardOnAHeldLease(t *testing.T) {
 		t.Fatalf("exec: exit %d, stdout %q (stderr %s); want 4 and the lease id", code, out, stderr)
 	}
 
-	// An echo server on the "pool host" (this machine).
-	echo, err := net.Listen("tcp", "127.0.0.1:0")
+	// An echo server of the lease: forward reaches only the lease's own
+	// listeners.
+	srv := exec.Command(binary, "exec", addr, id, "--", "perl", "-e", perlEcho)
+	srvOut, err := srv.StdoutPipe()
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { echo.Close() })
-	go func() {
-		for {
-			c, err := echo.Accept()
-			if err != nil {
-				return
-			}
-			go func() { io.Copy(c, c); c.Close() }()
-		}
-	}()
-	port := echo.Addr().(*net.TCPAddr).Port
+	if err := srv.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { srv.Process.Kill(); srv.Wait() })
+	line, err := bufio.NewReader(srvOut).ReadString('\n')
+	if err != nil {
+		t.Fatalf("reading the echo server's port: %v", err)
+	}
+	port, err := strconv.Atoi(strings.TrimSpace(line))
+	if err != nil {
+		t.Fatalf("the echo server printed %q, want its port", line)
+	}
 	fwd := exec.Command(binary, "forward", addr, id, fmt.Sprintf("127.0.0.1:0:%d", port))
 	var fwdErr syncBuffer
 	fwd.Stderr = &fwdErr

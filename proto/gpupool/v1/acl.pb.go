@@ -314,8 +314,11 @@ func (x *ListAclTokensResponse) GetTokens() []*AclToken {
 }
 
 type RevokeAclTokenRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	AccessorId    string                 `protobuf:"bytes,1,opt,name=accessor_id,json=accessorId,proto3" json:"accessor_id,omitempty"`
+	state      protoimpl.MessageState `protogen:"open.v1"`
+	AccessorId string                 `protobuf:"bytes,1,opt,name=accessor_id,json=accessorId,proto3" json:"accessor_id,omitempty"`
+	// Keep the leases the token acquired; by default they are revoked with
+	// it, so that their lease tokens stop working at once.
+	KeepLeases    bool `protobuf:"varint,2,opt,name=keep_leases,json=keepLeases,proto3" json:"keep_leases,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -357,9 +360,18 @@ func (x *RevokeAclTokenRequest) GetAccessorId() string {
 	return ""
 }
 
+func (x *RevokeAclTokenRequest) GetKeepLeases() bool {
+	if x != nil {
+		return x.KeepLeases
+	}
+	return false
+}
+
 type RevokeAclTokenResponse struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Token         *AclToken              `protobuf:"bytes,1,opt,name=token,proto3" json:"token,omitempty"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Token *AclToken              `protobuf:"bytes,1,opt,name=token,proto3" json:"token,omitempty"`
+	// The leases revoked with the token.
+	RevokedLeases []string `protobuf:"bytes,2,rep,name=revoked_leases,json=revokedLeases,proto3" json:"revoked_leases,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -397,6 +409,13 @@ func (*RevokeAclTokenResponse) Descriptor() ([]byte, []int) {
 func (x *RevokeAclTokenResponse) GetToken() *AclToken {
 	if x != nil {
 		return x.Token
+	}
+	return nil
+}
+
+func (x *RevokeAclTokenResponse) GetRevokedLeases() []string {
+	if x != nil {
+		return x.RevokedLeases
 	}
 	return nil
 }
@@ -513,12 +532,15 @@ const file_gpupool_v1_acl_proto_rawDesc = "" +
 	"\x14ListAclTokensRequest\x12\x14\n" +
 	"\x05stale\x18\x01 \x01(\bR\x05stale\"E\n" +
 	"\x15ListAclTokensResponse\x12,\n" +
-	"\x06tokens\x18\x01 \x03(\v2\x14.gpupool.v1.AclTokenR\x06tokens\"8\n" +
+	"\x06tokens\x18\x01 \x03(\v2\x14.gpupool.v1.AclTokenR\x06tokens\"Y\n" +
 	"\x15RevokeAclTokenRequest\x12\x1f\n" +
 	"\vaccessor_id\x18\x01 \x01(\tR\n" +
-	"accessorId\"D\n" +
+	"accessorId\x12\x1f\n" +
+	"\vkeep_leases\x18\x02 \x01(\bR\n" +
+	"keepLeases\"k\n" +
 	"\x16RevokeAclTokenResponse\x12*\n" +
-	"\x05token\x18\x01 \x01(\v2\x14.gpupool.v1.AclTokenR\x05token\"\x0f\n" +
+	"\x05token\x18\x01 \x01(\v2\x14.gpupool.v1.AclTokenR\x05token\x12%\n" +
+	"\x0erevoked_leases\x18\x02 \x03(\tR\rrevokedLeases\"\x0f\n" +
 	"\rWhoAmIRequest\"]\n" +
 	"\x0eWhoAmIResponse\x12*\n" +
 	"\x05token\x18\x01 \x01(\v2\x14.gpupool.v1.AclTokenR\x05token\x12\x1f\n" +

@@ -48,7 +48,8 @@ type AclServiceClient interface {
 	// ListTokens lists every token, never with its secret.
 	ListTokens(ctx context.Context, in *ListAclTokensRequest, opts ...grpc.CallOption) (*ListAclTokensResponse, error)
 	// RevokeToken revokes a token by accessor id: calls with it fail at
-	// once. NotFound for an unknown accessor; revoking twice is a no-op.
+	// once, and the leases it acquired are revoked unless keep_leases.
+	// NotFound for an unknown accessor; revoking twice is a no-op.
 	RevokeToken(ctx context.Context, in *RevokeAclTokenRequest, opts ...grpc.CallOption) (*RevokeAclTokenResponse, error)
 	// WhoAmI returns the caller's own token (without secret).
 	WhoAmI(ctx context.Context, in *WhoAmIRequest, opts ...grpc.CallOption) (*WhoAmIResponse, error)
@@ -129,7 +130,8 @@ type AclServiceServer interface {
 	// ListTokens lists every token, never with its secret.
 	ListTokens(context.Context, *ListAclTokensRequest) (*ListAclTokensResponse, error)
 	// RevokeToken revokes a token by accessor id: calls with it fail at
-	// once. NotFound for an unknown accessor; revoking twice is a no-op.
+	// once, and the leases it acquired are revoked unless keep_leases.
+	// NotFound for an unknown accessor; revoking twice is a no-op.
 	RevokeToken(context.Context, *RevokeAclTokenRequest) (*RevokeAclTokenResponse, error)
 	// WhoAmI returns the caller's own token (without secret).
 	WhoAmI(context.Context, *WhoAmIRequest) (*WhoAmIResponse, error)

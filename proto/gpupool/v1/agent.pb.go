@@ -497,10 +497,14 @@ type Assignment struct {
 	// The lease's TTL and what is left of it on the leader when the
 	// response is sent (0: unknown). An agent cut off from the brokers
 	// stops the lease's processes once that has passed, plus a grace.
-	TtlMs         int64 `protobuf:"varint,7,opt,name=ttl_ms,json=ttlMs,proto3" json:"ttl_ms,omitempty"`
-	ExpiresInMs   int64 `protobuf:"varint,8,opt,name=expires_in_ms,json=expiresInMs,proto3" json:"expires_in_ms,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	TtlMs       int64 `protobuf:"varint,7,opt,name=ttl_ms,json=ttlMs,proto3" json:"ttl_ms,omitempty"`
+	ExpiresInMs int64 `protobuf:"varint,8,opt,name=expires_in_ms,json=expiresInMs,proto3" json:"expires_in_ms,omitempty"`
+	// Host CPU and memory the lease holds on this host: the caps of its
+	// sandbox (0: none asked).
+	HostCpuMillicores int64 `protobuf:"varint,9,opt,name=host_cpu_millicores,json=hostCpuMillicores,proto3" json:"host_cpu_millicores,omitempty"`
+	HostMemoryMib     int64 `protobuf:"varint,10,opt,name=host_memory_mib,json=hostMemoryMib,proto3" json:"host_memory_mib,omitempty"`
+	unknownFields     protoimpl.UnknownFields
+	sizeCache         protoimpl.SizeCache
 }
 
 func (x *Assignment) Reset() {
@@ -585,6 +589,20 @@ func (x *Assignment) GetTtlMs() int64 {
 func (x *Assignment) GetExpiresInMs() int64 {
 	if x != nil {
 		return x.ExpiresInMs
+	}
+	return 0
+}
+
+func (x *Assignment) GetHostCpuMillicores() int64 {
+	if x != nil {
+		return x.HostCpuMillicores
+	}
+	return 0
+}
+
+func (x *Assignment) GetHostMemoryMib() int64 {
+	if x != nil {
+		return x.HostMemoryMib
 	}
 	return 0
 }
@@ -705,7 +723,7 @@ const file_gpupool_v1_agent_proto_rawDesc = "" +
 	"\x05at_ms\x18\x06 \x01(\x03R\x04atMs\">\n" +
 	"\tRejection\x12\x19\n" +
 	"\blease_id\x18\x01 \x01(\tR\aleaseId\x12\x16\n" +
-	"\x06reason\x18\x02 \x01(\tR\x06reason\"\x90\x02\n" +
+	"\x06reason\x18\x02 \x01(\tR\x06reason\"\xe8\x02\n" +
 	"\n" +
 	"Assignment\x12\x19\n" +
 	"\blease_id\x18\x01 \x01(\tR\aleaseId\x12#\n" +
@@ -715,7 +733,10 @@ const file_gpupool_v1_agent_proto_rawDesc = "" +
 	"\x06tenant\x18\x05 \x01(\tR\x06tenant\x12\x16\n" +
 	"\x06holder\x18\x06 \x01(\tR\x06holder\x12\x15\n" +
 	"\x06ttl_ms\x18\a \x01(\x03R\x05ttlMs\x12\"\n" +
-	"\rexpires_in_ms\x18\b \x01(\x03R\vexpiresInMs\"\x80\x02\n" +
+	"\rexpires_in_ms\x18\b \x01(\x03R\vexpiresInMs\x12.\n" +
+	"\x13host_cpu_millicores\x18\t \x01(\x03R\x11hostCpuMillicores\x12&\n" +
+	"\x0fhost_memory_mib\x18\n" +
+	" \x01(\x03R\rhostMemoryMib\"\x80\x02\n" +
 	"\x11HeartbeatResponse\x120\n" +
 	"\aenforce\x18\x01 \x03(\v2\x16.gpupool.v1.AssignmentR\aenforce\x122\n" +
 	"\bteardown\x18\x02 \x03(\v2\x16.gpupool.v1.AssignmentR\bteardown\x122\n" +

@@ -1363,10 +1363,13 @@ func (x *CreateAclTokenCommand) GetBootstrap() bool {
 // RevokeAclTokenCommand revokes a token; revoking a revoked token keeps
 // the first revocation.
 type RevokeAclTokenCommand struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	AccessorId    string                 `protobuf:"bytes,1,opt,name=accessor_id,json=accessorId,proto3" json:"accessor_id,omitempty"`
-	NowMs         int64                  `protobuf:"varint,2,opt,name=now_ms,json=nowMs,proto3" json:"now_ms,omitempty"`
-	Actor         *Actor                 `protobuf:"bytes,3,opt,name=actor,proto3" json:"actor,omitempty"`
+	state      protoimpl.MessageState `protogen:"open.v1"`
+	AccessorId string                 `protobuf:"bytes,1,opt,name=accessor_id,json=accessorId,proto3" json:"accessor_id,omitempty"`
+	NowMs      int64                  `protobuf:"varint,2,opt,name=now_ms,json=nowMs,proto3" json:"now_ms,omitempty"`
+	Actor      *Actor                 `protobuf:"bytes,3,opt,name=actor,proto3" json:"actor,omitempty"`
+	// Also revoke the granted and pending leases the token acquired (unset
+	// in commands logged before it existed, which keep their leases).
+	RevokeLeases  bool `protobuf:"varint,4,opt,name=revoke_leases,json=revokeLeases,proto3" json:"revoke_leases,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1420,6 +1423,13 @@ func (x *RevokeAclTokenCommand) GetActor() *Actor {
 		return x.Actor
 	}
 	return nil
+}
+
+func (x *RevokeAclTokenCommand) GetRevokeLeases() bool {
+	if x != nil {
+		return x.RevokeLeases
+	}
+	return false
 }
 
 // StateSnapshot is the whole FSM state, in the order of the store's indexes.
@@ -1548,6 +1558,76 @@ func (x *PreemptLeasesCommand) GetNowMs() int64 {
 	return 0
 }
 
+// ResetHostIdentityCommand forgets a host's data-plane address and
+// certificate fingerprint: the next registration sets new ones.
+type ResetHostIdentityCommand struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	HostId        string                 `protobuf:"bytes,1,opt,name=host_id,json=hostId,proto3" json:"host_id,omitempty"`
+	Reason        string                 `protobuf:"bytes,2,opt,name=reason,proto3" json:"reason,omitempty"`
+	NowMs         int64                  `protobuf:"varint,3,opt,name=now_ms,json=nowMs,proto3" json:"now_ms,omitempty"`
+	Actor         *Actor                 `protobuf:"bytes,4,opt,name=actor,proto3" json:"actor,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ResetHostIdentityCommand) Reset() {
+	*x = ResetHostIdentityCommand{}
+	mi := &file_gpupool_v1_internal_proto_msgTypes[22]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ResetHostIdentityCommand) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ResetHostIdentityCommand) ProtoMessage() {}
+
+func (x *ResetHostIdentityCommand) ProtoReflect() protoreflect.Message {
+	mi := &file_gpupool_v1_internal_proto_msgTypes[22]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ResetHostIdentityCommand.ProtoReflect.Descriptor instead.
+func (*ResetHostIdentityCommand) Descriptor() ([]byte, []int) {
+	return file_gpupool_v1_internal_proto_rawDescGZIP(), []int{22}
+}
+
+func (x *ResetHostIdentityCommand) GetHostId() string {
+	if x != nil {
+		return x.HostId
+	}
+	return ""
+}
+
+func (x *ResetHostIdentityCommand) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
+func (x *ResetHostIdentityCommand) GetNowMs() int64 {
+	if x != nil {
+		return x.NowMs
+	}
+	return 0
+}
+
+func (x *ResetHostIdentityCommand) GetActor() *Actor {
+	if x != nil {
+		return x.Actor
+	}
+	return nil
+}
+
 type StateSnapshot struct {
 	state       protoimpl.MessageState `protogen:"open.v1"`
 	Servers     []*UpsertServerCommand `protobuf:"bytes,1,rep,name=servers,proto3" json:"servers,omitempty"`
@@ -1568,7 +1648,7 @@ type StateSnapshot struct {
 
 func (x *StateSnapshot) Reset() {
 	*x = StateSnapshot{}
-	mi := &file_gpupool_v1_internal_proto_msgTypes[22]
+	mi := &file_gpupool_v1_internal_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1580,7 +1660,7 @@ func (x *StateSnapshot) String() string {
 func (*StateSnapshot) ProtoMessage() {}
 
 func (x *StateSnapshot) ProtoReflect() protoreflect.Message {
-	mi := &file_gpupool_v1_internal_proto_msgTypes[22]
+	mi := &file_gpupool_v1_internal_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1593,7 +1673,7 @@ func (x *StateSnapshot) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StateSnapshot.ProtoReflect.Descriptor instead.
 func (*StateSnapshot) Descriptor() ([]byte, []int) {
-	return file_gpupool_v1_internal_proto_rawDescGZIP(), []int{22}
+	return file_gpupool_v1_internal_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *StateSnapshot) GetServers() []*UpsertServerCommand {
@@ -1775,12 +1855,13 @@ const file_gpupool_v1_internal_proto_rawDesc = "" +
 	"\x06now_ms\x18\x04 \x01(\x03R\x05nowMs\"a\n" +
 	"\x15CreateAclTokenCommand\x12*\n" +
 	"\x05token\x18\x01 \x01(\v2\x14.gpupool.v1.AclTokenR\x05token\x12\x1c\n" +
-	"\tbootstrap\x18\x02 \x01(\bR\tbootstrap\"x\n" +
+	"\tbootstrap\x18\x02 \x01(\bR\tbootstrap\"\x9d\x01\n" +
 	"\x15RevokeAclTokenCommand\x12\x1f\n" +
 	"\vaccessor_id\x18\x01 \x01(\tR\n" +
 	"accessorId\x12\x15\n" +
 	"\x06now_ms\x18\x02 \x01(\x03R\x05nowMs\x12'\n" +
-	"\x05actor\x18\x03 \x01(\v2\x11.gpupool.v1.ActorR\x05actor\">\n" +
+	"\x05actor\x18\x03 \x01(\v2\x11.gpupool.v1.ActorR\x05actor\x12#\n" +
+	"\rrevoke_leases\x18\x04 \x01(\bR\frevokeLeases\">\n" +
 	"\x13EnqueueLeaseCommand\x12'\n" +
 	"\x05lease\x18\x01 \x01(\v2\x11.gpupool.v1.LeaseR\x05lease\"\xa0\x01\n" +
 	"\x14PreemptLeasesCommand\x12\x1b\n" +
@@ -1789,7 +1870,12 @@ const file_gpupool_v1_internal_proto_rawDesc = "" +
 	"\vdeadline_ms\x18\x03 \x01(\x03R\n" +
 	"deadlineMs\x12\x16\n" +
 	"\x06reason\x18\x04 \x01(\tR\x06reason\x12\x15\n" +
-	"\x06now_ms\x18\x05 \x01(\x03R\x05nowMs\"\xda\x03\n" +
+	"\x06now_ms\x18\x05 \x01(\x03R\x05nowMs\"\x8b\x01\n" +
+	"\x18ResetHostIdentityCommand\x12\x17\n" +
+	"\ahost_id\x18\x01 \x01(\tR\x06hostId\x12\x16\n" +
+	"\x06reason\x18\x02 \x01(\tR\x06reason\x12\x15\n" +
+	"\x06now_ms\x18\x03 \x01(\x03R\x05nowMs\x12'\n" +
+	"\x05actor\x18\x04 \x01(\v2\x11.gpupool.v1.ActorR\x05actor\"\xda\x03\n" +
 	"\rStateSnapshot\x129\n" +
 	"\aservers\x18\x01 \x03(\v2\x1f.gpupool.v1.UpsertServerCommandR\aservers\x12&\n" +
 	"\x05hosts\x18\x02 \x03(\v2\x10.gpupool.v1.HostR\x05hosts\x12,\n" +
@@ -1820,7 +1906,7 @@ func file_gpupool_v1_internal_proto_rawDescGZIP() []byte {
 	return file_gpupool_v1_internal_proto_rawDescData
 }
 
-var file_gpupool_v1_internal_proto_msgTypes = make([]protoimpl.MessageInfo, 23)
+var file_gpupool_v1_internal_proto_msgTypes = make([]protoimpl.MessageInfo, 24)
 var file_gpupool_v1_internal_proto_goTypes = []any{
 	(*ServerInfoRequest)(nil),         // 0: gpupool.v1.ServerInfoRequest
 	(*ServerInfoResponse)(nil),        // 1: gpupool.v1.ServerInfoResponse
@@ -1844,54 +1930,56 @@ var file_gpupool_v1_internal_proto_goTypes = []any{
 	(*RevokeAclTokenCommand)(nil),     // 19: gpupool.v1.RevokeAclTokenCommand
 	(*EnqueueLeaseCommand)(nil),       // 20: gpupool.v1.EnqueueLeaseCommand
 	(*PreemptLeasesCommand)(nil),      // 21: gpupool.v1.PreemptLeasesCommand
-	(*StateSnapshot)(nil),             // 22: gpupool.v1.StateSnapshot
-	(*Host)(nil),                      // 23: gpupool.v1.Host
-	(*Device)(nil),                    // 24: gpupool.v1.Device
-	(HostStatus)(0),                   // 25: gpupool.v1.HostStatus
-	(*Lease)(nil),                     // 26: gpupool.v1.Lease
-	(LeaseState)(0),                   // 27: gpupool.v1.LeaseState
-	(*Actor)(nil),                     // 28: gpupool.v1.Actor
-	(*DeviceReport)(nil),              // 29: gpupool.v1.DeviceReport
-	(*AgentEvent)(nil),                // 30: gpupool.v1.AgentEvent
-	(*Quota)(nil),                     // 31: gpupool.v1.Quota
-	(*AclToken)(nil),                  // 32: gpupool.v1.AclToken
-	(*AuditEntry)(nil),                // 33: gpupool.v1.AuditEntry
+	(*ResetHostIdentityCommand)(nil),  // 22: gpupool.v1.ResetHostIdentityCommand
+	(*StateSnapshot)(nil),             // 23: gpupool.v1.StateSnapshot
+	(*Host)(nil),                      // 24: gpupool.v1.Host
+	(*Device)(nil),                    // 25: gpupool.v1.Device
+	(HostStatus)(0),                   // 26: gpupool.v1.HostStatus
+	(*Lease)(nil),                     // 27: gpupool.v1.Lease
+	(LeaseState)(0),                   // 28: gpupool.v1.LeaseState
+	(*Actor)(nil),                     // 29: gpupool.v1.Actor
+	(*DeviceReport)(nil),              // 30: gpupool.v1.DeviceReport
+	(*AgentEvent)(nil),                // 31: gpupool.v1.AgentEvent
+	(*Quota)(nil),                     // 32: gpupool.v1.Quota
+	(*AclToken)(nil),                  // 33: gpupool.v1.AclToken
+	(*AuditEntry)(nil),                // 34: gpupool.v1.AuditEntry
 }
 var file_gpupool_v1_internal_proto_depIdxs = []int32{
 	2,  // 0: gpupool.v1.ServerInfoResponse.peers:type_name -> gpupool.v1.ClusterPeer
-	23, // 1: gpupool.v1.RegisterHostCommand.host:type_name -> gpupool.v1.Host
-	24, // 2: gpupool.v1.RegisterHostCommand.devices:type_name -> gpupool.v1.Device
-	25, // 3: gpupool.v1.SetHostStatusCommand.status:type_name -> gpupool.v1.HostStatus
-	26, // 4: gpupool.v1.GrantLeaseCommand.lease:type_name -> gpupool.v1.Lease
-	27, // 5: gpupool.v1.EndLeaseCommand.end_state:type_name -> gpupool.v1.LeaseState
-	28, // 6: gpupool.v1.EndLeaseCommand.actor:type_name -> gpupool.v1.Actor
-	29, // 7: gpupool.v1.SetDeviceHealthCommand.devices:type_name -> gpupool.v1.DeviceReport
-	30, // 8: gpupool.v1.RecordAgentEventsCommand.events:type_name -> gpupool.v1.AgentEvent
+	24, // 1: gpupool.v1.RegisterHostCommand.host:type_name -> gpupool.v1.Host
+	25, // 2: gpupool.v1.RegisterHostCommand.devices:type_name -> gpupool.v1.Device
+	26, // 3: gpupool.v1.SetHostStatusCommand.status:type_name -> gpupool.v1.HostStatus
+	27, // 4: gpupool.v1.GrantLeaseCommand.lease:type_name -> gpupool.v1.Lease
+	28, // 5: gpupool.v1.EndLeaseCommand.end_state:type_name -> gpupool.v1.LeaseState
+	29, // 6: gpupool.v1.EndLeaseCommand.actor:type_name -> gpupool.v1.Actor
+	30, // 7: gpupool.v1.SetDeviceHealthCommand.devices:type_name -> gpupool.v1.DeviceReport
+	31, // 8: gpupool.v1.RecordAgentEventsCommand.events:type_name -> gpupool.v1.AgentEvent
 	13, // 9: gpupool.v1.SetSigningKeysCommand.keys:type_name -> gpupool.v1.SigningKey
-	28, // 10: gpupool.v1.DrainHostCommand.actor:type_name -> gpupool.v1.Actor
-	28, // 11: gpupool.v1.SetHostEligibilityCommand.actor:type_name -> gpupool.v1.Actor
-	31, // 12: gpupool.v1.SetQuotaCommand.quota:type_name -> gpupool.v1.Quota
-	28, // 13: gpupool.v1.SetQuotaCommand.actor:type_name -> gpupool.v1.Actor
-	32, // 14: gpupool.v1.CreateAclTokenCommand.token:type_name -> gpupool.v1.AclToken
-	28, // 15: gpupool.v1.RevokeAclTokenCommand.actor:type_name -> gpupool.v1.Actor
-	26, // 16: gpupool.v1.EnqueueLeaseCommand.lease:type_name -> gpupool.v1.Lease
-	5,  // 17: gpupool.v1.StateSnapshot.servers:type_name -> gpupool.v1.UpsertServerCommand
-	23, // 18: gpupool.v1.StateSnapshot.hosts:type_name -> gpupool.v1.Host
-	24, // 19: gpupool.v1.StateSnapshot.devices:type_name -> gpupool.v1.Device
-	26, // 20: gpupool.v1.StateSnapshot.leases:type_name -> gpupool.v1.Lease
-	13, // 21: gpupool.v1.StateSnapshot.signing_keys:type_name -> gpupool.v1.SigningKey
-	31, // 22: gpupool.v1.StateSnapshot.quotas:type_name -> gpupool.v1.Quota
-	32, // 23: gpupool.v1.StateSnapshot.acl_tokens:type_name -> gpupool.v1.AclToken
-	33, // 24: gpupool.v1.StateSnapshot.audit:type_name -> gpupool.v1.AuditEntry
-	0,  // 25: gpupool.v1.ClusterService.ServerInfo:input_type -> gpupool.v1.ServerInfoRequest
-	3,  // 26: gpupool.v1.ClusterService.Join:input_type -> gpupool.v1.JoinRequest
-	1,  // 27: gpupool.v1.ClusterService.ServerInfo:output_type -> gpupool.v1.ServerInfoResponse
-	4,  // 28: gpupool.v1.ClusterService.Join:output_type -> gpupool.v1.JoinResponse
-	27, // [27:29] is the sub-list for method output_type
-	25, // [25:27] is the sub-list for method input_type
-	25, // [25:25] is the sub-list for extension type_name
-	25, // [25:25] is the sub-list for extension extendee
-	0,  // [0:25] is the sub-list for field type_name
+	29, // 10: gpupool.v1.DrainHostCommand.actor:type_name -> gpupool.v1.Actor
+	29, // 11: gpupool.v1.SetHostEligibilityCommand.actor:type_name -> gpupool.v1.Actor
+	32, // 12: gpupool.v1.SetQuotaCommand.quota:type_name -> gpupool.v1.Quota
+	29, // 13: gpupool.v1.SetQuotaCommand.actor:type_name -> gpupool.v1.Actor
+	33, // 14: gpupool.v1.CreateAclTokenCommand.token:type_name -> gpupool.v1.AclToken
+	29, // 15: gpupool.v1.RevokeAclTokenCommand.actor:type_name -> gpupool.v1.Actor
+	27, // 16: gpupool.v1.EnqueueLeaseCommand.lease:type_name -> gpupool.v1.Lease
+	29, // 17: gpupool.v1.ResetHostIdentityCommand.actor:type_name -> gpupool.v1.Actor
+	5,  // 18: gpupool.v1.StateSnapshot.servers:type_name -> gpupool.v1.UpsertServerCommand
+	24, // 19: gpupool.v1.StateSnapshot.hosts:type_name -> gpupool.v1.Host
+	25, // 20: gpupool.v1.StateSnapshot.devices:type_name -> gpupool.v1.Device
+	27, // 21: gpupool.v1.StateSnapshot.leases:type_name -> gpupool.v1.Lease
+	13, // 22: gpupool.v1.StateSnapshot.signing_keys:type_name -> gpupool.v1.SigningKey
+	32, // 23: gpupool.v1.StateSnapshot.quotas:type_name -> gpupool.v1.Quota
+	33, // 24: gpupool.v1.StateSnapshot.acl_tokens:type_name -> gpupool.v1.AclToken
+	34, // 25: gpupool.v1.StateSnapshot.audit:type_name -> gpupool.v1.AuditEntry
+	0,  // 26: gpupool.v1.ClusterService.ServerInfo:input_type -> gpupool.v1.ServerInfoRequest
+	3,  // 27: gpupool.v1.ClusterService.Join:input_type -> gpupool.v1.JoinRequest
+	1,  // 28: gpupool.v1.ClusterService.ServerInfo:output_type -> gpupool.v1.ServerInfoResponse
+	4,  // 29: gpupool.v1.ClusterService.Join:output_type -> gpupool.v1.JoinResponse
+	28, // [28:30] is the sub-list for method output_type
+	26, // [26:28] is the sub-list for method input_type
+	26, // [26:26] is the sub-list for extension type_name
+	26, // [26:26] is the sub-list for extension extendee
+	0,  // [0:26] is the sub-list for field type_name
 }
 
 func init() { file_gpupool_v1_internal_proto_init() }
@@ -1907,7 +1995,7 @@ func file_gpupool_v1_internal_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_gpupool_v1_internal_proto_rawDesc), len(file_gpupool_v1_internal_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   23,
+			NumMessages:   24,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

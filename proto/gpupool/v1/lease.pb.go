@@ -593,8 +593,11 @@ func (x *GetLeaseRequest) GetStale() bool {
 }
 
 type GetLeaseResponse struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Lease         *Lease                 `protobuf:"bytes,1,opt,name=lease,proto3" json:"lease,omitempty"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Lease *Lease                 `protobuf:"bytes,1,opt,name=lease,proto3" json:"lease,omitempty"`
+	// What the lease's processes run in on each of its hosts, as the hosts'
+	// agents report it (Host.lease_isolation), by host id.
+	HostIsolation map[string]string `protobuf:"bytes,2,rep,name=host_isolation,json=hostIsolation,proto3" json:"host_isolation,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -632,6 +635,13 @@ func (*GetLeaseResponse) Descriptor() ([]byte, []int) {
 func (x *GetLeaseResponse) GetLease() *Lease {
 	if x != nil {
 		return x.Lease
+	}
+	return nil
+}
+
+func (x *GetLeaseResponse) GetHostIsolation() map[string]string {
+	if x != nil {
+		return x.HostIsolation
 	}
 	return nil
 }
@@ -1054,9 +1064,13 @@ const file_gpupool_v1_lease_proto_rawDesc = "" +
 	"\x05lease\x18\x01 \x01(\v2\x11.gpupool.v1.LeaseR\x05lease\"B\n" +
 	"\x0fGetLeaseRequest\x12\x19\n" +
 	"\blease_id\x18\x01 \x01(\tR\aleaseId\x12\x14\n" +
-	"\x05stale\x18\x02 \x01(\bR\x05stale\";\n" +
+	"\x05stale\x18\x02 \x01(\bR\x05stale\"\xd5\x01\n" +
 	"\x10GetLeaseResponse\x12'\n" +
-	"\x05lease\x18\x01 \x01(\v2\x11.gpupool.v1.LeaseR\x05lease\"\xaa\x01\n" +
+	"\x05lease\x18\x01 \x01(\v2\x11.gpupool.v1.LeaseR\x05lease\x12V\n" +
+	"\x0ehost_isolation\x18\x02 \x03(\v2/.gpupool.v1.GetLeaseResponse.HostIsolationEntryR\rhostIsolation\x1a@\n" +
+	"\x12HostIsolationEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xaa\x01\n" +
 	"\x11ListLeasesRequest\x12\x16\n" +
 	"\x06tenant\x18\x01 \x01(\tR\x06tenant\x12\x12\n" +
 	"\x04host\x18\x02 \x01(\tR\x04host\x12.\n" +
@@ -1122,7 +1136,7 @@ func file_gpupool_v1_lease_proto_rawDescGZIP() []byte {
 }
 
 var file_gpupool_v1_lease_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_gpupool_v1_lease_proto_msgTypes = make([]protoimpl.MessageInfo, 15)
+var file_gpupool_v1_lease_proto_msgTypes = make([]protoimpl.MessageInfo, 16)
 var file_gpupool_v1_lease_proto_goTypes = []any{
 	(LeaseEventType)(0),        // 0: gpupool.v1.LeaseEventType
 	(*AcquireRequest)(nil),     // 1: gpupool.v1.AcquireRequest
@@ -1140,50 +1154,52 @@ var file_gpupool_v1_lease_proto_goTypes = []any{
 	(*WatchQueueRequest)(nil),  // 13: gpupool.v1.WatchQueueRequest
 	(*ElasticLease)(nil),       // 14: gpupool.v1.ElasticLease
 	(*QueueSnapshot)(nil),      // 15: gpupool.v1.QueueSnapshot
-	(*LeaseRequest)(nil),       // 16: gpupool.v1.LeaseRequest
-	(*Lease)(nil),              // 17: gpupool.v1.Lease
-	(*HostToken)(nil),          // 18: gpupool.v1.HostToken
-	(*Actor)(nil),              // 19: gpupool.v1.Actor
-	(LeaseState)(0),            // 20: gpupool.v1.LeaseState
+	nil,                        // 16: gpupool.v1.GetLeaseResponse.HostIsolationEntry
+	(*LeaseRequest)(nil),       // 17: gpupool.v1.LeaseRequest
+	(*Lease)(nil),              // 18: gpupool.v1.Lease
+	(*HostToken)(nil),          // 19: gpupool.v1.HostToken
+	(*Actor)(nil),              // 20: gpupool.v1.Actor
+	(LeaseState)(0),            // 21: gpupool.v1.LeaseState
 }
 var file_gpupool_v1_lease_proto_depIdxs = []int32{
-	16, // 0: gpupool.v1.AcquireRequest.request:type_name -> gpupool.v1.LeaseRequest
-	17, // 1: gpupool.v1.AcquireResponse.lease:type_name -> gpupool.v1.Lease
-	18, // 2: gpupool.v1.AcquireResponse.tokens:type_name -> gpupool.v1.HostToken
+	17, // 0: gpupool.v1.AcquireRequest.request:type_name -> gpupool.v1.LeaseRequest
+	18, // 1: gpupool.v1.AcquireResponse.lease:type_name -> gpupool.v1.Lease
+	19, // 2: gpupool.v1.AcquireResponse.tokens:type_name -> gpupool.v1.HostToken
 	0,  // 3: gpupool.v1.LeaseEvent.type:type_name -> gpupool.v1.LeaseEventType
-	17, // 4: gpupool.v1.LeaseEvent.lease:type_name -> gpupool.v1.Lease
-	19, // 5: gpupool.v1.LeaseEvent.actor:type_name -> gpupool.v1.Actor
-	20, // 6: gpupool.v1.KeepAliveResponse.state:type_name -> gpupool.v1.LeaseState
+	18, // 4: gpupool.v1.LeaseEvent.lease:type_name -> gpupool.v1.Lease
+	20, // 5: gpupool.v1.LeaseEvent.actor:type_name -> gpupool.v1.Actor
+	21, // 6: gpupool.v1.KeepAliveResponse.state:type_name -> gpupool.v1.LeaseState
 	4,  // 7: gpupool.v1.KeepAliveResponse.event:type_name -> gpupool.v1.LeaseEvent
-	18, // 8: gpupool.v1.KeepAliveResponse.tokens:type_name -> gpupool.v1.HostToken
-	17, // 9: gpupool.v1.ReleaseResponse.lease:type_name -> gpupool.v1.Lease
-	17, // 10: gpupool.v1.GetLeaseResponse.lease:type_name -> gpupool.v1.Lease
-	20, // 11: gpupool.v1.ListLeasesRequest.states:type_name -> gpupool.v1.LeaseState
-	17, // 12: gpupool.v1.ListLeasesResponse.leases:type_name -> gpupool.v1.Lease
-	17, // 13: gpupool.v1.ElasticLease.lease:type_name -> gpupool.v1.Lease
-	17, // 14: gpupool.v1.ElasticLease.extras:type_name -> gpupool.v1.Lease
-	17, // 15: gpupool.v1.QueueSnapshot.pending:type_name -> gpupool.v1.Lease
-	17, // 16: gpupool.v1.QueueSnapshot.preempting:type_name -> gpupool.v1.Lease
-	14, // 17: gpupool.v1.QueueSnapshot.elastic:type_name -> gpupool.v1.ElasticLease
-	1,  // 18: gpupool.v1.LeaseService.Acquire:input_type -> gpupool.v1.AcquireRequest
-	3,  // 19: gpupool.v1.LeaseService.KeepAlive:input_type -> gpupool.v1.KeepAliveRequest
-	6,  // 20: gpupool.v1.LeaseService.Release:input_type -> gpupool.v1.ReleaseRequest
-	8,  // 21: gpupool.v1.LeaseService.Get:input_type -> gpupool.v1.GetLeaseRequest
-	10, // 22: gpupool.v1.LeaseService.List:input_type -> gpupool.v1.ListLeasesRequest
-	12, // 23: gpupool.v1.LeaseService.Watch:input_type -> gpupool.v1.WatchLeasesRequest
-	13, // 24: gpupool.v1.LeaseService.WatchQueue:input_type -> gpupool.v1.WatchQueueRequest
-	2,  // 25: gpupool.v1.LeaseService.Acquire:output_type -> gpupool.v1.AcquireResponse
-	5,  // 26: gpupool.v1.LeaseService.KeepAlive:output_type -> gpupool.v1.KeepAliveResponse
-	7,  // 27: gpupool.v1.LeaseService.Release:output_type -> gpupool.v1.ReleaseResponse
-	9,  // 28: gpupool.v1.LeaseService.Get:output_type -> gpupool.v1.GetLeaseResponse
-	11, // 29: gpupool.v1.LeaseService.List:output_type -> gpupool.v1.ListLeasesResponse
-	4,  // 30: gpupool.v1.LeaseService.Watch:output_type -> gpupool.v1.LeaseEvent
-	15, // 31: gpupool.v1.LeaseService.WatchQueue:output_type -> gpupool.v1.QueueSnapshot
-	25, // [25:32] is the sub-list for method output_type
-	18, // [18:25] is the sub-list for method input_type
-	18, // [18:18] is the sub-list for extension type_name
-	18, // [18:18] is the sub-list for extension extendee
-	0,  // [0:18] is the sub-list for field type_name
+	19, // 8: gpupool.v1.KeepAliveResponse.tokens:type_name -> gpupool.v1.HostToken
+	18, // 9: gpupool.v1.ReleaseResponse.lease:type_name -> gpupool.v1.Lease
+	18, // 10: gpupool.v1.GetLeaseResponse.lease:type_name -> gpupool.v1.Lease
+	16, // 11: gpupool.v1.GetLeaseResponse.host_isolation:type_name -> gpupool.v1.GetLeaseResponse.HostIsolationEntry
+	21, // 12: gpupool.v1.ListLeasesRequest.states:type_name -> gpupool.v1.LeaseState
+	18, // 13: gpupool.v1.ListLeasesResponse.leases:type_name -> gpupool.v1.Lease
+	18, // 14: gpupool.v1.ElasticLease.lease:type_name -> gpupool.v1.Lease
+	18, // 15: gpupool.v1.ElasticLease.extras:type_name -> gpupool.v1.Lease
+	18, // 16: gpupool.v1.QueueSnapshot.pending:type_name -> gpupool.v1.Lease
+	18, // 17: gpupool.v1.QueueSnapshot.preempting:type_name -> gpupool.v1.Lease
+	14, // 18: gpupool.v1.QueueSnapshot.elastic:type_name -> gpupool.v1.ElasticLease
+	1,  // 19: gpupool.v1.LeaseService.Acquire:input_type -> gpupool.v1.AcquireRequest
+	3,  // 20: gpupool.v1.LeaseService.KeepAlive:input_type -> gpupool.v1.KeepAliveRequest
+	6,  // 21: gpupool.v1.LeaseService.Release:input_type -> gpupool.v1.ReleaseRequest
+	8,  // 22: gpupool.v1.LeaseService.Get:input_type -> gpupool.v1.GetLeaseRequest
+	10, // 23: gpupool.v1.LeaseService.List:input_type -> gpupool.v1.ListLeasesRequest
+	12, // 24: gpupool.v1.LeaseService.Watch:input_type -> gpupool.v1.WatchLeasesRequest
+	13, // 25: gpupool.v1.LeaseService.WatchQueue:input_type -> gpupool.v1.WatchQueueRequest
+	2,  // 26: gpupool.v1.LeaseService.Acquire:output_type -> gpupool.v1.AcquireResponse
+	5,  // 27: gpupool.v1.LeaseService.KeepAlive:output_type -> gpupool.v1.KeepAliveResponse
+	7,  // 28: gpupool.v1.LeaseService.Release:output_type -> gpupool.v1.ReleaseResponse
+	9,  // 29: gpupool.v1.LeaseService.Get:output_type -> gpupool.v1.GetLeaseResponse
+	11, // 30: gpupool.v1.LeaseService.List:output_type -> gpupool.v1.ListLeasesResponse
+	4,  // 31: gpupool.v1.LeaseService.Watch:output_type -> gpupool.v1.LeaseEvent
+	15, // 32: gpupool.v1.LeaseService.WatchQueue:output_type -> gpupool.v1.QueueSnapshot
+	26, // [26:33] is the sub-list for method output_type
+	19, // [19:26] is the sub-list for method input_type
+	19, // [19:19] is the sub-list for extension type_name
+	19, // [19:19] is the sub-list for extension extendee
+	0,  // [0:19] is the sub-list for field type_name
 }
 
 func init() { file_gpupool_v1_lease_proto_init() }
@@ -1198,7 +1214,7 @@ func file_gpupool_v1_lease_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_gpupool_v1_lease_proto_rawDesc), len(file_gpupool_v1_lease_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   15,
+			NumMessages:   16,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

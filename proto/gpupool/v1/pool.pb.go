@@ -1216,6 +1216,113 @@ func (x *DeviceEvent) GetIndex() uint64 {
 	return 0
 }
 
+type ResetHostIdentityRequest struct {
+	state  protoimpl.MessageState `protogen:"open.v1"`
+	HostId string                 `protobuf:"bytes,1,opt,name=host_id,json=hostId,proto3" json:"host_id,omitempty"`
+	// Why, for the audit log; at most 256 bytes.
+	Reason        string `protobuf:"bytes,2,opt,name=reason,proto3" json:"reason,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ResetHostIdentityRequest) Reset() {
+	*x = ResetHostIdentityRequest{}
+	mi := &file_gpupool_v1_pool_proto_msgTypes[17]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ResetHostIdentityRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ResetHostIdentityRequest) ProtoMessage() {}
+
+func (x *ResetHostIdentityRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_gpupool_v1_pool_proto_msgTypes[17]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ResetHostIdentityRequest.ProtoReflect.Descriptor instead.
+func (*ResetHostIdentityRequest) Descriptor() ([]byte, []int) {
+	return file_gpupool_v1_pool_proto_rawDescGZIP(), []int{17}
+}
+
+func (x *ResetHostIdentityRequest) GetHostId() string {
+	if x != nil {
+		return x.HostId
+	}
+	return ""
+}
+
+func (x *ResetHostIdentityRequest) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
+type ResetHostIdentityResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Host  *Host                  `protobuf:"bytes,1,opt,name=host,proto3" json:"host,omitempty"`
+	// Live leases on the host: their holders reach the host again once it
+	// registers with its new identity.
+	Leases        int32 `protobuf:"varint,2,opt,name=leases,proto3" json:"leases,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ResetHostIdentityResponse) Reset() {
+	*x = ResetHostIdentityResponse{}
+	mi := &file_gpupool_v1_pool_proto_msgTypes[18]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ResetHostIdentityResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ResetHostIdentityResponse) ProtoMessage() {}
+
+func (x *ResetHostIdentityResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_gpupool_v1_pool_proto_msgTypes[18]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ResetHostIdentityResponse.ProtoReflect.Descriptor instead.
+func (*ResetHostIdentityResponse) Descriptor() ([]byte, []int) {
+	return file_gpupool_v1_pool_proto_rawDescGZIP(), []int{18}
+}
+
+func (x *ResetHostIdentityResponse) GetHost() *Host {
+	if x != nil {
+		return x.Host
+	}
+	return nil
+}
+
+func (x *ResetHostIdentityResponse) GetLeases() int32 {
+	if x != nil {
+		return x.Leases
+	}
+	return 0
+}
+
 var File_gpupool_v1_pool_proto protoreflect.FileDescriptor
 
 const file_gpupool_v1_pool_proto_rawDesc = "" +
@@ -1310,13 +1417,19 @@ const file_gpupool_v1_pool_proto_rawDesc = "" +
 	"\x04type\x18\x01 \x01(\x0e2\x1a.gpupool.v1.WatchEventTypeR\x04type\x12*\n" +
 	"\x06device\x18\x02 \x01(\v2\x12.gpupool.v1.DeviceR\x06device\x12\x12\n" +
 	"\x04uuid\x18\x03 \x01(\tR\x04uuid\x12\x14\n" +
-	"\x05index\x18\x04 \x01(\x04R\x05index*\xaa\x01\n" +
+	"\x05index\x18\x04 \x01(\x04R\x05index\"K\n" +
+	"\x18ResetHostIdentityRequest\x12\x17\n" +
+	"\ahost_id\x18\x01 \x01(\tR\x06hostId\x12\x16\n" +
+	"\x06reason\x18\x02 \x01(\tR\x06reason\"Y\n" +
+	"\x19ResetHostIdentityResponse\x12$\n" +
+	"\x04host\x18\x01 \x01(\v2\x10.gpupool.v1.HostR\x04host\x12\x16\n" +
+	"\x06leases\x18\x02 \x01(\x05R\x06leases*\xaa\x01\n" +
 	"\x0eWatchEventType\x12 \n" +
 	"\x1cWATCH_EVENT_TYPE_UNSPECIFIED\x10\x00\x12\x1d\n" +
 	"\x19WATCH_EVENT_TYPE_SNAPSHOT\x10\x01\x12\x1b\n" +
 	"\x17WATCH_EVENT_TYPE_SYNCED\x10\x02\x12\x1c\n" +
 	"\x18WATCH_EVENT_TYPE_UPDATED\x10\x03\x12\x1c\n" +
-	"\x18WATCH_EVENT_TYPE_REMOVED\x10\x042\xe1\x04\n" +
+	"\x18WATCH_EVENT_TYPE_REMOVED\x10\x042\xc3\x05\n" +
 	"\vPoolService\x12H\n" +
 	"\tListHosts\x12\x1c.gpupool.v1.ListHostsRequest\x1a\x1d.gpupool.v1.ListHostsResponse\x12B\n" +
 	"\aGetHost\x12\x1a.gpupool.v1.GetHostRequest\x1a\x1b.gpupool.v1.GetHostResponse\x12N\n" +
@@ -1326,7 +1439,8 @@ const file_gpupool_v1_pool_proto_rawDesc = "" +
 	"\x0eSetEligibility\x12!.gpupool.v1.SetEligibilityRequest\x1a\".gpupool.v1.SetEligibilityResponse\x12D\n" +
 	"\n" +
 	"WatchHosts\x12\x1d.gpupool.v1.WatchHostsRequest\x1a\x15.gpupool.v1.HostEvent0\x01\x12J\n" +
-	"\fWatchDevices\x12\x1f.gpupool.v1.WatchDevicesRequest\x1a\x17.gpupool.v1.DeviceEvent0\x01B7Z5github.com/gpupool/gpupool/proto/gpupool/v1;gpupoolv1b\x06proto3"
+	"\fWatchDevices\x12\x1f.gpupool.v1.WatchDevicesRequest\x1a\x17.gpupool.v1.DeviceEvent0\x01\x12`\n" +
+	"\x11ResetHostIdentity\x12$.gpupool.v1.ResetHostIdentityRequest\x1a%.gpupool.v1.ResetHostIdentityResponseB7Z5github.com/gpupool/gpupool/proto/gpupool/v1;gpupoolv1b\x06proto3"
 
 var (
 	file_gpupool_v1_pool_proto_rawDescOnce sync.Once
@@ -1341,65 +1455,70 @@ func file_gpupool_v1_pool_proto_rawDescGZIP() []byte {
 }
 
 var file_gpupool_v1_pool_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_gpupool_v1_pool_proto_msgTypes = make([]protoimpl.MessageInfo, 18)
+var file_gpupool_v1_pool_proto_msgTypes = make([]protoimpl.MessageInfo, 20)
 var file_gpupool_v1_pool_proto_goTypes = []any{
-	(WatchEventType)(0),            // 0: gpupool.v1.WatchEventType
-	(*DrainHostRequest)(nil),       // 1: gpupool.v1.DrainHostRequest
-	(*SetEligibilityRequest)(nil),  // 2: gpupool.v1.SetEligibilityRequest
-	(*SetEligibilityResponse)(nil), // 3: gpupool.v1.SetEligibilityResponse
-	(*DrainHostResponse)(nil),      // 4: gpupool.v1.DrainHostResponse
-	(*ListHostsRequest)(nil),       // 5: gpupool.v1.ListHostsRequest
-	(*ListHostsResponse)(nil),      // 6: gpupool.v1.ListHostsResponse
-	(*GetHostRequest)(nil),         // 7: gpupool.v1.GetHostRequest
-	(*GetHostResponse)(nil),        // 8: gpupool.v1.GetHostResponse
-	(*ListDevicesRequest)(nil),     // 9: gpupool.v1.ListDevicesRequest
-	(*ListDevicesResponse)(nil),    // 10: gpupool.v1.ListDevicesResponse
-	(*StatusRequest)(nil),          // 11: gpupool.v1.StatusRequest
-	(*ModelCapacity)(nil),          // 12: gpupool.v1.ModelCapacity
-	(*StatusResponse)(nil),         // 13: gpupool.v1.StatusResponse
-	(*WatchHostsRequest)(nil),      // 14: gpupool.v1.WatchHostsRequest
-	(*HostEvent)(nil),              // 15: gpupool.v1.HostEvent
-	(*WatchDevicesRequest)(nil),    // 16: gpupool.v1.WatchDevicesRequest
-	(*DeviceEvent)(nil),            // 17: gpupool.v1.DeviceEvent
-	nil,                            // 18: gpupool.v1.StatusResponse.LeasesByStateEntry
-	(*Host)(nil),                   // 19: gpupool.v1.Host
-	(*Lease)(nil),                  // 20: gpupool.v1.Lease
-	(*Device)(nil),                 // 21: gpupool.v1.Device
+	(WatchEventType)(0),               // 0: gpupool.v1.WatchEventType
+	(*DrainHostRequest)(nil),          // 1: gpupool.v1.DrainHostRequest
+	(*SetEligibilityRequest)(nil),     // 2: gpupool.v1.SetEligibilityRequest
+	(*SetEligibilityResponse)(nil),    // 3: gpupool.v1.SetEligibilityResponse
+	(*DrainHostResponse)(nil),         // 4: gpupool.v1.DrainHostResponse
+	(*ListHostsRequest)(nil),          // 5: gpupool.v1.ListHostsRequest
+	(*ListHostsResponse)(nil),         // 6: gpupool.v1.ListHostsResponse
+	(*GetHostRequest)(nil),            // 7: gpupool.v1.GetHostRequest
+	(*GetHostResponse)(nil),           // 8: gpupool.v1.GetHostResponse
+	(*ListDevicesRequest)(nil),        // 9: gpupool.v1.ListDevicesRequest
+	(*ListDevicesResponse)(nil),       // 10: gpupool.v1.ListDevicesResponse
+	(*StatusRequest)(nil),             // 11: gpupool.v1.StatusRequest
+	(*ModelCapacity)(nil),             // 12: gpupool.v1.ModelCapacity
+	(*StatusResponse)(nil),            // 13: gpupool.v1.StatusResponse
+	(*WatchHostsRequest)(nil),         // 14: gpupool.v1.WatchHostsRequest
+	(*HostEvent)(nil),                 // 15: gpupool.v1.HostEvent
+	(*WatchDevicesRequest)(nil),       // 16: gpupool.v1.WatchDevicesRequest
+	(*DeviceEvent)(nil),               // 17: gpupool.v1.DeviceEvent
+	(*ResetHostIdentityRequest)(nil),  // 18: gpupool.v1.ResetHostIdentityRequest
+	(*ResetHostIdentityResponse)(nil), // 19: gpupool.v1.ResetHostIdentityResponse
+	nil,                               // 20: gpupool.v1.StatusResponse.LeasesByStateEntry
+	(*Host)(nil),                      // 21: gpupool.v1.Host
+	(*Lease)(nil),                     // 22: gpupool.v1.Lease
+	(*Device)(nil),                    // 23: gpupool.v1.Device
 }
 var file_gpupool_v1_pool_proto_depIdxs = []int32{
-	19, // 0: gpupool.v1.SetEligibilityResponse.host:type_name -> gpupool.v1.Host
-	19, // 1: gpupool.v1.DrainHostResponse.host:type_name -> gpupool.v1.Host
-	19, // 2: gpupool.v1.ListHostsResponse.hosts:type_name -> gpupool.v1.Host
-	19, // 3: gpupool.v1.GetHostResponse.host:type_name -> gpupool.v1.Host
-	20, // 4: gpupool.v1.GetHostResponse.leases:type_name -> gpupool.v1.Lease
-	21, // 5: gpupool.v1.ListDevicesResponse.devices:type_name -> gpupool.v1.Device
+	21, // 0: gpupool.v1.SetEligibilityResponse.host:type_name -> gpupool.v1.Host
+	21, // 1: gpupool.v1.DrainHostResponse.host:type_name -> gpupool.v1.Host
+	21, // 2: gpupool.v1.ListHostsResponse.hosts:type_name -> gpupool.v1.Host
+	21, // 3: gpupool.v1.GetHostResponse.host:type_name -> gpupool.v1.Host
+	22, // 4: gpupool.v1.GetHostResponse.leases:type_name -> gpupool.v1.Lease
+	23, // 5: gpupool.v1.ListDevicesResponse.devices:type_name -> gpupool.v1.Device
 	12, // 6: gpupool.v1.StatusResponse.models:type_name -> gpupool.v1.ModelCapacity
-	18, // 7: gpupool.v1.StatusResponse.leases_by_state:type_name -> gpupool.v1.StatusResponse.LeasesByStateEntry
+	20, // 7: gpupool.v1.StatusResponse.leases_by_state:type_name -> gpupool.v1.StatusResponse.LeasesByStateEntry
 	0,  // 8: gpupool.v1.HostEvent.type:type_name -> gpupool.v1.WatchEventType
-	19, // 9: gpupool.v1.HostEvent.host:type_name -> gpupool.v1.Host
+	21, // 9: gpupool.v1.HostEvent.host:type_name -> gpupool.v1.Host
 	0,  // 10: gpupool.v1.DeviceEvent.type:type_name -> gpupool.v1.WatchEventType
-	21, // 11: gpupool.v1.DeviceEvent.device:type_name -> gpupool.v1.Device
-	5,  // 12: gpupool.v1.PoolService.ListHosts:input_type -> gpupool.v1.ListHostsRequest
-	7,  // 13: gpupool.v1.PoolService.GetHost:input_type -> gpupool.v1.GetHostRequest
-	9,  // 14: gpupool.v1.PoolService.ListDevices:input_type -> gpupool.v1.ListDevicesRequest
-	11, // 15: gpupool.v1.PoolService.Status:input_type -> gpupool.v1.StatusRequest
-	1,  // 16: gpupool.v1.PoolService.DrainHost:input_type -> gpupool.v1.DrainHostRequest
-	2,  // 17: gpupool.v1.PoolService.SetEligibility:input_type -> gpupool.v1.SetEligibilityRequest
-	14, // 18: gpupool.v1.PoolService.WatchHosts:input_type -> gpupool.v1.WatchHostsRequest
-	16, // 19: gpupool.v1.PoolService.WatchDevices:input_type -> gpupool.v1.WatchDevicesRequest
-	6,  // 20: gpupool.v1.PoolService.ListHosts:output_type -> gpupool.v1.ListHostsResponse
-	8,  // 21: gpupool.v1.PoolService.GetHost:output_type -> gpupool.v1.GetHostResponse
-	10, // 22: gpupool.v1.PoolService.ListDevices:output_type -> gpupool.v1.ListDevicesResponse
-	13, // 23: gpupool.v1.PoolService.Status:output_type -> gpupool.v1.StatusResponse
-	4,  // 24: gpupool.v1.PoolService.DrainHost:output_type -> gpupool.v1.DrainHostResponse
-	3,  // 25: gpupool.v1.PoolService.SetEligibility:output_type -> gpupool.v1.SetEligibilityResponse
-	15, // 26: gpupool.v1.PoolService.WatchHosts:output_type -> gpupool.v1.HostEvent
-	17, // 27: gpupool.v1.PoolService.WatchDevices:output_type -> gpupool.v1.DeviceEvent
-	20, // [20:28] is the sub-list for method output_type
-	12, // [12:20] is the sub-list for method input_type
-	12, // [12:12] is the sub-list for extension type_name
-	12, // [12:12] is the sub-list for extension extendee
-	0,  // [0:12] is the sub-list for field type_name
+	23, // 11: gpupool.v1.DeviceEvent.device:type_name -> gpupool.v1.Device
+	21, // 12: gpupool.v1.ResetHostIdentityResponse.host:type_name -> gpupool.v1.Host
+	5,  // 13: gpupool.v1.PoolService.ListHosts:input_type -> gpupool.v1.ListHostsRequest
+	7,  // 14: gpupool.v1.PoolService.GetHost:input_type -> gpupool.v1.GetHostRequest
+	9,  // 15: gpupool.v1.PoolService.ListDevices:input_type -> gpupool.v1.ListDevicesRequest
+	11, // 16: gpupool.v1.PoolService.Status:input_type -> gpupool.v1.StatusRequest
+	1,  // 17: gpupool.v1.PoolService.DrainHost:input_type -> gpupool.v1.DrainHostRequest
+	2,  // 18: gpupool.v1.PoolService.SetEligibility:input_type -> gpupool.v1.SetEligibilityRequest
+	14, // 19: gpupool.v1.PoolService.WatchHosts:input_type -> gpupool.v1.WatchHostsRequest
+	16, // 20: gpupool.v1.PoolService.WatchDevices:input_type -> gpupool.v1.WatchDevicesRequest
+	18, // 21: gpupool.v1.PoolService.ResetHostIdentity:input_type -> gpupool.v1.ResetHostIdentityRequest
+	6,  // 22: gpupool.v1.PoolService.ListHosts:output_type -> gpupool.v1.ListHostsResponse
+	8,  // 23: gpupool.v1.PoolService.GetHost:output_type -> gpupool.v1.GetHostResponse
+	10, // 24: gpupool.v1.PoolService.ListDevices:output_type -> gpupool.v1.ListDevicesResponse
+	13, // 25: gpupool.v1.PoolService.Status:output_type -> gpupool.v1.StatusResponse
+	4,  // 26: gpupool.v1.PoolService.DrainHost:output_type -> gpupool.v1.DrainHostResponse
+	3,  // 27: gpupool.v1.PoolService.SetEligibility:output_type -> gpupool.v1.SetEligibilityResponse
+	15, // 28: gpupool.v1.PoolService.WatchHosts:output_type -> gpupool.v1.HostEvent
+	17, // 29: gpupool.v1.PoolService.WatchDevices:output_type -> gpupool.v1.DeviceEvent
+	19, // 30: gpupool.v1.PoolService.ResetHostIdentity:output_type -> gpupool.v1.ResetHostIdentityResponse
+	22, // [22:31] is the sub-list for method output_type
+	13, // [13:22] is the sub-list for method input_type
+	13, // [13:13] is the sub-list for extension type_name
+	13, // [13:13] is the sub-list for extension extendee
+	0,  // [0:13] is the sub-list for field type_name
 }
 
 func init() { file_gpupool_v1_pool_proto_init() }
@@ -1414,7 +1533,7 @@ func file_gpupool_v1_pool_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_gpupool_v1_pool_proto_rawDesc), len(file_gpupool_v1_pool_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   18,
+			NumMessages:   20,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -19,14 +19,15 @@ import (
 const _ = grpc.SupportPackageIsVersion9
 
 const (
-	PoolService_ListHosts_FullMethodName      = "/gpupool.v1.PoolService/ListHosts"
-	PoolService_GetHost_FullMethodName        = "/gpupool.v1.PoolService/GetHost"
-	PoolService_ListDevices_FullMethodName    = "/gpupool.v1.PoolService/ListDevices"
-	PoolService_Status_FullMethodName         = "/gpupool.v1.PoolService/Status"
-	PoolService_DrainHost_FullMethodName      = "/gpupool.v1.PoolService/DrainHost"
-	PoolService_SetEligibility_FullMethodName = "/gpupool.v1.PoolService/SetEligibility"
-	PoolService_WatchHosts_FullMethodName     = "/gpupool.v1.PoolService/WatchHosts"
-	PoolService_WatchDevices_FullMethodName   = "/gpupool.v1.PoolService/WatchDevices"
+	PoolService_ListHosts_FullMethodName         = "/gpupool.v1.PoolService/ListHosts"
+	PoolService_GetHost_FullMethodName           = "/gpupool.v1.PoolService/GetHost"
+	PoolService_ListDevices_FullMethodName       = "/gpupool.v1.PoolService/ListDevices"
+	PoolService_Status_FullMethodName            = "/gpupool.v1.PoolService/Status"
+	PoolService_DrainHost_FullMethodName         = "/gpupool.v1.PoolService/DrainHost"
+	PoolService_SetEligibility_FullMethodName    = "/gpupool.v1.PoolService/SetEligibility"
+	PoolService_WatchHosts_FullMethodName        = "/gpupool.v1.PoolService/WatchHosts"
+	PoolService_WatchDevices_FullMethodName      = "/gpupool.v1.PoolService/WatchDevices"
+	PoolService_ResetHostIdentity_FullMethodName = "/gpupool.v1.PoolService/ResetHostIdentity"
 )
 
 // PoolServiceClient is the client API for PoolService service.
@@ -61,6 +62,12 @@ type PoolServiceClient interface {
 	WatchHosts(ctx context.Context, in *WatchHostsRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[HostEvent], error)
 	// WatchDevices is WatchHosts for devices, one event per GPU.
 	WatchDevices(ctx context.Context, in *WatchDevicesRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[DeviceEvent], error)
+	// ResetHostIdentity is the operator's consent to a new data-plane
+	// address or certificate for a host: it forgets the host's address and
+	// certificate fingerprint, so that the next registration of the host
+	// sets them, even while the host holds live leases (otherwise refused).
+	// It is audited.
+	ResetHostIdentity(ctx context.Context, in *ResetHostIdentityRequest, opts ...grpc.CallOption) (*ResetHostIdentityResponse, error)
 }
 
 type poolServiceClient struct {
@@ -169,6 +176,16 @@ func (c *poolServiceClient) WatchDevices(ctx context.Context, in *WatchDevicesRe
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
 type PoolService_WatchDevicesClient = grpc.ServerStreamingClient[DeviceEvent]
 
+func (c *poolServiceClient) ResetHostIdentity(ctx context.Context, in *ResetHostIdentityRequest, opts ...grpc.CallOption) (*ResetHostIdentityResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ResetHostIdentityResponse)
+	err := c.cc.Invoke(ctx, PoolService_ResetHostIdentity_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // PoolServiceServer is the server API for PoolService service.
 // All implementations must embed UnimplementedPoolServiceServer
 // for forward compatibility.
@@ -201,6 +218,12 @@ type PoolServiceServer interface {
 	WatchHosts(*WatchHostsRequest, grpc.ServerStreamingServer[HostEvent]) error
 	// WatchDevices is WatchHosts for devices, one event per GPU.
 	WatchDevices(*WatchDevicesRequest, grpc.ServerStreamingServer[DeviceEvent]) error
+	// ResetHostIdentity is the operator's consent to a new data-plane
+	// address or certificate for a host: it forgets the host's address and
+	// certificate fingerprint, so that the next registration of the host
+	// sets them, even while the host holds live leases (otherwise refused).
+	// It is audited.
+	ResetHostIdentity(context.Context, *ResetHostIdentityRequest) (*ResetHostIdentityResponse, error)
 	mustEmbedUnimplementedPoolServiceServer()
 }
 
@@ -234,6 +257,9 @@ func (UnimplementedPoolServiceServer) WatchHosts(*WatchHostsRequest, grpc.Server
 }
 func (UnimplementedPoolServiceServer) WatchDevices(*WatchDevicesRequest, grpc.ServerStreamingServer[DeviceEvent]) error {
 	return status.Error(codes.Unimplemented, "method WatchDevices not implemented")
+}
+func (UnimplementedPoolServiceServer) ResetHostIdentity(context.Context, *ResetHostIdentityRequest) (*ResetHostIdentityResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method ResetHostIdentity not implemented")
 }
 func (UnimplementedPoolServiceServer) mustEmbedUnimplementedPoolServiceServer() {}
 func (UnimplementedPoolServiceServer) testEmbeddedByValue()                     {}
@@ -386,6 +412,24 @@ func _PoolService_WatchDevices_Handler(srv interface{}, stream grpc.ServerStream
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
 type PoolService_WatchDevicesServer = grpc.ServerStreamingServer[DeviceEvent]
 
+func _PoolService_ResetHostIdentity_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ResetHostIdentityRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(PoolServiceServer).ResetHostIdentity(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: PoolService_ResetHostIdentity_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(PoolServiceServer).ResetHostIdentity(ctx, req.(*ResetHostIdentityRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // PoolService_ServiceDesc is the grpc.ServiceDesc for PoolService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -416,6 +460,10 @@ var PoolService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "SetEligibility",
 			Handler:    _PoolService_SetEligibility_Handler,
+		},
+		{
+			MethodName: "ResetHostIdentity",
+			Handler:    _PoolService_ResetHostIdentity_Handler,
 		},
 	},
 	Streams: []grpc.StreamDesc{

@@ -440,6 +440,17 @@ const (
 	AuditKind_AUDIT_KIND_ACL_BOOTSTRAP     AuditKind = 13
 	AuditKind_AUDIT_KIND_ACL_TOKEN_CREATED AuditKind = 14
 	AuditKind_AUDIT_KIND_ACL_TOKEN_REVOKED AuditKind = 15
+	// A host registered for the first time, with its address and
+	// certificate fingerprint.
+	AuditKind_AUDIT_KIND_HOST_REGISTERED AuditKind = 16
+	// A registration changed a host's data-plane address or certificate
+	// fingerprint (the host held no live lease, or an operator reset it).
+	AuditKind_AUDIT_KIND_HOST_IDENTITY_CHANGED AuditKind = 17
+	// A registration that would have changed them while the host held live
+	// leases, refused.
+	AuditKind_AUDIT_KIND_HOST_IDENTITY_REFUSED AuditKind = 18
+	// An operator reset the host's identity ('gpupool host reset-identity').
+	AuditKind_AUDIT_KIND_HOST_IDENTITY_RESET AuditKind = 19
 )
 
 // Enum value maps for AuditKind.
@@ -461,24 +472,32 @@ var (
 		13: "AUDIT_KIND_ACL_BOOTSTRAP",
 		14: "AUDIT_KIND_ACL_TOKEN_CREATED",
 		15: "AUDIT_KIND_ACL_TOKEN_REVOKED",
+		16: "AUDIT_KIND_HOST_REGISTERED",
+		17: "AUDIT_KIND_HOST_IDENTITY_CHANGED",
+		18: "AUDIT_KIND_HOST_IDENTITY_REFUSED",
+		19: "AUDIT_KIND_HOST_IDENTITY_RESET",
 	}
 	AuditKind_value = map[string]int32{
-		"AUDIT_KIND_UNSPECIFIED":          0,
-		"AUDIT_KIND_LEASE_GRANTED":        1,
-		"AUDIT_KIND_LEASE_RELEASED":       2,
-		"AUDIT_KIND_LEASE_EXPIRED":        3,
-		"AUDIT_KIND_LEASE_REVOKED":        4,
-		"AUDIT_KIND_LEASE_PREEMPTED":      5,
-		"AUDIT_KIND_HOST_DRAIN_STARTED":   6,
-		"AUDIT_KIND_HOST_DRAIN_UPDATED":   7,
-		"AUDIT_KIND_HOST_DRAIN_CANCELLED": 8,
-		"AUDIT_KIND_HOST_DRAINED":         9,
-		"AUDIT_KIND_HOST_ELIGIBILITY":     10,
-		"AUDIT_KIND_QUOTA_SET":            11,
-		"AUDIT_KIND_QUOTA_REMOVED":        12,
-		"AUDIT_KIND_ACL_BOOTSTRAP":        13,
-		"AUDIT_KIND_ACL_TOKEN_CREATED":    14,
-		"AUDIT_KIND_ACL_TOKEN_REVOKED":    15,
+		"AUDIT_KIND_UNSPECIFIED":           0,
+		"AUDIT_KIND_LEASE_GRANTED":         1,
+		"AUDIT_KIND_LEASE_RELEASED":        2,
+		"AUDIT_KIND_LEASE_EXPIRED":         3,
+		"AUDIT_KIND_LEASE_REVOKED":         4,
+		"AUDIT_KIND_LEASE_PREEMPTED":       5,
+		"AUDIT_KIND_HOST_DRAIN_STARTED":    6,
+		"AUDIT_KIND_HOST_DRAIN_UPDATED":    7,
+		"AUDIT_KIND_HOST_DRAIN_CANCELLED":  8,
+		"AUDIT_KIND_HOST_DRAINED":          9,
+		"AUDIT_KIND_HOST_ELIGIBILITY":      10,
+		"AUDIT_KIND_QUOTA_SET":             11,
+		"AUDIT_KIND_QUOTA_REMOVED":         12,
+		"AUDIT_KIND_ACL_BOOTSTRAP":         13,
+		"AUDIT_KIND_ACL_TOKEN_CREATED":     14,
+		"AUDIT_KIND_ACL_TOKEN_REVOKED":     15,
+		"AUDIT_KIND_HOST_REGISTERED":       16,
+		"AUDIT_KIND_HOST_IDENTITY_CHANGED": 17,
+		"AUDIT_KIND_HOST_IDENTITY_REFUSED": 18,
+		"AUDIT_KIND_HOST_IDENTITY_RESET":   19,
 	}
 )
 
@@ -731,9 +750,13 @@ type Host struct {
 	// clients pin it.
 	CertSha256 string `protobuf:"bytes,19,opt,name=cert_sha256,json=certSha256,proto3" json:"cert_sha256,omitempty"`
 	// Set while the host is draining or drained; status follows from it.
-	Drain         *HostDrain `protobuf:"bytes,20,opt,name=drain,proto3" json:"drain,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Drain *HostDrain `protobuf:"bytes,20,opt,name=drain,proto3" json:"drain,omitempty"`
+	// What the agent runs each lease's processes in, as it reports it:
+	// "sandboxed (user, mounts, pid, cgroup, noprivs, cgroup v1)", or
+	// "reduced (...)" naming what this host lacks.
+	LeaseIsolation string `protobuf:"bytes,21,opt,name=lease_isolation,json=leaseIsolation,proto3" json:"lease_isolation,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
 }
 
 func (x *Host) Reset() {
@@ -904,6 +927,13 @@ func (x *Host) GetDrain() *HostDrain {
 		return x.Drain
 	}
 	return nil
+}
+
+func (x *Host) GetLeaseIsolation() string {
+	if x != nil {
+		return x.LeaseIsolation
+	}
+	return ""
 }
 
 // HostDrain is a host's drain record. It lives in the replicated state, so
@@ -2557,7 +2587,7 @@ const file_gpupool_v1_types_proto_rawDesc = "" +
 	"leaseCount\x12#\n" +
 	"\rhealth_reason\x18\x10 \x01(\tR\fhealthReason\x12&\n" +
 	"\x0fused_memory_mib\x18\x11 \x01(\x03R\rusedMemoryMib\x12/\n" +
-	"\x13utilization_percent\x18\x12 \x01(\x05R\x12utilizationPercent\"\xc2\x06\n" +
+	"\x13utilization_percent\x18\x12 \x01(\x05R\x12utilizationPercent\"\xeb\x06\n" +
 	"\x04Host\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x18\n" +
 	"\aaddress\x18\x02 \x01(\tR\aaddress\x124\n" +
@@ -2581,7 +2611,8 @@ const file_gpupool_v1_types_proto_rawDesc = "" +
 	"\x03mps\x18\x12 \x01(\bR\x03mps\x12\x1f\n" +
 	"\vcert_sha256\x18\x13 \x01(\tR\n" +
 	"certSha256\x12+\n" +
-	"\x05drain\x18\x14 \x01(\v2\x15.gpupool.v1.HostDrainR\x05drain\x1a9\n" +
+	"\x05drain\x18\x14 \x01(\v2\x15.gpupool.v1.HostDrainR\x05drain\x12'\n" +
+	"\x0flease_isolation\x18\x15 \x01(\tR\x0eleaseIsolation\x1a9\n" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xa1\x01\n" +
@@ -2796,7 +2827,7 @@ const file_gpupool_v1_types_proto_rawDesc = "" +
 	"\x16TOKEN_KIND_UNSPECIFIED\x10\x00\x12\x19\n" +
 	"\x15TOKEN_KIND_MANAGEMENT\x10\x01\x12\x15\n" +
 	"\x11TOKEN_KIND_CLIENT\x10\x02\x12\x14\n" +
-	"\x10TOKEN_KIND_AGENT\x10\x03*\x83\x04\n" +
+	"\x10TOKEN_KIND_AGENT\x10\x03*\x93\x05\n" +
 	"\tAuditKind\x12\x1a\n" +
 	"\x16AUDIT_KIND_UNSPECIFIED\x10\x00\x12\x1c\n" +
 	"\x18AUDIT_KIND_LEASE_GRANTED\x10\x01\x12\x1d\n" +
@@ -2814,7 +2845,11 @@ const file_gpupool_v1_types_proto_rawDesc = "" +
 	"\x18AUDIT_KIND_QUOTA_REMOVED\x10\f\x12\x1c\n" +
 	"\x18AUDIT_KIND_ACL_BOOTSTRAP\x10\r\x12 \n" +
 	"\x1cAUDIT_KIND_ACL_TOKEN_CREATED\x10\x0e\x12 \n" +
-	"\x1cAUDIT_KIND_ACL_TOKEN_REVOKED\x10\x0fB7Z5github.com/gpupool/gpupool/proto/gpupool/v1;gpupoolv1b\x06proto3"
+	"\x1cAUDIT_KIND_ACL_TOKEN_REVOKED\x10\x0f\x12\x1e\n" +
+	"\x1aAUDIT_KIND_HOST_REGISTERED\x10\x10\x12$\n" +
+	" AUDIT_KIND_HOST_IDENTITY_CHANGED\x10\x11\x12$\n" +
+	" AUDIT_KIND_HOST_IDENTITY_REFUSED\x10\x12\x12\"\n" +
+	"\x1eAUDIT_KIND_HOST_IDENTITY_RESET\x10\x13B7Z5github.com/gpupool/gpupool/proto/gpupool/v1;gpupoolv1b\x06proto3"
 
 var (
 	file_gpupool_v1_types_proto_rawDescOnce sync.Once

@@ -1,0 +1,47 @@
+package agent
+
+import (
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+
+	"github.com/gpupool/gpupool/agent/sandbox"
+	gpupoolv1 "github.com/gpupool/gpupool/proto/gpupool/v1"
+)
+
+// prepareSandbox makes the lease's directory and its sandbox. A lease
+// with an MPS slice runs as the sandbox's shared MPS user: an MPS daemon
+// serves one user at a time, so per-lease users would make fractional
+// leases of one GPU wait for each other; the lease's namespaces and
+// cgroup still keep it apart from the others.
+func (a *Agent) prepareSandbox(as *gpupoolv1.Assignment) error {
+	dir := a.leaseDirPath(as.LeaseId)
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return fmt.Errorf("lease dir: %w", err)
+	}
+	spec := sandbox.Spec{Lease: as.LeaseId, Dir: dir, CPUMillicores: as.GetHostCpuMillicores(), MemoryMiB: as.GetHostMemoryMib()}
+	if slices.ContainsFunc(as.Slices, func(s *gpupoolv1.Slice) bool { return s.Isolation == gpupoolv1.Isolation_ISOLATION_MPS }) {
+		spec.User = a.box.SharedUser()
+	}
+	if _, err := a.box.Prepare(spec); err != nil {
+		return err
+	}
+	return nil
+}
+
+func (a *Agent) leaseDirPath(id string) string { return filepath.Join(a.cfg.DataDir, "work", id) }
+
+// Sandbox makes a process the data plane starts for a lease run in the
+// lease's sandbox, or refuses it on a host with reduced isolation unless
+// the agent allows that.
+func (a *Agent) Sandbox(leaseID string, cmd *exec.Cmd) error {
+	if r := a.box.Report(); !r.Full() && !a.cfg.AllowReducedIsolation {
+		return fmt.Errorf("exec refused: this pool host gives leases %s, and its agent runs without --allow-reduced-isolation", r)
+	}
+	return a.box.Command(leaseID, cmd)
+}
+
+// Isolation says what a lease's processes run in on this host.
+func (a *Agent) Isolation() sandbox.Report { return a.box.Report() }

@@ -1,0 +1,194 @@
+package sandbox
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"strings"
+	"syscall"
+
+	"golang.org/x/sys/unix"
+)
+
+// initArg0 is the argv[0] the agent's binary is re-executed with to run
+// as a sandbox's init.
+const initArg0 = "gpupool-sandbox-init"
+
+// initSpec is what the agent tells the init, as its first argument.
+type initSpec struct {
+	Prog     string   `json:"prog"`
+	Dir      string   `json:"dir"`
+	LeaseDir string   `json:"lease_dir"`
+	UID      int      `json:"uid"`
+	GID      int      `json:"gid"`
+	Cgroups  []string `json:"cgroups,omitempty"`
+	Hide     []string `json:"hide,omitempty"`
+	Expose   []string `json:"expose,omitempty"`
+}
+
+// Init runs this process as a sandbox's init and exits, if the agent
+// started it as one; otherwise it returns at once. Call it first thing in
+// main, and in TestMain of tests that start sandboxes.
+func Init() {
+	if len(os.Args) < 3 || os.Args[0] != initArg0 || os.Args[2] != "--" {
+		return
+	}
+	var s initSpec
+	if err := json.Unmarshal([]byte(os.Args[1]), &s); err != nil {
+		fmt.Fprintf(os.Stderr, "gpupool sandbox: bad spec: %v\n", err)
+		os.Exit(127)
+	}
+	os.Exit(runInit(s, os.Args[3:]))
+}
+
+// runInit joins the cgroups, sets up the mounts, starts the workload as
+// the lease's user and waits for it, reaping every orphan meanwhile (it
+// is the PID namespace's init). It returns the workload's exit code, or
+// 128+n if signal n killed it.
+func runInit(s initSpec, argv []string) int {
+	fail := func(format string, a ...any) int {
+		fmt.Fprintf(os.Stderr, "gpupool sandbox: "+format+"\n", a...)
+		return 127
+	}
+	for _, f := range s.Cgroups {
+		if err := os.WriteFile(f, []byte("0"), 0); err != nil {
+			return fail("joining the lease's cgroup: %v", err)
+		}
+	}
+	if err := setupMounts(s); err != nil {
+		return fail("%v", err)
+	}
+	if err := unix.Prctl(unix.PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0); err != nil {
+		return fail("no new privileges: %v", err)
+	}
+	// Signals sent to the process group reach the workload directly; the
+	// init only must not die of them (a caught signal's handler is reset
+	// by exec, unlike an ignored one, so the workload keeps the default).
+	sigs := make(chan os.Signal, 16)
+	signal.Notify(sigs)
+	go func() {
+		for range sigs {
+		}
+	}()
+	pid, err := syscall.ForkExec(s.Prog, argv, &syscall.ProcAttr{
+		Dir:   s.Dir,
+		Env:   os.Environ(),
+		Files: []uintptr{0, 1, 2},
+		Sys: &syscall.SysProcAttr{
+			Credential: &syscall.Credential{Uid: uint32(s.UID), Gid: uint32(s.GID), Groups: []uint32{}},
+		},
+	})
+	if err != nil {
+		return fail("starting %s: %v", s.Prog, err)
+	}
+	for {
+		var ws syscall.WaitStatus
+		got, err := syscall.Wait4(-1, &ws, 0, nil)
+		if errors.Is(err, syscall.EINTR) {
+			continue
+		}
+		if err != nil {
+			return fail("waiting for %s: %v", s.Prog, err)
+		}
+		if got != pid {
+			continue // an orphan
+		}
+		if ws.Signaled() {
+			return 128 + int(ws.Signal())
+		}
+		return ws.ExitStatus()
+	}
+}
+
+// setupMounts makes the mounts private, gives the sandbox its own empty
+// /tmp and /var/tmp, hides s.Hide behind empty tmpfs mounts, mounts the
+// lease's directory back (writable) and s.Expose back (read-only), and
+// mounts a /proc of its PID namespace.
+func setupMounts(s initSpec) error {
+	if err := unix.Mount("", "/", "", unix.MS_REC|unix.MS_PRIVATE, ""); err != nil {
+		return fmt.Errorf("making the mounts private: %w", err)
+	}
+	type back struct {
+		path string
+		fd   int
+		ro   bool
+	}
+	var backs []back
+	defer func() {
+		for _, b := range backs {
+			unix.Close(b.fd)
+		}
+	}()
+	private := []string{"/tmp", "/var/tmp"}
+	keep := func(path string, ro bool) error {
+		if !under(path, s.Hide) && !under(path, private) {
+			return nil
+		}
+		fd, err := unix.Open(path, unix.O_PATH|unix.O_CLOEXEC, 0)
+		if err != nil {
+			if ro && errors.Is(err, unix.ENOENT) {
+				return nil
+			}
+			return fmt.Errorf("opening %s: %w", path, err)
+		}
+		backs = append(backs, back{path, fd, ro})
+		return nil
+	}
+	if err := keep(s.LeaseDir, false); err != nil {
+		return err
+	}
+	for _, p := range s.Expose {
+		if err := keep(p, true); err != nil {
+			return err
+		}
+	}
+	// The private /tmp first: a hidden directory may be inside it, and is
+	// then gone already.
+	for _, t := range private {
+		if fi, err := os.Stat(t); err != nil || !fi.IsDir() {
+			continue
+		}
+		if err := unix.Mount("tmpfs", t, "tmpfs", unix.MS_NOSUID|unix.MS_NODEV, "mode=1777"); err != nil {
+			return fmt.Errorf("a private %s: %w", t, err)
+		}
+	}
+	for _, h := range s.Hide {
+		if fi, err := os.Stat(h); err != nil || !fi.IsDir() {
+			continue
+		}
+		if err := unix.Mount("tmpfs", h, "tmpfs", unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, "mode=0755,size=64k"); err != nil {
+			return fmt.Errorf("hiding %s: %w", h, err)
+		}
+	}
+	for _, b := range backs {
+		if err := os.MkdirAll(b.path, 0o755); err != nil {
+			return fmt.Errorf("mounting %s back: %w", b.path, err)
+		}
+		if err := unix.Mount(fmt.Sprintf("/proc/self/fd/%d", b.fd), b.path, "", unix.MS_BIND, ""); err != nil {
+			return fmt.Errorf("mounting %s back: %w", b.path, err)
+		}
+		if b.ro {
+			if err := unix.Mount("", b.path, "", unix.MS_BIND|unix.MS_REMOUNT|unix.MS_RDONLY|unix.MS_NOSUID|unix.MS_NODEV, ""); err != nil {
+				return fmt.Errorf("making %s read-only: %w", b.path, err)
+			}
+		}
+	}
+	if err := unix.Mount("proc", "/proc", "proc", unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, ""); err != nil {
+		return fmt.Errorf("mounting /proc of the PID namespace: %w", err)
+	}
+	return nil
+}
+
+// under reports whether path is one of dirs or inside one.
+func under(path string, dirs []string) bool {
+	for _, d := range dirs {
+		d = filepath.Clean(d)
+		if p := filepath.Clean(path); p == d || strings.HasPrefix(p, d+"/") {
+			return true
+		}
+	}
+	return false
+}

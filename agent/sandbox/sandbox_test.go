@@ -1,0 +1,233 @@
+package sandbox
+
+import (
+	"bytes"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+)
+
+func TestMain(m *testing.M) {
+	Init()
+	os.Exit(m.Run())
+}
+
+// newManager returns a Manager whose hidden dir holds a secret, and
+// removes the cgroups it made when the test ends. It skips unless the
+// host gives a full sandbox (as root, as CI runs).
+func newManager(t *testing.T) (*Manager, string) {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Skip("sandboxes need root; CI runs the tests as root")
+	}
+	hidden := t.TempDir()
+	if err := os.Chmod(hidden, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(hidden, "agent.key"), []byte("secret"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	parent := fmt.Sprintf("gpupool-test/%d-%s", os.Getpid(), strings.ReplaceAll(t.Name(), "/", "_"))
+	m, err := New(Config{Hide: []string{hidden}, CgroupParent: parent})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !m.Report().Full() {
+		t.Fatalf("this host gives %s, want a full sandbox as root", m.Report())
+	}
+	t.Cleanup(func() { m.Close() })
+	return m, hidden
+}
+
+// prepare makes a lease's dir under hidden and its sandbox.
+func prepare(t *testing.T, m *Manager, hidden, lease string, cpu, mem int64) (string, int) {
+	t.Helper()
+	dir := filepath.Join(hidden, "work", lease)
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	uid, err := m.Prepare(Spec{Lease: lease, Dir: dir, CPUMillicores: cpu, MemoryMiB: mem})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := m.Remove(lease); err != nil {
+			t.Errorf("Remove(%s): %v", lease, err)
+		}
+	})
+	return dir, uid
+}
+
+// run runs a shell script in the lease's sandbox and returns its output.
+func run(t *testing.T, m *Manager, lease, dir, script string) (string, int) {
+	t.Helper()
+	cmd := &exec.Cmd{Path: "/bin/sh", Args: []string{"sh", "-c", script}, Dir: dir, Env: []string{"PATH=/usr/bin:/bin", "GPUPOOL_LEASE_ID=" + lease}}
+	if err := m.Command(lease, cmd); err != nil {
+		t.Fatal(err)
+	}
+	var out bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &out
+	err := cmd.Run()
+	if err != nil && cmd.ProcessState == nil {
+		t.Fatal(err)
+	}
+	return out.String(), cmd.ProcessState.ExitCode()
+}
+
+func TestASandboxedProcessSeesOnlyItsOwnLease(t *testing.T) {
+	m, hidden := newManager(t)
+	dirA, uidA := prepare(t, m, hidden, "L-a", 500, 256)
+	dirB, uidB := prepare(t, m, hidden, "L-b", 0, 0)
+	if uidA == uidB || uidA < DefaultRange.First || uidB < DefaultRange.First {
+		t.Fatalf("users %d and %d: want two distinct users of the range %s", uidA, uidB, DefaultRange)
+	}
+	if err := os.WriteFile(filepath.Join(dirA, "secret.txt"), []byte("A's data"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	os.Chown(filepath.Join(dirA, "secret.txt"), uidA, uidA)
+	hostTmp := filepath.Join(os.TempDir(), fmt.Sprintf("gpupool-sandbox-test-%d", os.Getpid()))
+	if err := os.WriteFile(hostTmp, []byte("host"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.Remove(hostTmp) })
+	tests := []struct {
+		name, script, want string
+		code               int
+	}{
+		{"it runs as the lease's own user", "id -u; id -G", fmt.Sprintf("%d\n%d\n", uidB, uidB), 0},
+		{"it can write its own directory", "echo hi > mine.txt && cat mine.txt", "hi\n", 0},
+		{"it cannot read another lease's directory", "cat " + filepath.Join(dirA, "secret.txt") + " 2>&1 >/dev/null | grep -c 'No such file'", "1\n", 0},
+		{"it cannot read the agent's key", "cat " + filepath.Join(hidden, "agent.key") + " 2>/dev/null || echo refused", "refused\n", 0},
+		{"the hidden directory shows only its own lease", "ls " + filepath.Join(hidden, "work"), "L-b\n", 0},
+		// The init, sh, a subshell, ls and grep at most: none of the host's.
+		{"its /proc shows only its own processes", "tr '\\0' ' ' </proc/1/cmdline | cut -d' ' -f1; [ $(ls /proc | grep -c '^[0-9]') -le 5 ] && echo few", initArg0 + "\nfew\n", 0},
+		{"it cannot write outside its directory", "touch /etc/gpupool-sandbox-test 2>/dev/null || echo refused", "refused\n", 0},
+		{"it cannot leave its cgroup", "(echo $$ > /sys/fs/cgroup/pids/cgroup.procs) 2>/dev/null || echo refused", "refused\n", 0},
+		{"its /tmp is its own", "cat " + hostTmp + " 2>/dev/null || echo hidden", "hidden\n", 0},
+		{"its exit code is the workload's", "exit 7", "", 7},
+		{"a signal that kills it is its exit code", "kill -TERM $$", "", 128 + int(syscall.SIGTERM)},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			got, code := run(t, m, "L-b", dirB, tt.script)
+			if got != tt.want || code != tt.code {
+				t.Fatalf("got %q exit %d, want %q exit %d", got, code, tt.want, tt.code)
+			}
+		})
+	}
+	// Lease A's caps are in its cgroup.
+	if m.Report().Cgroup == "v1" {
+		for file, want := range map[string]string{
+			filepath.Join("/sys/fs/cgroup/memory", m.cfg.CgroupParent, "L-a", "memory.limit_in_bytes"): strconv.Itoa(256 << 20),
+			filepath.Join("/sys/fs/cgroup/cpu", m.cfg.CgroupParent, "L-a", "cpu.cfs_quota_us"):         "50000",
+		} {
+			b, err := os.ReadFile(file)
+			if got := strings.TrimSpace(string(b)); err != nil || got != want {
+				t.Errorf("%s: got %q (%v), want %q", file, got, err, want)
+			}
+		}
+	}
+}
+
+func TestTheCgroupFindsEveryProcessAndRemoveKillsThem(t *testing.T) {
+	m, hidden := newManager(t)
+	dir, _ := prepare(t, m, hidden, "L-c", 0, 0)
+	// The workload starts a detached child without GPUPOOL_LEASE_ID, then
+	// waits: both must be found by their cgroup and killed by Remove.
+	cmd := &exec.Cmd{Path: "/bin/sh", Args: []string{"sh", "-c", "env -u GPUPOOL_LEASE_ID setsid sleep 600 & echo started; exec sleep 601"},
+		Dir: dir, Env: []string{"PATH=/usr/bin:/bin", "GPUPOOL_LEASE_ID=L-c"}, SysProcAttr: &syscall.SysProcAttr{Setpgid: true}}
+	if err := m.Command("L-c", cmd); err != nil {
+		t.Fatal(err)
+	}
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- cmd.Wait() }()
+	buf := make([]byte, 8)
+	if n, err := out.Read(buf); err != nil || string(buf[:n]) != "started\n" {
+		t.Fatalf("read %q, %v; want started", buf[:n], err)
+	}
+	var pids []int
+	deadline := time.Now().Add(20 * time.Second)
+	for len(pids) < 3 { // the init, sleep 601 and the detached sleep 600
+		if time.Now().After(deadline) {
+			t.Fatalf("the cgroup holds %v, want 3 processes", pids)
+		}
+		if pids, err = m.Procs("L-c"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, pid := range pids {
+		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/cgroup", pid))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := m.LeaseOf(b); got != "L-c" {
+			t.Errorf("LeaseOf(pid %d) = %q, want L-c", pid, got)
+		}
+	}
+	if err := m.Remove("L-c"); err != nil {
+		t.Fatal(err)
+	}
+	<-done
+	for _, pid := range pids {
+		if err := syscall.Kill(pid, 0); err == nil {
+			if b, _ := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid)); !bytes.Contains(b, []byte(") Z")) {
+				t.Errorf("pid %d still runs after Remove", pid)
+			}
+		}
+	}
+}
+
+func TestBadConfigAndSpecsAreRefused(t *testing.T) {
+	tests := []struct {
+		name    string
+		cfg     Config
+		wantErr string
+	}{
+		{"a range of system users", Config{Users: Range{First: 0, Count: 10}, CgroupParent: "x"}, "want ids of 1000 or more"},
+		{"no cgroup parent", Config{}, "Config.CgroupParent \"\""},
+		{"a cgroup parent that climbs", Config{CgroupParent: "../x"}, "want a relative path"},
+		{"a relative hidden dir", Config{CgroupParent: "x", Hide: []string{"data"}}, "must be an absolute path"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			_, err := New(tt.cfg)
+			if err == nil || !strings.Contains(err.Error(), tt.wantErr) {
+				t.Fatalf("New: got %v, want an error containing %q", err, tt.wantErr)
+			}
+		})
+	}
+	for _, tt := range []struct{ in, wantErr string }{
+		{"1-2", "ids below 1000 belong to the system"},
+		{"5000", "want FIRST-LAST"},
+		{"6000-5000", "want 1000 <= FIRST <= LAST"},
+	} {
+		if _, err := ParseRange(tt.in); err == nil || !strings.Contains(err.Error(), tt.wantErr) {
+			t.Errorf("ParseRange(%q): got %v, want an error containing %q", tt.in, err, tt.wantErr)
+		}
+	}
+	if r, err := ParseRange("200000-265535"); err != nil || r != DefaultRange {
+		t.Errorf("ParseRange(200000-265535) = %v, %v; want %v", r, err, DefaultRange)
+	}
+	m, err := New(Config{CgroupParent: "gpupool-test/bad"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, spec := range []Spec{{Lease: "../x", Dir: "/tmp"}, {Lease: "L", Dir: "rel"}, {Lease: "L", Dir: "/tmp", MemoryMiB: -1}} {
+		if _, err := m.Prepare(spec); err == nil {
+			t.Errorf("Prepare(%+v) succeeded, want an error", spec)
+		}
+	}
+}
