@@ -8,7 +8,7 @@ PROTO_FILES := $(wildcard proto/gpupool/v1/*.proto)
 export CGO_CFLAGS ?= -O2 -g -Wno-deprecated-declarations
 PKG_RACE := ./broker/... ./agent/... ./client/... ./k8s/... ./protocol/... ./internal/... ./token/... ./dataplane/... ./cuda/...
 
-.PHONY: tmux test-dashboard chromium test-console bench-console all build install cc cuda-gen examples test-gpu test dev proto proto-check lint lint-refs bench bench-dataplane bench-placement bench-lease bench-failover bench-scale bench-go tools clean test-unit test-cluster helm chart test-k8s bench-k8s elastic-demo fuzz test-robustness soak robustness-tools
+.PHONY: tmux test-dashboard chromium test-console bench-console all build install cc cuda-gen examples test-gpu test dev proto proto-check lint lint-refs bench bench-dataplane bench-placement bench-lease bench-failover bench-scale bench-go tools clean test-unit test-cluster helm chart test-k8s bench-k8s elastic-demo fuzz test-robustness soak robustness-tools test-upgrade
 
 all: build
 
@@ -214,10 +214,13 @@ robustness-tools: # ip, tc (iproute2) and iptables, installed from Debian when m
 	  done; \
 	else echo "robustness: not root, so no network namespaces: the runs use the TCP proxy"; fi
 
+test-upgrade: ## build an older commit (git archive), run a 3-broker cluster of it with leases held, upgrade it one process at a time to this build (a few minutes)
+	GPUPOOL_UPGRADE_TEST=1 $(GO) test -v -count=1 -timeout 20m -run 'TestRollingUpgrade' ./test/cluster | grep --line-buffered -v '^=== \(RUN\|PAUSE\|CONT\)'; exit $${PIPESTATUS[0]}
+
 test-robustness: robustness-tools fuzz ## fuzz targets (FUZZTIME each), then a 60s fault run on 3 brokers + 3 agents checked by porcupine, and the cut-off-agent double-holder measurement (about 5 min)
 	rm -rf $(ROBUSTNESS_OUT) && mkdir -p $(ROBUSTNESS_OUT)
 	GPUPOOL_ROBUSTNESS=1 GPUPOOL_ROBUSTNESS_OUT=$(ROBUSTNESS_OUT) $(GO) test -v -count=1 -timeout 20m \
-	  -run 'TestCheck|TestProxy|TestRobustness$$|TestCutOffAgent' ./test/robustness | grep --line-buffered -v '^=== \(RUN\|PAUSE\|CONT\)'; exit $${PIPESTATUS[0]}
+	  -run 'TestCheck|TestProxy|TestRobustness$$|TestCutOffAgent|TestPartitionedLeader' ./test/robustness | grep --line-buffered -v '^=== \(RUN\|PAUSE\|CONT\)'; exit $${PIPESTATUS[0]}
 	@cat $(ROBUSTNESS_OUT)/TestRobustness/summary.txt $(ROBUSTNESS_OUT)/double-holder.md
 
 soak: robustness-tools ## random faults under mixed load on 5 brokers + 4 agents for DURATION (default 10m); ends with a summary table

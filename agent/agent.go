@@ -75,8 +75,13 @@ type Config struct {
 	// Logger receives state changes; nil discards them.
 	Logger *slog.Logger
 
-	// DataDir holds one state file per enforced lease; required.
+	// DataDir holds one state file per enforced lease, and the agent's
+	// memory of GPU health and unacknowledged events (memory.go);
+	// required.
 	DataDir string
+	// HealthyAfter is how long after its last critical event an unhealthy
+	// GPU counts as healthy again; 0 means DefaultHealthyAfter.
+	HealthyAfter time.Duration
 	// Enforcement tunes the watchdog; zero fields take the defaults.
 	Enforcement Enforcement
 	// MPS runs the MPS daemons of shared GPUs; nil means this host has no
@@ -154,6 +159,8 @@ func (c *Config) validate() error {
 type Agent struct {
 	cfg Config
 	log *slog.Logger
+	// memoryMu serialises writes of the agent's memory file (memory.go).
+	memoryMu sync.Mutex
 
 	leases *leaseTable
 	keys   keyring
@@ -247,7 +254,7 @@ func New(cfg Config) (*Agent, error) {
 		files:   files,
 		procs:   procs,
 		box:     box,
-		health:  health{sick: map[string]string{}},
+		health:  health{sick: map[string]string{}, sickAt: map[string]time.Time{}},
 		kickCh:  make(chan struct{}, 1),
 		jobs:    newJobMap(cfg.DCGMJobMappingDir, log.With("host", cfg.HostID)),
 	}, nil
@@ -301,6 +308,9 @@ func (a *Agent) Run(ctx context.Context) error {
 	// through it.
 	certSHA, err := a.startDataPlane(ctx)
 	if err != nil {
+		return err
+	}
+	if err := a.loadMemory(); err != nil {
 		return err
 	}
 	if err := a.resume(ctx); err != nil {

@@ -48,7 +48,6 @@ type fakeBroker struct {
 	dropped       chan struct{}                 // closed by dropStreams; guarded by mu
 	seen          chan struct{}                 // closed on every change; guarded by mu
 	ttl           time.Duration                 // TTL of the assignments, if set; guarded by mu
-	lastResponse  time.Time                     // when the last response was built; guarded by mu
 }
 
 func newFakeBroker(interval time.Duration) *fakeBroker {
@@ -151,7 +150,6 @@ func (f *fakeBroker) Heartbeat(stream grpc.BidiStreamingServer[gpupoolv1.Heartbe
 }
 
 func (f *fakeBroker) responseLocked() *gpupoolv1.HeartbeatResponse {
-	f.lastResponse = time.Now()
 	if f.ttl > 0 {
 		for _, a := range f.enforce {
 			a.TtlMs = f.ttl.Milliseconds()

@@ -262,26 +262,34 @@ type health struct {
 	sick     map[string]string // guarded by mu; uuid → why it is unhealthy
 	allLost  string            // guarded by mu; set when every GPU is lost
 	readings map[string]device.Sample
+	// sickAt and allLostAt date the last critical event (memory.go);
+	// guarded by mu.
+	sickAt    map[string]time.Time
+	allLostAt time.Time
 }
 
 // markUnhealthy records that device uuid ("" for every device) is
 // unhealthy; it reports whether that is news.
 func (a *Agent) markUnhealthy(uuid, reason string) {
 	a.health.mu.Lock()
-	defer a.health.mu.Unlock()
+	now := time.Now()
 	if uuid == "" {
+		a.health.allLostAt = now
 		if a.health.allLost == "" {
 			a.health.allLost = reason
 			a.log.Error("every GPU is unhealthy", "why", reason)
 			a.kick()
 		}
-		return
+	} else {
+		a.health.sickAt[uuid] = now
+		if _, ok := a.health.sick[uuid]; !ok {
+			a.health.sick[uuid] = reason
+			a.log.Error("GPU unhealthy", "device", uuid, "why", reason)
+			a.kick()
+		}
 	}
-	if _, ok := a.health.sick[uuid]; !ok {
-		a.health.sick[uuid] = reason
-		a.log.Error("GPU unhealthy", "device", uuid, "why", reason)
-		a.kick()
-	}
+	a.health.mu.Unlock()
+	a.saveMemory()
 }
 
 // onHealthEvent handles one event from the device backend.
@@ -296,7 +304,16 @@ func (a *Agent) onHealthEvent(ev device.HealthEvent) {
 // healthOf returns a device's health and why.
 func (a *Agent) healthOf(uuid string) (gpupoolv1.DeviceHealth, string) {
 	a.health.mu.Lock()
-	defer a.health.mu.Unlock()
+	healed := a.healAfterLocked(time.Now())
+	h, why := a.healthLocked(uuid)
+	a.health.mu.Unlock()
+	if healed {
+		a.saveMemory()
+	}
+	return h, why
+}
+
+func (a *Agent) healthLocked(uuid string) (gpupoolv1.DeviceHealth, string) {
 	if a.health.allLost != "" {
 		return gpupoolv1.DeviceHealth_DEVICE_HEALTH_UNHEALTHY, a.health.allLost
 	}

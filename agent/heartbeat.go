@@ -143,7 +143,12 @@ func (a *Agent) heartbeat(ctx context.Context, ac gpupoolv1.AgentServiceClient, 
 				tick.Reset(interval)
 			}
 			quiet.Reset(silence())
-			a.leases.ack(resp.GetAckedEventSeq())
+			if a.leases.ack(resp.GetAckedEventSeq()) {
+				a.saveMemory()
+			}
+			if ids := resp.GetClearHealth(); len(ids) > 0 {
+				a.clearHealth(ids)
+			}
 			a.follow(ctx, resp, time.Now())
 		}
 	}

@@ -286,14 +286,16 @@ func (t *leaseTable) addEventLocked(typ gpupoolv1.AgentEventType, leaseID, devic
 	return ev
 }
 
-// ack drops the events up to seq.
-func (t *leaseTable) ack(seq uint64) {
+// ack drops the events up to seq; it reports whether it dropped any.
+func (t *leaseTable) ack(seq uint64) bool {
 	if seq == 0 {
-		return
+		return false
 	}
 	t.mu.Lock()
 	defer t.mu.Unlock()
+	n := len(t.events)
 	t.events = slices.DeleteFunc(t.events, func(e *gpupoolv1.AgentEvent) bool { return e.Seq <= seq })
+	return len(t.events) != n
 }
 
 // report fills a heartbeat with the confirmations, refusals, usage and

@@ -259,6 +259,7 @@ func (a *Agent) stop(ctx context.Context, o stopOrder) {
 	switch {
 	case o.event != nil:
 		a.log.Warn("watchdog: memory violation", "lease", o.leaseID, "device", o.event.Device, "why", o.why)
+		a.saveMemory() // the event must survive a restart until acknowledged
 		a.kick()
 	case o.stray:
 		a.log.Warn("stopping processes of a lease this host does not enforce", "lease", o.leaseID, "processes", len(o.procs))

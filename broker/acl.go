@@ -101,6 +101,7 @@ var methodRights = map[string]right{
 	gpupoolv1.PoolService_DrainHost_FullMethodName:         rightManage,
 	gpupoolv1.PoolService_SetEligibility_FullMethodName:    rightManage,
 	gpupoolv1.PoolService_ResetHostIdentity_FullMethodName: rightManage,
+	gpupoolv1.PoolService_ClearDeviceHealth_FullMethodName: rightManage,
 
 	gpupoolv1.AgentService_Register_FullMethodName:  rightAgent,
 	gpupoolv1.AgentService_Heartbeat_FullMethodName: rightAgent,

@@ -55,7 +55,12 @@ func (e agentService) Register(ctx context.Context, req *gpupoolv1.RegisterReque
 		return gpupoolv1.NewAgentServiceClient(conn).Register(fctx, req)
 	}
 	host := req.Host
-	if _, err := e.s.apply(&gpupoolv1.RegisterHostCommand{Host: host, Devices: host.Devices, NowMs: e.s.nowMs()}); err != nil {
+	if keptDown(e.s, host.Id) {
+		// Registering would make the host ready in the same entry: it
+		// stays down, as registered before, until its heartbeats confirm
+		// the teardowns (rejoin.go).
+		e.s.log.Info("host registers while leases freed during its absence await teardown; it stays down until its agent confirms", "host", host.Id)
+	} else if _, err := e.s.apply(&gpupoolv1.RegisterHostCommand{Host: host, Devices: host.Devices, NowMs: e.s.nowMs()}); err != nil {
 		return nil, err
 	}
 	if ls := e.s.currentLeader(); ls != nil {
@@ -99,6 +104,7 @@ func (e agentService) Heartbeat(stream grpc.BidiStreamingServer[gpupoolv1.Heartb
 			}
 			resp := e.s.assignments(ls, hostID)
 			resp.AckedEventSeq = acked
+			resp.ClearHealth = ls.healthClearsFor(hostID, r)
 			return stream.Send(resp)
 		},
 		func(ev fsm.Event) error {
@@ -134,7 +140,9 @@ func (s *Server) heartbeat(ls *leaderState, req *gpupoolv1.HeartbeatRequest) (ui
 		return 0, refusef(ErrNotFound, "host %q: not registered; register first", req.HostId)
 	}
 	s.sawHeartbeat(ls, h.Id)
-	if h.Status == gpupoolv1.HostStatus_HOST_STATUS_DOWN {
+	if waiting := awaitingTeardown(st, h, req); len(waiting) > 0 {
+		s.log.Info(stillAwaitingMsg(waiting), "host", h.Id)
+	} else if h.Status == gpupoolv1.HostStatus_HOST_STATUS_DOWN {
 		if _, err := s.apply(&gpupoolv1.SetHostStatusCommand{
 			HostId: h.Id, Status: gpupoolv1.HostStatus_HOST_STATUS_READY, NowMs: s.nowMs(), Reason: "heartbeats resumed",
 		}); err != nil {
@@ -189,6 +197,9 @@ func (s *Server) assignments(ls *leaderState, hostID string) *gpupoolv1.Heartbea
 		case gpupoolv1.LeaseState_LEASE_STATE_RELEASING:
 			resp.Teardown = append(resp.Teardown, a)
 		}
+	}
+	if h := s.fsm.State().Host(hostID); h != nil {
+		resp.Teardown = append(resp.Teardown, teardownOfFreed(s.fsm.State(), h)...)
 	}
 	return resp
 }

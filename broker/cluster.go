@@ -12,6 +12,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/metadata"
 
+	"github.com/gpupool/gpupool/broker/fsm"
 	"github.com/gpupool/gpupool/internal/version"
 	gpupoolv1 "github.com/gpupool/gpupool/proto/gpupool/v1"
 	"github.com/gpupool/gpupool/protocol"
@@ -32,6 +33,7 @@ func (s *Server) selfInfo() *gpupoolv1.ServerInfoResponse {
 		Clustered:       s.clustered(),
 		BootstrapExpect: int32(s.cfg.BootstrapExpect),
 		AppliedIndex:    s.fsm.State().Index(),
+		FsmVersion:      fsm.Version,
 	}
 	if _, id := s.raft.LeaderWithID(); id != "" {
 		info.LeaderId = string(id)
@@ -247,7 +249,7 @@ func (c clusterService) Join(ctx context.Context, req *gpupoolv1.JoinRequest) (*
 	if err := c.s.raft.AddVoter(raft.ServerID(req.Id), raft.ServerAddress(req.RaftAddress), 0, 0).Error(); err != nil {
 		return nil, raftError(err)
 	}
-	if _, err := c.s.apply(&gpupoolv1.UpsertServerCommand{Id: req.Id, RpcAddress: req.RpcAddress, RaftAddress: req.RaftAddress}); err != nil {
+	if _, err := c.s.apply(keepVersion(c.s, &gpupoolv1.UpsertServerCommand{Id: req.Id, RpcAddress: req.RpcAddress, RaftAddress: req.RaftAddress})); err != nil {
 		return nil, err
 	}
 	if update {

@@ -28,6 +28,9 @@ type leaderState struct {
 	preempt      *lease.Timers
 	pendingGrace *lease.Timers
 	kick         chan struct{} // asks for a pass of the queue
+	// verifier confirms that this server still leads before a renewal
+	// is answered; one per term.
+	verifier *leadVerifier
 
 	// expireMu orders renewals against expiry: a renewal that is answered
 	// happens entirely before or after an expiry is decided.
@@ -42,6 +45,9 @@ type leaderState struct {
 	drainRetry map[string]drainRetry      // guarded by mu; host → retry
 	waiters    map[string]int             // guarded by mu; pending lease → Acquire calls waiting on it
 	leaseWatch map[string][]chan struct{} // guarded by mu; lease → channels signalled when it changes
+	// healthClears are the GPUs whose unhealthy mark an operator cleared
+	// and whose agent has not reported them healthy yet.
+	healthClears map[string]map[string]bool // guarded by mu; host → device uuids
 }
 
 // monitorLeadership starts and stops the leader's duties as raft reports
@@ -76,11 +82,13 @@ func (s *Server) startLeading() func() {
 		confirmed: map[string]map[string]bool{},
 		reports:   map[string]*hostReport{},
 
-		drainRetry: map[string]drainRetry{},
-		waiters:    map[string]int{},
-		leaseWatch: map[string][]chan struct{}{},
-		kick:       make(chan struct{}, 1),
+		drainRetry:   map[string]drainRetry{},
+		waiters:      map[string]int{},
+		leaseWatch:   map[string][]chan struct{}{},
+		healthClears: map[string]map[string]bool{},
+		kick:         make(chan struct{}, 1),
 	}
+	ls.verifier = newLeadVerifier(func() error { return s.raft.VerifyLeader().Error() })
 	ls.ttl = lease.NewTimers(s.cfg.Clock, s.expireLease)
 	ls.heartbeat = lease.NewTimers(s.cfg.Clock, s.hostMissedHeartbeats)
 	ls.lockDelay = lease.NewTimers(s.cfg.Clock, s.lockDelayPassed)
@@ -131,6 +139,12 @@ func (s *Server) lead(ls *leaderState, events <-chan fsm.Event) {
 		s.runQueue(ls)
 	}()
 	defer func() { <-queueDone }()
+	versionsDone := make(chan struct{})
+	go func() {
+		defer close(versionsDone)
+		s.watchServerVersions(ls)
+	}()
+	defer func() { <-versionsDone }()
 	ls.kickQueue()
 	for {
 		select {
@@ -194,7 +208,7 @@ func (s *Server) upsertServers() {
 		if cur != nil && cur.RpcAddress == rpc && cur.RaftAddress == string(srv.Address) {
 			continue
 		}
-		if _, err := s.apply(&gpupoolv1.UpsertServerCommand{Id: id, RpcAddress: rpc, RaftAddress: string(srv.Address)}); err != nil {
+		if _, err := s.apply(keepVersion(s, &gpupoolv1.UpsertServerCommand{Id: id, RpcAddress: rpc, RaftAddress: string(srv.Address)})); err != nil {
 			s.log.Warn("record server address", "id", id, "err", err)
 		}
 	}
@@ -321,7 +335,7 @@ func (s *Server) hostMissedHeartbeats(id string) {
 func (s *Server) lockDelayPassed(id string) {
 	_, err := s.apply(&gpupoolv1.FreeLeaseCommand{
 		LeaseId: id, NowMs: s.nowMs(), RequireHostDown: true,
-		Reason: fmt.Sprintf("capacity freed after the lock-delay of %s: the agent could not confirm teardown", s.cfg.LockDelay),
+		Reason: fmt.Sprintf("capacity freed after the lock-delay of %s: %s", s.cfg.LockDelay, unconfirmedFreeReason),
 	})
 	s.logTimerErr("free lease after lock-delay", id, err)
 }

@@ -485,7 +485,10 @@ func (e leaseService) KeepAlive(stream grpc.BidiStreamingServer[gpupoolv1.KeepAl
 			}
 			first := !watched[r.LeaseId]
 			watched[r.LeaseId] = true
-			resp := e.s.renew(ls, r.LeaseId)
+			resp, err := e.s.renew(stream.Context(), ls, r.LeaseId)
+			if err != nil {
+				return err
+			}
 			if err := stream.Send(resp); err != nil || !first || resp.Error != "" {
 				return err
 			}
@@ -609,31 +612,49 @@ func serveOnLeader[Req, Resp any](s *Server, stream grpc.BidiStreamingServer[Req
 	}
 }
 
-// renew resets a granted lease's TTL on the leader.
-func (s *Server) renew(ls *leaderState, id string) *gpupoolv1.KeepAliveResponse {
+// renew resets a granted lease's TTL on the leader, once the leader has
+// confirmed that it still leads (leadVerifier): a leader cut off from its
+// quorum answers no renewal, so a lease that a newer leader ended is never
+// renewed by an older one. The new deadline counts from the renewal's
+// arrival, before the confirmation started, so it never outlives the
+// expiry a newer leader could set (which re-arms at full TTL from its
+// election, after that confirmation). It fails with ErrUnavailable when
+// leadership cannot be confirmed, which ends the stream: the holder
+// reconnects to the leader and renews there.
+func (s *Server) renew(ctx context.Context, ls *leaderState, id string) (*gpupoolv1.KeepAliveResponse, error) {
+	arrived := s.cfg.Clock.Now()
+	if err := ls.verifier.Confirm(ctx); err != nil {
+		s.metrics.renewVerifyFailures.Inc()
+		return nil, refusef(ErrUnavailable, "this broker could not confirm that it still leads (%v); renew on the leader", err)
+	}
 	ls.expireMu.Lock()
 	defer ls.expireMu.Unlock()
+	select {
+	case <-ls.stopCh:
+		return nil, refuse(ErrUnavailable, ErrLeadershipLost.Error())
+	default:
+	}
 	l := s.fsm.State().Lease(id)
 	if l == nil {
-		return &gpupoolv1.KeepAliveResponse{LeaseId: id, Error: fmt.Sprintf("lease %q: not found", id)}
+		return &gpupoolv1.KeepAliveResponse{LeaseId: id, Error: fmt.Sprintf("lease %q: not found", id)}, nil
 	}
 	if l.State != gpupoolv1.LeaseState_LEASE_STATE_GRANTED {
-		return &gpupoolv1.KeepAliveResponse{LeaseId: id, State: l.State, Error: fmt.Sprintf("lease %s is %s and cannot be renewed: %s", id, stateName(l.State), l.Reason)}
+		return &gpupoolv1.KeepAliveResponse{LeaseId: id, State: l.State, Error: fmt.Sprintf("lease %s is %s and cannot be renewed: %s", id, stateName(l.State), l.Reason)}, nil
 	}
 	if l.Parent != "" {
 		// An extra lives no longer than its elastic lease, even while the
 		// leader has yet to end it.
 		if p := s.fsm.State().Lease(l.Parent); p == nil || p.State != gpupoolv1.LeaseState_LEASE_STATE_GRANTED {
-			return &gpupoolv1.KeepAliveResponse{LeaseId: id, State: l.State, Error: fmt.Sprintf("lease %s is an extra of elastic lease %s, which ended", id, l.Parent)}
+			return &gpupoolv1.KeepAliveResponse{LeaseId: id, State: l.State, Error: fmt.Sprintf("lease %s is an extra of elastic lease %s, which ended", id, l.Parent)}, nil
 		}
 	}
 	ttl := time.Duration(l.TtlMs) * time.Millisecond
-	deadline := ls.ttl.Reset(id, ttl)
+	deadline := ls.ttl.Reset(id, ttl-s.cfg.Clock.Now().Sub(arrived))
 	resp := &gpupoolv1.KeepAliveResponse{LeaseId: id, State: l.State, TtlMs: l.TtlMs}
 	if toks, err := s.hostTokens(s.fsm.State(), l, deadline); err == nil {
 		resp.Tokens = toks
 	}
-	return resp
+	return resp, nil
 }
 
 func stateName(s gpupoolv1.LeaseState) string { return fsm.LeaseStateName(s) }

@@ -27,6 +27,9 @@ type metrics struct {
 	queueWait   prometheus.Histogram
 	apply       prometheus.Histogram
 	s           *Server
+	// renewVerifyFailures counts renewals refused because this server
+	// could not confirm that it still leads.
+	renewVerifyFailures prometheus.Counter
 }
 
 func newMetrics(s *Server) *metrics {
@@ -38,6 +41,9 @@ func newMetrics(s *Server) *metrics {
 		latency: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name: "gpupool_acquire_seconds", Help: "Time to place and commit a grant on the leader.",
 			Buckets: prometheus.ExponentialBuckets(0.0005, 2, 14),
+		}),
+		renewVerifyFailures: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "gpupool_renewals_unconfirmed_total", Help: "Renewals refused because this server could not confirm that it still leads.",
 		}),
 	}
 	m.s = s
@@ -64,7 +70,7 @@ func newMetrics(s *Server) *metrics {
 		m.leaseEnds.WithLabelValues(stateName(st))
 	}
 	m.reg.MustRegister(m.leaseEvents, m.leaseEnds, m.queueWait, m.apply, poolCollector{s})
-	m.reg.MustRegister(m.acquires, m.latency, stateCollector{s},
+	m.reg.MustRegister(m.acquires, m.latency, m.renewVerifyFailures, stateCollector{s},
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }
@@ -217,11 +223,12 @@ var (
 	descLeases    = prometheus.NewDesc("gpupool_leases", "Leases by state.", []string{"state"}, nil)
 	descLeader    = prometheus.NewDesc("gpupool_raft_leader", "1 if this server is the Raft leader.", nil, nil)
 	descApplied   = prometheus.NewDesc("gpupool_raft_applied_index", "Raft index of the last applied command.", nil, nil)
+	descUnknown   = prometheus.NewDesc("gpupool_fsm_unknown_commands_total", "Log entries of command types this server's binary does not know, which it did not apply (upgrade it).", nil, nil)
 	descTimerLens = prometheus.NewDesc("gpupool_leader_timers", "Deadlines the leader tracks, by kind (0 on followers).", []string{"kind"}, nil)
 )
 
 func (c stateCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{descHosts, descGPUs, descMemory, descCompute, descLeases, descLeader, descApplied, descTimerLens} {
+	for _, d := range []*prometheus.Desc{descHosts, descGPUs, descMemory, descCompute, descLeases, descLeader, descApplied, descUnknown, descTimerLens} {
 		ch <- d
 	}
 }
@@ -274,6 +281,7 @@ func (c stateCollector) Collect(ch chan<- prometheus.Metric) {
 	}
 	ch <- prometheus.MustNewConstMetric(descLeader, prometheus.GaugeValue, leader)
 	ch <- prometheus.MustNewConstMetric(descApplied, prometheus.GaugeValue, float64(st.Index()))
+	ch <- prometheus.MustNewConstMetric(descUnknown, prometheus.CounterValue, float64(c.s.fsm.UnknownCommands()))
 	var ttl, hb, ld float64
 	if ls := c.s.currentLeader(); ls != nil {
 		ttl, hb, ld = float64(ls.ttl.Len()), float64(ls.heartbeat.Len()), float64(ls.lockDelay.Len())

@@ -17,6 +17,7 @@ import (
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/gpupool/gpupool/broker/fsm"
 	gpupoolv1 "github.com/gpupool/gpupool/proto/gpupool/v1"
 	"github.com/gpupool/gpupool/protocol"
 )
@@ -145,7 +146,7 @@ func (e operatorService) SnapshotSave(req *gpupoolv1.SnapshotSaveRequest, stream
 		return raftError(err)
 	}
 	st := e.s.fsm.State()
-	data, err := st.Encode()
+	data, err := st.Encode(fsm.SnapshotVersion)
 	if err != nil {
 		return err
 	}
@@ -249,6 +250,9 @@ func (e operatorService) SnapshotRestore(stream grpc.ClientStreamingServer[gpupo
 			return err
 		}
 		return stream.SendAndClose(resp)
+	}
+	if err := fsm.CheckSnapshot(data); err != nil {
+		return refuse(ErrInvalid, "snapshot: "+err.Error())
 	}
 	if err := e.s.checkRestoreKeepsACL(data); err != nil {
 		return err

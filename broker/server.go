@@ -387,7 +387,7 @@ func (s *Server) openRaft() error {
 		return fmt.Errorf("broker: %w %s: start raft: %v", ErrDataDir, dir, err)
 	}
 	s.raft = r
-	s.proposer = raftProposer{r: r, observe: s.metrics.observeApply}
+	s.proposer = versionGate{next: raftProposer{r: r, observe: s.metrics.observeApply}, s: s}
 	if s.cfg.wrapProposer != nil {
 		s.proposer = s.cfg.wrapProposer(s.proposer)
 	}

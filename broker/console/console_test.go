@@ -404,8 +404,13 @@ func TestConsoleShowsAClientTokenItsTenantsOnly(t *testing.T) {
 			t.Errorf("%s as tenant a: got %d, and b's lease shown: %v; want 200 without it", page, code, strings.Contains(body, leaseB))
 		}
 	}
-	if code, _ := get(t, c, e.base+"/leases/"+leaseB); code != http.StatusForbidden {
-		t.Errorf("b's lease page as tenant a: got %d, want 403", code)
+	// Another tenant's lease answers as a lease that does not exist, so a
+	// tenant cannot learn whether an id is taken.
+	if code, _ := get(t, c, e.base+"/leases/"+leaseB); code != http.StatusNotFound {
+		t.Errorf("b's lease page as tenant a: got %d, want 404 (as a missing lease)", code)
+	}
+	if code, _ := get(t, c, e.base+"/leases/l-0000000000000000"); code != http.StatusNotFound {
+		t.Errorf("a missing lease's page as tenant a: got %d, want 404", code)
 	}
 	if code, body := get(t, c, e.base+"/leases?tenant=b"); code != http.StatusForbidden || strings.Contains(body, leaseB) {
 		t.Errorf("tenant b's leases as tenant a: got %d, want 403", code)

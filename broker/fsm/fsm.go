@@ -13,6 +13,7 @@ import (
 	"google.golang.org/protobuf/encoding/protojson"
 	"io"
 	"log/slog"
+	"sync/atomic"
 
 	"github.com/hashicorp/raft"
 	"google.golang.org/protobuf/proto"
@@ -68,6 +69,9 @@ type FSM struct {
 	// sink receives the audit entries of every applied command as JSON
 	// lines; nil for none. Written only from Apply.
 	sink io.Writer
+	// unknown counts log entries of command types this binary does not
+	// know, which it did not apply.
+	unknown atomic.Uint64
 }
 
 // Option configures an FSM.
@@ -77,6 +81,10 @@ type Option func(*FSM)
 // one JSON object per line (protojson), after the commit. A nil w writes
 // nothing. A failed write is logged; it never fails the command.
 func WithAuditSink(w io.Writer) Option { return func(f *FSM) { f.sink = w } }
+
+// UnknownCommands is how many log entries of unknown command types this
+// FSM skipped.
+func (f *FSM) UnknownCommands() uint64 { return f.unknown.Load() }
 
 // New returns an FSM over an empty store.
 func New(logger *slog.Logger, opts ...Option) *FSM {
@@ -124,14 +132,25 @@ func (f *FSM) Apply(l *raft.Log) any {
 		return &Result{}
 	}
 	t, msg, err := Decode(l.Data)
-	if errors.Is(err, ErrUnknownCommand) && t&IgnoreUnknownTypeFlag != 0 {
-		f.log.Warn("skipping unknown ignorable command; upgrade this server", "type", t, "index", l.Index)
-		return &Result{}
+	if errors.Is(err, ErrUnknownCommand) {
+		// A command this binary cannot read. Leaders propose a command
+		// only once every server reports a version that knows it, so this
+		// is a server that joined or went back to an older binary
+		// meanwhile. Applying nothing is the only safe choice: guessing
+		// would misapply it, and stopping would take the server down.
+		f.unknown.Add(1)
+		if t&IgnoreUnknownTypeFlag != 0 {
+			f.log.Warn("skipping unknown ignorable command; upgrade this server", "type", t&^IgnoreUnknownTypeFlag, "index", l.Index)
+			return &Result{}
+		}
+		f.log.Error("refusing an unknown command: this server is older than the command's writer; its state now lags the cluster's until it is upgraded",
+			"type", t, "index", l.Index, "fsm_version", Version)
+		return &Result{Err: fmt.Errorf("log index %d: %w", l.Index, err)}
 	}
 	if err != nil {
-		// A command this binary cannot read would make this server's state
-		// diverge from its peers'. Stop rather than serve wrong answers.
-		panic(fmt.Sprintf("fsm: log index %d: %v: this server is older than the cluster; upgrade it", l.Index, err))
+		// A known command that does not decode: the log is corrupt here.
+		// Stop rather than serve wrong answers.
+		panic(fmt.Sprintf("fsm: log index %d: %v", l.Index, err))
 	}
 	return f.apply(l.Index, msg)
 }
@@ -570,7 +589,7 @@ func applyFreeLease(w *state.Writer, index uint64, c *gpupoolv1.FreeLeaseCommand
 
 // Snapshot captures the state for raft. The returned snapshot is immutable.
 func (f *FSM) Snapshot() (raft.FSMSnapshot, error) {
-	b, err := f.store.Read().Encode()
+	b, err := f.store.Read().Encode(SnapshotVersion)
 	if err != nil {
 		return nil, err
 	}
@@ -584,7 +603,7 @@ func (f *FSM) Restore(rc io.ReadCloser) error {
 	if err != nil {
 		return fmt.Errorf("fsm: read snapshot: %w", err)
 	}
-	if err := f.store.Restore(b); err != nil {
+	if err := f.store.Restore(b, checkSnapshotVersion); err != nil {
 		return err
 	}
 	f.pub.publish([]Event{{Reset: true, Index: f.store.Read().Index()}})

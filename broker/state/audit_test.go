@@ -59,21 +59,21 @@ func TestTheAuditLogKeepsTheNewestEntries(t *testing.T) {
 	}
 
 	// A restored store holds the same entries and trims the same way.
-	b, err := s.Read().Encode()
+	b, err := s.Read().Encode(1)
 	if err != nil {
 		t.Fatal(err)
 	}
 	r := New()
-	if err := r.Restore(b); err != nil {
+	if err := r.Restore(b, anyVersion); err != nil {
 		t.Fatal(err)
 	}
 	writeAudit(s, 5, 1)
 	writeAudit(r, 5, 1)
-	a, err := s.Read().Encode()
+	a, err := s.Read().Encode(1)
 	if err != nil {
 		t.Fatal(err)
 	}
-	c, err := r.Read().Encode()
+	c, err := r.Read().Encode(1)
 	if err != nil {
 		t.Fatal(err)
 	}

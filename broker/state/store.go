@@ -268,8 +268,10 @@ func (w *Writer) Abort() { w.txn.Abort() }
 
 // Encode returns the whole state as deterministic bytes: the same state
 // always gives the same bytes.
-func (r *Reader) Encode() ([]byte, error) {
+func (r *Reader) Encode(version uint32) ([]byte, error) {
 	snap := &gpupoolv1.StateSnapshot{
+		Version: version,
+
 		Servers: r.Servers(),
 		Hosts:   r.Hosts(),
 		Devices: r.Devices(),
@@ -288,10 +290,13 @@ func (r *Reader) Encode() ([]byte, error) {
 }
 
 // Restore replaces the whole state with an encoded snapshot.
-func (s *Store) Restore(b []byte) error {
+func (s *Store) Restore(b []byte, check func(version uint32) error) error {
 	var snap gpupoolv1.StateSnapshot
 	if err := proto.Unmarshal(b, &snap); err != nil {
 		return fmt.Errorf("state: decode snapshot: %w", err)
+	}
+	if err := check(max(snap.Version, 1)); err != nil {
+		return err
 	}
 	db, err := memdb.NewMemDB(schema())
 	if err != nil {

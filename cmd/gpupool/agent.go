@@ -33,6 +33,7 @@ type agentOpts struct {
 	mps             string
 	simControl      string
 	enforce         agent.Enforcement
+	healthyAfter    time.Duration
 	metrics         string
 	brokers         string
 	simulate        string
@@ -151,6 +152,7 @@ else the hostname.`,
 	f.DurationVar(&o.enforce.Grace, "watchdog-grace", agent.DefaultGrace, "how long a lease may exceed its memory before its processes are stopped")
 	f.DurationVar(&o.enforce.KillAfter, "kill-after", agent.DefaultKillAfter, "how long a process has after SIGTERM before SIGKILL")
 	f.DurationVar(&o.enforce.ExpiryGrace, "expiry-grace", agent.DefaultExpiryGrace, "how long past its expiry a lease's processes run while the brokers are unreachable")
+	f.DurationVar(&o.healthyAfter, "healthy-after", agent.DefaultHealthyAfter, "how long after its last critical event (Xid, ECC, lost) a GPU marked unhealthy counts as healthy again; the mark survives restarts (DATA_DIR/memory.json)")
 	f.BoolVar(&o.insecure, "insecure", false, insecureUsage)
 	f.StringVar(&o.dcgmJobMappingDir, "dcgm-job-mapping-dir", "", "write each lease's id into DCGM's HPC job mapping files here (one file per GPU index; dcgm-exporter --hpc-job-mapping-dir), so DCGM's per-GPU metrics carry the lease; empty writes none")
 	f.StringVar(&o.users, "sandbox-users", sandbox.DefaultRange.String(), "user ids leases run as, FIRST-LAST; each lease takes one (the first is shared by leases with MPS slices); give each agent on one machine its own range")
@@ -219,7 +221,7 @@ func runAgent(cmd *cobra.Command, o agentOpts) error {
 	for _, d := range []struct {
 		flag string
 		v    time.Duration
-	}{{"watchdog-poll", o.enforce.Poll}, {"watchdog-grace", o.enforce.Grace}, {"kill-after", o.enforce.KillAfter}, {"expiry-grace", o.enforce.ExpiryGrace}} {
+	}{{"watchdog-poll", o.enforce.Poll}, {"watchdog-grace", o.enforce.Grace}, {"kill-after", o.enforce.KillAfter}, {"expiry-grace", o.enforce.ExpiryGrace}, {"healthy-after", o.healthyAfter}} {
 		if d.v <= 0 {
 			return usagef("--%s %s: must be positive, e.g. 500ms or 2s", d.flag, d.v)
 		}
@@ -304,6 +306,7 @@ func runAgent(cmd *cobra.Command, o agentOpts) error {
 		Logger:                logger,
 		DataDir:               o.dataDir,
 		Enforcement:           o.enforce,
+		HealthyAfter:          o.healthyAfter,
 		MPS:                   mpsCtl,
 		DataBind:              o.dataBind,
 		TLS:                   tlsConfigOf(src),

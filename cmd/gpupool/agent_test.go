@@ -38,6 +38,7 @@ func TestAgentCommandRefusesBadInput(t *testing.T) {
 		{"a negative grace", with("--watchdog-grace", "-1s"), []string{"--watchdog-grace -1s", "must be positive"}},
 		{"a zero kill-after", with("--kill-after", "0s"), []string{"--kill-after 0s"}},
 		{"a zero expiry grace", with("--expiry-grace", "0s"), []string{"--expiry-grace 0s"}},
+		{"a zero healthy time", with("--healthy-after", "0s"), []string{"--healthy-after 0s"}},
 		{"an empty data dir", with("--data-dir", ""), []string{"--data-dir is empty"}},
 		{"a control socket without simulation", []string{"agent", "--insecure", "--broker", "127.0.0.1:1", "--sim-control", "/tmp/x.sock"}, []string{"--sim-control needs --simulate"}},
 		{"an unknown flag", with("--watchdog", "1s"), []string{"unknown flag: --watchdog"}},

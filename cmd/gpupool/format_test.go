@@ -78,7 +78,7 @@ func TestGroupCommandsRefuseUnknownSubcommands(t *testing.T) {
 	checkUsageErrors(t, []usageCase{
 		{"an unknown lease subcommand lists the choices", []string{"lease", "bogus"}, []string{`unknown command "bogus"`, "acquire, get, keepalive, ls, release"}},
 		{"a misspelt subcommand gets a suggestion", []string{"lease", "aquire"}, []string{`did you mean "acquire"`}},
-		{"an unknown host subcommand lists the choices", []string{"host", "bogus"}, []string{"get, ls"}},
+		{"an unknown host subcommand lists the choices", []string{"host", "bogus"}, []string{"get, gpu-health, ls"}},
 		{"an unknown operator subcommand lists the choices", []string{"operator", "bogus"}, []string{"raft, snapshot"}},
 		{"an unknown raft subcommand lists the choices", []string{"operator", "raft", "bogus"}, []string{"peers, remove-peer, transfer-leadership"}},
 		{"an unknown snapshot subcommand lists the choices", []string{"operator", "snapshot", "bogus"}, []string{"restore, save"}},

@@ -36,6 +36,7 @@ hosts take new leases.`,
 		newHostDrainCmd(),
 		newHostEligibilityCmd(),
 		newHostResetIdentityCmd(),
+		newHostGPUHealthCmd(),
 	)
 }
 

@@ -135,6 +135,11 @@ func Check(records []Record, final []*gpupoolv1.Lease, devices []*gpupoolv1.Devi
 		}
 		ops = append(ops, porcupine.Operation{ClientId: -1, Input: Input{Kind: OpEnd, Lease: id, Device: dev}, Output: Output{Outcome: "ended"},
 			Call: l.StateChangedAtMs * int64(time.Millisecond), Return: never, Metadata: dev})
+		if l.State == gpupoolv1.LeaseState_LEASE_STATE_EXPIRED || l.EndState == gpupoolv1.LeaseState_LEASE_STATE_EXPIRED {
+			at := (l.StateChangedAtMs + 1) * int64(time.Millisecond)
+			ops = append(ops, porcupine.Operation{ClientId: -1, Input: Input{Kind: OpExpiry, Lease: id, Device: dev}, Output: Output{Outcome: "ended"},
+				Call: at, Return: at, Metadata: dev})
+		}
 	}
 	memory := map[string]int64{}
 	for _, d := range devices {

@@ -22,10 +22,16 @@ const (
 	// the final lease table dates it, put in the history so that the model
 	// frees its capacity.
 	OpEnd
+	// OpExpiry is not a client call either: it is the instant an expired
+	// lease's expiry was decided (the final table's date of it, rounded
+	// up to the next millisecond). No renewal may be acknowledged after
+	// it; reads and releases are not held to it, since the expiry takes
+	// effect only once it commits.
+	OpExpiry
 )
 
 func (k OpKind) String() string {
-	return [...]string{"acquire", "release", "keepalive", "get", "end"}[k]
+	return [...]string{"acquire", "release", "keepalive", "get", "end", "expiry"}[k]
 }
 
 // Lease states as the model sees them.
@@ -66,6 +72,7 @@ type leaseEntry struct {
 	compute int32
 	fence   uint64
 	state   string
+	expired bool // its expiry was decided: no renewal may succeed
 }
 
 func (s deviceState) find(id string) int {
@@ -97,7 +104,10 @@ func (s deviceState) with(e leaseEntry) deviceState {
 //   - a granted lease is seen granted, with its fencing token, until its
 //     release is acknowledged or the brokers end it;
 //   - an acknowledged release is durable: the lease is never again seen
-//     granted nor renewed, and never ends any other way.
+//     granted nor renewed, and never ends any other way;
+//   - no renewal is acknowledged after the lease's expiry was decided
+//     (a renewal that started after it must fail, wherever it was sent:
+//     a leader cut off from its quorum renews nothing).
 //
 // The brokers may end a lease on their own (TTL, host down); the model
 // accepts that whenever an answer shows it. It frees a lease's capacity
@@ -119,7 +129,7 @@ func LeaseModel(memoryMiB int64) porcupine.Model {
 			s := st.(deviceState)
 			fmt.Fprint(h, s.maxFence)
 			for _, e := range s.leases {
-				fmt.Fprint(h, e.id, e.state)
+				fmt.Fprint(h, e.id, e.state, e.expired)
 			}
 			return h.Sum64()
 		},
@@ -195,7 +205,7 @@ func step(capacity int64, s deviceState, in Input, out Output) (bool, any) {
 	case OpKeepAlive:
 		switch out.Outcome {
 		case "ok":
-			return e.state == stActive, s
+			return e.state == stActive && !e.expired, s
 		case "released", "ended": // the renewal failed: no longer granted
 			if e.state == stActive {
 				e.state = stEnded
@@ -220,6 +230,9 @@ func step(capacity int64, s deviceState, in Input, out Output) (bool, any) {
 			return true, s.with(e)
 		}
 		return false, s
+	case OpExpiry:
+		e.expired = true
+		return true, s.with(e)
 	case OpEnd:
 		if e.state == stReleased {
 			return false, s

@@ -44,6 +44,15 @@ func TestCheckFindsWhatTheModelForbids(t *testing.T) {
 		{"room made by an expiry the final table dates", []Record{
 			acq(0, "a", 81920, 100, 10, 1, 2), acq(1, "b", 81920, 100, 11, 5e6, 6e6),
 		}, []*gpupoolv1.Lease{{Id: "a", RequestId: "req-a", State: gpupoolv1.LeaseState_LEASE_STATE_EXPIRED, StateChangedAtMs: 3}}, porcupine.Ok},
+		{"a renewal acknowledged after the lease's expiry", []Record{
+			acq(0, "a", 1024, 1, 10, 1, 2), op(1, OpKeepAlive, "a", "ok", 0, 5e6, 6e6),
+		}, []*gpupoolv1.Lease{{Id: "a", RequestId: "req-a", State: gpupoolv1.LeaseState_LEASE_STATE_EXPIRED, StateChangedAtMs: 3}}, porcupine.Illegal},
+		{"a renewal acknowledged while the expiry is being decided", []Record{
+			acq(0, "a", 1024, 1, 10, 1, 2), op(1, OpKeepAlive, "a", "ok", 0, 2e6, 5e6),
+		}, []*gpupoolv1.Lease{{Id: "a", RequestId: "req-a", State: gpupoolv1.LeaseState_LEASE_STATE_EXPIRED, StateChangedAtMs: 3}}, porcupine.Ok},
+		{"a renewal acknowledged after a revocation was stamped, before it committed", []Record{
+			acq(0, "a", 1024, 1, 10, 1, 2), op(1, OpKeepAlive, "a", "ok", 0, 5e6, 6e6),
+		}, []*gpupoolv1.Lease{{Id: "a", RequestId: "req-a", State: gpupoolv1.LeaseState_LEASE_STATE_REVOKED, StateChangedAtMs: 3}}, porcupine.Ok},
 		{"a fencing token that goes backwards", []Record{
 			acq(0, "a", 1024, 1, 10, 1, 2), acq(1, "b", 1024, 1, 9, 3, 4),
 		}, nil, porcupine.Illegal},

@@ -617,7 +617,11 @@ type HeartbeatResponse struct {
 	AckedEventSeq uint64 `protobuf:"varint,4,opt,name=acked_event_seq,json=ackedEventSeq,proto3" json:"acked_event_seq,omitempty"`
 	// The brokers' token signing keys; they change when an operator rotates
 	// them.
-	Keys          []*PublicKey `protobuf:"bytes,5,rep,name=keys,proto3" json:"keys,omitempty"`
+	Keys []*PublicKey `protobuf:"bytes,5,rep,name=keys,proto3" json:"keys,omitempty"`
+	// GPUs (uuids) an operator cleared of their unhealthy mark ('gpupool
+	// host gpu-health HOST GPU --clear'); listed until the agent reports
+	// them healthy.
+	ClearHealth   []string `protobuf:"bytes,6,rep,name=clear_health,json=clearHealth,proto3" json:"clear_health,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -687,6 +691,13 @@ func (x *HeartbeatResponse) GetKeys() []*PublicKey {
 	return nil
 }
 
+func (x *HeartbeatResponse) GetClearHealth() []string {
+	if x != nil {
+		return x.ClearHealth
+	}
+	return nil
+}
+
 var File_gpupool_v1_agent_proto protoreflect.FileDescriptor
 
 const file_gpupool_v1_agent_proto_rawDesc = "" +
@@ -736,13 +747,14 @@ const file_gpupool_v1_agent_proto_rawDesc = "" +
 	"\rexpires_in_ms\x18\b \x01(\x03R\vexpiresInMs\x12.\n" +
 	"\x13host_cpu_millicores\x18\t \x01(\x03R\x11hostCpuMillicores\x12&\n" +
 	"\x0fhost_memory_mib\x18\n" +
-	" \x01(\x03R\rhostMemoryMib\"\x80\x02\n" +
+	" \x01(\x03R\rhostMemoryMib\"\xa3\x02\n" +
 	"\x11HeartbeatResponse\x120\n" +
 	"\aenforce\x18\x01 \x03(\v2\x16.gpupool.v1.AssignmentR\aenforce\x122\n" +
 	"\bteardown\x18\x02 \x03(\v2\x16.gpupool.v1.AssignmentR\bteardown\x122\n" +
 	"\x15heartbeat_interval_ms\x18\x03 \x01(\x03R\x13heartbeatIntervalMs\x12&\n" +
 	"\x0facked_event_seq\x18\x04 \x01(\x04R\rackedEventSeq\x12)\n" +
-	"\x04keys\x18\x05 \x03(\v2\x15.gpupool.v1.PublicKeyR\x04keys*R\n" +
+	"\x04keys\x18\x05 \x03(\v2\x15.gpupool.v1.PublicKeyR\x04keys\x12!\n" +
+	"\fclear_health\x18\x06 \x03(\tR\vclearHealth*R\n" +
 	"\x0eAgentEventType\x12 \n" +
 	"\x1cAGENT_EVENT_TYPE_UNSPECIFIED\x10\x00\x12\x1e\n" +
 	"\x1aAGENT_EVENT_TYPE_VIOLATION\x10\x012\xa3\x01\n" +

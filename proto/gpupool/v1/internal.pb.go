@@ -86,7 +86,9 @@ type ServerInfoResponse struct {
 	// The server's build version ('gpupool version').
 	Version string `protobuf:"bytes,12,opt,name=version,proto3" json:"version,omitempty"`
 	// The Raft configuration as this server knows it: every server, up or not.
-	Peers         []*ClusterPeer `protobuf:"bytes,13,rep,name=peers,proto3" json:"peers,omitempty"`
+	Peers []*ClusterPeer `protobuf:"bytes,13,rep,name=peers,proto3" json:"peers,omitempty"`
+	// The newest FSM command-set version this server's binary applies.
+	FsmVersion    uint32 `protobuf:"varint,14,opt,name=fsm_version,json=fsmVersion,proto3" json:"fsm_version,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -210,6 +212,13 @@ func (x *ServerInfoResponse) GetPeers() []*ClusterPeer {
 		return x.Peers
 	}
 	return nil
+}
+
+func (x *ServerInfoResponse) GetFsmVersion() uint32 {
+	if x != nil {
+		return x.FsmVersion
+	}
+	return 0
 }
 
 // ClusterPeer is one server of the Raft configuration.
@@ -379,10 +388,14 @@ func (*JoinResponse) Descriptor() ([]byte, []int) {
 }
 
 type UpsertServerCommand struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Id            string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
-	RpcAddress    string                 `protobuf:"bytes,2,opt,name=rpc_address,json=rpcAddress,proto3" json:"rpc_address,omitempty"`
-	RaftAddress   string                 `protobuf:"bytes,3,opt,name=raft_address,json=raftAddress,proto3" json:"raft_address,omitempty"`
+	state       protoimpl.MessageState `protogen:"open.v1"`
+	Id          string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	RpcAddress  string                 `protobuf:"bytes,2,opt,name=rpc_address,json=rpcAddress,proto3" json:"rpc_address,omitempty"`
+	RaftAddress string                 `protobuf:"bytes,3,opt,name=raft_address,json=raftAddress,proto3" json:"raft_address,omitempty"`
+	// The newest FSM command-set version the server's binary applies; 0
+	// from servers older than the field (they apply version 1). A leader
+	// proposes a command only once every server knows it.
+	FsmVersion    uint32 `protobuf:"varint,4,opt,name=fsm_version,json=fsmVersion,proto3" json:"fsm_version,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -436,6 +449,13 @@ func (x *UpsertServerCommand) GetRaftAddress() string {
 		return x.RaftAddress
 	}
 	return ""
+}
+
+func (x *UpsertServerCommand) GetFsmVersion() uint32 {
+	if x != nil {
+		return x.FsmVersion
+	}
+	return 0
 }
 
 type RegisterHostCommand struct {
@@ -1641,7 +1661,11 @@ type StateSnapshot struct {
 	// Raft index of the ACL bootstrap; 0 before it.
 	AclBootstrapIndex uint64 `protobuf:"varint,9,opt,name=acl_bootstrap_index,json=aclBootstrapIndex,proto3" json:"acl_bootstrap_index,omitempty"`
 	// The audit log, oldest first.
-	Audit         []*AuditEntry `protobuf:"bytes,10,rep,name=audit,proto3" json:"audit,omitempty"`
+	Audit []*AuditEntry `protobuf:"bytes,10,rep,name=audit,proto3" json:"audit,omitempty"`
+	// The snapshot's format version; 0 in snapshots written before it
+	// existed (read as version 1). A server refuses a snapshot whose
+	// version is newer than the newest it reads.
+	Version       uint32 `protobuf:"varint,11,opt,name=version,proto3" json:"version,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1746,13 +1770,20 @@ func (x *StateSnapshot) GetAudit() []*AuditEntry {
 	return nil
 }
 
+func (x *StateSnapshot) GetVersion() uint32 {
+	if x != nil {
+		return x.Version
+	}
+	return 0
+}
+
 var File_gpupool_v1_internal_proto protoreflect.FileDescriptor
 
 const file_gpupool_v1_internal_proto_rawDesc = "" +
 	"\n" +
 	"\x19gpupool/v1/internal.proto\x12\n" +
 	"gpupool.v1\x1a\x16gpupool/v1/agent.proto\x1a\x16gpupool/v1/types.proto\"\x13\n" +
-	"\x11ServerInfoRequest\"\xc5\x03\n" +
+	"\x11ServerInfoRequest\"\xe6\x03\n" +
 	"\x12ServerInfoResponse\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12!\n" +
 	"\fraft_address\x18\x02 \x01(\tR\vraftAddress\x12\x1f\n" +
@@ -1769,7 +1800,9 @@ const file_gpupool_v1_internal_proto_rawDesc = "" +
 	" \x01(\x04R\x04term\x12&\n" +
 	"\x0flast_contact_ms\x18\v \x01(\x03R\rlastContactMs\x12\x18\n" +
 	"\aversion\x18\f \x01(\tR\aversion\x12-\n" +
-	"\x05peers\x18\r \x03(\v2\x17.gpupool.v1.ClusterPeerR\x05peers\"w\n" +
+	"\x05peers\x18\r \x03(\v2\x17.gpupool.v1.ClusterPeerR\x05peers\x12\x1f\n" +
+	"\vfsm_version\x18\x0e \x01(\rR\n" +
+	"fsmVersion\"w\n" +
 	"\vClusterPeer\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12!\n" +
 	"\fraft_address\x18\x02 \x01(\tR\vraftAddress\x12\x1f\n" +
@@ -1781,12 +1814,14 @@ const file_gpupool_v1_internal_proto_rawDesc = "" +
 	"\fraft_address\x18\x02 \x01(\tR\vraftAddress\x12\x1f\n" +
 	"\vrpc_address\x18\x03 \x01(\tR\n" +
 	"rpcAddress\"\x0e\n" +
-	"\fJoinResponse\"i\n" +
+	"\fJoinResponse\"\x8a\x01\n" +
 	"\x13UpsertServerCommand\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x1f\n" +
 	"\vrpc_address\x18\x02 \x01(\tR\n" +
 	"rpcAddress\x12!\n" +
-	"\fraft_address\x18\x03 \x01(\tR\vraftAddress\"\x80\x01\n" +
+	"\fraft_address\x18\x03 \x01(\tR\vraftAddress\x12\x1f\n" +
+	"\vfsm_version\x18\x04 \x01(\rR\n" +
+	"fsmVersion\"\x80\x01\n" +
 	"\x13RegisterHostCommand\x12$\n" +
 	"\x04host\x18\x01 \x01(\v2\x10.gpupool.v1.HostR\x04host\x12,\n" +
 	"\adevices\x18\x02 \x03(\v2\x12.gpupool.v1.DeviceR\adevices\x12\x15\n" +
@@ -1875,7 +1910,7 @@ const file_gpupool_v1_internal_proto_rawDesc = "" +
 	"\ahost_id\x18\x01 \x01(\tR\x06hostId\x12\x16\n" +
 	"\x06reason\x18\x02 \x01(\tR\x06reason\x12\x15\n" +
 	"\x06now_ms\x18\x03 \x01(\x03R\x05nowMs\x12'\n" +
-	"\x05actor\x18\x04 \x01(\v2\x11.gpupool.v1.ActorR\x05actor\"\xda\x03\n" +
+	"\x05actor\x18\x04 \x01(\v2\x11.gpupool.v1.ActorR\x05actor\"\xf4\x03\n" +
 	"\rStateSnapshot\x129\n" +
 	"\aservers\x18\x01 \x03(\v2\x1f.gpupool.v1.UpsertServerCommandR\aservers\x12&\n" +
 	"\x05hosts\x18\x02 \x03(\v2\x10.gpupool.v1.HostR\x05hosts\x12,\n" +
@@ -1888,7 +1923,8 @@ const file_gpupool_v1_internal_proto_rawDesc = "" +
 	"acl_tokens\x18\b \x03(\v2\x14.gpupool.v1.AclTokenR\taclTokens\x12.\n" +
 	"\x13acl_bootstrap_index\x18\t \x01(\x04R\x11aclBootstrapIndex\x12,\n" +
 	"\x05audit\x18\n" +
-	" \x03(\v2\x16.gpupool.v1.AuditEntryR\x05audit2\x98\x01\n" +
+	" \x03(\v2\x16.gpupool.v1.AuditEntryR\x05audit\x12\x18\n" +
+	"\aversion\x18\v \x01(\rR\aversion2\x98\x01\n" +
 	"\x0eClusterService\x12K\n" +
 	"\n" +
 	"ServerInfo\x12\x1d.gpupool.v1.ServerInfoRequest\x1a\x1e.gpupool.v1.ServerInfoResponse\x129\n" +

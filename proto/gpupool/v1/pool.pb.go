@@ -81,6 +81,105 @@ func (WatchEventType) EnumDescriptor() ([]byte, []int) {
 	return file_gpupool_v1_pool_proto_rawDescGZIP(), []int{0}
 }
 
+type ClearDeviceHealthRequest struct {
+	state  protoimpl.MessageState `protogen:"open.v1"`
+	HostId string                 `protobuf:"bytes,1,opt,name=host_id,json=hostId,proto3" json:"host_id,omitempty"`
+	// The GPU: its index on the host or its uuid.
+	Device        string `protobuf:"bytes,2,opt,name=device,proto3" json:"device,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ClearDeviceHealthRequest) Reset() {
+	*x = ClearDeviceHealthRequest{}
+	mi := &file_gpupool_v1_pool_proto_msgTypes[0]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ClearDeviceHealthRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ClearDeviceHealthRequest) ProtoMessage() {}
+
+func (x *ClearDeviceHealthRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_gpupool_v1_pool_proto_msgTypes[0]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ClearDeviceHealthRequest.ProtoReflect.Descriptor instead.
+func (*ClearDeviceHealthRequest) Descriptor() ([]byte, []int) {
+	return file_gpupool_v1_pool_proto_rawDescGZIP(), []int{0}
+}
+
+func (x *ClearDeviceHealthRequest) GetHostId() string {
+	if x != nil {
+		return x.HostId
+	}
+	return ""
+}
+
+func (x *ClearDeviceHealthRequest) GetDevice() string {
+	if x != nil {
+		return x.Device
+	}
+	return ""
+}
+
+type ClearDeviceHealthResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The GPU as the brokers see it now (still unhealthy until its agent
+	// acts on the clear).
+	Device        *Device `protobuf:"bytes,1,opt,name=device,proto3" json:"device,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ClearDeviceHealthResponse) Reset() {
+	*x = ClearDeviceHealthResponse{}
+	mi := &file_gpupool_v1_pool_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ClearDeviceHealthResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ClearDeviceHealthResponse) ProtoMessage() {}
+
+func (x *ClearDeviceHealthResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_gpupool_v1_pool_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ClearDeviceHealthResponse.ProtoReflect.Descriptor instead.
+func (*ClearDeviceHealthResponse) Descriptor() ([]byte, []int) {
+	return file_gpupool_v1_pool_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *ClearDeviceHealthResponse) GetDevice() *Device {
+	if x != nil {
+		return x.Device
+	}
+	return nil
+}
+
 type DrainHostRequest struct {
 	state  protoimpl.MessageState `protogen:"open.v1"`
 	HostId string                 `protobuf:"bytes,1,opt,name=host_id,json=hostId,proto3" json:"host_id,omitempty"`
@@ -102,7 +201,7 @@ type DrainHostRequest struct {
 
 func (x *DrainHostRequest) Reset() {
 	*x = DrainHostRequest{}
-	mi := &file_gpupool_v1_pool_proto_msgTypes[0]
+	mi := &file_gpupool_v1_pool_proto_msgTypes[2]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -114,7 +213,7 @@ func (x *DrainHostRequest) String() string {
 func (*DrainHostRequest) ProtoMessage() {}
 
 func (x *DrainHostRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_gpupool_v1_pool_proto_msgTypes[0]
+	mi := &file_gpupool_v1_pool_proto_msgTypes[2]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -127,7 +226,7 @@ func (x *DrainHostRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DrainHostRequest.ProtoReflect.Descriptor instead.
 func (*DrainHostRequest) Descriptor() ([]byte, []int) {
-	return file_gpupool_v1_pool_proto_rawDescGZIP(), []int{0}
+	return file_gpupool_v1_pool_proto_rawDescGZIP(), []int{2}
 }
 
 func (x *DrainHostRequest) GetHostId() string {
@@ -182,7 +281,7 @@ type SetEligibilityRequest struct {
 
 func (x *SetEligibilityRequest) Reset() {
 	*x = SetEligibilityRequest{}
-	mi := &file_gpupool_v1_pool_proto_msgTypes[1]
+	mi := &file_gpupool_v1_pool_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -194,7 +293,7 @@ func (x *SetEligibilityRequest) String() string {
 func (*SetEligibilityRequest) ProtoMessage() {}
 
 func (x *SetEligibilityRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_gpupool_v1_pool_proto_msgTypes[1]
+	mi := &file_gpupool_v1_pool_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -207,7 +306,7 @@ func (x *SetEligibilityRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetEligibilityRequest.ProtoReflect.Descriptor instead.
 func (*SetEligibilityRequest) Descriptor() ([]byte, []int) {
-	return file_gpupool_v1_pool_proto_rawDescGZIP(), []int{1}
+	return file_gpupool_v1_pool_proto_rawDescGZIP(), []int{3}
 }
 
 func (x *SetEligibilityRequest) GetHostId() string {
@@ -233,7 +332,7 @@ type SetEligibilityResponse struct {
 
 func (x *SetEligibilityResponse) Reset() {
 	*x = SetEligibilityResponse{}
-	mi := &file_gpupool_v1_pool_proto_msgTypes[2]
+	mi := &file_gpupool_v1_pool_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -245,7 +344,7 @@ func (x *SetEligibilityResponse) String() string {
 func (*SetEligibilityResponse) ProtoMessage() {}
 
 func (x *SetEligibilityResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_gpupool_v1_pool_proto_msgTypes[2]
+	mi := &file_gpupool_v1_pool_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -258,7 +357,7 @@ func (x *SetEligibilityResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetEligibilityResponse.ProtoReflect.Descriptor instead.
 func (*SetEligibilityResponse) Descriptor() ([]byte, []int) {
-	return file_gpupool_v1_pool_proto_rawDescGZIP(), []int{2}
+	return file_gpupool_v1_pool_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *SetEligibilityResponse) GetHost() *Host {
@@ -279,7 +378,7 @@ type DrainHostResponse struct {
 
 func (x *DrainHostResponse) Reset() {
 	*x = DrainHostResponse{}
-	mi := &file_gpupool_v1_pool_proto_msgTypes[3]
+	mi := &file_gpupool_v1_pool_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -291,7 +390,7 @@ func (x *DrainHostResponse) String() string {
 func (*DrainHostResponse) ProtoMessage() {}
 
 func (x *DrainHostResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_gpupool_v1_pool_proto_msgTypes[3]
+	mi := &file_gpupool_v1_pool_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -304,7 +403,7 @@ func (x *DrainHostResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DrainHostResponse.ProtoReflect.Descriptor instead.
 func (*DrainHostResponse) Descriptor() ([]byte, []int) {
-	return file_gpupool_v1_pool_proto_rawDescGZIP(), []int{3}
+	return file_gpupool_v1_pool_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *DrainHostResponse) GetHost() *Host {
@@ -330,7 +429,7 @@ type ListHostsRequest struct {
 
 func (x *ListHostsRequest) Reset() {
 	*x = ListHostsRequest{}
-	mi := &file_gpupool_v1_pool_proto_msgTypes[4]
+	mi := &file_gpupool_v1_pool_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -342,7 +441,7 @@ func (x *ListHostsRequest) String() string {
 func (*ListHostsRequest) ProtoMessage() {}
 
 func (x *ListHostsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_gpupool_v1_pool_proto_msgTypes[4]
+	mi := &file_gpupool_v1_pool_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -355,7 +454,7 @@ func (x *ListHostsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListHostsRequest.ProtoReflect.Descriptor instead.
 func (*ListHostsRequest) Descriptor() ([]byte, []int) {
-	return file_gpupool_v1_pool_proto_rawDescGZIP(), []int{4}
+	return file_gpupool_v1_pool_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *ListHostsRequest) GetStale() bool {
@@ -374,7 +473,7 @@ type ListHostsResponse struct {
 
 func (x *ListHostsResponse) Reset() {
 	*x = ListHostsResponse{}
-	mi := &file_gpupool_v1_pool_proto_msgTypes[5]
+	mi := &file_gpupool_v1_pool_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -386,7 +485,7 @@ func (x *ListHostsResponse) String() string {
 func (*ListHostsResponse) ProtoMessage() {}
 
 func (x *ListHostsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_gpupool_v1_pool_proto_msgTypes[5]
+	mi := &file_gpupool_v1_pool_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -399,7 +498,7 @@ func (x *ListHostsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListHostsResponse.ProtoReflect.Descriptor instead.
 func (*ListHostsResponse) Descriptor() ([]byte, []int) {
-	return file_gpupool_v1_pool_proto_rawDescGZIP(), []int{5}
+	return file_gpupool_v1_pool_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *ListHostsResponse) GetHosts() []*Host {
@@ -419,7 +518,7 @@ type GetHostRequest struct {
 
 func (x *GetHostRequest) Reset() {
 	*x = GetHostRequest{}
-	mi := &file_gpupool_v1_pool_proto_msgTypes[6]
+	mi := &file_gpupool_v1_pool_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -431,7 +530,7 @@ func (x *GetHostRequest) String() string {
 func (*GetHostRequest) ProtoMessage() {}
 
 func (x *GetHostRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_gpupool_v1_pool_proto_msgTypes[6]
+	mi := &file_gpupool_v1_pool_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -444,7 +543,7 @@ func (x *GetHostRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetHostRequest.ProtoReflect.Descriptor instead.
 func (*GetHostRequest) Descriptor() ([]byte, []int) {
-	return file_gpupool_v1_pool_proto_rawDescGZIP(), []int{6}
+	return file_gpupool_v1_pool_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *GetHostRequest) GetHostId() string {
@@ -471,7 +570,7 @@ type GetHostResponse struct {
 
 func (x *GetHostResponse) Reset() {
 	*x = GetHostResponse{}
-	mi := &file_gpupool_v1_pool_proto_msgTypes[7]
+	mi := &file_gpupool_v1_pool_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -483,7 +582,7 @@ func (x *GetHostResponse) String() string {
 func (*GetHostResponse) ProtoMessage() {}
 
 func (x *GetHostResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_gpupool_v1_pool_proto_msgTypes[7]
+	mi := &file_gpupool_v1_pool_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -496,7 +595,7 @@ func (x *GetHostResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetHostResponse.ProtoReflect.Descriptor instead.
 func (*GetHostResponse) Descriptor() ([]byte, []int) {
-	return file_gpupool_v1_pool_proto_rawDescGZIP(), []int{7}
+	return file_gpupool_v1_pool_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *GetHostResponse) GetHost() *Host {
@@ -524,7 +623,7 @@ type ListDevicesRequest struct {
 
 func (x *ListDevicesRequest) Reset() {
 	*x = ListDevicesRequest{}
-	mi := &file_gpupool_v1_pool_proto_msgTypes[8]
+	mi := &file_gpupool_v1_pool_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -536,7 +635,7 @@ func (x *ListDevicesRequest) String() string {
 func (*ListDevicesRequest) ProtoMessage() {}
 
 func (x *ListDevicesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_gpupool_v1_pool_proto_msgTypes[8]
+	mi := &file_gpupool_v1_pool_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -549,7 +648,7 @@ func (x *ListDevicesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListDevicesRequest.ProtoReflect.Descriptor instead.
 func (*ListDevicesRequest) Descriptor() ([]byte, []int) {
-	return file_gpupool_v1_pool_proto_rawDescGZIP(), []int{8}
+	return file_gpupool_v1_pool_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *ListDevicesRequest) GetHostId() string {
@@ -582,7 +681,7 @@ type ListDevicesResponse struct {
 
 func (x *ListDevicesResponse) Reset() {
 	*x = ListDevicesResponse{}
-	mi := &file_gpupool_v1_pool_proto_msgTypes[9]
+	mi := &file_gpupool_v1_pool_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -594,7 +693,7 @@ func (x *ListDevicesResponse) String() string {
 func (*ListDevicesResponse) ProtoMessage() {}
 
 func (x *ListDevicesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_gpupool_v1_pool_proto_msgTypes[9]
+	mi := &file_gpupool_v1_pool_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -607,7 +706,7 @@ func (x *ListDevicesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListDevicesResponse.ProtoReflect.Descriptor instead.
 func (*ListDevicesResponse) Descriptor() ([]byte, []int) {
-	return file_gpupool_v1_pool_proto_rawDescGZIP(), []int{9}
+	return file_gpupool_v1_pool_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *ListDevicesResponse) GetDevices() []*Device {
@@ -626,7 +725,7 @@ type StatusRequest struct {
 
 func (x *StatusRequest) Reset() {
 	*x = StatusRequest{}
-	mi := &file_gpupool_v1_pool_proto_msgTypes[10]
+	mi := &file_gpupool_v1_pool_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -638,7 +737,7 @@ func (x *StatusRequest) String() string {
 func (*StatusRequest) ProtoMessage() {}
 
 func (x *StatusRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_gpupool_v1_pool_proto_msgTypes[10]
+	mi := &file_gpupool_v1_pool_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -651,7 +750,7 @@ func (x *StatusRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatusRequest.ProtoReflect.Descriptor instead.
 func (*StatusRequest) Descriptor() ([]byte, []int) {
-	return file_gpupool_v1_pool_proto_rawDescGZIP(), []int{10}
+	return file_gpupool_v1_pool_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *StatusRequest) GetStale() bool {
@@ -680,7 +779,7 @@ type ModelCapacity struct {
 
 func (x *ModelCapacity) Reset() {
 	*x = ModelCapacity{}
-	mi := &file_gpupool_v1_pool_proto_msgTypes[11]
+	mi := &file_gpupool_v1_pool_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -692,7 +791,7 @@ func (x *ModelCapacity) String() string {
 func (*ModelCapacity) ProtoMessage() {}
 
 func (x *ModelCapacity) ProtoReflect() protoreflect.Message {
-	mi := &file_gpupool_v1_pool_proto_msgTypes[11]
+	mi := &file_gpupool_v1_pool_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -705,7 +804,7 @@ func (x *ModelCapacity) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ModelCapacity.ProtoReflect.Descriptor instead.
 func (*ModelCapacity) Descriptor() ([]byte, []int) {
-	return file_gpupool_v1_pool_proto_rawDescGZIP(), []int{11}
+	return file_gpupool_v1_pool_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *ModelCapacity) GetModel() string {
@@ -789,7 +888,7 @@ type StatusResponse struct {
 
 func (x *StatusResponse) Reset() {
 	*x = StatusResponse{}
-	mi := &file_gpupool_v1_pool_proto_msgTypes[12]
+	mi := &file_gpupool_v1_pool_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -801,7 +900,7 @@ func (x *StatusResponse) String() string {
 func (*StatusResponse) ProtoMessage() {}
 
 func (x *StatusResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_gpupool_v1_pool_proto_msgTypes[12]
+	mi := &file_gpupool_v1_pool_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -814,7 +913,7 @@ func (x *StatusResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatusResponse.ProtoReflect.Descriptor instead.
 func (*StatusResponse) Descriptor() ([]byte, []int) {
-	return file_gpupool_v1_pool_proto_rawDescGZIP(), []int{12}
+	return file_gpupool_v1_pool_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *StatusResponse) GetHosts() int32 {
@@ -948,7 +1047,7 @@ type WatchHostsRequest struct {
 
 func (x *WatchHostsRequest) Reset() {
 	*x = WatchHostsRequest{}
-	mi := &file_gpupool_v1_pool_proto_msgTypes[13]
+	mi := &file_gpupool_v1_pool_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -960,7 +1059,7 @@ func (x *WatchHostsRequest) String() string {
 func (*WatchHostsRequest) ProtoMessage() {}
 
 func (x *WatchHostsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_gpupool_v1_pool_proto_msgTypes[13]
+	mi := &file_gpupool_v1_pool_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -973,7 +1072,7 @@ func (x *WatchHostsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchHostsRequest.ProtoReflect.Descriptor instead.
 func (*WatchHostsRequest) Descriptor() ([]byte, []int) {
-	return file_gpupool_v1_pool_proto_rawDescGZIP(), []int{13}
+	return file_gpupool_v1_pool_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *WatchHostsRequest) GetHostId() string {
@@ -1019,7 +1118,7 @@ type HostEvent struct {
 
 func (x *HostEvent) Reset() {
 	*x = HostEvent{}
-	mi := &file_gpupool_v1_pool_proto_msgTypes[14]
+	mi := &file_gpupool_v1_pool_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1031,7 +1130,7 @@ func (x *HostEvent) String() string {
 func (*HostEvent) ProtoMessage() {}
 
 func (x *HostEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_gpupool_v1_pool_proto_msgTypes[14]
+	mi := &file_gpupool_v1_pool_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1044,7 +1143,7 @@ func (x *HostEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HostEvent.ProtoReflect.Descriptor instead.
 func (*HostEvent) Descriptor() ([]byte, []int) {
-	return file_gpupool_v1_pool_proto_rawDescGZIP(), []int{14}
+	return file_gpupool_v1_pool_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *HostEvent) GetType() WatchEventType {
@@ -1090,7 +1189,7 @@ type WatchDevicesRequest struct {
 
 func (x *WatchDevicesRequest) Reset() {
 	*x = WatchDevicesRequest{}
-	mi := &file_gpupool_v1_pool_proto_msgTypes[15]
+	mi := &file_gpupool_v1_pool_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1102,7 +1201,7 @@ func (x *WatchDevicesRequest) String() string {
 func (*WatchDevicesRequest) ProtoMessage() {}
 
 func (x *WatchDevicesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_gpupool_v1_pool_proto_msgTypes[15]
+	mi := &file_gpupool_v1_pool_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1115,7 +1214,7 @@ func (x *WatchDevicesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchDevicesRequest.ProtoReflect.Descriptor instead.
 func (*WatchDevicesRequest) Descriptor() ([]byte, []int) {
-	return file_gpupool_v1_pool_proto_rawDescGZIP(), []int{15}
+	return file_gpupool_v1_pool_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *WatchDevicesRequest) GetHostId() string {
@@ -1160,7 +1259,7 @@ type DeviceEvent struct {
 
 func (x *DeviceEvent) Reset() {
 	*x = DeviceEvent{}
-	mi := &file_gpupool_v1_pool_proto_msgTypes[16]
+	mi := &file_gpupool_v1_pool_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1172,7 +1271,7 @@ func (x *DeviceEvent) String() string {
 func (*DeviceEvent) ProtoMessage() {}
 
 func (x *DeviceEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_gpupool_v1_pool_proto_msgTypes[16]
+	mi := &file_gpupool_v1_pool_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1185,7 +1284,7 @@ func (x *DeviceEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeviceEvent.ProtoReflect.Descriptor instead.
 func (*DeviceEvent) Descriptor() ([]byte, []int) {
-	return file_gpupool_v1_pool_proto_rawDescGZIP(), []int{16}
+	return file_gpupool_v1_pool_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *DeviceEvent) GetType() WatchEventType {
@@ -1227,7 +1326,7 @@ type ResetHostIdentityRequest struct {
 
 func (x *ResetHostIdentityRequest) Reset() {
 	*x = ResetHostIdentityRequest{}
-	mi := &file_gpupool_v1_pool_proto_msgTypes[17]
+	mi := &file_gpupool_v1_pool_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1239,7 +1338,7 @@ func (x *ResetHostIdentityRequest) String() string {
 func (*ResetHostIdentityRequest) ProtoMessage() {}
 
 func (x *ResetHostIdentityRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_gpupool_v1_pool_proto_msgTypes[17]
+	mi := &file_gpupool_v1_pool_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1252,7 +1351,7 @@ func (x *ResetHostIdentityRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResetHostIdentityRequest.ProtoReflect.Descriptor instead.
 func (*ResetHostIdentityRequest) Descriptor() ([]byte, []int) {
-	return file_gpupool_v1_pool_proto_rawDescGZIP(), []int{17}
+	return file_gpupool_v1_pool_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *ResetHostIdentityRequest) GetHostId() string {
@@ -1281,7 +1380,7 @@ type ResetHostIdentityResponse struct {
 
 func (x *ResetHostIdentityResponse) Reset() {
 	*x = ResetHostIdentityResponse{}
-	mi := &file_gpupool_v1_pool_proto_msgTypes[18]
+	mi := &file_gpupool_v1_pool_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1293,7 +1392,7 @@ func (x *ResetHostIdentityResponse) String() string {
 func (*ResetHostIdentityResponse) ProtoMessage() {}
 
 func (x *ResetHostIdentityResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_gpupool_v1_pool_proto_msgTypes[18]
+	mi := &file_gpupool_v1_pool_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1306,7 +1405,7 @@ func (x *ResetHostIdentityResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResetHostIdentityResponse.ProtoReflect.Descriptor instead.
 func (*ResetHostIdentityResponse) Descriptor() ([]byte, []int) {
-	return file_gpupool_v1_pool_proto_rawDescGZIP(), []int{18}
+	return file_gpupool_v1_pool_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *ResetHostIdentityResponse) GetHost() *Host {
@@ -1328,7 +1427,12 @@ var File_gpupool_v1_pool_proto protoreflect.FileDescriptor
 const file_gpupool_v1_pool_proto_rawDesc = "" +
 	"\n" +
 	"\x15gpupool/v1/pool.proto\x12\n" +
-	"gpupool.v1\x1a\x16gpupool/v1/types.proto\"\xc2\x01\n" +
+	"gpupool.v1\x1a\x16gpupool/v1/types.proto\"K\n" +
+	"\x18ClearDeviceHealthRequest\x12\x17\n" +
+	"\ahost_id\x18\x01 \x01(\tR\x06hostId\x12\x16\n" +
+	"\x06device\x18\x02 \x01(\tR\x06device\"G\n" +
+	"\x19ClearDeviceHealthResponse\x12*\n" +
+	"\x06device\x18\x01 \x01(\v2\x12.gpupool.v1.DeviceR\x06device\"\xc2\x01\n" +
 	"\x10DrainHostRequest\x12\x17\n" +
 	"\ahost_id\x18\x01 \x01(\tR\x06hostId\x12\x16\n" +
 	"\x06cancel\x18\x02 \x01(\bR\x06cancel\x12\x16\n" +
@@ -1429,7 +1533,7 @@ const file_gpupool_v1_pool_proto_rawDesc = "" +
 	"\x19WATCH_EVENT_TYPE_SNAPSHOT\x10\x01\x12\x1b\n" +
 	"\x17WATCH_EVENT_TYPE_SYNCED\x10\x02\x12\x1c\n" +
 	"\x18WATCH_EVENT_TYPE_UPDATED\x10\x03\x12\x1c\n" +
-	"\x18WATCH_EVENT_TYPE_REMOVED\x10\x042\xc3\x05\n" +
+	"\x18WATCH_EVENT_TYPE_REMOVED\x10\x042\xa5\x06\n" +
 	"\vPoolService\x12H\n" +
 	"\tListHosts\x12\x1c.gpupool.v1.ListHostsRequest\x1a\x1d.gpupool.v1.ListHostsResponse\x12B\n" +
 	"\aGetHost\x12\x1a.gpupool.v1.GetHostRequest\x1a\x1b.gpupool.v1.GetHostResponse\x12N\n" +
@@ -1440,7 +1544,8 @@ const file_gpupool_v1_pool_proto_rawDesc = "" +
 	"\n" +
 	"WatchHosts\x12\x1d.gpupool.v1.WatchHostsRequest\x1a\x15.gpupool.v1.HostEvent0\x01\x12J\n" +
 	"\fWatchDevices\x12\x1f.gpupool.v1.WatchDevicesRequest\x1a\x17.gpupool.v1.DeviceEvent0\x01\x12`\n" +
-	"\x11ResetHostIdentity\x12$.gpupool.v1.ResetHostIdentityRequest\x1a%.gpupool.v1.ResetHostIdentityResponseB7Z5github.com/gpupool/gpupool/proto/gpupool/v1;gpupoolv1b\x06proto3"
+	"\x11ResetHostIdentity\x12$.gpupool.v1.ResetHostIdentityRequest\x1a%.gpupool.v1.ResetHostIdentityResponse\x12`\n" +
+	"\x11ClearDeviceHealth\x12$.gpupool.v1.ClearDeviceHealthRequest\x1a%.gpupool.v1.ClearDeviceHealthResponseB7Z5github.com/gpupool/gpupool/proto/gpupool/v1;gpupoolv1b\x06proto3"
 
 var (
 	file_gpupool_v1_pool_proto_rawDescOnce sync.Once
@@ -1455,70 +1560,75 @@ func file_gpupool_v1_pool_proto_rawDescGZIP() []byte {
 }
 
 var file_gpupool_v1_pool_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_gpupool_v1_pool_proto_msgTypes = make([]protoimpl.MessageInfo, 20)
+var file_gpupool_v1_pool_proto_msgTypes = make([]protoimpl.MessageInfo, 22)
 var file_gpupool_v1_pool_proto_goTypes = []any{
 	(WatchEventType)(0),               // 0: gpupool.v1.WatchEventType
-	(*DrainHostRequest)(nil),          // 1: gpupool.v1.DrainHostRequest
-	(*SetEligibilityRequest)(nil),     // 2: gpupool.v1.SetEligibilityRequest
-	(*SetEligibilityResponse)(nil),    // 3: gpupool.v1.SetEligibilityResponse
-	(*DrainHostResponse)(nil),         // 4: gpupool.v1.DrainHostResponse
-	(*ListHostsRequest)(nil),          // 5: gpupool.v1.ListHostsRequest
-	(*ListHostsResponse)(nil),         // 6: gpupool.v1.ListHostsResponse
-	(*GetHostRequest)(nil),            // 7: gpupool.v1.GetHostRequest
-	(*GetHostResponse)(nil),           // 8: gpupool.v1.GetHostResponse
-	(*ListDevicesRequest)(nil),        // 9: gpupool.v1.ListDevicesRequest
-	(*ListDevicesResponse)(nil),       // 10: gpupool.v1.ListDevicesResponse
-	(*StatusRequest)(nil),             // 11: gpupool.v1.StatusRequest
-	(*ModelCapacity)(nil),             // 12: gpupool.v1.ModelCapacity
-	(*StatusResponse)(nil),            // 13: gpupool.v1.StatusResponse
-	(*WatchHostsRequest)(nil),         // 14: gpupool.v1.WatchHostsRequest
-	(*HostEvent)(nil),                 // 15: gpupool.v1.HostEvent
-	(*WatchDevicesRequest)(nil),       // 16: gpupool.v1.WatchDevicesRequest
-	(*DeviceEvent)(nil),               // 17: gpupool.v1.DeviceEvent
-	(*ResetHostIdentityRequest)(nil),  // 18: gpupool.v1.ResetHostIdentityRequest
-	(*ResetHostIdentityResponse)(nil), // 19: gpupool.v1.ResetHostIdentityResponse
-	nil,                               // 20: gpupool.v1.StatusResponse.LeasesByStateEntry
-	(*Host)(nil),                      // 21: gpupool.v1.Host
-	(*Lease)(nil),                     // 22: gpupool.v1.Lease
+	(*ClearDeviceHealthRequest)(nil),  // 1: gpupool.v1.ClearDeviceHealthRequest
+	(*ClearDeviceHealthResponse)(nil), // 2: gpupool.v1.ClearDeviceHealthResponse
+	(*DrainHostRequest)(nil),          // 3: gpupool.v1.DrainHostRequest
+	(*SetEligibilityRequest)(nil),     // 4: gpupool.v1.SetEligibilityRequest
+	(*SetEligibilityResponse)(nil),    // 5: gpupool.v1.SetEligibilityResponse
+	(*DrainHostResponse)(nil),         // 6: gpupool.v1.DrainHostResponse
+	(*ListHostsRequest)(nil),          // 7: gpupool.v1.ListHostsRequest
+	(*ListHostsResponse)(nil),         // 8: gpupool.v1.ListHostsResponse
+	(*GetHostRequest)(nil),            // 9: gpupool.v1.GetHostRequest
+	(*GetHostResponse)(nil),           // 10: gpupool.v1.GetHostResponse
+	(*ListDevicesRequest)(nil),        // 11: gpupool.v1.ListDevicesRequest
+	(*ListDevicesResponse)(nil),       // 12: gpupool.v1.ListDevicesResponse
+	(*StatusRequest)(nil),             // 13: gpupool.v1.StatusRequest
+	(*ModelCapacity)(nil),             // 14: gpupool.v1.ModelCapacity
+	(*StatusResponse)(nil),            // 15: gpupool.v1.StatusResponse
+	(*WatchHostsRequest)(nil),         // 16: gpupool.v1.WatchHostsRequest
+	(*HostEvent)(nil),                 // 17: gpupool.v1.HostEvent
+	(*WatchDevicesRequest)(nil),       // 18: gpupool.v1.WatchDevicesRequest
+	(*DeviceEvent)(nil),               // 19: gpupool.v1.DeviceEvent
+	(*ResetHostIdentityRequest)(nil),  // 20: gpupool.v1.ResetHostIdentityRequest
+	(*ResetHostIdentityResponse)(nil), // 21: gpupool.v1.ResetHostIdentityResponse
+	nil,                               // 22: gpupool.v1.StatusResponse.LeasesByStateEntry
 	(*Device)(nil),                    // 23: gpupool.v1.Device
+	(*Host)(nil),                      // 24: gpupool.v1.Host
+	(*Lease)(nil),                     // 25: gpupool.v1.Lease
 }
 var file_gpupool_v1_pool_proto_depIdxs = []int32{
-	21, // 0: gpupool.v1.SetEligibilityResponse.host:type_name -> gpupool.v1.Host
-	21, // 1: gpupool.v1.DrainHostResponse.host:type_name -> gpupool.v1.Host
-	21, // 2: gpupool.v1.ListHostsResponse.hosts:type_name -> gpupool.v1.Host
-	21, // 3: gpupool.v1.GetHostResponse.host:type_name -> gpupool.v1.Host
-	22, // 4: gpupool.v1.GetHostResponse.leases:type_name -> gpupool.v1.Lease
-	23, // 5: gpupool.v1.ListDevicesResponse.devices:type_name -> gpupool.v1.Device
-	12, // 6: gpupool.v1.StatusResponse.models:type_name -> gpupool.v1.ModelCapacity
-	20, // 7: gpupool.v1.StatusResponse.leases_by_state:type_name -> gpupool.v1.StatusResponse.LeasesByStateEntry
-	0,  // 8: gpupool.v1.HostEvent.type:type_name -> gpupool.v1.WatchEventType
-	21, // 9: gpupool.v1.HostEvent.host:type_name -> gpupool.v1.Host
-	0,  // 10: gpupool.v1.DeviceEvent.type:type_name -> gpupool.v1.WatchEventType
-	23, // 11: gpupool.v1.DeviceEvent.device:type_name -> gpupool.v1.Device
-	21, // 12: gpupool.v1.ResetHostIdentityResponse.host:type_name -> gpupool.v1.Host
-	5,  // 13: gpupool.v1.PoolService.ListHosts:input_type -> gpupool.v1.ListHostsRequest
-	7,  // 14: gpupool.v1.PoolService.GetHost:input_type -> gpupool.v1.GetHostRequest
-	9,  // 15: gpupool.v1.PoolService.ListDevices:input_type -> gpupool.v1.ListDevicesRequest
-	11, // 16: gpupool.v1.PoolService.Status:input_type -> gpupool.v1.StatusRequest
-	1,  // 17: gpupool.v1.PoolService.DrainHost:input_type -> gpupool.v1.DrainHostRequest
-	2,  // 18: gpupool.v1.PoolService.SetEligibility:input_type -> gpupool.v1.SetEligibilityRequest
-	14, // 19: gpupool.v1.PoolService.WatchHosts:input_type -> gpupool.v1.WatchHostsRequest
-	16, // 20: gpupool.v1.PoolService.WatchDevices:input_type -> gpupool.v1.WatchDevicesRequest
-	18, // 21: gpupool.v1.PoolService.ResetHostIdentity:input_type -> gpupool.v1.ResetHostIdentityRequest
-	6,  // 22: gpupool.v1.PoolService.ListHosts:output_type -> gpupool.v1.ListHostsResponse
-	8,  // 23: gpupool.v1.PoolService.GetHost:output_type -> gpupool.v1.GetHostResponse
-	10, // 24: gpupool.v1.PoolService.ListDevices:output_type -> gpupool.v1.ListDevicesResponse
-	13, // 25: gpupool.v1.PoolService.Status:output_type -> gpupool.v1.StatusResponse
-	4,  // 26: gpupool.v1.PoolService.DrainHost:output_type -> gpupool.v1.DrainHostResponse
-	3,  // 27: gpupool.v1.PoolService.SetEligibility:output_type -> gpupool.v1.SetEligibilityResponse
-	15, // 28: gpupool.v1.PoolService.WatchHosts:output_type -> gpupool.v1.HostEvent
-	17, // 29: gpupool.v1.PoolService.WatchDevices:output_type -> gpupool.v1.DeviceEvent
-	19, // 30: gpupool.v1.PoolService.ResetHostIdentity:output_type -> gpupool.v1.ResetHostIdentityResponse
-	22, // [22:31] is the sub-list for method output_type
-	13, // [13:22] is the sub-list for method input_type
-	13, // [13:13] is the sub-list for extension type_name
-	13, // [13:13] is the sub-list for extension extendee
-	0,  // [0:13] is the sub-list for field type_name
+	23, // 0: gpupool.v1.ClearDeviceHealthResponse.device:type_name -> gpupool.v1.Device
+	24, // 1: gpupool.v1.SetEligibilityResponse.host:type_name -> gpupool.v1.Host
+	24, // 2: gpupool.v1.DrainHostResponse.host:type_name -> gpupool.v1.Host
+	24, // 3: gpupool.v1.ListHostsResponse.hosts:type_name -> gpupool.v1.Host
+	24, // 4: gpupool.v1.GetHostResponse.host:type_name -> gpupool.v1.Host
+	25, // 5: gpupool.v1.GetHostResponse.leases:type_name -> gpupool.v1.Lease
+	23, // 6: gpupool.v1.ListDevicesResponse.devices:type_name -> gpupool.v1.Device
+	14, // 7: gpupool.v1.StatusResponse.models:type_name -> gpupool.v1.ModelCapacity
+	22, // 8: gpupool.v1.StatusResponse.leases_by_state:type_name -> gpupool.v1.StatusResponse.LeasesByStateEntry
+	0,  // 9: gpupool.v1.HostEvent.type:type_name -> gpupool.v1.WatchEventType
+	24, // 10: gpupool.v1.HostEvent.host:type_name -> gpupool.v1.Host
+	0,  // 11: gpupool.v1.DeviceEvent.type:type_name -> gpupool.v1.WatchEventType
+	23, // 12: gpupool.v1.DeviceEvent.device:type_name -> gpupool.v1.Device
+	24, // 13: gpupool.v1.ResetHostIdentityResponse.host:type_name -> gpupool.v1.Host
+	7,  // 14: gpupool.v1.PoolService.ListHosts:input_type -> gpupool.v1.ListHostsRequest
+	9,  // 15: gpupool.v1.PoolService.GetHost:input_type -> gpupool.v1.GetHostRequest
+	11, // 16: gpupool.v1.PoolService.ListDevices:input_type -> gpupool.v1.ListDevicesRequest
+	13, // 17: gpupool.v1.PoolService.Status:input_type -> gpupool.v1.StatusRequest
+	3,  // 18: gpupool.v1.PoolService.DrainHost:input_type -> gpupool.v1.DrainHostRequest
+	4,  // 19: gpupool.v1.PoolService.SetEligibility:input_type -> gpupool.v1.SetEligibilityRequest
+	16, // 20: gpupool.v1.PoolService.WatchHosts:input_type -> gpupool.v1.WatchHostsRequest
+	18, // 21: gpupool.v1.PoolService.WatchDevices:input_type -> gpupool.v1.WatchDevicesRequest
+	20, // 22: gpupool.v1.PoolService.ResetHostIdentity:input_type -> gpupool.v1.ResetHostIdentityRequest
+	1,  // 23: gpupool.v1.PoolService.ClearDeviceHealth:input_type -> gpupool.v1.ClearDeviceHealthRequest
+	8,  // 24: gpupool.v1.PoolService.ListHosts:output_type -> gpupool.v1.ListHostsResponse
+	10, // 25: gpupool.v1.PoolService.GetHost:output_type -> gpupool.v1.GetHostResponse
+	12, // 26: gpupool.v1.PoolService.ListDevices:output_type -> gpupool.v1.ListDevicesResponse
+	15, // 27: gpupool.v1.PoolService.Status:output_type -> gpupool.v1.StatusResponse
+	6,  // 28: gpupool.v1.PoolService.DrainHost:output_type -> gpupool.v1.DrainHostResponse
+	5,  // 29: gpupool.v1.PoolService.SetEligibility:output_type -> gpupool.v1.SetEligibilityResponse
+	17, // 30: gpupool.v1.PoolService.WatchHosts:output_type -> gpupool.v1.HostEvent
+	19, // 31: gpupool.v1.PoolService.WatchDevices:output_type -> gpupool.v1.DeviceEvent
+	21, // 32: gpupool.v1.PoolService.ResetHostIdentity:output_type -> gpupool.v1.ResetHostIdentityResponse
+	2,  // 33: gpupool.v1.PoolService.ClearDeviceHealth:output_type -> gpupool.v1.ClearDeviceHealthResponse
+	24, // [24:34] is the sub-list for method output_type
+	14, // [14:24] is the sub-list for method input_type
+	14, // [14:14] is the sub-list for extension type_name
+	14, // [14:14] is the sub-list for extension extendee
+	0,  // [0:14] is the sub-list for field type_name
 }
 
 func init() { file_gpupool_v1_pool_proto_init() }
@@ -1533,7 +1643,7 @@ func file_gpupool_v1_pool_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_gpupool_v1_pool_proto_rawDesc), len(file_gpupool_v1_pool_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   20,
+			NumMessages:   22,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -28,6 +28,7 @@ const (
 	PoolService_WatchHosts_FullMethodName        = "/gpupool.v1.PoolService/WatchHosts"
 	PoolService_WatchDevices_FullMethodName      = "/gpupool.v1.PoolService/WatchDevices"
 	PoolService_ResetHostIdentity_FullMethodName = "/gpupool.v1.PoolService/ResetHostIdentity"
+	PoolService_ClearDeviceHealth_FullMethodName = "/gpupool.v1.PoolService/ClearDeviceHealth"
 )
 
 // PoolServiceClient is the client API for PoolService service.
@@ -68,6 +69,11 @@ type PoolServiceClient interface {
 	// sets them, even while the host holds live leases (otherwise refused).
 	// It is audited.
 	ResetHostIdentity(ctx context.Context, in *ResetHostIdentityRequest, opts ...grpc.CallOption) (*ResetHostIdentityResponse, error)
+	// ClearDeviceHealth clears the unhealthy mark of one GPU of a host: its
+	// agent forgets the critical events it saw (a simulated Xid included)
+	// and reports the GPU healthy again. NotFound for an unknown host or
+	// GPU; FailedPrecondition for a GPU that is healthy.
+	ClearDeviceHealth(ctx context.Context, in *ClearDeviceHealthRequest, opts ...grpc.CallOption) (*ClearDeviceHealthResponse, error)
 }
 
 type poolServiceClient struct {
@@ -186,6 +192,16 @@ func (c *poolServiceClient) ResetHostIdentity(ctx context.Context, in *ResetHost
 	return out, nil
 }
 
+func (c *poolServiceClient) ClearDeviceHealth(ctx context.Context, in *ClearDeviceHealthRequest, opts ...grpc.CallOption) (*ClearDeviceHealthResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ClearDeviceHealthResponse)
+	err := c.cc.Invoke(ctx, PoolService_ClearDeviceHealth_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // PoolServiceServer is the server API for PoolService service.
 // All implementations must embed UnimplementedPoolServiceServer
 // for forward compatibility.
@@ -224,6 +240,11 @@ type PoolServiceServer interface {
 	// sets them, even while the host holds live leases (otherwise refused).
 	// It is audited.
 	ResetHostIdentity(context.Context, *ResetHostIdentityRequest) (*ResetHostIdentityResponse, error)
+	// ClearDeviceHealth clears the unhealthy mark of one GPU of a host: its
+	// agent forgets the critical events it saw (a simulated Xid included)
+	// and reports the GPU healthy again. NotFound for an unknown host or
+	// GPU; FailedPrecondition for a GPU that is healthy.
+	ClearDeviceHealth(context.Context, *ClearDeviceHealthRequest) (*ClearDeviceHealthResponse, error)
 	mustEmbedUnimplementedPoolServiceServer()
 }
 
@@ -260,6 +281,9 @@ func (UnimplementedPoolServiceServer) WatchDevices(*WatchDevicesRequest, grpc.Se
 }
 func (UnimplementedPoolServiceServer) ResetHostIdentity(context.Context, *ResetHostIdentityRequest) (*ResetHostIdentityResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method ResetHostIdentity not implemented")
+}
+func (UnimplementedPoolServiceServer) ClearDeviceHealth(context.Context, *ClearDeviceHealthRequest) (*ClearDeviceHealthResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method ClearDeviceHealth not implemented")
 }
 func (UnimplementedPoolServiceServer) mustEmbedUnimplementedPoolServiceServer() {}
 func (UnimplementedPoolServiceServer) testEmbeddedByValue()                     {}
@@ -430,6 +454,24 @@ func _PoolService_ResetHostIdentity_Handler(srv interface{}, ctx context.Context
 	return interceptor(ctx, in, info, handler)
 }
 
+func _PoolService_ClearDeviceHealth_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ClearDeviceHealthRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(PoolServiceServer).ClearDeviceHealth(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: PoolService_ClearDeviceHealth_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(PoolServiceServer).ClearDeviceHealth(ctx, req.(*ClearDeviceHealthRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // PoolService_ServiceDesc is the grpc.ServiceDesc for PoolService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -464,6 +506,10 @@ var PoolService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "ResetHostIdentity",
 			Handler:    _PoolService_ResetHostIdentity_Handler,
+		},
+		{
+			MethodName: "ClearDeviceHealth",
+			Handler:    _PoolService_ClearDeviceHealth_Handler,
 		},
 	},
 	Streams: []grpc.StreamDesc{
