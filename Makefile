@@ -180,7 +180,7 @@ FUZZTIME ?= 10s
 FUZZ_TARGETS := ./broker/fsm:FuzzDecode ./protocol:FuzzValidate ./token:FuzzVerify \
 	./dataplane:FuzzReadFrame ./internal/quantity:FuzzParseMemoryMiB ./internal/quantity:FuzzParsePercent \
 	./client:FuzzReadTokenFile ./agent:FuzzReadLeaseFile ./agent/device:FuzzSimControlProcess \
-	./cuda/wire:FuzzReadFrame ./agent/cudaserver:FuzzSession ./broker/console:FuzzParseFilters ./agent/sandbox:FuzzLeaseOf
+	./cuda/wire:FuzzReadFrame ./agent/cudaserver:FuzzSession ./agent/cudaserver:FuzzParseArg ./broker/console:FuzzParseFilters ./agent/sandbox:FuzzLeaseOf
 
 fuzz: ## run every fuzz target for FUZZTIME each (default 10s): FSM commands, Acquire validation, lease tokens, data-plane frames, quantities
 	@for t in $(FUZZ_TARGETS); do \

@@ -113,6 +113,10 @@ type Config struct {
 	// that cannot give a lease a full sandbox (not root, no cgroups); they
 	// then run with the agent's user. Without it exec is refused there.
 	AllowReducedIsolation bool
+	// CudaServer is the command that runs a lease's CUDA server (the
+	// agent's own binary and "agent cuda-server"); the agent adds the
+	// lease's description. Empty: the data plane serves no CUDA.
+	CudaServer []string
 }
 
 // validHostID is what a host id may look like: it shows up in CLI tables,

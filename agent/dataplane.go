@@ -11,6 +11,9 @@ import (
 	"sync"
 	"time"
 
+	"google.golang.org/protobuf/proto"
+
+	"github.com/gpupool/gpupool/agent/cudaserver"
 	"github.com/gpupool/gpupool/dataplane"
 	gpupoolv1 "github.com/gpupool/gpupool/proto/gpupool/v1"
 	"github.com/gpupool/gpupool/token"
@@ -27,7 +30,11 @@ func (a *Agent) startDataPlane(ctx context.Context) (string, error) {
 	if err != nil {
 		return "", fmt.Errorf("agent: data-plane certificate: %w", err)
 	}
-	srv, err := dataplane.NewServer(dataplane.ServerConfig{Addr: a.cfg.DataBind, Cert: cert, Auth: a, Leases: dpLeases{a}, Logger: a.log})
+	cfg := dataplane.ServerConfig{Addr: a.cfg.DataBind, Cert: cert, Auth: a, Leases: dpLeases{a}, Logger: a.log}
+	if len(a.cfg.CudaServer) > 0 {
+		cfg.CudaServer = a.cudaServerCommand
+	}
+	srv, err := dataplane.NewServer(cfg)
 	if err != nil {
 		return "", fmt.Errorf("agent: data plane on %s: %w", a.cfg.DataBind, err)
 	}
@@ -41,6 +48,33 @@ func (a *Agent) startDataPlane(ctx context.Context) (string, error) {
 	}()
 	a.log.Info("data plane listening", "addr", srv.Addr().String(), "cert_sha256", sha)
 	return sha, nil
+}
+
+// cudaServerCommand is the command line of a lease's CUDA server: the
+// lease's slices on this host, this host's devices, and the backend that
+// matches the device backend (simulated GPUs get the simulated one).
+func (a *Agent) cudaServerCommand(leaseID string) ([]string, error) {
+	as, ok := a.leases.get(leaseID)
+	if !ok {
+		return nil, fmt.Errorf("lease %s: %w", leaseID, ErrNotEnforced)
+	}
+	lease := &gpupoolv1.Lease{Id: leaseID}
+	for _, s := range as.Slices {
+		s = proto.CloneOf(s)
+		if s.Host == "" {
+			s.Host = a.cfg.HostID
+		}
+		lease.Slices = append(lease.Slices, s)
+	}
+	backend := cudaserver.BackendReal
+	if a.cfg.Backend.Name() == "simulated" {
+		backend = cudaserver.BackendSimulated
+	}
+	arg, err := cudaserver.LeaseServer{Lease: lease, HostID: a.cfg.HostID, Inventory: a.byIndex, Backend: backend}.Arg()
+	if err != nil {
+		return nil, err
+	}
+	return append(slices.Clone(a.cfg.CudaServer), "--lease", arg), nil
 }
 
 // dpLeases is what the data plane asks the agent about a lease.

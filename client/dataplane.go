@@ -170,6 +170,16 @@ func (h *Host) Forward(ctx context.Context, remotePort int, local net.Conn) erro
 	return h.conn.Forward(ctx, tok, remotePort, local)
 }
 
+// Cuda carries local, a connection of the CUDA shim, to the lease's CUDA
+// server on this host until either side closes (see dataplane.Conn.Cuda).
+func (h *Host) Cuda(ctx context.Context, local net.Conn) error {
+	tok, err := h.token()
+	if err != nil {
+		return err
+	}
+	return h.conn.Cuda(ctx, tok, local)
+}
+
 // Usage calls fn with the lease's live usage on this host every interval
 // until ctx ends.
 func (h *Host) Usage(ctx context.Context, interval time.Duration, fn func(*gpupoolv1.LeaseUsage)) error {

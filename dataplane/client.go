@@ -333,6 +333,25 @@ func (c *Conn) Forward(ctx context.Context, token string, remotePort int, local 
 	return nil
 }
 
+// Cuda connects local, a connection of the CUDA shim (libcuda.so.1), to
+// the lease's CUDA server on the pool host, which the agent starts on the
+// lease's first such stream, and carries bytes both ways until both
+// directions have ended. It closes local. When the lease ends the agent
+// resets the stream and Cuda returns ErrLeaseEnded; the shim's next call
+// fails.
+func (c *Conn) Cuda(ctx context.Context, token string, local net.Conn) error {
+	defer local.Close()
+	cs, err := c.open(ctx, "cuda", &gpupoolv1.StreamOpen{Token: token, Op: &gpupoolv1.StreamOpen_Cuda{Cuda: &gpupoolv1.CudaStart{}}})
+	if err != nil {
+		return err
+	}
+	defer cs.stopReset()
+	if err := splice(ctx, cs.qs, local); err != nil {
+		return cs.err(err)
+	}
+	return nil
+}
+
 // Usage calls fn with the lease's live usage on the pool host, at once and
 // then every interval (0 means a second; at least 100ms), until ctx ends,
 // and returns ctx's error. fn runs on Usage's goroutine.

@@ -49,7 +49,7 @@ func (st *serverStream) exec(req *gpupoolv1.ExecStart) *RefusedError {
 		st.mu.Unlock()
 		return nil
 	}
-	p, err := startProcess(cmd, func(cmd *exec.Cmd) error { return st.srv.leases.Sandbox(st.leaseID, cmd) })
+	p, err := st.start(cmd)
 	if err == nil {
 		st.proc = p
 	}
@@ -282,6 +282,12 @@ func lookPath(file, path string) (string, error) {
 	return "", fmt.Errorf("no executable in PATH %s", path)
 }
 
+// start starts a process of the stream's lease, in the lease's sandbox:
+// how exec and the lease's CUDA server both start.
+func (st *serverStream) start(cmd *exec.Cmd) (*process, error) {
+	return startProcess(cmd, func(cmd *exec.Cmd) error { return st.srv.leases.Sandbox(st.leaseID, cmd) })
+}
+
 // startRefusal is the refusal for a process that did not start.
 func startRefusal(argv0 string, err error) *RefusedError {
 	var sb errSandbox
@@ -301,7 +307,7 @@ func startRefusal(argv0 string, err error) *RefusedError {
 // with the server's ends of its stdio pipes.
 type process struct {
 	pid            int
-	stdin          *os.File // write end
+	stdin          *os.File // write end; nil when the command came with its own stdin
 	stdout, stderr *os.File // read ends
 
 	exited atomic.Int64 // Unix nanoseconds of the exit, 0 while running
@@ -316,8 +322,10 @@ type errSandbox struct{ err error }
 func (e errSandbox) Error() string { return e.err.Error() }
 
 // startProcess starts cmd in a process group of its own, within what
-// sandbox makes of it, with pipes for its stdio, and reaps it when it
-// exits.
+// sandbox makes of it, with pipes for its stdout and stderr, and for its
+// stdin unless cmd.Stdin is set (to an *os.File), and reaps it when it
+// exits. It is how every process of a lease starts (serverStream.start):
+// exec's and the lease's CUDA server.
 func startProcess(cmd *exec.Cmd, sandbox func(*exec.Cmd) error) (*process, error) {
 	var files []*os.File
 	closeAll := func() {
@@ -332,9 +340,14 @@ func startProcess(cmd *exec.Cmd, sandbox func(*exec.Cmd) error) (*process, error
 		}
 		return r, w, err
 	}
-	inR, inW, err := pipe()
-	if err != nil {
-		return nil, err
+	// A command that comes with its stdin (a CUDA server's listening
+	// socket) keeps it; the others get a pipe.
+	inR, inW := (*os.File)(nil), (*os.File)(nil)
+	if cmd.Stdin == nil {
+		var err error
+		if inR, inW, err = pipe(); err != nil {
+			return nil, err
+		}
 	}
 	outR, outW, err := pipe()
 	if err != nil {
@@ -346,7 +359,10 @@ func startProcess(cmd *exec.Cmd, sandbox func(*exec.Cmd) error) (*process, error
 		closeAll()
 		return nil, err
 	}
-	cmd.Stdin, cmd.Stdout, cmd.Stderr = inR, outW, errW
+	if inR != nil {
+		cmd.Stdin = inR
+	}
+	cmd.Stdout, cmd.Stderr = outW, errW
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	if err := sandbox(cmd); err != nil {
 		closeAll()
@@ -358,7 +374,9 @@ func startProcess(cmd *exec.Cmd, sandbox func(*exec.Cmd) error) (*process, error
 	}
 	// The child holds its ends now; the pipes report EOF once it and its
 	// descendants have closed them.
-	inR.Close()
+	if inR != nil {
+		inR.Close()
+	}
 	outW.Close()
 	errW.Close()
 	p := &process{

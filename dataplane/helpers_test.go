@@ -108,6 +108,12 @@ type testAgent struct {
 // end of the test.
 func newTestAgent(t *testing.T) *testAgent {
 	t.Helper()
+	return newTestAgentCuda(t, nil)
+}
+
+// newTestAgentCuda is newTestAgent whose cuda operation starts cuda.
+func newTestAgentCuda(t *testing.T, cuda CudaServerFunc) *testAgent {
+	t.Helper()
 	base := t.TempDir()
 	cert, fp, err := LoadOrCreateCert(filepath.Join(base, "cert"))
 	if err != nil {
@@ -137,11 +143,12 @@ func newTestAgent(t *testing.T) *testAgent {
 		refusal: map[string]string{"expired": "token expired at 2026-01-02T03:04:05Z"},
 	}
 	srv, err := NewServer(ServerConfig{
-		Addr:   "127.0.0.1:0",
-		Cert:   cert,
-		Auth:   auth,
-		Leases: leases,
-		Logger: slog.New(slog.NewTextHandler(t.Output(), &slog.HandlerOptions{Level: slog.LevelDebug})),
+		Addr:       "127.0.0.1:0",
+		Cert:       cert,
+		Auth:       auth,
+		Leases:     leases,
+		Logger:     slog.New(slog.NewTextHandler(t.Output(), &slog.HandlerOptions{Level: slog.LevelDebug})),
+		CudaServer: cuda,
 	})
 	if err != nil {
 		t.Fatal(err)

@@ -71,6 +71,10 @@ type ServerConfig struct {
 	// MaxStreamsPerConn bounds the operations one connection runs at once;
 	// 0 means 64.
 	MaxStreamsPerConn int
+	// CudaServer is the command line of a lease's CUDA server, which the
+	// cuda operation starts on the lease's first cuda stream and Revoke
+	// stops; nil refuses cuda streams (NOT_FOUND).
+	CudaServer CudaServerFunc
 }
 
 const (
@@ -96,6 +100,8 @@ type Server struct {
 	mu      sync.Mutex
 	conns   map[*quic.Conn]struct{}               // guarded by mu
 	byLease map[string]map[*serverStream]struct{} // guarded by mu
+
+	cuda cudaServers
 
 	wg sync.WaitGroup // connections and streams being served
 }
@@ -148,6 +154,7 @@ func NewServer(cfg ServerConfig) (*Server, error) {
 		ln:      ln,
 		conns:   make(map[*quic.Conn]struct{}),
 		byLease: make(map[string]map[*serverStream]struct{}),
+		cuda:    cudaServers{newCmd: cfg.CudaServer},
 	}, nil
 }
 
@@ -158,7 +165,7 @@ func (s *Server) Addr() net.Addr {
 
 // Serve serves connections until ctx is done, then closes every
 // connection (clients see ErrAgentShutdown), stops the processes exec
-// started, closes the socket and returns nil. It returns an error only
+// started and the leases' CUDA servers, closes the socket and returns nil. It returns an error only
 // when the socket fails. Call it once.
 func (s *Server) Serve(ctx context.Context) error {
 	var err error
@@ -182,6 +189,7 @@ func (s *Server) Serve(ctx context.Context) error {
 	}
 	s.mu.Unlock()
 	s.wg.Wait()
+	s.cuda.shutdown()
 	s.tr.Close()
 	s.udp.Close()
 	return err
@@ -189,8 +197,9 @@ func (s *Server) Serve(ctx context.Context) error {
 
 // Revoke ends the lease on the data plane: it resets every stream of the
 // lease at once (clients see ErrLeaseEnded) and stops the processes exec
-// started for it, each process group getting SIGTERM and then SIGKILL. It
-// returns when they are gone, or after at most a second.
+// started for it and its CUDA server, each process group getting SIGTERM
+// and then SIGKILL. It returns when they are gone, or after at most a
+// second.
 //
 // Call it after Leases stops reporting the lease as enforced, so that a
 // stream authorized concurrently cannot outlive it.
@@ -209,9 +218,11 @@ func (s *Server) Revoke(leaseID string) {
 	for _, p := range procs {
 		wg.Go(p.stop)
 	}
+	cuda := false
+	wg.Go(func() { cuda = s.cuda.stop(leaseID) })
 	wg.Wait()
-	if len(streams) > 0 {
-		s.log.Info("lease revoked", "lease", leaseID, "streams", len(streams), "processes", len(procs))
+	if len(streams) > 0 || cuda {
+		s.log.Info("lease revoked", "lease", leaseID, "streams", len(streams), "processes", len(procs), "cuda_server", cuda)
 	}
 }
 
@@ -295,8 +306,10 @@ func (s *Server) serveStream(qs *quic.Stream) {
 		refused = st.forward(op.Forward)
 	case *gpupoolv1.StreamOpen_Usage:
 		refused = st.usage(op.Usage)
+	case *gpupoolv1.StreamOpen_Cuda:
+		refused = st.cuda(op.Cuda)
 	default:
-		refused = refusef(gpupoolv1.AcceptCode_ACCEPT_CODE_INVALID_ARGUMENT, "op: must be one of exec, put, get, forward, usage")
+		refused = refusef(gpupoolv1.AcceptCode_ACCEPT_CODE_INVALID_ARGUMENT, "op: must be one of exec, put, get, forward, usage, cuda")
 	}
 	if refused != nil {
 		st.log.Info("stream refused", "err", refused)

@@ -3,6 +3,8 @@ package cudaserver
 import (
 	"fmt"
 	"log/slog"
+	"os"
+	"slices"
 	"strings"
 
 	"github.com/google/uuid"
@@ -69,6 +71,34 @@ func SimDevices(inventory []*gpupoolv1.Device) ([]SimDevice, error) {
 	return out, nil
 }
 
+// driverOrdinals renumbers devs, the lease's devices on hostID by host
+// index, as the real driver numbers them in a process whose
+// CUDA_VISIBLE_DEVICES is visible (as the agent sets it for every process
+// of a lease: the lease's device UUIDs): by position in that list. An
+// empty visible leaves the host's numbering.
+func driverOrdinals(lease *gpupoolv1.Lease, hostID string, devs []Device, visible string) ([]Device, error) {
+	if visible == "" {
+		return devs, nil
+	}
+	order := strings.Split(visible, ",")
+	out := make([]Device, 0, len(devs))
+	i := 0
+	for _, s := range lease.GetSlices() {
+		if s.GetHost() != hostID {
+			continue
+		}
+		ord := slices.Index(order, s.GetDevice())
+		if ord < 0 {
+			return nil, fmt.Errorf("cudaserver: lease %s: device %s is not in CUDA_VISIBLE_DEVICES %q", lease.GetId(), s.GetDevice(), visible)
+		}
+		d := devs[i]
+		d.Index = ord
+		out = append(out, d)
+		i++
+	}
+	return out, nil
+}
+
 // Backend names a LeaseServer may run on.
 const (
 	BackendReal      = "real"
@@ -77,7 +107,7 @@ const (
 
 // LeaseServer is what the per-lease server process needs to serve a lease:
 // the workload the agent starts in the lease's sandbox (docs/remote-cuda.md,
-// Integration).
+// How the agent runs the server).
 type LeaseServer struct {
 	// Lease and HostID pick the lease's slices on this host.
 	Lease  *gpupoolv1.Lease
@@ -101,6 +131,9 @@ func (ls LeaseServer) NewServer() (*Server, error) {
 	cfg := Config{Devices: devs, Logger: ls.Logger}
 	switch ls.Backend {
 	case BackendReal:
+		if cfg.Devices, err = driverOrdinals(ls.Lease, ls.HostID, devs, os.Getenv("CUDA_VISIBLE_DEVICES")); err != nil {
+			return nil, err
+		}
 		path := ls.DriverPath
 		if path == "" {
 			path = "libcuda.so.1"

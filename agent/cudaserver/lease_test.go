@@ -101,3 +101,105 @@ func TestASimulatedLeaseServerShowsTheSlice(t *testing.T) {
 		t.Errorf("cuDeviceGetName: got %q (%v), want the H100 the slice is on", name, r)
 	}
 }
+
+func TestALeaseServerSurvivesItsCommandLine(t *testing.T) {
+	inv := []*gpupoolv1.Device{{Uuid: "GPU-00000000-0000-0000-0000-000000000001", Index: 0, Model: "A100-SXM4-80GB", MemoryMib: 81920, SmCount: 108}}
+	ls := LeaseServer{
+		Lease:     &gpupoolv1.Lease{Id: "l-1", Slices: []*gpupoolv1.Slice{{Host: "h1", Device: inv[0].Uuid, MemoryMib: 8192, ComputePercent: 25}}},
+		HostID:    "h1",
+		Inventory: inv,
+		Backend:   BackendSimulated,
+	}
+	arg, err := ls.Arg()
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := ParseArg(arg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got.Lease.GetSlices()[0].GetMemoryMib() != 8192 || got.HostID != "h1" || got.Backend != BackendSimulated || got.Inventory[0].GetSmCount() != 108 {
+		t.Errorf("got %+v, want %+v", got, ls)
+	}
+	for _, tc := range []struct{ name, arg, want string }{
+		{"not JSON", "{", "the lease's description"},
+		{"an unknown backend", `{"lease":{"id":"l","slices":[{"host":"h1","device":"GPU-00000000-0000-0000-0000-000000000001","memoryMib":1}]},"host_id":"h1","inventory":[{"uuid":"GPU-00000000-0000-0000-0000-000000000001"}],"backend":"gpu"}`, `backend "gpu"`},
+		{"a slice of another host's device", `{"lease":{"id":"l","slices":[{"host":"h1","device":"GPU-x","memoryMib":1}]},"host_id":"h1","inventory":[],"backend":"simulated"}`, "is not on host h1"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if _, err := ParseArg(tc.arg); err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Errorf("got %v, want an error containing %q", err, tc.want)
+			}
+		})
+	}
+}
+
+func TestTheRealDriverNumbersTheLeasesDevicesAsCUDAVisibleDevicesLists(t *testing.T) {
+	lease := &gpupoolv1.Lease{Id: "l-1", Slices: []*gpupoolv1.Slice{
+		{Host: "h1", Device: inventory[1].Uuid, MemoryMib: 8192},
+		{Host: "h2", Device: "GPU-elsewhere", MemoryMib: 8192},
+		{Host: "h1", Device: inventory[0].Uuid, MemoryMib: 4096},
+	}}
+	devs, err := LeaseDevices(lease, "h1", inventory)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		name, visible string
+		want          []int
+		err           string
+	}{
+		{"no CUDA_VISIBLE_DEVICES keeps the host's numbering", "", []int{1, 0}, ""},
+		{"the agent's list numbers them in its order", inventory[1].Uuid + "," + inventory[0].Uuid, []int{0, 1}, ""},
+		{"a list in the other order", inventory[0].Uuid + "," + inventory[1].Uuid, []int{1, 0}, ""},
+		{"a list without one of the lease's devices", inventory[1].Uuid, nil, "is not in CUDA_VISIBLE_DEVICES"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got, err := driverOrdinals(lease, "h1", devs, tc.visible)
+			if tc.err != "" {
+				if err == nil || !strings.Contains(err.Error(), tc.err) {
+					t.Fatalf("got %v, want an error containing %q", err, tc.err)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			var ords []int
+			for _, d := range got {
+				ords = append(ords, d.Index)
+			}
+			if !reflect.DeepEqual(ords, tc.want) || got[0].MemoryBytes != 8192<<20 {
+				t.Errorf("got ordinals %v (memory %d), want %v with the first slice's memory", ords, got[0].MemoryBytes, tc.want)
+			}
+		})
+	}
+}
+
+// FuzzParseArg: whatever the argument, ParseArg returns a LeaseServer
+// whose lease has devices on its host and a known backend, or an error;
+// it never panics.
+func FuzzParseArg(f *testing.F) {
+	arg, err := LeaseServer{
+		Lease:     &gpupoolv1.Lease{Id: "l-1", Slices: []*gpupoolv1.Slice{{Host: "h1", Device: inventory[0].Uuid, MemoryMib: 8192}}},
+		HostID:    "h1",
+		Inventory: inventory,
+		Backend:   BackendSimulated,
+	}.Arg()
+	if err != nil {
+		f.Fatal(err)
+	}
+	f.Add(arg)
+	f.Fuzz(func(t *testing.T, s string) {
+		ls, err := ParseArg(s)
+		if err != nil {
+			return
+		}
+		if _, err := LeaseDevices(ls.Lease, ls.HostID, ls.Inventory); err != nil {
+			t.Errorf("ParseArg accepted a lease with no device on its host: %v", err)
+		}
+		if ls.Backend != BackendReal && ls.Backend != BackendSimulated {
+			t.Errorf("ParseArg accepted backend %q", ls.Backend)
+		}
+	})
+}

@@ -160,7 +160,7 @@ else the hostname.`,
 	f.BoolVar(&o.metricsTLS, "metrics-tls", false, "serve --metrics-bind over mutual TLS with the agent's certificate: scrapers need a certificate of the cluster CA")
 	f.BoolVar(&o.metricsLeaseIDs, "metrics-lease-ids", false, "label per-lease metrics with the lease id; by default the label is a pseudonym (h-<hash>) that names no lease")
 	f.BoolVar(&o.allowReduced, "allow-reduced-isolation", false, "run lease workloads even where this host cannot sandbox them (not root, no cgroups): they then run as the agent's user and can reach what it can (gpupool dev sets it)")
-	cmd.AddCommand(newAgentSimulateCmd())
+	cmd.AddCommand(newAgentSimulateCmd(), newAgentCudaServerCmd())
 	return cmd
 }
 
@@ -314,6 +314,7 @@ func runAgent(cmd *cobra.Command, o agentOpts) error {
 		AllowReducedIsolation: o.allowReduced,
 		MetricsLeaseIDs:       o.metricsLeaseIDs,
 		CgroupParent:          o.cgroupParent,
+		CudaServer:            cudaServerCommand(),
 
 		DCGMJobMappingDir: o.dcgmJobMappingDir,
 	})
@@ -385,4 +386,13 @@ func machineMemoryMiB() int64 {
 		}
 	}
 	return 0
+}
+
+// cudaServerCommand is how the agent starts a lease's CUDA server: its own
+// binary's hidden 'agent cuda-server', named /proc/self/exe, which the
+// process starting it resolves to the agent's binary wherever it is and
+// whatever a lease's mount namespace hides, so that the server always
+// speaks the agent's version of the protocol.
+func cudaServerCommand() []string {
+	return []string{"/proc/self/exe", "agent", "cuda-server"}
 }

@@ -83,6 +83,7 @@ Start a local cluster with 'gpupool dev', then try:
 		newDevCmd(),
 		newLeaseCmd(),
 		newRunCmd(),
+		newAttachCmd(),
 		newExecCmd(),
 		newForwardCmd(),
 		newHostCmd(),

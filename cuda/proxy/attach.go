@@ -16,9 +16,11 @@ import (
 // Attach runs cmd with its CUDA calls carried by carry: it serves a proxy
 // on a unix socket in a private temporary directory, runs cmd with
 // GPUPOOL_CUDA_SOCKET naming it and libDir (where libcuda.so.1, the shim,
-// is) first on LD_LIBRARY_PATH, and stops the proxy when cmd ends. It
-// returns cmd.Run's error. This is the core of `gpupool attach`.
-func Attach(ctx context.Context, carry Carrier, libDir string, cmd *exec.Cmd) error {
+// is) first on LD_LIBRARY_PATH, sends cmd every signal that arrives on
+// signals (which may be nil), and stops the proxy when cmd ends. It
+// returns the error of cmd's Start or Wait. This is the core of `gpupool
+// attach`.
+func Attach(ctx context.Context, carry Carrier, libDir string, cmd *exec.Cmd, signals <-chan os.Signal) error {
 	if _, err := os.Stat(filepath.Join(libDir, "libcuda.so.1")); err != nil {
 		return fmt.Errorf("proxy: the CUDA shim: %w (make build puts it in bin/lib)", err)
 	}
@@ -42,7 +44,23 @@ func Attach(ctx context.Context, carry Carrier, libDir string, cmd *exec.Cmd) er
 		env = os.Environ()
 	}
 	cmd.Env = withEnv(env, "GPUPOOL_CUDA_SOCKET", p.Path(), "LD_LIBRARY_PATH", libDir)
-	return cmd.Run()
+	if err := cmd.Start(); err != nil {
+		return err
+	}
+	exited := make(chan struct{})
+	go func() {
+		for {
+			select {
+			case s := <-signals:
+				cmd.Process.Signal(s)
+			case <-exited:
+				return
+			}
+		}
+	}()
+	err = cmd.Wait()
+	close(exited)
+	return err
 }
 
 // withEnv sets GPUPOOL_CUDA_SOCKET and puts libDir first on

@@ -15,24 +15,12 @@ import (
 	"net"
 	"os"
 	"sync"
-
-	"github.com/gpupool/gpupool/dataplane"
 )
 
 // Carrier carries one shim connection to the lease's server until either
-// side ends it. It closes local.
+// side ends it. It closes local. gpupool attach's carries it over the
+// data plane's cuda operation (client.Host.Cuda).
 type Carrier func(ctx context.Context, local net.Conn) error
-
-// Forward is the Carrier of part 1: the data plane's forward operation to
-// the TCP port the lease's server listens on, on the pool host's loopback,
-// with the lease's token. The agent checks the token like any data-plane
-// operation. (A dedicated data-plane operation to the server's socket in
-// the lease's sandbox replaces it; docs/remote-cuda.md.)
-func Forward(conn *dataplane.Conn, token string, port int) Carrier {
-	return func(ctx context.Context, local net.Conn) error {
-		return conn.Forward(ctx, token, port, local)
-	}
-}
 
 // Proxy serves one unix socket.
 type Proxy struct {

@@ -3,12 +3,15 @@ package shimtest
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net"
 	"os"
 	"os/exec"
+	"os/signal"
 	"path/filepath"
 	"slices"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -39,16 +42,22 @@ func (oneLease) Usage(string) (*gpupoolv1.LeaseUsage, bool) { return &gpupoolv1.
 func (oneLease) Sandbox(string, *exec.Cmd) error            { return nil }
 func (oneLease) Listens(string, int) bool                   { return true }
 
-// remoteLease is the pool host's side: a real QUIC data-plane server and
-// the lease's CUDA server on a loopback TCP port, which the data plane's
-// forward operation reaches.
-func remoteLease(t *testing.T) (addr, fingerprint string, cudaPort int) {
+// remoteLease is the pool host's side: a real QUIC data-plane server
+// whose cuda operation starts the lease's CUDA server as the agent does,
+// a process with the listening socket as its stdin: this test binary in
+// the role of 'gpupool agent cuda-server' (see TestMain).
+func remoteLease(t *testing.T) (addr, fingerprint string) {
 	t.Helper()
 	cert, fp, err := dataplane.LoadOrCreateCert(filepath.Join(t.TempDir(), "cert"))
 	if err != nil {
 		t.Fatal(err)
 	}
-	dp, err := dataplane.NewServer(dataplane.ServerConfig{Addr: "127.0.0.1:0", Cert: cert, Auth: oneLease{}, Leases: oneLease{dir: t.TempDir()}})
+	self, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	dp, err := dataplane.NewServer(dataplane.ServerConfig{Addr: "127.0.0.1:0", Cert: cert, Auth: oneLease{}, Leases: oneLease{dir: t.TempDir()},
+		CudaServer: func(string) ([]string, error) { return []string{self, cudaServerArg}, nil }})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -56,28 +65,40 @@ func remoteLease(t *testing.T) (addr, fingerprint string, cudaPort int) {
 	served := make(chan struct{})
 	go func() { defer close(served); _ = dp.Serve(ctx) }()
 	t.Cleanup(func() { cancel(); <-served })
+	return dp.Addr().String(), fp
+}
 
+// cudaServerArg makes this test binary a lease's CUDA server.
+const cudaServerArg = "shimtest-cuda-server"
+
+// serveCudaOnStdin is the lease's CUDA server: one simulated device with
+// the slice's memory, on the listening socket the data plane passes as
+// stdin, until SIGTERM.
+func serveCudaOnStdin() int {
+	l, err := net.FileListener(os.Stdin)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
 	dev := cudaserver.DefaultSimDevice([16]byte{7})
 	srv, err := cudaserver.New(cudaserver.Config{Devices: []cudaserver.Device{{Index: 0, MemoryBytes: slice}},
 		NewBackend: func() (cudaserver.Backend, error) {
 			return cudaserver.NewSimBackend([]cudaserver.SimDevice{dev}, nil), nil
 		}})
 	if err != nil {
-		t.Fatal(err)
+		fmt.Fprintln(os.Stderr, err)
+		return 1
 	}
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	done := make(chan struct{})
-	go func() { defer close(done); _ = srv.Serve(l) }()
-	t.Cleanup(func() { srv.Close(); l.Close(); <-done })
-	return dp.Addr().String(), fp, l.Addr().(*net.TCPAddr).Port
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM)
+	defer stop()
+	context.AfterFunc(ctx, func() { srv.Close(); l.Close() })
+	_ = srv.Serve(l)
+	return 0
 }
 
 // localProxy is the user's side: the proxy on a unix socket, carrying each
 // connection over the data-plane connection with token.
-func localProxy(t *testing.T, addr, fp, token string, port int) (*proxy.Proxy, <-chan error) {
+func localProxy(t *testing.T, addr, fp, token string) (*proxy.Proxy, <-chan error) {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	conn, err := dataplane.Dial(ctx, addr, fp)
@@ -88,7 +109,7 @@ func localProxy(t *testing.T, addr, fp, token string, port int) (*proxy.Proxy, <
 	if err != nil {
 		t.Fatal(err)
 	}
-	p, err := proxy.Listen(filepath.Join(dir, "s"), proxy.Forward(conn, token, port))
+	p, err := proxy.Listen(filepath.Join(dir, "s"), func(ctx context.Context, local net.Conn) error { return conn.Cuda(ctx, token, local) })
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -112,8 +133,8 @@ func localProxy(t *testing.T, addr, fp, token string, port int) (*proxy.Proxy, <
 }
 
 func TestTheShimReachesTheLeasesServerOverTheDataPlane(t *testing.T) {
-	addr, fp, port := remoteLease(t)
-	p, _ := localProxy(t, addr, fp, proxyToken, port)
+	addr, fp := remoteLease(t)
+	p, _ := localProxy(t, addr, fp, proxyToken)
 	out, stderr, err := runProgram(t, p.Path(), programAt(t, "vecadd", example))
 	if err != nil {
 		t.Fatalf("vecadd: %v\n%s\n%s", err, out, stderr)
@@ -126,8 +147,8 @@ func TestTheShimReachesTheLeasesServerOverTheDataPlane(t *testing.T) {
 }
 
 func TestAStaleTokenGetsNoGPU(t *testing.T) {
-	addr, fp, port := remoteLease(t)
-	p, errs := localProxy(t, addr, fp, "token-expired", port)
+	addr, fp := remoteLease(t)
+	p, errs := localProxy(t, addr, fp, "token-expired")
 	out, stderr := run(t, p.Path(), "init")
 	if strings.TrimSpace(out) != "CUDA_ERROR_DEVICE_UNAVAILABLE" {
 		t.Errorf("got %q, want CUDA_ERROR_DEVICE_UNAVAILABLE", out)
@@ -152,7 +173,7 @@ func TestAttachRunsACommandWithTheShimAndTheProxy(t *testing.T) {
 	cmd := exec.Command(programAt(t, "vecadd", example))
 	cmd.Stdout = &out
 	cmd.Env = append(os.Environ(), "GPUPOOL_CUDA_SOCKET=/nonexistent", "LD_LIBRARY_PATH=/usr/lib")
-	if err := proxy.Attach(context.Background(), proxy.DialUnix(sock), lib, cmd); err != nil {
+	if err := proxy.Attach(context.Background(), proxy.DialUnix(sock), lib, cmd, nil); err != nil {
 		t.Fatalf("attach: %v\n%s", err, out.String())
 	}
 	if !strings.Contains(out.String(), "1048576 of 1048576 sums right") {
@@ -164,7 +185,7 @@ func TestAttachRunsACommandWithTheShimAndTheProxy(t *testing.T) {
 }
 
 func TestAttachWithoutTheShimSaysWhereItComesFrom(t *testing.T) {
-	err := proxy.Attach(context.Background(), proxy.DialUnix("/nonexistent"), t.TempDir(), exec.Command("true"))
+	err := proxy.Attach(context.Background(), proxy.DialUnix("/nonexistent"), t.TempDir(), exec.Command("true"), nil)
 	if err == nil || !strings.Contains(err.Error(), "make build puts it in bin/lib") {
 		t.Errorf("got %v, want an error saying make build builds the shim", err)
 	}

@@ -32,6 +32,9 @@ var (
 )
 
 func TestMain(m *testing.M) {
+	if len(os.Args) > 1 && os.Args[1] == cudaServerArg {
+		os.Exit(serveCudaOnStdin())
+	}
 	dir, err := os.MkdirTemp("", "gpupool-shimtest-")
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)

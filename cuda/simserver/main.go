@@ -1,7 +1,6 @@
 // Command simserver serves one simulated lease's CUDA calls on a unix
-// socket, so that the shim can be tried without a pool, and so that the C
-// examples have something to talk to before the agent starts lease servers
-// itself (docs/remote-cuda.md, Integration):
+// socket, so that the shim can be tried without a pool (with a pool,
+// 'gpupool attach' reaches the lease's own server through the agent):
 //
 //	go run ./cuda/simserver -socket /tmp/gpu.sock -memory 8GiB &
 //	GPUPOOL_CUDA_SOCKET=/tmp/gpu.sock LD_LIBRARY_PATH=bin/lib bin/examples/vecadd

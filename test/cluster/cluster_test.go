@@ -33,7 +33,9 @@ func TestMain(m *testing.M) {
 	if err != nil {
 		panic(err)
 	}
-	binary = filepath.Join(dir, "gpupool")
+	// bin/gpupool, so that 'gpupool attach' finds the CUDA shim in ../lib
+	// as it does in a build tree (cuda_test.go builds it there).
+	binary = filepath.Join(dir, "bin", "gpupool")
 	out, err := exec.Command("go", "build", "-o", binary, "github.com/gpupool/gpupool/cmd/gpupool").CombinedOutput()
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "build gpupool: %v\n%s", err, out)

@@ -110,6 +110,7 @@ type StreamOpen struct {
 	//	*StreamOpen_Get
 	//	*StreamOpen_Forward
 	//	*StreamOpen_Usage
+	//	*StreamOpen_Cuda
 	Op            isStreamOpen_Op `protobuf_oneof:"op"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -204,6 +205,15 @@ func (x *StreamOpen) GetUsage() *UsageStart {
 	return nil
 }
 
+func (x *StreamOpen) GetCuda() *CudaStart {
+	if x != nil {
+		if x, ok := x.Op.(*StreamOpen_Cuda); ok {
+			return x.Cuda
+		}
+	}
+	return nil
+}
+
 type isStreamOpen_Op interface {
 	isStreamOpen_Op()
 }
@@ -237,6 +247,15 @@ type StreamOpen_Usage struct {
 	Usage *UsageStart `protobuf:"bytes,6,opt,name=usage,proto3,oneof"`
 }
 
+type StreamOpen_Cuda struct {
+	// Then: raw bytes both ways, no framing, as for forward: the CUDA
+	// remoting protocol (cuda/wire) between the client's libcuda.so.1 and
+	// the lease's CUDA server, which the agent starts as a workload of the
+	// lease on the first such stream and stops when the lease ends. One
+	// stream per client process.
+	Cuda *CudaStart `protobuf:"bytes,7,opt,name=cuda,proto3,oneof"`
+}
+
 func (*StreamOpen_Exec) isStreamOpen_Op() {}
 
 func (*StreamOpen_Put) isStreamOpen_Op() {}
@@ -246,6 +265,8 @@ func (*StreamOpen_Get) isStreamOpen_Op() {}
 func (*StreamOpen_Forward) isStreamOpen_Op() {}
 
 func (*StreamOpen_Usage) isStreamOpen_Op() {}
+
+func (*StreamOpen_Cuda) isStreamOpen_Op() {}
 
 // StreamAccept is the agent's first frame on a stream.
 type StreamAccept struct {
@@ -1284,12 +1305,50 @@ func (x *UsageStart) GetIntervalMs() int64 {
 	return 0
 }
 
+// CudaStart connects the stream to the lease's CUDA server on the pool
+// host (docs/remote-cuda.md). It has no fields yet.
+type CudaStart struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CudaStart) Reset() {
+	*x = CudaStart{}
+	mi := &file_gpupool_v1_dataplane_proto_msgTypes[17]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CudaStart) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CudaStart) ProtoMessage() {}
+
+func (x *CudaStart) ProtoReflect() protoreflect.Message {
+	mi := &file_gpupool_v1_dataplane_proto_msgTypes[17]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CudaStart.ProtoReflect.Descriptor instead.
+func (*CudaStart) Descriptor() ([]byte, []int) {
+	return file_gpupool_v1_dataplane_proto_rawDescGZIP(), []int{17}
+}
+
 var File_gpupool_v1_dataplane_proto protoreflect.FileDescriptor
 
 const file_gpupool_v1_dataplane_proto_rawDesc = "" +
 	"\n" +
 	"\x1agpupool/v1/dataplane.proto\x12\n" +
-	"gpupool.v1\"\x8f\x02\n" +
+	"gpupool.v1\"\xbc\x02\n" +
 	"\n" +
 	"StreamOpen\x12\x14\n" +
 	"\x05token\x18\x01 \x01(\tR\x05token\x12+\n" +
@@ -1297,7 +1356,8 @@ const file_gpupool_v1_dataplane_proto_rawDesc = "" +
 	"\x03put\x18\x03 \x01(\v2\x14.gpupool.v1.PutStartH\x00R\x03put\x12(\n" +
 	"\x03get\x18\x04 \x01(\v2\x14.gpupool.v1.GetStartH\x00R\x03get\x124\n" +
 	"\aforward\x18\x05 \x01(\v2\x18.gpupool.v1.ForwardStartH\x00R\aforward\x12.\n" +
-	"\x05usage\x18\x06 \x01(\v2\x16.gpupool.v1.UsageStartH\x00R\x05usageB\x04\n" +
+	"\x05usage\x18\x06 \x01(\v2\x16.gpupool.v1.UsageStartH\x00R\x05usage\x12+\n" +
+	"\x04cuda\x18\a \x01(\v2\x15.gpupool.v1.CudaStartH\x00R\x04cudaB\x04\n" +
 	"\x02op\"P\n" +
 	"\fStreamAccept\x12\x14\n" +
 	"\x05error\x18\x01 \x01(\tR\x05error\x12*\n" +
@@ -1356,7 +1416,8 @@ const file_gpupool_v1_dataplane_proto_rawDesc = "" +
 	"\n" +
 	"UsageStart\x12\x1f\n" +
 	"\vinterval_ms\x18\x01 \x01(\x03R\n" +
-	"intervalMs*\xbb\x01\n" +
+	"intervalMs\"\v\n" +
+	"\tCudaStart*\xbb\x01\n" +
 	"\n" +
 	"AcceptCode\x12\x12\n" +
 	"\x0eACCEPT_CODE_OK\x10\x00\x12\x1f\n" +
@@ -1379,7 +1440,7 @@ func file_gpupool_v1_dataplane_proto_rawDescGZIP() []byte {
 }
 
 var file_gpupool_v1_dataplane_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_gpupool_v1_dataplane_proto_msgTypes = make([]protoimpl.MessageInfo, 17)
+var file_gpupool_v1_dataplane_proto_msgTypes = make([]protoimpl.MessageInfo, 18)
 var file_gpupool_v1_dataplane_proto_goTypes = []any{
 	(AcceptCode)(0),      // 0: gpupool.v1.AcceptCode
 	(*StreamOpen)(nil),   // 1: gpupool.v1.StreamOpen
@@ -1399,6 +1460,7 @@ var file_gpupool_v1_dataplane_proto_goTypes = []any{
 	(*GetData)(nil),      // 15: gpupool.v1.GetData
 	(*ForwardStart)(nil), // 16: gpupool.v1.ForwardStart
 	(*UsageStart)(nil),   // 17: gpupool.v1.UsageStart
+	(*CudaStart)(nil),    // 18: gpupool.v1.CudaStart
 }
 var file_gpupool_v1_dataplane_proto_depIdxs = []int32{
 	3,  // 0: gpupool.v1.StreamOpen.exec:type_name -> gpupool.v1.ExecStart
@@ -1406,18 +1468,19 @@ var file_gpupool_v1_dataplane_proto_depIdxs = []int32{
 	12, // 2: gpupool.v1.StreamOpen.get:type_name -> gpupool.v1.GetStart
 	16, // 3: gpupool.v1.StreamOpen.forward:type_name -> gpupool.v1.ForwardStart
 	17, // 4: gpupool.v1.StreamOpen.usage:type_name -> gpupool.v1.UsageStart
-	0,  // 5: gpupool.v1.StreamAccept.code:type_name -> gpupool.v1.AcceptCode
-	6,  // 6: gpupool.v1.ExecOutput.exit:type_name -> gpupool.v1.ExecExit
-	8,  // 7: gpupool.v1.PutData.chunk:type_name -> gpupool.v1.DataChunk
-	9,  // 8: gpupool.v1.PutData.end:type_name -> gpupool.v1.PutEnd
-	0,  // 9: gpupool.v1.PutResult.code:type_name -> gpupool.v1.AcceptCode
-	8,  // 10: gpupool.v1.GetData.chunk:type_name -> gpupool.v1.DataChunk
-	14, // 11: gpupool.v1.GetData.end:type_name -> gpupool.v1.GetEnd
-	12, // [12:12] is the sub-list for method output_type
-	12, // [12:12] is the sub-list for method input_type
-	12, // [12:12] is the sub-list for extension type_name
-	12, // [12:12] is the sub-list for extension extendee
-	0,  // [0:12] is the sub-list for field type_name
+	18, // 5: gpupool.v1.StreamOpen.cuda:type_name -> gpupool.v1.CudaStart
+	0,  // 6: gpupool.v1.StreamAccept.code:type_name -> gpupool.v1.AcceptCode
+	6,  // 7: gpupool.v1.ExecOutput.exit:type_name -> gpupool.v1.ExecExit
+	8,  // 8: gpupool.v1.PutData.chunk:type_name -> gpupool.v1.DataChunk
+	9,  // 9: gpupool.v1.PutData.end:type_name -> gpupool.v1.PutEnd
+	0,  // 10: gpupool.v1.PutResult.code:type_name -> gpupool.v1.AcceptCode
+	8,  // 11: gpupool.v1.GetData.chunk:type_name -> gpupool.v1.DataChunk
+	14, // 12: gpupool.v1.GetData.end:type_name -> gpupool.v1.GetEnd
+	13, // [13:13] is the sub-list for method output_type
+	13, // [13:13] is the sub-list for method input_type
+	13, // [13:13] is the sub-list for extension type_name
+	13, // [13:13] is the sub-list for extension extendee
+	0,  // [0:13] is the sub-list for field type_name
 }
 
 func init() { file_gpupool_v1_dataplane_proto_init() }
@@ -1431,6 +1494,7 @@ func file_gpupool_v1_dataplane_proto_init() {
 		(*StreamOpen_Get)(nil),
 		(*StreamOpen_Forward)(nil),
 		(*StreamOpen_Usage)(nil),
+		(*StreamOpen_Cuda)(nil),
 	}
 	file_gpupool_v1_dataplane_proto_msgTypes[3].OneofWrappers = []any{
 		(*ExecInput_Stdin)(nil),
@@ -1456,7 +1520,7 @@ func file_gpupool_v1_dataplane_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_gpupool_v1_dataplane_proto_rawDesc), len(file_gpupool_v1_dataplane_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   17,
+			NumMessages:   18,
 			NumExtensions: 0,
 			NumServices:   0,
 		},
