@@ -291,6 +291,10 @@ func (cl *cluster) dialWithToken(secret string, addrs ...string) *client.Client 
 	return c
 }
 
+// olderAgents leaves out of the agents' command lines the flags that
+// older builds do not know (the upgrade test starts them on one).
+var olderAgents bool
+
 // agentWatchdog are the agents' enforcement flags: short, so that tests
 // end quickly. Tests never assert how fast the agent is.
 var agentWatchdog = []string{"--watchdog-poll", "100ms", "--watchdog-grace", "500ms", "--kill-after", "1s", "--expiry-grace", "2s"}
@@ -300,10 +304,12 @@ var agentWatchdog = []string{"--watchdog-poll", "100ms", "--watchdog-grace", "50
 func (cl *cluster) newAgent(i int, extra ...string) *proc {
 	name := fmt.Sprintf("host-%d", i+1)
 	args := append([]string{"agent", "--broker", strings.Join(cl.addrs, ","), "--simulate", "8xA100-80GB", "--host-id", name,
-		"--data-dir", cl.agentDir(i), "--data-bind", cl.dataBind(i), "--log-level", "debug",
+		"--data-dir", cl.agentDir(i), "--data-bind", cl.dataBind(i), "--log-level", "debug"}, agentWatchdog...)
+	if !olderAgents {
 		// Agents on one machine each take their own users.
-		"--sandbox-users", fmt.Sprintf("%d-%d", 300000+i*1000, 300000+i*1000+999),
-		"--cgroup-parent", cl.cgroupParent(name)}, agentWatchdog...)
+		args = append(args, "--sandbox-users", fmt.Sprintf("%d-%d", 300000+i*1000, 300000+i*1000+999),
+			"--cgroup-parent", cl.cgroupParent(name))
+	}
 	args = append(args, cl.security(name, pki.RoleAgent)...)
 	return cl.newProc(name, append(args, extra...)...)
 }

@@ -126,8 +126,8 @@ func TestRollingUpgradeFromAnOlderReleaseKeepsEveryLease(t *testing.T) {
 	}
 	old := buildAt(t, upgradeFrom)
 	current := binary
-	binary = old
-	t.Cleanup(func() { binary = current })
+	binary, olderAgents = old, true
+	t.Cleanup(func() { binary, olderAgents = current, false })
 	cl := newCluster(t, 1)
 	addr := "--addr=" + strings.Join(cl.addrs, ",")
 
