@@ -661,6 +661,11 @@ type outcome struct {
 	// waiting: not leased yet but not failed either, e.g. BrokerError:
 	// Leased=False alone, without LeaseFailed.
 	waiting bool
+	// held: with reason LeaseEnded, the lease ended while this binder
+	// held it for the claim, so its pods may have used it and are told,
+	// even when the claim read from the cache does not show Leased=True
+	// yet.
+	held bool
 }
 
 // settled reports whether o ends the wait for its device: it was leased
@@ -815,7 +820,7 @@ func (b *Binder) reattach(ctx context.Context, key string, uid types.UID, id str
 		b.log.Info("renewing lease again", "claim", key, "lease", info.GetId(), "renewal_stopped_by", l.Err())
 		return &outcome{lease: nl}, nil
 	case errors.Is(err, client.ErrLeaseEnded) || status.Code(err) == codes.NotFound:
-		o := outcome{reason: ReasonLeaseEnded, message: endMessage(info, l.Err())}
+		o := outcome{reason: ReasonLeaseEnded, message: endMessage(info, l.Err()), held: true}
 		b.recordEnded(key, id, o)
 		b.drop(key, id)
 		b.log.Warn("lease ended under its claim", "claim", key, "lease", info.GetId(), "err", err)
@@ -1063,7 +1068,7 @@ func (b *Binder) desiredDevices(claim *resourceapi.ResourceClaim, outcomes map[s
 		if prior != nil {
 			ds = *prior.DeepCopy()
 		}
-		if o.lease == nil && o.reason == ReasonLeaseEnded && prior != nil && meta.IsStatusConditionTrue(prior.Conditions, ConditionLeased) {
+		if o.lease == nil && o.reason == ReasonLeaseEnded && (o.held || prior != nil && meta.IsStatusConditionTrue(prior.Conditions, ConditionLeased)) {
 			ended = append(ended, endNote{RequestID(claim.UID, r), fmt.Sprintf("the gpupool lease for device %s of pool %s in claim %s ended: %s", r.Device, r.Pool, claim.Name, o.message)})
 		}
 		if o.lease != nil && waiting[poolDevice{r.Pool, r.Device}] {
