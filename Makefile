@@ -142,8 +142,8 @@ lint: lint-refs ## gofmt + go vet, and no reference to files outside the reposit
 
 # The repository stands alone: no file may cite a design document or a path
 # that a fresh clone does not have. Names each offending file and line.
-LINT_REFS := DESIGN\.md|(^|[^A-Za-z0-9_./-])/work/|\.\./shared
-lint-refs: ## fail if any file cites DESIGN.md, /work/ or ../shared (paths outside the repository)
+LINT_REFS := DESIG[N]\.md|(^|[^A-Za-z0-9_./-])/work/|\.\./share[d]
+lint-refs: ## fail if any file cites the outside design document, /work/ or the parent's shared folder (not in a clone)
 	@out=$$(grep -rInE '$(LINT_REFS)' --exclude-dir=.git --exclude=.git --exclude-dir=bin --exclude-dir=.bin . | grep -v '^./Makefile:' || true); \
 	if [ -n "$$out" ]; then echo "references to files outside the repository:"; echo "$$out"; exit 1; fi
 
