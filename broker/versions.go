@@ -40,6 +40,7 @@ func (g versionGate) Propose(cmd proto.Message) Proposal {
 		versionOf = g.need
 	}
 	need, _ := versionOf(t)
+	need = max(need, fsm.FieldVersion(cmd))
 	if need <= 1 {
 		return g.next.Propose(cmd)
 	}

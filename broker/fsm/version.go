@@ -35,6 +35,17 @@ func CommandVersion(t MessageType) (uint32, bool) {
 	return v, ok
 }
 
+// FieldVersion is the command-set version that the fields set in cmd
+// need, beyond its type's: an older server would decode such a command
+// but skip the field and apply it differently from the others.
+// Version 2 added RevokeAclTokenCommand.revoke_leases.
+func FieldVersion(cmd proto.Message) uint32 {
+	if c, ok := cmd.(*gpupoolv1.RevokeAclTokenCommand); ok && c.RevokeLeases {
+		return 2
+	}
+	return 1
+}
+
 // ServerVersion is the command-set version a server reported; servers
 // older than the report apply version 1.
 func ServerVersion(reported uint32) uint32 { return max(reported, 1) }
