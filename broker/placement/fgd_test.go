@@ -156,3 +156,62 @@ func TestLookAheadCountsWhatManyTasksOfAShapeWouldStrand(t *testing.T) {
 		})
 	}
 }
+
+func TestFragRememberedEqualsFragComputed(t *testing.T) {
+	// Frag remembers what each shape can use of a host's GPUs, whatever its CPU and memory;
+	// the sum it makes of them must be the one computed from scratch.
+	r := newRand(5)
+	shapes := []Shape{{GPUs: 1, Milli: 250, CPU: 2000}, {GPUs: 1, Milli: 600, Memory: 4096}, {GPUs: 2, Milli: 1000, CPU: 8000},
+		{GPUs: 1, Milli: 1000, Models: "T4"}, {CPU: 1000}, {GPUs: 4, Milli: 500, CPU: 500, Memory: 1024}}
+	plain := mustMix(t, shapes, []float64{5, 4, 3, 2, 1, 1})
+	for _, m := range []*Mix{plain, plain.LookAhead()} {
+		for i := range 2000 {
+			st := nodeState{cpu: int64(1000 * r.IntN(20)), mem: int64(1024 * r.IntN(20))}
+			model := []string{"T4", "A100"}[r.IntN(2)]
+			for range r.IntN(9) {
+				st.free = append(st.free, []int32{0, 100, 250, 400, 600, 750, 1000}[r.IntN(7)])
+				st.models = append(st.models, model)
+			}
+			var want float64
+			m.mu.Lock()
+			for s := range m.shapes {
+				want += m.probs[s] * float64(m.shapeFragLocked(s, &st))
+			}
+			m.mu.Unlock()
+			for range 2 {
+				if got := m.frag(&st); math.Abs(got-want) > 1e-9 {
+					t.Fatalf("look-ahead %t, state %d %+v: frag %v, want %v", m.lookAhead, i, st, got, want)
+				}
+			}
+		}
+	}
+}
+
+func TestMixLearnerRebuildsInEpochs(t *testing.T) {
+	a, b := Shape{GPUs: 1, Milli: 500}, Shape{GPUs: 1, Milli: 1000}
+	var l MixLearner
+	builds, last := 0, (*Mix)(nil)
+	observe := func(s Shape, n int) {
+		for range n {
+			l.Observe(s)
+			if m := l.Mix(); m != last {
+				builds, last = builds+1, m
+			}
+		}
+	}
+	observe(a, 256)
+	if builds != 9 { // after 1, 2, 4, … 256
+		t.Fatalf("%d mixes over the first 256 observations, want 9", builds)
+	}
+	observe(a, 1000)
+	if builds != 11 { // the observations doubled twice (512, 1024); the shapes did not drift
+		t.Fatalf("%d mixes after 1256 observations of one shape, want 11", builds)
+	}
+	observe(b, 512) // the workload changes: the mix follows before the observations double
+	if builds < 12 || l.total >= 2*1024 {
+		t.Fatalf("%d mixes after a new shape came, want a new one", builds)
+	}
+	if got := l.Mix().Len(); got != 2 {
+		t.Errorf("the mix has %d shapes, want both", got)
+	}
+}

@@ -23,6 +23,11 @@ import (
 // exhaustive PlaceWith would return on all the hosts (Random excepted: it draws a host
 // uniformly among those that fit, in its own order).
 //
+// FGD's scores are remembered between placements, per group, request shape and mix: a group's
+// score holds until the group changes (its hosts move to other groups as they change) or the
+// mix does, so a placement rates only the groups that are new since the last request of the
+// same shape, and reads the others' scores.
+//
 // An Index is safe for concurrent use. It keeps the *Host values it is given and never
 // modifies them; the caller gives a host again with Update whenever it changes, either a new
 // value (as the broker's state store makes one per change) or the same one modified in place.
@@ -34,6 +39,16 @@ type Index struct {
 	list   []*ixGroup          // groups in a deterministic order; guarded by mu
 	cpus   map[int64]int       // host CPU capacities and how many hosts have each; guarded by mu
 	gpus   map[int64]int       // host GPU counts × 1000 and how many hosts have each; guarded by mu
+
+	// The scores FGD gave the groups, kept between placements (see placeCachedLocked): gen
+	// numbers the cache, which holds for one mix (mix) and the requests of reqs. All guarded by
+	// mu.
+	gen  uint64
+	mix  *Mix
+	reqs map[reqKey]int32
+
+	scratchHosts  []*gpupoolv1.Host // guarded by mu
+	scratchGroups []*ixGroup        // guarded by mu
 }
 
 type ixHost struct {
@@ -49,6 +64,17 @@ type ixGroup struct {
 	pos     int // in Index.list
 	members []*ixHost
 	sum     summary
+
+	// scores[r] is the cached score of request r of Index.reqs on the group's hosts when gen
+	// is the index's.
+	gen    uint64
+	scores []cached
+}
+
+// cached is a score of ixGroup.scores.
+type cached struct {
+	known bool
+	score int // noFit when no placement fits
 }
 
 // summary is what a group's hosts can hold, for a quick test before rating one of them.
@@ -297,6 +323,9 @@ func (x *Index) PlaceOver(over []*gpupoolv1.Host, req *gpupoolv1.LeaseRequest, o
 		perHost = rq.count
 	}
 	byID := x.rank != nil && !scoredPolicy(opts.Policy) // binpack and spread break ties by id
+	if opts.Policy == FGD {
+		return x.placeCachedLocked(over, overID, req, rq, &opts, perHost)
+	}
 	reps := make([]*gpupoolv1.Host, 0, 64+len(over))
 	var weights []int
 	for _, g := range x.list {
@@ -386,4 +415,134 @@ func maxKey(m map[int64]int) int64 {
 		most = max(most, k)
 	}
 	return most
+}
+
+// reqKey is what a policy that rates hosts one by one reads of an indexable request.
+type reqKey struct {
+	count               int
+	exclusive           bool
+	mem, hostCPU, hostM int64
+	compute             int32
+	topo                gpupoolv1.Topology
+	model               string
+	minMem              int64
+}
+
+// maxCachedReqs bounds the requests whose scores the index remembers at once: past it, the
+// cache starts afresh.
+const maxCachedReqs = 256
+
+// placeCachedLocked is PlaceOver for FGD: it rates each group that may hold the request once
+// per mix and request, remembering the score, as a group's hosts rate alike and most groups do
+// not change between placements. The hosts of over are rated every time. The request goes on
+// the host with the best rating (score, then tie-break order), as the exhaustive search
+// chooses it, and is placed there as the exhaustive search places it on that host.
+func (x *Index) placeCachedLocked(over []*gpupoolv1.Host, overID map[string]bool, req *gpupoolv1.LeaseRequest,
+	rq *request, opts *Options, perHost int) ([]*gpupoolv1.Slice, error) {
+	if x.mix != opts.Mix || len(x.reqs) >= maxCachedReqs {
+		x.gen++
+		x.mix, x.reqs = opts.Mix, map[reqKey]int32{}
+	}
+	k := reqKey{count: rq.count, exclusive: rq.exclusive, mem: rq.mem, hostCPU: rq.hostCPU, hostM: rq.hostMem,
+		compute: rq.compute, topo: rq.topo, model: rq.cons.GetModel(), minMem: rq.cons.GetMinMemoryMib()}
+	id, ok := x.reqs[k]
+	if !ok {
+		id = int32(len(x.reqs))
+		x.reqs[k] = id
+	}
+	var (
+		top   rating
+		win   *gpupoolv1.Host
+		found bool
+	)
+	consider := func(h *gpupoolv1.Host, score int) {
+		if score == noFit {
+			return
+		}
+		r := rating{score: score, rank: x.rankOf(h.GetId()), host: h.GetId()}
+		if x.rank == nil {
+			r.rank = 0
+		}
+		if !found || r.beats(top) {
+			top, win, found = r, h, true
+		}
+	}
+	// Rate the groups whose score is not cached, and the hosts of over, in one pool.
+	unknown, unknownGroups := x.scratchHosts[:0], x.scratchGroups[:0]
+	defer func() {
+		clear(unknown)
+		clear(unknownGroups)
+		x.scratchHosts, x.scratchGroups = unknown[:0], unknownGroups[:0]
+	}()
+	for _, g := range x.list {
+		if !g.sum.mayHold(rq, perHost) {
+			continue
+		}
+		h := g.first(false, overID)
+		if h == nil {
+			continue
+		}
+		if g.gen != x.gen {
+			g.gen, g.scores = x.gen, g.scores[:0]
+		}
+		for int(id) >= len(g.scores) {
+			g.scores = append(g.scores, cached{})
+		}
+		if c := g.scores[id]; c.known {
+			consider(h, c.score)
+		} else {
+			unknown, unknownGroups = append(unknown, h), append(unknownGroups, g)
+		}
+	}
+	if len(unknown) > 0 || len(over) > 0 {
+		unknown = append(unknown, over...)
+		scores := rateEach(unknown, rq)
+		for i, g := range unknownGroups {
+			g.scores[id] = cached{known: true, score: scores[i]}
+		}
+		for i, h := range unknown {
+			consider(h, scores[i])
+		}
+	}
+	if found {
+		if ss, err := place([]*gpupoolv1.Host{win}, req, opts); err == nil {
+			return ss, nil
+		}
+	}
+	return place(x.allLocked(over), req, opts) // the same refusal as the exhaustive placement
+}
+
+// rateEach is the score of the best placement of rq on each of hosts alone, noFit where none
+// fits, for the policies that rate the hosts of a single-host request one by one.
+func rateEach(hosts []*gpupoolv1.Host, rq *request) []int {
+	out := make([]int, len(hosts))
+	p := newPool(hosts, rq, viewNow)
+	defer p.free()
+	j := 0 // newPool keeps the order of hosts, leaving out those no slice fits
+	for i, h := range hosts {
+		out[i] = noFit
+		if j < len(p.hosts) && p.hosts[j].h == h {
+			out[i] = p.rateOne(&p.hosts[j])
+			j++
+		}
+	}
+	return out
+}
+
+// rateOne is the score of the best placement of the request on hs alone, as search rates it,
+// or noFit.
+func (p *pool) rateOne(hs *hostState) int {
+	if !hs.roomy {
+		return noFit
+	}
+	s := noFit
+	if p.rq.opts.Policy == FGD && p.rq.count == 1 && !p.rq.exclusive {
+		if p.fgdPick(hs) != nil {
+			s = p.lastScore // what hostScore would rate it
+		}
+	} else if p.greedy(hs.lo, hs.hi, "", p.rq.count) != nil {
+		s = p.hostScore(hs)
+	}
+	p.reset(hs)
+	return s
 }
