@@ -86,7 +86,7 @@ func NewMix(shapes []Shape, weights []float64) (*Mix, error) {
 	}
 	m := &Mix{
 		shapes: slices.Clone(shapes), alts: make([][]string, len(shapes)), probs: make([]float64, len(shapes)),
-		memo: make(map[nodeKey]float64), parts: make(map[gpuKey][]gpuPart), allowed: make(map[string][]bool),
+		allowed: make(map[string][]bool),
 	}
 	var sum float64
 	for i, w := range weights {
@@ -153,7 +153,7 @@ func MixFromCounts(counts map[Shape]int, coverage float64) *Mix {
 // free holds two tasks of 30 % and strands 5 %, where FGD counts none.
 func (m *Mix) LookAhead() *Mix {
 	c := &Mix{shapes: m.shapes, alts: m.alts, probs: m.probs, lookAhead: true,
-		memo: make(map[nodeKey]float64), parts: make(map[gpuKey][]gpuPart), allowed: make(map[string][]bool)}
+		allowed: make(map[string][]bool)}
 	return c
 }
 
@@ -307,6 +307,9 @@ func (m *Mix) frag(st *nodeState) float64 {
 	}
 	if f, hit := m.memo[k]; hit {
 		return f
+	}
+	if m.memo == nil { // sized for a large pool's states: growing the maps costs more
+		m.memo, m.parts = make(map[nodeKey]float64, 4096), make(map[gpuKey][]gpuPart, 1024)
 	}
 	parts := m.partsLocked(&k.gpus)
 	var total int64

@@ -1,6 +1,7 @@
 package placement
 
 import (
+	"bytes"
 	"cmp"
 	"fmt"
 	"slices"
@@ -225,16 +226,25 @@ func (x *Index) rankOf(id string) int {
 // summary.
 func hostKey(h *gpupoolv1.Host) (string, summary) {
 	s := summary{usable: viewNow.hostUsable(h), freeCPU: viewNow.hostFreeCPU(h), freeMem: viewNow.hostFreeMem(h)}
-	devs := make([]string, 0, len(h.GetDevices()))
-	for _, d := range h.GetDevices() {
+	var scratch [8][64]byte
+	devs := make([][]byte, 0, len(h.GetDevices()))
+	for i, d := range h.GetDevices() {
 		if d == nil {
 			continue
 		}
 		healthy := viewNow.deviceUsable(d)
-		devs = append(devs, strings.Join([]string{d.GetModel(), strconv.FormatInt(d.GetMemoryMib(), 10),
-			strconv.FormatBool(healthy), strconv.FormatInt(d.GetAllocatedMemoryMib(), 10),
-			strconv.Itoa(int(d.GetAllocatedComputePercent())), strconv.FormatBool(d.GetAllocatedExclusive()),
-			strconv.Itoa(int(d.GetLeaseCount()))}, ","))
+		var b []byte
+		if i < len(scratch) {
+			b = scratch[i][:0]
+		}
+		b = append(b, d.GetModel()...)
+		b = strconv.AppendInt(append(b, ','), d.GetMemoryMib(), 10)
+		b = strconv.AppendBool(append(b, ','), healthy)
+		b = strconv.AppendInt(append(b, ','), d.GetAllocatedMemoryMib(), 10)
+		b = strconv.AppendInt(append(b, ','), int64(d.GetAllocatedComputePercent()), 10)
+		b = strconv.AppendBool(append(b, ','), d.GetAllocatedExclusive())
+		b = strconv.AppendInt(append(b, ','), int64(d.GetLeaseCount()), 10)
+		devs = append(devs, b)
 		if !slices.Contains(s.models, d.GetModel()) {
 			s.models = append(s.models, d.GetModel())
 		}
@@ -249,10 +259,22 @@ func hostKey(h *gpupoolv1.Host) (string, summary) {
 			s.maxCompute = max(s.maxCompute, viewNow.freeCompute(d))
 		}
 	}
-	slices.Sort(devs)
-	key := fmt.Sprintf("%t %d/%d %d/%d [%s]", s.usable, h.GetAllocatedCpuMillicores(), h.GetCpuMillicores(),
-		h.GetAllocatedMemoryMib(), h.GetMemoryMib(), strings.Join(devs, " "))
-	return key, s
+	slices.SortFunc(devs, bytes.Compare)
+	key := make([]byte, 0, 64+70*len(devs))
+	key = strconv.AppendBool(key, s.usable)
+	key = strconv.AppendInt(append(key, ' '), h.GetAllocatedCpuMillicores(), 10)
+	key = strconv.AppendInt(append(key, '/'), h.GetCpuMillicores(), 10)
+	key = strconv.AppendInt(append(key, ' '), h.GetAllocatedMemoryMib(), 10)
+	key = strconv.AppendInt(append(key, '/'), h.GetMemoryMib(), 10)
+	key = append(key, " ["...)
+	for i, d := range devs {
+		if i > 0 {
+			key = append(key, ' ')
+		}
+		key = append(key, d...)
+	}
+	key = append(key, ']')
+	return string(key), s
 }
 
 // mayHold reports whether the hosts of a group may hold one host's share of rq: false only
@@ -505,8 +527,12 @@ func (x *Index) placeCachedLocked(over []*gpupoolv1.Host, overID map[string]bool
 		}
 	}
 	if found {
-		if ss, err := place([]*gpupoolv1.Host{win}, req, opts); err == nil {
-			return ss, nil
+		p := newPool([]*gpupoolv1.Host{win}, rq, viewNow)
+		defer p.free()
+		if len(p.hosts) == 1 {
+			if picks := p.pickOne(&p.hosts[0]); picks != nil {
+				return p.slices(picks), nil
+			}
 		}
 	}
 	return place(x.allLocked(over), req, opts) // the same refusal as the exhaustive placement
@@ -532,17 +558,27 @@ func rateEach(hosts []*gpupoolv1.Host, rq *request) []int {
 // rateOne is the score of the best placement of the request on hs alone, as search rates it,
 // or noFit.
 func (p *pool) rateOne(hs *hostState) int {
-	if !hs.roomy {
-		return noFit
-	}
 	s := noFit
-	if p.rq.opts.Policy == FGD && p.rq.count == 1 && !p.rq.exclusive {
-		if p.fgdPick(hs) != nil {
-			s = p.lastScore // what hostScore would rate it
-		}
-	} else if p.greedy(hs.lo, hs.hi, "", p.rq.count) != nil {
-		s = p.hostScore(hs)
+	if p.pickOne(hs) != nil {
+		s = p.lastScore
 	}
 	p.reset(hs)
 	return s
+}
+
+// pickOne places the request on hs alone as search does, for the policies that rate the hosts
+// of a single-host request one by one, and rates it in p.lastScore. It returns the picks, or
+// nil when the request does not fit; the takes stay in place until reset.
+func (p *pool) pickOne(hs *hostState) []int {
+	if !hs.roomy {
+		return nil
+	}
+	if p.rq.opts.Policy == FGD && p.rq.count == 1 && !p.rq.exclusive {
+		return p.fgdPick(hs) // rates it as hostScore would
+	}
+	picks := p.greedy(hs.lo, hs.hi, "", p.rq.count)
+	if picks != nil {
+		p.lastScore = p.hostScore(hs)
+	}
+	return picks
 }
