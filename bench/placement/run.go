@@ -278,7 +278,11 @@ func run(ctx context.Context, cfg *config, stdout, stderr io.Writer) error {
 				}
 			}
 		}
-		rep.addTrace(name, outcomes)
+		bounds := make([]float64, len(arrivals))
+		for i, a := range arrivals {
+			bounds[i] = sliverBound(a)
+		}
+		rep.addTrace(name, outcomes, bounds)
 	}
 	if len(traces) >= 2 && slices.Contains(cfg.Policies, placement.FGD) && slices.Contains(cfg.Policies, FGDOracle) {
 		shift, err := mixShift(ctx, cfg, nodes, traceName(cfg.Pods[0]), traces[0], traceName(cfg.Pods[1]), traces[1], reuse, stderr)
