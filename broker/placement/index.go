@@ -66,17 +66,19 @@ type ixGroup struct {
 	members []*ixHost
 	sum     summary
 
-	// scores[r] is the cached score of request r of Index.reqs on the group's hosts when gen
-	// is the index's.
+	// scores[r] codes the score of request r of Index.reqs on the group's hosts when gen is the
+	// index's; at most maxCachedReqs of them.
 	gen    uint64
-	scores []cached
+	scores []int32
 }
 
-// cached is a score of ixGroup.scores.
-type cached struct {
-	known bool
-	score int // noFit when no placement fits
-}
+// Codes of ixGroup.scores: unknown, no placement fits, or scoreBase plus the score (FGD's
+// scores are 0 to 100).
+const (
+	scoreUnknown = 0
+	scoreNoFit   = 1
+	scoreBase    = 2
+)
 
 // summary is what a group's hosts can hold, for a quick test before rating one of them.
 type summary struct {
@@ -508,19 +510,24 @@ func (x *Index) placeCachedLocked(over []*gpupoolv1.Host, overID map[string]bool
 			g.gen, g.scores = x.gen, g.scores[:0]
 		}
 		for int(id) >= len(g.scores) {
-			g.scores = append(g.scores, cached{})
+			g.scores = append(g.scores, scoreUnknown)
 		}
-		if c := g.scores[id]; c.known {
-			consider(h, c.score)
-		} else {
+		switch c := g.scores[id]; c {
+		case scoreUnknown:
 			unknown, unknownGroups = append(unknown, h), append(unknownGroups, g)
+		case scoreNoFit:
+		default:
+			consider(h, int(c-scoreBase))
 		}
 	}
 	if len(unknown) > 0 || len(over) > 0 {
 		unknown = append(unknown, over...)
 		scores := rateEach(unknown, rq)
 		for i, g := range unknownGroups {
-			g.scores[id] = cached{known: true, score: scores[i]}
+			g.scores[id] = scoreNoFit
+			if scores[i] != noFit {
+				g.scores[id] = scoreBase + int32(scores[i])
+			}
 		}
 		for i, h := range unknown {
 			consider(h, scores[i])
