@@ -4,7 +4,6 @@ import (
 	"cmp"
 	"fmt"
 	"maps"
-	"math"
 	"slices"
 	"strings"
 	"sync"
@@ -170,8 +169,7 @@ type MixLearner struct {
 
 	counts map[Shape]int
 	total  int
-	next   int // consider a new mix when total reaches next
-	built  int // total when mix was built
+	next   int // rebuild the mix when total reaches next
 	mix    *Mix
 }
 
@@ -184,54 +182,28 @@ func (l *MixLearner) Observe(s Shape) {
 	l.total++
 }
 
-// Mix returns the mix of the tasks observed so far. It is rebuilt in epochs: after 1, 2, 4, …
-// 256 observations, then whenever the observations have doubled since the last rebuild, or
-// sooner, at every 256th observation, when the shapes observed have drifted from the mix in
-// use by more than MixDrift (the sum over shapes of the differences of their probabilities),
-// as when the workload changes. In between, it is the last one built, so that the
-// fragmentation the mix and the index remember keeps paying off: a new mix rates every host
-// afresh.
+// Mix returns the mix of the tasks observed so far. It is rebuilt after 1, 2, 4, … 256
+// observations and every 256 after that, so that the fragmentation it and the index remember
+// pays off; in between, it is the last one built.
 func (l *MixLearner) Mix() *Mix {
-	if l.mix != nil && l.total < l.next {
-		return l.mix
-	}
-	m := MixFromCounts(l.counts, cmp.Or(l.Coverage, 0.95))
-	if l.mix == nil || l.total >= 2*l.built || drift(l.mix, m) > MixDrift {
+	if l.mix == nil || l.total >= l.next {
+		l.mix = MixFromCounts(l.counts, cmp.Or(l.Coverage, 0.95))
 		if l.LookAhead {
-			m = m.LookAhead()
+			l.mix = l.mix.LookAhead()
 		}
-		l.mix, l.built = m, l.total
-	}
-	if l.next < 256 {
-		l.next = max(1, 2*l.next)
-	} else {
-		l.next += 256
-	}
-	for l.next <= l.total {
-		l.next = min(2*l.next, l.next+256)
+		switch {
+		case l.next < 1:
+			l.next = 1
+		case l.next < 256:
+			l.next *= 2
+		default:
+			l.next += 256
+		}
+		for l.next <= l.total {
+			l.next = min(l.next*2, l.next+256)
+		}
 	}
 	return l.mix
-}
-
-// MixDrift is how far the shapes a MixLearner observes may drift from the mix in use before it
-// builds a new one between doublings: the sum over shapes of the differences of their
-// probabilities.
-const MixDrift = 0.2
-
-// drift is the sum over the shapes of a and b of the differences of their probabilities.
-func drift(a, b *Mix) float64 {
-	p := make(map[Shape]float64, len(a.shapes)+len(b.shapes))
-	for i, s := range a.shapes {
-		p[s] += a.probs[i]
-	}
-	for i, s := range b.shapes {
-		p[s] -= b.probs[i]
-	}
-	var d float64
-	for _, x := range p {
-		d += math.Abs(x)
-	}
-	return d
 }
 
 // maxKeyGPUs is the most GPUs a host may have for its fragmentation to be remembered.

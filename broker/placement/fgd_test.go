@@ -186,32 +186,3 @@ func TestFragRememberedEqualsFragComputed(t *testing.T) {
 		}
 	}
 }
-
-func TestMixLearnerRebuildsInEpochs(t *testing.T) {
-	a, b := Shape{GPUs: 1, Milli: 500}, Shape{GPUs: 1, Milli: 1000}
-	var l MixLearner
-	builds, last := 0, (*Mix)(nil)
-	observe := func(s Shape, n int) {
-		for range n {
-			l.Observe(s)
-			if m := l.Mix(); m != last {
-				builds, last = builds+1, m
-			}
-		}
-	}
-	observe(a, 256)
-	if builds != 9 { // after 1, 2, 4, … 256
-		t.Fatalf("%d mixes over the first 256 observations, want 9", builds)
-	}
-	observe(a, 1000)
-	if builds != 11 { // the observations doubled twice (512, 1024); the shapes did not drift
-		t.Fatalf("%d mixes after 1256 observations of one shape, want 11", builds)
-	}
-	observe(b, 512) // the workload changes: the mix follows before the observations double
-	if builds < 12 || l.total >= 2*1024 {
-		t.Fatalf("%d mixes after a new shape came, want a new one", builds)
-	}
-	if got := l.Mix().Len(); got != 2 {
-		t.Errorf("the mix has %d shapes, want both", got)
-	}
-}
