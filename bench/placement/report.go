@@ -251,6 +251,10 @@ func (r *report) markdown() string {
 	fmt.Fprintf(&b, "Unallocated GPU %% of capacity at 100 %% of capacity arrived: mean ± sd over %s (lower is better). "+
 		"Reference: the standalone reference of the FGD paper's experiment, run on each trace; published: the paper (ATC '23). "+
 		"%s, %d CPUs, %s; replay %.0f s, total %.0f s.\n\n", seeds, r.Date, r.Machine.NumCPU, r.Machine.GOARCH, r.ReplaySeconds, r.TotalSeconds)
+	if r.Config.Reuse != "" {
+		fmt.Fprintf(&b, "The outcomes of %s were read from an earlier run of the same seeds (`--reuse %s`), not replayed: "+
+			"their placements had not changed since.\n\n", strings.Join(r.Config.ReusePolicies, ", "), r.Config.Reuse)
+	}
 	pm := func(v [2]float64) string { return fmt.Sprintf("%.2f ± %.2f", v[0], v[1]) }
 	for _, tr := range r.Traces {
 		fmt.Fprintf(&b, "## %s\n\n", tr.Trace)

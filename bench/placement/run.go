@@ -73,6 +73,7 @@ Examples:
   placement --policy fgd,fgd-oracle --seeds 2
   placement --pods bench/traces/openb/openb_pod_list_gpushare40.csv --out /tmp/r
   placement --traces /data/openb --scale-hosts ""
+  placement --reuse bench/results/placement.json --reuse-policies random,best-fit   # replay the others only
 
 Flags:
 `
