@@ -28,10 +28,19 @@ func shiftArrival(nodes []node, from, to []task, seed int64, inflate float64) *a
 }
 
 // mixShift replays fgd and fgd-oracle on every seed over the shifting mix.
-func mixShift(ctx context.Context, cfg *config, nodes []node, fromName string, from []task, toName string, to []task, stderr io.Writer) (*mixShiftReport, error) {
+// The outcomes of the policies reuse has are read from it.
+func mixShift(ctx context.Context, cfg *config, nodes []node, fromName string, from []task, toName string, to []task, reuse *reused, stderr io.Writer) (*mixShiftReport, error) {
 	both := append(slices.Clone(from), to...)
 	rep := &mixShiftReport{From: fromName, To: toName}
 	for _, p := range []string{placement.FGD, FGDOracle} {
+		if reuse.has(p) {
+			os, err := reuse.outcomes("", p, true, cfg.Seeds)
+			if err != nil {
+				return nil, err
+			}
+			rep.Policies = append(rep.Policies, summarise(p, os, cfg.Inflate))
+			continue
+		}
 		var os []*outcome
 		for _, s := range cfg.Seeds {
 			if err := ctx.Err(); err != nil {

@@ -65,6 +65,10 @@ func TestRunRefusesBadFlagsAsUsageErrors(t *testing.T) {
 		{[]string{"--seeds", "0"}, "--seeds 0: must be at least 1"},
 		{[]string{"--scale-hosts", "1000,lots"}, `--scale-hosts "1000,lots": "lots": want whole numbers of hosts between 1 and 1000000`},
 		{[]string{"extra"}, `unexpected argument "extra"`},
+		{[]string{"--reuse-policies", "random"}, `--reuse-policies "random": needs --reuse FILE`},
+		{[]string{"--reuse", "old.json"}, "--reuse old.json: needs --reuse-policies naming the policies to read from it"},
+		{[]string{"--reuse", "old.json", "--reuse-policies", "first-fit"}, `--reuse-policies: --policy "first-fit": unknown policy`},
+		{[]string{"--policy", "fgd", "--reuse", "old.json", "--reuse-policies", "random"}, `--reuse-policies "random": random is not in --policy`},
 	} {
 		var stderr bytes.Buffer
 		args := append([]string{"--nodes", "n.csv", "--pods", "p.csv"}, tc.args...)
@@ -157,5 +161,51 @@ func TestTheOpenbTracesLoad(t *testing.T) {
 		if err != nil || len(tasks) < 8000 {
 			t.Errorf("%s: got %d tasks, %v; want 8000 or more", v, len(tasks), err)
 		}
+	}
+}
+
+func TestRunReusesTheOutcomesOfAnEarlierRun(t *testing.T) {
+	nodes, pods := writeFile(t, "nodes.csv", nodesCSV), writeFile(t, "openb_pod_list_default.csv", podsCSV)
+	run := func(out string, extra ...string) (string, int) {
+		var stdout, stderr bytes.Buffer
+		args := append([]string{"--nodes", nodes, "--pods", pods, "--seeds", "2", "--out", out, "--policy", "random,best-fit,fgd",
+			"--synthetic-hosts", "0"}, extra...)
+		code := Run(context.Background(), args, &stdout, &stderr)
+		return stderr.String(), code
+	}
+	first := t.TempDir()
+	if msg, code := run(first); code != 0 {
+		t.Fatalf("first run: exit %d: %s", code, msg)
+	}
+	old := filepath.Join(first, "placement.json")
+	second := t.TempDir()
+	msg, code := run(second, "--reuse", old, "--reuse-policies", "random,best-fit")
+	if code != 0 {
+		t.Fatalf("second run: exit %d: %s", code, msg)
+	}
+	if strings.Contains(msg, "random seed") || strings.Contains(msg, "best-fit seed") || !strings.Contains(msg, "fgd seed 43") {
+		t.Errorf("stderr: want only fgd replayed, got %q", msg)
+	}
+	read := func(dir string) *report {
+		data, err := os.ReadFile(filepath.Join(dir, "placement.json"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		var rep report
+		if err := json.Unmarshal(data, &rep); err != nil {
+			t.Fatal(err)
+		}
+		return &rep
+	}
+	a, b := read(first), read(second)
+	for i, p := range a.Traces[0].Policies {
+		q := b.Traces[0].Policies[i]
+		if p.Policy != q.Policy || p.Unalloc["100"] != q.Unalloc["100"] {
+			t.Errorf("%s: got %+v, want the first run's %+v", p.Policy, q.Unalloc["100"], p.Unalloc["100"])
+		}
+	}
+	if msg, code := run(t.TempDir(), "--seeds", "3", "--reuse", old, "--reuse-policies", "random"); code != 1 ||
+		!strings.Contains(msg, "its run had other seeds or --inflate") {
+		t.Errorf("reusing a run of other seeds: got exit %d and %q, want exit 1 and a refusal", code, msg)
 	}
 }

@@ -93,6 +93,9 @@ type policyReport struct {
 type traceReport struct {
 	Trace    string          `json:"trace"`
 	Policies []*policyReport `json:"policies"`
+	// Bound is a lower bound on the unallocated % at 100 % arrived for any placement (see
+	// sliverBound), over the seeds.
+	Bound stat `json:"bound_unalloc_100"`
 }
 
 // scalePoint is the default policy's placement rate on a pool of Hosts hosts.
@@ -129,6 +132,7 @@ var notes = []string{
 	"The replay is the FGD paper's experiment as its artifact runs it: tasks sorted by name and shuffled by the seed, clones of the name-sorted tasks appended up to 130 % of the GPU capacity, ties broken by a seeded permutation of the name-sorted nodes, the artifact's integer scores, and its metric (the mean allocation over the arrivals whose arrived request rounds to each whole percent).",
 	"Tasks without GPUs (num_gpu 0) are placed with placement.PlaceHost, which rates hosts by the same policy; the broker itself leases GPUs only.",
 	"A share of a GPU is a lease of gpu_milli/10 % compute and gpu_milli × 16 MiB on 16000 MiB GPUs, so it is exact; gpu_spec becomes a model constraint with | alternatives.",
+	"The bound: a GPU holds at most one task of a share m above θ ≥ 500, and the rest of it, 1000 − m, only tasks of less than 1000 − θ; so the shares of such tasks leave at least Σ(1000 − m) less the request of the small tasks free, unless tasks are refused, which the unallocated share counts in full (it is capacity − arrived + refused). The bound takes the best θ and the cheapest refusals, per arrival, averaged as the metric averages; it ignores CPU, memory, models and hosts, so the true least is higher.",
 	"fgd is the broker's default: FGD with its look-ahead, the mix learned online from the tasks offered so far (never the trace's future). fgd-oracle is the paper's FGD: the mix of the trace's tasks, known in advance.",
 }
 
@@ -144,8 +148,8 @@ func newReport(cfg *config) *report {
 }
 
 // addTrace adds the outcomes of every policy on one trace.
-func (r *report) addTrace(trace string, outcomes map[string][]*outcome) {
-	tr := &traceReport{Trace: trace}
+func (r *report) addTrace(trace string, outcomes map[string][]*outcome, bounds []float64) {
+	tr := &traceReport{Trace: trace, Bound: statOf(bounds)}
 	for _, p := range r.Config.Policies {
 		pr := summarise(p, outcomes[p], r.Config.Inflate)
 		if pub, ok := published[trace][p]; ok {
@@ -247,6 +251,10 @@ func (r *report) markdown() string {
 	fmt.Fprintf(&b, "Unallocated GPU %% of capacity at 100 %% of capacity arrived: mean ± sd over %s (lower is better). "+
 		"Reference: the standalone reference of the FGD paper's experiment, run on each trace; published: the paper (ATC '23). "+
 		"%s, %d CPUs, %s; replay %.0f s, total %.0f s.\n\n", seeds, r.Date, r.Machine.NumCPU, r.Machine.GOARCH, r.ReplaySeconds, r.TotalSeconds)
+	if r.Config.Reuse != "" {
+		fmt.Fprintf(&b, "The outcomes of %s were read from an earlier run of the same seeds (`--reuse %s`), not replayed: "+
+			"their placements had not changed since.\n\n", strings.Join(r.Config.ReusePolicies, ", "), r.Config.Reuse)
+	}
 	pm := func(v [2]float64) string { return fmt.Sprintf("%.2f ± %.2f", v[0], v[1]) }
 	for _, tr := range r.Traces {
 		fmt.Fprintf(&b, "## %s\n\n", tr.Trace)
@@ -275,6 +283,14 @@ func (r *report) markdown() string {
 				p.Unalloc["90"].Mean, p.Unalloc["110"].Mean, p.Unalloc["130"].Mean, p.FinalAlloc.Mean)
 		}
 		b.WriteString("\n")
+		if tr.Bound.Mean > 0 {
+			fmt.Fprintf(&b, "No placement, even one knowing every task in advance, can leave less than %.2f ± %.2f %% unallocated "+
+				"at 100 %% arrived on this trace (a bound from the GPU shares alone; see the notes)", tr.Bound.Mean, tr.Bound.SD)
+			if oracle > 0 {
+				fmt.Fprintf(&b, "; 0.8× the reference FGD is %.2f", 0.8*oracle)
+			}
+			b.WriteString(".\n\n")
+		}
 	}
 	if ms := r.MixShift; ms != nil {
 		fmt.Fprintf(&b, "## Mix shift: %s, then %s\n\n", ms.From, ms.To)

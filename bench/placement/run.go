@@ -73,6 +73,7 @@ Examples:
   placement --policy fgd,fgd-oracle --seeds 2
   placement --pods bench/traces/openb/openb_pod_list_gpushare40.csv --out /tmp/r
   placement --traces /data/openb --scale-hosts ""
+  placement --reuse bench/results/placement.json --reuse-policies random,best-fit   # replay the others only
 
 Flags:
 `
@@ -89,6 +90,9 @@ type config struct {
 	SyntheticTasks int      `json:"synthetic_tasks"`
 	ScaleHosts     []int    `json:"scale_hosts"`
 	Workers        int      `json:"workers"`
+	// Reuse and ReusePolicies: outcomes read from an earlier report rather than replayed.
+	Reuse         string   `json:"reuse,omitempty"`
+	ReusePolicies []string `json:"reuse_policies,omitempty"`
 }
 
 // Run runs the benchmark with command-line args (without the program name), writes progress
@@ -128,6 +132,8 @@ func parseFlags(args []string, stderr io.Writer) (*config, error) {
 	fs.IntVar(&cfg.SyntheticHosts, "synthetic-hosts", 10000, "hosts (8 GPUs each) of the pool for placements/s; 0 skips it")
 	fs.IntVar(&cfg.SyntheticTasks, "synthetic-tasks", 2000, "placements per policy for placements/s")
 	fs.IntVar(&cfg.Workers, "workers", runtime.NumCPU(), "replays run at once")
+	fs.StringVar(&cfg.Reuse, "reuse", "", "an earlier placement.json of the same --seeds and --inflate: read the outcomes of --reuse-policies from it rather than replay them")
+	reuse := fs.String("reuse-policies", "", "with --reuse: comma-separated policies whose outcomes are read from --reuse (those whose placements have not changed since)")
 	scale := fs.String("scale-hosts", "1000,3000,10000,30000,100000", "pool sizes (hosts × 8 GPUs) of the scale curve of the default policy, comma-separated; empty skips it")
 	if err := fs.Parse(args); err != nil {
 		return nil, err
@@ -160,6 +166,21 @@ func parseFlags(args []string, stderr io.Writer) (*config, error) {
 	var err error
 	if cfg.Policies, err = parsePolicies(policy); err != nil {
 		return nil, err
+	}
+	switch {
+	case *reuse != "" && cfg.Reuse == "":
+		return nil, fmt.Errorf("--reuse-policies %q: needs --reuse FILE", *reuse)
+	case cfg.Reuse != "" && *reuse == "":
+		return nil, fmt.Errorf("--reuse %s: needs --reuse-policies naming the policies to read from it", cfg.Reuse)
+	case *reuse != "":
+		if cfg.ReusePolicies, err = parsePolicies(*reuse); err != nil {
+			return nil, fmt.Errorf("--reuse-policies: %w", err)
+		}
+		for _, p := range cfg.ReusePolicies {
+			if !slices.Contains(cfg.Policies, p) {
+				return nil, fmt.Errorf("--reuse-policies %q: %s is not in --policy", *reuse, p)
+			}
+		}
 	}
 	if cfg.Traces == "" {
 		cfg.Traces = defaultTraces()
@@ -231,6 +252,12 @@ func run(ctx context.Context, cfg *config, stdout, stderr io.Writer) error {
 	if err := os.MkdirAll(cfg.Out, 0o755); err != nil {
 		return err
 	}
+	var reuse *reused
+	if cfg.Reuse != "" {
+		if reuse, err = loadReused(cfg.Reuse, cfg.ReusePolicies, cfg); err != nil {
+			return err
+		}
+	}
 	rep := newReport(cfg)
 	for i, f := range cfg.Pods {
 		tasks := traces[i]
@@ -241,14 +268,25 @@ func run(ctx context.Context, cfg *config, stdout, stderr io.Writer) error {
 		name := traceName(f)
 		fmt.Fprintf(stderr, "placement: %s: %d nodes, %d tasks (%d offered per seed), %d policies × %d seeds on %d workers\n",
 			name, len(nodes), len(tasks), len(arrivals[0].tasks), len(cfg.Policies), len(cfg.Seeds), cfg.Workers)
-		outcomes, err := replayAll(ctx, cfg, nodes, tasks, arrivals, stderr)
+		outcomes, err := replayAll(ctx, cfg, nodes, tasks, arrivals, reuse, stderr)
 		if err != nil {
 			return err
 		}
-		rep.addTrace(name, outcomes)
+		for _, p := range cfg.Policies {
+			if reuse.has(p) {
+				if outcomes[p], err = reuse.outcomes(name, p, false, cfg.Seeds); err != nil {
+					return err
+				}
+			}
+		}
+		bounds := make([]float64, len(arrivals))
+		for i, a := range arrivals {
+			bounds[i] = sliverBound(a)
+		}
+		rep.addTrace(name, outcomes, bounds)
 	}
 	if len(traces) >= 2 && slices.Contains(cfg.Policies, placement.FGD) && slices.Contains(cfg.Policies, FGDOracle) {
-		shift, err := mixShift(ctx, cfg, nodes, traceName(cfg.Pods[0]), traces[0], traceName(cfg.Pods[1]), traces[1], stderr)
+		shift, err := mixShift(ctx, cfg, nodes, traceName(cfg.Pods[0]), traces[0], traceName(cfg.Pods[1]), traces[1], reuse, stderr)
 		if err != nil {
 			return err
 		}
@@ -290,7 +328,8 @@ func run(ctx context.Context, cfg *config, stdout, stderr io.Writer) error {
 
 // replayAll replays every policy on every seed, cfg.Workers at a time, and returns the
 // outcomes by policy, in seed order.
-func replayAll(ctx context.Context, cfg *config, nodes []node, tasks []task, arrivals []*arrival, stderr io.Writer) (map[string][]*outcome, error) {
+// The policies reuse has are left for the caller to fill.
+func replayAll(ctx context.Context, cfg *config, nodes []node, tasks []task, arrivals []*arrival, reuse *reused, stderr io.Writer) (map[string][]*outcome, error) {
 	type job struct {
 		policy string
 		a      int
@@ -298,7 +337,9 @@ func replayAll(ctx context.Context, cfg *config, nodes []node, tasks []task, arr
 	var jobs []job
 	for _, p := range cfg.Policies {
 		for i := range arrivals {
-			jobs = append(jobs, job{p, i})
+			if !reuse.has(p) {
+				jobs = append(jobs, job{p, i})
+			}
 		}
 	}
 	out := make(map[string][]*outcome)

@@ -63,8 +63,17 @@ type Mix struct {
 	lookAhead bool
 
 	mu      sync.Mutex
-	memo    map[nodeKey]float64 // guarded by mu
-	allowed map[string][]bool   // model → whether each shape accepts it; guarded by mu
+	memo    map[nodeKey]float64  // guarded by mu
+	parts   map[gpuKey][]gpuPart // what each shape can use of a host's GPUs; guarded by mu
+	allowed map[string][]bool    // model → whether each shape accepts it; guarded by mu
+}
+
+// gpuPart is what one shape can use of a host's GPUs, whatever the host's free CPU and
+// memory: the GPUs with its share free that it accepts, the free capacity it cannot use on
+// them, and how many of its slices they hold one after the other.
+type gpuPart struct {
+	fit             int32
+	unusable, slots int64
 }
 
 // NewMix returns the mix of shapes with the given weights, normalised to probabilities.
@@ -76,7 +85,7 @@ func NewMix(shapes []Shape, weights []float64) (*Mix, error) {
 	}
 	m := &Mix{
 		shapes: slices.Clone(shapes), alts: make([][]string, len(shapes)), probs: make([]float64, len(shapes)),
-		memo: make(map[nodeKey]float64), allowed: make(map[string][]bool),
+		allowed: make(map[string][]bool),
 	}
 	var sum float64
 	for i, w := range weights {
@@ -143,7 +152,7 @@ func MixFromCounts(counts map[Shape]int, coverage float64) *Mix {
 // free holds two tasks of 30 % and strands 5 %, where FGD counts none.
 func (m *Mix) LookAhead() *Mix {
 	c := &Mix{shapes: m.shapes, alts: m.alts, probs: m.probs, lookAhead: true,
-		memo: make(map[nodeKey]float64), allowed: make(map[string][]bool)}
+		allowed: make(map[string][]bool)}
 	return c
 }
 
@@ -174,8 +183,8 @@ func (l *MixLearner) Observe(s Shape) {
 }
 
 // Mix returns the mix of the tasks observed so far. It is rebuilt after 1, 2, 4, … 256
-// observations and every 256 after that, so that the fragmentation it remembers pays off; in
-// between, it is the last one built.
+// observations and every 256 after that, so that the fragmentation it and the index remember
+// pays off; in between, it is the last one built.
 func (l *MixLearner) Mix() *Mix {
 	if l.mix == nil || l.total >= l.next {
 		l.mix = MixFromCounts(l.counts, cmp.Or(l.Coverage, 0.95))
@@ -210,28 +219,38 @@ type nodeState struct {
 
 // nodeKey identifies a nodeState up to the order of its GPUs.
 type nodeKey struct {
-	model    string
+	gpus     gpuKey
 	cpu, mem int64
-	n        int
-	free     [maxKeyGPUs]int16 // descending
+}
+
+// gpuKey identifies the GPUs of a nodeState up to their order.
+type gpuKey struct {
+	model string
+	n     int
+	free  [maxKeyGPUs]int16 // descending
 }
 
 // key returns st's key, or false when st is not remembered (too many GPUs, mixed models).
 func (st *nodeState) key() (nodeKey, bool) {
-	k := nodeKey{cpu: st.cpu, mem: st.mem, n: len(st.free)}
-	if k.n > maxKeyGPUs {
+	k := nodeKey{cpu: st.cpu, mem: st.mem, gpus: gpuKey{n: len(st.free)}}
+	g := &k.gpus
+	if g.n > maxKeyGPUs {
 		return k, false
 	}
 	for i, f := range st.free {
 		if i > 0 && st.models[i] != st.models[0] {
 			return k, false
 		}
-		k.free[i] = int16(f)
+		// Insertion in descending order: there are few GPUs.
+		j := i
+		for ; j > 0 && g.free[j-1] < int16(f); j-- {
+			g.free[j] = g.free[j-1]
+		}
+		g.free[j] = int16(f)
 	}
-	if k.n > 0 {
-		k.model = st.models[0]
+	if g.n > 0 {
+		g.model = st.models[0]
 	}
-	slices.SortFunc(k.free[:k.n], func(a, b int16) int { return cmp.Compare(b, a) })
 	return k, true
 }
 
@@ -251,19 +270,75 @@ func (m *Mix) frag(st *nodeState) float64 {
 	k, ok := st.key()
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	if ok {
-		if f, hit := m.memo[k]; hit {
-			return f
+	if !ok {
+		var f float64
+		for i := range m.shapes {
+			f += m.probs[i] * float64(m.shapeFragLocked(i, st))
 		}
+		return f
+	}
+	if f, hit := m.memo[k]; hit {
+		return f
+	}
+	if m.memo == nil { // sized for a large pool's states: growing the maps costs more
+		m.memo, m.parts = make(map[nodeKey]float64, 4096), make(map[gpuKey][]gpuPart, 1024)
+	}
+	parts := m.partsLocked(&k.gpus)
+	var total int64
+	for _, f := range k.gpus.free[:k.gpus.n] {
+		total += int64(f)
 	}
 	var f float64
 	for i := range m.shapes {
-		f += m.probs[i] * float64(m.shapeFragLocked(i, st))
+		f += m.probs[i] * float64(m.fragOf(i, st.cpu, st.mem, total, &parts[i]))
 	}
-	if ok {
-		m.memo[k] = f
-	}
+	m.memo[k] = f
 	return f
+}
+
+// partsLocked is what each shape can use of the GPUs g, remembered.
+func (m *Mix) partsLocked(g *gpuKey) []gpuPart {
+	if ps, hit := m.parts[*g]; hit {
+		return ps
+	}
+	ps := make([]gpuPart, len(m.shapes))
+	for i := range m.shapes {
+		s, p := &m.shapes[i], &ps[i]
+		accepts := g.n == 0 || m.acceptsLocked(i, g.model)
+		for _, f := range g.free[:g.n] {
+			switch {
+			case !accepts || int32(f) < s.Milli:
+				p.unusable += int64(f)
+			case s.Milli > 0:
+				p.fit++
+				p.slots += int64(int32(f) / s.Milli)
+			default:
+				p.fit++
+			}
+		}
+	}
+	m.parts[*g] = ps
+	return ps
+}
+
+// fragOf is the free capacity that shape i cannot use on a host with cpu and mem free, total
+// free GPU capacity and the GPUs described by p: shapeFragLocked from a gpuPart.
+func (m *Mix) fragOf(i int, cpu, mem, total int64, p *gpuPart) int64 {
+	s := &m.shapes[i]
+	if s.GPUs == 0 || p.fit < s.GPUs || cpu < s.CPU || mem < s.Memory {
+		return total
+	}
+	if !m.lookAhead {
+		return p.unusable
+	}
+	tasks := p.slots / int64(s.GPUs)
+	if s.CPU > 0 {
+		tasks = min(tasks, cpu/s.CPU)
+	}
+	if s.Memory > 0 {
+		tasks = min(tasks, mem/s.Memory)
+	}
+	return (p.unusable + total - tasks*int64(s.GPUs)*int64(s.Milli)) / 2
 }
 
 // shapeFragLocked is the free capacity of st that shape i cannot use.

@@ -156,3 +156,33 @@ func TestLookAheadCountsWhatManyTasksOfAShapeWouldStrand(t *testing.T) {
 		})
 	}
 }
+
+func TestFragRememberedEqualsFragComputed(t *testing.T) {
+	// Frag remembers what each shape can use of a host's GPUs, whatever its CPU and memory;
+	// the sum it makes of them must be the one computed from scratch.
+	r := newRand(5)
+	shapes := []Shape{{GPUs: 1, Milli: 250, CPU: 2000}, {GPUs: 1, Milli: 600, Memory: 4096}, {GPUs: 2, Milli: 1000, CPU: 8000},
+		{GPUs: 1, Milli: 1000, Models: "T4"}, {CPU: 1000}, {GPUs: 4, Milli: 500, CPU: 500, Memory: 1024}}
+	plain := mustMix(t, shapes, []float64{5, 4, 3, 2, 1, 1})
+	for _, m := range []*Mix{plain, plain.LookAhead()} {
+		for i := range 2000 {
+			st := nodeState{cpu: int64(1000 * r.IntN(20)), mem: int64(1024 * r.IntN(20))}
+			model := []string{"T4", "A100"}[r.IntN(2)]
+			for range r.IntN(9) {
+				st.free = append(st.free, []int32{0, 100, 250, 400, 600, 750, 1000}[r.IntN(7)])
+				st.models = append(st.models, model)
+			}
+			var want float64
+			m.mu.Lock()
+			for s := range m.shapes {
+				want += m.probs[s] * float64(m.shapeFragLocked(s, &st))
+			}
+			m.mu.Unlock()
+			for range 2 {
+				if got := m.frag(&st); math.Abs(got-want) > 1e-9 {
+					t.Fatalf("look-ahead %t, state %d %+v: frag %v, want %v", m.lookAhead, i, st, got, want)
+				}
+			}
+		}
+	}
+}

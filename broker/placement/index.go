@@ -1,6 +1,7 @@
 package placement
 
 import (
+	"bytes"
 	"cmp"
 	"fmt"
 	"slices"
@@ -23,6 +24,11 @@ import (
 // exhaustive PlaceWith would return on all the hosts (Random excepted: it draws a host
 // uniformly among those that fit, in its own order).
 //
+// FGD's scores are remembered between placements, per group, request shape and mix: a group's
+// score holds until the group changes (its hosts move to other groups as they change) or the
+// mix does, so a placement rates only the groups that are new since the last request of the
+// same shape, and reads the others' scores.
+//
 // An Index is safe for concurrent use. It keeps the *Host values it is given and never
 // modifies them; the caller gives a host again with Update whenever it changes, either a new
 // value (as the broker's state store makes one per change) or the same one modified in place.
@@ -34,6 +40,16 @@ type Index struct {
 	list   []*ixGroup          // groups in a deterministic order; guarded by mu
 	cpus   map[int64]int       // host CPU capacities and how many hosts have each; guarded by mu
 	gpus   map[int64]int       // host GPU counts × 1000 and how many hosts have each; guarded by mu
+
+	// The scores FGD gave the groups, kept between placements (see placeCachedLocked): gen
+	// numbers the cache, which holds for one mix (mix) and the requests of reqs. All guarded by
+	// mu.
+	gen  uint64
+	mix  *Mix
+	reqs map[reqKey]int32
+
+	scratchHosts  []*gpupoolv1.Host // guarded by mu
+	scratchGroups []*ixGroup        // guarded by mu
 }
 
 type ixHost struct {
@@ -49,7 +65,20 @@ type ixGroup struct {
 	pos     int // in Index.list
 	members []*ixHost
 	sum     summary
+
+	// scores[r] codes the score of request r of Index.reqs on the group's hosts when gen is the
+	// index's; at most maxCachedReqs of them.
+	gen    uint64
+	scores []int32
 }
+
+// Codes of ixGroup.scores: unknown, no placement fits, or scoreBase plus the score (FGD's
+// scores are 0 to 100).
+const (
+	scoreUnknown = 0
+	scoreNoFit   = 1
+	scoreBase    = 2
+)
 
 // summary is what a group's hosts can hold, for a quick test before rating one of them.
 type summary struct {
@@ -199,16 +228,25 @@ func (x *Index) rankOf(id string) int {
 // summary.
 func hostKey(h *gpupoolv1.Host) (string, summary) {
 	s := summary{usable: viewNow.hostUsable(h), freeCPU: viewNow.hostFreeCPU(h), freeMem: viewNow.hostFreeMem(h)}
-	devs := make([]string, 0, len(h.GetDevices()))
-	for _, d := range h.GetDevices() {
+	var scratch [8][64]byte
+	devs := make([][]byte, 0, len(h.GetDevices()))
+	for i, d := range h.GetDevices() {
 		if d == nil {
 			continue
 		}
 		healthy := viewNow.deviceUsable(d)
-		devs = append(devs, strings.Join([]string{d.GetModel(), strconv.FormatInt(d.GetMemoryMib(), 10),
-			strconv.FormatBool(healthy), strconv.FormatInt(d.GetAllocatedMemoryMib(), 10),
-			strconv.Itoa(int(d.GetAllocatedComputePercent())), strconv.FormatBool(d.GetAllocatedExclusive()),
-			strconv.Itoa(int(d.GetLeaseCount()))}, ","))
+		var b []byte
+		if i < len(scratch) {
+			b = scratch[i][:0]
+		}
+		b = append(b, d.GetModel()...)
+		b = strconv.AppendInt(append(b, ','), d.GetMemoryMib(), 10)
+		b = strconv.AppendBool(append(b, ','), healthy)
+		b = strconv.AppendInt(append(b, ','), d.GetAllocatedMemoryMib(), 10)
+		b = strconv.AppendInt(append(b, ','), int64(d.GetAllocatedComputePercent()), 10)
+		b = strconv.AppendBool(append(b, ','), d.GetAllocatedExclusive())
+		b = strconv.AppendInt(append(b, ','), int64(d.GetLeaseCount()), 10)
+		devs = append(devs, b)
 		if !slices.Contains(s.models, d.GetModel()) {
 			s.models = append(s.models, d.GetModel())
 		}
@@ -223,10 +261,22 @@ func hostKey(h *gpupoolv1.Host) (string, summary) {
 			s.maxCompute = max(s.maxCompute, viewNow.freeCompute(d))
 		}
 	}
-	slices.Sort(devs)
-	key := fmt.Sprintf("%t %d/%d %d/%d [%s]", s.usable, h.GetAllocatedCpuMillicores(), h.GetCpuMillicores(),
-		h.GetAllocatedMemoryMib(), h.GetMemoryMib(), strings.Join(devs, " "))
-	return key, s
+	slices.SortFunc(devs, bytes.Compare)
+	key := make([]byte, 0, 64+70*len(devs))
+	key = strconv.AppendBool(key, s.usable)
+	key = strconv.AppendInt(append(key, ' '), h.GetAllocatedCpuMillicores(), 10)
+	key = strconv.AppendInt(append(key, '/'), h.GetCpuMillicores(), 10)
+	key = strconv.AppendInt(append(key, ' '), h.GetAllocatedMemoryMib(), 10)
+	key = strconv.AppendInt(append(key, '/'), h.GetMemoryMib(), 10)
+	key = append(key, " ["...)
+	for i, d := range devs {
+		if i > 0 {
+			key = append(key, ' ')
+		}
+		key = append(key, d...)
+	}
+	key = append(key, ']')
+	return string(key), s
 }
 
 // mayHold reports whether the hosts of a group may hold one host's share of rq: false only
@@ -297,6 +347,9 @@ func (x *Index) PlaceOver(over []*gpupoolv1.Host, req *gpupoolv1.LeaseRequest, o
 		perHost = rq.count
 	}
 	byID := x.rank != nil && !scoredPolicy(opts.Policy) // binpack and spread break ties by id
+	if opts.Policy == FGD {
+		return x.placeCachedLocked(over, overID, req, rq, &opts, perHost)
+	}
 	reps := make([]*gpupoolv1.Host, 0, 64+len(over))
 	var weights []int
 	for _, g := range x.list {
@@ -386,4 +439,153 @@ func maxKey(m map[int64]int) int64 {
 		most = max(most, k)
 	}
 	return most
+}
+
+// reqKey is what a policy that rates hosts one by one reads of an indexable request.
+type reqKey struct {
+	count               int
+	exclusive           bool
+	mem, hostCPU, hostM int64
+	compute             int32
+	topo                gpupoolv1.Topology
+	model               string
+	minMem              int64
+}
+
+// maxCachedReqs bounds the requests whose scores the index remembers at once: past it, the
+// cache starts afresh.
+const maxCachedReqs = 256
+
+// placeCachedLocked is PlaceOver for FGD: it rates each group that may hold the request once
+// per mix and request, remembering the score, as a group's hosts rate alike and most groups do
+// not change between placements. The hosts of over are rated every time. The request goes on
+// the host with the best rating (score, then tie-break order), as the exhaustive search
+// chooses it, and is placed there as the exhaustive search places it on that host.
+func (x *Index) placeCachedLocked(over []*gpupoolv1.Host, overID map[string]bool, req *gpupoolv1.LeaseRequest,
+	rq *request, opts *Options, perHost int) ([]*gpupoolv1.Slice, error) {
+	if x.mix != opts.Mix || len(x.reqs) >= maxCachedReqs {
+		x.gen++
+		x.mix, x.reqs = opts.Mix, map[reqKey]int32{}
+	}
+	k := reqKey{count: rq.count, exclusive: rq.exclusive, mem: rq.mem, hostCPU: rq.hostCPU, hostM: rq.hostMem,
+		compute: rq.compute, topo: rq.topo, model: rq.cons.GetModel(), minMem: rq.cons.GetMinMemoryMib()}
+	id, ok := x.reqs[k]
+	if !ok {
+		id = int32(len(x.reqs))
+		x.reqs[k] = id
+	}
+	var (
+		top   rating
+		win   *gpupoolv1.Host
+		found bool
+	)
+	consider := func(h *gpupoolv1.Host, score int) {
+		if score == noFit {
+			return
+		}
+		r := rating{score: score, rank: x.rankOf(h.GetId()), host: h.GetId()}
+		if x.rank == nil {
+			r.rank = 0
+		}
+		if !found || r.beats(top) {
+			top, win, found = r, h, true
+		}
+	}
+	// Rate the groups whose score is not cached, and the hosts of over, in one pool.
+	unknown, unknownGroups := x.scratchHosts[:0], x.scratchGroups[:0]
+	defer func() {
+		clear(unknown)
+		clear(unknownGroups)
+		x.scratchHosts, x.scratchGroups = unknown[:0], unknownGroups[:0]
+	}()
+	for _, g := range x.list {
+		if !g.sum.mayHold(rq, perHost) {
+			continue
+		}
+		h := g.first(false, overID)
+		if h == nil {
+			continue
+		}
+		if g.gen != x.gen {
+			g.gen, g.scores = x.gen, g.scores[:0]
+		}
+		for int(id) >= len(g.scores) {
+			g.scores = append(g.scores, scoreUnknown)
+		}
+		switch c := g.scores[id]; c {
+		case scoreUnknown:
+			unknown, unknownGroups = append(unknown, h), append(unknownGroups, g)
+		case scoreNoFit:
+		default:
+			consider(h, int(c-scoreBase))
+		}
+	}
+	if len(unknown) > 0 || len(over) > 0 {
+		unknown = append(unknown, over...)
+		scores := rateEach(unknown, rq)
+		for i, g := range unknownGroups {
+			g.scores[id] = scoreNoFit
+			if scores[i] != noFit {
+				g.scores[id] = scoreBase + int32(scores[i])
+			}
+		}
+		for i, h := range unknown {
+			consider(h, scores[i])
+		}
+	}
+	if found {
+		p := newPool([]*gpupoolv1.Host{win}, rq, viewNow)
+		defer p.free()
+		if len(p.hosts) == 1 {
+			if picks := p.pickOne(&p.hosts[0]); picks != nil {
+				return p.slices(picks), nil
+			}
+		}
+	}
+	return place(x.allLocked(over), req, opts) // the same refusal as the exhaustive placement
+}
+
+// rateEach is the score of the best placement of rq on each of hosts alone, noFit where none
+// fits, for the policies that rate the hosts of a single-host request one by one.
+func rateEach(hosts []*gpupoolv1.Host, rq *request) []int {
+	out := make([]int, len(hosts))
+	p := newPool(hosts, rq, viewNow)
+	defer p.free()
+	j := 0 // newPool keeps the order of hosts, leaving out those no slice fits
+	for i, h := range hosts {
+		out[i] = noFit
+		if j < len(p.hosts) && p.hosts[j].h == h {
+			out[i] = p.rateOne(&p.hosts[j])
+			j++
+		}
+	}
+	return out
+}
+
+// rateOne is the score of the best placement of the request on hs alone, as search rates it,
+// or noFit.
+func (p *pool) rateOne(hs *hostState) int {
+	s := noFit
+	if p.pickOne(hs) != nil {
+		s = p.lastScore
+	}
+	p.reset(hs)
+	return s
+}
+
+// pickOne places the request on hs alone as search does, for the policies that rate the hosts
+// of a single-host request one by one, and rates it in p.lastScore. It returns the picks, or
+// nil when the request does not fit; the takes stay in place until reset.
+func (p *pool) pickOne(hs *hostState) []int {
+	if !hs.roomy {
+		return nil
+	}
+	if p.rq.opts.Policy == FGD && p.rq.count == 1 && !p.rq.exclusive {
+		return p.fgdPick(hs) // rates it as hostScore would
+	}
+	picks := p.greedy(hs.lo, hs.hi, "", p.rq.count)
+	if picks != nil {
+		p.lastScore = p.hostScore(hs)
+	}
+	return picks
 }

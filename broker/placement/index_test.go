@@ -249,3 +249,57 @@ func TestIndexPlacesOverHostsItDoesNotHoldYetAsTheExhaustiveSearch(t *testing.T)
 		})
 	}
 }
+
+func TestIndexRemembersFGDScoresOnlyWhileTheyHold(t *testing.T) {
+	// FGD's scores are remembered per group, request and mix: the placements must stay those
+	// of the exhaustive search while the mix changes under them (a learner's epochs, look-ahead
+	// and not) and hosts change state.
+	plain := testMix(t)
+	other, err := NewMix([]Shape{{GPUs: 1, Milli: 100}, {GPUs: 1, Milli: 700, CPU: 2000}, {GPUs: 4, Milli: 1000}},
+		[]float64{1, 5, 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, seed := range []uint64{21, 22, 23, 24} {
+		t.Run(fmt.Sprint("seed ", seed), func(t *testing.T) {
+			r := newRand(seed)
+			hosts := twinPool(r)
+			var rank map[string]int
+			if seed%2 == 0 {
+				rank = map[string]int{}
+				for i, j := range r.Perm(len(hosts)) {
+					rank[hosts[i].Id] = j
+				}
+			}
+			p := newIndexPool(hosts, rank)
+			learner := MixLearner{LookAhead: true}
+			mixes := []*Mix{plain, plain.LookAhead(), other, other.LookAhead()}
+			var placed int
+			for step := range 500 {
+				req := randomRequest(r)
+				learner.Observe(ShapeOf(req))
+				mix := learner.Mix()
+				if step%97 < 40 { // runs of a fixed mix between the learner's
+					mix = mixes[(step/97)%len(mixes)]
+				}
+				opts := Options{Policy: FGD, Rank: rank, Mix: mix}
+				got, gotErr := p.idx.Place(req, opts)
+				want, wantErr := PlaceWith(hosts, req, opts)
+				if fmt.Sprint(gotErr) != fmt.Sprint(wantErr) || placedText(got) != placedText(want) {
+					t.Fatalf("step %d: %v: index got %s (%v), want %s (%v)", step, req, placedText(got), gotErr,
+						placedText(want), wantErr)
+				}
+				if wantErr == nil {
+					p.grant(req, want)
+					placed++
+				}
+				if len(p.leases) > 0 && r.IntN(3) == 0 {
+					p.free(r.IntN(len(p.leases)))
+				}
+			}
+			if placed < 100 {
+				t.Errorf("placed %d requests: want many", placed)
+			}
+		})
+	}
+}

@@ -253,7 +253,7 @@ func (p *pool) fgdPick(hs *hostState) []int {
 	st := &p.after
 	best, bestScore := -1, 0
 	for i := hs.lo; i < hs.hi; i++ {
-		if p.slots(&p.cands[i]) == 0 {
+		if p.slots(&p.cands[i]) == 0 || p.twinBefore(hs, i) {
 			continue
 		}
 		p.take(i)
@@ -266,9 +266,25 @@ func (p *pool) fgdPick(hs *hostState) []int {
 	if best < 0 {
 		return nil
 	}
+	p.lastScore = bestScore
 	p.take(best)
 	p.picks = append(p.picks[:0], best)
 	return p.picks
+}
+
+// twinBefore reports whether a candidate of hs before i has the same model, size and free
+// memory and compute as i: a slice on either leaves the host in the same state up to the
+// order of its GPUs, so FGD scores both alike and keeps the first.
+func (p *pool) twinBefore(hs *hostState, i int) bool {
+	c := &p.cands[i]
+	for j := hs.lo; j < i; j++ {
+		d := &p.cands[j]
+		if d.freeMem == c.freeMem && d.freeCompute == c.freeCompute && d.d.GetMemoryMib() == c.d.GetMemoryMib() &&
+			d.d.GetModel() == c.d.GetModel() {
+			return true
+		}
+	}
+	return false
 }
 
 func sum(xs []int32) int64 {
