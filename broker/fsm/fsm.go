@@ -52,6 +52,8 @@ type Result struct {
 	// Ended are the leases a command ended besides its subject (a revoked
 	// token's).
 	Ended []string
+	// Collected is how many ended leases a CollectEndedLeases removed.
+	Collected int
 	// Existing is set when a grant matched an earlier one by request id.
 	Existing bool
 	Err      error
@@ -196,6 +198,8 @@ func (f *FSM) apply(index uint64, msg proto.Message) *Result {
 		res, evs = applyRevokeACLToken(w, index, c)
 	case *gpupoolv1.ResetHostIdentityCommand:
 		res, evs = applyResetHostIdentity(w, c)
+	case *gpupoolv1.CollectEndedLeasesCommand:
+		res = applyCollectEndedLeases(w, c)
 	default:
 		res = &Result{Err: fmt.Errorf("%w: %T", ErrInvalid, msg)}
 	}
