@@ -80,6 +80,13 @@ type Config struct {
 	// UI configures the web console; its Bind empty serves none.
 	UI UIConfig
 
+	// EndedLeaseRetention is how long an ended lease stays readable
+	// (DefaultEndedLeaseRetention when 0), and EndedLeasesMax how many
+	// ended leases are kept at most (DefaultEndedLeasesMax when 0); the
+	// leader collects the others (see collect.go).
+	EndedLeaseRetention time.Duration
+	EndedLeasesMax      int
+
 	Clock  clock.Clock
 	Logger *slog.Logger
 
@@ -157,6 +164,9 @@ func (c *Config) setDefaults() error {
 	}
 	if c.PendingGrace <= 0 {
 		c.PendingGrace = DefaultPendingGrace
+	}
+	if err := c.validateCollection(); err != nil {
+		return err
 	}
 	if err := c.UI.validate(); err != nil {
 		return err

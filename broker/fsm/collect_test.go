@@ -127,3 +127,9 @@ func TestEndedLeasesAreReadOldestFirstAndSurviveASnapshot(t *testing.T) {
 		t.Fatal("the applied and the restored FSM differ after the same collection")
 	}
 }
+
+func TestCollectEndedLeasesNeedsCommandSetVersion3(t *testing.T) {
+	if v, ok := CommandVersion(CollectEndedLeasesType); !ok || v != 3 {
+		t.Fatalf("CommandVersion(CollectEndedLeases) = %d, %t; want 3, true: older brokers do not know it", v, ok)
+	}
+}
