@@ -54,7 +54,7 @@ type broker struct {
 	c    *client.Client
 }
 
-func startBroker(ctx context.Context, bin, dir string) (*broker, error) {
+func startBroker(ctx context.Context, bin, dir string, extra ...string) (*broker, error) {
 	addr, err := freeAddr("127.0.0.1")
 	if err != nil {
 		return nil, err
@@ -67,6 +67,7 @@ func startBroker(ctx context.Context, bin, dir string) (*broker, error) {
 		"broker", "--insecure", "--node-id", brokerID, "--data-dir", filepath.Join(dir, brokerID), "--bind", addr, "--raft-bind", raftAddr,
 		"--bootstrap-expect", "1", "--heartbeat-ttl", heartbeatTTL.String(), "--log-level", "warn",
 	}}}
+	b.proc.Args = append(b.proc.Args, extra...)
 	if b.c, err = client.Dial([]string{addr}, grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(maxMsg))); err != nil {
 		return nil, err
 	}
