@@ -225,12 +225,12 @@ func churn(ctx context.Context, o churnOptions, p *progress) (*churnResults, err
 	if err != nil {
 		return nil, err
 	}
-	b, err := startBroker(ctx, bin, dir, append([]string{"--metrics-bind", metricsAddr}, o.brokerFlags...)...)
+	b, err := startBroker(ctx, bin, dir, 1, append([]string{"--metrics-bind", metricsAddr}, o.brokerFlags...)...)
 	if err != nil {
 		return nil, err
 	}
 	defer func() { b.stop() }()
-	if err := b.waitLeader(ctx); err != nil {
+	if _, err := b.waitLeader(ctx); err != nil {
 		return nil, fmt.Errorf("the broker did not start: %w", err)
 	}
 	fail := func(what string, err error) (*churnResults, error) {
@@ -362,9 +362,7 @@ func churn(ctx context.Context, o churnOptions, p *progress) (*churnResults, err
 	if res.CyclesDone < o.cycles {
 		res.ExtrapolatedRSSMiB = after.RSSMiB + max(res.RSSGrowthMiBPer100k, 0)*float64(o.cycles-res.CyclesDone)/100_000
 	}
-	if b, err := os.ReadFile("/proc/loadavg"); err == nil {
-		res.LoadAverage = strings.Join(strings.Fields(string(b))[:3], " ")
-	}
+	res.LoadAverage = loadAverage()
 	res.ElapsedSeconds = time.Since(start).Seconds()
 	return res, nil
 }
