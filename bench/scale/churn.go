@@ -247,7 +247,9 @@ func churn(ctx context.Context, o churnOptions, p *progress) (*churnResults, err
 			return churnPoint{}, err
 		}
 		pt := churnPoint{Label: label, Leases: int(granted.Load()), Cycles: int(cycles.Load()), RSSMiB: mem.RSSMiB, AtS: time.Since(start).Seconds()}
-		pt.HeapMiB = scrapeGauge(ctx, metricsAddr, "go_memstats_heap_inuse_bytes") / (1 << 20)
+		if v := scrapeGauge(ctx, metricsAddr, "go_memstats_heap_inuse_bytes"); !math.IsNaN(v) {
+			pt.HeapMiB = v / (1 << 20) // 0 when the scrape failed (JSON has no NaN)
+		}
 		if st, err := b.c.Pool.Status(ctx, &gpupoolv1.StatusRequest{}); err == nil {
 			for _, s := range []string{"released", "expired", "revoked"} {
 				pt.Ended += int(st.LeasesByState[s])
