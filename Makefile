@@ -8,7 +8,7 @@ PROTO_FILES := $(wildcard proto/gpupool/v1/*.proto)
 export CGO_CFLAGS ?= -O2 -g -Wno-deprecated-declarations
 PKG_RACE := ./broker/... ./agent/... ./client/... ./k8s/... ./protocol/... ./internal/... ./token/... ./dataplane/... ./cuda/...
 
-.PHONY: tmux test-dashboard chromium test-console bench-console all build install cc cuda-gen examples test-gpu test dev proto proto-check lint lint-refs bench bench-dataplane bench-placement bench-lease bench-failover bench-scale bench-go tools clean test-unit test-cluster helm chart test-k8s bench-k8s elastic-demo fuzz test-robustness soak robustness-tools test-upgrade
+.PHONY: tmux test-dashboard chromium test-console bench-console all build install cc cuda-gen examples test-gpu test dev proto proto-check lint lint-refs bench bench-dataplane bench-placement bench-lease bench-failover bench-scale bench-churn bench-go tools clean test-unit test-cluster helm chart test-k8s bench-k8s elastic-demo fuzz test-robustness soak robustness-tools test-upgrade
 
 all: build
 
@@ -161,6 +161,9 @@ bench-failover: build ## kill -9 the leader 10 times under load: time to the nex
 
 bench-scale: build ## one broker with 10k hosts x 8 GPUs and 100k leases: RSS, snapshot, restart (about 10 min; at most 12)
 	$(BIN)/gpupool-bench scale --gpupool $(BIN)/gpupool
+
+bench-churn: build ## one broker's RSS at 0, 10k and 100k leases, then under acquire/release churn toward 1M cycles (about 30 min: 15 to load, at most 15 of churn, extrapolated past it); writes bench/results/churn.{json,md}
+	$(BIN)/gpupool-bench churn --gpupool $(BIN)/gpupool
 
 bench-console: build chromium ## the console's pool page on 10k hosts x 8 GPUs in headless Chromium: render and live-update times (about 2 min); writes bench/results/console.{json,md}
 	$(BIN)/gpupool-bench console

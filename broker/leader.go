@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/gpupool/gpupool/broker/fsm"
@@ -28,6 +29,10 @@ type leaderState struct {
 	preempt      *lease.Timers
 	pendingGrace *lease.Timers
 	kick         chan struct{} // asks for a pass of the queue
+	// collectKick asks for a pass of the collection of ended leases;
+	// endedSinceCollect counts the leases that ended since the last one.
+	collectKick       chan struct{}
+	endedSinceCollect atomic.Int64
 	// verifier confirms that this server still leads before a renewal
 	// is answered; one per term.
 	verifier *leadVerifier
@@ -87,6 +92,7 @@ func (s *Server) startLeading() func() {
 		leaseWatch:   map[string][]chan struct{}{},
 		healthClears: map[string]map[string]bool{},
 		kick:         make(chan struct{}, 1),
+		collectKick:  make(chan struct{}, 1),
 	}
 	ls.verifier = newLeadVerifier(func() error { return s.raft.VerifyLeader().Error() })
 	ls.ttl = lease.NewTimers(s.cfg.Clock, s.expireLease)
@@ -145,6 +151,12 @@ func (s *Server) lead(ls *leaderState, events <-chan fsm.Event) {
 		s.watchServerVersions(ls)
 	}()
 	defer func() { <-versionsDone }()
+	collectDone := make(chan struct{})
+	go func() {
+		defer close(collectDone)
+		s.collectEnded(ls)
+	}()
+	defer func() { <-collectDone }()
 	ls.kickQueue()
 	for {
 		select {
@@ -247,6 +259,9 @@ func (s *Server) react(ls *leaderState, ev fsm.Event) {
 		ls.kickQueue()
 	case ev.Lease != nil:
 		s.reactLease(ls, st, ev.Lease)
+		if state.Ended(ev.Lease.State) && ev.Type == gpupoolv1.LeaseEventType_LEASE_EVENT_TYPE_ENDED {
+			s.noteEnded(ls)
+		}
 		if ev.Type != gpupoolv1.LeaseEventType_LEASE_EVENT_TYPE_RELEASING {
 			ls.kickQueue()
 		}

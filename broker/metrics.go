@@ -30,6 +30,9 @@ type metrics struct {
 	// renewVerifyFailures counts renewals refused because this server
 	// could not confirm that it still leads.
 	renewVerifyFailures prometheus.Counter
+	// collectedLeases counts the ended leases this server's collections
+	// removed as leader.
+	collectedLeases prometheus.Counter
 }
 
 func newMetrics(s *Server) *metrics {
@@ -44,6 +47,9 @@ func newMetrics(s *Server) *metrics {
 		}),
 		renewVerifyFailures: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "gpupool_renewals_unconfirmed_total", Help: "Renewals refused because this server could not confirm that it still leads.",
+		}),
+		collectedLeases: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "gpupool_ended_leases_collected_total", Help: "Ended leases removed from the state by this server's collections as leader (see --ended-lease-retention, --ended-leases-max).",
 		}),
 	}
 	m.s = s
@@ -70,7 +76,7 @@ func newMetrics(s *Server) *metrics {
 		m.leaseEnds.WithLabelValues(stateName(st))
 	}
 	m.reg.MustRegister(m.leaseEvents, m.leaseEnds, m.queueWait, m.apply, poolCollector{s})
-	m.reg.MustRegister(m.acquires, m.latency, m.renewVerifyFailures, stateCollector{s},
+	m.reg.MustRegister(m.acquires, m.latency, m.renewVerifyFailures, m.collectedLeases, stateCollector{s},
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }

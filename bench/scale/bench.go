@@ -47,56 +47,100 @@ var (
 	slicePercent = []int32{5, 10, 20, 25}
 )
 
-// broker is the broker process and a client to it.
+// broker is the broker processes and a client to them. proc is
+// broker-1, the one the benchmark measures and restarts; others are the
+// rest of a cluster of more than one.
 type broker struct {
-	proc *proc
-	addr string
-	c    *client.Client
+	proc   *proc
+	others []*proc
+	addr   string
+	c      *client.Client
 }
 
-func startBroker(ctx context.Context, bin, dir string) (*broker, error) {
-	addr, err := freeAddr("127.0.0.1")
-	if err != nil {
+// startBroker starts one broker, or a cluster of n that forms with
+// --bootstrap-expect n; extra flags go to every broker.
+func startBroker(ctx context.Context, bin, dir string, n int, extra ...string) (*broker, error) {
+	addrs := make([]string, n)
+	raftAddrs := make([]string, n)
+	for i := range n {
+		var err error
+		if addrs[i], err = freeAddr("127.0.0.1"); err != nil {
+			return nil, err
+		}
+		if raftAddrs[i], err = freeAddr("127.0.0.1"); err != nil {
+			return nil, err
+		}
+	}
+	b := &broker{addr: addrs[0]}
+	for i := range n {
+		id := fmt.Sprintf("broker-%d", i+1)
+		p := &proc{Name: id, Bin: bin, Log: filepath.Join(dir, id+".log"), Args: []string{
+			"broker", "--insecure", "--node-id", id, "--data-dir", filepath.Join(dir, id), "--bind", addrs[i], "--raft-bind", raftAddrs[i],
+			"--bootstrap-expect", strconv.Itoa(n), "--heartbeat-ttl", heartbeatTTL.String(), "--log-level", "warn",
+		}}
+		if n > 1 {
+			p.Args = append(p.Args, "--join", strings.Join(slices.Delete(slices.Clone(addrs), i, i+1), ","))
+		}
+		p.Args = append(p.Args, extra...)
+		if i == 0 {
+			b.proc = p
+		} else {
+			b.others = append(b.others, p)
+		}
+	}
+	var err error
+	if b.c, err = client.Dial(addrs, grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(maxMsg))); err != nil {
 		return nil, err
 	}
-	raftAddr, err := freeAddr("127.0.0.1")
-	if err != nil {
-		return nil, err
-	}
-	b := &broker{addr: addr, proc: &proc{Name: brokerID, Bin: bin, Log: filepath.Join(dir, brokerID+".log"), Args: []string{
-		"broker", "--insecure", "--node-id", brokerID, "--data-dir", filepath.Join(dir, brokerID), "--bind", addr, "--raft-bind", raftAddr,
-		"--bootstrap-expect", "1", "--heartbeat-ttl", heartbeatTTL.String(), "--log-level", "warn",
-	}}}
-	if b.c, err = client.Dial([]string{addr}, grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(maxMsg))); err != nil {
-		return nil, err
-	}
-	if err := b.proc.Start(); err != nil {
-		b.c.Close()
-		return nil, err
+	for _, p := range b.all() {
+		if err := p.Start(); err != nil {
+			b.stop()
+			return nil, err
+		}
 	}
 	return b, nil
 }
 
+func (b *broker) all() []*proc { return append([]*proc{b.proc}, b.others...) }
+
 func (b *broker) stop() {
-	b.proc.Kill()
+	for _, p := range b.all() {
+		p.Kill()
+	}
 	b.c.Close()
 }
 
-// waitLeader waits until the broker leads.
-func (b *broker) waitLeader(ctx context.Context) error {
-	return poll(ctx, 120*time.Second, func(ctx context.Context) error {
-		if !b.proc.Running() {
-			return backoffStop{Err: fmt.Errorf("%s exited: %s\n---- %s, last 2 KiB ----\n%s", b.proc.Name, b.proc.Cmd.ProcessState, b.proc.Log, b.proc.LogTail(2048))}
+// byID returns the broker process named id, or nil.
+func (b *broker) byID(id string) *proc {
+	for _, p := range b.all() {
+		if p.Name == id {
+			return p
+		}
+	}
+	return nil
+}
+
+// waitLeader waits until broker-1 leads (a single broker) or a leader is
+// elected (a cluster), and returns the leader's id.
+func (b *broker) waitLeader(ctx context.Context) (string, error) {
+	var leader string
+	err := poll(ctx, 120*time.Second, func(ctx context.Context) error {
+		for _, p := range b.all() {
+			if !p.Running() {
+				return backoffStop{Err: fmt.Errorf("%s exited: %s\n---- %s, last 2 KiB ----\n%s", p.Name, p.Cmd.ProcessState, p.Log, p.LogTail(2048))}
+			}
 		}
 		r, err := b.c.Operator.RaftPeers(ctx, &gpupoolv1.RaftPeersRequest{})
 		if err != nil {
 			return err
 		}
-		if r.LeaderId != brokerID {
+		if r.LeaderId == "" || (len(b.others) == 0 && r.LeaderId != brokerID) {
 			return fmt.Errorf("leader %q", r.LeaderId)
 		}
+		leader = r.LeaderId
 		return nil
 	})
+	return leader, err
 }
 
 // benchmark runs the whole benchmark in a temporary directory under
@@ -116,28 +160,30 @@ func benchmark(ctx context.Context, o options, p *progress) (*results, error) {
 			return nil, err
 		}
 	}
-	b, err := startBroker(ctx, bin, dir)
+	b, err := startBroker(ctx, bin, dir, o.brokers)
 	if err != nil {
 		return nil, err
 	}
 	defer func() { b.stop() }()
-	if err := b.waitLeader(ctx); err != nil {
+	leaderID, err := b.waitLeader(ctx)
+	if err != nil {
 		return nil, fmt.Errorf("the broker did not start: %w", err)
 	}
+	leader := b.byID(leaderID)
 	fail := func(what string, err error) (*results, error) {
 		return nil, fmt.Errorf("%s: %w\n---- %s, last 2 KiB ----\n%s", what, err, b.proc.Log, b.proc.LogTail(2048))
 	}
-	p.Logf("broker %s on %s (single server, --heartbeat-ttl %s)", brokerID, b.addr, heartbeatTTL)
+	p.Logf("%d broker(s), %s leads, broker-1 on %s (--heartbeat-ttl %s)", o.brokers, leaderID, b.addr, heartbeatTTL)
 
 	res := &results{
 		Benchmark: "scale",
 		Config: config{Hosts: o.hosts, GPUsPerHost: o.gpusPerHost, Leases: o.leases, Clients: o.clients, GrantBudget: o.grantBudget.String(), Seed: o.seed,
-			Brokers: 1, HeartbeatTTL: heartbeatTTL.String(), LeaseTTL: leaseTTL.String(), SliceMiB: sliceMiB, SlicePercent: slicePercent},
+			Brokers: o.brokers, HeartbeatTTL: heartbeatTTL.String(), LeaseTTL: leaseTTL.String(), SliceMiB: sliceMiB, SlicePercent: slicePercent},
 		Env: environment{GoVersion: runtime.Version(), OS: runtime.GOOS, Arch: runtime.GOARCH, CPUs: runtime.NumCPU()},
 	}
 	m := &res.Metrics
 
-	rssStart, _ := readMemory(b.proc.Cmd.Process.Pid)
+	rssStart, _ := readMemory(leader.Cmd.Process.Pid)
 	m.RSSEmptyMiB = rssStart.RSSMiB
 
 	// Hosts.
@@ -183,7 +229,7 @@ func benchmark(ctx context.Context, o options, p *progress) (*results, error) {
 	p.Logf("pool: %d ready hosts, %d GPUs, %d granted leases, applied index %d", st.HostsReady, st.Gpus, granted, st.AppliedIndex)
 
 	runtime.GC()
-	mem, err := readMemory(b.proc.Cmd.Process.Pid)
+	mem, err := readMemory(leader.Cmd.Process.Pid)
 	if err != nil {
 		return fail("read the broker's memory", err)
 	}
@@ -198,7 +244,7 @@ func benchmark(ctx context.Context, o options, p *progress) (*results, error) {
 	}
 	m.SnapshotSaveSeconds, m.SnapshotSaveBytes = time.Since(t0).Seconds(), n
 	p.Logf("operator snapshot save: %d bytes in %.2fs", n, m.SnapshotSaveSeconds)
-	snapDir := filepath.Join(dir, brokerID, "raft", "snapshots")
+	snapDir := filepath.Join(dir, leaderID, "raft", "snapshots")
 	if o.snapshotWait > 0 {
 		p.Logf("waiting up to %s for a Raft snapshot at index %d or later", o.snapshotWait, st.AppliedIndex-8192)
 		_ = poll(ctx, o.snapshotWait, func(context.Context) error {
@@ -215,7 +261,14 @@ func benchmark(ctx context.Context, o options, p *progress) (*results, error) {
 	} else {
 		p.Logf("no Raft snapshot in %s: %v", snapDir, err)
 	}
-	m.RaftDBBytes = fileSize(filepath.Join(dir, brokerID, "raft", "raft.db"))
+	m.RaftDBBytes = fileSize(filepath.Join(dir, leaderID, "raft", "raft.db"))
+	if o.brokers > 1 {
+		// The restart below times one broker holding the whole log alone;
+		// a cluster's member restarting rejoins a running leader instead.
+		p.Logf("%d brokers: the restart is measured on a single broker only", o.brokers)
+		res.ElapsedSeconds, res.LoadAverage = time.Since(start).Seconds(), loadAverage()
+		return res, nil
+	}
 
 	// Restart.
 	p.Logf("killing the broker (SIGKILL) and restarting it on its data dir")
@@ -259,8 +312,17 @@ func benchmark(ctx context.Context, o options, p *progress) (*results, error) {
 		m.RSSRestartedMiB = mem.RSSMiB
 	}
 	p.Logf("consistent List of %d leases in %.2fs", len(list.Leases), m.ListSeconds)
-	res.ElapsedSeconds = time.Since(start).Seconds()
+	res.ElapsedSeconds, res.LoadAverage = time.Since(start).Seconds(), loadAverage()
 	return res, nil
+}
+
+// loadAverage is the machine's 1, 5 and 15 minute load averages, or "?".
+func loadAverage() string {
+	b, err := os.ReadFile("/proc/loadavg")
+	if f := strings.Fields(string(b)); err == nil && len(f) >= 3 {
+		return strings.Join(f[:3], " ")
+	}
+	return "?"
 }
 
 // host returns host i with gpus GPUs.

@@ -22,6 +22,7 @@ type results struct {
 	// dir; nil when it has written none.
 	RaftSnapshot   *raftSnapshot `json:"raft_snapshot"`
 	ElapsedSeconds float64       `json:"elapsed_seconds"`
+	LoadAverage    string        `json:"load_average"`
 }
 
 type config struct {
@@ -81,12 +82,13 @@ func writeResults(dir string, res *results, stdout io.Writer) error {
 	if err != nil {
 		return err
 	}
-	if err := os.WriteFile(filepath.Join(dir, "scale.json"), append(b, '\n'), 0o644); err != nil {
+	name := resultsName(res.Config.Brokers)
+	if err := os.WriteFile(filepath.Join(dir, name+".json"), append(b, '\n'), 0o644); err != nil {
 		return err
 	}
 	var md strings.Builder
 	writeMarkdown(&md, res)
-	if err := os.WriteFile(filepath.Join(dir, "scale.md"), []byte(md.String()), 0o644); err != nil {
+	if err := os.WriteFile(filepath.Join(dir, name+".md"), []byte(md.String()), 0o644); err != nil {
 		return err
 	}
 	_, err = io.WriteString(stdout, md.String())
@@ -96,7 +98,11 @@ func writeResults(dir string, res *results, stdout io.Writer) error {
 func writeMarkdown(w io.Writer, res *results) {
 	c, m := res.Config, res.Metrics
 	fmt.Fprintf(w, "# Broker at scale\n\n")
-	fmt.Fprintf(w, "%d hosts × %d GPUs (%d GPUs), %d of %d leases granted, one broker process.\n\n", c.Hosts, c.GPUsPerHost, c.Hosts*c.GPUsPerHost, m.LeasesGranted, c.Leases)
+	procs := "one broker process"
+	if c.Brokers > 1 {
+		procs = fmt.Sprintf("a cluster of %d broker processes (the leader's RSS; no restart)", c.Brokers)
+	}
+	fmt.Fprintf(w, "%d hosts × %d GPUs (%d GPUs), %d of %d leases granted, %s.\n\n", c.Hosts, c.GPUsPerHost, c.Hosts*c.GPUsPerHost, m.LeasesGranted, c.Leases, procs)
 	if m.LeasesGranted < c.Leases {
 		rest := time.Duration(float64(c.Leases-m.LeasesGranted)/m.LeasesPerSecond) * time.Second
 		fmt.Fprintf(w, "**Partial load:** --grant-budget %s ran out after %d of the %d leases; at the measured %.1f leases/s the other %d would take about %s more. "+
@@ -114,12 +120,15 @@ func writeMarkdown(w io.Writer, res *results) {
 		fmt.Fprintf(w, "| newest Raft snapshot in the data dir | none taken yet |\n")
 	}
 	fmt.Fprintf(w, "| raft.db (bbolt log) size | %s |\n", mib(m.RaftDBBytes))
-	fmt.Fprintf(w, "| SIGKILL + restart → consistent Get answers | %.2f s |\n", m.RestartToReadSeconds)
-	fmt.Fprintf(w, "| SIGKILL + restart → Acquire granted | %.2f s |\n", m.RestartToAcquireSeconds)
-	fmt.Fprintf(w, "| broker RSS after the restart | %.0f MiB |\n", m.RSSRestartedMiB)
-	fmt.Fprintf(w, "| consistent List of every lease, after the restart | %.2f s |\n\n", m.ListSeconds)
-	fmt.Fprintf(w, "Setup: %d broker process (`--bootstrap-expect 1`, Raft log in bbolt with fsync, raft.DefaultConfig: snapshot every 120–240 s "+
-		"once 8192 entries are new, 10240 trailing logs kept) started with `--heartbeat-ttl %s` so that hosts registered through the "+
+	if c.Brokers == 1 {
+		fmt.Fprintf(w, "| SIGKILL + restart → consistent Get answers | %.2f s |\n", m.RestartToReadSeconds)
+		fmt.Fprintf(w, "| SIGKILL + restart → Acquire granted | %.2f s |\n", m.RestartToAcquireSeconds)
+		fmt.Fprintf(w, "| broker RSS after the restart | %.0f MiB |\n", m.RSSRestartedMiB)
+		fmt.Fprintf(w, "| consistent List of every lease, after the restart | %.2f s |\n", m.ListSeconds)
+	}
+	fmt.Fprintf(w, "| load average at the end | %s |\n\n", res.LoadAverage)
+	fmt.Fprintf(w, "Setup: %d broker process(es) (`--bootstrap-expect`, Raft log in bbolt with fsync, snapshot every 30–60 s "+
+		"once 4096 entries are new, 4096 trailing logs kept) started with `--heartbeat-ttl %s` so that hosts registered through the "+
 		"agent API's Register RPC, with nothing heartbeating for them, stay ready; %d concurrent clients over one gRPC connection; "+
 		"leases of one slice drawn (seed %d) from %v MiB × %v %% compute, TTL %s, never renewed; %s %s/%s, %d CPUs; the run took %s.\n\n",
 		c.Brokers, c.HeartbeatTTL, c.Clients, c.Seed, c.SliceMiB, c.SlicePercent, c.LeaseTTL, res.Env.GoVersion, res.Env.OS, res.Env.Arch, res.Env.CPUs,
@@ -129,6 +138,15 @@ func writeMarkdown(w io.Writer, res *results) {
 		"The broker exposes no API that makes Raft take a snapshot, so the Raft snapshot reported is the newest Raft took on its own schedule; "+
 		"its write time is from its creation (in its name) to its meta.json's last write. "+
 		"Restart times run from starting the process, SIGKILLed, on its data dir: Raft restores the snapshot and replays the log after it.")
+}
+
+// resultsName is the results' file name, without extension, for a run on
+// brokers brokers.
+func resultsName(brokers int) string {
+	if brokers == 1 {
+		return "scale"
+	}
+	return fmt.Sprintf("scale-%dbrokers", brokers)
 }
 
 func mib(b int64) string { return fmt.Sprintf("%.1f MiB", float64(b)/(1<<20)) }

@@ -49,6 +49,7 @@ Flags:
 // options is a validated command line.
 type options struct {
 	hosts        int
+	brokers      int
 	gpusPerHost  int
 	leases       int
 	clients      int
@@ -93,7 +94,7 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "bench/scale: %v\n", err)
 		return 1
 	}
-	p.Logf("results written to %s", filepath.Join(opts.out, "scale.{json,md}"))
+	p.Logf("results written to %s", filepath.Join(opts.out, resultsName(opts.brokers)+".{json,md}"))
 	return 0
 }
 
@@ -104,6 +105,7 @@ func parseFlags(args []string, help io.Writer) (options, error) {
 	fs.SetOutput(io.Discard)
 	var o options
 	fs.IntVar(&o.hosts, "hosts", 10000, "`number` of hosts to register")
+	fs.IntVar(&o.brokers, "brokers", 1, "`number` of brokers: 1, or a cluster of 3 or 5 (the restart is measured on 1 only); results go to scale.{json,md} for 1 broker and scale-Nbrokers.{json,md} for N")
 	fs.IntVar(&o.gpusPerHost, "gpus-per-host", 8, "`number` of GPUs per host")
 	fs.IntVar(&o.leases, "leases", 100000, "`number` of leases to grant")
 	fs.IntVar(&o.clients, "clients", 32, "`number` of concurrent clients registering and acquiring")
@@ -129,6 +131,8 @@ func (o options) validate() error {
 	switch {
 	case o.hosts < 1 || o.hosts > maxHosts:
 		return fmt.Errorf("--hosts %d: must be between 1 and %d", o.hosts, maxHosts)
+	case o.brokers != 1 && o.brokers != 3 && o.brokers != 5:
+		return fmt.Errorf("--brokers %d: must be 1, 3 or 5", o.brokers)
 	case o.gpusPerHost < 1 || o.gpusPerHost > maxGPUsPerHost:
 		return fmt.Errorf("--gpus-per-host %d: must be between 1 and %d", o.gpusPerHost, maxGPUsPerHost)
 	case o.leases < 1 || o.leases > maxLeases:

@@ -40,6 +40,9 @@ const (
 	// An operator's consent to a host's new identity: not ignorable, it
 	// changes which registrations apply.
 	ResetHostIdentityType MessageType = 17
+	// Removing ended leases changes what reads and retries find: not
+	// ignorable.
+	CollectEndedLeasesType MessageType = 18
 )
 
 // IgnoreUnknownTypeFlag marks a command that servers which do not know its
@@ -86,6 +89,8 @@ func newMessage(t MessageType) proto.Message {
 		return &gpupoolv1.RevokeAclTokenCommand{}
 	case ResetHostIdentityType:
 		return &gpupoolv1.ResetHostIdentityCommand{}
+	case CollectEndedLeasesType:
+		return &gpupoolv1.CollectEndedLeasesCommand{}
 	}
 	return nil
 }
@@ -127,6 +132,8 @@ func TypeOf(m proto.Message) (MessageType, error) {
 		return RevokeACLTokenType, nil
 	case *gpupoolv1.ResetHostIdentityCommand:
 		return ResetHostIdentityType, nil
+	case *gpupoolv1.CollectEndedLeasesCommand:
+		return CollectEndedLeasesType, nil
 	}
 	return 0, fmt.Errorf("fsm: %T is not a command", m)
 }

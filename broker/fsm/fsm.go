@@ -52,6 +52,8 @@ type Result struct {
 	// Ended are the leases a command ended besides its subject (a revoked
 	// token's).
 	Ended []string
+	// Collected is how many ended leases a CollectEndedLeases removed.
+	Collected int
 	// Existing is set when a grant matched an earlier one by request id.
 	Existing bool
 	Err      error
@@ -196,6 +198,8 @@ func (f *FSM) apply(index uint64, msg proto.Message) *Result {
 		res, evs = applyRevokeACLToken(w, index, c)
 	case *gpupoolv1.ResetHostIdentityCommand:
 		res, evs = applyResetHostIdentity(w, c)
+	case *gpupoolv1.CollectEndedLeasesCommand:
+		res = applyCollectEndedLeases(w, c)
 	default:
 		res = &Result{Err: fmt.Errorf("%w: %T", ErrInvalid, msg)}
 	}
@@ -422,6 +426,7 @@ func applyGrantLease(w *state.Writer, index uint64, c *gpupoolv1.GrantLeaseComma
 	for _, id := range order {
 		w.PutDevice(devs[id])
 	}
+	shareStrings(l, hosts, devs)
 	l.State = gpupoolv1.LeaseState_LEASE_STATE_GRANTED
 	l.FencingToken = index
 	l.CreateIndex, l.ModifyIndex = index, index
@@ -440,6 +445,34 @@ func applyGrantLease(w *state.Writer, index uint64, c *gpupoolv1.GrantLeaseComma
 	w.PutLease(l)
 	auditGrant(w, l, pending != nil)
 	return &Result{Lease: l}, []Event{{Lease: l, Type: gpupoolv1.LeaseEventType_LEASE_EVENT_TYPE_GRANTED}}
+}
+
+// shareStrings points the strings a granted lease repeats (its request's
+// tenant, holder and request id; each slice's host, device and model) at
+// the equal strings the state already holds, so that the state keeps one
+// copy of each instead of the copies the command decoded. Only equal
+// strings are shared: the lease's content does not change.
+func shareStrings(l *gpupoolv1.Lease, hosts map[string]*gpupoolv1.Host, devs map[string]*gpupoolv1.Device) {
+	share := func(dst *string, src string) {
+		if *dst == src {
+			*dst = src
+		}
+	}
+	if r := l.Request; r != nil {
+		share(&r.Tenant, l.Tenant)
+		share(&r.Holder, l.Holder)
+		share(&r.RequestId, l.RequestId)
+	}
+	for _, s := range l.Slices {
+		if h := hosts[s.Host]; h != nil {
+			share(&s.Host, h.Id)
+		}
+		if d := devs[s.Device]; d != nil {
+			share(&s.Device, d.Uuid)
+			share(&s.Model, d.Model)
+			share(&s.Host, d.HostId)
+		}
+	}
 }
 
 // AnyHostDown reports whether a host of the lease is down or gone, so its

@@ -56,6 +56,7 @@ func testLog() []proto.Message {
 		bootstrapToken("t-boot", 1),
 		createToken(clientTok("t-a", 2, "a")),
 		&gpupoolv1.RevokeAclTokenCommand{AccessorId: "t-a", NowMs: 9500, Actor: &gpupoolv1.Actor{AccessorId: "t-boot", Name: "bootstrap"}},
+		&gpupoolv1.CollectEndedLeasesCommand{LeaseIds: []string{"l-1", "l-2"}, EndedAtOrBeforeMs: 3100}, // l-2 holds: kept
 	}
 }
 

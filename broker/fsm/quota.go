@@ -31,7 +31,7 @@ func (e *QuotaError) Error() string {
 }
 
 // LeaseUsage is what a lease counts against its tenant's quota, with its
-// GPUs rounded up to whole ones (see gpuShare).
+// GPUs rounded up to whole ones (see addGPUShare).
 func LeaseUsage(r *state.Reader, l *gpupoolv1.Lease) *gpupoolv1.TenantUsage {
 	return leaseUsage(r, l).proto(l.GetTenant())
 }
@@ -46,27 +46,71 @@ func TenantUsage(r *state.Reader, tenant string) *gpupoolv1.TenantUsage {
 // usage is what leases count against a quota, with GPUs kept exact: a
 // tenant's GPUs are its slices' shares summed, then rounded up.
 type usage struct {
-	gpus            *big.Rat
+	gpus            shares
 	memory, compute int64
 	leases          int32
 }
 
+// shares is an exact sum of GPU shares without an allocation per share:
+// whole GPUs, percents of one (compute shares) and, per device memory
+// size, MiB of it (memory shares). A pool has few device sizes, so fracs
+// stays short.
+type shares struct {
+	whole, percent int64
+	fracs          []frac
+}
+
+// frac is num MiB of devices of den MiB.
+type frac struct{ num, den int64 }
+
+func (g *shares) addFrac(num, den int64) {
+	for i := range g.fracs {
+		if g.fracs[i].den == den {
+			g.fracs[i].num += num
+			return
+		}
+	}
+	g.fracs = append(g.fracs, frac{num, den})
+}
+
+// add adds sign × o to g (sign 1 or -1).
+func (g *shares) add(o shares, sign int64) {
+	g.whole += sign * o.whole
+	g.percent += sign * o.percent
+	for _, f := range o.fracs {
+		g.addFrac(sign*f.num, f.den)
+	}
+}
+
+// ceil is the sum rounded up to whole GPUs.
+func (g shares) ceil() int64 {
+	sum := new(big.Rat).SetFrac64(g.whole*100+g.percent, 100)
+	for _, f := range g.fracs {
+		sum.Add(sum, new(big.Rat).SetFrac64(f.num, f.den))
+	}
+	q, m := new(big.Int).QuoRem(sum.Num(), sum.Denom(), new(big.Int))
+	if m.Sign() > 0 {
+		q.Add(q, big.NewInt(1))
+	}
+	return q.Int64()
+}
+
 func (u *usage) add(o usage) {
-	u.gpus.Add(u.gpus, o.gpus)
+	u.gpus.add(o.gpus, 1)
 	u.memory += o.memory
 	u.compute += o.compute
 	u.leases += o.leases
 }
 
 func (u usage) proto(tenant string) *gpupoolv1.TenantUsage {
-	return &gpupoolv1.TenantUsage{Tenant: tenant, Gpus: int32(ceilRat(u.gpus)),
+	return &gpupoolv1.TenantUsage{Tenant: tenant, Gpus: int32(u.gpus.ceil()),
 		MemoryMib: u.memory, ComputePercent: u.compute, Leases: u.leases}
 }
 
 func leaseUsage(r *state.Reader, l *gpupoolv1.Lease) usage {
-	u := usage{gpus: new(big.Rat), leases: 1}
+	u := usage{leases: 1}
 	for _, s := range l.GetSlices() {
-		u.gpus.Add(u.gpus, gpuShare(r, s))
+		addGPUShare(r, s, &u.gpus)
 		u.memory += s.MemoryMib
 		u.compute += int64(s.ComputePercent)
 	}
@@ -74,44 +118,38 @@ func leaseUsage(r *state.Reader, l *gpupoolv1.Lease) usage {
 }
 
 func tenantUsage(r *state.Reader, tenant string) usage {
-	u := usage{gpus: new(big.Rat)}
+	var u usage
 	for _, l := range r.HoldingLeases(tenant) {
 		u.add(leaseUsage(r, l))
 	}
 	return u
 }
 
-// gpuShare is how much of a GPU a slice counts against a --gpus quota: 1
-// when it is exclusive or takes the whole device (100 % compute, or all
-// its memory), else the larger of its compute/100 and its memory over the
-// device's memory. Counting the larger share means a slice cannot hold
-// most of a GPU in one dimension while counting little in the other; a
-// tenant's shares are summed and rounded up, so eight 50 % slices count 4
-// GPUs. A slice whose device is not in the state (which a holding lease's
-// cannot be) counts 1, so an inconsistency never undercounts.
-func gpuShare(r *state.Reader, s *gpupoolv1.Slice) *big.Rat {
-	one := big.NewRat(1, 1)
+// addGPUShare adds to g how much of a GPU a slice counts against a --gpus
+// quota: 1 when it is exclusive or takes the whole device (100 % compute,
+// or all its memory), else the larger of its compute/100 and its memory
+// over the device's memory. Counting the larger share means a slice
+// cannot hold most of a GPU in one dimension while counting little in the
+// other; a tenant's shares are summed and rounded up, so eight 50 % slices
+// count 4 GPUs. A slice whose device is not in the state (which a holding
+// lease's cannot be) counts 1, so an inconsistency never undercounts.
+func addGPUShare(r *state.Reader, s *gpupoolv1.Slice, g *shares) {
 	if s.Exclusive || s.ComputePercent >= 100 {
-		return one
+		g.whole++
+		return
 	}
 	d := r.Device(s.Device)
 	if d == nil || d.MemoryMib <= 0 || s.MemoryMib >= d.MemoryMib {
-		return one
+		g.whole++
+		return
 	}
-	share := big.NewRat(max(int64(s.ComputePercent), 0), 100)
-	if m := big.NewRat(max(s.MemoryMib, 0), d.MemoryMib); m.Cmp(share) > 0 {
-		share = m
+	compute, mem := max(int64(s.ComputePercent), 0), max(s.MemoryMib, 0)
+	// mem/d.MemoryMib > compute/100, compared without division.
+	if mem*100 > compute*d.MemoryMib {
+		g.addFrac(mem, d.MemoryMib)
+		return
 	}
-	return share
-}
-
-// ceilRat rounds a non-negative x up to a whole number.
-func ceilRat(x *big.Rat) int64 {
-	q, m := new(big.Int).QuoRem(x.Num(), x.Denom(), new(big.Int))
-	if m.Sign() > 0 {
-		q.Add(q, big.NewInt(1))
-	}
-	return q.Int64()
+	g.percent += compute
 }
 
 // CheckQuota returns a *QuotaError when granting l would take its tenant
@@ -144,19 +182,20 @@ func CheckQuotaAfter(r *state.Reader, l *gpupoolv1.Lease, gone, added []*gpupool
 	for _, g := range gone {
 		if g.Tenant == l.Tenant && state.Holding(g.State) {
 			u := leaseUsage(r, g)
-			used.gpus.Sub(used.gpus, u.gpus)
+			used.gpus.add(u.gpus, -1)
 			used.memory -= u.memory
 			used.compute -= u.compute
 			used.leases -= u.leases
 		}
 	}
-	after := usage{gpus: new(big.Rat)}
+	var after usage
+	after.gpus.fracs = make([]frac, 0, len(used.gpus.fracs)+len(need.gpus.fracs))
 	after.add(used)
 	after.add(need)
 	ds := dimensions(q, used.proto(l.Tenant), need.proto(l.Tenant))
 	// GPUs are rounded up on the tenant's total, not summed rounded: the
 	// lease fits when the total after it, rounded up, is within the quota.
-	ds[0].after = ceilRat(after.gpus)
+	ds[0].after = after.gpus.ceil()
 	for _, d := range ds {
 		if d.quota > 0 && d.need > 0 && d.after > d.quota {
 			return &QuotaError{Tenant: l.Tenant, Dimension: d.name, Used: d.used, Quota: d.quota, Need: d.need}

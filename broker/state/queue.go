@@ -1,6 +1,7 @@
 package state
 
 import (
+	"fmt"
 	"slices"
 
 	"github.com/hashicorp/go-memdb"
@@ -9,8 +10,9 @@ import (
 )
 
 // Indexes for the pending queue, elastic leases and preemption. Each is
-// conditional or sparse, so a pool without queued, elastic or preempted
-// leases pays nothing to read them.
+// sparse: it holds only the leases it finds (memdb's ConditionalIndex
+// would hold every lease, under false), so a pool without queued, elastic
+// or preempted leases pays nothing for them, in memory or on writes.
 const (
 	indexPending   = "pending"
 	indexElastic   = "elastic_granted"
@@ -21,20 +23,40 @@ const (
 
 func queueIndexes() map[string]*memdb.IndexSchema {
 	return map[string]*memdb.IndexSchema{
-		indexPending: {Name: indexPending, Indexer: &memdb.ConditionalIndex{Conditional: func(obj any) (bool, error) {
-			return obj.(*gpupoolv1.Lease).State == gpupoolv1.LeaseState_LEASE_STATE_PENDING, nil
-		}}},
-		indexElastic: {Name: indexElastic, Indexer: &memdb.ConditionalIndex{Conditional: func(obj any) (bool, error) {
-			l := obj.(*gpupoolv1.Lease)
-			return l.State == gpupoolv1.LeaseState_LEASE_STATE_GRANTED && l.GetRequest().GetElasticMax() > 0, nil
-		}}},
-		indexVictims: {Name: indexVictims, Indexer: &memdb.ConditionalIndex{Conditional: func(obj any) (bool, error) {
-			l := obj.(*gpupoolv1.Lease)
-			return l.State == gpupoolv1.LeaseState_LEASE_STATE_GRANTED && l.Class == gpupoolv1.LeaseClass_LEASE_CLASS_PREEMPTIBLE && l.PreemptAtMs == 0, nil
-		}}},
+		indexPending: {Name: indexPending, AllowMissing: true, Indexer: leaseSubset(func(l *gpupoolv1.Lease) bool {
+			return l.State == gpupoolv1.LeaseState_LEASE_STATE_PENDING
+		})},
+		indexElastic: {Name: indexElastic, AllowMissing: true, Indexer: leaseSubset(func(l *gpupoolv1.Lease) bool {
+			return l.State == gpupoolv1.LeaseState_LEASE_STATE_GRANTED && l.GetRequest().GetElasticMax() > 0
+		})},
+		indexVictims: {Name: indexVictims, AllowMissing: true, Indexer: leaseSubset(func(l *gpupoolv1.Lease) bool {
+			return l.State == gpupoolv1.LeaseState_LEASE_STATE_GRANTED && l.Class == gpupoolv1.LeaseClass_LEASE_CLASS_PREEMPTIBLE && l.PreemptAtMs == 0
+		})},
 		indexParent:    {Name: indexParent, AllowMissing: true, Indexer: &memdb.StringFieldIndex{Field: "Parent"}},
 		indexPreempted: {Name: indexPreempted, AllowMissing: true, Indexer: &memdb.StringFieldIndex{Field: "PreemptedFor"}},
 	}
+}
+
+// leaseSubset indexes the leases for which in is true, and only those:
+// read it with the argument true.
+type leaseSubset func(l *gpupoolv1.Lease) bool
+
+func (in leaseSubset) FromObject(obj any) (bool, []byte, error) {
+	l, ok := obj.(*gpupoolv1.Lease)
+	if !ok {
+		return false, nil, fmt.Errorf("state: lease subset index: got %T", obj)
+	}
+	if !in(l) {
+		return false, nil, nil
+	}
+	return true, []byte{1}, nil
+}
+
+func (leaseSubset) FromArgs(args ...any) ([]byte, error) {
+	if len(args) != 1 || args[0] != true {
+		return nil, fmt.Errorf("state: a lease subset index is read with the one argument true, got %v", args)
+	}
+	return []byte{1}, nil
 }
 
 // PendingLeases returns the queue in order: higher priority first, then

@@ -71,6 +71,7 @@ func schema() *memdb.DBSchema {
 			indexID:     {Name: indexID, Unique: true, Indexer: &memdb.StringFieldIndex{Field: "Id"}},
 			indexHost:   {Name: indexHost, AllowMissing: true, Indexer: leaseHostsIndex{}},
 			indexTenant: {Name: indexTenant, AllowMissing: true, Indexer: holdingTenantIndex{}},
+			indexEnded:  {Name: indexEnded, Unique: true, AllowMissing: true, Indexer: endedIndex{}},
 			indexRequest: {Name: indexRequest, Unique: true, AllowMissing: true, Indexer: &memdb.CompoundIndex{
 				Indexes: []memdb.Indexer{
 					&memdb.StringFieldIndex{Field: "Tenant"},

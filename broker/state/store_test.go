@@ -119,3 +119,65 @@ func TestPoolViewFollowsEveryWrite(t *testing.T) {
 
 // anyVersion accepts a snapshot of any version.
 func anyVersion(uint32) error { return nil }
+
+func TestSparseLeaseIndexesAfterWritesDeletesAndARestore(t *testing.T) {
+	s := New()
+	w := s.Write()
+	put := func(id string, st gpupoolv1.LeaseState, class gpupoolv1.LeaseClass, elastic int32, endedAt int64) *gpupoolv1.Lease {
+		l := &gpupoolv1.Lease{Id: id, Tenant: "t", State: st, Class: class, StateChangedAtMs: endedAt,
+			Request: &gpupoolv1.LeaseRequest{ElasticMax: elastic}}
+		w.PutLease(l)
+		return l
+	}
+	put("p-1", gpupoolv1.LeaseState_LEASE_STATE_PENDING, gpupoolv1.LeaseClass_LEASE_CLASS_GUARANTEED, 0, 1)
+	put("g-1", gpupoolv1.LeaseState_LEASE_STATE_GRANTED, gpupoolv1.LeaseClass_LEASE_CLASS_PREEMPTIBLE, 0, 1)
+	put("e-1", gpupoolv1.LeaseState_LEASE_STATE_GRANTED, gpupoolv1.LeaseClass_LEASE_CLASS_GUARANTEED, 3, 1)
+	put("x-2", gpupoolv1.LeaseState_LEASE_STATE_EXPIRED, gpupoolv1.LeaseClass_LEASE_CLASS_GUARANTEED, 0, 20)
+	gone := put("x-1", gpupoolv1.LeaseState_LEASE_STATE_RELEASED, gpupoolv1.LeaseClass_LEASE_CLASS_GUARANTEED, 0, 10)
+	put("x-0", gpupoolv1.LeaseState_LEASE_STATE_REVOKED, gpupoolv1.LeaseClass_LEASE_CLASS_PREEMPTIBLE, 0, 10)
+	w.Commit(1)
+	w = s.Write()
+	w.DeleteLease(gone)
+	w.Commit(2)
+
+	b, err := s.Read().Encode(1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	restored := New()
+	if err := restored.Restore(b, anyVersion); err != nil {
+		t.Fatal(err)
+	}
+	ids := func(ls []*gpupoolv1.Lease) string {
+		var out string
+		for _, l := range ls {
+			out += l.Id + " "
+		}
+		return out
+	}
+	ended := func(r *Reader) []*gpupoolv1.Lease {
+		var ls []*gpupoolv1.Lease
+		r.EndedLeases(func(l *gpupoolv1.Lease) bool { ls = append(ls, l); return true })
+		return ls
+	}
+	for name, st := range map[string]*Store{"written": s, "restored": restored} {
+		r := st.Read()
+		tests := []struct {
+			name      string
+			got, want string
+		}{
+			{"the queue holds the pending lease only", ids(r.PendingLeases()), "p-1 "},
+			{"the elastic index holds the granted elastic lease only", ids(r.ElasticLeases()), "e-1 "},
+			{"the preemptible index holds the granted preemptible lease only", ids(r.Preemptible()), "g-1 "},
+			{"ended leases come oldest first, without the deleted one", ids(ended(r)), "x-0 x-2 "},
+			{"a deleted lease is gone from the table", ids(r.Leases()), "e-1 g-1 p-1 x-0 x-2 "},
+		}
+		for _, tt := range tests {
+			t.Run(name+": "+tt.name, func(t *testing.T) {
+				if tt.got != tt.want {
+					t.Fatalf("got %q, want %q", tt.got, tt.want)
+				}
+			})
+		}
+	}
+}

@@ -33,6 +33,7 @@ var benchmarks = []benchmark{
 	{"lease", "acquire+release of a fractional slice on 3 gpupool brokers against an allocator on a 3-member etcd cluster, 1-256 clients", leasebench.Run},
 	{"failover", "kill -9 the leader under steady acquire load, 10 times: time to the next acquire, acknowledged leases lost", failoverbench.Run},
 	{"scale", "one broker with 10k hosts, 80k GPUs and 100k leases: memory, snapshot size and time, restart-to-ready", scalebench.Run},
+	{"churn", "one broker's memory at 0, 10k and 100k leases and under acquire/release churn (up to 1M cycles): is the state bounded?", scalebench.RunChurn},
 	{"dataplane", "the QUIC data plane against TCP+TLS on loopback: bulk throughput and exec latency", dataplanebench.Run},
 	{"console", "the web console's pool page on 10k hosts: server render, browser to first full render (goal 2 s), live update", consolebench.Run},
 }

@@ -74,6 +74,12 @@ is for tests and benchmarks on a closed machine only. See docs/security.md.`,
 			if cfg.DataDir == "" {
 				return usagef("--data-dir is required: the directory that keeps this server's Raft log and snapshots")
 			}
+			if r := cfg.EndedLeaseRetention; r < broker.MinEndedLeaseRetention || r > broker.MaxEndedLeaseRetention {
+				return usagef("--ended-lease-retention %s: must be between %s and %s", r, broker.MinEndedLeaseRetention, broker.MaxEndedLeaseRetention)
+			}
+			if n := cfg.EndedLeasesMax; n < 1 || n > broker.MaxEndedLeasesMax {
+				return usagef("--ended-leases-max %d: must be between 1 and %d", n, broker.MaxEndedLeasesMax)
+			}
 			if cfg.BootstrapExpect == 0 && len(cfg.Join) == 0 {
 				return usagef("give --bootstrap-expect N to form a new cluster of N servers, or --join ADDR,... to join a running one")
 			}
@@ -140,6 +146,10 @@ is for tests and benchmarks on a closed machine only. See docs/security.md.`,
 	f.DurationVar(&cfg.HeartbeatInterval, "heartbeat-interval", broker.DefaultHeartbeatInterval, "how often agents heartbeat")
 	f.DurationVar(&cfg.HeartbeatTTL, "heartbeat-ttl", broker.DefaultHeartbeatTTL, "a host without heartbeats for this long goes down")
 	f.DurationVar(&cfg.LockDelay, "lock-delay", broker.DefaultLockDelay, "how long a down host's leases keep their capacity before it is freed")
+	f.DurationVar(&cfg.EndedLeaseRetention, "ended-lease-retention", broker.DefaultEndedLeaseRetention,
+		fmt.Sprintf("how long an ended (released, expired, revoked) lease stays readable, and a retry of its request id returns it, before the leader removes it from the state (%s to %s; audit entries are kept)", broker.MinEndedLeaseRetention, broker.MaxEndedLeaseRetention))
+	f.IntVar(&cfg.EndedLeasesMax, "ended-leases-max", broker.DefaultEndedLeasesMax,
+		fmt.Sprintf("how many ended leases the state keeps at most; the oldest beyond it are removed before --ended-lease-retention passes (1 to %d)", broker.MaxEndedLeasesMax))
 	f.DurationVar(&cfg.PreemptGrace, "preempt-grace", broker.DefaultPreemptGrace, "how long a preempted lease (or an elastic lease's extra taken back) keeps running after its notice")
 	f.StringVar(&logLevel, "log-level", "info", "log level: debug, info, warn or error")
 	f.BoolVar(&raftLog, "raft-log", false, "also print raft's own warnings")

@@ -1777,6 +1777,64 @@ func (x *StateSnapshot) GetVersion() uint32 {
 	return 0
 }
 
+// CollectEndedLeasesCommand removes ended leases (released, expired or
+// revoked) from the state, so that churn does not grow it. Only the
+// leader proposes it, naming the leases by id; Apply removes each one
+// that has ended at or before ended_at_or_before_ms and has no extra
+// slice lease still holding capacity, and skips the others. Audit entries
+// are kept.
+type CollectEndedLeasesCommand struct {
+	state             protoimpl.MessageState `protogen:"open.v1"`
+	LeaseIds          []string               `protobuf:"bytes,1,rep,name=lease_ids,json=leaseIds,proto3" json:"lease_ids,omitempty"`
+	EndedAtOrBeforeMs int64                  `protobuf:"varint,2,opt,name=ended_at_or_before_ms,json=endedAtOrBeforeMs,proto3" json:"ended_at_or_before_ms,omitempty"`
+	unknownFields     protoimpl.UnknownFields
+	sizeCache         protoimpl.SizeCache
+}
+
+func (x *CollectEndedLeasesCommand) Reset() {
+	*x = CollectEndedLeasesCommand{}
+	mi := &file_gpupool_v1_internal_proto_msgTypes[24]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CollectEndedLeasesCommand) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CollectEndedLeasesCommand) ProtoMessage() {}
+
+func (x *CollectEndedLeasesCommand) ProtoReflect() protoreflect.Message {
+	mi := &file_gpupool_v1_internal_proto_msgTypes[24]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CollectEndedLeasesCommand.ProtoReflect.Descriptor instead.
+func (*CollectEndedLeasesCommand) Descriptor() ([]byte, []int) {
+	return file_gpupool_v1_internal_proto_rawDescGZIP(), []int{24}
+}
+
+func (x *CollectEndedLeasesCommand) GetLeaseIds() []string {
+	if x != nil {
+		return x.LeaseIds
+	}
+	return nil
+}
+
+func (x *CollectEndedLeasesCommand) GetEndedAtOrBeforeMs() int64 {
+	if x != nil {
+		return x.EndedAtOrBeforeMs
+	}
+	return 0
+}
+
 var File_gpupool_v1_internal_proto protoreflect.FileDescriptor
 
 const file_gpupool_v1_internal_proto_rawDesc = "" +
@@ -1924,7 +1982,10 @@ const file_gpupool_v1_internal_proto_rawDesc = "" +
 	"\x13acl_bootstrap_index\x18\t \x01(\x04R\x11aclBootstrapIndex\x12,\n" +
 	"\x05audit\x18\n" +
 	" \x03(\v2\x16.gpupool.v1.AuditEntryR\x05audit\x12\x18\n" +
-	"\aversion\x18\v \x01(\rR\aversion2\x98\x01\n" +
+	"\aversion\x18\v \x01(\rR\aversion\"j\n" +
+	"\x19CollectEndedLeasesCommand\x12\x1b\n" +
+	"\tlease_ids\x18\x01 \x03(\tR\bleaseIds\x120\n" +
+	"\x15ended_at_or_before_ms\x18\x02 \x01(\x03R\x11endedAtOrBeforeMs2\x98\x01\n" +
 	"\x0eClusterService\x12K\n" +
 	"\n" +
 	"ServerInfo\x12\x1d.gpupool.v1.ServerInfoRequest\x1a\x1e.gpupool.v1.ServerInfoResponse\x129\n" +
@@ -1942,7 +2003,7 @@ func file_gpupool_v1_internal_proto_rawDescGZIP() []byte {
 	return file_gpupool_v1_internal_proto_rawDescData
 }
 
-var file_gpupool_v1_internal_proto_msgTypes = make([]protoimpl.MessageInfo, 24)
+var file_gpupool_v1_internal_proto_msgTypes = make([]protoimpl.MessageInfo, 25)
 var file_gpupool_v1_internal_proto_goTypes = []any{
 	(*ServerInfoRequest)(nil),         // 0: gpupool.v1.ServerInfoRequest
 	(*ServerInfoResponse)(nil),        // 1: gpupool.v1.ServerInfoResponse
@@ -1968,45 +2029,46 @@ var file_gpupool_v1_internal_proto_goTypes = []any{
 	(*PreemptLeasesCommand)(nil),      // 21: gpupool.v1.PreemptLeasesCommand
 	(*ResetHostIdentityCommand)(nil),  // 22: gpupool.v1.ResetHostIdentityCommand
 	(*StateSnapshot)(nil),             // 23: gpupool.v1.StateSnapshot
-	(*Host)(nil),                      // 24: gpupool.v1.Host
-	(*Device)(nil),                    // 25: gpupool.v1.Device
-	(HostStatus)(0),                   // 26: gpupool.v1.HostStatus
-	(*Lease)(nil),                     // 27: gpupool.v1.Lease
-	(LeaseState)(0),                   // 28: gpupool.v1.LeaseState
-	(*Actor)(nil),                     // 29: gpupool.v1.Actor
-	(*DeviceReport)(nil),              // 30: gpupool.v1.DeviceReport
-	(*AgentEvent)(nil),                // 31: gpupool.v1.AgentEvent
-	(*Quota)(nil),                     // 32: gpupool.v1.Quota
-	(*AclToken)(nil),                  // 33: gpupool.v1.AclToken
-	(*AuditEntry)(nil),                // 34: gpupool.v1.AuditEntry
+	(*CollectEndedLeasesCommand)(nil), // 24: gpupool.v1.CollectEndedLeasesCommand
+	(*Host)(nil),                      // 25: gpupool.v1.Host
+	(*Device)(nil),                    // 26: gpupool.v1.Device
+	(HostStatus)(0),                   // 27: gpupool.v1.HostStatus
+	(*Lease)(nil),                     // 28: gpupool.v1.Lease
+	(LeaseState)(0),                   // 29: gpupool.v1.LeaseState
+	(*Actor)(nil),                     // 30: gpupool.v1.Actor
+	(*DeviceReport)(nil),              // 31: gpupool.v1.DeviceReport
+	(*AgentEvent)(nil),                // 32: gpupool.v1.AgentEvent
+	(*Quota)(nil),                     // 33: gpupool.v1.Quota
+	(*AclToken)(nil),                  // 34: gpupool.v1.AclToken
+	(*AuditEntry)(nil),                // 35: gpupool.v1.AuditEntry
 }
 var file_gpupool_v1_internal_proto_depIdxs = []int32{
 	2,  // 0: gpupool.v1.ServerInfoResponse.peers:type_name -> gpupool.v1.ClusterPeer
-	24, // 1: gpupool.v1.RegisterHostCommand.host:type_name -> gpupool.v1.Host
-	25, // 2: gpupool.v1.RegisterHostCommand.devices:type_name -> gpupool.v1.Device
-	26, // 3: gpupool.v1.SetHostStatusCommand.status:type_name -> gpupool.v1.HostStatus
-	27, // 4: gpupool.v1.GrantLeaseCommand.lease:type_name -> gpupool.v1.Lease
-	28, // 5: gpupool.v1.EndLeaseCommand.end_state:type_name -> gpupool.v1.LeaseState
-	29, // 6: gpupool.v1.EndLeaseCommand.actor:type_name -> gpupool.v1.Actor
-	30, // 7: gpupool.v1.SetDeviceHealthCommand.devices:type_name -> gpupool.v1.DeviceReport
-	31, // 8: gpupool.v1.RecordAgentEventsCommand.events:type_name -> gpupool.v1.AgentEvent
+	25, // 1: gpupool.v1.RegisterHostCommand.host:type_name -> gpupool.v1.Host
+	26, // 2: gpupool.v1.RegisterHostCommand.devices:type_name -> gpupool.v1.Device
+	27, // 3: gpupool.v1.SetHostStatusCommand.status:type_name -> gpupool.v1.HostStatus
+	28, // 4: gpupool.v1.GrantLeaseCommand.lease:type_name -> gpupool.v1.Lease
+	29, // 5: gpupool.v1.EndLeaseCommand.end_state:type_name -> gpupool.v1.LeaseState
+	30, // 6: gpupool.v1.EndLeaseCommand.actor:type_name -> gpupool.v1.Actor
+	31, // 7: gpupool.v1.SetDeviceHealthCommand.devices:type_name -> gpupool.v1.DeviceReport
+	32, // 8: gpupool.v1.RecordAgentEventsCommand.events:type_name -> gpupool.v1.AgentEvent
 	13, // 9: gpupool.v1.SetSigningKeysCommand.keys:type_name -> gpupool.v1.SigningKey
-	29, // 10: gpupool.v1.DrainHostCommand.actor:type_name -> gpupool.v1.Actor
-	29, // 11: gpupool.v1.SetHostEligibilityCommand.actor:type_name -> gpupool.v1.Actor
-	32, // 12: gpupool.v1.SetQuotaCommand.quota:type_name -> gpupool.v1.Quota
-	29, // 13: gpupool.v1.SetQuotaCommand.actor:type_name -> gpupool.v1.Actor
-	33, // 14: gpupool.v1.CreateAclTokenCommand.token:type_name -> gpupool.v1.AclToken
-	29, // 15: gpupool.v1.RevokeAclTokenCommand.actor:type_name -> gpupool.v1.Actor
-	27, // 16: gpupool.v1.EnqueueLeaseCommand.lease:type_name -> gpupool.v1.Lease
-	29, // 17: gpupool.v1.ResetHostIdentityCommand.actor:type_name -> gpupool.v1.Actor
+	30, // 10: gpupool.v1.DrainHostCommand.actor:type_name -> gpupool.v1.Actor
+	30, // 11: gpupool.v1.SetHostEligibilityCommand.actor:type_name -> gpupool.v1.Actor
+	33, // 12: gpupool.v1.SetQuotaCommand.quota:type_name -> gpupool.v1.Quota
+	30, // 13: gpupool.v1.SetQuotaCommand.actor:type_name -> gpupool.v1.Actor
+	34, // 14: gpupool.v1.CreateAclTokenCommand.token:type_name -> gpupool.v1.AclToken
+	30, // 15: gpupool.v1.RevokeAclTokenCommand.actor:type_name -> gpupool.v1.Actor
+	28, // 16: gpupool.v1.EnqueueLeaseCommand.lease:type_name -> gpupool.v1.Lease
+	30, // 17: gpupool.v1.ResetHostIdentityCommand.actor:type_name -> gpupool.v1.Actor
 	5,  // 18: gpupool.v1.StateSnapshot.servers:type_name -> gpupool.v1.UpsertServerCommand
-	24, // 19: gpupool.v1.StateSnapshot.hosts:type_name -> gpupool.v1.Host
-	25, // 20: gpupool.v1.StateSnapshot.devices:type_name -> gpupool.v1.Device
-	27, // 21: gpupool.v1.StateSnapshot.leases:type_name -> gpupool.v1.Lease
+	25, // 19: gpupool.v1.StateSnapshot.hosts:type_name -> gpupool.v1.Host
+	26, // 20: gpupool.v1.StateSnapshot.devices:type_name -> gpupool.v1.Device
+	28, // 21: gpupool.v1.StateSnapshot.leases:type_name -> gpupool.v1.Lease
 	13, // 22: gpupool.v1.StateSnapshot.signing_keys:type_name -> gpupool.v1.SigningKey
-	32, // 23: gpupool.v1.StateSnapshot.quotas:type_name -> gpupool.v1.Quota
-	33, // 24: gpupool.v1.StateSnapshot.acl_tokens:type_name -> gpupool.v1.AclToken
-	34, // 25: gpupool.v1.StateSnapshot.audit:type_name -> gpupool.v1.AuditEntry
+	33, // 23: gpupool.v1.StateSnapshot.quotas:type_name -> gpupool.v1.Quota
+	34, // 24: gpupool.v1.StateSnapshot.acl_tokens:type_name -> gpupool.v1.AclToken
+	35, // 25: gpupool.v1.StateSnapshot.audit:type_name -> gpupool.v1.AuditEntry
 	0,  // 26: gpupool.v1.ClusterService.ServerInfo:input_type -> gpupool.v1.ServerInfoRequest
 	3,  // 27: gpupool.v1.ClusterService.Join:input_type -> gpupool.v1.JoinRequest
 	1,  // 28: gpupool.v1.ClusterService.ServerInfo:output_type -> gpupool.v1.ServerInfoResponse
@@ -2031,7 +2093,7 @@ func file_gpupool_v1_internal_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_gpupool_v1_internal_proto_rawDesc), len(file_gpupool_v1_internal_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   24,
+			NumMessages:   25,
 			NumExtensions: 0,
 			NumServices:   1,
 		},
