@@ -92,10 +92,12 @@ type systemInfo struct {
 
 // level is both systems' figures at one number of clients.
 type level struct {
-	Clients int     `json:"clients"`
-	Gpupool figures `json:"gpupool"`
-	Etcd    figures `json:"etcd"`
-	Ratio   ratio   `json:"ratio_gpupool_over_etcd"`
+	Clients int `json:"clients"`
+	// Fsync is the data dirs' disk, measured just before the level.
+	Fsync   fsyncFigures `json:"fsync"`
+	Gpupool figures      `json:"gpupool"`
+	Etcd    figures      `json:"etcd"`
+	Ratio   ratio        `json:"ratio_gpupool_over_etcd"`
 }
 
 // side is one system's figures at a level.
@@ -118,12 +120,7 @@ type ratio struct {
 }
 
 func ratios(g, e figures) ratio {
-	div := func(a, b float64) float64 {
-		if b == 0 {
-			return 0
-		}
-		return a / b
-	}
+	div := over
 	return ratio{
 		CyclesPerSec: div(g.CyclesPerSec, e.CyclesPerSec),
 		AcquireP50:   div(g.Acquire.P50, e.Acquire.P50),
@@ -144,6 +141,10 @@ var systemsInfo = []systemInfo{
 		"(one Raft entry; a failed compare reads again); release = read the device, a transaction deleting the allocation and the record " +
 		"(one Raft entry, retried likewise), then Revoke (one Raft entry); the capacity is free when release returns"},
 }
+
+// fsyncProbe is how long the disk's fsync limit is measured before each
+// level.
+const fsyncProbe = time.Second
 
 // benchmark starts both clusters, runs every level on each, and stops
 // them.
@@ -178,6 +179,11 @@ func benchmark(ctx context.Context, opts options, p *progress) (_ *results, err 
 		os.RemoveAll(dir)
 	}()
 	res.Config.DataDirFS = filesystem(dir)
+	if opts.profile != "" {
+		if err := os.MkdirAll(opts.profile, 0o755); err != nil {
+			return nil, err
+		}
+	}
 	if res.Config.DataDirFS == "tmpfs" {
 		p.Logf("warning: %s is on tmpfs, where fsync costs nothing; pass --tmpdir on a disk", dir)
 	}
@@ -203,6 +209,9 @@ func benchmark(ctx context.Context, opts options, p *progress) (_ *results, err 
 	etcdSys := &etcdSystem{alloc: alloc, slice: sl}
 	for _, n := range opts.clients {
 		lv := level{Clients: n}
+		if lv.Fsync, err = measureFsync(dir, fsyncProbe); err != nil {
+			return nil, err
+		}
 		// A fresh gpupool cluster per level: hosts that went down in one
 		// level (see figures.IdleError) do not shrink the next one's pool.
 		gdir := filepath.Join(dir, fmt.Sprintf("gpupool-%d", n))
@@ -210,11 +219,21 @@ func benchmark(ctx context.Context, opts options, p *progress) (_ *results, err 
 			return nil, err
 		}
 		p.Logf("starting 3 gpupool brokers and %d simulated agents", hosts)
-		gc, err := startGpupool(ctx, gdir, opts.gpupool, hosts)
+		gc, err := startGpupool(ctx, gdir, opts.gpupool, hosts, opts.profile != "")
 		if err != nil {
 			return nil, fmt.Errorf("gpupool did not come up: %w", err)
 		}
+		var profiled func() error
+		if opts.profile != "" {
+			pr := &profiler{dir: opts.profile, addrs: gc.pprof}
+			profiled = pr.start(ctx, time.Now().Add(opts.warmup), opts.duration, n)
+		}
 		lv.Gpupool, err = measure(ctx, p, opts, "gpupool", n, &gpupoolSystem{cl: gc, slice: sl, ttl: leaseTTL, hosts: hosts}, gc.children)
+		if profiled != nil {
+			if perr := profiled(); perr != nil && err == nil {
+				err = perr
+			}
+		}
 		gc.stop()
 		if err != nil {
 			return nil, err

@@ -60,6 +60,7 @@ type options struct {
 	gpupool  string        // the gpupool binary; "" builds one
 	etcd     string        // the etcd binary
 	tmp      string        // parent of the run's data dirs; "" means os.TempDir()
+	profile  string        // directory of the brokers' profiles; "" takes none
 }
 
 // Run runs the benchmark for the command-line arguments args and returns
@@ -101,6 +102,7 @@ func parseFlags(args []string, help io.Writer) (options, error) {
 	out := fs.String("out", "bench/results", "`dir`ectory to write lease.json, lease.md and lease.png to; created if missing")
 	gpupool := fs.String("gpupool", "", "the gpupool `binary` (default: build ./cmd/gpupool into the run's temp dir)")
 	etcd := fs.String("etcd", "/usr/bin/etcd", "the etcd `binary`, 3.4 or newer (bench/lease/install-etcd.sh installs Debian's)")
+	profile := fs.String("profile", "", "`dir`ectory to write the brokers' CPU, mutex and block profiles to, taken over each level's timed window (gpupool-CLIENTS-BROKER.KIND.pprof; read with 'go tool pprof'); empty takes none")
 	tmp := fs.String("tmpdir", "", "`dir`ectory for both clusters' data dirs, on a disk that honours fsync, not tmpfs (default $TMPDIR or /tmp)")
 
 	if err := fs.Parse(args); err != nil {
@@ -126,7 +128,7 @@ func parseFlags(args []string, help io.Writer) (options, error) {
 	case *etcd == "":
 		return options{}, errors.New("--etcd: must name the etcd binary, e.g. /usr/bin/etcd")
 	}
-	return options{clients: levels, duration: *duration, warmup: *warmup, out: *out, gpupool: *gpupool, etcd: *etcd, tmp: *tmp}, nil
+	return options{clients: levels, duration: *duration, warmup: *warmup, out: *out, gpupool: *gpupool, etcd: *etcd, tmp: *tmp, profile: *profile}, nil
 }
 
 // parseLevels parses --clients: distinct whole numbers between 1 and
