@@ -17,7 +17,6 @@ import (
 	"sync"
 	"time"
 
-	"github.com/hashicorp/go-hclog"
 	"github.com/hashicorp/raft"
 	raftboltdb "github.com/hashicorp/raft-boltdb/v2"
 	"go.etcd.io/bbolt"
@@ -188,6 +187,10 @@ type Server struct {
 	grpc      *grpc.Server
 	listener  net.Listener
 	notifyCh  chan bool
+	// leaders wakes the calls waiting for a leader to be elected.
+	leaders *leaderWatch
+	// gate takes Acquire calls into placement a few per caller at a time.
+	gate *callerGate
 
 	// placeMu serialises placement and grant on the leader, so that two
 	// acquires never pick the same free capacity.
@@ -249,6 +252,8 @@ func New(cfg Config) (*Server, error) {
 		peers:      map[string]*gpupoolv1.ServerInfoResponse{},
 		shutdownCh: make(chan struct{}),
 		notifyCh:   make(chan bool, 16),
+		leaders:    newLeaderWatch(),
+		gate:       newCallerGate(),
 		placer:     newPlacer(cfg.Policy),
 		grants:     newInflight(),
 		history:    newUsageHistory(),
@@ -274,6 +279,7 @@ func New(cfg Config) (*Server, error) {
 	s.registerServices()
 	s.goFunc(func() { _ = s.grpc.Serve(lis) })
 	s.goFunc(s.monitorLeadership)
+	s.goFunc(func() { watchLeader(s.raft, s.leaders, s.shutdownCh) })
 	s.goFunc(s.formCluster)
 	s.goFunc(s.keepOwnAddressCurrent)
 	s.goFunc(s.metrics.countLeaseEvents)
@@ -378,10 +384,7 @@ func (s *Server) openRaft() error {
 	}
 	s.transport = trans
 
-	conf := raft.DefaultConfig()
-	conf.LocalID = raft.ServerID(s.cfg.NodeID)
-	conf.NotifyCh = s.notifyCh
-	conf.Logger = hclog.New(&hclog.LoggerOptions{Name: "raft", Level: hclog.Warn, Output: s.cfg.RaftLogOutput})
+	conf := raftConfig(s.cfg.NodeID, s.notifyCh, s.cfg.RaftLogOutput)
 	r, err := raft.NewRaft(conf, s.fsm, store, store, snaps, trans)
 	if err != nil {
 		return fmt.Errorf("broker: %w %s: start raft: %v", ErrDataDir, dir, err)

@@ -12,6 +12,7 @@ import (
 
 	"github.com/gpupool/gpupool/bench/internal/benchproc"
 	"github.com/gpupool/gpupool/bench/plot"
+	"github.com/gpupool/gpupool/broker"
 )
 
 // results is what a run measured; it is written as JSON as is.
@@ -46,8 +47,8 @@ type config struct {
 	RestartAgents bool `json:"restart_agents"`
 }
 
-// raftSettings are the hashicorp/raft timings the brokers run with:
-// broker/server.go uses raft.DefaultConfig() (raft v1.7.3) unchanged.
+// raftSettings are the hashicorp/raft timings the brokers run with
+// (broker/raftconfig.go).
 type raftSettings struct {
 	Source             string `json:"source"`
 	HeartbeatTimeoutMs int    `json:"heartbeat_timeout_ms"`
@@ -57,8 +58,11 @@ type raftSettings struct {
 }
 
 var brokerRaft = raftSettings{
-	Source:             "raft.DefaultConfig() of hashicorp/raft v1.7.3, unchanged by broker/server.go",
-	HeartbeatTimeoutMs: 1000, ElectionTimeoutMs: 1000, LeaderLeaseMs: 500, CommitTimeoutMs: 50,
+	Source:             "broker/raftconfig.go (hashicorp/raft v1.7.3, pre-vote on)",
+	HeartbeatTimeoutMs: int(broker.RaftHeartbeatTimeout.Milliseconds()),
+	ElectionTimeoutMs:  int(broker.RaftElectionTimeout.Milliseconds()),
+	LeaderLeaseMs:      int(broker.RaftLeaderLeaseTimeout.Milliseconds()),
+	CommitTimeoutMs:    int(broker.RaftCommitTimeout.Milliseconds()),
 }
 
 type environment struct {
@@ -217,7 +221,7 @@ func writeMarkdown(w io.Writer, res *results) {
 		"A follower starts an election after a randomized 1–2× heartbeat timeout without contact.\n\n",
 		res.Raft.Source, res.Raft.HeartbeatTimeoutMs, res.Raft.ElectionTimeoutMs, res.Raft.LeaderLeaseMs, res.Raft.CommitTimeoutMs)
 	fmt.Fprintf(w, "\"kill → next acquire\" is from the SIGKILL to the return of the first Acquire *sent after* the kill that returned OK "+
-		"(the Go client retries Unavailable with backoff from 50 ms, doubling to 1 s, within a %s deadline per call). "+
+		"(a broker that knows no leader holds the call until one is elected and answers from it; the Go client retries Unavailable with backoff from 25 ms, doubling to 250 ms, within a %s deadline per call). "+
 		"\"Lost\" counts leases whose Acquire returned OK, not released by their client, that a consistent List on the new leader, "+
 		"or a local List on the restarted broker after it caught up, does not show as granted.\n", callTimeout)
 }
