@@ -50,6 +50,15 @@ func (e leaseService) Acquire(ctx context.Context, req *gpupoolv1.AcquireRequest
 		return gpupoolv1.NewLeaseServiceClient(conn).Acquire(fctx, req)
 	}
 	start := time.Now()
+	if req.WaitMs == 0 {
+		// A call with a wait may hold on for minutes: it waits its turn
+		// in the queue instead.
+		leave, err := e.s.gate.enter(ctx, gateKey(ctx))
+		if err != nil {
+			return nil, err
+		}
+		defer leave()
+	}
 	resp, err := e.s.acquire(ctx, r, time.Duration(req.WaitMs)*time.Millisecond)
 	err = toStatus(err)
 	e.s.metrics.observeAcquire(start, err)

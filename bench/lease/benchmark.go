@@ -53,6 +53,9 @@ type results struct {
 	Machine   machine      `json:"machine"`
 	Systems   []systemInfo `json:"systems"`
 	Levels    []level      `json:"levels"`
+	// Burst is what other clients saw during one client's burst; nil
+	// when skipped.
+	Burst *burstFigures `json:"burst,omitempty"`
 	// ElapsedSeconds is how long the whole run took, setup included.
 	ElapsedSeconds float64 `json:"elapsed_seconds"`
 	// LoadAvg is /proc/loadavg at the start and at the end of the run:
@@ -244,6 +247,11 @@ func benchmark(ctx context.Context, opts options, p *progress) (_ *results, err 
 		lv.Ratio = ratios(lv.Gpupool, lv.Etcd)
 		res.Levels = append(res.Levels, lv)
 	}
+	if opts.burst > 0 {
+		if res.Burst, err = runBurst(ctx, p, opts, dir, sl); err != nil {
+			return nil, err
+		}
+	}
 	p.Logf("stopping the clusters")
 	res.ElapsedSeconds = time.Since(began).Seconds()
 	res.LoadAvg = append(res.LoadAvg, loadAvg())
@@ -331,4 +339,36 @@ func thisMachine() machine {
 func loadAvg() string {
 	b, _ := os.ReadFile("/proc/loadavg")
 	return strings.TrimSpace(string(b))
+}
+
+// runBurst starts a fresh gpupool cluster and measures one client's burst
+// beside opts.others clients on it.
+func runBurst(ctx context.Context, p *progress, opts options, dir string, sl slice) (*burstFigures, error) {
+	gdir := filepath.Join(dir, "gpupool-burst")
+	if err := os.Mkdir(gdir, 0o755); err != nil {
+		return nil, err
+	}
+	p.Logf("starting 3 gpupool brokers and %d simulated agents for the burst", hosts)
+	gc, err := startGpupool(ctx, gdir, opts.gpupool, hosts, false)
+	if err != nil {
+		return nil, fmt.Errorf("gpupool did not come up: %w", err)
+	}
+	defer gc.stop()
+	sys := &gpupoolSystem{cl: gc, slice: sl, ttl: leaseTTL, hosts: hosts}
+	burster, closeBurster, err := sys.burstClient()
+	if err != nil {
+		return nil, err
+	}
+	defer closeBurster()
+	p.Logf("gpupool: %d clients for %s, then one more client sends %d acquires at once", opts.others, quietWindow, opts.burst)
+	f := measureBurst(ctx, sys, burster, opts.others, opts.burst)
+	if ctx.Err() != nil {
+		return nil, fmt.Errorf("%w: %v", errStopped, ctx.Err())
+	}
+	if err := diedError(gc.children); err != nil {
+		return nil, err
+	}
+	p.Logf("gpupool burst: the others' cycle p99 %.2f ms quiet, %.2f ms during the burst (%.1fs; %d granted, %d refused)",
+		f.Quiet.P99, f.During.P99, f.BurstSeconds, f.BurstOK, f.BurstErrors)
+	return &f, nil
 }

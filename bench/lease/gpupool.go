@@ -34,6 +34,7 @@ type gpupoolCluster struct {
 	children []*child
 	c        *client.Client
 	pprof    map[string]string // broker name -> --pprof-bind address; nil without profiles
+	addrs    []string          // the brokers' gRPC addresses
 }
 
 // startGpupool starts three brokers on 127.0.0.2-4 and hosts simulated
@@ -96,6 +97,7 @@ func startGpupool(ctx context.Context, dir, bin string, hosts int, pprof bool) (
 			return nil, err
 		}
 	}
+	cl.addrs = addrs
 	if cl.c, err = client.Dial(addrs); err != nil {
 		cl.stop()
 		return nil, err
