@@ -272,7 +272,8 @@ func New(cfg Config) (*Server, error) {
 	s.listener = lis
 	// Errors leave through toStatus, outermost; then TLS's role checks
 	// run, then the ACL's token checks.
-	opts := []grpc.ServerOption{grpc.ChainUnaryInterceptor(statusUnary), grpc.ChainStreamInterceptor(statusStream)}
+	opts := []grpc.ServerOption{grpc.ChainUnaryInterceptor(statusUnary), grpc.ChainStreamInterceptor(statusStream),
+		grpc.MaxConcurrentStreams(maxStreamsPerConn)}
 	opts = append(opts, s.grpcServerOptions()...)
 	s.grpc = grpc.NewServer(append(opts,
 		grpc.ChainUnaryInterceptor(s.nameLeader, s.unaryACL), grpc.ChainStreamInterceptor(s.streamACL))...)
