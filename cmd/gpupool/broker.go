@@ -75,6 +75,11 @@ is for tests and benchmarks on a closed machine only. See docs/security.md.`,
 			if cfg.DataDir == "" {
 				return usagef("--data-dir is required: the directory that keeps this server's Raft log and snapshots")
 			}
+			if pprofBind != "" {
+				if err := loopbackAddr(pprofBind); err != nil {
+					return err
+				}
+			}
 			if cfg.BootstrapExpect == 0 && len(cfg.Join) == 0 {
 				return usagef("give --bootstrap-expect N to form a new cluster of N servers, or --join ADDR,... to join a running one")
 			}

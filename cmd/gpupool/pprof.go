@@ -25,6 +25,9 @@ func servePprof(ctx context.Context, addr string, log *slog.Logger) error {
 	if addr == "" {
 		return nil
 	}
+	if err := loopbackAddr(addr); err != nil {
+		return err
+	}
 	lis, err := net.Listen("tcp", addr)
 	if err != nil {
 		return fmt.Errorf("--pprof-bind %s: %w", addr, err)
@@ -48,5 +51,18 @@ func servePprof(ctx context.Context, addr string, log *slog.Logger) error {
 		}
 	}()
 	log.Info("serving profiles", "url", "http://"+lis.Addr().String()+"/debug/pprof/")
+	return nil
+}
+
+// loopbackAddr refuses a --pprof-bind address that is not on loopback:
+// the profiles have no TLS and no ACL.
+func loopbackAddr(addr string) error {
+	host, _, err := net.SplitHostPort(addr)
+	if err != nil {
+		return usagef("--pprof-bind %q: %v; give HOST:PORT on loopback, e.g. 127.0.0.1:6060", addr, err)
+	}
+	if ip := net.ParseIP(host); host != "localhost" && (ip == nil || !ip.IsLoopback()) {
+		return usagef("--pprof-bind %q: must be a loopback address (127.0.0.0/8, ::1 or localhost), e.g. 127.0.0.1:6060: the profiles have no TLS and no ACL", addr)
+	}
 	return nil
 }
