@@ -70,6 +70,15 @@ type environment struct {
 	OS        string `json:"os"`
 	Arch      string `json:"arch"`
 	CPUs      int    `json:"cpus"`
+	// LoadAvg is /proc/loadavg at the start and at the end of the run:
+	// other work on the machine slows elections down.
+	LoadAvg []string `json:"loadavg"`
+}
+
+// loadAvg is /proc/loadavg, trimmed; "" where there is none.
+func loadAvg() string {
+	b, _ := os.ReadFile("/proc/loadavg")
+	return strings.TrimSpace(string(b))
 }
 
 type roundResult struct {
@@ -151,6 +160,7 @@ func curve(rl *roundLoad, round int) rateCurve {
 func (r *results) finish(start time.Time) {
 	r.Summary = summarize(r.Rounds)
 	r.ElapsedSeconds = time.Since(start).Seconds()
+	r.Env.LoadAvg = append(r.Env.LoadAvg, loadAvg())
 }
 
 // writeResults writes failover.json, failover.md (also to stdout) and
@@ -209,9 +219,9 @@ func writeMarkdown(w io.Writer, res *results) {
 	}
 	fmt.Fprintf(w, "\nSetup: %d broker processes (Raft log in bbolt, fsync on) and %d simulated agents (%s each) on loopback; "+
 		"%d clients acquiring %d MiB / %d %% slices (TTL %s, never renewed) with fresh request ids, each releasing a random lease of its own "+
-		"once it holds more than %d; %s of load before each kill and after the first acquire after it; seed %d; %s %s/%s, %d CPUs; the run took %s.\n\n",
+		"once it holds more than %d; %s of load before each kill and after the first acquire after it; seed %d; %s %s/%s, %d CPUs, load average %s (start / end); the run took %s.\n\n",
 		c.Brokers, c.Agents, c.AgentSpec, c.Clients, c.SliceMiB, c.SlicePercent, time.Duration(c.TTLMs)*time.Millisecond, c.Hold,
-		time.Duration(c.SettleMs)*time.Millisecond, c.Seed, res.Env.GoVersion, res.Env.OS, res.Env.Arch, res.Env.CPUs,
+		time.Duration(c.SettleMs)*time.Millisecond, c.Seed, res.Env.GoVersion, res.Env.OS, res.Env.Arch, res.Env.CPUs, strings.Join(res.Env.LoadAvg, " / "),
 		time.Duration(res.ElapsedSeconds*float64(time.Second)).Round(time.Second))
 	if c.RestartAgents {
 		fmt.Fprintf(w, "**--restart-agents:** both agents were restarted (on their data dirs) after every kill, once the load stopped and before the checks, "+
