@@ -7,11 +7,12 @@ import (
 	"google.golang.org/grpc/peer"
 )
 
-// acquiresPerCaller is how many Acquire calls of one caller the leader
-// places at once; the caller's further calls wait their turn, so that a
-// burst from one caller queues behind its own calls, not in front of
-// everyone else's. Placement is one at a time (placeMu) and the grants of
-// this many calls still share their commits.
+// acquiresPerCaller is how many Acquire calls of one caller may wait for
+// or hold placeMu at once; the caller's further calls wait their turn
+// behind its own, so that a burst from one caller queues behind its own
+// calls, not in front of everyone else's. A call gives its turn back with
+// placeMu, before its grant commits: how many grants a caller has
+// committing at once is not limited, so they still share commits.
 const acquiresPerCaller = 16
 
 // maxStreamsPerConn is how many calls one connection may have open on a

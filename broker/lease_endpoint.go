@@ -50,15 +50,6 @@ func (e leaseService) Acquire(ctx context.Context, req *gpupoolv1.AcquireRequest
 		return gpupoolv1.NewLeaseServiceClient(conn).Acquire(fctx, req)
 	}
 	start := time.Now()
-	if req.WaitMs == 0 {
-		// A call with a wait may hold on for minutes: it waits its turn
-		// in the queue instead.
-		leave, err := e.s.gate.enter(ctx, gateKey(ctx))
-		if err != nil {
-			return nil, err
-		}
-		defer leave()
-	}
 	resp, err := e.s.acquire(ctx, r, time.Duration(req.WaitMs)*time.Millisecond)
 	err = toStatus(err)
 	e.s.metrics.observeAcquire(start, err)
@@ -84,11 +75,22 @@ func (s *Server) acquire(ctx context.Context, r *gpupoolv1.LeaseRequest, wait ti
 			return nil, refusef(ErrUnavailable, "no token signing key yet: %v; retry", err)
 		}
 	}
+	// The caller's turn at placement (see callerGate): held with
+	// placeMu, given back with it, not across the commit.
+	leave, gerr := s.gate.enter(ctx, gateKey(ctx))
+	if gerr != nil {
+		return nil, gerr
+	}
 	s.placeMu.Lock()
 	locked := true
+	unlock := func() {
+		s.placeMu.Unlock()
+		locked = false
+		leave()
+	}
 	defer func() {
 		if locked {
-			s.placeMu.Unlock()
+			unlock()
 		}
 	}()
 	if s.fsm.State().Quota(r.Tenant) != nil {
@@ -104,8 +106,7 @@ func (s *Server) acquire(ctx context.Context, r *gpupoolv1.LeaseRequest, wait ti
 		}
 		switch {
 		case ex.State == gpupoolv1.LeaseState_LEASE_STATE_PENDING && wait > 0:
-			s.placeMu.Unlock()
-			locked = false
+			unlock()
 			return s.awaitGrant(ctx, ex.Id, wait)
 		case ex.State == gpupoolv1.LeaseState_LEASE_STATE_PENDING:
 			return nil, refusef(ErrExhausted, "request_id %q: waiting in the queue as lease %s (%s); acquire with a wait to rejoin it",
@@ -122,8 +123,7 @@ func (s *Server) acquire(ctx context.Context, r *gpupoolv1.LeaseRequest, wait ti
 		// A retry while the first attempt's grant still commits: wait for
 		// it to land, then answer from the state as for any retry.
 		landed := s.grants.ofRequest(r.Tenant, r.RequestId) // nil: landed already
-		s.placeMu.Unlock()
-		locked = false
+		unlock()
 		if landed != nil {
 			select {
 			case <-landed:
@@ -144,8 +144,7 @@ func (s *Server) acquire(ctx context.Context, r *gpupoolv1.LeaseRequest, wait ti
 			return nil, err
 		}
 		l, p := s.queue.proposeEnqueue(r, callerFrom(ctx).actor(), s.nowMs())
-		s.placeMu.Unlock()
-		locked = false
+		unlock()
 		pl, qerr := s.queue.landEnqueue(l, p)
 		if qerr != nil {
 			return nil, qerr
@@ -179,8 +178,7 @@ func (s *Server) acquire(ctx context.Context, r *gpupoolv1.LeaseRequest, wait ti
 	// state plus the grants in flight, and their fsyncs are batched.
 	g := s.applyAsync(&gpupoolv1.GrantLeaseCommand{Lease: l})
 	s.grants.add(l)
-	s.placeMu.Unlock()
-	locked = false
+	unlock()
 	res, err := g.Wait()
 	s.grants.done(l.Id)
 	if err != nil {
