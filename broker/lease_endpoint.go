@@ -75,22 +75,11 @@ func (s *Server) acquire(ctx context.Context, r *gpupoolv1.LeaseRequest, wait ti
 			return nil, refusef(ErrUnavailable, "no token signing key yet: %v; retry", err)
 		}
 	}
-	// The caller's turn at placement (see callerGate): held with
-	// placeMu, given back with it, not across the commit.
-	leave, gerr := s.gate.enter(ctx, gateKey(ctx))
-	if gerr != nil {
-		return nil, gerr
-	}
 	s.placeMu.Lock()
 	locked := true
-	unlock := func() {
-		s.placeMu.Unlock()
-		locked = false
-		leave()
-	}
 	defer func() {
 		if locked {
-			unlock()
+			s.placeMu.Unlock()
 		}
 	}()
 	if s.fsm.State().Quota(r.Tenant) != nil {
@@ -106,7 +95,8 @@ func (s *Server) acquire(ctx context.Context, r *gpupoolv1.LeaseRequest, wait ti
 		}
 		switch {
 		case ex.State == gpupoolv1.LeaseState_LEASE_STATE_PENDING && wait > 0:
-			unlock()
+			s.placeMu.Unlock()
+			locked = false
 			return s.awaitGrant(ctx, ex.Id, wait)
 		case ex.State == gpupoolv1.LeaseState_LEASE_STATE_PENDING:
 			return nil, refusef(ErrExhausted, "request_id %q: waiting in the queue as lease %s (%s); acquire with a wait to rejoin it",
@@ -123,7 +113,8 @@ func (s *Server) acquire(ctx context.Context, r *gpupoolv1.LeaseRequest, wait ti
 		// A retry while the first attempt's grant still commits: wait for
 		// it to land, then answer from the state as for any retry.
 		landed := s.grants.ofRequest(r.Tenant, r.RequestId) // nil: landed already
-		unlock()
+		s.placeMu.Unlock()
+		locked = false
 		if landed != nil {
 			select {
 			case <-landed:
@@ -144,7 +135,8 @@ func (s *Server) acquire(ctx context.Context, r *gpupoolv1.LeaseRequest, wait ti
 			return nil, err
 		}
 		l, p := s.queue.proposeEnqueue(r, callerFrom(ctx).actor(), s.nowMs())
-		unlock()
+		s.placeMu.Unlock()
+		locked = false
 		pl, qerr := s.queue.landEnqueue(l, p)
 		if qerr != nil {
 			return nil, qerr
@@ -178,7 +170,8 @@ func (s *Server) acquire(ctx context.Context, r *gpupoolv1.LeaseRequest, wait ti
 	// state plus the grants in flight, and their fsyncs are batched.
 	g := s.applyAsync(&gpupoolv1.GrantLeaseCommand{Lease: l})
 	s.grants.add(l)
-	unlock()
+	s.placeMu.Unlock()
+	locked = false
 	res, err := g.Wait()
 	s.grants.done(l.Id)
 	if err != nil {

@@ -189,8 +189,6 @@ type Server struct {
 	notifyCh  chan bool
 	// leaders wakes the calls waiting for a leader to be elected.
 	leaders *leaderWatch
-	// gate takes Acquire calls into placement a few per caller at a time.
-	gate *callerGate
 
 	// placeMu serialises placement and grant on the leader, so that two
 	// acquires never pick the same free capacity.
@@ -253,7 +251,6 @@ func New(cfg Config) (*Server, error) {
 		shutdownCh: make(chan struct{}),
 		notifyCh:   make(chan bool, 16),
 		leaders:    newLeaderWatch(),
-		gate:       newCallerGate(),
 		placer:     newPlacer(cfg.Policy),
 		grants:     newInflight(),
 		history:    newUsageHistory(),
