@@ -207,6 +207,7 @@ fuzz: ## run every fuzz target for FUZZTIME each (default 10s): FSM commands, Ac
 # and porcupine visualizations go to ROBUSTNESS_OUT.
 ROBUSTNESS_OUT ?= $(TOOLS)/robustness
 DURATION       ?= 10m
+FAULTS         ?= random
 
 robustness-tools: # ip, tc (iproute2) and iptables, installed from Debian when missing and we are root
 	@if [ "$$(id -u)" = 0 ]; then \
@@ -226,9 +227,9 @@ test-robustness: robustness-tools fuzz ## fuzz targets (FUZZTIME each), then a 6
 	  -run 'TestCheck|TestProxy|TestRobustness$$|TestCutOffAgent|TestPartitionedLeader' ./test/robustness | grep --line-buffered -v '^=== \(RUN\|PAUSE\|CONT\)'; exit $${PIPESTATUS[0]}
 	@cat $(ROBUSTNESS_OUT)/TestRobustness/summary.txt $(ROBUSTNESS_OUT)/double-holder.md
 
-soak: robustness-tools ## random faults under mixed load on 5 brokers + 4 agents for DURATION (default 10m); ends with a summary table
+soak: robustness-tools ## random faults (FAULTS=random, the default) or none (FAULTS=none: fails on any leader change) under mixed load on 5 brokers + 4 agents for DURATION (default 10m); ends with a summary table
 	mkdir -p $(ROBUSTNESS_OUT)
-	GPUPOOL_ROBUSTNESS=1 GPUPOOL_SOAK_DURATION=$(DURATION) GPUPOOL_ROBUSTNESS_OUT=$(ROBUSTNESS_OUT) \
+	GPUPOOL_ROBUSTNESS=1 GPUPOOL_SOAK_DURATION=$(DURATION) GPUPOOL_SOAK_FAULTS=$(FAULTS) GPUPOOL_ROBUSTNESS_OUT=$(ROBUSTNESS_OUT) \
 	  $(GO) test -v -count=1 -timeout 6h -run 'TestSoak$$' ./test/robustness | grep --line-buffered -v '^=== \(RUN\|PAUSE\|CONT\)'; exit $${PIPESTATUS[0]}
 	@cat $(ROBUSTNESS_OUT)/TestSoak/summary.txt
 

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 
+	"github.com/hashicorp/raft"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/metadata"
 
@@ -19,8 +20,8 @@ const forwardedKey = "gpupool-forwarded"
 // leaderConn decides where a write (or a consistent read) runs. It returns
 // a nil conn when this server is the leader and should serve the call
 // itself; otherwise a connection to the leader and the context to forward
-// the call with. With no known leader it returns Unavailable, which
-// clients retry.
+// the call with. With no known leader it waits for an election (see
+// awaitLeader), then returns Unavailable, which clients retry.
 func (s *Server) leaderConn(ctx context.Context) (*grpc.ClientConn, context.Context, error) {
 	if s.IsLeader() {
 		return nil, ctx, nil
@@ -30,7 +31,14 @@ func (s *Server) leaderConn(ctx context.Context) (*grpc.ClientConn, context.Cont
 	}
 	_, id := s.raft.LeaderWithID()
 	if id == "" {
-		return nil, nil, refuse(ErrUnavailable, ErrNoLeader.Error())
+		// An election is under way: answer as soon as it ends rather
+		// than have the client guess when to retry.
+		if id = s.awaitLeader(ctx); id == "" {
+			return nil, nil, refuse(ErrUnavailable, ErrNoLeader.Error())
+		}
+		if id == raft.ServerID(s.cfg.NodeID) {
+			return nil, ctx, nil
+		}
 	}
 	addr := s.rpcAddrOf(string(id))
 	if addr == "" {
@@ -134,6 +142,9 @@ func proxyServerStream[Resp any](in grpc.ServerStreamingServer[Resp], out grpc.S
 // the protocol.LeaderHeader response header, so that clients can send their
 // next calls there instead of through a follower.
 func (s *Server) nameLeader(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
+	resp, err := handler(ctx, req)
+	// After the call: one that waited out an election names the new
+	// leader.
 	addr := ""
 	if s.IsLeader() {
 		addr = s.Addr()
@@ -141,5 +152,5 @@ func (s *Server) nameLeader(ctx context.Context, req any, info *grpc.UnaryServer
 		addr = s.rpcAddrOf(string(id))
 	}
 	_ = grpc.SetHeader(ctx, metadata.Pairs(protocol.LeaderHeader, addr))
-	return handler(ctx, req)
+	return resp, err
 }

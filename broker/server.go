@@ -17,7 +17,6 @@ import (
 	"sync"
 	"time"
 
-	"github.com/hashicorp/go-hclog"
 	"github.com/hashicorp/raft"
 	raftboltdb "github.com/hashicorp/raft-boltdb/v2"
 	"go.etcd.io/bbolt"
@@ -198,6 +197,8 @@ type Server struct {
 	grpc      *grpc.Server
 	listener  net.Listener
 	notifyCh  chan bool
+	// leaders wakes the calls waiting for a leader to be elected.
+	leaders *leaderWatch
 
 	// placeMu serialises placement and grant on the leader, so that two
 	// acquires never pick the same free capacity.
@@ -259,6 +260,7 @@ func New(cfg Config) (*Server, error) {
 		peers:      map[string]*gpupoolv1.ServerInfoResponse{},
 		shutdownCh: make(chan struct{}),
 		notifyCh:   make(chan bool, 16),
+		leaders:    newLeaderWatch(),
 		placer:     newPlacer(cfg.Policy),
 		grants:     newInflight(),
 		history:    newUsageHistory(),
@@ -277,13 +279,15 @@ func New(cfg Config) (*Server, error) {
 	s.listener = lis
 	// Errors leave through toStatus, outermost; then TLS's role checks
 	// run, then the ACL's token checks.
-	opts := []grpc.ServerOption{grpc.ChainUnaryInterceptor(statusUnary), grpc.ChainStreamInterceptor(statusStream)}
+	opts := []grpc.ServerOption{grpc.ChainUnaryInterceptor(statusUnary), grpc.ChainStreamInterceptor(statusStream),
+		grpc.MaxConcurrentStreams(maxStreamsPerConn)}
 	opts = append(opts, s.grpcServerOptions()...)
 	s.grpc = grpc.NewServer(append(opts,
 		grpc.ChainUnaryInterceptor(s.nameLeader, s.unaryACL), grpc.ChainStreamInterceptor(s.streamACL))...)
 	s.registerServices()
 	s.goFunc(func() { _ = s.grpc.Serve(lis) })
 	s.goFunc(s.monitorLeadership)
+	s.goFunc(func() { watchLeader(s.raft, s.leaders, s.shutdownCh) })
 	s.goFunc(s.formCluster)
 	s.goFunc(s.keepOwnAddressCurrent)
 	s.goFunc(s.metrics.countLeaseEvents)
@@ -388,10 +392,7 @@ func (s *Server) openRaft() error {
 	}
 	s.transport = trans
 
-	conf := raft.DefaultConfig()
-	conf.LocalID = raft.ServerID(s.cfg.NodeID)
-	conf.NotifyCh = s.notifyCh
-	conf.Logger = hclog.New(&hclog.LoggerOptions{Name: "raft", Level: hclog.Warn, Output: s.cfg.RaftLogOutput})
+	conf := raftConfig(s.cfg.NodeID, s.notifyCh, s.cfg.RaftLogOutput)
 	setSnapshotSchedule(conf)
 	r, err := raft.NewRaft(conf, s.fsm, store, store, snaps, trans)
 	if err != nil {

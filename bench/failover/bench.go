@@ -47,7 +47,7 @@ func benchmark(ctx context.Context, o options, p *progress) (*results, error) {
 			Seed: o.seed, SliceMiB: sliceMiB, SlicePercent: slicePercent, Brokers: brokers, Agents: agents, AgentSpec: agentSpec, RestartAgents: o.restartAgents,
 		},
 		Raft: brokerRaft,
-		Env:  environment{GoVersion: runtime.Version(), OS: runtime.GOOS, Arch: runtime.GOARCH, CPUs: runtime.NumCPU()},
+		Env:  environment{GoVersion: runtime.Version(), OS: runtime.GOOS, Arch: runtime.GOARCH, CPUs: runtime.NumCPU(), LoadAvg: []string{loadAvg()}},
 	}
 	led := newLedger()
 	held := make([][]string, o.clients)

@@ -12,6 +12,7 @@ import (
 
 	"github.com/gpupool/gpupool/bench/internal/benchproc"
 	"github.com/gpupool/gpupool/bench/plot"
+	"github.com/gpupool/gpupool/broker"
 )
 
 // results is what a run measured; it is written as JSON as is.
@@ -46,8 +47,8 @@ type config struct {
 	RestartAgents bool `json:"restart_agents"`
 }
 
-// raftSettings are the hashicorp/raft timings the brokers run with:
-// broker/server.go uses raft.DefaultConfig() (raft v1.7.3) unchanged.
+// raftSettings are the hashicorp/raft timings the brokers run with
+// (broker/raftconfig.go).
 type raftSettings struct {
 	Source             string `json:"source"`
 	HeartbeatTimeoutMs int    `json:"heartbeat_timeout_ms"`
@@ -57,8 +58,11 @@ type raftSettings struct {
 }
 
 var brokerRaft = raftSettings{
-	Source:             "raft.DefaultConfig() of hashicorp/raft v1.7.3, unchanged by broker/server.go",
-	HeartbeatTimeoutMs: 1000, ElectionTimeoutMs: 1000, LeaderLeaseMs: 500, CommitTimeoutMs: 50,
+	Source:             "broker/raftconfig.go (hashicorp/raft v1.7.3, pre-vote on)",
+	HeartbeatTimeoutMs: int(broker.RaftHeartbeatTimeout.Milliseconds()),
+	ElectionTimeoutMs:  int(broker.RaftElectionTimeout.Milliseconds()),
+	LeaderLeaseMs:      int(broker.RaftLeaderLeaseTimeout.Milliseconds()),
+	CommitTimeoutMs:    int(broker.RaftCommitTimeout.Milliseconds()),
 }
 
 type environment struct {
@@ -66,6 +70,15 @@ type environment struct {
 	OS        string `json:"os"`
 	Arch      string `json:"arch"`
 	CPUs      int    `json:"cpus"`
+	// LoadAvg is /proc/loadavg at the start and at the end of the run:
+	// other work on the machine slows elections down.
+	LoadAvg []string `json:"loadavg"`
+}
+
+// loadAvg is /proc/loadavg, trimmed; "" where there is none.
+func loadAvg() string {
+	b, _ := os.ReadFile("/proc/loadavg")
+	return strings.TrimSpace(string(b))
 }
 
 type roundResult struct {
@@ -147,6 +160,7 @@ func curve(rl *roundLoad, round int) rateCurve {
 func (r *results) finish(start time.Time) {
 	r.Summary = summarize(r.Rounds)
 	r.ElapsedSeconds = time.Since(start).Seconds()
+	r.Env.LoadAvg = append(r.Env.LoadAvg, loadAvg())
 }
 
 // writeResults writes failover.json, failover.md (also to stdout) and
@@ -205,9 +219,9 @@ func writeMarkdown(w io.Writer, res *results) {
 	}
 	fmt.Fprintf(w, "\nSetup: %d broker processes (Raft log in bbolt, fsync on) and %d simulated agents (%s each) on loopback; "+
 		"%d clients acquiring %d MiB / %d %% slices (TTL %s, never renewed) with fresh request ids, each releasing a random lease of its own "+
-		"once it holds more than %d; %s of load before each kill and after the first acquire after it; seed %d; %s %s/%s, %d CPUs; the run took %s.\n\n",
+		"once it holds more than %d; %s of load before each kill and after the first acquire after it; seed %d; %s %s/%s, %d CPUs, load average %s (start / end); the run took %s.\n\n",
 		c.Brokers, c.Agents, c.AgentSpec, c.Clients, c.SliceMiB, c.SlicePercent, time.Duration(c.TTLMs)*time.Millisecond, c.Hold,
-		time.Duration(c.SettleMs)*time.Millisecond, c.Seed, res.Env.GoVersion, res.Env.OS, res.Env.Arch, res.Env.CPUs,
+		time.Duration(c.SettleMs)*time.Millisecond, c.Seed, res.Env.GoVersion, res.Env.OS, res.Env.Arch, res.Env.CPUs, strings.Join(res.Env.LoadAvg, " / "),
 		time.Duration(res.ElapsedSeconds*float64(time.Second)).Round(time.Second))
 	if c.RestartAgents {
 		fmt.Fprintf(w, "**--restart-agents:** both agents were restarted (on their data dirs) after every kill, once the load stopped and before the checks, "+
@@ -217,7 +231,7 @@ func writeMarkdown(w io.Writer, res *results) {
 		"A follower starts an election after a randomized 1–2× heartbeat timeout without contact.\n\n",
 		res.Raft.Source, res.Raft.HeartbeatTimeoutMs, res.Raft.ElectionTimeoutMs, res.Raft.LeaderLeaseMs, res.Raft.CommitTimeoutMs)
 	fmt.Fprintf(w, "\"kill → next acquire\" is from the SIGKILL to the return of the first Acquire *sent after* the kill that returned OK "+
-		"(the Go client retries Unavailable with backoff from 50 ms, doubling to 1 s, within a %s deadline per call). "+
+		"(a broker that knows no leader holds the call until one is elected and answers from it; the Go client retries Unavailable with backoff from 25 ms, doubling to 250 ms, within a %s deadline per call). "+
 		"\"Lost\" counts leases whose Acquire returned OK, not released by their client, that a consistent List on the new leader, "+
 		"or a local List on the restarted broker after it caught up, does not show as granted.\n", callTimeout)
 }

@@ -53,6 +53,9 @@ type results struct {
 	Machine   machine      `json:"machine"`
 	Systems   []systemInfo `json:"systems"`
 	Levels    []level      `json:"levels"`
+	// Burst is what other clients saw during one client's burst; nil
+	// when skipped.
+	Burst *burstFigures `json:"burst,omitempty"`
 	// ElapsedSeconds is how long the whole run took, setup included.
 	ElapsedSeconds float64 `json:"elapsed_seconds"`
 	// LoadAvg is /proc/loadavg at the start and at the end of the run:
@@ -92,10 +95,12 @@ type systemInfo struct {
 
 // level is both systems' figures at one number of clients.
 type level struct {
-	Clients int     `json:"clients"`
-	Gpupool figures `json:"gpupool"`
-	Etcd    figures `json:"etcd"`
-	Ratio   ratio   `json:"ratio_gpupool_over_etcd"`
+	Clients int `json:"clients"`
+	// Fsync is the data dirs' disk, measured just before the level.
+	Fsync   fsyncFigures `json:"fsync"`
+	Gpupool figures      `json:"gpupool"`
+	Etcd    figures      `json:"etcd"`
+	Ratio   ratio        `json:"ratio_gpupool_over_etcd"`
 }
 
 // side is one system's figures at a level.
@@ -118,12 +123,7 @@ type ratio struct {
 }
 
 func ratios(g, e figures) ratio {
-	div := func(a, b float64) float64 {
-		if b == 0 {
-			return 0
-		}
-		return a / b
-	}
+	div := over
 	return ratio{
 		CyclesPerSec: div(g.CyclesPerSec, e.CyclesPerSec),
 		AcquireP50:   div(g.Acquire.P50, e.Acquire.P50),
@@ -144,6 +144,10 @@ var systemsInfo = []systemInfo{
 		"(one Raft entry; a failed compare reads again); release = read the device, a transaction deleting the allocation and the record " +
 		"(one Raft entry, retried likewise), then Revoke (one Raft entry); the capacity is free when release returns"},
 }
+
+// fsyncProbe is how long the disk's fsync limit is measured before each
+// level.
+const fsyncProbe = time.Second
 
 // benchmark starts both clusters, runs every level on each, and stops
 // them.
@@ -178,6 +182,11 @@ func benchmark(ctx context.Context, opts options, p *progress) (_ *results, err 
 		os.RemoveAll(dir)
 	}()
 	res.Config.DataDirFS = filesystem(dir)
+	if opts.profile != "" {
+		if err := os.MkdirAll(opts.profile, 0o755); err != nil {
+			return nil, err
+		}
+	}
 	if res.Config.DataDirFS == "tmpfs" {
 		p.Logf("warning: %s is on tmpfs, where fsync costs nothing; pass --tmpdir on a disk", dir)
 	}
@@ -203,6 +212,9 @@ func benchmark(ctx context.Context, opts options, p *progress) (_ *results, err 
 	etcdSys := &etcdSystem{alloc: alloc, slice: sl}
 	for _, n := range opts.clients {
 		lv := level{Clients: n}
+		if lv.Fsync, err = measureFsync(dir, fsyncProbe); err != nil {
+			return nil, err
+		}
 		// A fresh gpupool cluster per level: hosts that went down in one
 		// level (see figures.IdleError) do not shrink the next one's pool.
 		gdir := filepath.Join(dir, fmt.Sprintf("gpupool-%d", n))
@@ -210,11 +222,21 @@ func benchmark(ctx context.Context, opts options, p *progress) (_ *results, err 
 			return nil, err
 		}
 		p.Logf("starting 3 gpupool brokers and %d simulated agents", hosts)
-		gc, err := startGpupool(ctx, gdir, opts.gpupool, hosts)
+		gc, err := startGpupool(ctx, gdir, opts.gpupool, hosts, opts.profile != "")
 		if err != nil {
 			return nil, fmt.Errorf("gpupool did not come up: %w", err)
 		}
+		var profiled func() error
+		if opts.profile != "" {
+			pr := &profiler{dir: opts.profile, addrs: gc.pprof}
+			profiled = pr.start(ctx, time.Now().Add(opts.warmup), opts.duration, n)
+		}
 		lv.Gpupool, err = measure(ctx, p, opts, "gpupool", n, &gpupoolSystem{cl: gc, slice: sl, ttl: leaseTTL, hosts: hosts}, gc.children)
+		if profiled != nil {
+			if perr := profiled(); perr != nil && err == nil {
+				err = perr
+			}
+		}
 		gc.stop()
 		if err != nil {
 			return nil, err
@@ -224,6 +246,11 @@ func benchmark(ctx context.Context, opts options, p *progress) (_ *results, err 
 		}
 		lv.Ratio = ratios(lv.Gpupool, lv.Etcd)
 		res.Levels = append(res.Levels, lv)
+	}
+	if opts.burst > 0 {
+		if res.Burst, err = runBurst(ctx, p, opts, dir, sl); err != nil {
+			return nil, err
+		}
 	}
 	p.Logf("stopping the clusters")
 	res.ElapsedSeconds = time.Since(began).Seconds()
@@ -312,4 +339,36 @@ func thisMachine() machine {
 func loadAvg() string {
 	b, _ := os.ReadFile("/proc/loadavg")
 	return strings.TrimSpace(string(b))
+}
+
+// runBurst starts a fresh gpupool cluster and measures one client's burst
+// beside opts.others clients on it.
+func runBurst(ctx context.Context, p *progress, opts options, dir string, sl slice) (*burstFigures, error) {
+	gdir := filepath.Join(dir, "gpupool-burst")
+	if err := os.Mkdir(gdir, 0o755); err != nil {
+		return nil, err
+	}
+	p.Logf("starting 3 gpupool brokers and %d simulated agents for the burst", hosts)
+	gc, err := startGpupool(ctx, gdir, opts.gpupool, hosts, false)
+	if err != nil {
+		return nil, fmt.Errorf("gpupool did not come up: %w", err)
+	}
+	defer gc.stop()
+	sys := &gpupoolSystem{cl: gc, slice: sl, ttl: leaseTTL, hosts: hosts}
+	burster, closeBurster, err := sys.burstClient()
+	if err != nil {
+		return nil, err
+	}
+	defer closeBurster()
+	p.Logf("gpupool: %d clients for %s, then one more client sends %d acquires at once", opts.others, quietWindow, opts.burst)
+	f := measureBurst(ctx, sys, burster, opts.others, opts.burst)
+	if ctx.Err() != nil {
+		return nil, fmt.Errorf("%w: %v", errStopped, ctx.Err())
+	}
+	if err := diedError(gc.children); err != nil {
+		return nil, err
+	}
+	p.Logf("gpupool burst: the others' cycle p99 %.2f ms quiet, %.2f ms during the burst (%.1fs; %d granted, %d refused)",
+		f.Quiet.P99, f.During.P99, f.BurstSeconds, f.BurstOK, f.BurstErrors)
+	return &f, nil
 }

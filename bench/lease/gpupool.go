@@ -33,12 +33,15 @@ func buildGpupool(ctx context.Context, dir string) (string, error) {
 type gpupoolCluster struct {
 	children []*child
 	c        *client.Client
+	pprof    map[string]string // broker name -> --pprof-bind address; nil without profiles
+	addrs    []string          // the brokers' gRPC addresses
 }
 
 // startGpupool starts three brokers on 127.0.0.2-4 and hosts simulated
 // agents of gpusPerHost A100-80GB each, with data dirs under dir, and
-// waits until every host is ready.
-func startGpupool(ctx context.Context, dir, bin string, hosts int) (*gpupoolCluster, error) {
+// waits until every host is ready. With pprof, each broker serves its
+// profiles (--pprof-bind) on a free port.
+func startGpupool(ctx context.Context, dir, bin string, hosts int, pprof bool) (*gpupoolCluster, error) {
 	addrs, err := freeAddrs(2, 3)
 	if err != nil {
 		return nil, err
@@ -65,9 +68,22 @@ func startGpupool(ctx context.Context, dir, bin string, hosts int) (*gpupoolClus
 		}
 		id := fmt.Sprintf("broker-%d", i+1)
 		// --insecure: compared with a plaintext etcd without auth.
-		if err := start(id, "broker", "--insecure", "--node-id", id, "--data-dir", filepath.Join(dir, id),
+		args := []string{"broker", "--insecure", "--node-id", id, "--data-dir", filepath.Join(dir, id),
 			"--bind", addrs[i], "--raft-bind", raftAddrs[i], "--bootstrap-expect", "3", "--join", strings.Join(join, ","),
-			"--log-level", "warn"); err != nil {
+			"--log-level", "warn"}
+		if pprof {
+			pa, err := freeAddr("127.0.0.1")
+			if err != nil {
+				cl.stop()
+				return nil, err
+			}
+			if cl.pprof == nil {
+				cl.pprof = map[string]string{}
+			}
+			cl.pprof[id] = pa
+			args = append(args, "--pprof-bind", pa)
+		}
+		if err := start(id, args...); err != nil {
 			cl.stop()
 			return nil, err
 		}
@@ -81,6 +97,7 @@ func startGpupool(ctx context.Context, dir, bin string, hosts int) (*gpupoolClus
 			return nil, err
 		}
 	}
+	cl.addrs = addrs
 	if cl.c, err = client.Dial(addrs); err != nil {
 		cl.stop()
 		return nil, err

@@ -33,7 +33,11 @@ Benchmarks gpupool's lease path against an allocator written on etcd:
 
 Each client loops: acquire a slice of 1 GiB and 1 % compute, then release
 it. Each level of --clients runs for --warmup untimed, then --duration
-timed, on gpupool then on etcd.
+timed, on gpupool then on etcd. Before each level, a loop of 4 KiB write +
+fsync measures the data dirs' disk, the limit both are compared with.
+Then, on a fresh gpupool cluster, one client sends --burst acquires at
+once while --burst-clients others loop: the others' p99 during the burst
+shows whether one caller can starve the rest.
 
 Progress goes to stderr, a markdown table to stdout; DIR/lease.json,
 DIR/lease.md and DIR/lease.png are written. Exit code 1 when the benchmark
@@ -51,6 +55,9 @@ Flags:
 // with a request in flight, and the pool holds 2560 slices.
 const maxClients = 1024
 
+// maxBurst bounds --burst: each of its acquires is a goroutine.
+const maxBurst = 100_000
+
 // options is a validated command line.
 type options struct {
 	clients  []int         // concurrency levels, in the order given
@@ -60,6 +67,9 @@ type options struct {
 	gpupool  string        // the gpupool binary; "" builds one
 	etcd     string        // the etcd binary
 	tmp      string        // parent of the run's data dirs; "" means os.TempDir()
+	profile  string        // directory of the brokers' profiles; "" takes none
+	burst    int           // acquires one client sends at once after the levels; 0 skips
+	others   int           // clients running beside the burst
 }
 
 // Run runs the benchmark for the command-line arguments args and returns
@@ -101,6 +111,9 @@ func parseFlags(args []string, help io.Writer) (options, error) {
 	out := fs.String("out", "bench/results", "`dir`ectory to write lease.json, lease.md and lease.png to; created if missing")
 	gpupool := fs.String("gpupool", "", "the gpupool `binary` (default: build ./cmd/gpupool into the run's temp dir)")
 	etcd := fs.String("etcd", "/usr/bin/etcd", "the etcd `binary`, 3.4 or newer (bench/lease/install-etcd.sh installs Debian's)")
+	profile := fs.String("profile", "", "`dir`ectory to write the brokers' CPU, mutex and block profiles to, taken over each level's timed window (gpupool-CLIENTS-BROKER.KIND.pprof; read with 'go tool pprof'); empty takes none")
+	burst := fs.Int("burst", 10000, "after the levels, `n` acquires one client sends at once (on gpupool, without quota) while --burst-clients others loop; 0 skips the burst")
+	others := fs.Int("burst-clients", 16, "how many other clients loop acquire + release during the burst, between 1 and "+strconv.Itoa(maxClients))
 	tmp := fs.String("tmpdir", "", "`dir`ectory for both clusters' data dirs, on a disk that honours fsync, not tmpfs (default $TMPDIR or /tmp)")
 
 	if err := fs.Parse(args); err != nil {
@@ -123,10 +136,14 @@ func parseFlags(args []string, help io.Writer) (options, error) {
 		return options{}, fmt.Errorf("--warmup %s: must not be negative", *warmup)
 	case *out == "":
 		return options{}, errors.New("--out: must name a directory, e.g. bench/results")
+	case *burst < 0 || *burst > maxBurst:
+		return options{}, fmt.Errorf("--burst %d: must be between 0 (no burst) and %d", *burst, maxBurst)
+	case *others < 1 || *others > maxClients:
+		return options{}, fmt.Errorf("--burst-clients %d: must be between 1 and %d", *others, maxClients)
 	case *etcd == "":
 		return options{}, errors.New("--etcd: must name the etcd binary, e.g. /usr/bin/etcd")
 	}
-	return options{clients: levels, duration: *duration, warmup: *warmup, out: *out, gpupool: *gpupool, etcd: *etcd, tmp: *tmp}, nil
+	return options{clients: levels, duration: *duration, warmup: *warmup, out: *out, gpupool: *gpupool, etcd: *etcd, tmp: *tmp, profile: *profile, burst: *burst, others: *others}, nil
 }
 
 // parseLevels parses --clients: distinct whole numbers between 1 and

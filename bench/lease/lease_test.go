@@ -12,7 +12,7 @@ import (
 
 func TestParseFlags(t *testing.T) {
 	defaults := options{clients: []int{1, 16, 64, 256}, duration: 10 * time.Second, warmup: 2 * time.Second,
-		out: "bench/results", etcd: "/usr/bin/etcd"}
+		out: "bench/results", etcd: "/usr/bin/etcd", burst: 10000, others: 16}
 	tests := []struct {
 		name    string
 		args    []string
@@ -21,8 +21,9 @@ func TestParseFlags(t *testing.T) {
 	}{
 		{name: "no flags give the defaults", want: defaults},
 		{name: "every flag is read", args: []string{"--clients", "2, 8", "--duration", "3s", "--warmup", "0s", "--out", "/tmp/r",
-			"--gpupool", "/tmp/gpupool", "--etcd", "/opt/etcd", "--tmpdir", "/var/tmp"},
-			want: options{clients: []int{2, 8}, duration: 3 * time.Second, out: "/tmp/r", gpupool: "/tmp/gpupool", etcd: "/opt/etcd", tmp: "/var/tmp"}},
+			"--gpupool", "/tmp/gpupool", "--etcd", "/opt/etcd", "--tmpdir", "/var/tmp", "--profile", "/tmp/p", "--burst", "5", "--burst-clients", "3"},
+			want: options{clients: []int{2, 8}, duration: 3 * time.Second, out: "/tmp/r", gpupool: "/tmp/gpupool", etcd: "/opt/etcd", tmp: "/var/tmp",
+				profile: "/tmp/p", burst: 5, others: 3}},
 		{name: "a level that is not a number is refused", args: []string{"--clients", "1,x"}, wantErr: `level "x" is not a whole number`},
 		{name: "an empty level is refused", args: []string{"--clients", "1,,4"}, wantErr: "empty level"},
 		{name: "no level at all is refused", args: []string{"--clients", ""}, wantErr: "empty level"},
@@ -31,6 +32,8 @@ func TestParseFlags(t *testing.T) {
 		{name: "a level given twice is refused", args: []string{"--clients", "4,4"}, wantErr: "level 4 is given twice"},
 		{name: "a tiny duration is refused", args: []string{"--duration", "1ms"}, wantErr: "--duration 1ms: must be at least 100ms"},
 		{name: "a negative warm-up is refused", args: []string{"--warmup", "-1s"}, wantErr: "--warmup -1s: must not be negative"},
+		{name: "a negative burst is refused", args: []string{"--burst", "-1"}, wantErr: "--burst -1: must be between 0 (no burst) and 100000"},
+		{name: "no other clients beside the burst are refused", args: []string{"--burst-clients", "0"}, wantErr: "--burst-clients 0: must be between 1 and 1024"},
 		{name: "an empty --out is refused", args: []string{"--out", ""}, wantErr: "--out: must name a directory"},
 		{name: "an empty --etcd is refused", args: []string{"--etcd", ""}, wantErr: "--etcd: must name the etcd binary"},
 		{name: "a positional argument is refused", args: []string{"now"}, wantErr: `unexpected argument "now"`},

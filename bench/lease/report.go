@@ -32,6 +32,23 @@ func writeTable(w io.Writer, res *results) {
 		r := l.Ratio
 		fmt.Fprintf(w, "| %d | %.2f | %.2f | %.2f | %.2f | %.2f |\n", l.Clients, r.CyclesPerSec, r.AcquireP50, r.AcquireP99, r.CycleP50, r.CycleP99)
 	}
+	fmt.Fprintln(w, "\nAgainst the disk's limit, a loop of 4 KiB write + fsync on the data dirs' disk just before each level "+
+		"(cycles per fsync: cycles/s over fsyncs/s, above 1 only with group commit; cycle p50 in fsyncs: one cycle commits twice, so at least 2 without batching):")
+	fmt.Fprintln(w, "\n| clients | fsyncs/s | fsync p50 (ms) | fsync p99 (ms) | gpupool cycles per fsync | etcd cycles per fsync | gpupool cycle p50 in fsyncs | etcd cycle p50 in fsyncs |")
+	fmt.Fprintln(w, "|---:|---:|---:|---:|---:|---:|---:|---:|")
+	for _, l := range res.Levels {
+		d := l.Fsync
+		fmt.Fprintf(w, "| %d | %.0f | %.2f | %.2f | %.2f | %.2f | %.1f | %.1f |\n", l.Clients, d.PerSec, d.P50, d.P99,
+			over(l.Gpupool.CyclesPerSec, d.PerSec), over(l.Etcd.CyclesPerSec, d.PerSec), over(l.Gpupool.Cycle.P50, d.P50), over(l.Etcd.Cycle.P50, d.P50))
+	}
+	if b := res.Burst; b != nil {
+		fmt.Fprintf(w, "\nFairness: %d other clients loop acquire + release on gpupool; then one more client (a connection of its own, no quota) sends %d acquires at once, each released once granted. "+
+			"The others' cycle latency, alone and while the burst lasted (%.1f s; %d of its acquires granted, %d refused):\n", b.Clients, b.Burst, b.BurstSeconds, b.BurstOK, b.BurstErrors)
+		fmt.Fprintln(w, "\n| other clients | cycle p50 (ms) | cycle p99 (ms) | cycle max (ms) | errors |")
+		fmt.Fprintln(w, "|---|---:|---:|---:|---:|")
+		fmt.Fprintf(w, "| alone | %.2f | %.2f | %.2f | 0 |\n", b.Quiet.P50, b.Quiet.P99, b.Quiet.Max)
+		fmt.Fprintf(w, "| during the burst | %.2f | %.2f | %.2f | %d |\n", b.During.P50, b.During.P99, b.During.Max, b.OtherErrors)
+	}
 	c, m := res.Config, res.Machine
 	fmt.Fprintf(w, "\nEach client loops: acquire a slice of %d MiB and %d%% compute (TTL %s) on a pool of %s (%d such slices at once), then release it. "+
 		"Each level ran %s untimed, then %s timed, on gpupool (a fresh cluster per level) then on etcd (one cluster throughout); cycles/s counts the cycles that started and ended in the timed window, the latencies every cycle that started in it. "+
@@ -91,4 +108,12 @@ func writeResults(dir string, res *results) error {
 		ZeroY:  true,
 		Series: []plot.Series{{Name: "gpupool (3 brokers)", X: x, Y: g}, {Name: "etcd allocator (3 members)", X: x, Y: e}},
 	}.Save(filepath.Join(dir, "lease.png"))
+}
+
+// over is a/b, or 0 when b is 0.
+func over(a, b float64) float64 {
+	if b == 0 {
+		return 0
+	}
+	return a / b
 }

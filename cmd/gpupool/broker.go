@@ -24,6 +24,7 @@ func newBrokerCmd() *cobra.Command {
 		raftLog   bool
 		auditFile string
 		metrics   string
+		pprofBind string
 		insecure  bool
 	)
 	cmd := &cobra.Command{
@@ -80,6 +81,11 @@ is for tests and benchmarks on a closed machine only. See docs/security.md.`,
 			if n := cfg.EndedLeasesMax; n < 1 || n > broker.MaxEndedLeasesMax {
 				return usagef("--ended-leases-max %d: must be between 1 and %d", n, broker.MaxEndedLeasesMax)
 			}
+			if pprofBind != "" {
+				if err := loopbackAddr(pprofBind); err != nil {
+					return err
+				}
+			}
 			if cfg.BootstrapExpect == 0 && len(cfg.Join) == 0 {
 				return usagef("give --bootstrap-expect N to form a new cluster of N servers, or --join ADDR,... to join a running one")
 			}
@@ -111,6 +117,10 @@ is for tests and benchmarks on a closed machine only. See docs/security.md.`,
 				return err
 			}
 			if err := serveMetrics(cmd.Context(), metrics, s.Metrics(), s.Ready, logger); err != nil {
+				s.Shutdown()
+				return err
+			}
+			if err := servePprof(cmd.Context(), pprofBind, logger); err != nil {
 				s.Shutdown()
 				return err
 			}
@@ -154,6 +164,7 @@ is for tests and benchmarks on a closed machine only. See docs/security.md.`,
 	f.StringVar(&logLevel, "log-level", "info", "log level: debug, info, warn or error")
 	f.BoolVar(&raftLog, "raft-log", false, "also print raft's own warnings")
 	f.StringVar(&metrics, "metrics-bind", "", "serve Prometheus metrics at http://ADDR/metrics (e.g. 127.0.0.1:9641); empty serves none")
+	f.StringVar(&pprofBind, "pprof-bind", "", "serve Go's CPU, mutex and block profiles at http://ADDR/debug/pprof/ (e.g. 127.0.0.1:6060; loopback only: no TLS, no ACL), for 'gpupool-bench lease --profile'; empty serves none")
 	f.BoolVar(&cfg.ACL, "acl", true, "check an ACL token on every call; --acl=false trusts every certificate of the cluster CA (prints a warning), --insecure turns it off too")
 	f.BoolVar(&insecure, "insecure", false, insecureUsage)
 	f.StringVar(&cfg.UI.Bind, "ui-bind", "", "serve the read-only web console at ADDR (e.g. 127.0.0.1:7701; HTTPS when the broker has TLS; sign in with an ACL token); empty serves none")

@@ -80,7 +80,9 @@ func needsCluster(t *testing.T) {
 	}
 }
 
-func runScenario(t *testing.T, cfg Config) {
+// runScenario runs cfg and fails t on errors and violations; it returns
+// the run's report.
+func runScenario(t *testing.T, cfg Config) *Report {
 	t.Helper()
 	cfg.Seed = seed(t)
 	cfg.Bin, cfg.Dir, cfg.Timing = binary, outDir(t), DefaultTiming
@@ -111,6 +113,7 @@ func runScenario(t *testing.T, cfg Config) {
 	if rep.Check.Operations == 0 {
 		t.Errorf("seed %d: no operation was checked", cfg.Seed)
 	}
+	return rep
 }
 
 // TestRobustness is the short run CI does: 3 brokers, 3 agents, 6
@@ -123,11 +126,25 @@ func TestRobustness(t *testing.T) {
 
 // TestSoak is `make soak DURATION=10m`: 5 brokers, 4 agents, 8 clients,
 // random faults for GPUPOOL_SOAK_DURATION. It skips without it.
+// GPUPOOL_SOAK_FAULTS=none (make soak FAULTS=none) injects no fault: the
+// run then also fails on any leader change, since no election may start
+// without a real fault, however busy the CPUs are.
 func TestSoak(t *testing.T) {
 	needsCluster(t)
 	d := envDuration(t, "GPUPOOL_SOAK_DURATION", 0)
 	if d == 0 {
 		t.Skip("set GPUPOOL_SOAK_DURATION (make soak DURATION=10m)")
 	}
-	runScenario(t, Config{Duration: d, MaxOps: 10_000_000, Brokers: 5, Agents: 4, Workers: 8, Faults: true})
+	faults := true
+	switch f := os.Getenv("GPUPOOL_SOAK_FAULTS"); f {
+	case "", "random":
+	case "none":
+		faults = false
+	default:
+		t.Fatalf("GPUPOOL_SOAK_FAULTS=%q: must be random (the default) or none", f)
+	}
+	rep := runScenario(t, Config{Duration: d, MaxOps: 10_000_000, Brokers: 5, Agents: 4, Workers: 8, Faults: faults})
+	if !faults && rep.LeaderChanges > 0 {
+		t.Errorf("%d leader changes without any fault: want 0", rep.LeaderChanges)
+	}
 }
