@@ -70,7 +70,7 @@ func newMetrics(s *Server) *metrics {
 		m.leaseEnds.WithLabelValues(stateName(st))
 	}
 	m.reg.MustRegister(m.leaseEvents, m.leaseEnds, m.queueWait, m.apply, poolCollector{s})
-	m.reg.MustRegister(m.acquires, m.latency, m.renewVerifyFailures, stateCollector{s},
+	m.reg.MustRegister(m.acquires, m.latency, m.renewVerifyFailures, stateCollector{s}, s.limits.set.Collector(),
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }

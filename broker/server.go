@@ -79,6 +79,9 @@ type Config struct {
 	UsageHistoryInterval time.Duration
 	// UI configures the web console; its Bind empty serves none.
 	UI UIConfig
+	// Limits bounds what one caller may make the server do; nil is
+	// DefaultLimits.
+	Limits *Limits
 
 	Clock  clock.Clock
 	Logger *slog.Logger
@@ -161,6 +164,13 @@ func (c *Config) setDefaults() error {
 	if err := c.UI.validate(); err != nil {
 		return err
 	}
+	if c.Limits == nil {
+		l := DefaultLimits()
+		c.Limits = &l
+	}
+	if err := c.Limits.Validate(); err != nil {
+		return err
+	}
 	if c.UsageHistoryInterval <= 0 {
 		c.UsageHistoryInterval = DefaultUsageHistoryInterval
 	}
@@ -212,6 +222,8 @@ type Server struct {
 	peers  map[string]*gpupoolv1.ServerInfoResponse // guarded by peerMu; learned while forming
 
 	metrics *metrics
+	// limits bound what one caller may make the server do.
+	limits *limiters
 	// history is each tenant's recent usage, this server's memory only.
 	history *usageHistory
 	// ui is the web console, nil unless Config.UI.Bind is set.
@@ -253,6 +265,7 @@ func New(cfg Config) (*Server, error) {
 		grants:     newInflight(),
 		history:    newUsageHistory(),
 	}
+	s.limits = newLimiters(*cfg.Limits, cfg.Clock.Now)
 	s.metrics = newMetrics(s)
 	if err := s.openRaft(); err != nil {
 		s.closeStores()
@@ -266,13 +279,15 @@ func New(cfg Config) (*Server, error) {
 	}
 	s.listener = lis
 	// Errors leave through toStatus, outermost; then TLS's role checks
-	// run, then the ACL's token checks.
-	opts := []grpc.ServerOption{grpc.ChainUnaryInterceptor(statusUnary), grpc.ChainStreamInterceptor(statusStream)}
+	// run, then the ACL's token checks, then the token's limits. A
+	// connection over its client's limit has its calls refused first.
+	opts := []grpc.ServerOption{grpc.InTapHandle(s.limits.tapLimits),
+		grpc.ChainUnaryInterceptor(statusUnary), grpc.ChainStreamInterceptor(statusStream)}
 	opts = append(opts, s.grpcServerOptions()...)
 	s.grpc = grpc.NewServer(append(opts,
-		grpc.ChainUnaryInterceptor(s.nameLeader, s.unaryACL), grpc.ChainStreamInterceptor(s.streamACL))...)
+		grpc.ChainUnaryInterceptor(s.nameLeader, s.unaryACL, s.unaryLimits), grpc.ChainStreamInterceptor(s.streamACL, s.streamLimits))...)
 	s.registerServices()
-	s.goFunc(func() { _ = s.grpc.Serve(lis) })
+	s.goFunc(func() { _ = s.grpc.Serve(limitListener{Listener: lis, l: s.limits}) })
 	s.goFunc(s.monitorLeadership)
 	s.goFunc(s.formCluster)
 	s.goFunc(s.keepOwnAddressCurrent)

@@ -25,6 +25,7 @@ func newBrokerCmd() *cobra.Command {
 		auditFile string
 		metrics   string
 		insecure  bool
+		lim       = broker.DefaultLimits()
 	)
 	cmd := &cobra.Command{
 		Use:   "broker --data-dir DIR --bind ADDR (--bootstrap-expect N | --join ADDR,...)",
@@ -83,6 +84,10 @@ is for tests and benchmarks on a closed machine only. See docs/security.md.`,
 			if err := aclMode(cmd, &cfg, insecure); err != nil {
 				return err
 			}
+			if err := lim.Validate(); err != nil {
+				return usagef("%v", err)
+			}
+			cfg.Limits = &lim
 			cfg.Token = globalToken()
 			cfg.Logger = logger
 			switch auditFile {
@@ -147,6 +152,12 @@ is for tests and benchmarks on a closed machine only. See docs/security.md.`,
 	f.BoolVar(&cfg.ACL, "acl", true, "check an ACL token on every call; --acl=false trusts every certificate of the cluster CA (prints a warning), --insecure turns it off too")
 	f.BoolVar(&insecure, "insecure", false, insecureUsage)
 	f.StringVar(&cfg.UI.Bind, "ui-bind", "", "serve the read-only web console at ADDR (e.g. 127.0.0.1:7701; HTTPS when the broker has TLS; sign in with an ACL token); empty serves none")
+	f.Float64Var(&lim.TokenRate.PerSecond, broker.FlagTokenRate, lim.TokenRate.PerSecond, "requests (calls and new streams) one ACL token may make per second on this broker; 0: no limit. Over it a call fails with RESOURCE_EXHAUSTED naming the limit")
+	f.IntVar(&lim.TokenRate.Burst, broker.FlagTokenBurst, lim.TokenRate.Burst, "how many requests over --"+broker.FlagTokenRate+" one token may make in a burst (at least 1)")
+	f.IntVar(&lim.TokenStreams, broker.FlagTokenStreams, lim.TokenStreams, "streams (watch, keep-alive, heartbeat) one ACL token may hold open at once on this broker; 0: no limit")
+	f.Float64Var(&lim.ClientConnRate.PerSecond, broker.FlagClientConnRate, lim.ClientConnRate.PerSecond, "new connections one client address may open per second; the calls of a connection over it fail with RESOURCE_EXHAUSTED; 0: no limit")
+	f.IntVar(&lim.ClientConnRate.Burst, broker.FlagClientConnBurst, lim.ClientConnRate.Burst, "how many new connections over --"+broker.FlagClientConnRate+" one client address may open in a burst (at least 1)")
+	f.IntVar(&lim.TenantPending, broker.FlagTenantPending, lim.TenantPending, "acquires with a wait that one tenant may have in progress at once on the leader (the queue's pending requests); 0: no limit")
 	f.IntVar(&cfg.UI.StreamsPerToken, "ui-streams-per-token", 0, "live console streams one token may hold open at once (default 8)")
 	return cmd
 }
