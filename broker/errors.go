@@ -120,6 +120,8 @@ func toStatus(err error) error {
 	switch {
 	case errors.As(err, &le):
 		return status.Error(codes.ResourceExhausted, err.Error())
+	case errors.Is(err, ErrDiskFull):
+		return status.Error(codes.Unavailable, err.Error())
 	case errors.As(err, &ie):
 		return status.Error(codes.FailedPrecondition, err.Error())
 	case errors.As(err, &fe):

@@ -82,6 +82,14 @@ type Config struct {
 	// Limits bounds what one caller may make the server do; nil is
 	// DefaultLimits.
 	Limits *Limits
+	// DiskReserveMiB is the free space of the data dir's file system
+	// below which the Raft log refuses writes (ErrDiskFull) until space
+	// returns; 0 is DefaultDiskReserveMiB, negative none.
+	DiskReserveMiB int
+	// SlowDiskThreshold is the median Raft log write time above which a
+	// leader hands leadership to a follower (see watchDisk); 0 is
+	// DefaultSlowDiskThreshold, negative never.
+	SlowDiskThreshold time.Duration
 
 	Clock  clock.Clock
 	Logger *slog.Logger
@@ -89,6 +97,9 @@ type Config struct {
 	// wrapProposer, set by the package's tests only, wraps the Raft
 	// proposer in a test double (one that injects faults).
 	wrapProposer func(Proposer) Proposer
+	// wrapLogStore, set by the package's tests only, wraps the Raft log
+	// store in a test double (a slow disk).
+	wrapLogStore func(raft.LogStore) raft.LogStore
 	// RaftLogOutput receives raft's own log (default: discarded below warn).
 	RaftLogOutput io.Writer
 	// AuditSink, when set, receives every audit entry this server applies,
@@ -164,6 +175,12 @@ func (c *Config) setDefaults() error {
 	if err := c.UI.validate(); err != nil {
 		return err
 	}
+	if c.DiskReserveMiB == 0 {
+		c.DiskReserveMiB = DefaultDiskReserveMiB
+	}
+	if c.SlowDiskThreshold == 0 {
+		c.SlowDiskThreshold = DefaultSlowDiskThreshold
+	}
 	if c.Limits == nil {
 		l := DefaultLimits()
 		c.Limits = &l
@@ -194,6 +211,7 @@ type Server struct {
 	raft *raft.Raft
 
 	store     *raftboltdb.BoltStore
+	disk      *diskLog // the Raft log: store with the disk checks
 	transport *raft.NetworkTransport
 	grpc      *grpc.Server
 	listener  net.Listener
@@ -289,6 +307,7 @@ func New(cfg Config) (*Server, error) {
 	s.registerServices()
 	s.goFunc(func() { _ = s.grpc.Serve(limitListener{Listener: lis, l: s.limits}) })
 	s.goFunc(s.monitorLeadership)
+	s.goFunc(s.watchDisk)
 	s.goFunc(s.formCluster)
 	s.goFunc(s.keepOwnAddressCurrent)
 	s.goFunc(s.metrics.countLeaseEvents)
@@ -397,12 +416,18 @@ func (s *Server) openRaft() error {
 	conf.LocalID = raft.ServerID(s.cfg.NodeID)
 	conf.NotifyCh = s.notifyCh
 	conf.Logger = hclog.New(&hclog.LoggerOptions{Name: "raft", Level: hclog.Warn, Output: s.cfg.RaftLogOutput})
-	r, err := raft.NewRaft(conf, s.fsm, store, store, snaps, trans)
+	reserve := uint64(max(s.cfg.DiskReserveMiB, 0))
+	var logs raft.LogStore = store
+	if s.cfg.wrapLogStore != nil {
+		logs = s.cfg.wrapLogStore(logs)
+	}
+	s.disk = &diskLog{LogStore: injectDiskFaults(dir, logs, s.shutdownCh), dir: dir, reserveMiB: reserve, observe: s.metrics.observeLogWrite}
+	r, err := raft.NewRaft(conf, s.fsm, s.disk, store, snaps, trans)
 	if err != nil {
 		return fmt.Errorf("broker: %w %s: start raft: %v", ErrDataDir, dir, err)
 	}
 	s.raft = r
-	s.proposer = versionGate{next: raftProposer{r: r, observe: s.metrics.observeApply}, s: s}
+	s.proposer = versionGate{next: raftProposer{r: r, observe: s.metrics.observeApply, roomFor: s.disk.room}, s: s}
 	if s.cfg.wrapProposer != nil {
 		s.proposer = s.cfg.wrapProposer(s.proposer)
 	}

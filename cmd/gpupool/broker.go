@@ -88,6 +88,18 @@ is for tests and benchmarks on a closed machine only. See docs/security.md.`,
 				return usagef("%v", err)
 			}
 			cfg.Limits = &lim
+			if cfg.DiskReserveMiB < 0 {
+				return usagef("--disk-reserve %d: must be 0 (no reserve) or more MiB", cfg.DiskReserveMiB)
+			}
+			if cfg.DiskReserveMiB == 0 {
+				cfg.DiskReserveMiB = -1
+			}
+			if cfg.SlowDiskThreshold < 0 {
+				return usagef("--slow-disk-threshold %s: must be 0 (never hand leadership over) or a duration such as 100ms", cfg.SlowDiskThreshold)
+			}
+			if cfg.SlowDiskThreshold == 0 {
+				cfg.SlowDiskThreshold = -1
+			}
 			cfg.Token = globalToken()
 			cfg.Logger = logger
 			switch auditFile {
@@ -158,6 +170,8 @@ is for tests and benchmarks on a closed machine only. See docs/security.md.`,
 	f.Float64Var(&lim.ClientConnRate.PerSecond, broker.FlagClientConnRate, lim.ClientConnRate.PerSecond, "new connections one client address may open per second; the calls of a connection over it fail with RESOURCE_EXHAUSTED; 0: no limit")
 	f.IntVar(&lim.ClientConnRate.Burst, broker.FlagClientConnBurst, lim.ClientConnRate.Burst, "how many new connections over --"+broker.FlagClientConnRate+" one client address may open in a burst (at least 1)")
 	f.IntVar(&lim.TenantPending, broker.FlagTenantPending, lim.TenantPending, "acquires with a wait that one tenant may have in progress at once on the leader (the queue's pending requests); 0: no limit")
+	f.IntVar(&cfg.DiskReserveMiB, "disk-reserve", broker.DefaultDiskReserveMiB, "MiB that must stay free on --data-dir's file system: below it the Raft log refuses writes (calls fail UNAVAILABLE saying the disk is full) until space returns, and the broker resumes by itself; 0: no reserve")
+	f.DurationVar(&cfg.SlowDiskThreshold, "slow-disk-threshold", broker.DefaultSlowDiskThreshold, "a leader whose Raft log writes (fsync) take longer than this (median of the last 5s) hands leadership to a follower, at most once a minute; 0: never")
 	f.IntVar(&cfg.UI.StreamsPerToken, "ui-streams-per-token", 0, "live console streams one token may hold open at once (default 8)")
 	return cmd
 }
