@@ -151,4 +151,3 @@ func TestABrokerOnAFullDiskRefusesWritesAndRecoversBySelf(t *testing.T) {
 		t.Errorf("after a restart: got %d leases, want %d", got, granted)
 	}
 }
-
