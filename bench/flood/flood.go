@@ -47,6 +47,7 @@ type replay struct {
 	Calls            int            `json:"calls"`
 	Refused          map[string]int `json:"refused_by_limit"`
 	Waited           int            `json:"waited"`
+	Other            map[string]int `json:"other_outcomes"` // by gRPC code (OK: granted within the quota)
 	HeapBeforeMiB    float64        `json:"heap_before_mib"`
 	HeapPeakMiB      float64        `json:"heap_peak_mib"`
 	HeapAfterMiB     float64        `json:"heap_after_mib"`
@@ -260,8 +261,8 @@ func bench(ctx context.Context, dur time.Duration, victims, flooders, streams, p
 		res.P99Ratio = res.Phases[1].P99Ms / res.Phases[0].P99Ms
 	}
 	res.Replay, err = runReplay(ctx, e, pending)
-	logf(stderr, "replay: %d waiting acquires, refused %v, %d waited; heap %.1f -> peak %.1f -> %.1f MiB; leases in state %d -> %d; audit: bootstrap %v, %d token entries",
-		res.Replay.Calls, res.Replay.Refused, res.Replay.Waited, res.Replay.HeapBeforeMiB, res.Replay.HeapPeakMiB, res.Replay.HeapAfterMiB,
+	logf(stderr, "replay: %d waiting acquires, refused %v, %d waited, other %v; heap %.1f -> peak %.1f -> %.1f MiB; leases in state %d -> %d; audit: bootstrap %v, %d token entries",
+		res.Replay.Calls, res.Replay.Refused, res.Replay.Waited, res.Replay.Other, res.Replay.HeapBeforeMiB, res.Replay.HeapPeakMiB, res.Replay.HeapAfterMiB,
 		res.Replay.LeasesBefore, res.Replay.LeasesAfter, res.Replay.AuditBootstrap, res.Replay.AuditTokens)
 	res.LoadEnd = loadAvg()
 	return res, err
@@ -367,7 +368,7 @@ func heapMiB() float64 {
 // runReplay opens n waiting acquires of one tenant at once, whose quota
 // keeps them waiting, holds them 2s and cancels them.
 func runReplay(ctx context.Context, e *env, n int) (replay, error) {
-	rp := replay{Calls: n, Refused: map[string]int{}}
+	rp := replay{Calls: n, Refused: map[string]int{}, Other: map[string]int{}}
 	if _, err := e.mgmt.Operator.SetQuota(ctx, &gpupoolv1.SetQuotaRequest{Quota: &gpupoolv1.Quota{Tenant: "flood", Gpus: 1, MemoryMib: 1024, ComputePercent: 1}}); err != nil {
 		return rp, err
 	}
@@ -393,12 +394,15 @@ func runReplay(ctx context.Context, e *env, n int) (replay, error) {
 	for range n {
 		wg.Go(func() {
 			_, err := c.Lease.Acquire(rctx, &gpupoolv1.AcquireRequest{WaitMs: 60_000, Request: &gpupoolv1.LeaseRequest{
-				Count: 1, MemoryMib: 2048, ComputePercent: 5, TtlMs: 60_000}})
+				Count: 1, MemoryMib: 1024, ComputePercent: 1, TtlMs: 60_000}})
 			mu.Lock()
-			if status.Code(err) == codes.ResourceExhausted && strings.HasPrefix(status.Convert(err).Message(), "limit ") {
+			switch {
+			case status.Code(err) == codes.ResourceExhausted && strings.HasPrefix(status.Convert(err).Message(), "limit "):
 				rp.Refused[limitOf(err)]++
-			} else {
+			case status.Code(err) == codes.Canceled:
 				rp.Waited++
+			default:
+				rp.Other[status.Code(err).String()]++
 			}
 			mu.Unlock()
 			done.Add(1)
@@ -420,7 +424,7 @@ func runReplay(ctx context.Context, e *env, n int) (replay, error) {
 		time.Sleep(100 * time.Millisecond)
 	}
 	rp.HeapAfterMiB, rp.LeasesAfter = heapMiB(), leases()
-	al, err := e.mgmt.Operator.AuditLog(ctx, &gpupoolv1.AuditLogRequest{Limit: 100})
+	al, err := e.mgmt.Operator.AuditLog(ctx, &gpupoolv1.AuditLogRequest{})
 	if err != nil {
 		return rp, err
 	}
@@ -460,8 +464,8 @@ func write(dir string, res *results, stdout io.Writer) error {
 	}
 	fmt.Fprintf(&md, "\nVictim acquire p99 with / without the flood: **%.2f** (goal: within 2).\n\n", res.P99Ratio)
 	r := res.Replay
-	fmt.Fprintf(&md, "## Replay: %d waiting acquires of one tenant, opened at once and cancelled\n\n| refused, by limit | waited (then cancelled) | heap before (MiB) | heap while open (MiB) | heap after (MiB) | leases in state before | after | audit: bootstrap entry | token entries |\n|---|---:|---:|---:|---:|---:|---:|---|---:|\n| %s | %d | %.1f | %.1f | %.1f | %d | %d | %v | %d |\n\n",
-		r.Calls, counts(r.Refused), r.Waited, r.HeapBeforeMiB, r.HeapPeakMiB, r.HeapAfterMiB, r.LeasesBefore, r.LeasesAfter, r.AuditBootstrap, r.AuditTokens)
+	fmt.Fprintf(&md, "## Replay: %d waiting acquires of one tenant, opened at once and cancelled\n\n| refused, by limit | waited (then cancelled) | other outcomes | heap before (MiB) | heap while open (MiB) | heap after (MiB) | leases in state before | after | audit: bootstrap entry | token entries |\n|---|---:|---|---:|---:|---:|---:|---:|---|---:|\n| %s | %d | %s | %.1f | %.1f | %.1f | %d | %d | %v | %d |\n\n",
+		r.Calls, counts(r.Refused), r.Waited, counts(r.Other), r.HeapBeforeMiB, r.HeapPeakMiB, r.HeapAfterMiB, r.LeasesBefore, r.LeasesAfter, r.AuditBootstrap, r.AuditTokens)
 	fmt.Fprintf(&md, "Heap is this process's Go heap in use after a GC (the broker, its agents and the clients). Load average %s (start) / %s (end); %s, %d CPUs.\n", res.LoadStart, res.LoadEnd, res.GoVersion, res.CPUs)
 	if err := os.WriteFile(filepath.Join(dir, "flood.md"), []byte(md.String()), 0o644); err != nil {
 		return err
