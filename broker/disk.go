@@ -49,7 +49,7 @@ const (
 	slowDiskMinWrites = 3
 	// slowDiskCooldown is how long a server that handed leadership over
 	// for its slow disk waits before it would do it again.
-	slowDiskCooldown = time.Minute
+	slowDiskCooldown = 30 * time.Second
 )
 
 // diskLog is the Raft log store with the data dir's disk checks: it
@@ -146,12 +146,13 @@ func (d *diskLog) record(at time.Time, took time.Duration) {
 }
 
 // medianWrite is the median time of the writes of the last
-// slowDiskWindow, and false when there were too few to tell.
-func (d *diskLog) medianWrite(now time.Time) (time.Duration, bool) {
+// slowDiskWindow made since since, and false when there were too few to
+// tell.
+func (d *diskLog) medianWrite(now, since time.Time) (time.Duration, bool) {
 	d.mu.Lock()
 	var took []time.Duration
 	for _, w := range d.writes {
-		if now.Sub(w.at) <= slowDiskWindow {
+		if now.Sub(w.at) <= slowDiskWindow && !w.at.Before(since) {
 			took = append(took, w.took)
 		}
 	}
@@ -176,7 +177,7 @@ func (s *Server) watchDisk() {
 	}
 	tick := time.NewTicker(time.Second)
 	defer tick.Stop()
-	var last time.Time
+	var last, led time.Time
 	for {
 		select {
 		case <-s.shutdownCh:
@@ -184,10 +185,17 @@ func (s *Server) watchDisk() {
 		case <-tick.C:
 		}
 		now := time.Now()
-		if !s.IsLeader() || now.Sub(last) < slowDiskCooldown {
+		if !s.IsLeader() {
+			led = time.Time{}
 			continue
 		}
-		median, ok := s.disk.medianWrite(now)
+		if led.IsZero() {
+			led = now // count only the writes made while leading
+		}
+		if now.Sub(last) < slowDiskCooldown {
+			continue
+		}
+		median, ok := s.disk.medianWrite(now, led)
 		if !ok || median < s.cfg.SlowDiskThreshold {
 			continue
 		}

@@ -171,7 +171,7 @@ is for tests and benchmarks on a closed machine only. See docs/security.md.`,
 	f.IntVar(&lim.ClientConnRate.Burst, broker.FlagClientConnBurst, lim.ClientConnRate.Burst, "how many new connections over --"+broker.FlagClientConnRate+" one client address may open in a burst (at least 1)")
 	f.IntVar(&lim.TenantPending, broker.FlagTenantPending, lim.TenantPending, "acquires with a wait that one tenant may have in progress at once on the leader (the queue's pending requests); 0: no limit")
 	f.IntVar(&cfg.DiskReserveMiB, "disk-reserve", broker.DefaultDiskReserveMiB, "MiB that must stay free on --data-dir's file system: below it the Raft log refuses writes (calls fail UNAVAILABLE saying the disk is full) until space returns, and the broker resumes by itself; 0: no reserve")
-	f.DurationVar(&cfg.SlowDiskThreshold, "slow-disk-threshold", broker.DefaultSlowDiskThreshold, "a leader whose Raft log writes (fsync) take longer than this (median of the last 5s) hands leadership to a follower, at most once a minute; 0: never")
+	f.DurationVar(&cfg.SlowDiskThreshold, "slow-disk-threshold", broker.DefaultSlowDiskThreshold, "a leader whose Raft log writes (fsync) take longer than this (median of the last 5s) hands leadership to a follower, at most once in 30s; 0: never")
 	f.IntVar(&cfg.UI.StreamsPerToken, "ui-streams-per-token", 0, "live console streams one token may hold open at once (default 8)")
 	return cmd
 }
