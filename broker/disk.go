@@ -42,7 +42,7 @@ const (
 	DefaultDiskReserveMiB = 64
 	// DefaultSlowDiskThreshold is the median Raft log write time above
 	// which a leader hands leadership to a follower.
-	DefaultSlowDiskThreshold = 100 * time.Millisecond
+	DefaultSlowDiskThreshold = 200 * time.Millisecond
 	// slowDiskWindow is how far back the median looks, and
 	// slowDiskMinWrites how many writes it needs there.
 	slowDiskWindow    = 5 * time.Second

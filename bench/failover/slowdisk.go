@@ -234,7 +234,7 @@ func writeSlowDisk(dir string, res *slowDiskResults, stdout io.Writer) error {
 		fmt.Fprintf(&md, "| %s | %s | %.1f | %.2f | %.1f | %.1f | %.2f | %d | %s | %s |\n", c.Name, c.Slowed, c.GrantsPerSec, ratio(c.GrantsPerSec, base.GrantsPerSec),
 			c.P50Ms, c.P99Ms, ratio(c.P99Ms, base.P99Ms), c.Errors, moved, c.LeaderAfter)
 	}
-	fmt.Fprintf(&md, "\nEach broker's data dir has a fault-fsync-delay file (a build with -tags faultinject) that makes every Raft log write sleep first, as a slow fsync would. A leader whose median log write over 5 s exceeds --slow-disk-threshold (default 100ms) hands leadership to a follower, at most once in 30 s; a slow follower is outvoted by the other. The leadership column counts from the start of the case (2 s of settling included). Load average %s (start) / %s (end); %s, %d CPUs.\n",
+	fmt.Fprintf(&md, "\nEach broker's data dir has a fault-fsync-delay file (a build with -tags faultinject) that makes every Raft log write sleep first, as a slow fsync would. A leader whose median log write over 5 s exceeds --slow-disk-threshold (default 200ms) hands leadership to a follower, at most once in 30 s; a slow follower is outvoted by the other. The leadership column counts from the start of the case (2 s of settling included). Load average %s (start) / %s (end); %s, %d CPUs.\n",
 		res.LoadStart, res.LoadEnd, res.Env.GoVersion, res.Env.CPUs)
 	if err := os.WriteFile(filepath.Join(dir, "slowdisk.md"), []byte(md.String()), 0o644); err != nil {
 		return err
