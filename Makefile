@@ -8,7 +8,7 @@ PROTO_FILES := $(wildcard proto/gpupool/v1/*.proto)
 export CGO_CFLAGS ?= -O2 -g -Wno-deprecated-declarations
 PKG_RACE := ./broker/... ./agent/... ./client/... ./k8s/... ./protocol/... ./internal/... ./token/... ./dataplane/... ./cuda/...
 
-.PHONY: tmux test-dashboard chromium test-console bench-console all build install cc cuda-gen examples test-gpu test dev proto proto-check lint lint-refs bench bench-dataplane bench-placement bench-lease bench-failover bench-scale bench-churn bench-go tools clean test-unit test-cluster helm chart test-k8s bench-k8s elastic-demo fuzz test-robustness soak robustness-tools test-upgrade
+.PHONY: bench-slowdisk bench-flood tmux test-dashboard chromium test-console bench-console all build install cc cuda-gen examples test-gpu test dev proto proto-check lint lint-refs bench bench-dataplane bench-placement bench-lease bench-failover bench-scale bench-churn bench-go tools clean test-unit test-cluster helm chart test-k8s bench-k8s elastic-demo fuzz test-robustness soak robustness-tools test-upgrade
 
 all: build
 
@@ -167,6 +167,13 @@ bench-churn: build ## one broker's RSS at 0, 10k and 100k leases, then under acq
 
 bench-console: build chromium ## the console's pool page on 10k hosts x 8 GPUs in headless Chromium: render and live-update times (about 2 min); writes bench/results/console.{json,md}
 	$(BIN)/gpupool-bench console
+
+bench-slowdisk: build ## one broker's Raft log writes slowed by 10ms, 100ms, 1s (a follower's, then the leader's) under acquire load on 3 brokers built with -tags faultinject (about 3 min); writes bench/results/slowdisk.{json,md}
+	$(GO) build -tags faultinject -ldflags "$(LDFLAGS)" -o $(BIN)/gpupool-faultinject ./cmd/gpupool
+	$(BIN)/gpupool-bench slowdisk --gpupool $(BIN)/gpupool-faultinject
+
+bench-flood: build ## one token floods acquires and streams while another acquires (p99 with and without), and 8,000 waiting acquires of one tenant opened and cancelled (about 1 min); writes bench/results/flood.{json,md}
+	$(BIN)/gpupool-bench flood
 
 bench-go: ## Go micro-benchmarks of placement and the FSM
 	$(GO) test -run '^$$' -bench . -benchmem ./broker/...

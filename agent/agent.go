@@ -39,6 +39,7 @@ import (
 	"github.com/gpupool/gpupool/agent/workload"
 	"github.com/gpupool/gpupool/client"
 	"github.com/gpupool/gpupool/dataplane"
+	"github.com/gpupool/gpupool/internal/limits"
 	gpupoolv1 "github.com/gpupool/gpupool/proto/gpupool/v1"
 )
 
@@ -117,6 +118,9 @@ type Config struct {
 	// agent's own binary and "agent cuda-server"); the agent adds the
 	// lease's description. Empty: the data plane serves no CUDA.
 	CudaServer []string
+	// DataLimits bounds what one client may make the data plane do; nil is
+	// dataplane.DefaultLimits.
+	DataLimits *dataplane.Limits
 }
 
 // validHostID is what a host id may look like: it shows up in CLI tables,
@@ -183,6 +187,8 @@ type Agent struct {
 
 	// dp is the data-plane server, nil without DataBind.
 	dp *dataplane.Server
+	// limits counts the data plane's refusals, for /metrics.
+	limits *limits.Set
 
 	// kickCh asks the heartbeat loop to send at once.
 	kickCh chan struct{}
@@ -246,6 +252,7 @@ func New(cfg Config) (*Agent, error) {
 		byUUID[d.Uuid] = d
 	}
 	return &Agent{
+		limits:  limits.NewSet(nil),
 		devices: byUUID,
 		byIndex: devices,
 		cfg:     cfg,

@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"net"
 	"os"
+	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
@@ -19,6 +20,7 @@ import (
 
 	"github.com/gpupool/gpupool/agent/device"
 	"github.com/gpupool/gpupool/agent/sandbox"
+	"github.com/gpupool/gpupool/internal/loopfs"
 	gpupoolv1 "github.com/gpupool/gpupool/proto/gpupool/v1"
 )
 
@@ -560,4 +562,60 @@ func TestAgentRetriesARefusedRegistration(t *testing.T) {
 	f.waitFor(t, "the host registered after two refusals and heartbeats", func() bool {
 		return f.refused == 2 && len(f.registrations) == 1 && len(f.heartbeats) >= 1
 	})
+}
+
+func TestAnAgentOnAFullDiskRefusesNewLeasesAndRecoversBySelf(t *testing.T) {
+	mnt := loopfs.Mount(t, 16)
+	f := newFakeBroker(10 * time.Millisecond)
+	addr, _ := serveFake(t, f, "127.0.0.1:0")
+	cfg := testConfig(t, addr)
+	cfg.DataDir = filepath.Join(mnt, "agent")
+	a := startAgent(t, cfg)
+	f.waitFor(t, "the host registered", func() bool { return len(f.registrations) == 1 })
+	f.setAssignments([]string{"L1"}, nil)
+	f.waitFor(t, "the agent enforces L1", func() bool { return slices.Equal(leaseIDs(a.Assignments()), []string{"L1"}) })
+
+	filler := filepath.Join(mnt, "filler")
+	if _, err := loopfs.Fill(filler); err != nil {
+		t.Fatal(err)
+	}
+	since := f.setAssignments([]string{"L1", "L2"}, nil)
+	var reason string
+	f.waitFor(t, "a heartbeat refusing L2", func() bool {
+		for _, hb := range f.heartbeats[since:] {
+			for _, r := range hb.GetRejected() {
+				if r.GetLeaseId() == "L2" {
+					reason = r.GetReason()
+					return true
+				}
+			}
+		}
+		return false
+	})
+	if !strings.Contains(reason, "disk full") || !strings.Contains(reason, cfg.DataDir) {
+		t.Errorf("L2 refused with %q, want it to say the data dir %s is full", reason, cfg.DataDir)
+	}
+	if got := leaseIDs(a.Assignments()); !slices.Equal(got, []string{"L1"}) {
+		t.Errorf("enforcing %v on a full disk, want [L1] still", got)
+	}
+
+	if err := os.Remove(filler); err != nil {
+		t.Fatal(err)
+	}
+	f.setAssignments([]string{"L1", "L3"}, nil)
+	f.waitFor(t, "the agent enforces L3 once space returned", func() bool {
+		return slices.Equal(leaseIDs(a.Assignments()), []string{"L1", "L3"})
+	})
+	// Nothing is corrupt: the lease files read back whole.
+	recs, bad, err := a.files.load()
+	if err != nil || len(bad) != 0 {
+		t.Fatalf("reading the lease files: %v, quarantined %v", err, bad)
+	}
+	var ids []string
+	for _, r := range recs {
+		ids = append(ids, r.Assignment.GetLeaseId())
+	}
+	if !slices.Equal(ids, []string{"L1", "L3"}) {
+		t.Errorf("lease files of %v, want [L1 L3]", ids)
+	}
 }

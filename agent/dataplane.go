@@ -30,7 +30,8 @@ func (a *Agent) startDataPlane(ctx context.Context) (string, error) {
 	if err != nil {
 		return "", fmt.Errorf("agent: data-plane certificate: %w", err)
 	}
-	cfg := dataplane.ServerConfig{Addr: a.cfg.DataBind, Cert: cert, Auth: a, Leases: dpLeases{a}, Logger: a.log}
+	cfg := dataplane.ServerConfig{Addr: a.cfg.DataBind, Cert: cert, Auth: a, Leases: dpLeases{a}, Logger: a.log,
+		Limits: a.cfg.DataLimits, LimitSet: a.limits}
 	if len(a.cfg.CudaServer) > 0 {
 		cfg.CudaServer = a.cudaServerCommand
 	}

@@ -2,6 +2,7 @@ package agent
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"maps"
@@ -11,6 +12,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/gpupool/gpupool/agent/device"
@@ -43,6 +45,9 @@ const LeaseEnvVar = "GPUPOOL_LEASE_ID"
 // file must be written. A refused lease leaves nothing behind.
 func (a *Agent) prepare(ctx context.Context, as *gpupoolv1.Assignment, now time.Time) {
 	if err := a.prepareErr(ctx, as, deadlineOf(as, now)); err != nil {
+		if errors.Is(err, syscall.ENOSPC) {
+			err = fmt.Errorf("agent data dir %s: disk full: %w; free space there and the agent takes new leases again by itself (the leases it holds keep running)", a.cfg.DataDir, err)
+		}
 		a.log.Error("refusing a lease", "lease", as.LeaseId, "err", err)
 		a.leases.reject(as.LeaseId, err.Error())
 		a.kick()

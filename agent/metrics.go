@@ -53,10 +53,12 @@ func (c agentCollector) Describe(ch chan<- *prometheus.Desc) {
 		descDeviceTotal, descDeviceUtil, descLeaseMemory, descLeaseLimit, descLeaseProcs, descLeaseViolated} {
 		ch <- d
 	}
+	c.a.limits.Collector().Describe(ch)
 }
 
 func (c agentCollector) Collect(ch chan<- prometheus.Metric) {
 	a := c.a
+	a.limits.Collector().Collect(ch)
 	gauge := func(d *prometheus.Desc, v float64, labels ...string) {
 		ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, v, labels...)
 	}

@@ -22,9 +22,9 @@ type aclServer struct {
 	mgmt string // the bootstrap secret
 }
 
-func startACLServer(t *testing.T) *aclServer {
+func startACLServer(t *testing.T, opts ...func(*Config)) *aclServer {
 	t.Helper()
-	ts := startServer(t, func(c *Config) { c.ACL = true })
+	ts := startServer(t, append([]func(*Config){func(c *Config) { c.ACL = true }}, opts...)...)
 	anon := ts.c
 	boot, err := gpupoolv1.NewAclServiceClient(anon.Conn()).Bootstrap(ctx(t), &gpupoolv1.AclBootstrapRequest{})
 	if err != nil {

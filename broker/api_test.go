@@ -32,6 +32,7 @@ func startServer(t testing.TB, opts ...func(*Config)) *testServer {
 		DataDir: t.TempDir(), BindAddr: "127.0.0.1:0", RaftBindAddr: "127.0.0.1:0", BootstrapExpect: 1,
 		Clock: fake, HeartbeatInterval: time.Second, HeartbeatTTL: 5 * time.Second, LockDelay: 10 * time.Second,
 		PreemptGrace: 2 * time.Second, PendingGrace: 3 * time.Second,
+		SlowDiskThreshold: -1, // a loaded machine must not move leadership under a test
 	}
 	faults := &faultyProposer{}
 	cfg.wrapProposer = faults.wrap

@@ -12,6 +12,7 @@ import (
 
 	"github.com/gpupool/gpupool/broker/fsm"
 	"github.com/gpupool/gpupool/broker/placement"
+	"github.com/gpupool/gpupool/internal/limits"
 	"github.com/gpupool/gpupool/protocol"
 )
 
@@ -115,7 +116,12 @@ func toStatus(err error) error {
 	var pce *fsm.PreconditionError
 	var qe *fsm.QuotaError
 	var ie *fsm.IdentityError
+	var le *limits.Error
 	switch {
+	case errors.As(err, &le):
+		return status.Error(codes.ResourceExhausted, err.Error())
+	case errors.Is(err, ErrDiskFull):
+		return status.Error(codes.Unavailable, err.Error())
 	case errors.As(err, &ie):
 		return status.Error(codes.FailedPrecondition, err.Error())
 	case errors.As(err, &fe):

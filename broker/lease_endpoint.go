@@ -49,6 +49,13 @@ func (e leaseService) Acquire(ctx context.Context, req *gpupoolv1.AcquireRequest
 	} else if conn != nil {
 		return gpupoolv1.NewLeaseServiceClient(conn).Acquire(fctx, req)
 	}
+	if req.WaitMs > 0 {
+		release, err := e.s.holdPending(r.Tenant)
+		if err != nil {
+			return nil, err
+		}
+		defer release()
+	}
 	start := time.Now()
 	resp, err := e.s.acquire(ctx, r, time.Duration(req.WaitMs)*time.Millisecond)
 	err = toStatus(err)

@@ -33,6 +33,10 @@ type metrics struct {
 	// collectedLeases counts the ended leases this server's collections
 	// removed as leader.
 	collectedLeases prometheus.Counter
+	// logWrite times the Raft log's writes (fsync included), and
+	// slowDiskTransfers counts the leaderships handed over for them.
+	logWrite          prometheus.Histogram
+	slowDiskTransfers prometheus.Counter
 }
 
 func newMetrics(s *Server) *metrics {
@@ -53,6 +57,13 @@ func newMetrics(s *Server) *metrics {
 		}),
 	}
 	m.s = s
+	m.logWrite = prometheus.NewHistogram(prometheus.HistogramOpts{
+		Name: "gpupool_raft_log_write_seconds", Help: "Time to write (and fsync) a batch of entries to this server's Raft log.",
+		Buckets: prometheus.ExponentialBuckets(0.0005, 2, 14),
+	})
+	m.slowDiskTransfers = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "gpupool_slow_disk_leadership_transfers_total", Help: "Times this server handed leadership to a follower because its own Raft log writes were slow.",
+	})
 	m.leaseEvents = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "gpupool_lease_events_total", Help: "Lease changes this server applied, by event type (granted, releasing, ended, lost, violation, ...).",
 	}, []string{"type"})
@@ -76,7 +87,7 @@ func newMetrics(s *Server) *metrics {
 		m.leaseEnds.WithLabelValues(stateName(st))
 	}
 	m.reg.MustRegister(m.leaseEvents, m.leaseEnds, m.queueWait, m.apply, poolCollector{s})
-	m.reg.MustRegister(m.acquires, m.latency, m.renewVerifyFailures, m.collectedLeases, stateCollector{s},
+	m.reg.MustRegister(m.acquires, m.latency, m.renewVerifyFailures, m.collectedLeases, stateCollector{s}, s.limits.set.Collector(), m.logWrite, m.slowDiskTransfers,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }
@@ -87,6 +98,8 @@ func (m *metrics) observeAcquire(start time.Time, err error) {
 		m.latency.Observe(time.Since(start).Seconds())
 	}
 }
+
+func (m *metrics) observeLogWrite(d time.Duration) { m.logWrite.Observe(d.Seconds()) }
 
 // eventTypeLabel is LEASE_EVENT_TYPE_DRAIN_NOTICE as "drain_notice".
 func eventTypeLabel(name string) string {

@@ -35,9 +35,19 @@ type raftProposer struct {
 	// observe, when set, gets each applied proposal's time from Propose
 	// to applied (gpupool_raft_apply_seconds).
 	observe func(time.Duration)
+	// roomFor, when set, refuses a proposal the log has no room for (a
+	// full disk) before Raft sees it: a leader whose own log write fails
+	// steps down, and a new election writes the term, which Raft cannot
+	// survive failing.
+	roomFor func() error
 }
 
 func (p raftProposer) Propose(cmd proto.Message) Proposal {
+	if p.roomFor != nil {
+		if err := p.roomFor(); err != nil {
+			return failed{err}
+		}
+	}
 	b, err := fsm.Encode(cmd)
 	if err != nil {
 		return failed{err}

@@ -78,6 +78,17 @@ type Config struct {
 	UsageHistoryInterval time.Duration
 	// UI configures the web console; its Bind empty serves none.
 	UI UIConfig
+	// Limits bounds what one caller may make the server do; nil is
+	// DefaultLimits.
+	Limits *Limits
+	// DiskReserveMiB is the free space of the data dir's file system
+	// below which the Raft log refuses writes (ErrDiskFull) until space
+	// returns; 0 is DefaultDiskReserveMiB, negative none.
+	DiskReserveMiB int
+	// SlowDiskThreshold is the median Raft log write time above which a
+	// leader hands leadership to a follower (see watchDisk); 0 is
+	// DefaultSlowDiskThreshold, negative never.
+	SlowDiskThreshold time.Duration
 
 	// EndedLeaseRetention is how long an ended lease stays readable
 	// (DefaultEndedLeaseRetention when 0), and EndedLeasesMax how many
@@ -92,6 +103,9 @@ type Config struct {
 	// wrapProposer, set by the package's tests only, wraps the Raft
 	// proposer in a test double (one that injects faults).
 	wrapProposer func(Proposer) Proposer
+	// wrapLogStore, set by the package's tests only, wraps the Raft log
+	// store in a test double (a slow disk).
+	wrapLogStore func(raft.LogStore) raft.LogStore
 	// RaftLogOutput receives raft's own log (default: discarded below warn).
 	RaftLogOutput io.Writer
 	// AuditSink, when set, receives every audit entry this server applies,
@@ -170,6 +184,19 @@ func (c *Config) setDefaults() error {
 	if err := c.UI.validate(); err != nil {
 		return err
 	}
+	if c.DiskReserveMiB == 0 {
+		c.DiskReserveMiB = DefaultDiskReserveMiB
+	}
+	if c.SlowDiskThreshold == 0 {
+		c.SlowDiskThreshold = DefaultSlowDiskThreshold
+	}
+	if c.Limits == nil {
+		l := DefaultLimits()
+		c.Limits = &l
+	}
+	if err := c.Limits.Validate(); err != nil {
+		return err
+	}
 	if c.UsageHistoryInterval <= 0 {
 		c.UsageHistoryInterval = DefaultUsageHistoryInterval
 	}
@@ -193,6 +220,7 @@ type Server struct {
 	raft *raft.Raft
 
 	store     *raftboltdb.BoltStore
+	disk      *diskLog // the Raft log: store with the disk checks
 	transport *raft.NetworkTransport
 	grpc      *grpc.Server
 	listener  net.Listener
@@ -223,6 +251,8 @@ type Server struct {
 	peers  map[string]*gpupoolv1.ServerInfoResponse // guarded by peerMu; learned while forming
 
 	metrics *metrics
+	// limits bound what one caller may make the server do.
+	limits *limiters
 	// history is each tenant's recent usage, this server's memory only.
 	history *usageHistory
 	// ui is the web console, nil unless Config.UI.Bind is set.
@@ -265,6 +295,7 @@ func New(cfg Config) (*Server, error) {
 		grants:     newInflight(),
 		history:    newUsageHistory(),
 	}
+	s.limits = newLimiters(*cfg.Limits, cfg.Clock.Now)
 	s.metrics = newMetrics(s)
 	if err := s.openRaft(); err != nil {
 		s.closeStores()
@@ -278,16 +309,19 @@ func New(cfg Config) (*Server, error) {
 	}
 	s.listener = lis
 	// Errors leave through toStatus, outermost; then TLS's role checks
-	// run, then the ACL's token checks.
-	opts := []grpc.ServerOption{grpc.ChainUnaryInterceptor(statusUnary), grpc.ChainStreamInterceptor(statusStream),
+	// run, then the ACL's token checks, then the token's limits. A
+	// connection over its client's limit has its calls refused first.
+	opts := []grpc.ServerOption{grpc.InTapHandle(s.limits.tapLimits),
+		grpc.ChainUnaryInterceptor(statusUnary), grpc.ChainStreamInterceptor(statusStream),
 		grpc.MaxConcurrentStreams(maxStreamsPerConn)}
 	opts = append(opts, s.grpcServerOptions()...)
 	s.grpc = grpc.NewServer(append(opts,
-		grpc.ChainUnaryInterceptor(s.nameLeader, s.unaryACL), grpc.ChainStreamInterceptor(s.streamACL))...)
+		grpc.ChainUnaryInterceptor(s.nameLeader, s.unaryACL, s.unaryLimits), grpc.ChainStreamInterceptor(s.streamACL, s.streamLimits))...)
 	s.registerServices()
-	s.goFunc(func() { _ = s.grpc.Serve(lis) })
+	s.goFunc(func() { _ = s.grpc.Serve(limitListener{Listener: lis, l: s.limits}) })
 	s.goFunc(s.monitorLeadership)
 	s.goFunc(func() { watchLeader(s.raft, s.leaders, s.shutdownCh) })
+	s.goFunc(s.watchDisk)
 	s.goFunc(s.formCluster)
 	s.goFunc(s.keepOwnAddressCurrent)
 	s.goFunc(s.metrics.countLeaseEvents)
@@ -394,12 +428,18 @@ func (s *Server) openRaft() error {
 
 	conf := raftConfig(s.cfg.NodeID, s.notifyCh, s.cfg.RaftLogOutput)
 	setSnapshotSchedule(conf)
-	r, err := raft.NewRaft(conf, s.fsm, store, store, snaps, trans)
+	reserve := uint64(max(s.cfg.DiskReserveMiB, 0))
+	var logs raft.LogStore = store
+	if s.cfg.wrapLogStore != nil {
+		logs = s.cfg.wrapLogStore(logs)
+	}
+	s.disk = &diskLog{LogStore: injectDiskFaults(dir, logs, s.shutdownCh), dir: dir, reserveMiB: reserve, observe: s.metrics.observeLogWrite}
+	r, err := raft.NewRaft(conf, s.fsm, s.disk, store, snaps, trans)
 	if err != nil {
 		return fmt.Errorf("broker: %w %s: start raft: %v", ErrDataDir, dir, err)
 	}
 	s.raft = r
-	s.proposer = versionGate{next: raftProposer{r: r, observe: s.metrics.observeApply}, s: s}
+	s.proposer = versionGate{next: raftProposer{r: r, observe: s.metrics.observeApply, roomFor: s.disk.room}, s: s}
 	if s.cfg.wrapProposer != nil {
 		s.proposer = s.cfg.wrapProposer(s.proposer)
 	}

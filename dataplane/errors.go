@@ -65,6 +65,8 @@ func codeName(c gpupoolv1.AcceptCode) string {
 		return "not found"
 	case gpupoolv1.AcceptCode_ACCEPT_CODE_INTERNAL:
 		return "internal"
+	case gpupoolv1.AcceptCode_ACCEPT_CODE_RESOURCE_EXHAUSTED:
+		return "resource exhausted"
 	default:
 		return fmt.Sprintf("code %d", int32(c))
 	}
@@ -82,6 +84,8 @@ func grpcCode(c gpupoolv1.AcceptCode) codes.Code {
 		return codes.InvalidArgument
 	case gpupoolv1.AcceptCode_ACCEPT_CODE_NOT_FOUND:
 		return codes.NotFound
+	case gpupoolv1.AcceptCode_ACCEPT_CODE_RESOURCE_EXHAUSTED:
+		return codes.ResourceExhausted
 	default:
 		return codes.Internal
 	}
@@ -101,6 +105,9 @@ const (
 
 	// connShutdown closes the connections of an agent that shuts down.
 	connShutdown quic.ApplicationErrorCode = 0x100
+	// connLimited closes a connection over one of the agent's limits; its
+	// reason names the limit.
+	connLimited quic.ApplicationErrorCode = 0x101
 )
 
 // peerError turns what a stream or connection operation returned into the
@@ -121,6 +128,9 @@ func peerError(err error) error {
 	var ae *quic.ApplicationError
 	if errors.As(err, &ae) && ae.Remote && ae.ErrorCode == connShutdown {
 		return ErrAgentShutdown
+	}
+	if errors.As(err, &ae) && ae.Remote && ae.ErrorCode == connLimited {
+		return &RefusedError{Code: gpupoolv1.AcceptCode_ACCEPT_CODE_RESOURCE_EXHAUSTED, Message: ae.ErrorMessage}
 	}
 	return err
 }

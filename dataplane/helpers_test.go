@@ -114,6 +114,12 @@ func newTestAgent(t *testing.T) *testAgent {
 // newTestAgentCuda is newTestAgent whose cuda operation starts cuda.
 func newTestAgentCuda(t *testing.T, cuda CudaServerFunc) *testAgent {
 	t.Helper()
+	return newTestAgentWith(t, func(c *ServerConfig) { c.CudaServer = cuda })
+}
+
+// newTestAgentWith is newTestAgent whose config opts changes first.
+func newTestAgentWith(t *testing.T, opts func(*ServerConfig)) *testAgent {
+	t.Helper()
 	base := t.TempDir()
 	cert, fp, err := LoadOrCreateCert(filepath.Join(base, "cert"))
 	if err != nil {
@@ -142,14 +148,15 @@ func newTestAgentCuda(t *testing.T, cuda CudaServerFunc) *testAgent {
 		leases:  map[string]string{testToken: testLease, otherToken: otherLease},
 		refusal: map[string]string{"expired": "token expired at 2026-01-02T03:04:05Z"},
 	}
-	srv, err := NewServer(ServerConfig{
-		Addr:       "127.0.0.1:0",
-		Cert:       cert,
-		Auth:       auth,
-		Leases:     leases,
-		Logger:     slog.New(slog.NewTextHandler(t.Output(), &slog.HandlerOptions{Level: slog.LevelDebug})),
-		CudaServer: cuda,
-	})
+	cfg := ServerConfig{
+		Addr:   "127.0.0.1:0",
+		Cert:   cert,
+		Auth:   auth,
+		Leases: leases,
+		Logger: slog.New(slog.NewTextHandler(t.Output(), &slog.HandlerOptions{Level: slog.LevelDebug})),
+	}
+	opts(&cfg)
+	srv, err := NewServer(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}

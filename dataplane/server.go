@@ -14,6 +14,8 @@ import (
 	"github.com/quic-go/quic-go"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/gpupool/gpupool/internal/limits"
+
 	gpupoolv1 "github.com/gpupool/gpupool/proto/gpupool/v1"
 )
 
@@ -71,6 +73,12 @@ type ServerConfig struct {
 	// MaxStreamsPerConn bounds the operations one connection runs at once;
 	// 0 means 64.
 	MaxStreamsPerConn int
+	// Limits bounds what one client may make the server do; nil is
+	// DefaultLimits.
+	Limits *Limits
+	// LimitSet counts the refusals of Limits (for the agent's /metrics);
+	// nil counts them in a set of the server's own.
+	LimitSet *limits.Set
 	// CudaServer is the command line of a lease's CUDA server, which the
 	// cuda operation starts on the lease's first cuda stream and Revoke
 	// stops; nil refuses cuda streams (NOT_FOUND).
@@ -97,6 +105,10 @@ type Server struct {
 	tr     *quic.Transport
 	ln     *quic.Listener
 
+	connRate     *limits.RateLimiter
+	clientConns  *limits.Concurrency
+	leaseStreams *limits.Concurrency
+
 	mu      sync.Mutex
 	conns   map[*quic.Conn]struct{}               // guarded by mu
 	byLease map[string]map[*serverStream]struct{} // guarded by mu
@@ -117,6 +129,17 @@ func NewServer(cfg ServerConfig) (*Server, error) {
 		return nil, errors.New("dataplane: ServerConfig.Cert: must hold a certificate (see LoadOrCreateCert)")
 	case cfg.MaxStreamsPerConn < 0:
 		return nil, fmt.Errorf("dataplane: ServerConfig.MaxStreamsPerConn %d: must be 0 (the default, %d) or more", cfg.MaxStreamsPerConn, defaultMaxStreams)
+	}
+	lim := DefaultLimits()
+	if cfg.Limits != nil {
+		lim = *cfg.Limits
+	}
+	if err := lim.Validate(); err != nil {
+		return nil, err
+	}
+	set := cfg.LimitSet
+	if set == nil {
+		set = limits.NewSet(nil)
 	}
 	maxStreams := cfg.MaxStreamsPerConn
 	if maxStreams == 0 {
@@ -155,6 +178,10 @@ func NewServer(cfg ServerConfig) (*Server, error) {
 		conns:   make(map[*quic.Conn]struct{}),
 		byLease: make(map[string]map[*serverStream]struct{}),
 		cuda:    cudaServers{newCmd: cfg.CudaServer},
+
+		connRate:     set.Rate(LimitClientConnRate, FlagClientConnRate, lim.ClientConnRate),
+		clientConns:  set.Concurrency(LimitClientConns, FlagClientConns, lim.ClientConns, "connections open at once"),
+		leaseStreams: set.Concurrency(LimitLeaseStreams, FlagLeaseStreams, lim.LeaseStreams, "streams open at once"),
 	}, nil
 }
 
@@ -177,10 +204,19 @@ func (s *Server) Serve(ctx context.Context) error {
 			}
 			break
 		}
+		release, lerr := s.admit(conn)
+		if lerr != nil {
+			s.log.Info("connection refused", "remote", conn.RemoteAddr().String(), "err", lerr)
+			conn.CloseWithError(connLimited, lerr.Error())
+			continue
+		}
 		s.mu.Lock()
 		s.conns[conn] = struct{}{}
 		s.mu.Unlock()
-		s.wg.Go(func() { s.serveConn(conn) })
+		s.wg.Go(func() {
+			defer release()
+			s.serveConn(conn)
+		})
 	}
 	s.ln.Close()
 	s.mu.Lock()
@@ -285,6 +321,13 @@ func (s *Server) serveStream(qs *quic.Stream) {
 	}
 	st.leaseID = leaseID
 	st.log = st.log.With("lease", leaseID)
+	release, lerr := s.leaseStreams.Acquire(leaseID, "lease "+leaseID)
+	if lerr != nil {
+		st.log.Info("stream refused", "err", lerr)
+		st.refuse(refusef(gpupoolv1.AcceptCode_ACCEPT_CODE_RESOURCE_EXHAUSTED, "%v", lerr))
+		return
+	}
+	defer release()
 	s.register(st)
 	defer s.unregister(st)
 	// After register: a Revoke from now on finds the stream, and one that

@@ -15,6 +15,7 @@ import (
 	consolebench "github.com/gpupool/gpupool/bench/console"
 	dataplanebench "github.com/gpupool/gpupool/bench/dataplane"
 	failoverbench "github.com/gpupool/gpupool/bench/failover"
+	floodbench "github.com/gpupool/gpupool/bench/flood"
 	leasebench "github.com/gpupool/gpupool/bench/lease"
 	placementbench "github.com/gpupool/gpupool/bench/placement"
 	scalebench "github.com/gpupool/gpupool/bench/scale"
@@ -36,6 +37,8 @@ var benchmarks = []benchmark{
 	{"churn", "one broker's memory at 0, 10k and 100k leases and under acquire/release churn (up to 1M cycles): is the state bounded?", scalebench.RunChurn},
 	{"dataplane", "the QUIC data plane against TCP+TLS on loopback: bulk throughput and exec latency", dataplanebench.Run},
 	{"console", "the web console's pool page on 10k hosts: server render, browser to first full render (goal 2 s), live update", consolebench.Run},
+	{"slowdisk", "one broker's Raft log writes slowed by 10ms, 100ms, 1s (a follower's, then the leader's) under acquire load: grants/s, p99, leadership handover", failoverbench.RunSlowDisk},
+	{"flood", "one token floods acquires and streams while another acquires: its p99 with and without the flood; 8,000 waiting acquires of one tenant opened and cancelled", floodbench.Run},
 }
 
 func benchmarkNames() string {

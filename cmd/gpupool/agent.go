@@ -19,6 +19,7 @@ import (
 	"github.com/gpupool/gpupool/agent/device"
 	"github.com/gpupool/gpupool/agent/mps"
 	"github.com/gpupool/gpupool/client"
+	"github.com/gpupool/gpupool/dataplane"
 	"github.com/gpupool/gpupool/internal/pki"
 	"github.com/gpupool/gpupool/internal/version"
 )
@@ -29,6 +30,7 @@ var machineIDFile = "/etc/machine-id"
 type agentOpts struct {
 	tokenFile       string
 	dataBind        string
+	dataLimits      dataplane.Limits
 	dataDir         string
 	mps             string
 	simControl      string
@@ -140,6 +142,11 @@ else the hostname.`,
 	f.StringVar(&o.hostID, "host-id", "", "stable id of this host (default: /etc/machine-id's first 12 characters, else the hostname)")
 	f.StringVar(&o.address, "address", "", "data-plane address (HOST:PORT) advertised to lease holders (default: the address --data-bind listens on)")
 	f.StringVar(&o.dataBind, "data-bind", "127.0.0.1:7650", "where the QUIC data plane listens (UDP); empty runs none")
+	o.dataLimits = dataplane.DefaultLimits()
+	f.Float64Var(&o.dataLimits.ClientConnRate.PerSecond, dataplane.FlagClientConnRate, o.dataLimits.ClientConnRate.PerSecond, "new data-plane connections one client address may open per second; a connection over it is closed with RESOURCE_EXHAUSTED naming the limit; 0: no limit")
+	f.IntVar(&o.dataLimits.ClientConnRate.Burst, dataplane.FlagClientConnBurst, o.dataLimits.ClientConnRate.Burst, "how many new data-plane connections over --"+dataplane.FlagClientConnRate+" one client address may open in a burst (at least 1)")
+	f.IntVar(&o.dataLimits.ClientConns, dataplane.FlagClientConns, o.dataLimits.ClientConns, "data-plane connections one client address may hold open at once; 0: no limit")
+	f.IntVar(&o.dataLimits.LeaseStreams, dataplane.FlagLeaseStreams, o.dataLimits.LeaseStreams, "data-plane streams (exec, put, get, forward, usage, cuda) one lease token may hold open at once; over it a stream is refused with RESOURCE_EXHAUSTED; 0: no limit")
 	f.StringArrayVar(&o.labels, "label", nil, "host label as key=value; repeat for more")
 	f.Int64Var(&o.cpu, "cpu", -1, "host CPU offered to workloads, in millicores (default: all of this machine's; 0 offers none)")
 	f.Int64Var(&o.hostMemory, "host-memory", -1, "host memory offered to workloads, in MiB (default: all of this machine's; 0 offers none)")
@@ -178,6 +185,9 @@ func runAgent(cmd *cobra.Command, o agentOpts) error {
 	addrs := client.ParseAddrs(brokers)
 	if len(addrs) == 0 {
 		return usagef("--broker is empty: give one or more broker addresses, e.g. 127.0.0.1:7641")
+	}
+	if err := o.dataLimits.Validate(); err != nil {
+		return usagef("%v", err)
 	}
 	labels, err := parseLabelFlag("label", o.labels)
 	if err != nil {
@@ -315,6 +325,7 @@ func runAgent(cmd *cobra.Command, o agentOpts) error {
 		MetricsLeaseIDs:       o.metricsLeaseIDs,
 		CgroupParent:          o.cgroupParent,
 		CudaServer:            cudaServerCommand(),
+		DataLimits:            &o.dataLimits,
 
 		DCGMJobMappingDir: o.dcgmJobMappingDir,
 	})

@@ -26,6 +26,7 @@ func newBrokerCmd() *cobra.Command {
 		metrics   string
 		pprofBind string
 		insecure  bool
+		lim       = broker.DefaultLimits()
 	)
 	cmd := &cobra.Command{
 		Use:   "broker --data-dir DIR --bind ADDR (--bootstrap-expect N | --join ADDR,...)",
@@ -94,6 +95,22 @@ is for tests and benchmarks on a closed machine only. See docs/security.md.`,
 			}
 			if err := aclMode(cmd, &cfg, insecure); err != nil {
 				return err
+			}
+			if err := lim.Validate(); err != nil {
+				return usagef("%v", err)
+			}
+			cfg.Limits = &lim
+			if cfg.DiskReserveMiB < 0 {
+				return usagef("--disk-reserve %d: must be 0 (no reserve) or more MiB", cfg.DiskReserveMiB)
+			}
+			if cfg.DiskReserveMiB == 0 {
+				cfg.DiskReserveMiB = -1
+			}
+			if cfg.SlowDiskThreshold < 0 {
+				return usagef("--slow-disk-threshold %s: must be 0 (never hand leadership over) or a duration such as 100ms", cfg.SlowDiskThreshold)
+			}
+			if cfg.SlowDiskThreshold == 0 {
+				cfg.SlowDiskThreshold = -1
 			}
 			cfg.Token = globalToken()
 			cfg.Logger = logger
@@ -168,6 +185,14 @@ is for tests and benchmarks on a closed machine only. See docs/security.md.`,
 	f.BoolVar(&cfg.ACL, "acl", true, "check an ACL token on every call; --acl=false trusts every certificate of the cluster CA (prints a warning), --insecure turns it off too")
 	f.BoolVar(&insecure, "insecure", false, insecureUsage)
 	f.StringVar(&cfg.UI.Bind, "ui-bind", "", "serve the read-only web console at ADDR (e.g. 127.0.0.1:7701; HTTPS when the broker has TLS; sign in with an ACL token); empty serves none")
+	f.Float64Var(&lim.TokenRate.PerSecond, broker.FlagTokenRate, lim.TokenRate.PerSecond, "requests (calls and new streams) one ACL token may make per second on this broker; 0: no limit. Over it a call fails with RESOURCE_EXHAUSTED naming the limit")
+	f.IntVar(&lim.TokenRate.Burst, broker.FlagTokenBurst, lim.TokenRate.Burst, "how many requests over --"+broker.FlagTokenRate+" one token may make in a burst (at least 1)")
+	f.IntVar(&lim.TokenStreams, broker.FlagTokenStreams, lim.TokenStreams, "streams (watch, keep-alive, heartbeat) one ACL token may hold open at once on this broker; 0: no limit")
+	f.Float64Var(&lim.ClientConnRate.PerSecond, broker.FlagClientConnRate, lim.ClientConnRate.PerSecond, "new connections one client address may open per second; the calls of a connection over it fail with RESOURCE_EXHAUSTED; 0: no limit")
+	f.IntVar(&lim.ClientConnRate.Burst, broker.FlagClientConnBurst, lim.ClientConnRate.Burst, "how many new connections over --"+broker.FlagClientConnRate+" one client address may open in a burst (at least 1)")
+	f.IntVar(&lim.TenantPending, broker.FlagTenantPending, lim.TenantPending, "acquires with a wait that one tenant may have in progress at once on the leader (the queue's pending requests); 0: no limit")
+	f.IntVar(&cfg.DiskReserveMiB, "disk-reserve", broker.DefaultDiskReserveMiB, "MiB that must stay free on --data-dir's file system: below it the Raft log refuses writes (calls fail UNAVAILABLE saying the disk is full) until space returns, and the broker resumes by itself; 0: no reserve")
+	f.DurationVar(&cfg.SlowDiskThreshold, "slow-disk-threshold", broker.DefaultSlowDiskThreshold, "a leader whose Raft log writes (fsync) take longer than this (median of the last 5s) hands leadership to a follower, at most once in 30s; 0: never")
 	f.IntVar(&cfg.UI.StreamsPerToken, "ui-streams-per-token", 0, "live console streams one token may hold open at once (default 8)")
 	return cmd
 }

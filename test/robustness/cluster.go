@@ -73,6 +73,7 @@ func launchArgs(s procSpec) []string {
 			"--bootstrap-expect", strconv.Itoa(s.expect), "--join", strings.Join(s.join, ","),
 			"--heartbeat-interval", ms(s.timing.HeartbeatInterval), "--heartbeat-ttl", ms(s.timing.HeartbeatTTL),
 			"--lock-delay", ms(s.timing.LockDelay), "--log-level", "debug",
+			"--limit-tenant-pending", strconv.Itoa(floodCap), "--disk-reserve", "16",
 			"--insecure"} // faults and history, not TLS or tokens, are under test
 	default:
 		return []string{"agent", "--broker", strings.Join(s.brokers, ","), "--simulate", "8xA100-80GB",
@@ -86,11 +87,12 @@ func launchArgs(s procSpec) []string {
 // Proc is one gpupool process on a node; its output is appended to a log
 // file across restarts.
 type Proc struct {
-	Node string
-	Log  string
-	args []string
-	bin  string
-	net  Network
+	Node    string
+	Log     string
+	DataDir string
+	args    []string
+	bin     string
+	net     Network
 
 	cmd  *exec.Cmd
 	done chan struct{} // closed when cmd has exited
@@ -184,14 +186,20 @@ type Cluster struct {
 	Agents  []*Proc // node host-N
 	Addrs   []string
 	Client  *client.Client // the observer's client: never cut off
+	// mounts are the loop-mounted broker data dirs; diskErr says why
+	// there are none (FaultFullDisk is then skipped).
+	mounts  []string
+	diskErr error
 }
 
 // BuildGpupool builds cmd/gpupool into dir.
 func BuildGpupool(dir string) (string, error) {
 	bin := filepath.Join(dir, "gpupool")
-	out, err := exec.Command("go", "build", "-o", bin, "github.com/gpupool/gpupool/cmd/gpupool").CombinedOutput()
+	// faultinject: a broker's data dir can slow its Raft log writes
+	// (FaultSlowDisk*).
+	out, err := exec.Command("go", "build", "-tags", "faultinject", "-o", bin, "github.com/gpupool/gpupool/cmd/gpupool").CombinedOutput()
 	if err != nil {
-		return "", fmt.Errorf("go build ./cmd/gpupool: %v\n%s", err, out)
+		return "", fmt.Errorf("go build -tags faultinject ./cmd/gpupool: %v\n%s", err, out)
 	}
 	return bin, nil
 }
@@ -234,6 +242,13 @@ func StartCluster(ctx context.Context, o ClusterOptions) (*Cluster, error) {
 			return cl, err
 		}
 	}
+	if err := mountDataDirs(cl); err != nil {
+		unmountDataDirs(cl)
+		if !errors.Is(err, ErrUnsupported) {
+			return cl, err
+		}
+		cl.diskErr = err
+	}
 	for _, p := range append(append([]*Proc(nil), cl.Brokers...), cl.Agents...) {
 		if err := p.Start(); err != nil {
 			return cl, err
@@ -269,7 +284,7 @@ func (cl *Cluster) AddAgent() (*Proc, error) {
 
 func (cl *Cluster) proc(s procSpec) *Proc {
 	s.dataDir = filepath.Join(cl.opts.Dir, s.node)
-	return &Proc{Node: s.node, Log: filepath.Join(cl.opts.Dir, s.node+".log"), args: launchArgs(s), bin: cl.opts.Bin, net: cl.opts.Net}
+	return &Proc{Node: s.node, Log: filepath.Join(cl.opts.Dir, s.node+".log"), DataDir: s.dataDir, args: launchArgs(s), bin: cl.opts.Bin, net: cl.opts.Net}
 }
 
 func brokerNode(i int) string { return fmt.Sprintf("broker-%d", i+1) }
@@ -303,6 +318,7 @@ func (cl *Cluster) Stop() {
 			p.Signal(syscall.SIGKILL)
 		}
 	}
+	unmountDataDirs(cl)
 }
 
 // Leader is the index of the broker that leads, as the brokers say.

@@ -20,14 +20,10 @@ const (
 	FaultSlowLink     = "slow/lossy link on a broker"
 	FaultAgentCut     = "agent cut off from brokers"
 	FaultPause        = "leader paused (SIGSTOP)"
-	FaultSlowDisk     = "slow disk (fsync delay)"
 )
 
-// FaultKinds are the faults a run picks from.
+// FaultKinds are the faults a run picks from (disk.go adds more).
 var FaultKinds = []string{FaultKillLeader, FaultKillFollower, FaultRestart, FaultPartition, FaultAsymmetric, FaultSlowLink, FaultAgentCut}
-
-// slowDiskWhy is why FaultSlowDisk is never injected.
-const slowDiskWhy = "no fsync hook: the broker's bbolt log has no injection point, and this kernel offers no dm-delay"
 
 // FaultCount counts one kind of fault.
 type FaultCount struct {
@@ -44,6 +40,13 @@ type Faults struct {
 	Net     Network
 	Seed    uint64
 	Logf    func(format string, args ...any)
+
+	// First are faults injected first, in order, before the random ones:
+	// a short run covers them for sure.
+	First []string
+
+	quotaOnce sync.Once // the flood tenant's quota, set once
+	quotaErr  error
 
 	mu     sync.Mutex
 	counts map[string]*FaultCount // guarded by mu
@@ -81,14 +84,17 @@ func (f *Faults) count(kind string, skipped error, detail string) {
 // did not recover from one (no leader, or hosts not ready, within 60s).
 func (f *Faults) Run(ctx context.Context) error {
 	f.mu.Lock()
-	f.counts = map[string]*FaultCount{FaultSlowDisk: {Why: slowDiskWhy}}
+	f.counts = map[string]*FaultCount{}
 	f.mu.Unlock()
 	rng := rand.New(rand.NewPCG(f.Seed, 0xfa))
-	for {
+	for n := 0; ; n++ {
 		if !sleepCtx(ctx, time.Duration(1000+rng.IntN(2000))*time.Millisecond) {
 			return nil
 		}
 		kind := FaultKinds[rng.IntN(len(FaultKinds))]
+		if n < len(f.First) {
+			kind = f.First[n]
+		}
 		hold := time.Duration(2000+rng.IntN(4000)) * time.Millisecond
 		target := rng.IntN(1 << 30)
 		if err := f.inject(ctx, kind, hold, target); err != nil {
@@ -186,7 +192,7 @@ func (f *Faults) inject(ctx context.Context, kind string, hold time.Duration, ta
 		holdFor()
 		return f.Net.Heal()
 	}
-	return fmt.Errorf("unknown fault %q", kind)
+	return f.injectMore(ctx, kind, hold, target, leader)
 }
 
 // pause stops the leader's process for hold: from the other servers'

@@ -117,11 +117,12 @@ func runScenario(t *testing.T, cfg Config) *Report {
 }
 
 // TestRobustness is the short run CI does: 3 brokers, 3 agents, 6
-// clients, faults for GPUPOOL_ROBUSTNESS_DURATION (default 60s).
+// clients, faults for GPUPOOL_ROBUSTNESS_DURATION (default 60s), the
+// first of them a flood, a slow leader's disk and a full disk.
 func TestRobustness(t *testing.T) {
 	needsCluster(t)
 	runScenario(t, Config{Duration: envDuration(t, "GPUPOOL_ROBUSTNESS_DURATION", 60*time.Second), MaxOps: 50_000,
-		Brokers: 3, Agents: 3, Workers: 6, Faults: true})
+		Brokers: 3, Agents: 3, Workers: 6, Faults: true, FirstFaults: []string{FaultFlood, FaultSlowDiskLeader, FaultFullDisk}})
 }
 
 // TestSoak is `make soak DURATION=10m`: 5 brokers, 4 agents, 8 clients,

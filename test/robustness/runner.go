@@ -20,18 +20,20 @@ import (
 
 // Config is one seeded run.
 type Config struct {
-	Seed       uint64
-	Duration   time.Duration // how long the workload and the faults run
-	MaxOps     int64         // the workload stops after this many operations
-	Brokers    int           // 3 or 5
-	Agents     int
-	Workers    int
-	Faults     bool
-	ForceProxy bool
-	Bin        string // gpupool binary
-	Dir        string // data dirs, logs, visualizations
-	Timing     Timing
-	Logf       func(format string, args ...any)
+	Seed     uint64
+	Duration time.Duration // how long the workload and the faults run
+	MaxOps   int64         // the workload stops after this many operations
+	Brokers  int           // 3 or 5
+	Agents   int
+	Workers  int
+	Faults   bool
+	// FirstFaults are injected first, in order (see Faults.First).
+	FirstFaults []string
+	ForceProxy  bool
+	Bin         string // gpupool binary
+	Dir         string // data dirs, logs, visualizations
+	Timing      Timing
+	Logf        func(format string, args ...any)
 }
 
 // Report is what a run saw.
@@ -112,7 +114,7 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	defer stop()
 	hist := &History{}
 	wl := &Workload{Client: cl.Client, History: hist, Seed: cfg.Seed, Workers: cfg.Workers, MaxOps: cfg.MaxOps}
-	fl := &Faults{Cluster: cl, Net: nw, Seed: cfg.Seed, Logf: cfg.Logf}
+	fl := &Faults{Cluster: cl, Net: nw, Seed: cfg.Seed, Logf: cfg.Logf, First: cfg.FirstFaults}
 	var wg sync.WaitGroup
 	var faultErr error
 	if cfg.Faults {
@@ -291,7 +293,7 @@ func (r *Report) Table() string {
 		b.WriteString("\n")
 		tw = tabwriter.NewWriter(&b, 0, 0, 2, ' ', tabwriter.Debug)
 		fmt.Fprintln(tw, "fault\tinjected\tskipped\tnote\t")
-		kinds := append(slices.Clone(FaultKinds), FaultPause, FaultSlowDisk)
+		kinds := append(slices.Clone(FaultKinds), FaultPause)
 		for _, k := range kinds {
 			f, ok := r.Faults[k]
 			if !ok {
@@ -301,7 +303,7 @@ func (r *Report) Table() string {
 			if f.Why != "" && f.Injected == 0 {
 				note = f.Why
 			}
-			if k == FaultSlowLink || k == FaultSlowDisk || f.Injected == 0 {
+			if k == FaultSlowLink || slices.Contains(MoreFaultKinds, k) || f.Injected == 0 {
 				fmt.Fprintf(tw, "%s\t%d\t%d\t%s\t\n", k, f.Injected, f.Skipped, note)
 			} else {
 				fmt.Fprintf(tw, "%s\t%d\t%d\t\t\n", k, f.Injected, f.Skipped)

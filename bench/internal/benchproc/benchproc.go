@@ -12,6 +12,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
 	"syscall"
 	"time"
 )
@@ -87,10 +88,15 @@ func (p *Proc) LogTail(n int) string {
 	return string(b)
 }
 
-// BuildGpupool builds cmd/gpupool into dir. It must run inside the module.
-func BuildGpupool(ctx context.Context, dir string) (string, error) {
+// BuildGpupool builds cmd/gpupool into dir, with the build tags given
+// (e.g. faultinject). It must run inside the module.
+func BuildGpupool(ctx context.Context, dir string, tags ...string) (string, error) {
 	bin := filepath.Join(dir, "gpupool")
-	out, err := exec.CommandContext(ctx, "go", "build", "-o", bin, "github.com/gpupool/gpupool/cmd/gpupool").CombinedOutput()
+	args := []string{"build", "-o", bin}
+	if len(tags) > 0 {
+		args = append(args, "-tags", strings.Join(tags, ","))
+	}
+	out, err := exec.CommandContext(ctx, "go", append(args, "github.com/gpupool/gpupool/cmd/gpupool")...).CombinedOutput()
 	if err != nil {
 		return "", fmt.Errorf("go build ./cmd/gpupool (run from the repository, or pass --gpupool PATH): %v\n%s", err, out)
 	}

@@ -49,6 +49,9 @@ const (
 	AcceptCode_ACCEPT_CODE_INVALID_ARGUMENT  AcceptCode = 3
 	AcceptCode_ACCEPT_CODE_NOT_FOUND         AcceptCode = 4
 	AcceptCode_ACCEPT_CODE_INTERNAL          AcceptCode = 5
+	// The caller hit one of the agent's limits (e.g. streams per lease);
+	// the message names it. Retry later.
+	AcceptCode_ACCEPT_CODE_RESOURCE_EXHAUSTED AcceptCode = 6
 )
 
 // Enum value maps for AcceptCode.
@@ -60,14 +63,16 @@ var (
 		3: "ACCEPT_CODE_INVALID_ARGUMENT",
 		4: "ACCEPT_CODE_NOT_FOUND",
 		5: "ACCEPT_CODE_INTERNAL",
+		6: "ACCEPT_CODE_RESOURCE_EXHAUSTED",
 	}
 	AcceptCode_value = map[string]int32{
-		"ACCEPT_CODE_OK":                0,
-		"ACCEPT_CODE_UNAUTHENTICATED":   1,
-		"ACCEPT_CODE_PERMISSION_DENIED": 2,
-		"ACCEPT_CODE_INVALID_ARGUMENT":  3,
-		"ACCEPT_CODE_NOT_FOUND":         4,
-		"ACCEPT_CODE_INTERNAL":          5,
+		"ACCEPT_CODE_OK":                 0,
+		"ACCEPT_CODE_UNAUTHENTICATED":    1,
+		"ACCEPT_CODE_PERMISSION_DENIED":  2,
+		"ACCEPT_CODE_INVALID_ARGUMENT":   3,
+		"ACCEPT_CODE_NOT_FOUND":          4,
+		"ACCEPT_CODE_INTERNAL":           5,
+		"ACCEPT_CODE_RESOURCE_EXHAUSTED": 6,
 	}
 )
 
@@ -1417,7 +1422,7 @@ const file_gpupool_v1_dataplane_proto_rawDesc = "" +
 	"UsageStart\x12\x1f\n" +
 	"\vinterval_ms\x18\x01 \x01(\x03R\n" +
 	"intervalMs\"\v\n" +
-	"\tCudaStart*\xbb\x01\n" +
+	"\tCudaStart*\xdf\x01\n" +
 	"\n" +
 	"AcceptCode\x12\x12\n" +
 	"\x0eACCEPT_CODE_OK\x10\x00\x12\x1f\n" +
@@ -1425,7 +1430,8 @@ const file_gpupool_v1_dataplane_proto_rawDesc = "" +
 	"\x1dACCEPT_CODE_PERMISSION_DENIED\x10\x02\x12 \n" +
 	"\x1cACCEPT_CODE_INVALID_ARGUMENT\x10\x03\x12\x19\n" +
 	"\x15ACCEPT_CODE_NOT_FOUND\x10\x04\x12\x18\n" +
-	"\x14ACCEPT_CODE_INTERNAL\x10\x05B7Z5github.com/gpupool/gpupool/proto/gpupool/v1;gpupoolv1b\x06proto3"
+	"\x14ACCEPT_CODE_INTERNAL\x10\x05\x12\"\n" +
+	"\x1eACCEPT_CODE_RESOURCE_EXHAUSTED\x10\x06B7Z5github.com/gpupool/gpupool/proto/gpupool/v1;gpupoolv1b\x06proto3"
 
 var (
 	file_gpupool_v1_dataplane_proto_rawDescOnce sync.Once

@@ -1,0 +1,153 @@
+package broker
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/hashicorp/raft"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/gpupool/gpupool/client"
+	"github.com/gpupool/gpupool/internal/clock"
+	"github.com/gpupool/gpupool/internal/loopfs"
+	gpupoolv1 "github.com/gpupool/gpupool/proto/gpupool/v1"
+)
+
+// slowDisk is a log store whose writes sleep delay first.
+type slowDisk struct {
+	raft.LogStore
+	delay *atomic.Int64
+}
+
+func (s slowDisk) StoreLogs(logs []*raft.Log) error {
+	time.Sleep(time.Duration(s.delay.Load()))
+	return s.LogStore.StoreLogs(logs)
+}
+
+func (s slowDisk) StoreLog(l *raft.Log) error { return s.StoreLogs([]*raft.Log{l}) }
+
+func TestALeaderWithASlowDiskHandsLeadershipOver(t *testing.T) {
+	var delay atomic.Int64
+	first := startServer(t, func(c *Config) {
+		c.SlowDiskThreshold = 50 * time.Millisecond
+		c.wrapLogStore = func(l raft.LogStore) raft.LogStore { return slowDisk{LogStore: l, delay: &delay} }
+	})
+	first.registerHost(t, "h1", 8, 81920)
+	servers := []*Server{first.s}
+	for range 2 {
+		s, err := New(Config{DataDir: t.TempDir(), BindAddr: "127.0.0.1:0", RaftBindAddr: "127.0.0.1:0", Join: []string{first.s.Addr()},
+			Clock: clock.NewFake(time.Unix(1_700_000_000, 0)), HeartbeatInterval: time.Second, HeartbeatTTL: time.Hour, LockDelay: time.Hour})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { s.Shutdown() })
+		servers = append(servers, s)
+	}
+	waitFor(t, "three voters", func() bool {
+		return len(first.s.raft.GetConfiguration().Configuration().Servers) == 3 && servers[2].fsm.State().Host("h1") != nil
+	})
+	c, err := client.Dial([]string{servers[0].Addr(), servers[1].Addr(), servers[2].Addr()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+
+	delay.Store(int64(200 * time.Millisecond))
+	// Keep writing until leadership moves: the leader sees its own writes
+	// take longer than the threshold.
+	deadline := time.Now().Add(30 * time.Second)
+	for first.s.IsLeader() {
+		if time.Now().After(deadline) {
+			t.Fatal("the leader with a slow disk still leads after 30s of writes")
+		}
+		l, err := c.Lease.Acquire(ctx(t), &gpupoolv1.AcquireRequest{Request: slice(256, 1)})
+		if err == nil {
+			_, _ = c.Lease.Release(ctx(t), &gpupoolv1.ReleaseRequest{LeaseId: l.Lease.Id})
+		}
+	}
+	if got := testutilCounter(t, first.s, "gpupool_slow_disk_leadership_transfers_total"); got != 1 {
+		t.Errorf("got %v slow-disk transfers counted, want 1", got)
+	}
+	// The cluster goes on granting under its new leader.
+	waitFor(t, "a grant under the new leader", func() bool {
+		_, err := c.Lease.Acquire(ctx(t), &gpupoolv1.AcquireRequest{Request: slice(256, 1)})
+		return err == nil
+	})
+}
+
+// testutilCounter reads a counter of s's /metrics.
+func testutilCounter(t *testing.T, s *Server, name string) float64 {
+	t.Helper()
+	mfs, err := s.Metrics().Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() == name && len(mf.Metric) > 0 {
+			return mf.Metric[0].GetCounter().GetValue()
+		}
+	}
+	t.Fatalf("no metric %s", name)
+	return 0
+}
+
+func TestABrokerOnAFullDiskRefusesWritesAndRecoversBySelf(t *testing.T) {
+	mnt := loopfs.Mount(t, 48)
+	dir := filepath.Join(mnt, "broker")
+	opts := func(c *Config) { c.DataDir = dir; c.DiskReserveMiB = 4 }
+	ts := startServer(t, opts)
+	ts.registerHost(t, "h1", 8, 81920)
+	granted := 0
+	acquire := func() error {
+		_, err := ts.c.Lease.Acquire(ctx(t), &gpupoolv1.AcquireRequest{Request: slice(256, 1)})
+		if err == nil {
+			granted++
+		}
+		return err
+	}
+	for range 5 {
+		if err := acquire(); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	filler := filepath.Join(mnt, "filler")
+	if _, err := loopfs.Fill(filler); err != nil {
+		t.Fatal(err)
+	}
+	var err error
+	waitFor(t, "an acquire refused for the full disk", func() bool {
+		err = acquire()
+		return err != nil
+	})
+	if status.Code(err) != codes.Unavailable || !strings.Contains(err.Error(), "disk full") || !strings.Contains(err.Error(), dir) {
+		t.Fatalf("got %v, want Unavailable saying the data dir %s is full", err, dir)
+	}
+	if !ts.s.IsLeader() {
+		t.Errorf("the broker stopped leading on a full disk; want it to refuse writes and stay leader")
+	}
+
+	if err := os.Remove(filler); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "an acquire once space returned", func() bool { return acquire() == nil })
+
+	// Nothing is corrupt: the broker restarts on its data dir with every
+	// lease it granted.
+	want := len(ts.s.fsm.State().Leases())
+	if want != granted {
+		t.Errorf("got %d leases in the state, want the %d granted", want, granted)
+	}
+	if err := ts.s.Shutdown(); err != nil {
+		t.Fatal(err)
+	}
+	again := startServer(t, opts)
+	if got := len(again.s.fsm.State().Leases()); got != granted {
+		t.Errorf("after a restart: got %d leases, want %d", got, granted)
+	}
+}

@@ -1,0 +1,214 @@
+package broker
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"sync"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/peer"
+	"google.golang.org/grpc/tap"
+
+	"github.com/gpupool/gpupool/internal/limits"
+	"github.com/gpupool/gpupool/protocol"
+)
+
+// Limits bounds what one caller may make a broker do (see
+// internal/limits). Each limit is per server: a follower and the leader
+// it forwards to each count a forwarded call. A field of 0 is no limit.
+//
+// The per-token limits apply to ACL tokens: with ACL off every caller is
+// anonymous and only the connection and tenant limits apply.
+type Limits struct {
+	// TokenRate is the requests (unary calls and new streams) one token
+	// may make per second.
+	TokenRate limits.Rate
+	// TokenStreams is the streams (Watch, KeepAlive, heartbeats, ...) one
+	// token may hold open at once.
+	TokenStreams int
+	// ClientConnRate is the new connections one client address may open
+	// per second.
+	ClientConnRate limits.Rate
+	// TenantPending is the acquires with a wait that one tenant may have
+	// in progress on the leader at once (waiting in the queue, or being
+	// placed).
+	TenantPending int
+}
+
+// DefaultLimits are well above what the benchmarks and the test suites
+// need, and below what one caller needs to hurt the others: a leader on
+// two cores grants a few hundred leases a second, so one token may ask
+// for about half of that.
+func DefaultLimits() Limits {
+	return Limits{
+		TokenRate:      limits.Rate{PerSecond: 200, Burst: 400},
+		TokenStreams:   256,
+		ClientConnRate: limits.Rate{PerSecond: 200, Burst: 400},
+		TenantPending:  1000,
+	}
+}
+
+// The names of the broker's limits, as in /metrics, and their flags.
+const (
+	LimitTokenRate      = "token-request-rate"
+	LimitTokenStreams   = "token-streams"
+	LimitClientConnRate = "client-connection-rate"
+	LimitTenantPending  = "tenant-pending-acquires"
+
+	FlagTokenRate       = "limit-token-rate"
+	FlagTokenBurst      = "limit-token-burst"
+	FlagTokenStreams    = "limit-token-streams"
+	FlagClientConnRate  = "limit-client-conn-rate"
+	FlagClientConnBurst = "limit-client-conn-burst"
+	FlagTenantPending   = "limit-tenant-pending"
+)
+
+// Validate checks every limit, naming the flag of a wrong one.
+func (l Limits) Validate() error {
+	for _, err := range []error{
+		l.TokenRate.Validate(FlagTokenRate, FlagTokenBurst),
+		limits.ValidateMax(FlagTokenStreams, l.TokenStreams),
+		l.ClientConnRate.Validate(FlagClientConnRate, FlagClientConnBurst),
+		limits.ValidateMax(FlagTenantPending, l.TenantPending),
+	} {
+		if err != nil {
+			return fmt.Errorf("broker: %w", err)
+		}
+	}
+	return nil
+}
+
+// limiters are one server's limiters.
+type limiters struct {
+	set       *limits.Set
+	rate      *limits.RateLimiter
+	streams   *limits.Concurrency
+	conns     *limits.RateLimiter
+	pending   *limits.Concurrency
+	refusedMu sync.Mutex
+	refused   map[string]error // guarded by refusedMu; remote address of a connection over its limit
+}
+
+func newLimiters(l Limits, now func() time.Time) *limiters {
+	set := limits.NewSet(now)
+	return &limiters{
+		set:     set,
+		rate:    set.Rate(LimitTokenRate, FlagTokenRate, l.TokenRate),
+		streams: set.Concurrency(LimitTokenStreams, FlagTokenStreams, l.TokenStreams, "streams open at once"),
+		conns:   set.Rate(LimitClientConnRate, FlagClientConnRate, l.ClientConnRate),
+		pending: set.Concurrency(LimitTenantPending, FlagTenantPending, l.TenantPending, "acquires waiting at once"),
+		refused: map[string]error{},
+	}
+}
+
+// limitKey is who a per-token limit counts: the token's accessor, or
+// nothing for the anonymous caller (ACL off, open methods).
+func limitKey(c *caller) (key, who string) {
+	if c.token == nil {
+		return "", ""
+	}
+	return c.token.AccessorId, c.String()
+}
+
+// unaryLimits applies the token's request rate; after the ACL check,
+// which names the token.
+func (s *Server) unaryLimits(ctx context.Context, req any, _ *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
+	if key, who := limitKey(callerFrom(ctx)); key != "" {
+		if err := s.limits.rate.Allow(key, who); err != nil {
+			return nil, err
+		}
+	}
+	return handler(ctx, req)
+}
+
+// streamLimits applies the token's request rate to a new stream and holds
+// one of its streams until the stream ends.
+func (s *Server) streamLimits(srv any, ss grpc.ServerStream, _ *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
+	key, who := limitKey(callerFrom(ss.Context()))
+	if key == "" {
+		return handler(srv, ss)
+	}
+	if err := s.limits.rate.Allow(key, who); err != nil {
+		return err
+	}
+	release, err := s.limits.streams.Acquire(key, who)
+	if err != nil {
+		return err
+	}
+	defer release()
+	return handler(srv, ss)
+}
+
+// holdPending holds one of the tenant's waiting acquires on the leader
+// until release.
+func (s *Server) holdPending(tenant string) (release func(), err error) {
+	if tenant == "" {
+		tenant = protocol.DefaultTenant
+	}
+	return s.limits.pending.Acquire(tenant, fmt.Sprintf("tenant %q", tenant))
+}
+
+// limitListener applies the client connection rate. A connection over the
+// limit is still accepted, so that its calls can be answered with the
+// reason (tapLimits) rather than a reset, and closed a moment later.
+type limitListener struct {
+	net.Listener
+	l *limiters
+}
+
+// refusedConnLinger is how long a connection over its limit stays open to
+// carry its refusals.
+const refusedConnLinger = 2 * time.Second
+
+func (ln limitListener) Accept() (net.Conn, error) {
+	c, err := ln.Listener.Accept()
+	if err != nil {
+		return c, err
+	}
+	host, _, _ := net.SplitHostPort(c.RemoteAddr().String())
+	if err := ln.l.conns.Allow(host, "client "+host); err != nil {
+		addr := c.RemoteAddr().String()
+		ln.l.refusedMu.Lock()
+		ln.l.refused[addr] = err
+		ln.l.refusedMu.Unlock()
+		_ = c.SetDeadline(time.Now().Add(refusedConnLinger))
+		return &refusedConn{Conn: c, l: ln.l, addr: addr}, nil
+	}
+	return c, nil
+}
+
+// refusedConn is a connection over its limit.
+type refusedConn struct {
+	net.Conn
+	l    *limiters
+	addr string
+	once sync.Once
+}
+
+func (c *refusedConn) Close() error {
+	c.once.Do(func() {
+		c.l.refusedMu.Lock()
+		delete(c.l.refused, c.addr)
+		c.l.refusedMu.Unlock()
+	})
+	return c.Conn.Close()
+}
+
+// tapLimits refuses every call on a connection over its limit, before it
+// reaches a handler. grpc answers the status it returns as is, so it is
+// made by toStatus like every other.
+func (l *limiters) tapLimits(ctx context.Context, _ *tap.Info) (context.Context, error) {
+	p, ok := peer.FromContext(ctx)
+	if !ok || p.Addr == nil {
+		return ctx, nil
+	}
+	l.refusedMu.Lock()
+	err := l.refused[p.Addr.String()]
+	l.refusedMu.Unlock()
+	if err != nil {
+		return ctx, toStatus(err)
+	}
+	return ctx, nil
+}
