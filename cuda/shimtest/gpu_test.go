@@ -38,6 +38,7 @@ func TestRealGPU(t *testing.T) {
 		{"kernels", []string{ptxPath(t), "real"}},
 		{"streams", []string{ptxPath(t)}},
 		{"threads", []string{ptxPath(t)}},
+		{"pipeline", []string{ptxPath(t)}},
 		{"fork", nil},
 		{"misc", []string{ptxPath(t)}},
 	} {
