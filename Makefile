@@ -8,7 +8,7 @@ PROTO_FILES := $(wildcard proto/gpupool/v1/*.proto)
 export CGO_CFLAGS ?= -O2 -g -Wno-deprecated-declarations
 PKG_RACE := ./broker/... ./agent/... ./client/... ./k8s/... ./protocol/... ./internal/... ./token/... ./dataplane/... ./cuda/...
 
-.PHONY: tmux test-dashboard chromium test-console bench-console all build install cc cuda-gen examples test-gpu test dev proto proto-check lint lint-refs bench bench-dataplane bench-placement bench-lease bench-failover bench-scale bench-go tools clean test-unit test-cluster helm chart test-k8s bench-k8s elastic-demo fuzz test-robustness soak robustness-tools test-upgrade
+.PHONY: tmux test-dashboard chromium test-console bench-console all build install cc cuda-gen examples test-gpu test dev proto proto-check lint lint-refs bench bench-dataplane bench-cuda bench-placement bench-lease bench-failover bench-scale bench-go tools clean test-unit test-cluster helm chart test-k8s bench-k8s elastic-demo fuzz test-robustness soak robustness-tools test-upgrade
 
 all: build
 
@@ -167,6 +167,9 @@ bench-console: build chromium ## the console's pool page on 10k hosts x 8 GPUs i
 
 bench-go: ## Go micro-benchmarks of placement and the FSM
 	$(GO) test -run '^$$' -bench . -benchmem ./broker/...
+
+bench-cuda: build ## remote CUDA (shim, proxy, QUIC, the lease's server) against raw TCP and the data plane's get/put: null call p50/p99, pipelined launches/s, copies at 4 KiB/1 MiB/256 MiB, release to failure; writes bench/results/cuda.{json,md}
+	$(BIN)/gpupool-bench cuda --gpupool $(BIN)/gpupool
 
 bench-dataplane: build ## QUIC data plane against TCP+TLS on loopback: 1 GiB each way and exec latency; writes bench/results/dataplane.json
 	$(BIN)/gpupool-bench dataplane

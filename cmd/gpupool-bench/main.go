@@ -13,6 +13,7 @@ import (
 	"syscall"
 
 	consolebench "github.com/gpupool/gpupool/bench/console"
+	cudabench "github.com/gpupool/gpupool/bench/cuda"
 	dataplanebench "github.com/gpupool/gpupool/bench/dataplane"
 	failoverbench "github.com/gpupool/gpupool/bench/failover"
 	leasebench "github.com/gpupool/gpupool/bench/lease"
@@ -34,6 +35,7 @@ var benchmarks = []benchmark{
 	{"failover", "kill -9 the leader under steady acquire load, 10 times: time to the next acquire, acknowledged leases lost", failoverbench.Run},
 	{"scale", "one broker with 10k hosts, 80k GPUs and 100k leases: memory, snapshot size and time, restart-to-ready", scalebench.Run},
 	{"dataplane", "the QUIC data plane against TCP+TLS on loopback: bulk throughput and exec latency", dataplanebench.Run},
+	{"cuda", "remote CUDA through the shim, proxy and QUIC data plane against raw TCP and the data plane's own get/put: null call, pipelined launches, copies, release to failure", cudabench.Run},
 	{"console", "the web console's pool page on 10k hosts: server render, browser to first full render (goal 2 s), live update", consolebench.Run},
 }
 
