@@ -45,8 +45,11 @@ examples: build ## build the C examples into bin/examples (vecadd: run it under 
 
 # The shim's C test programs against the real backend on this machine's
 # GPU (libcuda.so.1 from the driver); skips with a message where there is none.
-test-gpu: cc ## the CUDA remoting tests on a real GPU (skips without one)
+test-gpu: cc ## the CUDA remoting tests and bench-cuda on a real GPU, with a table (skips without one)
 	GPUPOOL_TEST_GPU=1 $(GO) test -count=1 -v -run 'TestRealGPU' ./cuda/shimtest
+	@if command -v nvidia-smi >/dev/null && nvidia-smi -L >/dev/null 2>&1; then \
+	  $(MAKE) build && $(BIN)/gpupool-bench cuda --gpupool $(BIN)/gpupool --backend real --out bench/results/gpu; \
+	else echo "test-gpu: no GPU on this machine (nvidia-smi -L): the benchmark on the real backend is skipped"; fi
 
 dev: build ## run 3 brokers + 4 simulated hosts and show a lease's life; Ctrl-C stops
 	$(BIN)/gpupool dev --demo

@@ -36,6 +36,7 @@ Needs gcc (the C program) and the gpupool binary (make build).
 Examples:
   gpupool-bench cuda --gpupool bin/gpupool
   gpupool-bench cuda --gpupool bin/gpupool --calls 2000 --launches 20000 --out /tmp/cuda
+  gpupool-bench cuda --gpupool bin/gpupool --backend real --out bench/results/gpu
 
 Flags:
 `
@@ -45,6 +46,7 @@ type options struct {
 	calls    int    // timed null calls, and TCP ping-pongs
 	launches int    // timed pipelined launches
 	out      string // the results' directory
+	backend  string // the lease server's backend: simulated or real
 }
 
 // Run runs the benchmark for args and returns the exit code: 0, 1 when the
@@ -78,6 +80,7 @@ func parseFlags(args []string, help io.Writer) (options, error) {
 	calls := fs.Int("calls", 20000, "the `number` of timed null calls, and of TCP ping-pongs: 100 to 10000000")
 	launches := fs.Int("launches", 200000, "the `number` of timed pipelined launches: 1000 to 100000000")
 	out := fs.String("out", "bench/results", "the `directory` cuda.json and cuda.md go to; created")
+	backend := fs.String("backend", "simulated", "the lease server's `backend`: simulated, or real (this machine's GPU 0 through its libcuda.so.1; make test-gpu)")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			fmt.Fprint(help, usageHead)
@@ -95,11 +98,13 @@ func parseFlags(args []string, help io.Writer) (options, error) {
 		return options{}, fmt.Errorf("--calls %d: must be between 100 and 10000000", *calls)
 	case *launches < 1000 || *launches > 100_000_000:
 		return options{}, fmt.Errorf("--launches %d: must be between 1000 and 100000000", *launches)
+	case *backend != "simulated" && *backend != "real":
+		return options{}, fmt.Errorf("--backend %q: must be simulated or real", *backend)
 	case *out == "":
 		return options{}, errors.New("--out: must name a directory, e.g. bench/results")
 	}
 	if st, err := os.Stat(*gpupool); err != nil || st.IsDir() {
 		return options{}, fmt.Errorf("--gpupool %s: not a file (make build writes bin/gpupool)", *gpupool)
 	}
-	return options{gpupool: *gpupool, calls: *calls, launches: *launches, out: *out}, nil
+	return options{gpupool: *gpupool, calls: *calls, launches: *launches, out: *out, backend: *backend}, nil
 }

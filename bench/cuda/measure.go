@@ -55,7 +55,7 @@ func benchmark(ctx context.Context, opts options, p *progress) (*results, error)
 	res := &results{
 		Benchmark: "cuda",
 		Env:       environment{GoVersion: runtime.Version(), OS: runtime.GOOS, Arch: runtime.GOARCH, CPUs: runtime.NumCPU(), LoadAverage: load[0]},
-		Config:    config{Calls: opts.calls, Launches: opts.launches},
+		Config:    config{Calls: opts.calls, Launches: opts.launches, Backend: opts.backend},
 	}
 
 	p.Logf("null calls: %d through the shim, %d TCP ping-pongs", opts.calls, opts.calls)

@@ -38,8 +38,9 @@ type environment struct {
 }
 
 type config struct {
-	Calls    int `json:"calls"`
-	Launches int `json:"launches"`
+	Calls    int    `json:"calls"`
+	Launches int    `json:"launches"`
+	Backend  string `json:"backend"`
 }
 
 type latency struct {
@@ -72,8 +73,8 @@ func met(ok bool) string {
 func writeTable(w io.Writer, r *results) {
 	fmt.Fprintf(w, "# Remote CUDA on loopback\n\n")
 	fmt.Fprintf(w, "A C program on gpupool's libcuda.so.1 → local proxy → QUIC data plane → the lease's CUDA server "+
-		"(`gpupool agent cuda-server`, simulated GPU), against a raw TCP connection and the data plane's own QUIC put/get "+
-		"in the same run. %d CPUs, load average %.1f, %s.\n\n", r.Env.CPUs, r.Env.LoadAverage, r.Env.GoVersion)
+		"(`gpupool agent cuda-server`, %s backend), against a raw TCP connection and the data plane's own QUIC put/get "+
+		"in the same run. %d CPUs, load average %.1f, %s.\n\n", r.Config.Backend, r.Env.CPUs, r.Env.LoadAverage, r.Env.GoVersion)
 	ratio := r.Null.P50us / r.TCPPingPong.P50us
 	fmt.Fprintf(w, "| Measure | Remote CUDA | Baseline | Ratio | Goal |\n|---|---|---|---|---|\n")
 	fmt.Fprintf(w, "| null synchronising call (cuCtxSynchronize), p50 | %.1f µs | TCP ping-pong %.1f µs | %.2f× | ≤ %.0f×: %s |\n",
