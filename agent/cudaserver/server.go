@@ -227,7 +227,7 @@ func (s *Server) serve(c net.Conn, log *slog.Logger) error {
 		if res != Success {
 			e.B = e.B[:0]
 		}
-		if err := out.put(replyFrame{h: replyHeader(h, res), payload: e.B}); err != nil {
+		if err := out.put(replyFrame{h: replyHeader(h, res), payload: e.B}, h.Flags&wire.FlagWait != 0); err != nil {
 			return err
 		}
 	}
@@ -261,46 +261,61 @@ type replyQueue struct {
 	ch   chan replyFrame
 	done chan struct{}
 
-	mu     sync.Mutex
-	room   *sync.Cond
-	bytes  int   // guarded by mu; payload bytes queued or being written
-	high   int   // guarded by mu; the most bytes ever queued
-	failed error // guarded by mu; the write error that ended the writer
+	wmu sync.Mutex    // guards w: the writer goroutine's, or put's when nothing is queued
+	w   *bufio.Writer // guarded by wmu
+
+	mu      sync.Mutex
+	room    *sync.Cond
+	pending int   // guarded by mu; answers queued or being written
+	bytes   int   // guarded by mu; their payload bytes
+	high    int   // guarded by mu; the most bytes ever queued
+	failed  error // guarded by mu; the write error that ended the writer
 }
 
 func newReplyQueue(c net.Conn, w *bufio.Writer) *replyQueue {
-	q := &replyQueue{ch: make(chan replyFrame, maxQueuedReplies), done: make(chan struct{})}
+	q := &replyQueue{ch: make(chan replyFrame, maxQueuedReplies), done: make(chan struct{}), w: w}
 	q.room = sync.NewCond(&q.mu)
-	go q.write(c, w)
+	go q.write(c)
 	return q
 }
 
-func (q *replyQueue) write(c net.Conn, w *bufio.Writer) {
+func (q *replyQueue) write(c net.Conn) {
 	defer close(q.done)
 	var err error
 	for f := range q.ch {
 		if err == nil {
-			err = writeReply(w, f)
+			q.wmu.Lock()
+			err = writeReply(q.w, f)
 			if err == nil && len(q.ch) == 0 {
-				err = w.Flush()
+				err = q.w.Flush()
 			}
+			q.wmu.Unlock()
 			if err != nil {
 				// The session's next read fails too: it ends.
 				_ = c.Close()
 			}
 		}
-		q.mu.Lock()
-		q.bytes -= len(f.payload)
-		if err != nil && q.failed == nil {
-			q.failed = err
-		}
-		q.room.Broadcast()
-		q.mu.Unlock()
+		q.written(f, err)
 	}
 }
 
-// put queues f, waiting while the queue holds its most bytes.
-func (q *replyQueue) put(f replyFrame) error {
+// written accounts for f, written (or not, with err).
+func (q *replyQueue) written(f replyFrame, err error) {
+	q.mu.Lock()
+	q.pending--
+	q.bytes -= len(f.payload)
+	if err != nil && q.failed == nil {
+		q.failed = err
+	}
+	q.room.Broadcast()
+	q.mu.Unlock()
+}
+
+// put queues f, waiting while the queue holds its most bytes. The answer
+// to a request marked wire.FlagWait (inline), with nothing queued before
+// it, is written at once: its client reads answers now, and a hand-off to
+// the writer would cost a wake-up on every round trip.
+func (q *replyQueue) put(f replyFrame, inline bool) error {
 	q.mu.Lock()
 	for q.failed == nil && q.bytes > 0 && q.bytes+len(f.payload) > maxQueuedReplyBytes {
 		q.room.Wait()
@@ -310,11 +325,23 @@ func (q *replyQueue) put(f replyFrame) error {
 		q.mu.Unlock()
 		return err
 	}
+	now := inline && q.pending == 0
+	q.pending++
 	q.bytes += len(f.payload)
 	q.high = max(q.high, q.bytes)
 	q.mu.Unlock()
-	q.ch <- f
-	return nil
+	if !now {
+		q.ch <- f
+		return nil
+	}
+	q.wmu.Lock()
+	err := writeReply(q.w, f)
+	if err == nil {
+		err = q.w.Flush()
+	}
+	q.wmu.Unlock()
+	q.written(f, err)
+	return err
 }
 
 // close writes what is queued (unless writing failed) and stops the

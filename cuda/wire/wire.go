@@ -4,7 +4,8 @@
 //
 //	frame   = len:u32 op:u16 flags:u16 seq:u32 word:u64 payload
 //	len     = 16 + len(payload), at most 16 + MaxPayload
-//	request: word is the calling thread's current context handle (0: none)
+//	request: word is the calling thread's current context handle (0: none);
+//	         flags may have FlagWait
 //	reply:   flags has FlagReply; word is the CUresult
 //
 // Op 0 is the handshake: the request carries Magic, the shim's protocol
@@ -40,6 +41,10 @@ const (
 	MaxPayload = Chunk + 64<<10
 	// FlagReply marks a reply.
 	FlagReply uint16 = 1
+	// FlagWait marks a request whose sender has written every request
+	// before it and now reads answers until this one's: the server may
+	// write its answer at once rather than through its queue.
+	FlagWait uint16 = 2
 	// OpHello is the handshake.
 	OpHello uint16 = 0
 )

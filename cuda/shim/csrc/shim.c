@@ -265,7 +265,7 @@ static CUresult flushLocked(void)
 /* writeLocked stamps c's header with the next seq and writes it: a small
    request into st.out (written later, with others), a large one directly,
    its in buffer from the caller's memory. */
-static CUresult writeLocked(struct shim_call *c, uint32_t *seq)
+static CUresult writeLocked(struct shim_call *c, uint32_t *seq, int wait)
 {
     unsigned char *frame = c->req;
     size_t total = c->len + c->extlen;
@@ -273,7 +273,8 @@ static CUresult writeLocked(struct shim_call *c, uint32_t *seq)
     put_le32(frame, (uint32_t)(total - 4));
     frame[4] = (unsigned char)c->op;
     frame[5] = (unsigned char)(c->op >> 8);
-    frame[6] = frame[7] = 0;
+    frame[6] = wait ? 2 : 0; /* cuda/wire.FlagWait: the answer is read at once */
+    frame[7] = 0;
     put_le32(frame + 8, *seq);
     put_le64(frame + 12, (uint64_t)(uintptr_t)(ctx_depth > 0 ? ctx_stack[ctx_depth - 1] : NULL));
     if (c->extlen == 0 && total <= SHIM_OUTBUF / 4) {
@@ -402,7 +403,7 @@ static CUresult exchangeLocked(struct shim_call *c, unsigned char **payload, siz
 {
     uint32_t seq;
     CUresult res = CUDA_SUCCESS;
-    if (writeLocked(c, &seq) != CUDA_SUCCESS || drainLocked(0) != CUDA_SUCCESS || flushLocked() != CUDA_SUCCESS)
+    if (writeLocked(c, &seq, 1) != CUDA_SUCCESS || drainLocked(0) != CUDA_SUCCESS || flushLocked() != CUDA_SUCCESS)
         return st.sticky;
     if (readHeaderLocked(seq, c->op, &res, plen) != CUDA_SUCCESS)
         return st.sticky;
@@ -626,7 +627,7 @@ CUresult shim_send(struct shim_call *c, void *dst, size_t cap, struct shim_group
         r = drainLocked(st.n - 1);
     if (r == CUDA_SUCCESS)
         r = st.sticky; /* an answer just read may have failed */
-    if (r == CUDA_SUCCESS && writeLocked(c, &seq) != CUDA_SUCCESS)
+    if (r == CUDA_SUCCESS && writeLocked(c, &seq, 0) != CUDA_SUCCESS)
         r = st.sticky;
     if (r == CUDA_SUCCESS) {
         struct pending *p = &st.ring[(st.head + st.n) % SHIM_WINDOW];
