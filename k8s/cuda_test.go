@@ -19,6 +19,7 @@ import (
 func TestWithTheShimAClaimsCDIDeviceCarriesItAndItsCUDASocketUntilTheLeaseEnds(t *testing.T) {
 	claim := newClaim(uid1, leasedDevice("gpu", "h1", "gpu-0", "l-1", 8192, 25))
 	cfg := newTestConfig(t, newFakeBrokers(), claim)
+	cfg.StateDir = shortTempDir(t) // the claim's socket is in it
 	shim := []byte("\x7fELF the shim")
 	cfg.CUDAShim = filepath.Join(t.TempDir(), "libcuda.so.1")
 	if err := os.WriteFile(cfg.CUDAShim, shim, 0o644); err != nil {

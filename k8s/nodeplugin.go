@@ -357,6 +357,11 @@ func (p *NodePlugin) prepare(ctx context.Context, claim *resourceapi.ResourceCla
 	}
 	leases, err := claimLeases(claim)
 	if err != nil {
+		// A claim prepared before whose lease is gone (ended, failed):
+		// no container may start with the edits of a dead lease.
+		if rerr := p.specs.remove(claim.UID); rerr != nil {
+			p.log.Warn("cannot remove the CDI spec of a claim that cannot be prepared", "uid", claim.UID, "err", rerr)
+		}
 		return nil, err
 	}
 	devices := make([]kubeletplugin.Device, 0, len(leases))
