@@ -8,7 +8,7 @@ PROTO_FILES := $(wildcard proto/gpupool/v1/*.proto)
 export CGO_CFLAGS ?= -O2 -g -Wno-deprecated-declarations
 PKG_RACE := ./broker/... ./agent/... ./client/... ./k8s/... ./protocol/... ./internal/... ./token/... ./dataplane/... ./cuda/...
 
-.PHONY: bench-slowdisk bench-flood tmux test-dashboard chromium test-console bench-console all build install cc cuda-gen examples test-gpu test dev proto proto-check lint lint-refs bench bench-dataplane bench-placement bench-lease bench-failover bench-scale bench-churn bench-go tools clean test-unit test-cluster helm chart test-k8s bench-k8s elastic-demo fuzz test-robustness soak robustness-tools test-upgrade
+.PHONY: bench-slowdisk bench-flood tmux test-dashboard chromium test-console bench-console all build install cc cuda-gen examples test-gpu test dev proto proto-check lint lint-refs bench bench-dataplane bench-cuda bench-placement bench-lease bench-failover bench-scale bench-churn bench-go tools clean test-unit test-cluster helm chart test-k8s bench-k8s elastic-demo fuzz test-robustness soak robustness-tools test-upgrade
 
 all: build
 
@@ -45,8 +45,11 @@ examples: build ## build the C examples into bin/examples (vecadd: run it under 
 
 # The shim's C test programs against the real backend on this machine's
 # GPU (libcuda.so.1 from the driver); skips with a message where there is none.
-test-gpu: cc ## the CUDA remoting tests on a real GPU (skips without one)
+test-gpu: cc ## the CUDA remoting tests and bench-cuda on a real GPU, with a table (skips without one)
 	GPUPOOL_TEST_GPU=1 $(GO) test -count=1 -v -run 'TestRealGPU' ./cuda/shimtest
+	@if command -v nvidia-smi >/dev/null && nvidia-smi -L >/dev/null 2>&1; then \
+	  $(MAKE) build && $(BIN)/gpupool-bench cuda --gpupool $(BIN)/gpupool --backend real --out bench/results/gpu; \
+	else echo "test-gpu: no GPU on this machine (nvidia-smi -L): the benchmark on the real backend is skipped"; fi
 
 dev: build ## run 3 brokers + 4 simulated hosts and show a lease's life; Ctrl-C stops
 	$(BIN)/gpupool dev --demo
@@ -177,6 +180,9 @@ bench-flood: build ## one token floods acquires and streams while another acquir
 
 bench-go: ## Go micro-benchmarks of placement and the FSM
 	$(GO) test -run '^$$' -bench . -benchmem ./broker/...
+
+bench-cuda: build ## remote CUDA (shim, proxy, QUIC, the lease's server) against raw TCP and the data plane's get/put: null call p50/p99, pipelined launches/s, copies at 4 KiB/1 MiB/256 MiB, release to failure; writes bench/results/cuda.{json,md}
+	$(BIN)/gpupool-bench cuda --gpupool $(BIN)/gpupool
 
 bench-dataplane: build ## QUIC data plane against TCP+TLS on loopback: 1 GiB each way and exec latency; writes bench/results/dataplane.json
 	$(BIN)/gpupool-bench dataplane

@@ -50,14 +50,15 @@ func checkClaimUID(uid types.UID) error {
 // directory, one file per claim.
 type cdiSpecs struct {
 	cache *cdi.Cache
+	shim  string // the CUDA shim on the node, or "" for no remote CUDA
 }
 
-func newCDISpecs(dir string) (*cdiSpecs, error) {
+func newCDISpecs(dir, shim string) (*cdiSpecs, error) {
 	cache, err := cdi.NewCache(cdi.WithSpecDirs(dir), cdi.WithAutoRefresh(false))
 	if err != nil {
 		return nil, fmt.Errorf("CDI spec directory %s: %w", dir, err)
 	}
-	return &cdiSpecs{cache: cache}, nil
+	return &cdiSpecs{cache: cache, shim: shim}, nil
 }
 
 // specFileName is the name of claim uid's spec file.
@@ -66,7 +67,7 @@ func specFileName(uid types.UID) string { return DriverName + "-" + string(uid) 
 // write replaces the spec of the claim with uid, whose state directory on
 // the node is stateDir and whose leases are leases, atomically.
 func (s *cdiSpecs) write(uid types.UID, stateDir string, leases []claimDeviceLease) error {
-	spec := claimSpec(uid, stateDir, leases)
+	spec := claimSpec(uid, stateDir, leases, s.shim)
 	v, err := cdi.MinimumRequiredVersion(spec)
 	if err != nil {
 		return fmt.Errorf("CDI spec of claim %s: %w", uid, err)
@@ -87,7 +88,9 @@ func (s *cdiSpecs) remove(uid types.UID) error {
 }
 
 // claimSpec is the CDI spec of the claim with uid: one device, named uid.
-func claimSpec(uid types.UID, stateDir string, leases []claimDeviceLease) *cdispec.Spec {
+// With shim, the CUDA shim's path on the node, the device also carries
+// remote CUDA (see ShimContainerPaths).
+func claimSpec(uid types.UID, stateDir string, leases []claimDeviceLease, shim string) *cdispec.Spec {
 	var ids, addrs, mem, compute []string
 	for _, l := range leases {
 		ids = append(ids, l.LeaseID)
@@ -95,7 +98,7 @@ func claimSpec(uid types.UID, stateDir string, leases []claimDeviceLease) *cdisp
 		mem = append(mem, strconv.FormatInt(l.MemoryMiB, 10))
 		compute = append(compute, strconv.FormatInt(int64(l.ComputePercent), 10))
 	}
-	return &cdispec.Spec{
+	spec := &cdispec.Spec{
 		Kind: CDIKind,
 		Devices: []cdispec.Device{{
 			Name: string(uid),
@@ -115,4 +118,14 @@ func claimSpec(uid types.UID, stateDir string, leases []claimDeviceLease) *cdisp
 			},
 		}},
 	}
+	if shim != "" {
+		edits := &spec.Devices[0].ContainerEdits
+		edits.Env = append(edits.Env, EnvCUDASocket+"="+ContainerCUDASocket)
+		for _, p := range ShimContainerPaths() {
+			edits.Mounts = append(edits.Mounts, &cdispec.Mount{
+				HostPath: shim, ContainerPath: p, Options: []string{"ro", "nosuid", "nodev", "bind"},
+			})
+		}
+	}
+	return spec
 }

@@ -115,6 +115,11 @@ type NodePluginConfig struct {
 	// the plugin announces itself; it must exist. Default
 	// DefaultRegistrarDir.
 	RegistrarDir string
+	// CUDAShim is the path of gpupool's CUDA shim (libcuda.so.1) to give
+	// the claims' containers, with a per-claim CUDA proxy the plugin
+	// serves (see ShimContainerPaths); "" gives them none. The plugin
+	// copies it into StateDir/lib, a node path the runtime can mount.
+	CUDAShim string
 	// Logger receives the plugin's logs, and kubeletplugin's at debug
 	// level; nil discards them.
 	Logger *slog.Logger
@@ -199,7 +204,11 @@ func StartNodePlugin(ctx context.Context, cfg NodePluginConfig) (*NodePlugin, er
 	if err := os.Chmod(claimsDir(cfg.StateDir), 0o700); err != nil {
 		return nil, fmt.Errorf("k8s: %w", err)
 	}
-	specs, err := newCDISpecs(cfg.CDIDir)
+	shim, err := installShim(cfg.CUDAShim, cfg.StateDir)
+	if err != nil {
+		return nil, fmt.Errorf("k8s: %w", err)
+	}
+	specs, err := newCDISpecs(cfg.CDIDir, shim)
 	if err != nil {
 		return nil, fmt.Errorf("k8s: %w", err)
 	}
@@ -348,6 +357,11 @@ func (p *NodePlugin) prepare(ctx context.Context, claim *resourceapi.ResourceCla
 	}
 	leases, err := claimLeases(claim)
 	if err != nil {
+		// A claim prepared before whose lease is gone (ended, failed):
+		// no container may start with the edits of a dead lease.
+		if rerr := p.specs.remove(claim.UID); rerr != nil {
+			p.log.Warn("cannot remove the CDI spec of a claim that cannot be prepared", "uid", claim.UID, "err", rerr)
+		}
 		return nil, err
 	}
 	devices := make([]kubeletplugin.Device, 0, len(leases))
@@ -362,6 +376,10 @@ func (p *NodePlugin) prepare(ctx context.Context, claim *resourceapi.ResourceCla
 	p.mu.Unlock()
 	if prepared != nil && prepared.holds(leases) {
 		if err := prepared.endedErr(); err != nil {
+			// No container may start with the edits of an ended lease.
+			if rerr := p.specs.remove(claim.UID); rerr != nil {
+				p.log.Warn("cannot remove the CDI spec of a claim whose lease ended", "uid", claim.UID, "err", rerr)
+			}
 			return nil, err
 		}
 		// Again, in case the runtime's directory was wiped.
@@ -506,6 +524,7 @@ type nodeClaim struct {
 	leases []*followedLease // in allocation order; fixed once started
 	cancel context.CancelFunc
 	wg     sync.WaitGroup // the renewals
+	cuda   *cudaProxy     // the claim's CUDA socket, or nil; set by start
 
 	writeMu sync.Mutex // serializes writes of the token file
 }
@@ -567,6 +586,13 @@ func (c *nodeClaim) writeTokenFile() error {
 func (c *nodeClaim) start(p *NodePlugin, attached []FollowedLease) {
 	ctx, cancel := context.WithCancel(p.ctx)
 	c.cancel = cancel
+	if p.specs.shim != "" && len(c.leases) > 0 {
+		px, err := startCUDAProxy(ctx, c.dir, c.leases[0], p.log.With("uid", c.uid))
+		if err != nil {
+			p.log.Error("cannot serve the claim's CUDA socket; its programs get no GPU", "uid", c.uid, "err", err)
+		}
+		c.cuda = px
+	}
 	for i, l := range c.leases {
 		c.wg.Go(func() { c.follow(ctx, p, l, attached[i]) })
 	}
@@ -577,6 +603,7 @@ func (c *nodeClaim) start(p *NodePlugin, attached []FollowedLease) {
 func (c *nodeClaim) stop() {
 	c.cancel()
 	c.wg.Wait()
+	c.cuda.close()
 }
 
 // follow renews lease l (held, or to attach when nil) and rewrites the

@@ -5,10 +5,10 @@ package cudaserver
 import "github.com/gpupool/gpupool/cuda/wire"
 
 // Protocol is the wire protocol version this server speaks.
-const Protocol = 1
+const Protocol = 2
 
 // APIHash fingerprints the calls on the wire (cuda/gen's apiHash).
-const APIHash = 0xae57fef8
+const APIHash = 0x6e91ce40
 
 // CUresult values.
 const (
@@ -299,6 +299,21 @@ var opCreates = map[uint16]bool{
 	opCuStreamCreateWithPriority: true,
 	opCuStreamGetCtx:             true,
 	opCuEventCreate:              true,
+}
+
+// opAsync are the calls the shim sends without waiting for their answer
+// (async in cuda.api): a failure is the session's sticky error.
+var opAsync = map[uint16]bool{
+	opCuMemcpyHtoDAsyncV2:    true,
+	opCuMemcpyDtoHAsyncV2:    true,
+	opCuMemcpyDtoDAsyncV2:    true,
+	opCuMemsetD8Async:        true,
+	opCuMemsetD16Async:       true,
+	opCuMemsetD32Async:       true,
+	opGpupoolLaunchKernel:    true,
+	opCuStreamWaitEvent:      true,
+	opCuEventRecord:          true,
+	opCuEventRecordWithFlags: true,
 }
 
 // Calls are the driver calls on the wire, one method per function of
@@ -963,12 +978,11 @@ func dispatch(c Calls, g guard, op uint16, d *wire.Decoder, e *wire.Encoder) (Re
 		if sizeLen_ > maxOut {
 			return ErrorInvalidValue, nil
 		}
-		name := make([]byte, sizeLen_)
+		name := e.Reserve(int(sizeLen_))
 		r := c.CuDeviceGetName(name, len_, dev)
 		if r != Success {
 			return r, nil
 		}
-		e.Bytes(name)
 		return Success, nil
 	case opCuDeviceGetUuid:
 		dev := d.I32()
@@ -1064,12 +1078,11 @@ func dispatch(c Calls, g guard, op uint16, d *wire.Decoder, e *wire.Encoder) (Re
 		if sizeLen_ > maxOut {
 			return ErrorInvalidValue, nil
 		}
-		pciBusId := make([]byte, sizeLen_)
+		pciBusId := e.Reserve(int(sizeLen_))
 		r := c.CuDeviceGetPCIBusId(pciBusId, len_, dev)
 		if r != Success {
 			return r, nil
 		}
-		e.Bytes(pciBusId)
 		return Success, nil
 	case opCuDeviceGetByPCIBusId:
 		pciBusId := d.String()
@@ -1426,12 +1439,11 @@ func dispatch(c Calls, g guard, op uint16, d *wire.Decoder, e *wire.Encoder) (Re
 		if sizeByteCount > maxOut {
 			return ErrorInvalidValue, nil
 		}
-		dstHost := make([]byte, sizeByteCount)
+		dstHost := e.Reserve(int(sizeByteCount))
 		r := c.CuMemcpyDtoHV2(dstHost, srcDevice, byteCount)
 		if r != Success {
 			return r, nil
 		}
-		e.Bytes(dstHost)
 		return Success, nil
 	case opCuMemcpyDtoDV2:
 		dstDevice := d.U64()
@@ -1501,12 +1513,11 @@ func dispatch(c Calls, g guard, op uint16, d *wire.Decoder, e *wire.Encoder) (Re
 		if sizeByteCount > maxOut {
 			return ErrorInvalidValue, nil
 		}
-		dstHost := make([]byte, sizeByteCount)
+		dstHost := e.Reserve(int(sizeByteCount))
 		r := c.CuMemcpyDtoHAsyncV2(dstHost, srcDevice, byteCount, hStream)
 		if r != Success {
 			return r, nil
 		}
-		e.Bytes(dstHost)
 		return Success, nil
 	case opCuMemcpyDtoDAsyncV2:
 		dstDevice := d.U64()
@@ -1839,12 +1850,11 @@ func dispatch(c Calls, g guard, op uint16, d *wire.Decoder, e *wire.Encoder) (Re
 		if sizeCap_ > maxOut {
 			return ErrorInvalidValue, nil
 		}
-		info := make([]byte, sizeCap_)
+		info := e.Reserve(int(sizeCap_))
 		count, r := c.GpupoolFuncParams(f, info, cap_)
 		if r != Success {
 			return r, nil
 		}
-		e.Bytes(info)
 		e.U32(count)
 		return Success, nil
 	case opGpupoolLaunchKernel:

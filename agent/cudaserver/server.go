@@ -11,6 +11,7 @@ import (
 	"os"
 	"runtime"
 	"sync"
+	"time"
 
 	"github.com/gpupool/gpupool/cuda/wire"
 )
@@ -54,10 +55,11 @@ type Server struct {
 	log *slog.Logger
 
 	mu       sync.Mutex
-	used     map[int32]uint64      // guarded by mu; bytes allocated per client device, over all sessions
-	conns    map[net.Conn]struct{} // guarded by mu
-	closed   bool                  // guarded by mu
-	sessions int                   // guarded by mu; sessions started, for log ids
+	used     map[int32]uint64         // guarded by mu; bytes allocated per client device, over all sessions
+	conns    map[net.Conn]struct{}    // guarded by mu
+	queues   map[net.Conn]*replyQueue // guarded by mu; the answers of the sessions past their handshake
+	closed   bool                     // guarded by mu
+	sessions int                      // guarded by mu; sessions started, for log ids
 }
 
 // New checks cfg and returns a server.
@@ -79,7 +81,7 @@ func New(cfg Config) (*Server, error) {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	return &Server{cfg: cfg, log: log, used: map[int32]uint64{}, conns: map[net.Conn]struct{}{}}, nil
+	return &Server{cfg: cfg, log: log, used: map[int32]uint64{}, conns: map[net.Conn]struct{}{}, queues: map[net.Conn]*replyQueue{}}, nil
 }
 
 // Serve accepts connections on l and serves each in its own session until
@@ -149,10 +151,22 @@ func (s *Server) ServeConn(c net.Conn) error {
 	}
 }
 
+// What a session's answers not yet written may hold: a client that stops
+// reading (mid-copy, or on purpose) stalls its own session here, holding
+// at most this much, never the whole of what it asked for. The shim keeps
+// to smaller windows (shim.c: SHIM_WINDOW, SHIM_REPLY_WINDOW), so a client
+// that reads its answers never waits on them.
+var (
+	maxQueuedReplies      = 4096
+	maxQueuedReplyBytes   = 32 << 20
+	replyWriteBufferBytes = 256 << 10
+	replyDrainTimeout     = 5 * time.Second
+)
+
 func (s *Server) serve(c net.Conn, log *slog.Logger) error {
-	r := bufio.NewReaderSize(c, 64<<10)
-	w := bufio.NewWriterSize(c, 64<<10)
-	h, p, err := wire.ReadFrame(r, nil)
+	r := wire.NewFrameReader(bufio.NewReaderSize(c, 256<<10))
+	w := bufio.NewWriterSize(c, replyWriteBufferBytes)
+	h, p, err := r.Next()
 	if err != nil {
 		return err
 	}
@@ -173,7 +187,10 @@ func (s *Server) serve(c net.Conn, log *slog.Logger) error {
 		msg = fmt.Sprintf("the shim speaks protocol %d (API %08x), this server %d (API %08x)", version, hash, Protocol, APIHash)
 	}
 	e.String(msg)
-	if err := reply(w, h, res, e.B); err != nil {
+	if err := writeReply(w, replyFrame{h: replyHeader(h, res), payload: e.B}); err != nil {
+		return err
+	}
+	if err := w.Flush(); err != nil {
 		return err
 	}
 	if res != Success {
@@ -186,9 +203,19 @@ func (s *Server) serve(c net.Conn, log *slog.Logger) error {
 	}
 	ss := newSession(s, b, log)
 	defer ss.close()
+	out := newReplyQueue(c, w)
+	defer out.close(c)
+	s.mu.Lock()
+	s.queues[c] = out
+	s.mu.Unlock()
+	defer func() {
+		s.mu.Lock()
+		delete(s.queues, c)
+		s.mu.Unlock()
+	}()
 	log.Debug("cuda session started")
 	for {
-		h, p, err := wire.ReadFrame(r, nil)
+		h, p, err := r.Next()
 		if err != nil {
 			return err
 		}
@@ -200,18 +227,143 @@ func (s *Server) serve(c net.Conn, log *slog.Logger) error {
 		if res != Success {
 			e.B = e.B[:0]
 		}
-		if err := reply(w, h, res, e.B); err != nil {
+		if err := out.put(replyFrame{h: replyHeader(h, res), payload: e.B}, h.Flags&wire.FlagWait != 0); err != nil {
 			return err
 		}
 	}
 }
 
-func reply(w *bufio.Writer, req wire.Header, res Result, payload []byte) error {
-	frame := wire.AppendFrame(nil, wire.Header{Op: req.Op, Flags: wire.FlagReply, Seq: req.Seq, Word: uint64(res)}, payload)
-	if _, err := w.Write(frame); err != nil {
+func replyHeader(req wire.Header, res Result) wire.Header {
+	return wire.Header{Op: req.Op, Flags: wire.FlagReply, Seq: req.Seq, Word: uint64(res)}
+}
+
+type replyFrame struct {
+	h       wire.Header
+	payload []byte
+}
+
+func writeReply(w *bufio.Writer, f replyFrame) error {
+	var hdr [4 + wire.HeaderSize]byte
+	if _, err := w.Write(wire.AppendHeader(hdr[:0], f.h, len(f.payload))); err != nil {
 		return err
 	}
-	return w.Flush()
+	_, err := w.Write(f.payload)
+	return err
+}
+
+// replyQueue writes a session's answers on their own goroutine, so the
+// session runs calls while earlier answers are on their way, and a batch of
+// small answers leaves in one write. It holds at most maxQueuedReplies
+// answers and maxQueuedReplyBytes of their payloads (one larger answer
+// alone): put waits for room, which is the back-pressure a client that
+// does not read feels.
+type replyQueue struct {
+	ch   chan replyFrame
+	done chan struct{}
+
+	wmu sync.Mutex    // guards w: the writer goroutine's, or put's when nothing is queued
+	w   *bufio.Writer // guarded by wmu
+
+	mu      sync.Mutex
+	room    *sync.Cond
+	pending int   // guarded by mu; answers queued or being written
+	bytes   int   // guarded by mu; their payload bytes
+	high    int   // guarded by mu; the most bytes ever queued
+	failed  error // guarded by mu; the write error that ended the writer
+}
+
+func newReplyQueue(c net.Conn, w *bufio.Writer) *replyQueue {
+	q := &replyQueue{ch: make(chan replyFrame, maxQueuedReplies), done: make(chan struct{}), w: w}
+	q.room = sync.NewCond(&q.mu)
+	go q.write(c)
+	return q
+}
+
+func (q *replyQueue) write(c net.Conn) {
+	defer close(q.done)
+	var err error
+	for f := range q.ch {
+		if err == nil {
+			q.wmu.Lock()
+			err = writeReply(q.w, f)
+			if err == nil && len(q.ch) == 0 {
+				err = q.w.Flush()
+			}
+			q.wmu.Unlock()
+			if err != nil {
+				// The session's next read fails too: it ends.
+				_ = c.Close()
+			}
+		}
+		q.written(f, err)
+	}
+}
+
+// written accounts for f, written (or not, with err).
+func (q *replyQueue) written(f replyFrame, err error) {
+	q.mu.Lock()
+	q.pending--
+	q.bytes -= len(f.payload)
+	if err != nil && q.failed == nil {
+		q.failed = err
+	}
+	q.room.Broadcast()
+	q.mu.Unlock()
+}
+
+// put queues f, waiting while the queue holds its most bytes. The answer
+// to a request marked wire.FlagWait (inline), with nothing queued before
+// it, is written at once: its client reads answers now, and a hand-off to
+// the writer would cost a wake-up on every round trip.
+func (q *replyQueue) put(f replyFrame, inline bool) error {
+	q.mu.Lock()
+	for q.failed == nil && q.bytes > 0 && q.bytes+len(f.payload) > maxQueuedReplyBytes {
+		q.room.Wait()
+	}
+	if q.failed != nil {
+		err := q.failed
+		q.mu.Unlock()
+		return err
+	}
+	now := inline && q.pending == 0
+	q.pending++
+	q.bytes += len(f.payload)
+	q.high = max(q.high, q.bytes)
+	q.mu.Unlock()
+	if !now {
+		q.ch <- f
+		return nil
+	}
+	q.wmu.Lock()
+	err := writeReply(q.w, f)
+	if err == nil {
+		err = q.w.Flush()
+	}
+	q.wmu.Unlock()
+	q.written(f, err)
+	return err
+}
+
+// close writes what is queued (unless writing failed) and stops the
+// writer; a client that does not take its last answers within
+// replyDrainTimeout has c closed under it.
+func (q *replyQueue) close(c net.Conn) {
+	close(q.ch)
+	t := time.NewTimer(replyDrainTimeout)
+	defer t.Stop()
+	select {
+	case <-q.done:
+	case <-t.C:
+		_ = c.Close()
+		<-q.done
+	}
+}
+
+// queued reports the payload bytes queued now and the most ever queued.
+func (q *replyQueue) queued() (now, high int) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	return q.bytes, q.high
 }
 
 // reserve takes n bytes of the lease's memory on device dev.

@@ -311,7 +311,7 @@ func TestAShimOfAnotherVersionIsToldBothVersions(t *testing.T) {
 	}
 	d := wire.NewDecoder(p)
 	server, hash, msg := d.U32(), d.U32(), d.String()
-	if want := fmt.Sprintf("protocol 2 (API %08x), this server 1 (API %08x)", APIHash, APIHash); Result(h.Word) != ErrorSystemDriverMismatch ||
+	if want := fmt.Sprintf("protocol %d (API %08x), this server %d (API %08x)", Protocol+1, APIHash, Protocol, APIHash); Result(h.Word) != ErrorSystemDriverMismatch ||
 		server != Protocol || hash != APIHash || !strings.Contains(msg, want) {
 		t.Errorf("got %v, server %d, %q; want CUDA_ERROR_SYSTEM_DRIVER_MISMATCH naming both versions", Result(h.Word), server, msg)
 	}

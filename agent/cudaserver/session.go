@@ -56,6 +56,10 @@ type session struct {
 	mem         spans[allocation]
 	nextID      uint64
 	refusals    int
+	// sticky is the failure of an asynchronous call (opAsync): the shim
+	// did not wait for its answer, so, as with CUDA's sticky errors, every
+	// later call returns it and runs nothing. Success while there is none.
+	sticky Result
 }
 
 func newSession(srv *Server, b Backend, log *slog.Logger) *session {
@@ -103,6 +107,19 @@ func (s *session) call(h wire.Header, p []byte, e *wire.Encoder) (Result, error)
 	if h.Op == wire.OpHello {
 		return 0, fmt.Errorf("%w: a second handshake", errMalformed)
 	}
+	if s.sticky != Success {
+		return s.sticky, nil
+	}
+	r, err := s.run(h, p, e)
+	if err == nil && r != Success && opAsync[h.Op] {
+		s.sticky = r
+		s.log.Info("an asynchronous cuda call failed: the session returns its error from now on", "op", opNames[h.Op], "result", r.String())
+	}
+	return r, err
+}
+
+// run runs one call of a session without a sticky error.
+func (s *session) run(h wire.Header, p []byte, e *wire.Encoder) (Result, error) {
 	if !s.initialized && h.Op != opCuInit && h.Op != opCuDriverGetVersion {
 		if _, known := opNames[h.Op]; known {
 			return ErrorNotInitialized, nil

@@ -13,6 +13,7 @@ import (
 	"syscall"
 
 	consolebench "github.com/gpupool/gpupool/bench/console"
+	cudabench "github.com/gpupool/gpupool/bench/cuda"
 	dataplanebench "github.com/gpupool/gpupool/bench/dataplane"
 	failoverbench "github.com/gpupool/gpupool/bench/failover"
 	floodbench "github.com/gpupool/gpupool/bench/flood"
@@ -36,6 +37,7 @@ var benchmarks = []benchmark{
 	{"scale", "one broker with 10k hosts, 80k GPUs and 100k leases: memory, snapshot size and time, restart-to-ready", scalebench.Run},
 	{"churn", "one broker's memory at 0, 10k and 100k leases and under acquire/release churn (up to 1M cycles): is the state bounded?", scalebench.RunChurn},
 	{"dataplane", "the QUIC data plane against TCP+TLS on loopback: bulk throughput and exec latency", dataplanebench.Run},
+	{"cuda", "remote CUDA through the shim, proxy and QUIC data plane against raw TCP and the data plane's own get/put: null call, pipelined launches, copies, release to failure", cudabench.Run},
 	{"console", "the web console's pool page on 10k hosts: server render, browser to first full render (goal 2 s), live update", consolebench.Run},
 	{"slowdisk", "one broker's Raft log writes slowed by 10ms, 100ms, 1s (a follower's, then the leader's) under acquire load: grants/s, p99, leadership handover", failoverbench.RunSlowDisk},
 	{"flood", "one token floods acquires and streams while another acquires: its p99 with and without the flood; 8,000 waiting acquires of one tenant opened and cancelled", floodbench.Run},

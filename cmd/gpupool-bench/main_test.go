@@ -13,8 +13,8 @@ func TestBenchRefusesMissingAndUnknownBenchmarks(t *testing.T) {
 		code int
 		want string
 	}{
-		{"no benchmark", []string{}, 2, "name a benchmark: placement, lease, failover, scale, churn, dataplane, console, slowdisk, flood"},
-		{"an unknown benchmark", []string{"nope"}, 2, `unknown benchmark "nope": must be one of placement, lease, failover, scale, churn, dataplane, console, slowdisk, flood`},
+		{"no benchmark", []string{}, 2, "name a benchmark: placement, lease, failover, scale, churn, dataplane, cuda, console, slowdisk, flood"},
+		{"an unknown benchmark", []string{"nope"}, 2, `unknown benchmark "nope": must be one of placement, lease, failover, scale, churn, dataplane, cuda, console, slowdisk, flood`},
 		{"a benchmark's own bad flag", []string{"dataplane", "--size", "1x"}, 2, `unknown unit "x"`},
 		{"an unknown placement policy", []string{"placement", "--policy", "bogus"}, 2, "bogus"},
 		{"help", []string{"--help"}, 0, ""},

@@ -20,6 +20,7 @@ type nodePluginOpts struct {
 	cdiDir       string
 	pluginDir    string
 	registrarDir string
+	cudaShim     string
 	logLevel     string
 }
 
@@ -47,6 +48,13 @@ after every renewal and is bind-mounted read-only into the container, where
 agent without talking to the brokers. A claim whose lease is not granted yet
 fails to prepare with the reason; the kubelet retries. Unpreparing stops the
 renewal and removes the files; the controller releases the lease.
+
+With --cuda-shim (gpupool's libcuda.so.1) every claim's CDI device also
+bind-mounts the shim into the image's default library directories, so an
+unmodified CUDA program finds it, and sets
+  GPUPOOL_CUDA_SOCKET      /var/run/gpupool/cuda.sock
+a socket the plugin serves for the claim: it carries the program's CUDA
+calls over the data plane to the lease's GPU with the token it renews.
 
 After a restart the plugin resumes renewing the claims it finds in
 --state-dir. Every directory is the node's own path, mounted at the same path
@@ -77,6 +85,7 @@ token, --token or $GPUPOOL_TOKEN: a client token for the controller's tenant
 	f.StringVar(&o.cdiDir, "cdi-dir", k8s.DefaultCDIDir, "directory the container runtime reads CDI specs from")
 	f.StringVar(&o.pluginDir, "plugin-dir", k8s.DefaultPluginDir, "directory of the plugin's dra.sock, which the kubelet dials")
 	f.StringVar(&o.registrarDir, "registrar-dir", k8s.DefaultRegistrarDir, "the kubelet's plugin registration directory (must exist)")
+	f.StringVar(&o.cudaShim, "cuda-shim", "", "gpupool's CUDA shim, libcuda.so.1, to give every claim's containers with a CUDA socket (default none: no remote CUDA in pods)")
 	f.StringVar(&o.logLevel, "log-level", "info", "log level: debug, info, warn or error")
 	return cmd
 }
@@ -94,6 +103,11 @@ func runNodePlugin(cmd *cobra.Command, o nodePluginOpts) error {
 	} {
 		if !filepath.IsAbs(d.path) {
 			return usagef("--%s %q: must be an absolute path, the same on the node and in the plugin's container", d.flag, d.path)
+		}
+	}
+	if o.cudaShim != "" {
+		if st, err := os.Stat(o.cudaShim); err != nil || !st.Mode().IsRegular() {
+			return usagef("--cuda-shim %s: not a file; give gpupool's libcuda.so.1 ('make build' puts it in bin/lib)", o.cudaShim)
 		}
 	}
 	if st, err := os.Stat(o.registrarDir); err != nil || !st.IsDir() {
@@ -123,6 +137,7 @@ func runNodePlugin(cmd *cobra.Command, o nodePluginOpts) error {
 		CDIDir:       o.cdiDir,
 		PluginDir:    o.pluginDir,
 		RegistrarDir: o.registrarDir,
+		CUDAShim:     o.cudaShim,
 		Logger:       logger,
 	})
 	if err != nil {

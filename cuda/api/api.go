@@ -64,8 +64,13 @@ type Func struct {
 	Chunk    string // argument split into frames of at most the chunk size
 	Since    int
 	Destroys string
-	Line     int
-	Section  string // the `# --- name` comment above it
+	// Async marks a call CUDA itself makes asynchronous (stream work): the
+	// shim sends it without waiting for its answer, and a failure becomes
+	// the session's sticky error, returned by the next synchronising call
+	// and every call after it.
+	Async   bool
+	Line    int
+	Section string // the `# --- name` comment above it
 }
 
 // Exported reports whether the shim exports the function.
@@ -220,6 +225,8 @@ func parseAttrs(f *Func, attrs []string) error {
 			f.Chunk = v
 		case "destroys":
 			f.Destroys = v
+		case "async":
+			f.Async = true
 		case "since":
 			s, err := strconv.Atoi(v)
 			if err != nil || s <= 0 {
@@ -227,7 +234,7 @@ func parseAttrs(f *Func, attrs []string) error {
 			}
 			f.Since = s
 		default:
-			return fmt.Errorf("unknown attribute %q; want local, custom, internal, chunk=, since= or destroys=", at)
+			return fmt.Errorf("unknown attribute %q; want local, custom, internal, async, chunk=, since= or destroys=", at)
 		}
 	}
 	return nil
@@ -265,6 +272,9 @@ func check(f *Func) error {
 		return fmt.Errorf("local, custom and internal exclude each other")
 	}
 	if f.Local {
+		if f.Async {
+			return fmt.Errorf("async: a local function never reaches the wire")
+		}
 		return nil
 	}
 	for _, a := range f.Args {
@@ -284,6 +294,26 @@ func check(f *Func) error {
 	if f.Chunk != "" {
 		if s := f.Arg(f.Chunk); s == nil || s.Out || s.Kind != KindU64 {
 			return fmt.Errorf("chunk=%s must name a size_t in argument", f.Chunk)
+		}
+	}
+	if f.Async {
+		outs := 0
+		for _, a := range f.Args {
+			if a.Out {
+				outs++
+				if a.Kind != KindBuffer {
+					return fmt.Errorf("async: argument %s: an asynchronous call's only out argument may be one buffer, filled when its answer arrives", a.Name)
+				}
+			}
+			if a.Kind == KindHandle && a.Out || a.Kind == KindImage {
+				return fmt.Errorf("async: argument %s: an asynchronous call creates nothing and loads nothing", a.Name)
+			}
+		}
+		if outs > 1 {
+			return fmt.Errorf("async: %d out arguments; at most one buffer", outs)
+		}
+		if f.Destroys != "" {
+			return fmt.Errorf("async and destroys= exclude each other")
 		}
 	}
 	if f.Destroys != "" {

@@ -36,6 +36,10 @@ func TestParseRefusesBadLines(t *testing.T) {
 		{"an out string", "protocol 1\ncuX(out cstr s)", "in only"},
 		{"chunk on an out size", "protocol 1\ncuX(out size_t n) chunk=n", "chunk=n"},
 		{"destroys on a scalar", "protocol 1\ncuX(int n) destroys=n", "destroys=n"},
+		{"an async call with a scalar out", "protocol 1\ncuX(out int n) async", "only out argument may be one buffer"},
+		{"an async call that creates a handle", "protocol 1\ncuX(out CUstream s) async", "only out argument"},
+		{"an async local call", "protocol 1\ncuX(int n) local async", "never reaches the wire"},
+		{"an async call that destroys", "protocol 1\ncuX(CUstream s) async destroys=s", "exclude each other"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			_, err := Parse(tc.src)

@@ -131,7 +131,7 @@ func apiHash(a *api.API) uint32 {
 		if !f.Wire() {
 			continue
 		}
-		fmt.Fprintf(h, "%d %s(", f.Op, f.Name)
+		fmt.Fprintf(h, "%d %s async=%v (", f.Op, f.Name, f.Async)
 		for _, arg := range f.Args {
 			fmt.Fprintf(h, "%v %d %s %s*%d,", arg.Out, arg.Kind, arg.Name, arg.Size, arg.Scale)
 		}
@@ -220,8 +220,26 @@ func genStubs(a *api.API) []byte {
 	return b.Bytes()
 }
 
+// genRPC writes rpc_NAME, the call on the wire. A synchronous call sends
+// its request and waits for its answer; an asynchronous one (and each
+// chunk of a copy, through send_NAME) only sends it: its answer is read
+// later, and an out buffer is filled then.
 func genRPC(b *bytes.Buffer, f *api.Func) {
+	if f.Async || f.Chunk != "" {
+		genSend(b, f)
+	}
+	if f.Async {
+		fmt.Fprintf(b, "CUresult rpc_%s(%s)\n{\n    return send_%s(%s, NULL);\n}\n\n", f.Name, cParams(f), f.Name, cArgs(f))
+		return
+	}
 	fmt.Fprintf(b, "CUresult rpc_%s(%s)\n{\n    struct shim_call c;\n    CUresult r;\n", f.Name, cParams(f))
+	genChecksAndArgs(b, f)
+	b.WriteString("    r = shim_roundtrip(&c);\n    if (r == CUDA_SUCCESS) {\n")
+	genOuts(b, f)
+}
+
+// genChecks writes the checks the driver makes before any work.
+func genChecks(b *bytes.Buffer, f *api.Func) {
 	for _, a := range f.Args {
 		if s := f.Arg(a.Size); s != nil && s.Kind == api.KindI32 && !s.Out && a.Kind == api.KindBuffer {
 			fmt.Fprintf(b, "    if (%s < 0)\n        return CUDA_ERROR_INVALID_VALUE;\n", s.Name)
@@ -235,6 +253,27 @@ func genRPC(b *bytes.Buffer, f *api.Func) {
 			fmt.Fprintf(b, "    if (!%s)\n        return CUDA_ERROR_INVALID_VALUE;\n", a.Name)
 		}
 	}
+}
+
+// genSend writes send_NAME: the request sent without waiting; g collects
+// the answer's error for a synchronous copy split in chunks, or is NULL
+// for an asynchronous call, whose error becomes the session's sticky one.
+func genSend(b *bytes.Buffer, f *api.Func) {
+	fmt.Fprintf(b, "static CUresult send_%s(%s, struct shim_group *g)\n{\n    struct shim_call c;\n    CUresult r;\n", f.Name, cParams(f))
+	genChecksAndArgs(b, f)
+	dst, size := "NULL", "0"
+	for _, a := range f.Args {
+		if a.Out && a.Kind == api.KindBuffer {
+			dst, size = a.Name, cSize(f, a)
+		}
+	}
+	fmt.Fprintf(b, "    return shim_send(&c, %s, %s, g);\n}\n\n", dst, size)
+}
+
+// genChecksAndArgs writes the argument checks, shim_begin and the request's
+// arguments.
+func genChecksAndArgs(b *bytes.Buffer, f *api.Func) {
+	genChecks(b, f)
 	fmt.Fprintf(b, "    r = shim_begin(&c, %s);\n    if (r != CUDA_SUCCESS)\n        return r;\n", opConst(f))
 	for _, a := range f.Args {
 		if a.Out {
@@ -257,7 +296,10 @@ func genRPC(b *bytes.Buffer, f *api.Func) {
 			fmt.Fprintf(b, "    shim_put_u32(&c, (uint32_t)%s);\n", a.Name)
 		}
 	}
-	b.WriteString("    r = shim_roundtrip(&c);\n    if (r == CUDA_SUCCESS) {\n")
+}
+
+// genOuts reads a synchronous call's out arguments from its answer.
+func genOuts(b *bytes.Buffer, f *api.Func) {
 	for _, a := range f.Args {
 		if !a.Out {
 			continue
@@ -307,21 +349,29 @@ func genExport(b *bytes.Buffer, f *api.Func) {
 			args = append(args, a.Name)
 		}
 	}
-	fmt.Fprintf(b, `    size_t done = 0;
+	group := "&g"
+	if f.Async {
+		group = "NULL" // each chunk's failure is the session's sticky error
+	}
+	// A copy streams: every chunk is sent without waiting, the window of
+	// calls in flight bounds what is outstanding, and a synchronous copy
+	// waits for all its chunks' answers at the end.
+	fmt.Fprintf(b, `    struct shim_group g = SHIM_GROUP_INIT;
+    size_t done = 0;
+    CUresult r;
     do {
         size_t n = %[1]s - done;
-        CUresult r;
-        if (n > SHIM_CHUNK)
-            n = SHIM_CHUNK;
-        r = rpc_%[2]s(%[3]s);
+        if (n > SHIM_COPY_CHUNK)
+            n = SHIM_COPY_CHUNK;
+        r = send_%[2]s(%[3]s, %[4]s);
         if (r != CUDA_SUCCESS)
-            return r;
+            break;
         done += n;
     } while (done < %[1]s);
-    return CUDA_SUCCESS;
+    return shim_wait(&g, r);
 }
 
-`, f.Chunk, f.Name, strings.Join(args, ", "))
+`, f.Chunk, f.Name, strings.Join(args, ", "), group)
 }
 
 func countWire(a *api.API) int {
@@ -492,6 +542,12 @@ func genGo(a *api.API) []byte {
 			}
 		}
 	}
+	b.WriteString("}\n\n// opAsync are the calls the shim sends without waiting for their answer\n// (async in cuda.api): a failure is the session's sticky error.\nvar opAsync = map[uint16]bool{\n")
+	for _, f := range a.Funcs {
+		if f.Async {
+			fmt.Fprintf(&b, "\top%s: true,\n", GoName(f.Name))
+		}
+	}
 	b.WriteString("}\n\n// Calls are the driver calls on the wire, one method per function of\n// cuda.api: in arguments and out buffers (to fill) as parameters, out\n// values as results. A method runs with the call's context bound.\ntype Calls interface {\n")
 	for _, f := range a.Funcs {
 		if f.Wire() {
@@ -578,9 +634,25 @@ func genCase(b *bytes.Buffer, f *api.Func) {
 			fmt.Fprintf(b, "\t\tif r := g.inDevptr(%s, %s); r != Success {\n\t\t\treturn r, nil\n\t\t}\n", v, n)
 		}
 	}
+	// An out buffer that is the first out argument is filled in place in the
+	// answer, saving a copy of every copy's data.
+	inPlace := ""
+	for _, a := range f.Args {
+		if a.Out {
+			if a.Kind == api.KindBuffer {
+				inPlace = a.Name
+			}
+			break
+		}
+	}
 	for _, a := range f.Args {
 		if a.Kind == api.KindBuffer && a.Out {
-			fmt.Fprintf(b, "\t\tif %s > maxOut {\n\t\t\treturn ErrorInvalidValue, nil\n\t\t}\n\t\t%s := make([]byte, %s)\n", goSize(f, a), goVar(a.Name), goSize(f, a))
+			fmt.Fprintf(b, "\t\tif %s > maxOut {\n\t\t\treturn ErrorInvalidValue, nil\n\t\t}\n", goSize(f, a))
+			if a.Name == inPlace {
+				fmt.Fprintf(b, "\t\t%s := e.Reserve(int(%s))\n", goVar(a.Name), goSize(f, a))
+			} else {
+				fmt.Fprintf(b, "\t\t%s := make([]byte, %s)\n", goVar(a.Name), goSize(f, a))
+			}
 		}
 	}
 	var outs, ins []string
@@ -619,7 +691,7 @@ func genCase(b *bytes.Buffer, f *api.Func) {
 		}
 	}
 	for _, a := range f.Args {
-		if a.Out {
+		if a.Out && a.Name != inPlace {
 			fmt.Fprintf(b, "\t\te.%s(%s)\n", decodeFn(a), goVar(a.Name))
 		}
 	}

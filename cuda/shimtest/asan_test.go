@@ -37,6 +37,7 @@ func TestTheShimIsCleanUnderTheSanitizers(t *testing.T) {
 	}{
 		{"kernels", []string{ptxPath(t), "sim"}},
 		{"threads", []string{ptxPath(t)}},
+		{"pipeline", []string{ptxPath(t)}},
 		{"misc", []string{ptxPath(t)}},
 		{"fork", nil},
 	} {

@@ -29,6 +29,7 @@ func TestRealGPU(t *testing.T) {
 	if out, stderr, err := runErr(t, sock, "init"); err != nil || strings.TrimSpace(out) != "CUDA_SUCCESS" {
 		t.Skipf("cuInit on this machine's driver: %q %v %s", out, err, stderr)
 	}
+	var rows []string
 	for _, tc := range []struct {
 		prog string
 		args []string
@@ -38,12 +39,20 @@ func TestRealGPU(t *testing.T) {
 		{"kernels", []string{ptxPath(t), "real"}},
 		{"streams", []string{ptxPath(t)}},
 		{"threads", []string{ptxPath(t)}},
+		{"pipeline", []string{ptxPath(t)}},
 		{"fork", nil},
 		{"misc", []string{ptxPath(t)}},
 	} {
 		t.Run(tc.prog, func(t *testing.T) {
-			out, _ := run(t, sock, tc.prog, tc.args...)
-			t.Log(strings.TrimSpace(out))
+			out, stderr, err := runErr(t, sock, tc.prog, tc.args...)
+			res := "ok"
+			if err != nil {
+				res = fmt.Sprintf("FAILED: %v: %s", err, strings.TrimSpace(stderr))
+				t.Errorf("%s: %s", tc.prog, res)
+			}
+			rows = append(rows, fmt.Sprintf("| %s | %s | %s |", tc.prog, strings.Join(strings.Fields(strings.TrimSpace(out)), " "), res))
 		})
 	}
+	// The table the docs quote (make test-gpu prints it with -v).
+	t.Logf("\n| program | output | result |\n|---|---|---|\n%s", strings.Join(rows, "\n"))
 }

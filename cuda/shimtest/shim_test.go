@@ -248,6 +248,13 @@ func TestStreamsAndEventsOrderWork(t *testing.T) {
 	}
 }
 
+func TestPipelinedCallsKeepTheirOrderAndAFailureSticks(t *testing.T) {
+	sock, _ := serve(t, slice)
+	if out, _ := run(t, sock, "pipeline", ptxPath(t)); !strings.Contains(out, "pipeline ok") {
+		t.Errorf("got %q, want pipeline ok", out)
+	}
+}
+
 func TestTwoThreadsCallAtOnce(t *testing.T) {
 	sock, _ := serve(t, slice)
 	if out, _ := run(t, sock, "threads", ptxPath(t)); !strings.Contains(out, "threads ok") {

@@ -4,7 +4,8 @@
 //
 //	frame   = len:u32 op:u16 flags:u16 seq:u32 word:u64 payload
 //	len     = 16 + len(payload), at most 16 + MaxPayload
-//	request: word is the calling thread's current context handle (0: none)
+//	request: word is the calling thread's current context handle (0: none);
+//	         flags may have FlagWait
 //	reply:   flags has FlagReply; word is the CUresult
 //
 // Op 0 is the handshake: the request carries Magic, the shim's protocol
@@ -25,6 +26,7 @@ import (
 	"fmt"
 	"io"
 	"math"
+	"slices"
 )
 
 const (
@@ -39,6 +41,10 @@ const (
 	MaxPayload = Chunk + 64<<10
 	// FlagReply marks a reply.
 	FlagReply uint16 = 1
+	// FlagWait marks a request whose sender has written every request
+	// before it and now reads answers until this one's: the server may
+	// write its answer at once rather than through its queue.
+	FlagWait uint16 = 2
 	// OpHello is the handshake.
 	OpHello uint16 = 0
 )
@@ -61,6 +67,36 @@ type Header struct {
 // ReadFrame reads one frame. It reuses buf when it is large enough and
 // returns the payload, which is valid until the next call with buf.
 func ReadFrame(r io.Reader, buf []byte) (Header, []byte, error) {
+	h, frame, err := readFrame(r, buf)
+	if err != nil {
+		return h, nil, err
+	}
+	return h, frame[HeaderSize:], nil
+}
+
+// FrameReader reads frames into one buffer it keeps, so a stream of
+// frames costs no allocation beyond its largest frame.
+type FrameReader struct {
+	r   io.Reader
+	buf []byte
+}
+
+// NewFrameReader reads frames from r.
+func NewFrameReader(r io.Reader) *FrameReader { return &FrameReader{r: r} }
+
+// Next reads one frame; its payload is valid until the next call.
+func (fr *FrameReader) Next() (Header, []byte, error) {
+	h, frame, err := readFrame(fr.r, fr.buf)
+	if err != nil {
+		return h, nil, err
+	}
+	fr.buf = frame
+	return h, frame[HeaderSize:], nil
+}
+
+// readFrame reads one frame after its length word into buf (or a larger
+// buffer it allocates) and returns the header and the frame's bytes.
+func readFrame(r io.Reader, buf []byte) (Header, []byte, error) {
 	var lb [4]byte
 	if _, err := io.ReadFull(r, lb[:]); err != nil {
 		return Header{}, nil, err
@@ -88,17 +124,22 @@ func ReadFrame(r io.Reader, buf []byte) (Header, []byte, error) {
 		Seq:   binary.LittleEndian.Uint32(buf[4:]),
 		Word:  binary.LittleEndian.Uint64(buf[8:]),
 	}
-	return h, buf[HeaderSize:], nil
+	return h, buf, nil
+}
+
+// AppendHeader appends the length word and header of a frame whose
+// payload has n bytes.
+func AppendHeader(dst []byte, h Header, n int) []byte {
+	dst = binary.LittleEndian.AppendUint32(dst, uint32(HeaderSize+n))
+	dst = binary.LittleEndian.AppendUint16(dst, h.Op)
+	dst = binary.LittleEndian.AppendUint16(dst, h.Flags)
+	dst = binary.LittleEndian.AppendUint32(dst, h.Seq)
+	return binary.LittleEndian.AppendUint64(dst, h.Word)
 }
 
 // AppendFrame appends a frame with payload to dst.
 func AppendFrame(dst []byte, h Header, payload []byte) []byte {
-	dst = binary.LittleEndian.AppendUint32(dst, uint32(HeaderSize+len(payload)))
-	dst = binary.LittleEndian.AppendUint16(dst, h.Op)
-	dst = binary.LittleEndian.AppendUint16(dst, h.Flags)
-	dst = binary.LittleEndian.AppendUint32(dst, h.Seq)
-	dst = binary.LittleEndian.AppendUint64(dst, h.Word)
-	return append(dst, payload...)
+	return append(AppendHeader(dst, h, len(payload)), payload...)
 }
 
 // Decoder reads arguments from a payload. The first error sticks: later
@@ -207,6 +248,18 @@ func (e *Encoder) F32(v float32) { e.U32(math.Float32bits(v)) }
 func (e *Encoder) Bytes(p []byte) {
 	e.U32(uint32(len(p)))
 	e.B = append(e.B, p...)
+}
+
+// Reserve appends a length-prefixed buffer of n zero bytes and returns it,
+// to be filled in place (valid until the next append).
+func (e *Encoder) Reserve(n int) []byte {
+	e.U32(uint32(n))
+	e.B = slices.Grow(e.B, n)
+	start := len(e.B)
+	e.B = e.B[:start+n]
+	p := e.B[start:]
+	clear(p)
+	return p
 }
 
 // String appends a length-prefixed string.

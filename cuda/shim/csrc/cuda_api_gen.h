@@ -2,8 +2,8 @@
 #ifndef GPUPOOL_CUDA_API_GEN_H
 #define GPUPOOL_CUDA_API_GEN_H
 
-#define GPUPOOL_CUDA_PROTOCOL 1
-#define GPUPOOL_CUDA_API_HASH 0xae57fef8u
+#define GPUPOOL_CUDA_PROTOCOL 2
+#define GPUPOOL_CUDA_API_HASH 0x6e91ce40u
 
 typedef enum cudaError_enum {
     CUDA_SUCCESS = 0,

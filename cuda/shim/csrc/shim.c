@@ -7,8 +7,12 @@
  *    its mutex, or is a single word read and written atomically (init_pid,
  *    the log-once flags); the current-context stack is thread-local, as in
  *    the driver.
- *  - One call is one request frame and one reply frame, under st.mu, so
- *    calls from many threads are serialised (pipelining is part 2).
+ *  - One call is one request frame and one reply frame, in order, written
+ *    and read under st.mu. A synchronous call writes its request and reads
+ *    answers up to its own. An asynchronous one (async in cuda.api) only
+ *    queues its request: its answer is read by a later call, and its
+ *    failure becomes st.sticky, which every later call returns, as CUDA's
+ *    sticky errors do. Copies stream in SHIM_COPY_CHUNK frames the same way.
  *  - fork(): pthread_atfork takes both mutexes around the fork, so the child
  *    never inherits one held mid-call. A child forked after the connection
  *    was made closes its copy and fails every call with
@@ -23,6 +27,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <sys/uio.h>
 #include <sys/un.h>
 #include <unistd.h>
 
@@ -34,14 +39,36 @@
 #define SHIM_CTX_DEPTH 32
 #define SHIM_MAX_PARAMS 1024
 
+/* Pipelining: how much may be in flight. The server sizes its queue of
+   answers to these (agent/cudaserver), so a client that keeps to them never
+   waits on a server that waits on it. */
+#define SHIM_WINDOW 1024                          /* calls sent, not answered */
+#define SHIM_REPLY_WINDOW ((size_t)8 << 20)       /* out-buffer bytes those answers carry */
+#define SHIM_OUTBUF ((size_t)64 << 10)            /* requests batched into one write */
+#define SHIM_DIRECT ((size_t)64 << 10)            /* in buffers from this size are not copied */
+
+/* A call sent whose answer is not read yet. */
+struct pending {
+    uint32_t seq;
+    uint16_t op;
+    void *dst; /* where its out buffer goes, or NULL */
+    size_t cap;
+    struct shim_group *g; /* NULL: asynchronous work */
+};
+
 static struct {
     pthread_mutex_t mu;
     int fd;              /* guarded by mu; -1 when not connected */
     pid_t pid;           /* guarded by mu; the process that connected */
     int forked;          /* guarded by mu; this process is a child forked after connecting */
-    CUresult sticky;     /* guarded by mu; a connection failure every later call returns */
+    CUresult sticky;     /* guarded by mu; a connection failure or an asynchronous call's, every later call returns */
     uint32_t seq;        /* guarded by mu */
-} st = {PTHREAD_MUTEX_INITIALIZER, -1, 0, 0, CUDA_SUCCESS, 0};
+    struct pending ring[SHIM_WINDOW]; /* guarded by mu; in the order sent */
+    unsigned head, n;    /* guarded by mu; the oldest pending and how many */
+    size_t expect;       /* guarded by mu; out-buffer bytes the pending answers carry */
+    unsigned char out[SHIM_OUTBUF]; /* guarded by mu; requests not written yet */
+    size_t outlen;       /* guarded by mu */
+} st = {.mu = PTHREAD_MUTEX_INITIALIZER, .fd = -1, .sticky = CUDA_SUCCESS};
 
 /* The process in which cuInit succeeded (0: none), read without a lock
    (atomically) so that the calls answered in the shim never wait behind a
@@ -117,6 +144,10 @@ static void atfork_child(void)
         st.fd = -1;
         st.forked = 1;
     }
+    /* The parent's calls in flight are the parent's. */
+    st.n = 0;
+    st.expect = 0;
+    st.outlen = 0;
     pthread_mutex_unlock(&tab.mu);
     pthread_mutex_unlock(&st.mu);
 }
@@ -182,7 +213,21 @@ static uint64_t get_le64(const unsigned char *p)
     return (uint64_t)get_le32(p) | (uint64_t)get_le32(p + 4) << 32;
 }
 
-/* The connection is gone: every later call fails the same way. */
+static const char *op_name(uint16_t op)
+{
+    return op < shim_op_count ? shim_op_names[op] : "?";
+}
+
+static const char *result_name(CUresult r)
+{
+    for (const struct shim_error *e = shim_errors; e->name; e++)
+        if (e->value == r)
+            return e->name;
+    return "?";
+}
+
+/* The connection is gone: every later call fails the same way, and so do
+   the calls in flight. */
 static CUresult lostLocked(const char *why)
 {
     if (st.fd >= 0) {
@@ -194,22 +239,87 @@ static CUresult lostLocked(const char *why)
                  "every CUDA call now fails with CUDA_ERROR_DEVICE_UNAVAILABLE", why);
         st.sticky = CUDA_ERROR_DEVICE_UNAVAILABLE;
     }
+    for (; st.n > 0; st.n--, st.head = (st.head + 1) % SHIM_WINDOW) {
+        struct shim_group *g = st.ring[st.head].g;
+        if (g) {
+            g->outstanding--;
+            if (g->err == CUDA_SUCCESS)
+                g->err = st.sticky;
+        }
+    }
+    st.expect = 0;
+    st.outlen = 0;
     return st.sticky;
 }
 
-/* Sends one frame and reads its reply into *payload (malloc'd). */
-static CUresult exchangeLocked(unsigned char *frame, size_t len, uint16_t op, unsigned char **payload, size_t *plen)
+static CUresult flushLocked(void)
+{
+    if (st.outlen == 0)
+        return CUDA_SUCCESS;
+    if (write_all(st.fd, st.out, st.outlen) < 0)
+        return lostLocked("write failed");
+    st.outlen = 0;
+    return CUDA_SUCCESS;
+}
+
+/* writeLocked stamps c's header with the next seq and writes it: a small
+   request into st.out (written later, with others), a large one directly,
+   its in buffer from the caller's memory. */
+static CUresult writeLocked(struct shim_call *c, uint32_t *seq, int wait)
+{
+    unsigned char *frame = c->req;
+    size_t total = c->len + c->extlen;
+    *seq = ++st.seq;
+    put_le32(frame, (uint32_t)(total - 4));
+    frame[4] = (unsigned char)c->op;
+    frame[5] = (unsigned char)(c->op >> 8);
+    frame[6] = wait ? 2 : 0; /* cuda/wire.FlagWait: the answer is read at once */
+    frame[7] = 0;
+    put_le32(frame + 8, *seq);
+    put_le64(frame + 12, (uint64_t)(uintptr_t)(ctx_depth > 0 ? ctx_stack[ctx_depth - 1] : NULL));
+    if (c->extlen == 0 && total <= SHIM_OUTBUF / 4) {
+        if (st.outlen + total > SHIM_OUTBUF && flushLocked() != CUDA_SUCCESS)
+            return st.sticky;
+        memcpy(st.out + st.outlen, frame, total);
+        st.outlen += total;
+        return CUDA_SUCCESS;
+    }
+    if (flushLocked() != CUDA_SUCCESS)
+        return st.sticky;
+    if (c->extlen == 0)
+        return write_all(st.fd, frame, total) < 0 ? lostLocked("write failed") : CUDA_SUCCESS;
+    {
+        struct iovec iov[3] = {
+            {frame, c->extat},
+            {(void *)c->ext, c->extlen},
+            {frame + c->extat, c->len - c->extat},
+        };
+        struct msghdr m = {.msg_iov = iov, .msg_iovlen = 3};
+        while (m.msg_iovlen > 0) {
+            ssize_t w = sendmsg(st.fd, &m, MSG_NOSIGNAL);
+            if (w < 0 && errno == EINTR)
+                continue;
+            if (w <= 0)
+                return lostLocked("write failed");
+            while (m.msg_iovlen > 0 && (size_t)w >= m.msg_iov->iov_len) {
+                w -= (ssize_t)m.msg_iov->iov_len;
+                m.msg_iov++;
+                m.msg_iovlen--;
+            }
+            if (m.msg_iovlen > 0) {
+                m.msg_iov->iov_base = (char *)m.msg_iov->iov_base + w;
+                m.msg_iov->iov_len -= (size_t)w;
+            }
+        }
+    }
+    return CUDA_SUCCESS;
+}
+
+/* readHeaderLocked reads an answer's header and checks it answers seq/op. */
+static CUresult readHeaderLocked(uint32_t seq, uint16_t op, CUresult *res, size_t *plen)
 {
     unsigned char h[SHIM_HEADER];
-    uint32_t n, seq = ++st.seq;
-    put_le32(frame, (uint32_t)(len - 4));
-    frame[4] = (unsigned char)op;
-    frame[5] = (unsigned char)(op >> 8);
-    frame[6] = frame[7] = 0;
-    put_le32(frame + 8, seq);
-    put_le64(frame + 12, (uint64_t)(uintptr_t)(ctx_depth > 0 ? ctx_stack[ctx_depth - 1] : NULL));
-    if (write_all(st.fd, frame, len) < 0)
-        return lostLocked("write failed");
+    uint32_t n;
     if (read_all(st.fd, h, sizeof h) < 0)
         return lostLocked("the server closed the connection");
     n = get_le32(h);
@@ -218,6 +328,85 @@ static CUresult exchangeLocked(unsigned char *frame, size_t len, uint16_t op, un
     if ((h[4] | h[5] << 8) != op || (h[6] & 1) == 0 || get_le32(h + 8) != seq)
         return lostLocked("a reply to another call");
     *plen = n - (SHIM_HEADER - 4);
+    *res = (CUresult)(uint32_t)get_le64(h + 12);
+    return CUDA_SUCCESS;
+}
+
+static CUresult discardLocked(size_t n)
+{
+    unsigned char buf[4096];
+    while (n > 0) {
+        size_t k = n < sizeof buf ? n : sizeof buf;
+        if (read_all(st.fd, buf, k) < 0)
+            return lostLocked("a truncated reply");
+        n -= k;
+    }
+    return CUDA_SUCCESS;
+}
+
+/* drainOneLocked reads the oldest pending call's answer and delivers it:
+   its out buffer straight into the caller's memory, its error to its
+   group, or, for asynchronous work, to st.sticky. */
+static CUresult drainOneLocked(void)
+{
+    struct pending p = st.ring[st.head];
+    CUresult res = CUDA_SUCCESS;
+    size_t plen = 0;
+    if (readHeaderLocked(p.seq, p.op, &res, &plen) != CUDA_SUCCESS)
+        return st.sticky;
+    st.head = (st.head + 1) % SHIM_WINDOW;
+    st.n--;
+    st.expect -= p.cap;
+    if (res == CUDA_SUCCESS && p.dst) {
+        unsigned char lb[4];
+        uint32_t n;
+        if (plen < 4 || read_all(st.fd, lb, 4) < 0)
+            return lostLocked("a truncated reply");
+        n = get_le32(lb);
+        if (n > p.cap || (size_t)n != plen - 4)
+            return lostLocked("a reply whose buffer is not the size asked for");
+        if (n && read_all(st.fd, p.dst, n) < 0)
+            return lostLocked("a truncated reply");
+    } else if (discardLocked(plen) != CUDA_SUCCESS) {
+        return st.sticky;
+    }
+    if (trace)
+        shim_log("trace: %s answered -> %s (%d)", op_name(p.op), result_name(res), (int)res);
+    if (p.g) {
+        p.g->outstanding--;
+        if (res != CUDA_SUCCESS && p.g->err == CUDA_SUCCESS)
+            p.g->err = res;
+    } else if (res != CUDA_SUCCESS && st.sticky == CUDA_SUCCESS) {
+        shim_log("an asynchronous call, %s, failed with %s: as with CUDA's sticky errors, every later CUDA "
+                 "call in this process returns it",
+                 op_name(p.op), result_name(res));
+        st.sticky = res;
+    }
+    return CUDA_SUCCESS;
+}
+
+/* drainLocked writes what is queued and reads answers until at most keep
+   calls are in flight. */
+static CUresult drainLocked(unsigned keep)
+{
+    if (st.n > keep && flushLocked() != CUDA_SUCCESS)
+        return st.sticky;
+    while (st.n > keep)
+        if (drainOneLocked() != CUDA_SUCCESS)
+            return st.sticky;
+    return CUDA_SUCCESS;
+}
+
+/* exchangeLocked writes a synchronous call, reads the answers of every call
+   before it, and reads its own reply into *payload (malloc'd). */
+static CUresult exchangeLocked(struct shim_call *c, unsigned char **payload, size_t *plen)
+{
+    uint32_t seq;
+    CUresult res = CUDA_SUCCESS;
+    if (writeLocked(c, &seq, 1) != CUDA_SUCCESS || drainLocked(0) != CUDA_SUCCESS || flushLocked() != CUDA_SUCCESS)
+        return st.sticky;
+    if (readHeaderLocked(seq, c->op, &res, plen) != CUDA_SUCCESS)
+        return st.sticky;
     *payload = malloc(*plen ? *plen : 1);
     if (!*payload)
         return lostLocked("out of memory for a reply");
@@ -226,7 +415,7 @@ static CUresult exchangeLocked(unsigned char *frame, size_t len, uint16_t op, un
         *payload = NULL;
         return lostLocked("a truncated reply");
     }
-    return (CUresult)(uint32_t)get_le64(h + 12);
+    return res;
 }
 
 static CUresult connectLocked(void)
@@ -234,6 +423,7 @@ static CUresult connectLocked(void)
     const char *path = getenv("GPUPOOL_CUDA_SOCKET");
     struct sockaddr_un addr;
     unsigned char hello[SHIM_HEADER + 12], *payload = NULL;
+    struct shim_call hc;
     size_t plen = 0;
     CUresult r;
     uint32_t server = 0, server_hash = 0;
@@ -259,10 +449,14 @@ static CUresult connectLocked(void)
         return st.sticky = CUDA_ERROR_NO_DEVICE;
     }
     st.pid = getpid();
+    memset(&hc, 0, sizeof hc);
     put_le32(hello + SHIM_HEADER, SHIM_MAGIC);
     put_le32(hello + SHIM_HEADER + 4, GPUPOOL_CUDA_PROTOCOL);
     put_le32(hello + SHIM_HEADER + 8, GPUPOOL_CUDA_API_HASH);
-    r = exchangeLocked(hello, sizeof hello, 0, &payload, &plen);
+    hc.op = 0;
+    hc.req = hello;
+    hc.len = sizeof hello;
+    r = exchangeLocked(&hc, &payload, &plen);
     if (st.fd < 0) {
         free(payload);
         return st.sticky;
@@ -366,6 +560,12 @@ void shim_put_bytes(struct shim_call *c, const void *src, size_t n)
         return;
     }
     shim_put_u32(c, (uint32_t)n);
+    if (n >= SHIM_DIRECT && !c->ext) {
+        c->ext = src;
+        c->extlen = n;
+        c->extat = c->len;
+        return;
+    }
     p = put(c, n);
     if (p && n)
         memcpy(p, src, n);
@@ -402,17 +602,63 @@ CUresult shim_roundtrip(struct shim_call *c)
     pthread_mutex_lock(&st.mu);
     r = readyLocked();
     if (r == CUDA_SUCCESS)
-        r = exchangeLocked(c->req, c->len, c->op, &c->resp, &c->rlen);
+        r = exchangeLocked(c, &c->resp, &c->rlen);
     pthread_mutex_unlock(&st.mu);
-    if (trace) {
-        const char *name = NULL;
-        for (const struct shim_error *e = shim_errors; e->name; e++)
-            if (e->value == r)
-                name = e->name;
-        shim_log("trace: %s (%zu bytes) -> %s (%d)", c->op < shim_op_count ? shim_op_names[c->op] : "?", c->len,
-                 name ? name : "?", (int)r);
-    }
+    if (trace)
+        shim_log("trace: %s (%zu bytes) -> %s (%d)", op_name(c->op), c->len + c->extlen, result_name(r), (int)r);
     return r;
+}
+
+CUresult shim_send(struct shim_call *c, void *dst, size_t cap, struct shim_group *g)
+{
+    CUresult r;
+    uint32_t seq;
+    size_t len = c->len + c->extlen;
+    if (c->oom) {
+        shim_end(c, CUDA_SUCCESS);
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    pthread_mutex_lock(&st.mu);
+    r = readyLocked();
+    /* Keep to the windows: the oldest answers are read first. */
+    if (r == CUDA_SUCCESS && st.n == SHIM_WINDOW)
+        r = drainLocked(SHIM_WINDOW / 2);
+    while (r == CUDA_SUCCESS && st.n > 0 && st.expect + cap > SHIM_REPLY_WINDOW)
+        r = drainLocked(st.n - 1);
+    if (r == CUDA_SUCCESS)
+        r = st.sticky; /* an answer just read may have failed */
+    if (r == CUDA_SUCCESS && writeLocked(c, &seq, 0) != CUDA_SUCCESS)
+        r = st.sticky;
+    if (r == CUDA_SUCCESS) {
+        struct pending *p = &st.ring[(st.head + st.n) % SHIM_WINDOW];
+        p->seq = seq;
+        p->op = c->op;
+        p->dst = dst;
+        p->cap = dst ? cap : 0;
+        p->g = g;
+        st.n++;
+        st.expect += p->cap;
+        if (g)
+            g->outstanding++;
+        /* A large frame went out directly: let it not wait behind the batch. */
+        if (c->extlen)
+            r = flushLocked();
+    }
+    pthread_mutex_unlock(&st.mu);
+    if (trace)
+        shim_log("trace: %s (%zu bytes) -> sent, answered later", op_name(c->op), len);
+    shim_end(c, CUDA_SUCCESS);
+    return r;
+}
+
+CUresult shim_wait(struct shim_group *g, CUresult r)
+{
+    pthread_mutex_lock(&st.mu);
+    if (g->outstanding > 0 && flushLocked() == CUDA_SUCCESS)
+        while (g->outstanding > 0 && drainOneLocked() == CUDA_SUCCESS)
+            ;
+    pthread_mutex_unlock(&st.mu);
+    return r != CUDA_SUCCESS ? r : g->err;
 }
 
 static const unsigned char *get(struct shim_call *c, size_t n)
@@ -962,6 +1208,12 @@ SHIM_EXPORT CUresult cuLaunchKernel(CUfunction f, unsigned int gridDimX, unsigne
     if (!f)
         return CUDA_ERROR_INVALID_HANDLE;
     if (kernelParams && extra)
+        return CUDA_ERROR_INVALID_VALUE;
+    /* A launch is pipelined, so what the driver refuses at once is refused
+       here, before it is sent: empty dimensions, and more threads in a
+       block than any CUDA device runs (1024). */
+    if (!gridDimX || !gridDimY || !gridDimZ || !blockDimX || !blockDimY || !blockDimZ ||
+        (uint64_t)blockDimX * blockDimY * blockDimZ > 1024)
         return CUDA_ERROR_INVALID_VALUE;
     for (int attempt = 0; attempt < 2 && !found; attempt++) {
         pthread_mutex_lock(&tab.mu);

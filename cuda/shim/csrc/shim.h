@@ -9,8 +9,11 @@
 #include "cuda.h"
 
 #define SHIM_EXPORT __attribute__((visibility("default")))
-/* The most data one copy frame carries (cuda/wire.Chunk). */
+/* The most data one frame may carry (cuda/wire.Chunk). */
 #define SHIM_CHUNK ((size_t)16 << 20)
+/* The data of one frame of a copy: copies stream in frames of this size,
+   sent without waiting, so neither side ever holds a copy whole. */
+#define SHIM_COPY_CHUNK ((size_t)1 << 20)
 
 /* One call: the request being built, then the reply being read. */
 struct shim_call {
@@ -18,6 +21,10 @@ struct shim_call {
     unsigned char *req;
     size_t len, cap;
     int oom;
+    /* A large in buffer is written from the caller's memory, not copied
+       into req: ext's extlen bytes go at offset extat of the frame. */
+    const void *ext;
+    size_t extlen, extat;
     unsigned char *resp;
     size_t rlen, roff;
     int bad;
@@ -33,6 +40,22 @@ void shim_put_image(struct shim_call *c, const void *image);
 /* Sends the request and reads the reply; returns the reply's CUresult, or
    the transport's error. */
 CUresult shim_roundtrip(struct shim_call *c);
+
+/* The answers a synchronous copy sent in chunks waits for. */
+struct shim_group {
+    unsigned outstanding; /* guarded by the transport's mutex */
+    CUresult err;         /* guarded by the transport's mutex; the first failure */
+};
+#define SHIM_GROUP_INIT {0, CUDA_SUCCESS}
+/* Sends the request without waiting for its answer and frees c. The
+   answer is read later (by the next synchronising call, a full window, or
+   shim_wait); an out buffer in it is copied to dst (at most cap bytes)
+   then. With g, the answer's error is g's to return; without, it is
+   asynchronous work whose failure becomes the session's sticky error. */
+CUresult shim_send(struct shim_call *c, void *dst, size_t cap, struct shim_group *g);
+/* Waits for every answer of g and returns r if it is an error, else g's
+   first error. */
+CUresult shim_wait(struct shim_group *g, CUresult r);
 uint32_t shim_get_u32(struct shim_call *c);
 uint64_t shim_get_u64(struct shim_call *c);
 float shim_get_f32(struct shim_call *c);

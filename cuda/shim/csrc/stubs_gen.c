@@ -671,6 +671,21 @@ CUresult rpc_cuMemGetAddressRange_v2(CUdeviceptr *pbase, size_t *psize, CUdevice
     return shim_end(&c, r);
 }
 
+static CUresult send_cuMemcpyHtoD_v2(CUdeviceptr dstDevice, const void *srcHost, size_t ByteCount, struct shim_group *g)
+{
+    struct shim_call c;
+    CUresult r;
+    if (!srcHost && (size_t)ByteCount != 0)
+        return CUDA_ERROR_INVALID_VALUE;
+    r = shim_begin(&c, SHIM_OP_cuMemcpyHtoD_v2);
+    if (r != CUDA_SUCCESS)
+        return r;
+    shim_put_u64(&c, (uint64_t)dstDevice);
+    shim_put_bytes(&c, srcHost, (size_t)ByteCount);
+    shim_put_u64(&c, (uint64_t)ByteCount);
+    return shim_send(&c, NULL, 0, g);
+}
+
 CUresult rpc_cuMemcpyHtoD_v2(CUdeviceptr dstDevice, const void *srcHost, size_t ByteCount)
 {
     struct shim_call c;
@@ -687,6 +702,20 @@ CUresult rpc_cuMemcpyHtoD_v2(CUdeviceptr dstDevice, const void *srcHost, size_t 
     if (r == CUDA_SUCCESS) {
     }
     return shim_end(&c, r);
+}
+
+static CUresult send_cuMemcpyDtoH_v2(void *dstHost, CUdeviceptr srcDevice, size_t ByteCount, struct shim_group *g)
+{
+    struct shim_call c;
+    CUresult r;
+    if (!dstHost && (size_t)ByteCount != 0)
+        return CUDA_ERROR_INVALID_VALUE;
+    r = shim_begin(&c, SHIM_OP_cuMemcpyDtoH_v2);
+    if (r != CUDA_SUCCESS)
+        return r;
+    shim_put_u64(&c, (uint64_t)srcDevice);
+    shim_put_u64(&c, (uint64_t)ByteCount);
+    return shim_send(&c, dstHost, (size_t)ByteCount, g);
 }
 
 CUresult rpc_cuMemcpyDtoH_v2(void *dstHost, CUdeviceptr srcDevice, size_t ByteCount)
@@ -723,7 +752,7 @@ CUresult rpc_cuMemcpyDtoD_v2(CUdeviceptr dstDevice, CUdeviceptr srcDevice, size_
     return shim_end(&c, r);
 }
 
-CUresult rpc_cuMemcpyHtoDAsync_v2(CUdeviceptr dstDevice, const void *srcHost, size_t ByteCount, CUstream hStream)
+static CUresult send_cuMemcpyHtoDAsync_v2(CUdeviceptr dstDevice, const void *srcHost, size_t ByteCount, CUstream hStream, struct shim_group *g)
 {
     struct shim_call c;
     CUresult r;
@@ -736,13 +765,15 @@ CUresult rpc_cuMemcpyHtoDAsync_v2(CUdeviceptr dstDevice, const void *srcHost, si
     shim_put_bytes(&c, srcHost, (size_t)ByteCount);
     shim_put_u64(&c, (uint64_t)ByteCount);
     shim_put_u64(&c, (uint64_t)(uintptr_t)hStream);
-    r = shim_roundtrip(&c);
-    if (r == CUDA_SUCCESS) {
-    }
-    return shim_end(&c, r);
+    return shim_send(&c, NULL, 0, g);
 }
 
-CUresult rpc_cuMemcpyDtoHAsync_v2(void *dstHost, CUdeviceptr srcDevice, size_t ByteCount, CUstream hStream)
+CUresult rpc_cuMemcpyHtoDAsync_v2(CUdeviceptr dstDevice, const void *srcHost, size_t ByteCount, CUstream hStream)
+{
+    return send_cuMemcpyHtoDAsync_v2(dstDevice, srcHost, ByteCount, hStream, NULL);
+}
+
+static CUresult send_cuMemcpyDtoHAsync_v2(void *dstHost, CUdeviceptr srcDevice, size_t ByteCount, CUstream hStream, struct shim_group *g)
 {
     struct shim_call c;
     CUresult r;
@@ -754,14 +785,15 @@ CUresult rpc_cuMemcpyDtoHAsync_v2(void *dstHost, CUdeviceptr srcDevice, size_t B
     shim_put_u64(&c, (uint64_t)srcDevice);
     shim_put_u64(&c, (uint64_t)ByteCount);
     shim_put_u64(&c, (uint64_t)(uintptr_t)hStream);
-    r = shim_roundtrip(&c);
-    if (r == CUDA_SUCCESS) {
-        shim_get_buf(&c, dstHost, (size_t)ByteCount);
-    }
-    return shim_end(&c, r);
+    return shim_send(&c, dstHost, (size_t)ByteCount, g);
 }
 
-CUresult rpc_cuMemcpyDtoDAsync_v2(CUdeviceptr dstDevice, CUdeviceptr srcDevice, size_t ByteCount, CUstream hStream)
+CUresult rpc_cuMemcpyDtoHAsync_v2(void *dstHost, CUdeviceptr srcDevice, size_t ByteCount, CUstream hStream)
+{
+    return send_cuMemcpyDtoHAsync_v2(dstHost, srcDevice, ByteCount, hStream, NULL);
+}
+
+static CUresult send_cuMemcpyDtoDAsync_v2(CUdeviceptr dstDevice, CUdeviceptr srcDevice, size_t ByteCount, CUstream hStream, struct shim_group *g)
 {
     struct shim_call c;
     CUresult r;
@@ -772,10 +804,12 @@ CUresult rpc_cuMemcpyDtoDAsync_v2(CUdeviceptr dstDevice, CUdeviceptr srcDevice, 
     shim_put_u64(&c, (uint64_t)srcDevice);
     shim_put_u64(&c, (uint64_t)ByteCount);
     shim_put_u64(&c, (uint64_t)(uintptr_t)hStream);
-    r = shim_roundtrip(&c);
-    if (r == CUDA_SUCCESS) {
-    }
-    return shim_end(&c, r);
+    return shim_send(&c, NULL, 0, g);
+}
+
+CUresult rpc_cuMemcpyDtoDAsync_v2(CUdeviceptr dstDevice, CUdeviceptr srcDevice, size_t ByteCount, CUstream hStream)
+{
+    return send_cuMemcpyDtoDAsync_v2(dstDevice, srcDevice, ByteCount, hStream, NULL);
 }
 
 CUresult rpc_cuMemsetD8_v2(CUdeviceptr dstDevice, unsigned char uc, size_t N)
@@ -826,7 +860,7 @@ CUresult rpc_cuMemsetD32_v2(CUdeviceptr dstDevice, unsigned int ui, size_t N)
     return shim_end(&c, r);
 }
 
-CUresult rpc_cuMemsetD8Async(CUdeviceptr dstDevice, unsigned char uc, size_t N, CUstream hStream)
+static CUresult send_cuMemsetD8Async(CUdeviceptr dstDevice, unsigned char uc, size_t N, CUstream hStream, struct shim_group *g)
 {
     struct shim_call c;
     CUresult r;
@@ -837,13 +871,15 @@ CUresult rpc_cuMemsetD8Async(CUdeviceptr dstDevice, unsigned char uc, size_t N, 
     shim_put_u32(&c, (uint32_t)uc);
     shim_put_u64(&c, (uint64_t)N);
     shim_put_u64(&c, (uint64_t)(uintptr_t)hStream);
-    r = shim_roundtrip(&c);
-    if (r == CUDA_SUCCESS) {
-    }
-    return shim_end(&c, r);
+    return shim_send(&c, NULL, 0, g);
 }
 
-CUresult rpc_cuMemsetD16Async(CUdeviceptr dstDevice, unsigned short us, size_t N, CUstream hStream)
+CUresult rpc_cuMemsetD8Async(CUdeviceptr dstDevice, unsigned char uc, size_t N, CUstream hStream)
+{
+    return send_cuMemsetD8Async(dstDevice, uc, N, hStream, NULL);
+}
+
+static CUresult send_cuMemsetD16Async(CUdeviceptr dstDevice, unsigned short us, size_t N, CUstream hStream, struct shim_group *g)
 {
     struct shim_call c;
     CUresult r;
@@ -854,13 +890,15 @@ CUresult rpc_cuMemsetD16Async(CUdeviceptr dstDevice, unsigned short us, size_t N
     shim_put_u32(&c, (uint32_t)us);
     shim_put_u64(&c, (uint64_t)N);
     shim_put_u64(&c, (uint64_t)(uintptr_t)hStream);
-    r = shim_roundtrip(&c);
-    if (r == CUDA_SUCCESS) {
-    }
-    return shim_end(&c, r);
+    return shim_send(&c, NULL, 0, g);
 }
 
-CUresult rpc_cuMemsetD32Async(CUdeviceptr dstDevice, unsigned int ui, size_t N, CUstream hStream)
+CUresult rpc_cuMemsetD16Async(CUdeviceptr dstDevice, unsigned short us, size_t N, CUstream hStream)
+{
+    return send_cuMemsetD16Async(dstDevice, us, N, hStream, NULL);
+}
+
+static CUresult send_cuMemsetD32Async(CUdeviceptr dstDevice, unsigned int ui, size_t N, CUstream hStream, struct shim_group *g)
 {
     struct shim_call c;
     CUresult r;
@@ -871,10 +909,12 @@ CUresult rpc_cuMemsetD32Async(CUdeviceptr dstDevice, unsigned int ui, size_t N, 
     shim_put_u32(&c, (uint32_t)ui);
     shim_put_u64(&c, (uint64_t)N);
     shim_put_u64(&c, (uint64_t)(uintptr_t)hStream);
-    r = shim_roundtrip(&c);
-    if (r == CUDA_SUCCESS) {
-    }
-    return shim_end(&c, r);
+    return shim_send(&c, NULL, 0, g);
+}
+
+CUresult rpc_cuMemsetD32Async(CUdeviceptr dstDevice, unsigned int ui, size_t N, CUstream hStream)
+{
+    return send_cuMemsetD32Async(dstDevice, ui, N, hStream, NULL);
 }
 
 CUresult rpc_gpupoolPointerGetAttribute(cuuint64_t *value, CUpointer_attribute attribute, CUdeviceptr ptr)
@@ -1102,7 +1142,7 @@ CUresult rpc_gpupoolFuncParams(CUfunction f, char *info, unsigned int cap, unsig
     return shim_end(&c, r);
 }
 
-CUresult rpc_gpupoolLaunchKernel(CUfunction f, unsigned int gridDimX, unsigned int gridDimY, unsigned int gridDimZ, unsigned int blockDimX, unsigned int blockDimY, unsigned int blockDimZ, unsigned int sharedMemBytes, CUstream hStream, const char *params, unsigned int paramsLen)
+static CUresult send_gpupoolLaunchKernel(CUfunction f, unsigned int gridDimX, unsigned int gridDimY, unsigned int gridDimZ, unsigned int blockDimX, unsigned int blockDimY, unsigned int blockDimZ, unsigned int sharedMemBytes, CUstream hStream, const char *params, unsigned int paramsLen, struct shim_group *g)
 {
     struct shim_call c;
     CUresult r;
@@ -1122,10 +1162,12 @@ CUresult rpc_gpupoolLaunchKernel(CUfunction f, unsigned int gridDimX, unsigned i
     shim_put_u64(&c, (uint64_t)(uintptr_t)hStream);
     shim_put_bytes(&c, params, (size_t)paramsLen);
     shim_put_u32(&c, (uint32_t)paramsLen);
-    r = shim_roundtrip(&c);
-    if (r == CUDA_SUCCESS) {
-    }
-    return shim_end(&c, r);
+    return shim_send(&c, NULL, 0, g);
+}
+
+CUresult rpc_gpupoolLaunchKernel(CUfunction f, unsigned int gridDimX, unsigned int gridDimY, unsigned int gridDimZ, unsigned int blockDimX, unsigned int blockDimY, unsigned int blockDimZ, unsigned int sharedMemBytes, CUstream hStream, const char *params, unsigned int paramsLen)
+{
+    return send_gpupoolLaunchKernel(f, gridDimX, gridDimY, gridDimZ, blockDimX, blockDimY, blockDimZ, sharedMemBytes, hStream, params, paramsLen, NULL);
 }
 
 CUresult rpc_cuFuncGetAttribute(int *pi, CUfunction_attribute attrib, CUfunction hfunc)
@@ -1355,7 +1397,7 @@ CUresult rpc_cuStreamQuery(CUstream hStream)
     return shim_end(&c, r);
 }
 
-CUresult rpc_cuStreamWaitEvent(CUstream hStream, CUevent hEvent, unsigned int Flags)
+static CUresult send_cuStreamWaitEvent(CUstream hStream, CUevent hEvent, unsigned int Flags, struct shim_group *g)
 {
     struct shim_call c;
     CUresult r;
@@ -1365,10 +1407,12 @@ CUresult rpc_cuStreamWaitEvent(CUstream hStream, CUevent hEvent, unsigned int Fl
     shim_put_u64(&c, (uint64_t)(uintptr_t)hStream);
     shim_put_u64(&c, (uint64_t)(uintptr_t)hEvent);
     shim_put_u32(&c, (uint32_t)Flags);
-    r = shim_roundtrip(&c);
-    if (r == CUDA_SUCCESS) {
-    }
-    return shim_end(&c, r);
+    return shim_send(&c, NULL, 0, g);
+}
+
+CUresult rpc_cuStreamWaitEvent(CUstream hStream, CUevent hEvent, unsigned int Flags)
+{
+    return send_cuStreamWaitEvent(hStream, hEvent, Flags, NULL);
 }
 
 CUresult rpc_cuStreamGetFlags(CUstream hStream, unsigned int *flags)
@@ -1453,7 +1497,7 @@ CUresult rpc_cuEventDestroy_v2(CUevent hEvent)
     return shim_end(&c, r);
 }
 
-CUresult rpc_cuEventRecord(CUevent hEvent, CUstream hStream)
+static CUresult send_cuEventRecord(CUevent hEvent, CUstream hStream, struct shim_group *g)
 {
     struct shim_call c;
     CUresult r;
@@ -1462,13 +1506,15 @@ CUresult rpc_cuEventRecord(CUevent hEvent, CUstream hStream)
         return r;
     shim_put_u64(&c, (uint64_t)(uintptr_t)hEvent);
     shim_put_u64(&c, (uint64_t)(uintptr_t)hStream);
-    r = shim_roundtrip(&c);
-    if (r == CUDA_SUCCESS) {
-    }
-    return shim_end(&c, r);
+    return shim_send(&c, NULL, 0, g);
 }
 
-CUresult rpc_cuEventRecordWithFlags(CUevent hEvent, CUstream hStream, unsigned int flags)
+CUresult rpc_cuEventRecord(CUevent hEvent, CUstream hStream)
+{
+    return send_cuEventRecord(hEvent, hStream, NULL);
+}
+
+static CUresult send_cuEventRecordWithFlags(CUevent hEvent, CUstream hStream, unsigned int flags, struct shim_group *g)
 {
     struct shim_call c;
     CUresult r;
@@ -1478,10 +1524,12 @@ CUresult rpc_cuEventRecordWithFlags(CUevent hEvent, CUstream hStream, unsigned i
     shim_put_u64(&c, (uint64_t)(uintptr_t)hEvent);
     shim_put_u64(&c, (uint64_t)(uintptr_t)hStream);
     shim_put_u32(&c, (uint32_t)flags);
-    r = shim_roundtrip(&c);
-    if (r == CUDA_SUCCESS) {
-    }
-    return shim_end(&c, r);
+    return shim_send(&c, NULL, 0, g);
+}
+
+CUresult rpc_cuEventRecordWithFlags(CUevent hEvent, CUstream hStream, unsigned int flags)
+{
+    return send_cuEventRecordWithFlags(hEvent, hStream, flags, NULL);
 }
 
 CUresult rpc_cuEventSynchronize(CUevent hEvent)
@@ -1682,34 +1730,36 @@ SHIM_EXPORT CUresult cuMemGetAddressRange_v2(CUdeviceptr *pbase, size_t *psize, 
 
 SHIM_EXPORT CUresult cuMemcpyHtoD_v2(CUdeviceptr dstDevice, const void *srcHost, size_t ByteCount)
 {
+    struct shim_group g = SHIM_GROUP_INIT;
     size_t done = 0;
+    CUresult r;
     do {
         size_t n = ByteCount - done;
-        CUresult r;
-        if (n > SHIM_CHUNK)
-            n = SHIM_CHUNK;
-        r = rpc_cuMemcpyHtoD_v2(dstDevice + done, (const char *)srcHost + done, n);
+        if (n > SHIM_COPY_CHUNK)
+            n = SHIM_COPY_CHUNK;
+        r = send_cuMemcpyHtoD_v2(dstDevice + done, (const char *)srcHost + done, n, &g);
         if (r != CUDA_SUCCESS)
-            return r;
+            break;
         done += n;
     } while (done < ByteCount);
-    return CUDA_SUCCESS;
+    return shim_wait(&g, r);
 }
 
 SHIM_EXPORT CUresult cuMemcpyDtoH_v2(void *dstHost, CUdeviceptr srcDevice, size_t ByteCount)
 {
+    struct shim_group g = SHIM_GROUP_INIT;
     size_t done = 0;
+    CUresult r;
     do {
         size_t n = ByteCount - done;
-        CUresult r;
-        if (n > SHIM_CHUNK)
-            n = SHIM_CHUNK;
-        r = rpc_cuMemcpyDtoH_v2((char *)dstHost + done, srcDevice + done, n);
+        if (n > SHIM_COPY_CHUNK)
+            n = SHIM_COPY_CHUNK;
+        r = send_cuMemcpyDtoH_v2((char *)dstHost + done, srcDevice + done, n, &g);
         if (r != CUDA_SUCCESS)
-            return r;
+            break;
         done += n;
     } while (done < ByteCount);
-    return CUDA_SUCCESS;
+    return shim_wait(&g, r);
 }
 
 SHIM_EXPORT CUresult cuMemcpyDtoD_v2(CUdeviceptr dstDevice, CUdeviceptr srcDevice, size_t ByteCount)
@@ -1719,34 +1769,36 @@ SHIM_EXPORT CUresult cuMemcpyDtoD_v2(CUdeviceptr dstDevice, CUdeviceptr srcDevic
 
 SHIM_EXPORT CUresult cuMemcpyHtoDAsync_v2(CUdeviceptr dstDevice, const void *srcHost, size_t ByteCount, CUstream hStream)
 {
+    struct shim_group g = SHIM_GROUP_INIT;
     size_t done = 0;
+    CUresult r;
     do {
         size_t n = ByteCount - done;
-        CUresult r;
-        if (n > SHIM_CHUNK)
-            n = SHIM_CHUNK;
-        r = rpc_cuMemcpyHtoDAsync_v2(dstDevice + done, (const char *)srcHost + done, n, hStream);
+        if (n > SHIM_COPY_CHUNK)
+            n = SHIM_COPY_CHUNK;
+        r = send_cuMemcpyHtoDAsync_v2(dstDevice + done, (const char *)srcHost + done, n, hStream, NULL);
         if (r != CUDA_SUCCESS)
-            return r;
+            break;
         done += n;
     } while (done < ByteCount);
-    return CUDA_SUCCESS;
+    return shim_wait(&g, r);
 }
 
 SHIM_EXPORT CUresult cuMemcpyDtoHAsync_v2(void *dstHost, CUdeviceptr srcDevice, size_t ByteCount, CUstream hStream)
 {
+    struct shim_group g = SHIM_GROUP_INIT;
     size_t done = 0;
+    CUresult r;
     do {
         size_t n = ByteCount - done;
-        CUresult r;
-        if (n > SHIM_CHUNK)
-            n = SHIM_CHUNK;
-        r = rpc_cuMemcpyDtoHAsync_v2((char *)dstHost + done, srcDevice + done, n, hStream);
+        if (n > SHIM_COPY_CHUNK)
+            n = SHIM_COPY_CHUNK;
+        r = send_cuMemcpyDtoHAsync_v2((char *)dstHost + done, srcDevice + done, n, hStream, NULL);
         if (r != CUDA_SUCCESS)
-            return r;
+            break;
         done += n;
     } while (done < ByteCount);
-    return CUDA_SUCCESS;
+    return shim_wait(&g, r);
 }
 
 SHIM_EXPORT CUresult cuMemcpyDtoDAsync_v2(CUdeviceptr dstDevice, CUdeviceptr srcDevice, size_t ByteCount, CUstream hStream)
