@@ -41,8 +41,10 @@ two things while it leads (one replica acts; the others stand by):
 
 Publisher. Every pool host becomes a ResourceSlice pool named after the host,
 usable from the nodes --node-selector matches (where the node plugin runs). Each
-GPU is a device gpu-<index> with attributes model, uuid, host, index and mps,
-and consumable capacity: memory (bytes, in steps of 1Mi) and compute (1-100).
+GPU is a device named after its UUID (GPU-8a1b... is gpu-8a1b...) with
+attributes model, uuid, host, index, mps, nvlinkDomain (<host>/nvlink-<k>, for
+GPUs with NVLink) and resource.kubernetes.io/pcieRoot (<host>/<root>), and
+consumable capacity: memory (bytes, in steps of 1Mi) and compute (1-100).
 A claim that requests no capacity takes the whole GPU. What leases of other
 tenants than --tenant hold is taken off the capacity; a GPU with nothing left
 is tainted gpu.gpupool.dev/busy (NoSchedule), the GPUs of draining, drained or
