@@ -115,7 +115,10 @@ func toStatus(err error) error {
 	var pce *fsm.PreconditionError
 	var qe *fsm.QuotaError
 	var ie *fsm.IdentityError
+	var tce *fsm.TenantClaimedError
 	switch {
+	case errors.As(err, &tce):
+		return status.Error(codes.AlreadyExists, err.Error())
 	case errors.As(err, &ie):
 		return status.Error(codes.FailedPrecondition, err.Error())
 	case errors.As(err, &fe):

@@ -40,6 +40,9 @@ const (
 	// An operator's consent to a host's new identity: not ignorable, it
 	// changes which registrations apply.
 	ResetHostIdentityType MessageType = 17
+	// A tenant's claim by a Kubernetes cluster: not ignorable, it decides
+	// which later claims apply.
+	ClaimTenantType MessageType = 19
 )
 
 // IgnoreUnknownTypeFlag marks a command that servers which do not know its
@@ -86,6 +89,8 @@ func newMessage(t MessageType) proto.Message {
 		return &gpupoolv1.RevokeAclTokenCommand{}
 	case ResetHostIdentityType:
 		return &gpupoolv1.ResetHostIdentityCommand{}
+	case ClaimTenantType:
+		return &gpupoolv1.ClaimTenantCommand{}
 	}
 	return nil
 }
@@ -127,6 +132,8 @@ func TypeOf(m proto.Message) (MessageType, error) {
 		return RevokeACLTokenType, nil
 	case *gpupoolv1.ResetHostIdentityCommand:
 		return ResetHostIdentityType, nil
+	case *gpupoolv1.ClaimTenantCommand:
+		return ClaimTenantType, nil
 	}
 	return 0, fmt.Errorf("fsm: %T is not a command", m)
 }

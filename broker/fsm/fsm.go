@@ -52,6 +52,9 @@ type Result struct {
 	// Ended are the leases a command ended besides its subject (a revoked
 	// token's).
 	Ended []string
+	// Claim is the tenant claim in force after a ClaimTenant, Replaced the
+	// other cluster's claim it took over.
+	Claim, Replaced *gpupoolv1.TenantClaim
 	// Existing is set when a grant matched an earlier one by request id.
 	Existing bool
 	Err      error
@@ -196,6 +199,8 @@ func (f *FSM) apply(index uint64, msg proto.Message) *Result {
 		res, evs = applyRevokeACLToken(w, index, c)
 	case *gpupoolv1.ResetHostIdentityCommand:
 		res, evs = applyResetHostIdentity(w, c)
+	case *gpupoolv1.ClaimTenantCommand:
+		res = applyClaimTenant(w, c)
 	default:
 		res = &Result{Err: fmt.Errorf("%w: %T", ErrInvalid, msg)}
 	}

@@ -14,7 +14,7 @@ import (
 // version v applies every command whose type was added at or before v.
 // Bump it, and give the new types that version, whenever a command type
 // is added.
-const Version uint32 = 2
+const Version uint32 = 3
 
 // commandVersion is the command-set version that introduced each type.
 // Version 1 is every command of the servers that did not report one.
@@ -25,6 +25,8 @@ var commandVersion = map[MessageType]uint32{
 	EnqueueLeaseType: 1, PreemptLeasesType: 1, CreateACLTokenType: 1, RevokeACLTokenType: 1,
 	// Version 2: an operator's consent to a host's new identity.
 	ResetHostIdentityType: 2,
+	// Version 3: a tenant claimed by one Kubernetes cluster.
+	ClaimTenantType: 3,
 }
 
 // CommandVersion returns the command-set version that a server needs to
