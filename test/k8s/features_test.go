@@ -10,6 +10,8 @@ import (
 	"testing"
 	"time"
 
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 	corev1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -30,16 +32,16 @@ import (
 func (e *scenarioEnv) secondCluster(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	claim, err := e.b.Client.Lease.ClaimTenant(ctx, &gpupoolv1.ClaimTenantRequest{Tenant: scnTenant, ClusterId: "probe"})
-	if err == nil || !strings.Contains(err.Error(), "is claimed by Kubernetes cluster") {
-		t.Fatalf("a claim on tenant %s by another cluster: got %v %v, want AlreadyExists naming the running controller's cluster", scnTenant, claim, err)
+	claim, refusal := e.b.Client.Lease.ClaimTenant(ctx, &gpupoolv1.ClaimTenantRequest{Tenant: scnTenant, ClusterId: "probe"})
+	if status.Code(refusal) != codes.AlreadyExists || !strings.Contains(refusal.Error(), "is claimed by Kubernetes cluster") {
+		t.Fatalf("a claim on tenant %s by another cluster: got %v %v, want AlreadyExists naming the running controller's cluster", scnTenant, claim, refusal)
 	}
 	ns, err := e.cp.Client.CoreV1().Namespaces().Get(ctx, metav1.NamespaceSystem, metav1.GetOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !strings.Contains(err.Error(), string(ns.UID)) {
-		t.Errorf("refusal %q does not name this cluster (kube-system UID %s)", err, ns.UID)
+	if !strings.Contains(refusal.Error(), string(ns.UID)) {
+		t.Errorf("refusal %q does not name this cluster (kube-system UID %s)", refusal, ns.UID)
 	}
 	p := startGpupool(t, "controller-second-cluster", "k8s-controller",
 		"--addr", e.b.Addrs, "--kubeconfig", e.ctrlKubeconfig, "--leader-elect=false",
