@@ -93,6 +93,8 @@ var methodRights = map[string]right{
 	gpupoolv1.LeaseService_Get_FullMethodName:       rightLeases,
 	gpupoolv1.LeaseService_List_FullMethodName:      rightLeases,
 	gpupoolv1.LeaseService_Watch_FullMethodName:     rightLeases,
+	// A client token claims its own tenants only (ClaimTenant checks).
+	gpupoolv1.LeaseService_ClaimTenant_FullMethodName: rightLeases,
 
 	gpupoolv1.PoolService_ListHosts_FullMethodName:         rightPoolRead,
 	gpupoolv1.PoolService_GetHost_FullMethodName:           rightPoolRead,

@@ -117,11 +117,14 @@ func toStatus(err error) error {
 	var qe *fsm.QuotaError
 	var ie *fsm.IdentityError
 	var le *limits.Error
+	var tce *fsm.TenantClaimedError
 	switch {
 	case errors.As(err, &le):
 		return status.Error(codes.ResourceExhausted, err.Error())
 	case errors.Is(err, ErrDiskFull):
 		return status.Error(codes.Unavailable, err.Error())
+	case errors.As(err, &tce):
+		return status.Error(codes.AlreadyExists, err.Error())
 	case errors.As(err, &ie):
 		return status.Error(codes.FailedPrecondition, err.Error())
 	case errors.As(err, &fe):

@@ -890,6 +890,7 @@ func (b *Binder) leaseRequest(claim *resourceapi.ResourceClaim, r resourceapi.De
 		RequestId:   RequestID(claim.UID, r),
 		Tenant:      b.cfg.Tenant,
 		Holder:      holder(claim),
+		Topology:    pinnedTopology(claim, r),
 	}
 	whole := wholeMemory(dev)
 	mem, okMem := r.ConsumedCapacity[CapacityMemory]
@@ -914,6 +915,29 @@ func (b *Binder) leaseRequest(claim *resourceapi.ResourceClaim, r resourceapi.De
 	req.MemoryMib = (memBytes + mib - 1) / mib
 	req.ComputePercent = int32(min(max(computeVal, math.MinInt32), math.MaxInt32))
 	return req, nil
+}
+
+// pinnedTopology is the brokers' topology that a matchAttribute constraint
+// of claim on the request of r stands for: same-pcie-root for the standard
+// PCIe root attribute, same-nvlink for the NVLink domain, unspecified for
+// none. Each device of a claim is a lease of its own, pinned to its UUID,
+// so the scheduler's allocation is what aligns them; the topology in the
+// lease records why they were chosen together, and the brokers check that
+// the device has a PCIe root (or NVLink peers) to match on.
+func pinnedTopology(claim *resourceapi.ResourceClaim, r resourceapi.DeviceRequestAllocationResult) gpupoolv1.Topology {
+	parent, _, _ := strings.Cut(r.Request, "/") // a subrequest's constraints are its parent's
+	for _, c := range claim.Spec.Devices.Constraints {
+		if c.MatchAttribute == nil || len(c.Requests) > 0 && !slices.Contains(c.Requests, parent) && !slices.Contains(c.Requests, r.Request) {
+			continue
+		}
+		switch string(*c.MatchAttribute) {
+		case string(AttrPCIeRoot):
+			return gpupoolv1.Topology_TOPOLOGY_SAME_PCIE_ROOT
+		case DriverName + "/" + string(AttrNVLinkDomain):
+			return gpupoolv1.Topology_TOPOLOGY_SAME_NVLINK
+		}
+	}
+	return gpupoolv1.Topology_TOPOLOGY_UNSPECIFIED
 }
 
 // holder names the claim to the brokers: "<namespace>/<name> <uid>", the

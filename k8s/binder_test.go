@@ -329,7 +329,7 @@ func (e *binderEnv) start(t *testing.T) {
 
 // testShare is one device allocated to a claim.
 type testShare struct {
-	device  string // gpu-<i> of pool h1
+	device  string // gpu-h1-<i> of pool h1
 	shareID string
 	memory  string // consumed; "" for none
 	compute string
@@ -418,23 +418,23 @@ func TestBinderLeasesExactlyTheAllocatedDevice(t *testing.T) {
 		data DeviceStatusData
 	}{
 		{"a fractional share asks for its memory and compute on that GPU",
-			testShare{device: "gpu-2", shareID: shareA, memory: "20Gi", compute: "25"},
+			testShare{device: "gpu-h1-2", shareID: shareA, memory: "20Gi", compute: "25"},
 			&gpupoolv1.LeaseRequest{MemoryMib: 20480, ComputePercent: 25, RequestId: claimUID + "/" + shareA,
 				Constraints: &gpupoolv1.Constraints{Host: "h1", Devices: []string{"GPU-h1-2"}}},
 			DeviceStatusData{Host: "h1", AgentAddress: "10.0.0.1:7650", CertSHA256: "c3a1", MemoryMiB: 20480, ComputePercent: 25}},
 		{"memory that is not whole MiB is rounded up",
-			testShare{device: "gpu-0", shareID: shareA, memory: "1500000", compute: "1"},
+			testShare{device: "gpu-h1-0", shareID: shareA, memory: "1500000", compute: "1"},
 			&gpupoolv1.LeaseRequest{MemoryMib: 2, ComputePercent: 1, RequestId: claimUID + "/" + shareA,
 				Constraints: &gpupoolv1.Constraints{Host: "h1", Devices: []string{"GPU-h1-0"}}},
 			DeviceStatusData{Host: "h1", AgentAddress: "10.0.0.1:7650", CertSHA256: "c3a1", MemoryMiB: 2, ComputePercent: 1}},
 		{"a share of the whole GPU is exclusive",
-			testShare{device: "gpu-1", shareID: shareA, memory: "80Gi", compute: "100"},
+			testShare{device: "gpu-h1-1", shareID: shareA, memory: "80Gi", compute: "100"},
 			&gpupoolv1.LeaseRequest{Exclusive: true, RequestId: claimUID + "/" + shareA,
 				Constraints: &gpupoolv1.Constraints{Host: "h1", Devices: []string{"GPU-h1-1"}}},
 			DeviceStatusData{Host: "h1", AgentAddress: "10.0.0.1:7650", CertSHA256: "c3a1", MemoryMiB: 81920, ComputePercent: 100}},
 		{"a device without shareID or consumed capacity is whole, named by its pool and device",
-			testShare{device: "gpu-3"},
-			&gpupoolv1.LeaseRequest{Exclusive: true, RequestId: claimUID + "/h1/gpu-3",
+			testShare{device: "gpu-h1-3"},
+			&gpupoolv1.LeaseRequest{Exclusive: true, RequestId: claimUID + "/h1/gpu-h1-3",
 				Constraints: &gpupoolv1.Constraints{Host: "h1", Devices: []string{"GPU-h1-3"}}},
 			DeviceStatusData{Host: "h1", AgentAddress: "10.0.0.1:7650", CertSHA256: "c3a1", MemoryMiB: 81920, ComputePercent: 100}},
 	} {
@@ -471,8 +471,8 @@ func TestBinderRetriesWithTheSameRequestIDAndOnePerShare(t *testing.T) {
 	b := newFakeBroker(1)
 	b.failWith(status.Error(codes.Unavailable, "no leader"))
 	e := startBinder(t, b, allocatedClaim("two", claimUID, []testShare{
-		{device: "gpu-0", shareID: shareA, memory: "20Gi", compute: "25"},
-		{device: "gpu-0", shareID: shareB, memory: "20Gi", compute: "25"},
+		{device: "gpu-h1-0", shareID: shareA, memory: "20Gi", compute: "25"},
+		{device: "gpu-h1-0", shareID: shareB, memory: "20Gi", compute: "25"},
 	}))
 	eventually(t, "both shares leased", func() (bool, string) {
 		c, desc := e.claimStatus("two")
@@ -505,29 +505,29 @@ func TestBinderReportsRefusalsAsLeaseFailed(t *testing.T) {
 		wantReason  string
 		wantMessage string
 	}{
-		{"a full GPU", testShare{device: "gpu-0", shareID: shareA, memory: "20Gi", compute: "25"},
+		{"a full GPU", testShare{device: "gpu-h1-0", shareID: shareA, memory: "20Gi", compute: "25"},
 			func(b *fakeBroker) {
 				b.add(&gpupoolv1.Lease{Id: "l-ml", Tenant: "ml", Slices: []*gpupoolv1.Slice{{Host: "h1", Device: "GPU-h1-0", MemoryMib: 81920, ComputePercent: 100, Exclusive: true}}})
 			},
 			"ResourceExhausted", "no capacity now: h1 GPU-h1-0: 20480 MiB requested, 0 MiB free"},
-		{"more memory than the GPU has", testShare{device: "gpu-0", shareID: shareA, memory: "100Gi", compute: "25"}, nil,
+		{"more memory than the GPU has", testShare{device: "gpu-h1-0", shareID: shareA, memory: "100Gi", compute: "25"}, nil,
 			"FailedPrecondition", "request can never fit this pool: h1 GPU-h1-0: 102400 MiB requested, the GPU has 81920 MiB"},
-		{"more compute than there is", testShare{device: "gpu-0", shareID: shareA, memory: "20Gi", compute: "150"}, nil,
+		{"more compute than there is", testShare{device: "gpu-h1-0", shareID: shareA, memory: "20Gi", compute: "150"}, nil,
 			"InvalidArgument", "compute_percent 150: must be between 1 and 100 (percent of one GPU's SMs)"},
-		{"a device no slice has", testShare{device: "gpu-9", shareID: shareA, memory: "20Gi", compute: "25"}, nil,
-			ReasonDeviceNotPublished, "device gpu-9 of pool h1 is not published by gpu.gpupool.dev any more; its host may have left the pool"},
-		{"no permission", testShare{device: "gpu-0", shareID: shareA, memory: "20Gi", compute: "25"},
+		{"a device no slice has", testShare{device: "gpu-h1-9", shareID: shareA, memory: "20Gi", compute: "25"}, nil,
+			ReasonDeviceNotPublished, "device gpu-h1-9 of pool h1 is not published by gpu.gpupool.dev any more; its host may have left the pool"},
+		{"no permission", testShare{device: "gpu-h1-0", shareID: shareA, memory: "20Gi", compute: "25"},
 			func(b *fakeBroker) {
 				b.failWith(status.Error(codes.PermissionDenied, "tenant k8s may not acquire leases"))
 			},
 			"PermissionDenied", "tenant k8s may not acquire leases"},
-		{"bad credentials", testShare{device: "gpu-0", shareID: shareA, memory: "20Gi", compute: "25"},
+		{"bad credentials", testShare{device: "gpu-h1-0", shareID: shareA, memory: "20Gi", compute: "25"},
 			func(b *fakeBroker) { b.failWith(status.Error(codes.Unauthenticated, "token expired")) },
 			"Unauthenticated", "token expired"},
-		{"a broker without the call", testShare{device: "gpu-0", shareID: shareA, memory: "20Gi", compute: "25"},
+		{"a broker without the call", testShare{device: "gpu-h1-0", shareID: shareA, memory: "20Gi", compute: "25"},
 			func(b *fakeBroker) { b.failWith(status.Error(codes.Unimplemented, "unknown method Acquire")) },
 			"Unimplemented", "unknown method Acquire"},
-		{"a request id whose lease ended", testShare{device: "gpu-0", shareID: shareA, memory: "20Gi", compute: "25"},
+		{"a request id whose lease ended", testShare{device: "gpu-h1-0", shareID: shareA, memory: "20Gi", compute: "25"},
 			func(b *fakeBroker) {
 				b.add(&gpupoolv1.Lease{Id: "l-old", Tenant: DefaultTenant, RequestId: claimUID + "/" + shareA,
 					Slices: []*gpupoolv1.Slice{{Host: "h1", Device: "GPU-h1-0", MemoryMib: 20480, ComputePercent: 25}}})
@@ -560,7 +560,7 @@ func TestBinderRetriesUnavailableBrokersWithoutFailingTheClaim(t *testing.T) {
 	b := newFakeBroker(1)
 	b.failWith(status.Error(codes.Unavailable, "no leader"), status.Error(codes.DeadlineExceeded, "timed out"), status.Error(codes.Aborted, "retry"))
 	kubeWrites := make(chan string, 100)
-	e := newBinderEnv(b, allocatedClaim("c", claimUID, []testShare{{device: "gpu-0", shareID: shareA, memory: "1Gi", compute: "10"}}))
+	e := newBinderEnv(b, allocatedClaim("c", claimUID, []testShare{{device: "gpu-h1-0", shareID: shareA, memory: "1Gi", compute: "10"}}))
 	e.kube.PrependReactor("update", "resourceclaims", func(action k8stesting.Action) (bool, runtime.Object, error) {
 		c := action.(k8stesting.UpdateAction).GetObject().(*resourceapi.ResourceClaim)
 		for _, d := range c.Status.Devices {
@@ -571,7 +571,7 @@ func TestBinderRetriesUnavailableBrokersWithoutFailingTheClaim(t *testing.T) {
 		return false, nil, nil
 	})
 	e.start(t)
-	e.waitDevice(t, "c", "gpu-0", ConditionLeased)
+	e.waitDevice(t, "c", "gpu-h1-0", ConditionLeased)
 	close(kubeWrites)
 	for w := range kubeWrites {
 		if w == ConditionLeaseFailed+"=True" {
@@ -599,8 +599,8 @@ func TestBinderReleasesWhenTheClaimIsDeallocatedOrDeleted(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			b := newFakeBroker(1)
-			e := startBinder(t, b, allocatedClaim("c", claimUID, []testShare{{device: "gpu-0", shareID: shareA, memory: "1Gi", compute: "10"}}))
-			e.waitDevice(t, "c", "gpu-0", ConditionLeased)
+			e := startBinder(t, b, allocatedClaim("c", claimUID, []testShare{{device: "gpu-h1-0", shareID: shareA, memory: "1Gi", compute: "10"}}))
+			e.waitDevice(t, "c", "gpu-h1-0", ConditionLeased)
 			c, _ := e.claimStatus("c")
 			if err := tc.end(e, c); err != nil {
 				t.Fatal(err)
@@ -615,8 +615,8 @@ func TestBinderReleasesWhenTheClaimIsDeallocatedOrDeleted(t *testing.T) {
 func TestBinderHandlesANewAllocationAfresh(t *testing.T) {
 	b := newFakeBroker(2)
 	b.add(&gpupoolv1.Lease{Id: "l-ml", Tenant: "ml", Slices: []*gpupoolv1.Slice{{Host: "h1", Device: "GPU-h1-0", MemoryMib: 81920, ComputePercent: 100, Exclusive: true}}})
-	e := startBinder(t, b, allocatedClaim("c", claimUID, []testShare{{device: "gpu-0", shareID: shareA, memory: "20Gi", compute: "25"}}))
-	e.waitDevice(t, "c", "gpu-0", ConditionLeaseFailed)
+	e := startBinder(t, b, allocatedClaim("c", claimUID, []testShare{{device: "gpu-h1-0", shareID: shareA, memory: "20Gi", compute: "25"}}))
+	e.waitDevice(t, "c", "gpu-h1-0", ConditionLeaseFailed)
 
 	// The scheduler gives the allocation up and allocates another GPU.
 	c, _ := e.claimStatus("c")
@@ -625,11 +625,11 @@ func TestBinderHandlesANewAllocationAfresh(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	setAllocation(c, []testShare{{device: "gpu-1", shareID: shareB, memory: "20Gi", compute: "25"}})
+	setAllocation(c, []testShare{{device: "gpu-h1-1", shareID: shareB, memory: "20Gi", compute: "25"}})
 	if _, err := e.kube.ResourceV1().ResourceClaims(testNS).UpdateStatus(context.Background(), c, metav1.UpdateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	ds := e.waitDevice(t, "c", "gpu-1", ConditionLeased)
+	ds := e.waitDevice(t, "c", "gpu-h1-1", ConditionLeased)
 	if *ds.ShareID != shareB {
 		t.Errorf("status for share %s, want %s", *ds.ShareID, shareB)
 	}
@@ -640,11 +640,11 @@ func TestBinderHandlesANewAllocationAfresh(t *testing.T) {
 
 func TestBinderReportsALeaseEndingUnderARunningPod(t *testing.T) {
 	b := newFakeBroker(1)
-	e := startBinder(t, b, allocatedClaim("c", claimUID, []testShare{{device: "gpu-0", shareID: shareA, memory: "20Gi", compute: "25"}}, "web-0", "web-1"))
-	e.waitDevice(t, "c", "gpu-0", ConditionLeased)
+	e := startBinder(t, b, allocatedClaim("c", claimUID, []testShare{{device: "gpu-h1-0", shareID: shareA, memory: "20Gi", compute: "25"}}, "web-0", "web-1"))
+	e.waitDevice(t, "c", "gpu-h1-0", ConditionLeased)
 
 	b.revoke("l-1", "revoked by an operator")
-	ds := e.waitDevice(t, "c", "gpu-0", ConditionLeaseFailed)
+	ds := e.waitDevice(t, "c", "gpu-h1-0", ConditionLeaseFailed)
 	leased := meta.FindStatusCondition(ds.Conditions, ConditionLeased)
 	if leased.Status != metav1.ConditionFalse || leased.Reason != ReasonLeaseEnded || !strings.Contains(leased.Message, "revoked by an operator") {
 		t.Errorf("Leased %s %s %q, want False %s with the reason", leased.Status, leased.Reason, leased.Message, ReasonLeaseEnded)
@@ -686,8 +686,8 @@ func TestBinderTakesOverAndReleasesOrphansAtStart(t *testing.T) {
 	b.add(&gpupoolv1.Lease{Id: "l-hand", Tenant: DefaultTenant, RequestId: "made-by-hand", Slices: slice})
 	b.add(&gpupoolv1.Lease{Id: "l-other", Tenant: "ml", RequestId: goneUID + "/" + shareA, Slices: slice})
 
-	e := startBinder(t, b, allocatedClaim("c", claimUID, []testShare{{device: "gpu-0", shareID: shareA, memory: "1Gi", compute: "10"}}))
-	ds := e.waitDevice(t, "c", "gpu-0", ConditionLeased)
+	e := startBinder(t, b, allocatedClaim("c", claimUID, []testShare{{device: "gpu-h1-0", shareID: shareA, memory: "1Gi", compute: "10"}}))
+	ds := e.waitDevice(t, "c", "gpu-h1-0", ConditionLeased)
 
 	var data DeviceStatusData
 	if err := json.Unmarshal(ds.Data.Raw, &data); err != nil || data.LeaseID != "l-live" {
@@ -719,15 +719,15 @@ func (f *fakeBroker) dropHandles(id string) {
 
 func TestBinderRenewsAgainALeaseItLostTouchWith(t *testing.T) {
 	b := newFakeBroker(1)
-	e := startBinder(t, b, allocatedClaim("c", claimUID, []testShare{{device: "gpu-0", shareID: shareA, memory: "20Gi", compute: "25"}}, "web-0"))
-	e.waitDevice(t, "c", "gpu-0", ConditionLeased)
+	e := startBinder(t, b, allocatedClaim("c", claimUID, []testShare{{device: "gpu-h1-0", shareID: shareA, memory: "20Gi", compute: "25"}}, "web-0"))
+	e.waitDevice(t, "c", "gpu-h1-0", ConditionLeased)
 
 	b.dropHandles("l-1")
 	eventually(t, "the binder to attach to l-1 again", func() (bool, string) {
 		_, attached, _ := b.snapshot()
 		return fmt.Sprint(attached) == "[l-1]", fmt.Sprint(attached)
 	})
-	ds := e.waitDevice(t, "c", "gpu-0", ConditionLeased)
+	ds := e.waitDevice(t, "c", "gpu-h1-0", ConditionLeased)
 	if meta.FindStatusCondition(ds.Conditions, ConditionLeaseFailed) != nil || len(e.rec.all()) != 0 {
 		t.Errorf("conditions %+v, events %q: want Leased alone and no event, the lease never ended", ds.Conditions, e.rec.all())
 	}
@@ -764,10 +764,10 @@ func TestBinderLeasesFromARealBroker(t *testing.T) {
 		t.Fatal(err)
 	}
 	e := startBinder(t, BrokerClient(c),
-		allocatedClaim("frac", claimUID, []testShare{{device: "gpu-2", shareID: shareA, memory: "20Gi", compute: "25"}}),
-		allocatedClaim("huge", "3c2b1a09-8f7e-4d6c-9b5a-4e3d2c1b0a99", []testShare{{device: "gpu-3", shareID: shareB, memory: "100Gi", compute: "25"}}))
+		allocatedClaim("frac", claimUID, []testShare{{device: "gpu-h1-2", shareID: shareA, memory: "20Gi", compute: "25"}}),
+		allocatedClaim("huge", "3c2b1a09-8f7e-4d6c-9b5a-4e3d2c1b0a99", []testShare{{device: "gpu-h1-3", shareID: shareB, memory: "100Gi", compute: "25"}}))
 
-	ds := e.waitDevice(t, "frac", "gpu-2", ConditionLeased)
+	ds := e.waitDevice(t, "frac", "gpu-h1-2", ConditionLeased)
 	var data DeviceStatusData
 	if err := json.Unmarshal(ds.Data.Raw, &data); err != nil {
 		t.Fatal(err)
@@ -782,7 +782,7 @@ func TestBinderLeasesFromARealBroker(t *testing.T) {
 		t.Errorf("lease %v with data %+v: want 20480 MiB and 25%% of GPU-h1-2 for tenant k8s and request %s/%s", l, data, claimUID, shareA)
 	}
 
-	ds = e.waitDevice(t, "huge", "gpu-3", ConditionLeaseFailed)
+	ds = e.waitDevice(t, "huge", "gpu-h1-3", ConditionLeaseFailed)
 	if f := meta.FindStatusCondition(ds.Conditions, ConditionLeaseFailed); f.Reason != "FailedPrecondition" || !strings.Contains(f.Message, "102400 MiB") {
 		t.Errorf("LeaseFailed %s: %q, want the brokers' reason for 100Gi on an 80Gi GPU", f.Reason, f.Message)
 	}
@@ -803,10 +803,10 @@ func TestBinderListsAFailedShareOfAGPUBeforeALeasedOne(t *testing.T) {
 	// 60 GiB held elsewhere: the first 20 GiB share fits, the second does not.
 	b.add(&gpupoolv1.Lease{Id: "l-ml", Tenant: "ml", Slices: []*gpupoolv1.Slice{{Host: "h1", Device: "GPU-h1-0", MemoryMib: 61440, ComputePercent: 50}}})
 	e := startBinder(t, b, allocatedClaim("c", claimUID, []testShare{
-		{device: "gpu-0", shareID: shareA, memory: "20Gi", compute: "25"},
-		{device: "gpu-0", shareID: shareB, memory: "20Gi", compute: "25"},
+		{device: "gpu-h1-0", shareID: shareA, memory: "20Gi", compute: "25"},
+		{device: "gpu-h1-0", shareID: shareB, memory: "20Gi", compute: "25"},
 	}, "pod-1"))
-	e.waitDevice(t, "c", "gpu-0", ConditionLeaseFailed)
+	e.waitDevice(t, "c", "gpu-h1-0", ConditionLeaseFailed)
 	eventually(t, "both shares reported", func() (bool, string) {
 		c, desc := e.claimStatus("c")
 		return c != nil && len(c.Status.Devices) == 2, desc
@@ -870,8 +870,8 @@ func TestBinderWaitsForEveryShareOfAGPUBeforeLeased(t *testing.T) {
 			b := newFakeBroker(1)
 			b.failRequestWith(claimUID+"/"+tc.failing, tc.err)
 			e := newBinderEnv(b, allocatedClaim("c", claimUID, []testShare{
-				{device: "gpu-0", shareID: shareA, memory: "20Gi", compute: "25"},
-				{device: "gpu-0", shareID: shareB, memory: "20Gi", compute: "25"},
+				{device: "gpu-h1-0", shareID: shareA, memory: "20Gi", compute: "25"},
+				{device: "gpu-h1-0", shareID: shareB, memory: "20Gi", compute: "25"},
 			}, "pod-1"))
 			writes := e.statusWrites()
 			e.start(t)
@@ -941,10 +941,10 @@ func TestBinderReportsRepeatedBrokerErrorsWithoutFailingTheClaim(t *testing.T) {
 				errs[i] = tc.err
 			}
 			b.failWith(errs...)
-			e := newBinderEnv(b, allocatedClaim("c", claimUID, []testShare{{device: "gpu-0", shareID: shareA, memory: "1Gi", compute: "10"}}, "pod-1"))
+			e := newBinderEnv(b, allocatedClaim("c", claimUID, []testShare{{device: "gpu-h1-0", shareID: shareA, memory: "1Gi", compute: "10"}}, "pod-1"))
 			writes := e.statusWrites()
 			e.start(t)
-			e.waitDevice(t, "c", "gpu-0", ConditionLeased)
+			e.waitDevice(t, "c", "gpu-h1-0", ConditionLeased)
 
 			var got []string
 			for i, devs := range writes() {
@@ -1005,10 +1005,10 @@ func TestRequestIDIsUniqueInTheClaim(t *testing.T) {
 func TestBinderTakesOverALeaseOfAWholeDevice(t *testing.T) {
 	b := newFakeBroker(1)
 	slice := []*gpupoolv1.Slice{{Host: "h1", Device: "GPU-h1-0", MemoryMib: 81920, ComputePercent: 100, Exclusive: true}}
-	b.add(&gpupoolv1.Lease{Id: "l-live", Tenant: DefaultTenant, RequestId: claimUID + "/h1/gpu-0", Slices: slice})
-	b.add(&gpupoolv1.Lease{Id: "l-h2", Tenant: DefaultTenant, RequestId: claimUID + "/h2/gpu-0", Slices: slice})
-	e := startBinder(t, b, allocatedClaim("c", claimUID, []testShare{{device: "gpu-0"}}))
-	ds := e.waitDevice(t, "c", "gpu-0", ConditionLeased)
+	b.add(&gpupoolv1.Lease{Id: "l-live", Tenant: DefaultTenant, RequestId: claimUID + "/h1/gpu-h1-0", Slices: slice})
+	b.add(&gpupoolv1.Lease{Id: "l-h2", Tenant: DefaultTenant, RequestId: claimUID + "/h2/gpu-h1-0", Slices: slice})
+	e := startBinder(t, b, allocatedClaim("c", claimUID, []testShare{{device: "gpu-h1-0"}}))
+	ds := e.waitDevice(t, "c", "gpu-h1-0", ConditionLeased)
 
 	var data DeviceStatusData
 	if err := json.Unmarshal(ds.Data.Raw, &data); err != nil || data.LeaseID != "l-live" {

@@ -54,8 +54,16 @@ type Config struct {
 	TLS *tls.Config
 	// Kube reaches the apiserver.
 	Kube *rest.Config
-	// Tenant of the binder's leases; empty means DefaultTenant.
+	// Tenant of the binder's leases; empty means DefaultTenant. The
+	// controller claims it for ClusterID at the brokers before it touches
+	// the tenant's leases, and stops when another cluster holds it.
 	Tenant string
+	// ClusterID names this cluster in the tenant claim; empty means the
+	// UID of the kube-system namespace (see ClusterID).
+	ClusterID string
+	// TakeOverTenant replaces another cluster's claim on Tenant: for a
+	// cluster that is gone.
+	TakeOverTenant bool
 	// NodeSelector of every pool: the labels of the nodes that can reach
 	// the pool hosts. Empty means every node.
 	NodeSelector map[string]string
@@ -127,6 +135,15 @@ func Run(ctx context.Context, cfg Config) error {
 	defer c.Close()
 
 	run := func(ctx context.Context) error {
+		cluster := cfg.ClusterID
+		if cluster == "" {
+			if cluster, err = ClusterID(ctx, kube); err != nil {
+				return fmt.Errorf("k8s controller: %w", err)
+			}
+		}
+		if err := claimTenant(ctx, c.Lease, cfg.Tenant, cluster, cfg.TakeOverTenant, cfg.Logger.With("component", "controller")); err != nil {
+			return fmt.Errorf("k8s controller: %w", err)
+		}
 		pub := NewPublisher(kube, PoolSource{Pool: c.Pool, Lease: c.Lease}, PublisherConfig{
 			Tenant: cfg.Tenant, NodeSelector: cfg.NodeSelector, Logger: cfg.Logger,
 		})

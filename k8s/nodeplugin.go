@@ -409,8 +409,11 @@ func (p *NodePlugin) prepare(ctx context.Context, claim *resourceapi.ResourceCla
 		c.leases = append(c.leases, &followedLease{id: l.LeaseID, memoryMiB: l.MemoryMiB, computePercent: l.ComputePercent, tokens: held.Tokens()})
 	}
 	// The container's user, whoever it is, reads the token file; claims/
-	// keeps the node's other users out.
+	// keeps the node's other users out. A directory that exists was made
+	// by an earlier prepare of the claim, and a running container may
+	// have it mounted: it is written into, never replaced or removed here.
 	err = os.Mkdir(dir, 0o755)
+	created := err == nil
 	if errors.Is(err, fs.ErrExist) {
 		err = nil
 	}
@@ -425,7 +428,9 @@ func (p *NodePlugin) prepare(ctx context.Context, claim *resourceapi.ResourceCla
 	}
 	if err != nil {
 		closeAll()
-		p.removeFiles(claim.UID)
+		if created {
+			p.removeFiles(claim.UID)
+		}
 		return nil, err
 	}
 	p.mu.Lock()

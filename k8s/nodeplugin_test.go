@@ -647,3 +647,46 @@ func TestNodePluginFollowsARealBrokerLeaseUntilItEnds(t *testing.T) {
 		t.Fatalf("attach to an unknown lease: %v, want ErrLeaseEnded", err)
 	}
 }
+
+// A re-prepare that fails (here: the token file cannot be written) leaves
+// the claim's directory as it is, the same directory a running container
+// has mounted, rather than removing it for the next prepare to make anew.
+func TestAFailedReprepareKeepsTheDirectoryARunningContainerMounted(t *testing.T) {
+	claim := newClaim(uid1, leasedDevice("gpu", "h1", "gpu-0", "l-1", 8192, 25))
+	cfg := newTestConfig(t, newFakeBrokers(), claim)
+	n := startNode(t, cfg)
+	if resp := n.prepare(t, claim)[uid1]; resp.GetError() != "" {
+		t.Fatalf("prepare failed: %s", resp.Error)
+	}
+	dir := filepath.Dir(n.tokenPath(uid1))
+	before, err := os.Stat(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	// The claim was leased anew (l-2), and its token file cannot be
+	// replaced: a non-empty directory is in its way.
+	realloc := newClaim(uid1, leasedDevice("gpu", "h1", "gpu-0", "l-2", 8192, 25))
+	if _, err := cfg.KubeClient.ResourceV1().ResourceClaims(realloc.Namespace).UpdateStatus(t.Context(), realloc, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Remove(n.tokenPath(uid1)); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.MkdirAll(filepath.Join(n.tokenPath(uid1), "in-the-way"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if resp := n.prepare(t, realloc)[uid1]; resp.GetError() == "" {
+		t.Fatal("re-prepare succeeded, want it to fail writing the token file")
+	}
+	after, err := os.Stat(dir)
+	if err != nil {
+		t.Fatalf("the claim's directory after a failed re-prepare: %v, want it kept", err)
+	}
+	if !os.SameFile(before, after) {
+		t.Error("the claim's directory was replaced: a running container would keep the old one mounted")
+	}
+	if _, err := os.Stat(n.specPath(uid1)); err != nil {
+		t.Errorf("the CDI spec after a failed re-prepare: %v, want it kept", err)
+	}
+}

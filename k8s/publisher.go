@@ -1,7 +1,10 @@
 package k8s
 
 import (
+	"cmp"
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"fmt"
 	"log/slog"
 	"maps"
@@ -44,14 +47,26 @@ const (
 
 // Device attribute and capacity names, in the driver's domain.
 const (
-	AttrModel       resourceapi.QualifiedName = "model"
-	AttrUUID        resourceapi.QualifiedName = "uuid"
-	AttrHost        resourceapi.QualifiedName = "host"
-	AttrIndex       resourceapi.QualifiedName = "index"
-	AttrMPS         resourceapi.QualifiedName = "mps"
-	CapacityMemory  resourceapi.QualifiedName = "memory"
-	CapacityCompute resourceapi.QualifiedName = "compute"
+	AttrModel resourceapi.QualifiedName = "model"
+	AttrUUID  resourceapi.QualifiedName = "uuid"
+	AttrHost  resourceapi.QualifiedName = "host"
+	AttrIndex resourceapi.QualifiedName = "index"
+	AttrMPS   resourceapi.QualifiedName = "mps"
+	// AttrNVLinkDomain names the NVLink island of a GPU: "<host>/nvlink-<k>",
+	// the same for every GPU of the host that it is linked to, directly or
+	// through others. A GPU without NVLink peers has none.
+	AttrNVLinkDomain resourceapi.QualifiedName = "nvlinkDomain"
+	CapacityMemory   resourceapi.QualifiedName = "memory"
+	CapacityCompute  resourceapi.QualifiedName = "compute"
 )
+
+// AttrPCIeRoot is Kubernetes' standard attribute for the PCIe root
+// complex of a device, outside the driver's domain. Its value is
+// "<host>/<root>" (for example "dgx-1/pcie-0"), not the pci<domain>:<bus>
+// of a local device: a remote GPU never shares a root with a device of
+// the node its pod runs on, and two hosts' roots must not compare
+// equal.
+const AttrPCIeRoot resourceapi.QualifiedName = "resource.kubernetes.io/pcieRoot"
 
 // Defaults of the publisher and binder configuration.
 const (
@@ -122,7 +137,9 @@ func CheckPoolName(hostID string) error {
 
 // BuildResources is what Kubernetes should see of the pool: one pool per
 // host whose id can name one (see CheckPoolName), named after the host,
-// with one device gpu-<index> per GPU. Each device's capacity is its own
+// with one device per GPU, named after its UUID (see DeviceName), so that a
+// GPU replaced at the same index is a new device beside the old one, which
+// the brokers keep (unhealthy, so tainted) while leases hold it. Each device's capacity is its own
 // less what leases of other tenants than cfg.Tenant hold of it (granted or
 // releasing). Devices of draining, drained or down hosts and unhealthy
 // devices carry a NoExecute taint, devices with nothing left a NoSchedule
@@ -137,18 +154,24 @@ func BuildResources(hosts []*gpupoolv1.Host, leases []*gpupoolv1.Lease, cfg Publ
 			continue
 		}
 		devs := slices.Clone(h.GetDevices())
-		slices.SortStableFunc(devs, func(a, b *gpupoolv1.Device) int { return int(a.GetIndex()) - int(b.GetIndex()) })
+		slices.SortStableFunc(devs, func(a, b *gpupoolv1.Device) int {
+			return cmp.Or(cmp.Compare(a.GetIndex(), b.GetIndex()), strings.Compare(a.GetUuid(), b.GetUuid()))
+		})
+		domains := nvlinkDomains(devs)
 		var devices []resourceapi.Device
-		seen := map[int32]bool{}
+		seen := map[string]bool{}
 		for _, d := range devs {
+			name := DeviceName(d.GetUuid())
 			switch {
-			case seen[d.GetIndex()] || d.GetIndex() < 0:
-				continue // a stale device the broker keeps while a lease holds it
+			case seen[name] || d.GetUuid() == "":
+				continue // two UUIDs that differ only in case
 			case len(d.GetUuid()) > resourceapi.DeviceAttributeMaxValueLength:
 				continue // no attribute could name it to the binder
 			}
-			seen[d.GetIndex()] = true
-			devices = append(devices, buildDevice(h, d, held[d.GetUuid()]))
+			seen[name] = true
+			dev := buildDevice(h, d, held[d.GetUuid()])
+			topologyAttributes(&dev, h.GetId(), d.GetPcieRoot(), domains[d.GetUuid()])
+			devices = append(devices, dev)
 		}
 		pool := resourceslice.Pool{Slices: []resourceslice.Slice{{}}}
 		if sel == nil {
@@ -230,8 +253,92 @@ func nodeSelector(labels map[string]string) *corev1.NodeSelector {
 	return &corev1.NodeSelector{NodeSelectorTerms: []corev1.NodeSelectorTerm{term}}
 }
 
-// DeviceName is the name of the device at index in its pool.
-func DeviceName(index int32) string { return fmt.Sprintf("gpu-%d", index) }
+// DeviceName is the name of the device with uuid in its pool: the UUID in
+// lower case with every other character than a letter or digit as '-'
+// ("GPU-8a1b..." is "gpu-8a1b..."), prefixed with "gpu-" unless it starts
+// with "gpu-" or "mig-" already; or, when that is no DNS label (longer than
+// 63 characters), "gpu-" and 16 hex digits of the UUID's SHA-256. UUIDs
+// that differ only in case or punctuation get the same name.
+func DeviceName(uuid string) string {
+	b := []byte(strings.ToLower(uuid))
+	for i, c := range b {
+		if !('a' <= c && c <= 'z' || '0' <= c && c <= '9') {
+			b[i] = '-'
+		}
+	}
+	name := strings.Trim(string(b), "-")
+	if !strings.HasPrefix(name, "gpu-") && !strings.HasPrefix(name, "mig-") {
+		name = "gpu-" + name
+	}
+	if len(validation.IsDNS1123Label(name)) > 0 {
+		sum := sha256.Sum256([]byte(uuid))
+		name = "gpu-" + hex.EncodeToString(sum[:8])
+	}
+	return name
+}
+
+// nvlinkDomains names the NVLink island of each device of one host that has
+// an NVLink peer, by UUID: "nvlink-<k>", numbered in the order of devs by
+// their first device. An island is what NVLinks connect, directly or
+// through other GPUs of the host; a link counts when either side reports
+// it.
+func nvlinkDomains(devs []*gpupoolv1.Device) map[string]string {
+	byUUID := map[string]int{}
+	for i, d := range devs {
+		byUUID[d.GetUuid()] = i
+	}
+	parent := make([]int, len(devs))
+	for i := range parent {
+		parent[i] = i
+	}
+	var find func(int) int
+	find = func(i int) int {
+		if parent[i] != i {
+			parent[i] = find(parent[i])
+		}
+		return parent[i]
+	}
+	linked := make([]bool, len(devs))
+	for i, d := range devs {
+		for _, p := range d.GetNvlinkPeers() {
+			j, ok := byUUID[p]
+			if !ok || j == i {
+				continue
+			}
+			linked[i], linked[j] = true, true
+			if a, b := find(i), find(j); a != b {
+				parent[max(a, b)] = min(a, b)
+			}
+		}
+	}
+	out := map[string]string{}
+	names := map[int]string{}
+	for i, d := range devs {
+		if !linked[i] {
+			continue
+		}
+		r := find(i)
+		if _, ok := names[r]; !ok {
+			names[r] = fmt.Sprintf("nvlink-%d", len(names))
+		}
+		out[d.GetUuid()] = names[r]
+	}
+	return out
+}
+
+// topologyAttributes adds the PCIe root and NVLink domain of a device of
+// host, qualified by the host so that no two hosts' compare equal; each
+// only when known and short enough to be an attribute.
+func topologyAttributes(dev *resourceapi.Device, host, root, domain string) {
+	for name, v := range map[resourceapi.QualifiedName]string{AttrPCIeRoot: root, AttrNVLinkDomain: domain} {
+		if v == "" {
+			continue
+		}
+		if v = host + "/" + v; len(v) <= resourceapi.DeviceAttributeMaxValueLength {
+			dev.Attributes[name] = resourceapi.DeviceAttribute{StringValue: ptr.To(v)}
+		}
+	}
+}
 
 func buildDevice(h *gpupoolv1.Host, d *gpupoolv1.Device, held usage) resourceapi.Device {
 	memLeft := max(0, d.GetMemoryMib()-held.memoryMiB)
@@ -242,7 +349,7 @@ func buildDevice(h *gpupoolv1.Host, d *gpupoolv1.Device, held usage) resourceapi
 	whole := resource.NewQuantity(d.GetMemoryMib()*mib, resource.BinarySI)
 	compute := resource.NewQuantity(computeLeft, resource.DecimalSI)
 	dev := resourceapi.Device{
-		Name: DeviceName(d.GetIndex()),
+		Name: DeviceName(d.GetUuid()),
 		Attributes: map[resourceapi.QualifiedName]resourceapi.DeviceAttribute{
 			AttrModel: {StringValue: ptr.To(truncate(d.GetModel(), resourceapi.DeviceAttributeMaxValueLength))},
 			AttrUUID:  {StringValue: ptr.To(d.GetUuid())},

@@ -180,7 +180,7 @@ func TestBuildResourcesShapesDevicesAsTheContractSays(t *testing.T) {
 		return "<none>"
 	}
 	for _, c := range []struct{ what, got, want string }{
-		{"name", d.Name, "gpu-1"},
+		{"name", d.Name, "gpu-dgx-1-1"},
 		{"model", attr(AttrModel), "A100-SXM4-80GB"},
 		{"uuid", attr(AttrUUID), "GPU-dgx-1-1"},
 		{"host", attr(AttrHost), "dgx-1"},
@@ -482,7 +482,7 @@ func TestPublisherFollowsTheBroker(t *testing.T) {
 				continue
 			}
 			for _, d := range s.Spec.Devices {
-				if d.Name == DeviceName(int32(i)) {
+				if d.Name == DeviceName(fmt.Sprintf("GPU-%s-%d", pool, i)) {
 					return true, fmt.Sprintf("%+v", describe(d))
 				}
 			}

@@ -43,6 +43,9 @@ const (
 	// Removing ended leases changes what reads and retries find: not
 	// ignorable.
 	CollectEndedLeasesType MessageType = 18
+	// A tenant's claim by a Kubernetes cluster: not ignorable, it decides
+	// which later claims apply.
+	ClaimTenantType MessageType = 19
 )
 
 // IgnoreUnknownTypeFlag marks a command that servers which do not know its
@@ -91,6 +94,8 @@ func newMessage(t MessageType) proto.Message {
 		return &gpupoolv1.ResetHostIdentityCommand{}
 	case CollectEndedLeasesType:
 		return &gpupoolv1.CollectEndedLeasesCommand{}
+	case ClaimTenantType:
+		return &gpupoolv1.ClaimTenantCommand{}
 	}
 	return nil
 }
@@ -134,6 +139,8 @@ func TypeOf(m proto.Message) (MessageType, error) {
 		return ResetHostIdentityType, nil
 	case *gpupoolv1.CollectEndedLeasesCommand:
 		return CollectEndedLeasesType, nil
+	case *gpupoolv1.ClaimTenantCommand:
+		return ClaimTenantType, nil
 	}
 	return 0, fmt.Errorf("fsm: %T is not a command", m)
 }

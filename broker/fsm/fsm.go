@@ -54,6 +54,9 @@ type Result struct {
 	Ended []string
 	// Collected is how many ended leases a CollectEndedLeases removed.
 	Collected int
+	// Claim is the tenant claim in force after a ClaimTenant, Replaced the
+	// other cluster's claim it took over.
+	Claim, Replaced *gpupoolv1.TenantClaim
 	// Existing is set when a grant matched an earlier one by request id.
 	Existing bool
 	Err      error
@@ -200,6 +203,8 @@ func (f *FSM) apply(index uint64, msg proto.Message) *Result {
 		res, evs = applyResetHostIdentity(w, c)
 	case *gpupoolv1.CollectEndedLeasesCommand:
 		res = applyCollectEndedLeases(w, c)
+	case *gpupoolv1.ClaimTenantCommand:
+		res = applyClaimTenant(w, c)
 	default:
 		res = &Result{Err: fmt.Errorf("%w: %T", ErrInvalid, msg)}
 	}

@@ -27,6 +27,8 @@ var commandVersion = map[MessageType]uint32{
 	ResetHostIdentityType: 2,
 	// Version 3: the leader's collection of ended leases.
 	CollectEndedLeasesType: 3,
+	// Version 3: a tenant claimed by one Kubernetes cluster.
+	ClaimTenantType: 3,
 }
 
 // CommandVersion returns the command-set version that a server needs to

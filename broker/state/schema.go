@@ -24,6 +24,7 @@ const (
 	tableMeta    = "meta"
 	tableKeys    = "signing_keys"
 	tableQuotas  = "quotas"
+	tableClaims  = "tenant_claims"
 
 	indexID      = "id"
 	indexHost    = "host"
@@ -53,6 +54,9 @@ func schema() *memdb.DBSchema {
 			indexID: {Name: indexID, Unique: true, Indexer: auditIDIndex{}},
 		}},
 		tableQuotas: {Name: tableQuotas, Indexes: map[string]*memdb.IndexSchema{
+			indexID: {Name: indexID, Unique: true, Indexer: &memdb.StringFieldIndex{Field: "Tenant"}},
+		}},
+		tableClaims: {Name: tableClaims, Indexes: map[string]*memdb.IndexSchema{
 			indexID: {Name: indexID, Unique: true, Indexer: &memdb.StringFieldIndex{Field: "Tenant"}},
 		}},
 		tableHosts: {Name: tableHosts, Indexes: map[string]*memdb.IndexSchema{

@@ -281,6 +281,8 @@ func (r *Reader) Encode(version uint32) ([]byte, error) {
 		SigningKeys: r.SigningKeys(),
 		Quotas:      r.Quotas(),
 
+		TenantClaims: r.TenantClaims(),
+
 		AclTokens:         r.ACLTokens(),
 		AclBootstrapIndex: r.ACLBootstrapIndex(),
 
@@ -319,6 +321,9 @@ func (s *Store) Restore(b []byte, check func(version uint32) error) error {
 	w.SetSigningKeys(snap.SigningKeys)
 	for _, v := range snap.Quotas {
 		w.PutQuota(v)
+	}
+	for _, v := range snap.TenantClaims {
+		w.PutTenantClaim(v)
 	}
 	for _, v := range snap.AclTokens {
 		w.PutACLToken(v)

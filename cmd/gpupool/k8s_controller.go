@@ -21,6 +21,8 @@ import (
 type controllerOpts struct {
 	kubeconfig   string
 	tenant       string
+	clusterID    string
+	takeOver     bool
 	nodeSelector string
 	leaderElect  bool
 	namespace    string
@@ -41,8 +43,10 @@ two things while it leads (one replica acts; the others stand by):
 
 Publisher. Every pool host becomes a ResourceSlice pool named after the host,
 usable from the nodes --node-selector matches (where the node plugin runs). Each
-GPU is a device gpu-<index> with attributes model, uuid, host, index and mps,
-and consumable capacity: memory (bytes, in steps of 1Mi) and compute (1-100).
+GPU is a device named after its UUID (GPU-8a1b... is gpu-8a1b...) with
+attributes model, uuid, host, index, mps, nvlinkDomain (<host>/nvlink-<k>, for
+GPUs with NVLink) and resource.kubernetes.io/pcieRoot (<host>/<root>), and
+consumable capacity: memory (bytes, in steps of 1Mi) and compute (1-100).
 A claim that requests no capacity takes the whole GPU. What leases of other
 tenants than --tenant hold is taken off the capacity; a GPU with nothing left
 is tainted gpu.gpupool.dev/busy (NoSchedule), the GPUs of draining, drained or
@@ -63,6 +67,13 @@ pod. Leases are renewed, and released when the claim is deallocated or
 deleted; a new leader takes over the leases of the last one and releases those
 whose claim is gone.
 
+One cluster per tenant: before it touches the tenant's leases, the leader
+claims --tenant at the brokers for this cluster (--cluster-id, by default the
+UID of namespace kube-system). A controller of another cluster with the same
+--tenant stops with an error naming the cluster that holds it; give it another
+--tenant, or, when the first cluster is gone for good, start it once with
+--take-over-tenant.
+
 The brokers are --addr (default $GPUPOOL_ADDR), over mutual TLS with
 --tls-ca, --tls-cert and --tls-key (a certificate issued with --role client;
 reloaded when the files change). With ACL on (the brokers' default) it needs
@@ -70,14 +81,14 @@ its own token, --token or $GPUPOOL_TOKEN: a client token for --tenant
 ('gpupool operator acl token create --kind client --tenant k8s'), which lets
 it manage that tenant's leases and read the pool, and nothing else. It then
 sees other tenants' use of a GPU only as the GPU's allocation. --kubeconfig
-defaults to the
-in-cluster service account, else $KUBECONFIG or ~/.kube/config. It needs RBAC
+defaults to the in-cluster service account, else $KUBECONFIG or
+~/.kube/config. It needs RBAC
 for resourceslices (get, list, watch, create, update, delete), resourceclaims
 (get, list, watch), resourceclaims/status (update), resourceclaims/driver
 (arbitrary-node:update and arbitrary-node:patch, resourceNames gpu.gpupool.dev),
-leases in the leader election namespace (get, create, update) and events
-(create, patch). Runs until SIGINT or SIGTERM; exits with code 1 when it loses
-leadership.`,
+leases in the leader election namespace (get, create, update), events
+(create, patch) and, without --cluster-id, namespaces/kube-system (get). Runs
+until SIGINT or SIGTERM; exits with code 1 when it loses leadership.`,
 		Example: `  # in the Deployment (see deploy/helm/gpupool)
   gpupool k8s-controller --addr gpupool-broker-0.gpupool-broker:7641,gpupool-broker-1.gpupool-broker:7641
 
@@ -92,6 +103,8 @@ leadership.`,
 	f := cmd.Flags()
 	f.StringVar(&o.kubeconfig, "kubeconfig", "", "kubeconfig file (default: in-cluster, else $KUBECONFIG or ~/.kube/config)")
 	f.StringVar(&o.tenant, "tenant", k8s.DefaultTenant, "broker tenant of the leases taken for claims; other tenants' leases are taken off the published capacity. One tenant per cluster: the controller releases leases of its tenant that no claim of its cluster holds")
+	f.StringVar(&o.clusterID, "cluster-id", "", "identity of this cluster in the brokers' claim on --tenant (default: the UID of namespace kube-system); a second cluster with the same --tenant is refused")
+	f.BoolVar(&o.takeOver, "take-over-tenant", false, "take --tenant over from the cluster that claimed it: only when that cluster is gone, or both would release each other's leases")
 	f.StringVar(&o.nodeSelector, "node-selector", k8s.DefaultNodeSelectorLabel+"=true", "labels of the nodes that can reach the pool hosts, as KEY=VALUE[,KEY=VALUE]; empty means every node")
 	f.BoolVar(&o.leaderElect, "leader-elect", true, "act only while holding the Lease "+k8s.LeaderLeaseName+", so that replicas can stand by")
 	f.StringVar(&o.namespace, "leader-elect-namespace", "", "namespace of the leader election Lease (default: the pod's own, else default)")
@@ -124,6 +137,9 @@ func runK8sController(cmd *cobra.Command, o controllerOpts) error {
 	if err != nil {
 		return err
 	}
+	if len(o.clusterID) > 128 || strings.TrimSpace(o.clusterID) != o.clusterID {
+		return usagef("--cluster-id %q: must be at most 128 characters without surrounding spaces, or empty for the UID of namespace kube-system", o.clusterID)
+	}
 	if o.namespace != "" {
 		if !o.leaderElect {
 			return usagef("--leader-elect-namespace needs --leader-elect: without leader election there is no Lease")
@@ -152,16 +168,18 @@ func runK8sController(cmd *cobra.Command, o controllerOpts) error {
 		return err
 	}
 	err = k8s.Run(cmd.Context(), k8s.Config{
-		Brokers:      addrs,
-		Token:        globalToken(),
-		TLS:          tc,
-		Kube:         kubeCfg,
-		Tenant:       o.tenant,
-		NodeSelector: selector,
-		LeaseTTL:     o.leaseTTL,
-		LeaderElect:  o.leaderElect,
-		Namespace:    o.namespace,
-		Logger:       logger,
+		Brokers:        addrs,
+		Token:          globalToken(),
+		TLS:            tc,
+		Kube:           kubeCfg,
+		Tenant:         o.tenant,
+		ClusterID:      o.clusterID,
+		TakeOverTenant: o.takeOver,
+		NodeSelector:   selector,
+		LeaseTTL:       o.leaseTTL,
+		LeaderElect:    o.leaderElect,
+		Namespace:      o.namespace,
+		Logger:         logger,
 	})
 	if errors.Is(err, k8s.ErrLostLeadership) {
 		return fmt.Errorf("%w: another replica took over; exiting so that this one restarts as a standby", err)

@@ -134,6 +134,18 @@ const agentGPUs = "2xA100-80GB"
 // it is killed when t ends.
 func startBrokers(t testing.TB, hosts int) *brokers {
 	t.Helper()
+	specs := make([]string, hosts)
+	for i := range specs {
+		specs[i] = agentGPUs
+	}
+	return startBrokersWith(t, specs...)
+}
+
+// startBrokersWith is startBrokers with one simulated agent per spec, whose
+// --simulate it is (e.g. "2xA100-80GB:pcie=1").
+func startBrokersWith(t testing.TB, specs ...string) *brokers {
+	t.Helper()
+	hosts := len(specs)
 	seq := brokerSeq.Add(1)
 	dir := shortTempDir(t) // the agents' simulation sockets live in their data dirs
 	b := &brokers{}
@@ -160,7 +172,7 @@ func startBrokers(t testing.TB, hosts int) *brokers {
 		id := fmt.Sprintf("s%d-host-%d", seq, i+1)
 		b.HostIDs = append(b.HostIDs, id)
 		b.Agents = append(b.Agents, startGpupool(t, id, "agent", "--insecure",
-			"--broker", b.Addrs, "--simulate", agentGPUs, "--host-id", id, "--mps", "off",
+			"--broker", b.Addrs, "--simulate", specs[i], "--host-id", id, "--mps", "off",
 			"--data-dir", filepath.Join(dir, id), "--data-bind", "127.0.0.1:0", "--log-level", "debug", "--insecure"))
 	}
 	c, err := client.Dial(addrs)

@@ -49,8 +49,9 @@ var apiserverFlags = []string{
 	"--endpoint-reconciler-type=none",
 	// DeviceTaintRule is beta but off by default in 1.36, and served only
 	// by resource.k8s.io/v1beta2. Consumable capacity, binding conditions,
-	// device taints, device status and the granular status authorization
-	// are on by default.
+	// device taints, device status, the granular status authorization and
+	// extended resources backed by DRA (DRAExtendedResource) are on by
+	// default.
 	"--feature-gates=DRADeviceTaintRules=true",
 	"--runtime-config=resource.k8s.io/v1beta2=true",
 }
@@ -60,6 +61,7 @@ var apiserverFlags = []string{
 var draFeatures = []featuregate.Feature{
 	features.DRAConsumableCapacity,
 	features.DRADeviceBindingConditions,
+	features.DRAExtendedResource,
 	features.DRADeviceTaints,
 	features.DRADeviceTaintRules,
 	features.DRAResourceClaimDeviceStatus,

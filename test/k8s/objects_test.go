@@ -110,15 +110,20 @@ func (cp *controlPlane) finishPod(t testing.TB, namespace, name string) {
 	}
 }
 
+// extendedResourceName is the extended resource of the DeviceClass
+// gpu.gpupool.dev, as the chart declares it.
+const extendedResourceName = driverName + "/gpu"
+
 // ensureDeviceClass creates the DeviceClass gpu.gpupool.dev (all devices of
-// our driver) unless it exists. It is shared by all tests and never deleted.
+// our driver, and the extended resource gpu.gpupool.dev/gpu) unless it
+// exists. It is shared by all tests and never deleted.
 func (cp *controlPlane) ensureDeviceClass(t testing.TB) {
 	t.Helper()
 	class := &resourceapi.DeviceClass{
 		ObjectMeta: metav1.ObjectMeta{Name: driverName},
 		Spec: resourceapi.DeviceClassSpec{Selectors: []resourceapi.DeviceSelector{{
 			CEL: &resourceapi.CELDeviceSelector{Expression: fmt.Sprintf("device.driver == %q", driverName)},
-		}}},
+		}}, ExtendedResourceName: ptr.To(extendedResourceName)},
 	}
 	_, err := cp.Client.ResourceV1().DeviceClasses().Create(context.Background(), class, metav1.CreateOptions{FieldValidation: "Strict"})
 	if err != nil && !apierrors.IsAlreadyExists(err) {

@@ -163,13 +163,19 @@ func scnServiceAccount(name string) (user string, groups []string) {
 }
 
 func newScenarioEnv(t *testing.T) *scenarioEnv {
+	return newScenarioEnvWith(t, agentGPUs, agentGPUs)
+}
+
+// newScenarioEnvWith is newScenarioEnv with one pool host per spec of
+// simulated GPUs (see startBrokersWith).
+func newScenarioEnvWith(t *testing.T, specs ...string) *scenarioEnv {
 	cp := sharedControlPlane(t)
 	cp.ensureDeviceClass(t)
 	gpupoolBinary(t)
 	e := &scenarioEnv{t: t, cp: cp, ns: cp.newNamespace(t), nodes: map[string]*scnNode{}}
 	ctx := context.Background()
 
-	e.b = startBrokers(t, 2)
+	e.b = startBrokersWith(t, specs...)
 	e.monitor = scnStartCapacityMonitor(t, e.b.Client)
 
 	// The controller and node plugins act as service accounts bound to the
@@ -185,6 +191,7 @@ func newScenarioEnv(t *testing.T) *scenarioEnv {
 			Verbs: []string{"get", "list", "watch", "create", "update", "patch", "delete", "deletecollection"}},
 		{APIGroups: []string{""}, Resources: []string{"pods"}, Verbs: []string{"get", "list", "watch"}},
 		{APIGroups: []string{"", "events.k8s.io"}, Resources: []string{"events"}, Verbs: []string{"create", "patch", "update"}},
+		{APIGroups: []string{""}, Resources: []string{"namespaces"}, ResourceNames: []string{"kube-system"}, Verbs: []string{"get"}},
 	})
 	e.createClusterRole(t, "gpupool-scenarios-node-plugin", scnNodePluginSA, []rbacv1.PolicyRule{
 		{APIGroups: []string{"resource.k8s.io"}, Resources: []string{"resourceclaims"}, Verbs: []string{"get"}},

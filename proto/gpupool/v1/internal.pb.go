@@ -1648,6 +1648,61 @@ func (x *ResetHostIdentityCommand) GetActor() *Actor {
 	return nil
 }
 
+// ClaimTenantCommand records a tenant's claim by a Kubernetes cluster (the
+// handler stamps claimed_at_ms and by). A claim of another cluster is
+// refused unless take_over, which replaces it. Command-set version 3.
+type ClaimTenantCommand struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Claim         *TenantClaim           `protobuf:"bytes,1,opt,name=claim,proto3" json:"claim,omitempty"`
+	TakeOver      bool                   `protobuf:"varint,2,opt,name=take_over,json=takeOver,proto3" json:"take_over,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ClaimTenantCommand) Reset() {
+	*x = ClaimTenantCommand{}
+	mi := &file_gpupool_v1_internal_proto_msgTypes[23]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ClaimTenantCommand) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ClaimTenantCommand) ProtoMessage() {}
+
+func (x *ClaimTenantCommand) ProtoReflect() protoreflect.Message {
+	mi := &file_gpupool_v1_internal_proto_msgTypes[23]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ClaimTenantCommand.ProtoReflect.Descriptor instead.
+func (*ClaimTenantCommand) Descriptor() ([]byte, []int) {
+	return file_gpupool_v1_internal_proto_rawDescGZIP(), []int{23}
+}
+
+func (x *ClaimTenantCommand) GetClaim() *TenantClaim {
+	if x != nil {
+		return x.Claim
+	}
+	return nil
+}
+
+func (x *ClaimTenantCommand) GetTakeOver() bool {
+	if x != nil {
+		return x.TakeOver
+	}
+	return false
+}
+
 type StateSnapshot struct {
 	state       protoimpl.MessageState `protogen:"open.v1"`
 	Servers     []*UpsertServerCommand `protobuf:"bytes,1,rep,name=servers,proto3" json:"servers,omitempty"`
@@ -1665,14 +1720,16 @@ type StateSnapshot struct {
 	// The snapshot's format version; 0 in snapshots written before it
 	// existed (read as version 1). A server refuses a snapshot whose
 	// version is newer than the newest it reads.
-	Version       uint32 `protobuf:"varint,11,opt,name=version,proto3" json:"version,omitempty"`
+	Version uint32 `protobuf:"varint,11,opt,name=version,proto3" json:"version,omitempty"`
+	// Tenants claimed by Kubernetes clusters (ClaimTenantCommand), by tenant.
+	TenantClaims  []*TenantClaim `protobuf:"bytes,19,rep,name=tenant_claims,json=tenantClaims,proto3" json:"tenant_claims,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *StateSnapshot) Reset() {
 	*x = StateSnapshot{}
-	mi := &file_gpupool_v1_internal_proto_msgTypes[23]
+	mi := &file_gpupool_v1_internal_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1684,7 +1741,7 @@ func (x *StateSnapshot) String() string {
 func (*StateSnapshot) ProtoMessage() {}
 
 func (x *StateSnapshot) ProtoReflect() protoreflect.Message {
-	mi := &file_gpupool_v1_internal_proto_msgTypes[23]
+	mi := &file_gpupool_v1_internal_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1697,7 +1754,7 @@ func (x *StateSnapshot) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StateSnapshot.ProtoReflect.Descriptor instead.
 func (*StateSnapshot) Descriptor() ([]byte, []int) {
-	return file_gpupool_v1_internal_proto_rawDescGZIP(), []int{23}
+	return file_gpupool_v1_internal_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *StateSnapshot) GetServers() []*UpsertServerCommand {
@@ -1777,6 +1834,13 @@ func (x *StateSnapshot) GetVersion() uint32 {
 	return 0
 }
 
+func (x *StateSnapshot) GetTenantClaims() []*TenantClaim {
+	if x != nil {
+		return x.TenantClaims
+	}
+	return nil
+}
+
 // CollectEndedLeasesCommand removes ended leases (released, expired or
 // revoked) from the state, so that churn does not grow it. Only the
 // leader proposes it, naming the leases by id; Apply removes each one
@@ -1793,7 +1857,7 @@ type CollectEndedLeasesCommand struct {
 
 func (x *CollectEndedLeasesCommand) Reset() {
 	*x = CollectEndedLeasesCommand{}
-	mi := &file_gpupool_v1_internal_proto_msgTypes[24]
+	mi := &file_gpupool_v1_internal_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1805,7 +1869,7 @@ func (x *CollectEndedLeasesCommand) String() string {
 func (*CollectEndedLeasesCommand) ProtoMessage() {}
 
 func (x *CollectEndedLeasesCommand) ProtoReflect() protoreflect.Message {
-	mi := &file_gpupool_v1_internal_proto_msgTypes[24]
+	mi := &file_gpupool_v1_internal_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1818,7 +1882,7 @@ func (x *CollectEndedLeasesCommand) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CollectEndedLeasesCommand.ProtoReflect.Descriptor instead.
 func (*CollectEndedLeasesCommand) Descriptor() ([]byte, []int) {
-	return file_gpupool_v1_internal_proto_rawDescGZIP(), []int{24}
+	return file_gpupool_v1_internal_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *CollectEndedLeasesCommand) GetLeaseIds() []string {
@@ -1968,7 +2032,10 @@ const file_gpupool_v1_internal_proto_rawDesc = "" +
 	"\ahost_id\x18\x01 \x01(\tR\x06hostId\x12\x16\n" +
 	"\x06reason\x18\x02 \x01(\tR\x06reason\x12\x15\n" +
 	"\x06now_ms\x18\x03 \x01(\x03R\x05nowMs\x12'\n" +
-	"\x05actor\x18\x04 \x01(\v2\x11.gpupool.v1.ActorR\x05actor\"\xf4\x03\n" +
+	"\x05actor\x18\x04 \x01(\v2\x11.gpupool.v1.ActorR\x05actor\"`\n" +
+	"\x12ClaimTenantCommand\x12-\n" +
+	"\x05claim\x18\x01 \x01(\v2\x17.gpupool.v1.TenantClaimR\x05claim\x12\x1b\n" +
+	"\ttake_over\x18\x02 \x01(\bR\btakeOver\"\xb2\x04\n" +
 	"\rStateSnapshot\x129\n" +
 	"\aservers\x18\x01 \x03(\v2\x1f.gpupool.v1.UpsertServerCommandR\aservers\x12&\n" +
 	"\x05hosts\x18\x02 \x03(\v2\x10.gpupool.v1.HostR\x05hosts\x12,\n" +
@@ -1982,7 +2049,8 @@ const file_gpupool_v1_internal_proto_rawDesc = "" +
 	"\x13acl_bootstrap_index\x18\t \x01(\x04R\x11aclBootstrapIndex\x12,\n" +
 	"\x05audit\x18\n" +
 	" \x03(\v2\x16.gpupool.v1.AuditEntryR\x05audit\x12\x18\n" +
-	"\aversion\x18\v \x01(\rR\aversion\"j\n" +
+	"\aversion\x18\v \x01(\rR\aversion\x12<\n" +
+	"\rtenant_claims\x18\x13 \x03(\v2\x17.gpupool.v1.TenantClaimR\ftenantClaims\"j\n" +
 	"\x19CollectEndedLeasesCommand\x12\x1b\n" +
 	"\tlease_ids\x18\x01 \x03(\tR\bleaseIds\x120\n" +
 	"\x15ended_at_or_before_ms\x18\x02 \x01(\x03R\x11endedAtOrBeforeMs2\x98\x01\n" +
@@ -2003,7 +2071,7 @@ func file_gpupool_v1_internal_proto_rawDescGZIP() []byte {
 	return file_gpupool_v1_internal_proto_rawDescData
 }
 
-var file_gpupool_v1_internal_proto_msgTypes = make([]protoimpl.MessageInfo, 25)
+var file_gpupool_v1_internal_proto_msgTypes = make([]protoimpl.MessageInfo, 26)
 var file_gpupool_v1_internal_proto_goTypes = []any{
 	(*ServerInfoRequest)(nil),         // 0: gpupool.v1.ServerInfoRequest
 	(*ServerInfoResponse)(nil),        // 1: gpupool.v1.ServerInfoResponse
@@ -2028,56 +2096,60 @@ var file_gpupool_v1_internal_proto_goTypes = []any{
 	(*EnqueueLeaseCommand)(nil),       // 20: gpupool.v1.EnqueueLeaseCommand
 	(*PreemptLeasesCommand)(nil),      // 21: gpupool.v1.PreemptLeasesCommand
 	(*ResetHostIdentityCommand)(nil),  // 22: gpupool.v1.ResetHostIdentityCommand
-	(*StateSnapshot)(nil),             // 23: gpupool.v1.StateSnapshot
-	(*CollectEndedLeasesCommand)(nil), // 24: gpupool.v1.CollectEndedLeasesCommand
-	(*Host)(nil),                      // 25: gpupool.v1.Host
-	(*Device)(nil),                    // 26: gpupool.v1.Device
-	(HostStatus)(0),                   // 27: gpupool.v1.HostStatus
-	(*Lease)(nil),                     // 28: gpupool.v1.Lease
-	(LeaseState)(0),                   // 29: gpupool.v1.LeaseState
-	(*Actor)(nil),                     // 30: gpupool.v1.Actor
-	(*DeviceReport)(nil),              // 31: gpupool.v1.DeviceReport
-	(*AgentEvent)(nil),                // 32: gpupool.v1.AgentEvent
-	(*Quota)(nil),                     // 33: gpupool.v1.Quota
-	(*AclToken)(nil),                  // 34: gpupool.v1.AclToken
-	(*AuditEntry)(nil),                // 35: gpupool.v1.AuditEntry
+	(*ClaimTenantCommand)(nil),        // 23: gpupool.v1.ClaimTenantCommand
+	(*StateSnapshot)(nil),             // 24: gpupool.v1.StateSnapshot
+	(*CollectEndedLeasesCommand)(nil), // 25: gpupool.v1.CollectEndedLeasesCommand
+	(*Host)(nil),                      // 26: gpupool.v1.Host
+	(*Device)(nil),                    // 27: gpupool.v1.Device
+	(HostStatus)(0),                   // 28: gpupool.v1.HostStatus
+	(*Lease)(nil),                     // 29: gpupool.v1.Lease
+	(LeaseState)(0),                   // 30: gpupool.v1.LeaseState
+	(*Actor)(nil),                     // 31: gpupool.v1.Actor
+	(*DeviceReport)(nil),              // 32: gpupool.v1.DeviceReport
+	(*AgentEvent)(nil),                // 33: gpupool.v1.AgentEvent
+	(*Quota)(nil),                     // 34: gpupool.v1.Quota
+	(*AclToken)(nil),                  // 35: gpupool.v1.AclToken
+	(*TenantClaim)(nil),               // 36: gpupool.v1.TenantClaim
+	(*AuditEntry)(nil),                // 37: gpupool.v1.AuditEntry
 }
 var file_gpupool_v1_internal_proto_depIdxs = []int32{
 	2,  // 0: gpupool.v1.ServerInfoResponse.peers:type_name -> gpupool.v1.ClusterPeer
-	25, // 1: gpupool.v1.RegisterHostCommand.host:type_name -> gpupool.v1.Host
-	26, // 2: gpupool.v1.RegisterHostCommand.devices:type_name -> gpupool.v1.Device
-	27, // 3: gpupool.v1.SetHostStatusCommand.status:type_name -> gpupool.v1.HostStatus
-	28, // 4: gpupool.v1.GrantLeaseCommand.lease:type_name -> gpupool.v1.Lease
-	29, // 5: gpupool.v1.EndLeaseCommand.end_state:type_name -> gpupool.v1.LeaseState
-	30, // 6: gpupool.v1.EndLeaseCommand.actor:type_name -> gpupool.v1.Actor
-	31, // 7: gpupool.v1.SetDeviceHealthCommand.devices:type_name -> gpupool.v1.DeviceReport
-	32, // 8: gpupool.v1.RecordAgentEventsCommand.events:type_name -> gpupool.v1.AgentEvent
+	26, // 1: gpupool.v1.RegisterHostCommand.host:type_name -> gpupool.v1.Host
+	27, // 2: gpupool.v1.RegisterHostCommand.devices:type_name -> gpupool.v1.Device
+	28, // 3: gpupool.v1.SetHostStatusCommand.status:type_name -> gpupool.v1.HostStatus
+	29, // 4: gpupool.v1.GrantLeaseCommand.lease:type_name -> gpupool.v1.Lease
+	30, // 5: gpupool.v1.EndLeaseCommand.end_state:type_name -> gpupool.v1.LeaseState
+	31, // 6: gpupool.v1.EndLeaseCommand.actor:type_name -> gpupool.v1.Actor
+	32, // 7: gpupool.v1.SetDeviceHealthCommand.devices:type_name -> gpupool.v1.DeviceReport
+	33, // 8: gpupool.v1.RecordAgentEventsCommand.events:type_name -> gpupool.v1.AgentEvent
 	13, // 9: gpupool.v1.SetSigningKeysCommand.keys:type_name -> gpupool.v1.SigningKey
-	30, // 10: gpupool.v1.DrainHostCommand.actor:type_name -> gpupool.v1.Actor
-	30, // 11: gpupool.v1.SetHostEligibilityCommand.actor:type_name -> gpupool.v1.Actor
-	33, // 12: gpupool.v1.SetQuotaCommand.quota:type_name -> gpupool.v1.Quota
-	30, // 13: gpupool.v1.SetQuotaCommand.actor:type_name -> gpupool.v1.Actor
-	34, // 14: gpupool.v1.CreateAclTokenCommand.token:type_name -> gpupool.v1.AclToken
-	30, // 15: gpupool.v1.RevokeAclTokenCommand.actor:type_name -> gpupool.v1.Actor
-	28, // 16: gpupool.v1.EnqueueLeaseCommand.lease:type_name -> gpupool.v1.Lease
-	30, // 17: gpupool.v1.ResetHostIdentityCommand.actor:type_name -> gpupool.v1.Actor
-	5,  // 18: gpupool.v1.StateSnapshot.servers:type_name -> gpupool.v1.UpsertServerCommand
-	25, // 19: gpupool.v1.StateSnapshot.hosts:type_name -> gpupool.v1.Host
-	26, // 20: gpupool.v1.StateSnapshot.devices:type_name -> gpupool.v1.Device
-	28, // 21: gpupool.v1.StateSnapshot.leases:type_name -> gpupool.v1.Lease
-	13, // 22: gpupool.v1.StateSnapshot.signing_keys:type_name -> gpupool.v1.SigningKey
-	33, // 23: gpupool.v1.StateSnapshot.quotas:type_name -> gpupool.v1.Quota
-	34, // 24: gpupool.v1.StateSnapshot.acl_tokens:type_name -> gpupool.v1.AclToken
-	35, // 25: gpupool.v1.StateSnapshot.audit:type_name -> gpupool.v1.AuditEntry
-	0,  // 26: gpupool.v1.ClusterService.ServerInfo:input_type -> gpupool.v1.ServerInfoRequest
-	3,  // 27: gpupool.v1.ClusterService.Join:input_type -> gpupool.v1.JoinRequest
-	1,  // 28: gpupool.v1.ClusterService.ServerInfo:output_type -> gpupool.v1.ServerInfoResponse
-	4,  // 29: gpupool.v1.ClusterService.Join:output_type -> gpupool.v1.JoinResponse
-	28, // [28:30] is the sub-list for method output_type
-	26, // [26:28] is the sub-list for method input_type
-	26, // [26:26] is the sub-list for extension type_name
-	26, // [26:26] is the sub-list for extension extendee
-	0,  // [0:26] is the sub-list for field type_name
+	31, // 10: gpupool.v1.DrainHostCommand.actor:type_name -> gpupool.v1.Actor
+	31, // 11: gpupool.v1.SetHostEligibilityCommand.actor:type_name -> gpupool.v1.Actor
+	34, // 12: gpupool.v1.SetQuotaCommand.quota:type_name -> gpupool.v1.Quota
+	31, // 13: gpupool.v1.SetQuotaCommand.actor:type_name -> gpupool.v1.Actor
+	35, // 14: gpupool.v1.CreateAclTokenCommand.token:type_name -> gpupool.v1.AclToken
+	31, // 15: gpupool.v1.RevokeAclTokenCommand.actor:type_name -> gpupool.v1.Actor
+	29, // 16: gpupool.v1.EnqueueLeaseCommand.lease:type_name -> gpupool.v1.Lease
+	31, // 17: gpupool.v1.ResetHostIdentityCommand.actor:type_name -> gpupool.v1.Actor
+	36, // 18: gpupool.v1.ClaimTenantCommand.claim:type_name -> gpupool.v1.TenantClaim
+	5,  // 19: gpupool.v1.StateSnapshot.servers:type_name -> gpupool.v1.UpsertServerCommand
+	26, // 20: gpupool.v1.StateSnapshot.hosts:type_name -> gpupool.v1.Host
+	27, // 21: gpupool.v1.StateSnapshot.devices:type_name -> gpupool.v1.Device
+	29, // 22: gpupool.v1.StateSnapshot.leases:type_name -> gpupool.v1.Lease
+	13, // 23: gpupool.v1.StateSnapshot.signing_keys:type_name -> gpupool.v1.SigningKey
+	34, // 24: gpupool.v1.StateSnapshot.quotas:type_name -> gpupool.v1.Quota
+	35, // 25: gpupool.v1.StateSnapshot.acl_tokens:type_name -> gpupool.v1.AclToken
+	37, // 26: gpupool.v1.StateSnapshot.audit:type_name -> gpupool.v1.AuditEntry
+	36, // 27: gpupool.v1.StateSnapshot.tenant_claims:type_name -> gpupool.v1.TenantClaim
+	0,  // 28: gpupool.v1.ClusterService.ServerInfo:input_type -> gpupool.v1.ServerInfoRequest
+	3,  // 29: gpupool.v1.ClusterService.Join:input_type -> gpupool.v1.JoinRequest
+	1,  // 30: gpupool.v1.ClusterService.ServerInfo:output_type -> gpupool.v1.ServerInfoResponse
+	4,  // 31: gpupool.v1.ClusterService.Join:output_type -> gpupool.v1.JoinResponse
+	30, // [30:32] is the sub-list for method output_type
+	28, // [28:30] is the sub-list for method input_type
+	28, // [28:28] is the sub-list for extension type_name
+	28, // [28:28] is the sub-list for extension extendee
+	0,  // [0:28] is the sub-list for field type_name
 }
 
 func init() { file_gpupool_v1_internal_proto_init() }
@@ -2093,7 +2165,7 @@ func file_gpupool_v1_internal_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_gpupool_v1_internal_proto_rawDesc), len(file_gpupool_v1_internal_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   25,
+			NumMessages:   26,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -105,6 +105,121 @@ func (LeaseEventType) EnumDescriptor() ([]byte, []int) {
 	return file_gpupool_v1_lease_proto_rawDescGZIP(), []int{0}
 }
 
+type ClaimTenantRequest struct {
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	Tenant    string                 `protobuf:"bytes,1,opt,name=tenant,proto3" json:"tenant,omitempty"`
+	ClusterId string                 `protobuf:"bytes,2,opt,name=cluster_id,json=clusterId,proto3" json:"cluster_id,omitempty"`
+	// Replace another cluster's claim: for a cluster that is gone.
+	TakeOver      bool `protobuf:"varint,3,opt,name=take_over,json=takeOver,proto3" json:"take_over,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ClaimTenantRequest) Reset() {
+	*x = ClaimTenantRequest{}
+	mi := &file_gpupool_v1_lease_proto_msgTypes[0]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ClaimTenantRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ClaimTenantRequest) ProtoMessage() {}
+
+func (x *ClaimTenantRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_gpupool_v1_lease_proto_msgTypes[0]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ClaimTenantRequest.ProtoReflect.Descriptor instead.
+func (*ClaimTenantRequest) Descriptor() ([]byte, []int) {
+	return file_gpupool_v1_lease_proto_rawDescGZIP(), []int{0}
+}
+
+func (x *ClaimTenantRequest) GetTenant() string {
+	if x != nil {
+		return x.Tenant
+	}
+	return ""
+}
+
+func (x *ClaimTenantRequest) GetClusterId() string {
+	if x != nil {
+		return x.ClusterId
+	}
+	return ""
+}
+
+func (x *ClaimTenantRequest) GetTakeOver() bool {
+	if x != nil {
+		return x.TakeOver
+	}
+	return false
+}
+
+type ClaimTenantResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The claim in force.
+	Claim *TenantClaim `protobuf:"bytes,1,opt,name=claim,proto3" json:"claim,omitempty"`
+	// The other cluster's claim that take_over replaced; unset otherwise.
+	Replaced      *TenantClaim `protobuf:"bytes,2,opt,name=replaced,proto3" json:"replaced,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ClaimTenantResponse) Reset() {
+	*x = ClaimTenantResponse{}
+	mi := &file_gpupool_v1_lease_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ClaimTenantResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ClaimTenantResponse) ProtoMessage() {}
+
+func (x *ClaimTenantResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_gpupool_v1_lease_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ClaimTenantResponse.ProtoReflect.Descriptor instead.
+func (*ClaimTenantResponse) Descriptor() ([]byte, []int) {
+	return file_gpupool_v1_lease_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *ClaimTenantResponse) GetClaim() *TenantClaim {
+	if x != nil {
+		return x.Claim
+	}
+	return nil
+}
+
+func (x *ClaimTenantResponse) GetReplaced() *TenantClaim {
+	if x != nil {
+		return x.Replaced
+	}
+	return nil
+}
+
 type AcquireRequest struct {
 	state   protoimpl.MessageState `protogen:"open.v1"`
 	Request *LeaseRequest          `protobuf:"bytes,1,opt,name=request,proto3" json:"request,omitempty"`
@@ -118,7 +233,7 @@ type AcquireRequest struct {
 
 func (x *AcquireRequest) Reset() {
 	*x = AcquireRequest{}
-	mi := &file_gpupool_v1_lease_proto_msgTypes[0]
+	mi := &file_gpupool_v1_lease_proto_msgTypes[2]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -130,7 +245,7 @@ func (x *AcquireRequest) String() string {
 func (*AcquireRequest) ProtoMessage() {}
 
 func (x *AcquireRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_gpupool_v1_lease_proto_msgTypes[0]
+	mi := &file_gpupool_v1_lease_proto_msgTypes[2]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -143,7 +258,7 @@ func (x *AcquireRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AcquireRequest.ProtoReflect.Descriptor instead.
 func (*AcquireRequest) Descriptor() ([]byte, []int) {
-	return file_gpupool_v1_lease_proto_rawDescGZIP(), []int{0}
+	return file_gpupool_v1_lease_proto_rawDescGZIP(), []int{2}
 }
 
 func (x *AcquireRequest) GetRequest() *LeaseRequest {
@@ -173,7 +288,7 @@ type AcquireResponse struct {
 
 func (x *AcquireResponse) Reset() {
 	*x = AcquireResponse{}
-	mi := &file_gpupool_v1_lease_proto_msgTypes[1]
+	mi := &file_gpupool_v1_lease_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -185,7 +300,7 @@ func (x *AcquireResponse) String() string {
 func (*AcquireResponse) ProtoMessage() {}
 
 func (x *AcquireResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_gpupool_v1_lease_proto_msgTypes[1]
+	mi := &file_gpupool_v1_lease_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -198,7 +313,7 @@ func (x *AcquireResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AcquireResponse.ProtoReflect.Descriptor instead.
 func (*AcquireResponse) Descriptor() ([]byte, []int) {
-	return file_gpupool_v1_lease_proto_rawDescGZIP(), []int{1}
+	return file_gpupool_v1_lease_proto_rawDescGZIP(), []int{3}
 }
 
 func (x *AcquireResponse) GetLease() *Lease {
@@ -231,7 +346,7 @@ type KeepAliveRequest struct {
 
 func (x *KeepAliveRequest) Reset() {
 	*x = KeepAliveRequest{}
-	mi := &file_gpupool_v1_lease_proto_msgTypes[2]
+	mi := &file_gpupool_v1_lease_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -243,7 +358,7 @@ func (x *KeepAliveRequest) String() string {
 func (*KeepAliveRequest) ProtoMessage() {}
 
 func (x *KeepAliveRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_gpupool_v1_lease_proto_msgTypes[2]
+	mi := &file_gpupool_v1_lease_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -256,7 +371,7 @@ func (x *KeepAliveRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use KeepAliveRequest.ProtoReflect.Descriptor instead.
 func (*KeepAliveRequest) Descriptor() ([]byte, []int) {
-	return file_gpupool_v1_lease_proto_rawDescGZIP(), []int{2}
+	return file_gpupool_v1_lease_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *KeepAliveRequest) GetLeaseId() string {
@@ -284,7 +399,7 @@ type LeaseEvent struct {
 
 func (x *LeaseEvent) Reset() {
 	*x = LeaseEvent{}
-	mi := &file_gpupool_v1_lease_proto_msgTypes[3]
+	mi := &file_gpupool_v1_lease_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -296,7 +411,7 @@ func (x *LeaseEvent) String() string {
 func (*LeaseEvent) ProtoMessage() {}
 
 func (x *LeaseEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_gpupool_v1_lease_proto_msgTypes[3]
+	mi := &file_gpupool_v1_lease_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -309,7 +424,7 @@ func (x *LeaseEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LeaseEvent.ProtoReflect.Descriptor instead.
 func (*LeaseEvent) Descriptor() ([]byte, []int) {
-	return file_gpupool_v1_lease_proto_rawDescGZIP(), []int{3}
+	return file_gpupool_v1_lease_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *LeaseEvent) GetType() LeaseEventType {
@@ -373,7 +488,7 @@ type KeepAliveResponse struct {
 
 func (x *KeepAliveResponse) Reset() {
 	*x = KeepAliveResponse{}
-	mi := &file_gpupool_v1_lease_proto_msgTypes[4]
+	mi := &file_gpupool_v1_lease_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -385,7 +500,7 @@ func (x *KeepAliveResponse) String() string {
 func (*KeepAliveResponse) ProtoMessage() {}
 
 func (x *KeepAliveResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_gpupool_v1_lease_proto_msgTypes[4]
+	mi := &file_gpupool_v1_lease_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -398,7 +513,7 @@ func (x *KeepAliveResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use KeepAliveResponse.ProtoReflect.Descriptor instead.
 func (*KeepAliveResponse) Descriptor() ([]byte, []int) {
-	return file_gpupool_v1_lease_proto_rawDescGZIP(), []int{4}
+	return file_gpupool_v1_lease_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *KeepAliveResponse) GetLeaseId() string {
@@ -453,7 +568,7 @@ type ReleaseRequest struct {
 
 func (x *ReleaseRequest) Reset() {
 	*x = ReleaseRequest{}
-	mi := &file_gpupool_v1_lease_proto_msgTypes[5]
+	mi := &file_gpupool_v1_lease_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -465,7 +580,7 @@ func (x *ReleaseRequest) String() string {
 func (*ReleaseRequest) ProtoMessage() {}
 
 func (x *ReleaseRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_gpupool_v1_lease_proto_msgTypes[5]
+	mi := &file_gpupool_v1_lease_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -478,7 +593,7 @@ func (x *ReleaseRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReleaseRequest.ProtoReflect.Descriptor instead.
 func (*ReleaseRequest) Descriptor() ([]byte, []int) {
-	return file_gpupool_v1_lease_proto_rawDescGZIP(), []int{5}
+	return file_gpupool_v1_lease_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *ReleaseRequest) GetLeaseId() string {
@@ -504,7 +619,7 @@ type ReleaseResponse struct {
 
 func (x *ReleaseResponse) Reset() {
 	*x = ReleaseResponse{}
-	mi := &file_gpupool_v1_lease_proto_msgTypes[6]
+	mi := &file_gpupool_v1_lease_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -516,7 +631,7 @@ func (x *ReleaseResponse) String() string {
 func (*ReleaseResponse) ProtoMessage() {}
 
 func (x *ReleaseResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_gpupool_v1_lease_proto_msgTypes[6]
+	mi := &file_gpupool_v1_lease_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -529,7 +644,7 @@ func (x *ReleaseResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReleaseResponse.ProtoReflect.Descriptor instead.
 func (*ReleaseResponse) Descriptor() ([]byte, []int) {
-	return file_gpupool_v1_lease_proto_rawDescGZIP(), []int{6}
+	return file_gpupool_v1_lease_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *ReleaseResponse) GetLease() *Lease {
@@ -550,7 +665,7 @@ type GetLeaseRequest struct {
 
 func (x *GetLeaseRequest) Reset() {
 	*x = GetLeaseRequest{}
-	mi := &file_gpupool_v1_lease_proto_msgTypes[7]
+	mi := &file_gpupool_v1_lease_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -562,7 +677,7 @@ func (x *GetLeaseRequest) String() string {
 func (*GetLeaseRequest) ProtoMessage() {}
 
 func (x *GetLeaseRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_gpupool_v1_lease_proto_msgTypes[7]
+	mi := &file_gpupool_v1_lease_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -575,7 +690,7 @@ func (x *GetLeaseRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetLeaseRequest.ProtoReflect.Descriptor instead.
 func (*GetLeaseRequest) Descriptor() ([]byte, []int) {
-	return file_gpupool_v1_lease_proto_rawDescGZIP(), []int{7}
+	return file_gpupool_v1_lease_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *GetLeaseRequest) GetLeaseId() string {
@@ -604,7 +719,7 @@ type GetLeaseResponse struct {
 
 func (x *GetLeaseResponse) Reset() {
 	*x = GetLeaseResponse{}
-	mi := &file_gpupool_v1_lease_proto_msgTypes[8]
+	mi := &file_gpupool_v1_lease_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -616,7 +731,7 @@ func (x *GetLeaseResponse) String() string {
 func (*GetLeaseResponse) ProtoMessage() {}
 
 func (x *GetLeaseResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_gpupool_v1_lease_proto_msgTypes[8]
+	mi := &file_gpupool_v1_lease_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -629,7 +744,7 @@ func (x *GetLeaseResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetLeaseResponse.ProtoReflect.Descriptor instead.
 func (*GetLeaseResponse) Descriptor() ([]byte, []int) {
-	return file_gpupool_v1_lease_proto_rawDescGZIP(), []int{8}
+	return file_gpupool_v1_lease_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *GetLeaseResponse) GetLease() *Lease {
@@ -661,7 +776,7 @@ type ListLeasesRequest struct {
 
 func (x *ListLeasesRequest) Reset() {
 	*x = ListLeasesRequest{}
-	mi := &file_gpupool_v1_lease_proto_msgTypes[9]
+	mi := &file_gpupool_v1_lease_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -673,7 +788,7 @@ func (x *ListLeasesRequest) String() string {
 func (*ListLeasesRequest) ProtoMessage() {}
 
 func (x *ListLeasesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_gpupool_v1_lease_proto_msgTypes[9]
+	mi := &file_gpupool_v1_lease_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -686,7 +801,7 @@ func (x *ListLeasesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListLeasesRequest.ProtoReflect.Descriptor instead.
 func (*ListLeasesRequest) Descriptor() ([]byte, []int) {
-	return file_gpupool_v1_lease_proto_rawDescGZIP(), []int{9}
+	return file_gpupool_v1_lease_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *ListLeasesRequest) GetTenant() string {
@@ -734,7 +849,7 @@ type ListLeasesResponse struct {
 
 func (x *ListLeasesResponse) Reset() {
 	*x = ListLeasesResponse{}
-	mi := &file_gpupool_v1_lease_proto_msgTypes[10]
+	mi := &file_gpupool_v1_lease_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -746,7 +861,7 @@ func (x *ListLeasesResponse) String() string {
 func (*ListLeasesResponse) ProtoMessage() {}
 
 func (x *ListLeasesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_gpupool_v1_lease_proto_msgTypes[10]
+	mi := &file_gpupool_v1_lease_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -759,7 +874,7 @@ func (x *ListLeasesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListLeasesResponse.ProtoReflect.Descriptor instead.
 func (*ListLeasesResponse) Descriptor() ([]byte, []int) {
-	return file_gpupool_v1_lease_proto_rawDescGZIP(), []int{10}
+	return file_gpupool_v1_lease_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *ListLeasesResponse) GetLeases() []*Lease {
@@ -786,7 +901,7 @@ type WatchLeasesRequest struct {
 
 func (x *WatchLeasesRequest) Reset() {
 	*x = WatchLeasesRequest{}
-	mi := &file_gpupool_v1_lease_proto_msgTypes[11]
+	mi := &file_gpupool_v1_lease_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -798,7 +913,7 @@ func (x *WatchLeasesRequest) String() string {
 func (*WatchLeasesRequest) ProtoMessage() {}
 
 func (x *WatchLeasesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_gpupool_v1_lease_proto_msgTypes[11]
+	mi := &file_gpupool_v1_lease_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -811,7 +926,7 @@ func (x *WatchLeasesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchLeasesRequest.ProtoReflect.Descriptor instead.
 func (*WatchLeasesRequest) Descriptor() ([]byte, []int) {
-	return file_gpupool_v1_lease_proto_rawDescGZIP(), []int{11}
+	return file_gpupool_v1_lease_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *WatchLeasesRequest) GetTenant() string {
@@ -843,7 +958,7 @@ type WatchQueueRequest struct {
 
 func (x *WatchQueueRequest) Reset() {
 	*x = WatchQueueRequest{}
-	mi := &file_gpupool_v1_lease_proto_msgTypes[12]
+	mi := &file_gpupool_v1_lease_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -855,7 +970,7 @@ func (x *WatchQueueRequest) String() string {
 func (*WatchQueueRequest) ProtoMessage() {}
 
 func (x *WatchQueueRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_gpupool_v1_lease_proto_msgTypes[12]
+	mi := &file_gpupool_v1_lease_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -868,7 +983,7 @@ func (x *WatchQueueRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchQueueRequest.ProtoReflect.Descriptor instead.
 func (*WatchQueueRequest) Descriptor() ([]byte, []int) {
-	return file_gpupool_v1_lease_proto_rawDescGZIP(), []int{12}
+	return file_gpupool_v1_lease_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *WatchQueueRequest) GetTenant() string {
@@ -903,7 +1018,7 @@ type ElasticLease struct {
 
 func (x *ElasticLease) Reset() {
 	*x = ElasticLease{}
-	mi := &file_gpupool_v1_lease_proto_msgTypes[13]
+	mi := &file_gpupool_v1_lease_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -915,7 +1030,7 @@ func (x *ElasticLease) String() string {
 func (*ElasticLease) ProtoMessage() {}
 
 func (x *ElasticLease) ProtoReflect() protoreflect.Message {
-	mi := &file_gpupool_v1_lease_proto_msgTypes[13]
+	mi := &file_gpupool_v1_lease_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -928,7 +1043,7 @@ func (x *ElasticLease) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ElasticLease.ProtoReflect.Descriptor instead.
 func (*ElasticLease) Descriptor() ([]byte, []int) {
-	return file_gpupool_v1_lease_proto_rawDescGZIP(), []int{13}
+	return file_gpupool_v1_lease_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *ElasticLease) GetLease() *Lease {
@@ -963,7 +1078,7 @@ type QueueSnapshot struct {
 
 func (x *QueueSnapshot) Reset() {
 	*x = QueueSnapshot{}
-	mi := &file_gpupool_v1_lease_proto_msgTypes[14]
+	mi := &file_gpupool_v1_lease_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -975,7 +1090,7 @@ func (x *QueueSnapshot) String() string {
 func (*QueueSnapshot) ProtoMessage() {}
 
 func (x *QueueSnapshot) ProtoReflect() protoreflect.Message {
-	mi := &file_gpupool_v1_lease_proto_msgTypes[14]
+	mi := &file_gpupool_v1_lease_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -988,7 +1103,7 @@ func (x *QueueSnapshot) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use QueueSnapshot.ProtoReflect.Descriptor instead.
 func (*QueueSnapshot) Descriptor() ([]byte, []int) {
-	return file_gpupool_v1_lease_proto_rawDescGZIP(), []int{14}
+	return file_gpupool_v1_lease_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *QueueSnapshot) GetPending() []*Lease {
@@ -1031,7 +1146,15 @@ var File_gpupool_v1_lease_proto protoreflect.FileDescriptor
 const file_gpupool_v1_lease_proto_rawDesc = "" +
 	"\n" +
 	"\x16gpupool/v1/lease.proto\x12\n" +
-	"gpupool.v1\x1a\x16gpupool/v1/types.proto\"]\n" +
+	"gpupool.v1\x1a\x16gpupool/v1/types.proto\"h\n" +
+	"\x12ClaimTenantRequest\x12\x16\n" +
+	"\x06tenant\x18\x01 \x01(\tR\x06tenant\x12\x1d\n" +
+	"\n" +
+	"cluster_id\x18\x02 \x01(\tR\tclusterId\x12\x1b\n" +
+	"\ttake_over\x18\x03 \x01(\bR\btakeOver\"y\n" +
+	"\x13ClaimTenantResponse\x12-\n" +
+	"\x05claim\x18\x01 \x01(\v2\x17.gpupool.v1.TenantClaimR\x05claim\x123\n" +
+	"\breplaced\x18\x02 \x01(\v2\x17.gpupool.v1.TenantClaimR\breplaced\"]\n" +
 	"\x0eAcquireRequest\x122\n" +
 	"\arequest\x18\x01 \x01(\v2\x18.gpupool.v1.LeaseRequestR\arequest\x12\x17\n" +
 	"\await_ms\x18\x02 \x01(\x03R\x06waitMs\"\x85\x01\n" +
@@ -1112,7 +1235,7 @@ const file_gpupool_v1_lease_proto_rawDesc = "" +
 	"\x1dLEASE_EVENT_TYPE_DRAIN_NOTICE\x10\t\x12\x1a\n" +
 	"\x16LEASE_EVENT_TYPE_GROWN\x10\n" +
 	"\x12#\n" +
-	"\x1fLEASE_EVENT_TYPE_PREEMPT_NOTICE\x10\v2\xfa\x03\n" +
+	"\x1fLEASE_EVENT_TYPE_PREEMPT_NOTICE\x10\v2\xca\x04\n" +
 	"\fLeaseService\x12B\n" +
 	"\aAcquire\x12\x1a.gpupool.v1.AcquireRequest\x1a\x1b.gpupool.v1.AcquireResponse\x12L\n" +
 	"\tKeepAlive\x12\x1c.gpupool.v1.KeepAliveRequest\x1a\x1d.gpupool.v1.KeepAliveResponse(\x010\x01\x12B\n" +
@@ -1121,7 +1244,8 @@ const file_gpupool_v1_lease_proto_rawDesc = "" +
 	"\x04List\x12\x1d.gpupool.v1.ListLeasesRequest\x1a\x1e.gpupool.v1.ListLeasesResponse\x12A\n" +
 	"\x05Watch\x12\x1e.gpupool.v1.WatchLeasesRequest\x1a\x16.gpupool.v1.LeaseEvent0\x01\x12H\n" +
 	"\n" +
-	"WatchQueue\x12\x1d.gpupool.v1.WatchQueueRequest\x1a\x19.gpupool.v1.QueueSnapshot0\x01B7Z5github.com/gpupool/gpupool/proto/gpupool/v1;gpupoolv1b\x06proto3"
+	"WatchQueue\x12\x1d.gpupool.v1.WatchQueueRequest\x1a\x19.gpupool.v1.QueueSnapshot0\x01\x12N\n" +
+	"\vClaimTenant\x12\x1e.gpupool.v1.ClaimTenantRequest\x1a\x1f.gpupool.v1.ClaimTenantResponseB7Z5github.com/gpupool/gpupool/proto/gpupool/v1;gpupoolv1b\x06proto3"
 
 var (
 	file_gpupool_v1_lease_proto_rawDescOnce sync.Once
@@ -1136,70 +1260,77 @@ func file_gpupool_v1_lease_proto_rawDescGZIP() []byte {
 }
 
 var file_gpupool_v1_lease_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_gpupool_v1_lease_proto_msgTypes = make([]protoimpl.MessageInfo, 16)
+var file_gpupool_v1_lease_proto_msgTypes = make([]protoimpl.MessageInfo, 18)
 var file_gpupool_v1_lease_proto_goTypes = []any{
-	(LeaseEventType)(0),        // 0: gpupool.v1.LeaseEventType
-	(*AcquireRequest)(nil),     // 1: gpupool.v1.AcquireRequest
-	(*AcquireResponse)(nil),    // 2: gpupool.v1.AcquireResponse
-	(*KeepAliveRequest)(nil),   // 3: gpupool.v1.KeepAliveRequest
-	(*LeaseEvent)(nil),         // 4: gpupool.v1.LeaseEvent
-	(*KeepAliveResponse)(nil),  // 5: gpupool.v1.KeepAliveResponse
-	(*ReleaseRequest)(nil),     // 6: gpupool.v1.ReleaseRequest
-	(*ReleaseResponse)(nil),    // 7: gpupool.v1.ReleaseResponse
-	(*GetLeaseRequest)(nil),    // 8: gpupool.v1.GetLeaseRequest
-	(*GetLeaseResponse)(nil),   // 9: gpupool.v1.GetLeaseResponse
-	(*ListLeasesRequest)(nil),  // 10: gpupool.v1.ListLeasesRequest
-	(*ListLeasesResponse)(nil), // 11: gpupool.v1.ListLeasesResponse
-	(*WatchLeasesRequest)(nil), // 12: gpupool.v1.WatchLeasesRequest
-	(*WatchQueueRequest)(nil),  // 13: gpupool.v1.WatchQueueRequest
-	(*ElasticLease)(nil),       // 14: gpupool.v1.ElasticLease
-	(*QueueSnapshot)(nil),      // 15: gpupool.v1.QueueSnapshot
-	nil,                        // 16: gpupool.v1.GetLeaseResponse.HostIsolationEntry
-	(*LeaseRequest)(nil),       // 17: gpupool.v1.LeaseRequest
-	(*Lease)(nil),              // 18: gpupool.v1.Lease
-	(*HostToken)(nil),          // 19: gpupool.v1.HostToken
-	(*Actor)(nil),              // 20: gpupool.v1.Actor
-	(LeaseState)(0),            // 21: gpupool.v1.LeaseState
+	(LeaseEventType)(0),         // 0: gpupool.v1.LeaseEventType
+	(*ClaimTenantRequest)(nil),  // 1: gpupool.v1.ClaimTenantRequest
+	(*ClaimTenantResponse)(nil), // 2: gpupool.v1.ClaimTenantResponse
+	(*AcquireRequest)(nil),      // 3: gpupool.v1.AcquireRequest
+	(*AcquireResponse)(nil),     // 4: gpupool.v1.AcquireResponse
+	(*KeepAliveRequest)(nil),    // 5: gpupool.v1.KeepAliveRequest
+	(*LeaseEvent)(nil),          // 6: gpupool.v1.LeaseEvent
+	(*KeepAliveResponse)(nil),   // 7: gpupool.v1.KeepAliveResponse
+	(*ReleaseRequest)(nil),      // 8: gpupool.v1.ReleaseRequest
+	(*ReleaseResponse)(nil),     // 9: gpupool.v1.ReleaseResponse
+	(*GetLeaseRequest)(nil),     // 10: gpupool.v1.GetLeaseRequest
+	(*GetLeaseResponse)(nil),    // 11: gpupool.v1.GetLeaseResponse
+	(*ListLeasesRequest)(nil),   // 12: gpupool.v1.ListLeasesRequest
+	(*ListLeasesResponse)(nil),  // 13: gpupool.v1.ListLeasesResponse
+	(*WatchLeasesRequest)(nil),  // 14: gpupool.v1.WatchLeasesRequest
+	(*WatchQueueRequest)(nil),   // 15: gpupool.v1.WatchQueueRequest
+	(*ElasticLease)(nil),        // 16: gpupool.v1.ElasticLease
+	(*QueueSnapshot)(nil),       // 17: gpupool.v1.QueueSnapshot
+	nil,                         // 18: gpupool.v1.GetLeaseResponse.HostIsolationEntry
+	(*TenantClaim)(nil),         // 19: gpupool.v1.TenantClaim
+	(*LeaseRequest)(nil),        // 20: gpupool.v1.LeaseRequest
+	(*Lease)(nil),               // 21: gpupool.v1.Lease
+	(*HostToken)(nil),           // 22: gpupool.v1.HostToken
+	(*Actor)(nil),               // 23: gpupool.v1.Actor
+	(LeaseState)(0),             // 24: gpupool.v1.LeaseState
 }
 var file_gpupool_v1_lease_proto_depIdxs = []int32{
-	17, // 0: gpupool.v1.AcquireRequest.request:type_name -> gpupool.v1.LeaseRequest
-	18, // 1: gpupool.v1.AcquireResponse.lease:type_name -> gpupool.v1.Lease
-	19, // 2: gpupool.v1.AcquireResponse.tokens:type_name -> gpupool.v1.HostToken
-	0,  // 3: gpupool.v1.LeaseEvent.type:type_name -> gpupool.v1.LeaseEventType
-	18, // 4: gpupool.v1.LeaseEvent.lease:type_name -> gpupool.v1.Lease
-	20, // 5: gpupool.v1.LeaseEvent.actor:type_name -> gpupool.v1.Actor
-	21, // 6: gpupool.v1.KeepAliveResponse.state:type_name -> gpupool.v1.LeaseState
-	4,  // 7: gpupool.v1.KeepAliveResponse.event:type_name -> gpupool.v1.LeaseEvent
-	19, // 8: gpupool.v1.KeepAliveResponse.tokens:type_name -> gpupool.v1.HostToken
-	18, // 9: gpupool.v1.ReleaseResponse.lease:type_name -> gpupool.v1.Lease
-	18, // 10: gpupool.v1.GetLeaseResponse.lease:type_name -> gpupool.v1.Lease
-	16, // 11: gpupool.v1.GetLeaseResponse.host_isolation:type_name -> gpupool.v1.GetLeaseResponse.HostIsolationEntry
-	21, // 12: gpupool.v1.ListLeasesRequest.states:type_name -> gpupool.v1.LeaseState
-	18, // 13: gpupool.v1.ListLeasesResponse.leases:type_name -> gpupool.v1.Lease
-	18, // 14: gpupool.v1.ElasticLease.lease:type_name -> gpupool.v1.Lease
-	18, // 15: gpupool.v1.ElasticLease.extras:type_name -> gpupool.v1.Lease
-	18, // 16: gpupool.v1.QueueSnapshot.pending:type_name -> gpupool.v1.Lease
-	18, // 17: gpupool.v1.QueueSnapshot.preempting:type_name -> gpupool.v1.Lease
-	14, // 18: gpupool.v1.QueueSnapshot.elastic:type_name -> gpupool.v1.ElasticLease
-	1,  // 19: gpupool.v1.LeaseService.Acquire:input_type -> gpupool.v1.AcquireRequest
-	3,  // 20: gpupool.v1.LeaseService.KeepAlive:input_type -> gpupool.v1.KeepAliveRequest
-	6,  // 21: gpupool.v1.LeaseService.Release:input_type -> gpupool.v1.ReleaseRequest
-	8,  // 22: gpupool.v1.LeaseService.Get:input_type -> gpupool.v1.GetLeaseRequest
-	10, // 23: gpupool.v1.LeaseService.List:input_type -> gpupool.v1.ListLeasesRequest
-	12, // 24: gpupool.v1.LeaseService.Watch:input_type -> gpupool.v1.WatchLeasesRequest
-	13, // 25: gpupool.v1.LeaseService.WatchQueue:input_type -> gpupool.v1.WatchQueueRequest
-	2,  // 26: gpupool.v1.LeaseService.Acquire:output_type -> gpupool.v1.AcquireResponse
-	5,  // 27: gpupool.v1.LeaseService.KeepAlive:output_type -> gpupool.v1.KeepAliveResponse
-	7,  // 28: gpupool.v1.LeaseService.Release:output_type -> gpupool.v1.ReleaseResponse
-	9,  // 29: gpupool.v1.LeaseService.Get:output_type -> gpupool.v1.GetLeaseResponse
-	11, // 30: gpupool.v1.LeaseService.List:output_type -> gpupool.v1.ListLeasesResponse
-	4,  // 31: gpupool.v1.LeaseService.Watch:output_type -> gpupool.v1.LeaseEvent
-	15, // 32: gpupool.v1.LeaseService.WatchQueue:output_type -> gpupool.v1.QueueSnapshot
-	26, // [26:33] is the sub-list for method output_type
-	19, // [19:26] is the sub-list for method input_type
-	19, // [19:19] is the sub-list for extension type_name
-	19, // [19:19] is the sub-list for extension extendee
-	0,  // [0:19] is the sub-list for field type_name
+	19, // 0: gpupool.v1.ClaimTenantResponse.claim:type_name -> gpupool.v1.TenantClaim
+	19, // 1: gpupool.v1.ClaimTenantResponse.replaced:type_name -> gpupool.v1.TenantClaim
+	20, // 2: gpupool.v1.AcquireRequest.request:type_name -> gpupool.v1.LeaseRequest
+	21, // 3: gpupool.v1.AcquireResponse.lease:type_name -> gpupool.v1.Lease
+	22, // 4: gpupool.v1.AcquireResponse.tokens:type_name -> gpupool.v1.HostToken
+	0,  // 5: gpupool.v1.LeaseEvent.type:type_name -> gpupool.v1.LeaseEventType
+	21, // 6: gpupool.v1.LeaseEvent.lease:type_name -> gpupool.v1.Lease
+	23, // 7: gpupool.v1.LeaseEvent.actor:type_name -> gpupool.v1.Actor
+	24, // 8: gpupool.v1.KeepAliveResponse.state:type_name -> gpupool.v1.LeaseState
+	6,  // 9: gpupool.v1.KeepAliveResponse.event:type_name -> gpupool.v1.LeaseEvent
+	22, // 10: gpupool.v1.KeepAliveResponse.tokens:type_name -> gpupool.v1.HostToken
+	21, // 11: gpupool.v1.ReleaseResponse.lease:type_name -> gpupool.v1.Lease
+	21, // 12: gpupool.v1.GetLeaseResponse.lease:type_name -> gpupool.v1.Lease
+	18, // 13: gpupool.v1.GetLeaseResponse.host_isolation:type_name -> gpupool.v1.GetLeaseResponse.HostIsolationEntry
+	24, // 14: gpupool.v1.ListLeasesRequest.states:type_name -> gpupool.v1.LeaseState
+	21, // 15: gpupool.v1.ListLeasesResponse.leases:type_name -> gpupool.v1.Lease
+	21, // 16: gpupool.v1.ElasticLease.lease:type_name -> gpupool.v1.Lease
+	21, // 17: gpupool.v1.ElasticLease.extras:type_name -> gpupool.v1.Lease
+	21, // 18: gpupool.v1.QueueSnapshot.pending:type_name -> gpupool.v1.Lease
+	21, // 19: gpupool.v1.QueueSnapshot.preempting:type_name -> gpupool.v1.Lease
+	16, // 20: gpupool.v1.QueueSnapshot.elastic:type_name -> gpupool.v1.ElasticLease
+	3,  // 21: gpupool.v1.LeaseService.Acquire:input_type -> gpupool.v1.AcquireRequest
+	5,  // 22: gpupool.v1.LeaseService.KeepAlive:input_type -> gpupool.v1.KeepAliveRequest
+	8,  // 23: gpupool.v1.LeaseService.Release:input_type -> gpupool.v1.ReleaseRequest
+	10, // 24: gpupool.v1.LeaseService.Get:input_type -> gpupool.v1.GetLeaseRequest
+	12, // 25: gpupool.v1.LeaseService.List:input_type -> gpupool.v1.ListLeasesRequest
+	14, // 26: gpupool.v1.LeaseService.Watch:input_type -> gpupool.v1.WatchLeasesRequest
+	15, // 27: gpupool.v1.LeaseService.WatchQueue:input_type -> gpupool.v1.WatchQueueRequest
+	1,  // 28: gpupool.v1.LeaseService.ClaimTenant:input_type -> gpupool.v1.ClaimTenantRequest
+	4,  // 29: gpupool.v1.LeaseService.Acquire:output_type -> gpupool.v1.AcquireResponse
+	7,  // 30: gpupool.v1.LeaseService.KeepAlive:output_type -> gpupool.v1.KeepAliveResponse
+	9,  // 31: gpupool.v1.LeaseService.Release:output_type -> gpupool.v1.ReleaseResponse
+	11, // 32: gpupool.v1.LeaseService.Get:output_type -> gpupool.v1.GetLeaseResponse
+	13, // 33: gpupool.v1.LeaseService.List:output_type -> gpupool.v1.ListLeasesResponse
+	6,  // 34: gpupool.v1.LeaseService.Watch:output_type -> gpupool.v1.LeaseEvent
+	17, // 35: gpupool.v1.LeaseService.WatchQueue:output_type -> gpupool.v1.QueueSnapshot
+	2,  // 36: gpupool.v1.LeaseService.ClaimTenant:output_type -> gpupool.v1.ClaimTenantResponse
+	29, // [29:37] is the sub-list for method output_type
+	21, // [21:29] is the sub-list for method input_type
+	21, // [21:21] is the sub-list for extension type_name
+	21, // [21:21] is the sub-list for extension extendee
+	0,  // [0:21] is the sub-list for field type_name
 }
 
 func init() { file_gpupool_v1_lease_proto_init() }
@@ -1214,7 +1345,7 @@ func file_gpupool_v1_lease_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_gpupool_v1_lease_proto_rawDesc), len(file_gpupool_v1_lease_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   16,
+			NumMessages:   18,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -19,13 +19,14 @@ import (
 const _ = grpc.SupportPackageIsVersion9
 
 const (
-	LeaseService_Acquire_FullMethodName    = "/gpupool.v1.LeaseService/Acquire"
-	LeaseService_KeepAlive_FullMethodName  = "/gpupool.v1.LeaseService/KeepAlive"
-	LeaseService_Release_FullMethodName    = "/gpupool.v1.LeaseService/Release"
-	LeaseService_Get_FullMethodName        = "/gpupool.v1.LeaseService/Get"
-	LeaseService_List_FullMethodName       = "/gpupool.v1.LeaseService/List"
-	LeaseService_Watch_FullMethodName      = "/gpupool.v1.LeaseService/Watch"
-	LeaseService_WatchQueue_FullMethodName = "/gpupool.v1.LeaseService/WatchQueue"
+	LeaseService_Acquire_FullMethodName     = "/gpupool.v1.LeaseService/Acquire"
+	LeaseService_KeepAlive_FullMethodName   = "/gpupool.v1.LeaseService/KeepAlive"
+	LeaseService_Release_FullMethodName     = "/gpupool.v1.LeaseService/Release"
+	LeaseService_Get_FullMethodName         = "/gpupool.v1.LeaseService/Get"
+	LeaseService_List_FullMethodName        = "/gpupool.v1.LeaseService/List"
+	LeaseService_Watch_FullMethodName       = "/gpupool.v1.LeaseService/Watch"
+	LeaseService_WatchQueue_FullMethodName  = "/gpupool.v1.LeaseService/WatchQueue"
+	LeaseService_ClaimTenant_FullMethodName = "/gpupool.v1.LeaseService/ClaimTenant"
 )
 
 // LeaseServiceClient is the client API for LeaseService service.
@@ -59,6 +60,12 @@ type LeaseServiceClient interface {
 	// pending), preemptions in flight, elastic leases and their extras. A
 	// client token sees its tenants' leases only.
 	WatchQueue(ctx context.Context, in *WatchQueueRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[QueueSnapshot], error)
+	// ClaimTenant binds a tenant to one Kubernetes cluster (see TenantClaim).
+	// The first claim wins and a claim by the same cluster returns it again;
+	// one by another cluster is AlreadyExists, naming the cluster that holds
+	// it, unless take_over. FailedPrecondition while a broker is older than
+	// FSM command-set version 3.
+	ClaimTenant(ctx context.Context, in *ClaimTenantRequest, opts ...grpc.CallOption) (*ClaimTenantResponse, error)
 }
 
 type leaseServiceClient struct {
@@ -160,6 +167,16 @@ func (c *leaseServiceClient) WatchQueue(ctx context.Context, in *WatchQueueReque
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
 type LeaseService_WatchQueueClient = grpc.ServerStreamingClient[QueueSnapshot]
 
+func (c *leaseServiceClient) ClaimTenant(ctx context.Context, in *ClaimTenantRequest, opts ...grpc.CallOption) (*ClaimTenantResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ClaimTenantResponse)
+	err := c.cc.Invoke(ctx, LeaseService_ClaimTenant_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // LeaseServiceServer is the server API for LeaseService service.
 // All implementations must embed UnimplementedLeaseServiceServer
 // for forward compatibility.
@@ -191,6 +208,12 @@ type LeaseServiceServer interface {
 	// pending), preemptions in flight, elastic leases and their extras. A
 	// client token sees its tenants' leases only.
 	WatchQueue(*WatchQueueRequest, grpc.ServerStreamingServer[QueueSnapshot]) error
+	// ClaimTenant binds a tenant to one Kubernetes cluster (see TenantClaim).
+	// The first claim wins and a claim by the same cluster returns it again;
+	// one by another cluster is AlreadyExists, naming the cluster that holds
+	// it, unless take_over. FailedPrecondition while a broker is older than
+	// FSM command-set version 3.
+	ClaimTenant(context.Context, *ClaimTenantRequest) (*ClaimTenantResponse, error)
 	mustEmbedUnimplementedLeaseServiceServer()
 }
 
@@ -221,6 +244,9 @@ func (UnimplementedLeaseServiceServer) Watch(*WatchLeasesRequest, grpc.ServerStr
 }
 func (UnimplementedLeaseServiceServer) WatchQueue(*WatchQueueRequest, grpc.ServerStreamingServer[QueueSnapshot]) error {
 	return status.Error(codes.Unimplemented, "method WatchQueue not implemented")
+}
+func (UnimplementedLeaseServiceServer) ClaimTenant(context.Context, *ClaimTenantRequest) (*ClaimTenantResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method ClaimTenant not implemented")
 }
 func (UnimplementedLeaseServiceServer) mustEmbedUnimplementedLeaseServiceServer() {}
 func (UnimplementedLeaseServiceServer) testEmbeddedByValue()                      {}
@@ -344,6 +370,24 @@ func _LeaseService_WatchQueue_Handler(srv interface{}, stream grpc.ServerStream)
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
 type LeaseService_WatchQueueServer = grpc.ServerStreamingServer[QueueSnapshot]
 
+func _LeaseService_ClaimTenant_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ClaimTenantRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(LeaseServiceServer).ClaimTenant(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: LeaseService_ClaimTenant_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(LeaseServiceServer).ClaimTenant(ctx, req.(*ClaimTenantRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // LeaseService_ServiceDesc is the grpc.ServiceDesc for LeaseService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -366,6 +410,10 @@ var LeaseService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "List",
 			Handler:    _LeaseService_List_Handler,
+		},
+		{
+			MethodName: "ClaimTenant",
+			Handler:    _LeaseService_ClaimTenant_Handler,
 		},
 	},
 	Streams: []grpc.StreamDesc{

@@ -2221,6 +2221,80 @@ func (x *TenantUsage) GetLeases() int32 {
 // Actor is who did something, for the audit trail: a token's accessor id
 // and name, or name "broker" (no accessor) for what the leader's timers
 // do, or "anonymous" when the broker runs without ACL.
+// TenantClaim binds a tenant to the one Kubernetes cluster whose
+// controller manages the tenant's leases: that controller releases every
+// lease of the tenant that no claim of its cluster holds, so two clusters
+// on one tenant would release each other's.
+type TenantClaim struct {
+	state  protoimpl.MessageState `protogen:"open.v1"`
+	Tenant string                 `protobuf:"bytes,1,opt,name=tenant,proto3" json:"tenant,omitempty"`
+	// The cluster's identity: by default the UID of its kube-system
+	// namespace.
+	ClusterId     string `protobuf:"bytes,2,opt,name=cluster_id,json=clusterId,proto3" json:"cluster_id,omitempty"`
+	ClaimedAtMs   int64  `protobuf:"varint,3,opt,name=claimed_at_ms,json=claimedAtMs,proto3" json:"claimed_at_ms,omitempty"`
+	By            *Actor `protobuf:"bytes,4,opt,name=by,proto3" json:"by,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *TenantClaim) Reset() {
+	*x = TenantClaim{}
+	mi := &file_gpupool_v1_types_proto_msgTypes[14]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *TenantClaim) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*TenantClaim) ProtoMessage() {}
+
+func (x *TenantClaim) ProtoReflect() protoreflect.Message {
+	mi := &file_gpupool_v1_types_proto_msgTypes[14]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use TenantClaim.ProtoReflect.Descriptor instead.
+func (*TenantClaim) Descriptor() ([]byte, []int) {
+	return file_gpupool_v1_types_proto_rawDescGZIP(), []int{14}
+}
+
+func (x *TenantClaim) GetTenant() string {
+	if x != nil {
+		return x.Tenant
+	}
+	return ""
+}
+
+func (x *TenantClaim) GetClusterId() string {
+	if x != nil {
+		return x.ClusterId
+	}
+	return ""
+}
+
+func (x *TenantClaim) GetClaimedAtMs() int64 {
+	if x != nil {
+		return x.ClaimedAtMs
+	}
+	return 0
+}
+
+func (x *TenantClaim) GetBy() *Actor {
+	if x != nil {
+		return x.By
+	}
+	return nil
+}
+
 type Actor struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	AccessorId    string                 `protobuf:"bytes,1,opt,name=accessor_id,json=accessorId,proto3" json:"accessor_id,omitempty"`
@@ -2231,7 +2305,7 @@ type Actor struct {
 
 func (x *Actor) Reset() {
 	*x = Actor{}
-	mi := &file_gpupool_v1_types_proto_msgTypes[14]
+	mi := &file_gpupool_v1_types_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2243,7 +2317,7 @@ func (x *Actor) String() string {
 func (*Actor) ProtoMessage() {}
 
 func (x *Actor) ProtoReflect() protoreflect.Message {
-	mi := &file_gpupool_v1_types_proto_msgTypes[14]
+	mi := &file_gpupool_v1_types_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2256,7 +2330,7 @@ func (x *Actor) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Actor.ProtoReflect.Descriptor instead.
 func (*Actor) Descriptor() ([]byte, []int) {
-	return file_gpupool_v1_types_proto_rawDescGZIP(), []int{14}
+	return file_gpupool_v1_types_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *Actor) GetAccessorId() string {
@@ -2306,7 +2380,7 @@ type AclToken struct {
 
 func (x *AclToken) Reset() {
 	*x = AclToken{}
-	mi := &file_gpupool_v1_types_proto_msgTypes[15]
+	mi := &file_gpupool_v1_types_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2318,7 +2392,7 @@ func (x *AclToken) String() string {
 func (*AclToken) ProtoMessage() {}
 
 func (x *AclToken) ProtoReflect() protoreflect.Message {
-	mi := &file_gpupool_v1_types_proto_msgTypes[15]
+	mi := &file_gpupool_v1_types_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2331,7 +2405,7 @@ func (x *AclToken) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AclToken.ProtoReflect.Descriptor instead.
 func (*AclToken) Descriptor() ([]byte, []int) {
-	return file_gpupool_v1_types_proto_rawDescGZIP(), []int{15}
+	return file_gpupool_v1_types_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *AclToken) GetAccessorId() string {
@@ -2475,7 +2549,7 @@ type AuditEntry struct {
 
 func (x *AuditEntry) Reset() {
 	*x = AuditEntry{}
-	mi := &file_gpupool_v1_types_proto_msgTypes[16]
+	mi := &file_gpupool_v1_types_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2487,7 +2561,7 @@ func (x *AuditEntry) String() string {
 func (*AuditEntry) ProtoMessage() {}
 
 func (x *AuditEntry) ProtoReflect() protoreflect.Message {
-	mi := &file_gpupool_v1_types_proto_msgTypes[16]
+	mi := &file_gpupool_v1_types_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2500,7 +2574,7 @@ func (x *AuditEntry) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AuditEntry.ProtoReflect.Descriptor instead.
 func (*AuditEntry) Descriptor() ([]byte, []int) {
-	return file_gpupool_v1_types_proto_rawDescGZIP(), []int{16}
+	return file_gpupool_v1_types_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *AuditEntry) GetIndex() uint64 {
@@ -2750,7 +2824,13 @@ const file_gpupool_v1_types_proto_rawDesc = "" +
 	"\n" +
 	"memory_mib\x18\x03 \x01(\x03R\tmemoryMib\x12'\n" +
 	"\x0fcompute_percent\x18\x04 \x01(\x03R\x0ecomputePercent\x12\x16\n" +
-	"\x06leases\x18\x05 \x01(\x05R\x06leases\"<\n" +
+	"\x06leases\x18\x05 \x01(\x05R\x06leases\"\x8b\x01\n" +
+	"\vTenantClaim\x12\x16\n" +
+	"\x06tenant\x18\x01 \x01(\tR\x06tenant\x12\x1d\n" +
+	"\n" +
+	"cluster_id\x18\x02 \x01(\tR\tclusterId\x12\"\n" +
+	"\rclaimed_at_ms\x18\x03 \x01(\x03R\vclaimedAtMs\x12!\n" +
+	"\x02by\x18\x04 \x01(\v2\x11.gpupool.v1.ActorR\x02by\"<\n" +
 	"\x05Actor\x12\x1f\n" +
 	"\vaccessor_id\x18\x01 \x01(\tR\n" +
 	"accessorId\x12\x12\n" +
@@ -2864,7 +2944,7 @@ func file_gpupool_v1_types_proto_rawDescGZIP() []byte {
 }
 
 var file_gpupool_v1_types_proto_enumTypes = make([]protoimpl.EnumInfo, 8)
-var file_gpupool_v1_types_proto_msgTypes = make([]protoimpl.MessageInfo, 20)
+var file_gpupool_v1_types_proto_msgTypes = make([]protoimpl.MessageInfo, 21)
 var file_gpupool_v1_types_proto_goTypes = []any{
 	(HostStatus)(0),          // 0: gpupool.v1.HostStatus
 	(DeviceHealth)(0),        // 1: gpupool.v1.DeviceHealth
@@ -2888,21 +2968,22 @@ var file_gpupool_v1_types_proto_goTypes = []any{
 	(*PublicKey)(nil),        // 19: gpupool.v1.PublicKey
 	(*Quota)(nil),            // 20: gpupool.v1.Quota
 	(*TenantUsage)(nil),      // 21: gpupool.v1.TenantUsage
-	(*Actor)(nil),            // 22: gpupool.v1.Actor
-	(*AclToken)(nil),         // 23: gpupool.v1.AclToken
-	(*AuditEntry)(nil),       // 24: gpupool.v1.AuditEntry
-	nil,                      // 25: gpupool.v1.Host.LabelsEntry
-	nil,                      // 26: gpupool.v1.Constraints.LabelsEntry
-	nil,                      // 27: gpupool.v1.Lease.LastEventSeqEntry
+	(*TenantClaim)(nil),      // 22: gpupool.v1.TenantClaim
+	(*Actor)(nil),            // 23: gpupool.v1.Actor
+	(*AclToken)(nil),         // 24: gpupool.v1.AclToken
+	(*AuditEntry)(nil),       // 25: gpupool.v1.AuditEntry
+	nil,                      // 26: gpupool.v1.Host.LabelsEntry
+	nil,                      // 27: gpupool.v1.Constraints.LabelsEntry
+	nil,                      // 28: gpupool.v1.Lease.LastEventSeqEntry
 }
 var file_gpupool_v1_types_proto_depIdxs = []int32{
 	1,  // 0: gpupool.v1.Device.health:type_name -> gpupool.v1.DeviceHealth
-	25, // 1: gpupool.v1.Host.labels:type_name -> gpupool.v1.Host.LabelsEntry
+	26, // 1: gpupool.v1.Host.labels:type_name -> gpupool.v1.Host.LabelsEntry
 	0,  // 2: gpupool.v1.Host.status:type_name -> gpupool.v1.HostStatus
 	8,  // 3: gpupool.v1.Host.devices:type_name -> gpupool.v1.Device
 	10, // 4: gpupool.v1.Host.drain:type_name -> gpupool.v1.HostDrain
-	22, // 5: gpupool.v1.HostDrain.by:type_name -> gpupool.v1.Actor
-	26, // 6: gpupool.v1.Constraints.labels:type_name -> gpupool.v1.Constraints.LabelsEntry
+	23, // 5: gpupool.v1.HostDrain.by:type_name -> gpupool.v1.Actor
+	27, // 6: gpupool.v1.Constraints.labels:type_name -> gpupool.v1.Constraints.LabelsEntry
 	11, // 7: gpupool.v1.LeaseRequest.constraints:type_name -> gpupool.v1.Constraints
 	5,  // 8: gpupool.v1.LeaseRequest.topology:type_name -> gpupool.v1.Topology
 	3,  // 9: gpupool.v1.LeaseRequest.class:type_name -> gpupool.v1.LeaseClass
@@ -2914,21 +2995,22 @@ var file_gpupool_v1_types_proto_depIdxs = []int32{
 	2,  // 15: gpupool.v1.Lease.state:type_name -> gpupool.v1.LeaseState
 	2,  // 16: gpupool.v1.Lease.end_state:type_name -> gpupool.v1.LeaseState
 	15, // 17: gpupool.v1.Lease.usage:type_name -> gpupool.v1.LeaseUsage
-	27, // 18: gpupool.v1.Lease.last_event_seq:type_name -> gpupool.v1.Lease.LastEventSeqEntry
-	22, // 19: gpupool.v1.Lease.granted_by:type_name -> gpupool.v1.Actor
-	22, // 20: gpupool.v1.Lease.ended_by:type_name -> gpupool.v1.Actor
+	28, // 18: gpupool.v1.Lease.last_event_seq:type_name -> gpupool.v1.Lease.LastEventSeqEntry
+	23, // 19: gpupool.v1.Lease.granted_by:type_name -> gpupool.v1.Actor
+	23, // 20: gpupool.v1.Lease.ended_by:type_name -> gpupool.v1.Actor
 	13, // 21: gpupool.v1.LeaseTokenClaims.slices:type_name -> gpupool.v1.Slice
-	22, // 22: gpupool.v1.Quota.updated_by:type_name -> gpupool.v1.Actor
-	6,  // 23: gpupool.v1.AclToken.kind:type_name -> gpupool.v1.TokenKind
-	22, // 24: gpupool.v1.AclToken.created_by:type_name -> gpupool.v1.Actor
-	22, // 25: gpupool.v1.AclToken.revoked_by:type_name -> gpupool.v1.Actor
-	7,  // 26: gpupool.v1.AuditEntry.kind:type_name -> gpupool.v1.AuditKind
-	22, // 27: gpupool.v1.AuditEntry.actor:type_name -> gpupool.v1.Actor
-	28, // [28:28] is the sub-list for method output_type
-	28, // [28:28] is the sub-list for method input_type
-	28, // [28:28] is the sub-list for extension type_name
-	28, // [28:28] is the sub-list for extension extendee
-	0,  // [0:28] is the sub-list for field type_name
+	23, // 22: gpupool.v1.Quota.updated_by:type_name -> gpupool.v1.Actor
+	23, // 23: gpupool.v1.TenantClaim.by:type_name -> gpupool.v1.Actor
+	6,  // 24: gpupool.v1.AclToken.kind:type_name -> gpupool.v1.TokenKind
+	23, // 25: gpupool.v1.AclToken.created_by:type_name -> gpupool.v1.Actor
+	23, // 26: gpupool.v1.AclToken.revoked_by:type_name -> gpupool.v1.Actor
+	7,  // 27: gpupool.v1.AuditEntry.kind:type_name -> gpupool.v1.AuditKind
+	23, // 28: gpupool.v1.AuditEntry.actor:type_name -> gpupool.v1.Actor
+	29, // [29:29] is the sub-list for method output_type
+	29, // [29:29] is the sub-list for method input_type
+	29, // [29:29] is the sub-list for extension type_name
+	29, // [29:29] is the sub-list for extension extendee
+	0,  // [0:29] is the sub-list for field type_name
 }
 
 func init() { file_gpupool_v1_types_proto_init() }
@@ -2936,14 +3018,14 @@ func file_gpupool_v1_types_proto_init() {
 	if File_gpupool_v1_types_proto != nil {
 		return
 	}
-	file_gpupool_v1_types_proto_msgTypes[15].OneofWrappers = []any{}
+	file_gpupool_v1_types_proto_msgTypes[16].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_gpupool_v1_types_proto_rawDesc), len(file_gpupool_v1_types_proto_rawDesc)),
 			NumEnums:      8,
-			NumMessages:   20,
+			NumMessages:   21,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

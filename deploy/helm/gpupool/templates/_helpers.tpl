@@ -221,3 +221,28 @@ broker.externalAddresses.
 {{- end }}
 {{- join "," $hosts }}
 {{- end }}
+
+{{/*
+The CEL expression of one deviceClass.extra[].match entry: its attribute (checked against the
+published ones by values.schema.json), read with a default so that a device without it does not
+fail the allocation, compared by the entry's one operator.
+*/}}
+{{- define "gpupool.matchCEL" -}}
+{{- $m := .match }}
+{{- $domain := .driver }}
+{{- $name := $m.attribute }}
+{{- if eq $m.attribute "pcieRoot" }}{{ $domain = "resource.kubernetes.io" }}{{ end }}
+{{- $default := "\"\"" }}
+{{- if eq $m.attribute "index" }}{{ $default = "-1" }}{{ end }}
+{{- if eq $m.attribute "mps" }}{{ $default = "false" }}{{ end }}
+{{- $read := printf "device.attributes[%q].?%s.orValue(%s)" $domain $name $default }}
+{{- if hasKey $m "equals" }}
+{{- printf "%s == %s" $read (toJson $m.equals) }}
+{{- else if hasKey $m "in" }}
+{{- printf "%s in %s" $read (toJson $m.in) }}
+{{- else if hasKey $m "startsWith" }}
+{{- printf "%s.startsWith(%s)" $read (toJson $m.startsWith) }}
+{{- else if hasKey $m "endsWith" }}
+{{- printf "%s.endsWith(%s)" $read (toJson $m.endsWith) }}
+{{- end }}
+{{- end }}
