@@ -64,42 +64,51 @@ func (s *session) Who() string {
 
 // authenticate returns the request's session, or the reason to show on
 // the sign-in page.
-func (s *Server) authenticate(r *http.Request) (*session, string) {
+func (s *Server) authenticate(r *http.Request) (*session, *authFailure) {
 	if !s.cfg.ACL {
 		host, _, _ := net.SplitHostPort(r.RemoteAddr)
-		return &session{key: "addr:" + host}, ""
+		return &session{key: "addr:" + host}, nil
 	}
 	c, err := r.Cookie(cookieName)
 	if err != nil || c.Value == "" {
-		return nil, "Sign in with an ACL token to use the console."
+		return nil, &authFailure{why: "Sign in with an ACL token to use the console."}
 	}
 	return s.verify(r.Context(), c.Value)
 }
 
+// authFailure says why a request has no session. unchecked is true when
+// the broker could not check the token (unreachable, or the token is over
+// one of its limits) rather than refusing it: the user stays signed in
+// and may try again.
+type authFailure struct {
+	why       string
+	unchecked bool
+}
+
 // verify asks the broker who a secret is.
-func (s *Server) verify(ctx context.Context, secret string) (*session, string) {
+func (s *Server) verify(ctx context.Context, secret string) (*session, *authFailure) {
 	if len(secret) > maxSecretLen || strings.ContainsAny(secret, " \t\r\n") {
-		return nil, "That is not an ACL token: a token is one word of at most 512 characters."
+		return nil, &authFailure{why: "That is not an ACL token: a token is one word of at most 512 characters."}
 	}
 	sess := &session{secret: secret}
 	resp, err := s.api.acl.WhoAmI(sess.outgoing(ctx), &gpupoolv1.WhoAmIRequest{})
 	if err != nil {
 		st := status.Convert(err)
 		if st.Code() == codes.Unauthenticated {
-			return nil, "Your token was refused: " + st.Message()
+			return nil, &authFailure{why: "Your token was refused: " + st.Message()}
 		}
-		return nil, "The broker could not check your token: " + st.Message()
+		return nil, &authFailure{why: "The broker could not check your token: " + st.Message(), unchecked: true}
 	}
 	if resp.Token == nil {
-		return nil, "The broker did not say who this token is."
+		return nil, &authFailure{why: "The broker did not say who this token is."}
 	}
 	if resp.Token.Kind == gpupoolv1.TokenKind_TOKEN_KIND_AGENT {
-		return nil, "An agent's join token cannot use the console: sign in with a client or management token."
+		return nil, &authFailure{why: "An agent's join token cannot use the console: sign in with a client or management token."}
 	}
 	sess.token = resp.Token
 	sum := sha256.Sum256([]byte(secret))
 	sess.key = "token:" + hex.EncodeToString(sum[:8])
-	return sess, ""
+	return sess, nil
 }
 
 func (s *Server) signInPage(w http.ResponseWriter, r *http.Request) {
@@ -125,8 +134,8 @@ func (s *Server) signIn(w http.ResponseWriter, r *http.Request) {
 		s.renderSignIn(w, http.StatusBadRequest, "token: is required", next)
 		return
 	}
-	if _, reason := s.verify(r.Context(), secret); reason != "" {
-		s.renderSignIn(w, http.StatusUnauthorized, reason, next)
+	if _, fail := s.verify(r.Context(), secret); fail != nil {
+		s.renderSignIn(w, fail.status(), fail.why, next)
 		return
 	}
 	http.SetCookie(w, s.cookie(secret, 0))
@@ -156,4 +165,12 @@ func (s *Server) renderSignIn(w http.ResponseWriter, code int, reason, next stri
 		http.SetCookie(w, s.cookie("", -1))
 	}
 	s.renderTemplate(w, code, "signin", map[string]any{"Reason": reason, "Next": next, "ServerID": s.cfg.ServerID})
+}
+
+// status is the HTTP status of a page refused for f.
+func (f *authFailure) status() int {
+	if f.unchecked {
+		return http.StatusServiceUnavailable
+	}
+	return http.StatusUnauthorized
 }

@@ -20,6 +20,7 @@ import (
 
 	"github.com/gpupool/gpupool/broker"
 	"github.com/gpupool/gpupool/broker/console"
+	"github.com/gpupool/gpupool/internal/limits"
 	gpupoolv1 "github.com/gpupool/gpupool/proto/gpupool/v1"
 )
 
@@ -43,7 +44,14 @@ func ctx(t *testing.T) context.Context {
 
 func startEnv(t *testing.T, acl bool, cfg func(*console.Config)) *env {
 	t.Helper()
-	b, err := broker.New(broker.Config{DataDir: t.TempDir(), BindAddr: "127.0.0.1:0", RaftBindAddr: "127.0.0.1:0", BootstrapExpect: 1, ACL: acl})
+	return startEnvLimited(t, acl, nil, cfg)
+}
+
+// startEnvLimited starts the broker with the given limits (nil: the
+// defaults).
+func startEnvLimited(t *testing.T, acl bool, lim *broker.Limits, cfg func(*console.Config)) *env {
+	t.Helper()
+	b, err := broker.New(broker.Config{DataDir: t.TempDir(), BindAddr: "127.0.0.1:0", RaftBindAddr: "127.0.0.1:0", BootstrapExpect: 1, ACL: acl, Limits: lim})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -435,7 +443,9 @@ func TestConsoleShowsAClientTokenItsTenantsOnly(t *testing.T) {
 
 func TestConsoleCapsStreamsPerTokenUnderAThousandOpenStreams(t *testing.T) {
 	const limit, open = 8, 1000
-	e := startEnv(t, true, func(c *console.Config) { c.StreamsPerToken = limit })
+	// The broker's own per-token limits would refuse some of the 1000
+	// first; this test is about the console's cap.
+	e := startEnvLimited(t, true, &broker.Limits{}, func(c *console.Config) { c.StreamsPerToken = limit })
 	_, secret := e.token(t, clientToken("a"))
 	c := e.signIn(t, secret)
 	tr := &http.Transport{MaxConnsPerHost: 0, MaxIdleConnsPerHost: open}
@@ -554,4 +564,44 @@ func TestConsoleKeepsAQuietStreamOpenPastItsWriteTimeout(t *testing.T) {
 	if pings < 5 {
 		t.Fatalf("the quiet stream ended after %d keep-alives (%v), want it open past 5 write timeouts", pings, sc.Err())
 	}
+}
+
+func TestATokenOverTheBrokersRateLimitIsToldSoAndStaysSignedIn(t *testing.T) {
+	// A bucket of 30 requests that does not refill in the test's time:
+	// the setup's management token uses a few of its own, and the client
+	// token's streams exhaust theirs.
+	e := startEnvLimited(t, true, &broker.Limits{TokenRate: limits.Rate{PerSecond: 0.001, Burst: 30}}, nil)
+	_, secret := e.token(t, clientToken("a"))
+	c := e.browser(t)
+	base, err := url.Parse(e.base)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.Jar.SetCookies(base, []*http.Cookie{{Name: "gpupool_console_token", Value: secret}})
+	for i := range 100 {
+		req, _ := http.NewRequestWithContext(ctx(t), http.MethodGet, e.base+"/events?page=cluster", nil)
+		resp, err := c.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		br := bufio.NewReader(resp.Body)
+		line, _ := br.ReadString('\n')
+		var data string
+		if strings.HasPrefix(line, "event:") {
+			data, _ = br.ReadString('\n')
+		}
+		resp.Body.Close()
+		switch ev := strings.TrimSpace(line); ev {
+		case ": live":
+			continue
+		case "event: fail":
+			if !strings.Contains(data, "--limit-token-rate") {
+				t.Errorf("stream %d: got fail %q, want it to name the token's rate limit", i, data)
+			}
+			return
+		default:
+			t.Fatalf("stream %d over the token's rate: got %q %q, want a fail event naming the limit (the token is still valid)", i, ev, data)
+		}
+	}
+	t.Fatal("100 streams and the token's rate limit never refused one")
 }

@@ -38,9 +38,13 @@ func (s *Server) events(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, "streaming unsupported", http.StatusInternalServerError)
 		return
 	}
-	sess, reason := s.authenticate(r)
+	sess, fail := s.authenticate(r)
 	if sess == nil {
-		sse.send("signout", reason)
+		if fail.unchecked {
+			sse.send("fail", fail.why)
+		} else {
+			sse.send("signout", fail.why)
+		}
 		return
 	}
 	k, ok := pageByName(r.URL.Query().Get("page"))

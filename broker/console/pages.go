@@ -57,9 +57,9 @@ type layoutData struct {
 // page serves one page: sign-in first, then its filters, then its data.
 func (s *Server) page(k pageKind) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		sess, reason := s.authenticate(r)
+		sess, fail := s.authenticate(r)
 		if sess == nil {
-			s.renderSignIn(w, http.StatusUnauthorized, reason, r.URL.RequestURI())
+			s.renderSignIn(w, fail.status(), fail.why, r.URL.RequestURI())
 			return
 		}
 		spec := pages[k]
