@@ -3,6 +3,7 @@ package k8s
 import (
 	"context"
 	"crypto/tls"
+	"errors"
 	"fmt"
 	"io"
 	"maps"
@@ -221,7 +222,7 @@ evictionHard: {}
 imageGCHighThresholdPercent: 100
 imageGCLowThresholdPercent: 99
 localStorageCapacityIsolation: false
-podLogsDirectory: %s
+podLogsDir: %s
 resolvConf: ""
 `
 
@@ -269,7 +270,7 @@ func startRealKubelet(t testing.TB, cp *controlPlane, cri *criRecorder, name str
 	kubeconfig := cp.kubeconfigFor(t, "system:node:"+name, "system:nodes", "system:authenticated")
 	k.args = []string{"--mount", "--propagation", "private", "sh", "-c", script, "kubelet", bin,
 		"--config", config, "--kubeconfig", kubeconfig, "--root-dir", root, "--hostname-override", name,
-		"--node-labels", strings.Join(nodeLabels, ","), "--v", "3"}
+		"--node-labels", strings.Join(nodeLabels, ","), "--v", "2"}
 
 	// Delete the Node after the kubelet is killed (cleanups run last first).
 	t.Cleanup(func() {
@@ -297,25 +298,41 @@ func (k *realKubelet) start() {
 // it has exited.
 func (k *realKubelet) kill() { k.p.stop() }
 
-// waitReady waits until the kubelet's node is Ready and its pods can be
-// scheduled there.
+// waitReady waits until the kubelet's node is Ready, and then lifts the
+// node.kubernetes.io/not-ready taint that the node was registered with, as
+// the node lifecycle controller (which the suite does not run) would.
 func (k *realKubelet) waitReady(cp *controlPlane) {
 	k.t.Helper()
 	eventually(k.t, "node "+k.Node+" registered and Ready", 2*time.Minute, func(ctx context.Context) error {
 		if !k.p.running() {
 			return fmt.Errorf("the kubelet exited: see %s", k.p.Log)
 		}
-		node, err := cp.Client.CoreV1().Nodes().Get(ctx, k.Node, metav1.GetOptions{})
+		nodes := cp.Client.CoreV1().Nodes()
+		node, err := nodes.Get(ctx, k.Node, metav1.GetOptions{})
 		if err != nil {
 			return err
 		}
+		ready := false
 		for _, c := range node.Status.Conditions {
-			if c.Type == corev1.NodeReady && c.Status != corev1.ConditionTrue {
-				return fmt.Errorf("not ready: %s: %s", c.Reason, c.Message)
+			if c.Type == corev1.NodeReady {
+				if c.Status != corev1.ConditionTrue {
+					return fmt.Errorf("not ready: %s: %s", c.Reason, c.Message)
+				}
+				ready = true
 			}
 		}
-		if len(node.Spec.Taints) > 0 {
-			return fmt.Errorf("tainted %v", node.Spec.Taints)
+		if !ready {
+			return errors.New("no Ready condition yet")
+		}
+		taints := slices.DeleteFunc(slices.Clone(node.Spec.Taints), func(t corev1.Taint) bool { return t.Key == corev1.TaintNodeNotReady })
+		if len(taints) != len(node.Spec.Taints) {
+			node.Spec.Taints = taints
+			if _, err := nodes.Update(ctx, node, metav1.UpdateOptions{}); err != nil {
+				return err
+			}
+		}
+		if len(taints) > 0 {
+			return fmt.Errorf("tainted %v", taints)
 		}
 		return nil
 	})
