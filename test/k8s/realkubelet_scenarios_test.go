@@ -198,7 +198,7 @@ func TestRealKubelet(t *testing.T) {
 // ready, as the kubelet k reports it.
 func (e *scenarioEnv) rkWaitRunning(t testing.TB, k *realKubelet, name string) {
 	t.Helper()
-	eventually(t, "pod "+name+" running on "+k.Node, 2*time.Minute, func(ctx context.Context) error {
+	eventually(t, "pod "+name+" running on "+k.Node, 4*time.Minute, func(ctx context.Context) error {
 		if !k.p.running() {
 			return fmt.Errorf("the kubelet exited: see %s", k.p.Log)
 		}

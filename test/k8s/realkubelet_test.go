@@ -303,7 +303,7 @@ func (k *realKubelet) kill() { k.p.stop() }
 // the node lifecycle controller (which the suite does not run) would.
 func (k *realKubelet) waitReady(cp *controlPlane) {
 	k.t.Helper()
-	eventually(k.t, "node "+k.Node+" registered and Ready", 2*time.Minute, func(ctx context.Context) error {
+	eventually(k.t, "node "+k.Node+" registered and Ready", 5*time.Minute, func(ctx context.Context) error {
 		if !k.p.running() {
 			return fmt.Errorf("the kubelet exited: see %s", k.p.Log)
 		}
