@@ -98,6 +98,9 @@ func startCRI(t testing.TB) *criRecorder {
 		{Type: runtimeapi.NetworkReady, Status: true},
 	}}
 	r.RuntimeService.FakeLinuxConfiguration = &runtimeapi.LinuxRuntimeConfiguration{CgroupDriver: runtimeapi.CgroupDriver_CGROUPFS}
+	// The kubelet refuses an image whose status has no size; the fake's
+	// images have the size it is given, 0 unless told.
+	r.ImageService.SetFakeImageSize(1 << 20)
 	sock := filepath.Join(shortTempDir(t), "cri.sock")
 	l, err := net.Listen("unix", sock)
 	if err != nil {
