@@ -129,7 +129,20 @@ func (r *criRecorder) CreateContainer(ctx context.Context, req *runtimeapi.Creat
 	r.mu.Lock()
 	r.created = append(r.created, c)
 	r.mu.Unlock()
-	return r.RemoteRuntime.CreateContainer(ctx, req)
+	resp, err := r.RemoteRuntime.CreateContainer(ctx, req)
+	if err != nil {
+		return nil, err
+	}
+	// A runtime reports the log path it was given; the fake reports none,
+	// and the kubelet's log manager, cleaning a removed container's logs,
+	// removes "<log path>*": with no path, every file in its working
+	// directory.
+	r.RuntimeService.Lock()
+	if ctr := r.RuntimeService.Containers[resp.GetContainerId()]; ctr != nil {
+		ctr.LogPath = filepath.Join(req.GetSandboxConfig().GetLogDirectory(), req.GetConfig().GetLogPath())
+	}
+	r.RuntimeService.Unlock()
+	return resp, nil
 }
 
 // createdFor returns the CreateContainer requests for pod namespace/name.
@@ -265,6 +278,9 @@ func startRealKubelet(t testing.TB, cp *controlPlane, cri *criRecorder, name str
 		}
 		script += fmt.Sprintf("mount --bind %s /proc/sys/%s\n", file, name)
 	}
+	// An empty working directory, whatever the kubelet does with relative
+	// paths.
+	script += fmt.Sprintf("mkdir -p %s/cwd && cd %s/cwd\n", root, root)
 	script += `exec "$@"` + "\n"
 	var nodeLabels []string
 	for _, l := range slices.Sorted(maps.Keys(labels)) {
