@@ -87,8 +87,12 @@ test-console: chromium ## the web console in headless Chromium against a real cl
 # build cache) and runs them in the test binary on an embedded etcd.
 # TestChart dry-run creates every object of the rendered chart (make chart)
 # against that apiserver. TestBenchK8s skips unless GPUPOOL_BENCH_K8S=1.
+# TestRealKubelet runs the kubelet of the same module, built here first
+# (a tool of test/k8s/go.mod) so that its build does not count against the
+# tests' timeout.
 test-k8s: chart
-	cd test/k8s && GPUPOOL_CHART_RENDERED=$(CHART_RENDERED) $(GO) test -count=1 -timeout 30m ./...
+	cd test/k8s && $(GO) build -o $(TOOLS)/kubelet k8s.io/kubernetes/cmd/kubelet
+	cd test/k8s && GPUPOOL_CHART_RENDERED=$(CHART_RENDERED) GPUPOOL_KUBELET=$(TOOLS)/kubelet $(GO) test -count=1 -timeout 30m ./...
 
 # 200 pods with fractional claims through our DRA driver against the same
 # control plane, and the same pods with plain DRA allocation as a baseline;

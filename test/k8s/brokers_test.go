@@ -57,12 +57,20 @@ type proc struct {
 // process also dies with the test binary.
 func startGpupool(t testing.TB, name string, args ...string) *proc {
 	t.Helper()
+	return startCommand(t, name, gpupoolBinary(t), args...)
+}
+
+// startCommand starts `path args...` as name, killed when t ends, its
+// output in the suite's log directory. The process also dies with the test
+// binary.
+func startCommand(t testing.TB, name, path string, args ...string) *proc {
+	t.Helper()
 	p := &proc{Name: name, Args: args, Log: filepath.Join(suiteDir, fmt.Sprintf("%s-%s.log", logPrefix(t), name))}
 	f, err := os.OpenFile(p.Log, os.O_CREATE|os.O_WRONLY|os.O_TRUNC, 0o644)
 	if err != nil {
 		t.Fatal(err)
 	}
-	p.cmd = exec.Command(gpupoolBinary(t), args...)
+	p.cmd = exec.Command(path, args...)
 	p.cmd.Stdout, p.cmd.Stderr = f, f
 	p.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	if err := p.cmd.Start(); err != nil {

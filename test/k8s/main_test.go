@@ -1,9 +1,19 @@
 // Package k8s is gpupool's Kubernetes integration suite. It runs a real
 // kube-apiserver, kube-scheduler and kube-controller-manager, built from the
-// k8s.io/kubernetes module, inside the test binary on an embedded etcd; adds
-// fake Ready nodes that no kubelet backs; starts the dev broker cluster and
-// simulated agents as child processes; and stands in for the kubelet on the
-// DRA gRPC API of node plugins.
+// k8s.io/kubernetes module, inside the test binary on an embedded etcd;
+// starts the dev broker cluster and simulated agents as child processes;
+// and runs our controller and node plugin against them.
+//
+// Nodes come two ways. Most tests add fake Ready nodes that no kubelet
+// backs, and stand in for the kubelet on the DRA gRPC API of node plugins
+// (kubelet_test.go): fast, and in control of every call. TestRealKubelet
+// runs the real kubelet instead (realkubelet_test.go), built from the same
+// module as a child process (root only), on a container runtime that runs
+// nothing and records what it is asked (Kubernetes' fake CRI, plus the CDI
+// devices of each created container): plugin registration, prepare and
+// unprepare with their retries, a kubelet restart and the CDI ids it passes
+// to the runtime are the kubelet's own. TestControllerFailover runs two
+// controller replicas under leader election and kills the leader.
 //
 // One control plane serves the whole test binary: its servers set
 // process-wide feature gates, metrics and configz entries, so a second one
