@@ -173,8 +173,12 @@ func (ln limitListener) Accept() (net.Conn, error) {
 		ln.l.refusedMu.Lock()
 		ln.l.refused[addr] = err
 		ln.l.refusedMu.Unlock()
-		_ = c.SetDeadline(time.Now().Add(refusedConnLinger))
-		return &refusedConn{Conn: c, l: ln.l, addr: addr}, nil
+		rc := &refusedConn{Conn: c, l: ln.l, addr: addr}
+		// Not a deadline: grpc clears the connection's deadline once its
+		// handshake ends, which would keep a refused connection, and
+		// every call on it refused, for good.
+		time.AfterFunc(refusedConnLinger, func() { _ = rc.Close() })
+		return rc, nil
 	}
 	return c, nil
 }

@@ -8,6 +8,7 @@ import (
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/connectivity"
 	"google.golang.org/grpc/credentials/insecure"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/status"
@@ -167,6 +168,23 @@ func TestConnectionsOverAClientsRateAreRefusedNamingTheLimit(t *testing.T) {
 			continue
 		}
 		wantStatus(t, err, codes.ResourceExhausted, "limit "+LimitClientConnRate, "client 127.0.0.1")
+	}
+
+	// A refused connection is closed a moment later, so that its client
+	// dials again rather than keeping a connection whose every call is
+	// refused.
+	conn, err := grpc.NewClient(ts.s.Addr(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	_, err = healthpb.NewHealthClient(conn).Check(ctx(t), &healthpb.HealthCheckRequest{})
+	wantStatus(t, err, codes.ResourceExhausted, "limit "+LimitClientConnRate)
+	wait := ctx(t)
+	for st := conn.GetState(); st == connectivity.Ready; st = conn.GetState() {
+		if !conn.WaitForStateChange(wait, st) {
+			t.Fatal("a connection over the client's rate stayed open: its client would never dial again")
+		}
 	}
 }
 
