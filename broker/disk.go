@@ -192,7 +192,10 @@ func (s *Server) watchDisk() {
 		if led.IsZero() {
 			led = now // count only the writes made while leading
 		}
-		if now.Sub(last) < slowDiskCooldown {
+		if now.Sub(last) < slowDiskCooldown || now.Sub(led) < slowDiskWindow {
+			// A new leader judges its disk over a whole window of its
+			// own writes, so that leadership moves at most once a
+			// window even when every disk of the cluster is slow.
 			continue
 		}
 		median, ok := s.disk.medianWrite(now, led)
