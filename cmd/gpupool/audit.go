@@ -152,8 +152,8 @@ func runAudit(cmd *cobra.Command, c *client.Client, req *gpupoolv1.AuditLogReque
 		if errors.Is(err, io.EOF) {
 			return p.all(backlog)
 		}
-		if !req.Follow || ctx.Err() != nil {
-			if ctx.Err() != nil && req.Follow {
+		if ctx.Err() != nil {
+			if req.Follow {
 				return nil // Ctrl-C
 			}
 			return err
@@ -161,6 +161,21 @@ func runAudit(cmd *cobra.Command, c *client.Client, req *gpupoolv1.AuditLogReque
 		code := status.Code(err)
 		if code != codes.Unavailable && code != codes.ResourceExhausted {
 			return err
+		}
+		if !req.Follow {
+			// A list is asked again only while nothing of it has come
+			// (a broker electing or catching up), until the call's
+			// deadline; one that broke midway is not pieced together.
+			if seen {
+				return err
+			}
+			select {
+			case <-ctx.Done():
+				return err
+			case <-time.After(backoff):
+			}
+			backoff = min(2*backoff, 5*time.Second)
+			continue
 		}
 		fmt.Fprintf(cmd.ErrOrStderr(), "audit follow interrupted (%s); resuming after index %d in %s\n", status.Convert(err).Message(), lastIndex, backoff)
 		select {
