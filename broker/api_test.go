@@ -537,3 +537,41 @@ func TestListByHostReadsEndedLeasesOutsideTheHostIndex(t *testing.T) {
 		})
 	}
 }
+
+// A new leader gives each host twice the heartbeat TTL before it marks it
+// down: the agent may first have to give up a stream on a broker that went
+// silent (one TTL) and then find the new leader.
+func TestANewLeaderWaitsTwoHeartbeatTTLsBeforeAHostIsDown(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		advance  time.Duration // after the handover, with no heartbeat
+		wantDown bool
+	}{
+		{"one TTL after the election the host is still up", 5*time.Second + 500*time.Millisecond, false},
+		{"two TTLs after the election the host is down", 10*time.Second + 500*time.Millisecond, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ts := startServer(t)
+			ts.registerHost(t, "h1", 1, 81920)
+			ls := ts.handOver(t)
+			if _, ok := ls.heartbeat.Deadline("h1"); !ok {
+				t.Fatal("the new leader armed no heartbeat deadline for h1")
+			}
+			ts.clock.Advance(tc.advance)
+			if tc.wantDown {
+				waitFor(t, "host down", func() bool {
+					return ts.host("h1").Status == gpupoolv1.HostStatus_HOST_STATUS_DOWN
+				})
+				return
+			}
+			// The timer did not fire: its deadline is still ahead.
+			d, ok := ls.heartbeat.Deadline("h1")
+			if !ok || !d.After(ts.clock.Now()) {
+				t.Fatalf("heartbeat deadline %v (armed %t), now %v: want one still ahead", d, ok, ts.clock.Now())
+			}
+			if st := ts.host("h1").Status; st == gpupoolv1.HostStatus_HOST_STATUS_DOWN {
+				t.Fatalf("host down one TTL after the election")
+			}
+		})
+	}
+}

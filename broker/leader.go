@@ -133,7 +133,7 @@ func (s *Server) lead(ls *leaderState, events <-chan fsm.Event) {
 	if !s.retryWhileLeading(ls, "creating the token signing key", s.ensureSigningKey) {
 		return
 	}
-	s.armAll(ls)
+	s.armAll(ls, 2*s.cfg.HeartbeatTTL)
 	s.placer.relearn(s.fsm.State())
 	s.leaderMu.Lock()
 	s.leader = ls
@@ -168,7 +168,7 @@ func (s *Server) lead(ls *leaderState, events <-chan fsm.Event) {
 				var cancel func()
 				events, cancel = s.fsm.Subscribe()
 				defer cancel()
-				s.armAll(ls)
+				s.armAll(ls, s.cfg.HeartbeatTTL)
 				ls.kickQueue()
 				continue
 			}
@@ -226,11 +226,19 @@ func (s *Server) upsertServers() {
 	}
 }
 
-// armAll sets every timer from the state, at full duration.
-func (s *Server) armAll(ls *leaderState) {
+// armAll sets every timer from the state, at full duration. A host
+// without a heartbeat deadline gets hostTTL.
+//
+// A new leader passes twice the heartbeat TTL: no agent has heartbeated
+// to it yet, and an agent whose stream sits on a broker that went silent
+// (the old leader, cut off from the others) needs one TTL to give that
+// stream up, then time to find this leader. At one TTL a host would be
+// marked down, and its leases revoked, for the election alone. The grace
+// only ever marks a host down later, which keeps lock-delay's bound.
+func (s *Server) armAll(ls *leaderState, hostTTL time.Duration) {
 	st := s.fsm.State()
 	for _, h := range st.Hosts() {
-		s.reactHost(ls, st, h)
+		s.armHost(ls, st, h, hostTTL)
 	}
 	for _, l := range st.Leases() {
 		s.reactLease(ls, st, l)
@@ -246,7 +254,7 @@ func (s *Server) react(ls *leaderState, ev fsm.Event) {
 		ls.drain.StopAll()
 		ls.preempt.StopAll()
 		ls.pendingGrace.StopAll()
-		s.armAll(ls)
+		s.armAll(ls, s.cfg.HeartbeatTTL)
 		ls.kickQueue()
 		// A restored snapshot may predate signing keys.
 		go func() {
@@ -269,6 +277,10 @@ func (s *Server) react(ls *leaderState, ev fsm.Event) {
 }
 
 func (s *Server) reactHost(ls *leaderState, st *state.Reader, h *gpupoolv1.Host) {
+	s.armHost(ls, st, h, s.cfg.HeartbeatTTL)
+}
+
+func (s *Server) armHost(ls *leaderState, st *state.Reader, h *gpupoolv1.Host, ttl time.Duration) {
 	s.reactDrain(ls, h)
 	if h.Status == gpupoolv1.HostStatus_HOST_STATUS_DOWN {
 		ls.heartbeat.Stop(h.Id)
@@ -278,7 +290,7 @@ func (s *Server) reactHost(ls *leaderState, st *state.Reader, h *gpupoolv1.Host)
 		return
 	}
 	if _, ok := ls.heartbeat.Deadline(h.Id); !ok {
-		ls.heartbeat.Reset(h.Id, s.cfg.HeartbeatTTL)
+		ls.heartbeat.Reset(h.Id, ttl)
 	}
 	// The host is back: its agent confirms teardown of what it still runs,
 	// so no lease of it may be freed on the lock-delay any more.
