@@ -626,12 +626,12 @@ func applyFreeLease(w *state.Writer, index uint64, c *gpupoolv1.FreeLeaseCommand
 }
 
 // Snapshot captures the state for raft. The returned snapshot is immutable.
+//
+// It only takes a read transaction, which go-memdb keeps consistent while
+// writes go on: Persist encodes it, on Raft's snapshot goroutine, so that
+// encoding a large state does not hold up Apply.
 func (f *FSM) Snapshot() (raft.FSMSnapshot, error) {
-	b, err := f.store.Read().Encode(SnapshotVersion)
-	if err != nil {
-		return nil, err
-	}
-	return &snapshot{data: b}, nil
+	return &snapshot{state: f.store.Read()}, nil
 }
 
 // Restore replaces the state with a snapshot written by Persist.
@@ -648,10 +648,15 @@ func (f *FSM) Restore(rc io.ReadCloser) error {
 	return nil
 }
 
-type snapshot struct{ data []byte }
+type snapshot struct{ state *state.Reader }
 
 func (s *snapshot) Persist(sink raft.SnapshotSink) error {
-	if _, err := sink.Write(s.data); err != nil {
+	b, err := s.state.Encode(SnapshotVersion)
+	if err != nil {
+		sink.Cancel()
+		return err
+	}
+	if _, err := sink.Write(b); err != nil {
 		sink.Cancel()
 		return fmt.Errorf("fsm: write snapshot: %w", err)
 	}
