@@ -505,13 +505,13 @@ func writeFileSync(path string, b []byte) error {
 // takes one if so; it keeps trailingLogs entries behind the snapshot for
 // followers that lag. The log lives in bbolt, not in memory; what a
 // shorter schedule buys is a shorter replay after a restart (a restart
-// applies every entry after the snapshot again, about 0.3 ms each on 2
-// cores with 100k leases held) and a smaller raft.db. The look is cheap
+// applies every entry after the snapshot again, about 0.4 ms of CPU
+// each with 100k leases held) and a smaller raft.db. The look is cheap
 // (the log's last index), so it is frequent: the log is snapshotted soon
 // after it grows by the threshold, however fast it grows. The snapshot
 // itself is encoded off the FSM's goroutine (fsm.Snapshot) and costs
-// about 1 s of one core with 100k leases, so the threshold bounds that
-// cost to one snapshot per 2048 entries.
+// about half a second of one core with 100k leases; the threshold bounds
+// that cost to one snapshot per 2048 entries.
 const (
 	snapshotInterval  = 2 * time.Second
 	snapshotThreshold = 2048
