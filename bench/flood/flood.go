@@ -65,13 +65,17 @@ type results struct {
 	Victims   int     `json:"victim_clients"`
 	Flooders  int     `json:"flood_clients"`
 	Streams   int     `json:"flood_streams"`
-	Phases    []phase `json:"phases"`
-	P99Ratio  float64 `json:"p99_ratio"`
-	Replay    replay  `json:"replay"`
-	LoadStart string  `json:"load_average_start"`
-	LoadEnd   string  `json:"load_average_end"`
-	GoVersion string  `json:"go_version"`
-	CPUs      int     `json:"cpus"`
+	// The broker's fair share of writes (0: none).
+	WriteSeats      int     `json:"limit_write_seats"`
+	TokenWrites     int     `json:"limit_token_writes"`
+	TokenWriteQueue int     `json:"limit_token_write_queue"`
+	Phases          []phase `json:"phases"`
+	P99Ratio        float64 `json:"p99_ratio"`
+	Replay          replay  `json:"replay"`
+	LoadStart       string  `json:"load_average_start"`
+	LoadEnd         string  `json:"load_average_end"`
+	GoVersion       string  `json:"go_version"`
+	CPUs            int     `json:"cpus"`
 }
 
 // Run is 'gpupool-bench flood'.
@@ -84,6 +88,9 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	flooders := fs.Int("flooders", 64, "the flooding token's clients, each acquiring as fast as it can")
 	streams := fs.Int("streams", 500, "watch streams the flooding token tries to hold open")
 	pending := fs.Int("pending", 8000, "waiting acquires one tenant opens at once, then cancels (the replay)")
+	lim := broker.DefaultLimits()
+	fs.IntVar(&lim.Writes.Seats, broker.FlagWriteSeats, lim.Writes.Seats, "the broker's --"+broker.FlagWriteSeats+" (0: none, to compare)")
+	fs.IntVar(&lim.Writes.Share, broker.FlagTokenWrites, lim.Writes.Share, "the broker's --"+broker.FlagTokenWrites+" (0: none, to compare)")
 	fs.Usage = func() {
 		fmt.Fprintf(stdout, "Usage: gpupool-bench flood [flags]\n\nOne broker with ACL on and the default limits, two simulated agents, in this\nprocess. A victim token acquires and releases without a flood, then while a\nflooding token acquires as fast as it can and holds watch streams: the victim's\nacquire p99 in both (goal: within 2x). Then one tenant opens waiting acquires at\nonce and cancels them: refusals, heap, and the audit log's first entries.\n\nFlags:\n")
 		fs.PrintDefaults()
@@ -103,15 +110,30 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 			return 2
 		}
 	}
+	if err := lim.Validate(); err != nil {
+		fmt.Fprintf(stderr, "bench/flood: %v\n", err)
+		return 2
+	}
 	if *dur < time.Second {
 		fmt.Fprintf(stderr, "bench/flood: --duration %s: must be at least 1s\n", *dur)
 		return 2
 	}
-	res, err := bench(ctx, *dur, *victims, *flooders, *streams, *pending, stderr)
+	res, stop, err := bench(ctx, lim, *dur, *victims, *flooders, *streams, *pending, stderr)
 	if res != nil {
 		if werr := write(*out, res, stdout); werr != nil {
 			fmt.Fprintf(stderr, "bench/flood: %v\n", werr)
 			return 1
+		}
+	}
+	if stop != nil {
+		// The broker's shutdown may wait on grants the flood left in
+		// flight; the figures are written, so bound it.
+		done := make(chan struct{})
+		go func() { stop(); close(done) }()
+		select {
+		case <-done:
+		case <-time.After(30 * time.Second):
+			logf(stderr, "the broker did not shut down within 30s; exiting without it")
 		}
 	}
 	if err != nil {
@@ -137,9 +159,9 @@ type env struct {
 	badSecret         string
 }
 
-func start(ctx context.Context, dir string, stderr io.Writer) (*env, func(), error) {
+func start(ctx context.Context, lim broker.Limits, dir string, stderr io.Writer) (*env, func(), error) {
 	s, err := broker.New(broker.Config{DataDir: filepath.Join(dir, "broker"), BindAddr: "127.0.0.1:0", RaftBindAddr: "127.0.0.1:0",
-		BootstrapExpect: 1, ACL: true})
+		BootstrapExpect: 1, ACL: true, Limits: &lim})
 	if err != nil {
 		return nil, nil, err
 	}
@@ -230,7 +252,7 @@ func start(ctx context.Context, dir string, stderr io.Writer) (*env, func(), err
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
-	logf(stderr, "broker %s with ACL on and the default limits, 2 simulated agents of 8 A100-80GB", s.Addr())
+	logf(stderr, "broker %s with ACL on and limits %+v, 2 simulated agents of 8 A100-80GB", s.Addr(), lim)
 	return e, stop, nil
 }
 
@@ -238,18 +260,20 @@ func slice() *gpupoolv1.LeaseRequest {
 	return &gpupoolv1.LeaseRequest{Count: 1, MemoryMib: 1024, ComputePercent: 1, TtlMs: 60_000}
 }
 
-func bench(ctx context.Context, dur time.Duration, victims, flooders, streams, pending int, stderr io.Writer) (*results, error) {
+// bench runs the phases and the replay; stop ends the broker and its
+// agents, and removes their data.
+func bench(ctx context.Context, lim broker.Limits, dur time.Duration, victims, flooders, streams, pending int, stderr io.Writer) (_ *results, stop func(), _ error) {
 	dir, err := os.MkdirTemp("", "gpupool-flood-bench-")
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
-	defer os.RemoveAll(dir)
-	e, stop, err := start(ctx, dir, stderr)
+	e, stopEnv, err := start(ctx, lim, dir, stderr)
 	if err != nil {
-		return nil, err
+		os.RemoveAll(dir)
+		return nil, nil, err
 	}
-	defer stop()
-	res := &results{Benchmark: "flood", Date: time.Now().UTC().Format(time.RFC3339), Seconds: dur.Seconds(), Victims: victims,
+	stop = func() { stopEnv(); os.RemoveAll(dir) }
+	res := &results{WriteSeats: lim.Writes.Seats, TokenWrites: lim.Writes.Share, TokenWriteQueue: lim.Writes.Queue, Benchmark: "flood", Date: time.Now().UTC().Format(time.RFC3339), Seconds: dur.Seconds(), Victims: victims,
 		Flooders: flooders, Streams: streams, LoadStart: loadAvg(), GoVersion: runtime.Version(), CPUs: runtime.NumCPU()}
 	for _, flood := range []bool{false, true} {
 		ph := runPhase(ctx, e, dur, victims, flood, flooders, streams)
@@ -265,7 +289,7 @@ func bench(ctx context.Context, dur time.Duration, victims, flooders, streams, p
 		res.Replay.Calls, res.Replay.Refused, res.Replay.Waited, res.Replay.Other, res.Replay.HeapBeforeMiB, res.Replay.HeapPeakMiB, res.Replay.HeapAfterMiB,
 		res.Replay.LeasesBefore, res.Replay.LeasesAfter, res.Replay.AuditBootstrap, res.Replay.AuditTokens)
 	res.LoadEnd = loadAvg()
-	return res, err
+	return res, stop, err
 }
 
 // limitOf is the limit a refusal names, or its code.
