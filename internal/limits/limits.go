@@ -67,7 +67,9 @@ func NewSet(now func() time.Time) *Set {
 
 // Collector is the refusal counter and the fair shares' gauges, for a
 // Prometheus registry.
-func (s *Set) Collector() prometheus.Collector { return collectors(append([]prometheus.Collector{s.refusals}, s.gauges...)) }
+func (s *Set) Collector() prometheus.Collector {
+	return collectors(append([]prometheus.Collector{s.refusals}, s.gauges...))
+}
 
 // collectors is several collectors as one.
 type collectors []prometheus.Collector
