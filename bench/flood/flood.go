@@ -45,6 +45,7 @@ type phase struct {
 
 type replay struct {
 	Calls            int            `json:"calls"`
+	Tokens           int            `json:"tokens"`
 	Refused          map[string]int `json:"refused_by_limit"`
 	Waited           int            `json:"waited"`
 	Other            map[string]int `json:"other_outcomes"` // by gRPC code (OK: granted within the quota)
@@ -156,7 +157,6 @@ func loadAvg() string {
 type env struct {
 	s                 *broker.Server
 	mgmt, victim, bad *client.Client
-	badSecret         string
 }
 
 func start(ctx context.Context, lim broker.Limits, dir string, stderr io.Writer) (*env, func(), error) {
@@ -218,7 +218,7 @@ func start(ctx context.Context, lim broker.Limits, dir string, stderr io.Writer)
 	if e.victim, _, err = client("victim", "victim"); err != nil {
 		return fail(err)
 	}
-	if e.bad, e.badSecret, err = client("flooder", "flood"); err != nil {
+	if e.bad, _, err = client("flooder", "flood"); err != nil {
 		return fail(err)
 	}
 	actx, cancel := context.WithCancel(context.Background())
@@ -389,8 +389,13 @@ func heapMiB() float64 {
 	return float64(m.HeapInuse) / (1 << 20)
 }
 
-// runReplay opens n waiting acquires of one tenant at once, whose quota
-// keeps them waiting, holds them 2s and cancels them.
+// replayTokens is how many tokens of the tenant the replay's calls come
+// from.
+const replayTokens = 40
+
+// runReplay opens n waiting acquires of one tenant at once, from
+// replayTokens tokens, whose quota keeps them waiting, holds them 2s and
+// cancels them.
 func runReplay(ctx context.Context, e *env, n int) (replay, error) {
 	rp := replay{Calls: n, Refused: map[string]int{}, Other: map[string]int{}}
 	if _, err := e.mgmt.Operator.SetQuota(ctx, &gpupoolv1.SetQuotaRequest{Quota: &gpupoolv1.Quota{Tenant: "flood", Gpus: 1, MemoryMib: 1024, ComputePercent: 1}}); err != nil {
@@ -404,18 +409,36 @@ func runReplay(ctx context.Context, e *env, n int) (replay, error) {
 		return len(l.Leases)
 	}
 	rp.HeapBeforeMiB, rp.LeasesBefore = heapMiB(), leases()
-	// A fresh connection for the replay: the flood phase's token has used
-	// up its request rate a moment ago.
-	c, err := client.DialWith([]string{e.s.Addr()}, client.Options{Token: e.badSecret})
-	if err != nil {
-		return rp, err
+	// The tenant's calls come from replayTokens tokens of its own, each
+	// within its request rate's burst, so that what refuses them is the
+	// tenant's pending cap, as it would be for an attacker with several
+	// tokens (one token alone is stopped by its rate first).
+	per := (n + replayTokens - 1) / replayTokens
+	rp.Tokens = replayTokens
+	var cs []*client.Client
+	defer func() {
+		for _, c := range cs {
+			c.Close()
+		}
+	}()
+	for i := range replayTokens {
+		r, err := gpupoolv1.NewAclServiceClient(e.mgmt.Conn()).CreateToken(ctx, &gpupoolv1.CreateAclTokenRequest{
+			Name: fmt.Sprintf("replay-%d", i), Kind: gpupoolv1.TokenKind_TOKEN_KIND_CLIENT, Tenants: []string{"flood"}})
+		if err != nil {
+			return rp, err
+		}
+		c, err := client.DialWith([]string{e.s.Addr()}, client.Options{Token: r.Secret})
+		if err != nil {
+			return rp, err
+		}
+		cs = append(cs, c)
 	}
-	defer c.Close()
 	rctx, cancel := context.WithCancel(ctx)
 	var mu sync.Mutex
 	var wg sync.WaitGroup
 	var done atomic.Int64
-	for range n {
+	for i := range n {
+		c := cs[i/per]
 		wg.Go(func() {
 			_, err := c.Lease.Acquire(rctx, &gpupoolv1.AcquireRequest{WaitMs: 60_000, Request: &gpupoolv1.LeaseRequest{
 				Count: 1, MemoryMib: 1024, ComputePercent: 1, TtlMs: 60_000}})
@@ -480,16 +503,16 @@ func write(dir string, res *results, stdout io.Writer) error {
 		return err
 	}
 	var md strings.Builder
-	fmt.Fprintf(&md, "# A flood from one token, and another token's acquires\n\n%s. One broker (ACL on, default limits) and 2 simulated agents in one process; %d victim clients loop acquire + release for %.0fs per phase; the flood is %d clients of another token acquiring as fast as they can and %d watch streams it tries to hold.\n\n",
-		res.Date, res.Victims, res.Seconds, res.Flooders, res.Streams)
+	fmt.Fprintf(&md, "# A flood from one token, and another token's acquires\n\n%s. One broker (ACL on, default limits; writes shared between tokens: --limit-write-seats %d, --limit-token-writes %d, --limit-token-write-queue %d) and 2 simulated agents in one process; %d victim clients loop acquire + release for %.0fs per phase; the flood is %d clients of another token acquiring as fast as they can and %d watch streams it tries to hold.\n\n",
+		res.Date, res.WriteSeats, res.TokenWrites, res.TokenWriteQueue, res.Victims, res.Seconds, res.Flooders, res.Streams)
 	md.WriteString("| phase | victim grants | victim acquire p50 (ms) | victim acquire p99 (ms) | victim errors | flood calls | flood refused, by limit |\n|---|---:|---:|---:|---:|---:|---|\n")
 	for _, p := range res.Phases {
 		fmt.Fprintf(&md, "| %s | %d | %.2f | %.2f | %d | %d | %s |\n", p.Name, p.Grants, p.P50Ms, p.P99Ms, p.Errors, p.FloodCalls, counts(p.FloodRefused))
 	}
 	fmt.Fprintf(&md, "\nVictim acquire p99 with / without the flood: **%.2f** (goal: within 2).\n\n", res.P99Ratio)
 	r := res.Replay
-	fmt.Fprintf(&md, "## Replay: %d waiting acquires of one tenant, opened at once and cancelled\n\n| refused, by limit | waited (then cancelled) | other outcomes | heap before (MiB) | heap while open (MiB) | heap after (MiB) | leases in state before | after | audit: bootstrap entry | token entries |\n|---|---:|---|---:|---:|---:|---:|---:|---|---:|\n| %s | %d | %s | %.1f | %.1f | %.1f | %d | %d | %v | %d |\n\n",
-		r.Calls, counts(r.Refused), r.Waited, counts(r.Other), r.HeapBeforeMiB, r.HeapPeakMiB, r.HeapAfterMiB, r.LeasesBefore, r.LeasesAfter, r.AuditBootstrap, r.AuditTokens)
+	fmt.Fprintf(&md, "## Replay: %d waiting acquires of one tenant from %d of its tokens, opened at once and cancelled\n\n| refused, by limit | waited (then cancelled) | other outcomes | heap before (MiB) | heap while open (MiB) | heap after (MiB) | leases in state before | after | audit: bootstrap entry | token entries |\n|---|---:|---|---:|---:|---:|---:|---:|---|---:|\n| %s | %d | %s | %.1f | %.1f | %.1f | %d | %d | %v | %d |\n\n",
+		r.Calls, r.Tokens, counts(r.Refused), r.Waited, counts(r.Other), r.HeapBeforeMiB, r.HeapPeakMiB, r.HeapAfterMiB, r.LeasesBefore, r.LeasesAfter, r.AuditBootstrap, r.AuditTokens)
 	fmt.Fprintf(&md, "Heap is this process's Go heap in use after a GC (the broker, its agents and the clients). Load average %s (start) / %s (end); %s, %d CPUs.\n", res.LoadStart, res.LoadEnd, res.GoVersion, res.CPUs)
 	if err := os.WriteFile(filepath.Join(dir, "flood.md"), []byte(md.String()), 0o644); err != nil {
 		return err
