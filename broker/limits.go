@@ -36,7 +36,7 @@ type Limits struct {
 	// in progress on the leader at once (waiting in the queue, or being
 	// placed).
 	TenantPending int
-	// Writes shares the server's writes in flight (acquires, releases,
+	// Writes shares the leader's writes in flight (acquires, releases,
 	// admin changes: every call that proposes to the log) fairly between
 	// tokens: Seats at once in all, at most Share per token, and up to
 	// Queue more of a token's calls waiting for a seat, the seat that
@@ -129,9 +129,9 @@ func limitKey(c *caller) (key, who string) {
 	return c.token.AccessorId, c.String()
 }
 
-// unaryLimits applies the token's request rate and, to a write, its fair
-// share of the server's writes; after the ACL check, which names the
-// token.
+// unaryLimits applies the token's request rate and, to a write on the
+// leader, its fair share of the leader's writes; after the ACL check,
+// which names the token.
 func (s *Server) unaryLimits(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
 	key, who := limitKey(callerFrom(ctx))
 	if key == "" {
@@ -140,7 +140,10 @@ func (s *Server) unaryLimits(ctx context.Context, req any, info *grpc.UnaryServe
 	if err := s.limits.rate.Allow(key, who); err != nil {
 		return nil, err
 	}
-	if !writeMethods[info.FullMethod] {
+	if !writeMethods[info.FullMethod] || !s.IsLeader() {
+		// A follower forwards its writes, with the caller's token, to
+		// the leader, which shares its log: a forwarded acquire that
+		// waits must not hold a seat of the follower meanwhile.
 		return handler(ctx, req)
 	}
 	release, err := s.limits.writes.Acquire(ctx, key, who)
