@@ -37,6 +37,7 @@ type phase struct {
 	Name         string         `json:"name"`
 	Grants       int            `json:"victim_grants"`
 	Errors       int            `json:"victim_errors"`
+	ErrorsBy     map[string]int `json:"victim_errors_by,omitempty"` // by limit, or gRPC code
 	P50Ms        float64        `json:"victim_acquire_p50_ms"`
 	P99Ms        float64        `json:"victim_acquire_p99_ms"`
 	FloodCalls   int64          `json:"flood_calls,omitempty"`
@@ -46,6 +47,7 @@ type phase struct {
 type replay struct {
 	Calls            int            `json:"calls"`
 	Tokens           int            `json:"tokens"`
+	SettledSeconds   float64        `json:"seconds_to_refused_or_queued"`
 	Refused          map[string]int `json:"refused_by_limit"`
 	Waited           int            `json:"waited"`
 	Other            map[string]int `json:"other_outcomes"` // by gRPC code (OK: granted within the quota)
@@ -277,8 +279,8 @@ func bench(ctx context.Context, lim broker.Limits, dur time.Duration, victims, f
 		Flooders: flooders, Streams: streams, LoadStart: loadAvg(), GoVersion: runtime.Version(), CPUs: runtime.NumCPU()}
 	for _, flood := range []bool{false, true} {
 		ph := runPhase(ctx, e, dur, victims, flood, flooders, streams)
-		logf(stderr, "%s: victim %d grants, p50 %.1f ms, p99 %.1f ms, %d errors; flood %d calls, refused %v",
-			ph.Name, ph.Grants, ph.P50Ms, ph.P99Ms, ph.Errors, ph.FloodCalls, ph.FloodRefused)
+		logf(stderr, "%s: victim %d grants, p50 %.1f ms, p99 %.1f ms, %d errors %v; flood %d calls, refused %v",
+			ph.Name, ph.Grants, ph.P50Ms, ph.P99Ms, ph.Errors, ph.ErrorsBy, ph.FloodCalls, ph.FloodRefused)
 		res.Phases = append(res.Phases, ph)
 	}
 	if res.Phases[0].P99Ms > 0 {
@@ -355,6 +357,10 @@ func runPhase(ctx context.Context, e *env, dur time.Duration, victims int, flood
 				mu.Lock()
 				if err != nil {
 					ph.Errors++
+					if ph.ErrorsBy == nil {
+						ph.ErrorsBy = map[string]int{}
+					}
+					ph.ErrorsBy[limitOf(err)]++
 				} else {
 					ph.Grants++
 					lat = append(lat, float64(took.Microseconds())/1000)
@@ -437,6 +443,7 @@ func runReplay(ctx context.Context, e *env, n int) (replay, error) {
 	var mu sync.Mutex
 	var wg sync.WaitGroup
 	var done atomic.Int64
+	opened := time.Now()
 	for i := range n {
 		c := cs[i/per]
 		wg.Go(func() {
@@ -455,6 +462,18 @@ func runReplay(ctx context.Context, e *env, n int) (replay, error) {
 			done.Add(1)
 		})
 	}
+	// Hold them until every call was refused or waits in the lease
+	// queue (the write share admits them a few at a time), at most a
+	// minute, then 2 s more.
+	settle := time.Now().Add(time.Minute)
+	for time.Now().Before(settle) {
+		st, err := e.mgmt.Pool.Status(ctx, &gpupoolv1.StatusRequest{})
+		if err == nil && done.Load()+int64(st.LeasesByState["pending"]+st.LeasesByState["PENDING"]) >= int64(n) {
+			break
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	rp.SettledSeconds = time.Since(opened).Seconds()
 	time.Sleep(2 * time.Second)
 	var m runtime.MemStats
 	runtime.ReadMemStats(&m)
@@ -513,6 +532,7 @@ func write(dir string, res *results, stdout io.Writer) error {
 	r := res.Replay
 	fmt.Fprintf(&md, "## Replay: %d waiting acquires of one tenant from %d of its tokens, opened at once and cancelled\n\n| refused, by limit | waited (then cancelled) | other outcomes | heap before (MiB) | heap while open (MiB) | heap after (MiB) | leases in state before | after | audit: bootstrap entry | token entries |\n|---|---:|---|---:|---:|---:|---:|---:|---|---:|\n| %s | %d | %s | %.1f | %.1f | %.1f | %d | %d | %v | %d |\n\n",
 		r.Calls, r.Tokens, counts(r.Refused), r.Waited, counts(r.Other), r.HeapBeforeMiB, r.HeapPeakMiB, r.HeapAfterMiB, r.LeasesBefore, r.LeasesAfter, r.AuditBootstrap, r.AuditTokens)
+	fmt.Fprintf(&md, "Every call had been refused or was waiting in the lease queue %.1f s after they were opened (the write share admits them a few at a time; a minute at most); they were held 2 s more, then cancelled. ", r.SettledSeconds)
 	fmt.Fprintf(&md, "Heap is this process's Go heap in use after a GC (the broker, its agents and the clients). Load average %s (start) / %s (end); %s, %d CPUs.\n", res.LoadStart, res.LoadEnd, res.GoVersion, res.CPUs)
 	if err := os.WriteFile(filepath.Join(dir, "flood.md"), []byte(md.String()), 0o644); err != nil {
 		return err
