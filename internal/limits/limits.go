@@ -292,11 +292,11 @@ type FairLimit struct {
 // Validate checks the limit, set by the three flags.
 func (f FairLimit) Validate(seatsFlag, shareFlag, queueFlag string) error {
 	for _, c := range []struct {
-		flag string
-		v    int
-	}{{seatsFlag, f.Seats}, {shareFlag, f.Share}, {queueFlag, f.Queue}} {
+		flag, zero string
+		v          int
+	}{{seatsFlag, "no limit", f.Seats}, {shareFlag, "no limit", f.Share}, {queueFlag, "none wait", f.Queue}} {
 		if c.v < 0 {
-			return fmt.Errorf("--%s %d: must be 0 (no limit) or more", c.flag, c.v)
+			return fmt.Errorf("--%s %d: must be 0 (%s) or more", c.flag, c.v, c.zero)
 		}
 	}
 	if f.Seats > 0 && f.Share > f.Seats {

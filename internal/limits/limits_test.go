@@ -234,7 +234,7 @@ func TestFairLimitValidate(t *testing.T) {
 		{"defaults", FairLimit{Seats: 8, Share: 8, Queue: 512}, ""},
 		{"none", FairLimit{}, ""},
 		{"negative seats", FairLimit{Seats: -1}, "--seats -1: must be 0 (no limit) or more"},
-		{"negative queue", FairLimit{Queue: -2}, "--queue -2"},
+		{"negative queue", FairLimit{Queue: -2}, "--queue -2: must be 0 (none wait) or more"},
 		{"a share over the seats", FairLimit{Seats: 4, Share: 5}, "--share 5: must be at most --seats (4)"},
 		{"a share with no seat limit", FairLimit{Share: 5}, ""},
 	} {
