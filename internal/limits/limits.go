@@ -352,10 +352,11 @@ func (f *Fair) Acquire(ctx context.Context, key, who string) (release func(), er
 		return f.releaser(key), nil
 	}
 	if len(fl.queue) >= f.limit.Queue {
+		held := fl.held
 		f.forgetLocked(key, fl)
 		f.mu.Unlock()
 		return nil, f.set.refuse(&Error{Limit: f.name, Flag: f.flag, Who: who,
-			Max: fmt.Sprintf("%d writes waiting behind its %d in flight", f.limit.Queue, fl.held)})
+			Max: fmt.Sprintf("%d writes waiting behind its %d in flight", f.limit.Queue, held)})
 	}
 	w := &fairWaiter{ready: make(chan struct{})}
 	fl.queue = append(fl.queue, w)
