@@ -165,19 +165,24 @@ func (d *diskLog) medianWrite(now, since time.Time) (time.Duration, bool) {
 }
 
 // watchDisk hands leadership to a follower while this server leads with a
-// disk whose Raft log writes take longer than Config.SlowDiskThreshold (the
-// median of the last few seconds): every grant waits for the leader's own
-// write, so a slow leader slows the whole cluster, whereas a slow follower
-// is outvoted by the others. It waits slowDiskCooldown before doing it
-// again, so that a cluster whose disks are all slow does not hand
-// leadership round in circles.
+// disk that cannot keep up:
+//
+//   - a full data dir (below Config.DiskReserveMiB free): the leader
+//     refuses every write, whereas a follower with room could take them,
+//     so it hands leadership over at once, again every fullDiskRetry while
+//     the disk stays full and it leads (the new leader may be just as
+//     full). The server keeps its data and catches up by itself once
+//     space returns;
+//   - Raft log writes slower than Config.SlowDiskThreshold (the median of
+//     the last few seconds): every grant waits for the leader's own write,
+//     so a slow leader slows the whole cluster, whereas a slow follower is
+//     outvoted by the others. It waits slowDiskCooldown before doing it
+//     again, so that a cluster whose disks are all slow does not hand
+//     leadership round in circles.
 func (s *Server) watchDisk() {
-	if s.cfg.SlowDiskThreshold <= 0 {
-		return
-	}
 	tick := time.NewTicker(time.Second)
 	defer tick.Stop()
-	var last, led time.Time
+	var last, lastFull, led time.Time
 	for {
 		select {
 		case <-s.shutdownCh:
@@ -192,7 +197,16 @@ func (s *Server) watchDisk() {
 		if led.IsZero() {
 			led = now // count only the writes made while leading
 		}
-		if now.Sub(last) < slowDiskCooldown || now.Sub(led) < slowDiskWindow {
+		if err := s.disk.room(); err != nil && now.Sub(lastFull) >= fullDiskRetry {
+			if s.handOver(func() {
+				s.log.Warn("this broker's data dir is full: handing leadership to a follower", "err", err)
+				s.metrics.fullDiskTransfers.Inc()
+			}) {
+				lastFull = now
+			}
+			continue
+		}
+		if s.cfg.SlowDiskThreshold <= 0 || now.Sub(last) < slowDiskCooldown || now.Sub(led) < slowDiskWindow {
 			// A new leader judges its disk over a whole window of its
 			// own writes, so that leadership moves at most once a
 			// window even when every disk of the cluster is slow.
@@ -202,15 +216,29 @@ func (s *Server) watchDisk() {
 		if !ok || median < s.cfg.SlowDiskThreshold {
 			continue
 		}
-		if len(s.raft.GetConfiguration().Configuration().Servers) < 2 {
-			continue // nobody to hand it to
-		}
-		last = now
-		s.log.Warn("this broker's disk is slow: handing leadership to a follower",
-			"median_log_write", median, "threshold", s.cfg.SlowDiskThreshold, "data_dir", s.cfg.DataDir)
-		s.metrics.slowDiskTransfers.Inc()
-		if err := s.raft.LeadershipTransfer().Error(); err != nil {
-			s.log.Warn("handing leadership over failed", "err", err)
+		if s.handOver(func() {
+			s.log.Warn("this broker's disk is slow: handing leadership to a follower",
+				"median_log_write", median, "threshold", s.cfg.SlowDiskThreshold, "data_dir", s.cfg.DataDir)
+			s.metrics.slowDiskTransfers.Inc()
+		}) {
+			last = now
 		}
 	}
+}
+
+// fullDiskRetry is how long a leader on a full disk waits before it hands
+// leadership over again.
+const fullDiskRetry = 10 * time.Second
+
+// handOver transfers leadership to a follower, after say, and reports
+// whether it tried: not when there is nobody to hand it to.
+func (s *Server) handOver(say func()) bool {
+	if len(s.raft.GetConfiguration().Configuration().Servers) < 2 {
+		return false
+	}
+	say()
+	if err := s.raft.LeadershipTransfer().Error(); err != nil {
+		s.log.Warn("handing leadership over failed", "err", err)
+	}
+	return true
 }

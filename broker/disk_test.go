@@ -151,3 +151,78 @@ func TestABrokerOnAFullDiskRefusesWritesAndRecoversBySelf(t *testing.T) {
 		t.Errorf("after a restart: got %d leases, want %d", got, granted)
 	}
 }
+
+func TestALeaderOnAFullDiskHandsLeadershipOverAndCatchesUpWhenSpaceReturns(t *testing.T) {
+	mnt := loopfs.Mount(t, 48)
+	dir := filepath.Join(mnt, "broker")
+	first := startServer(t, func(c *Config) { c.DataDir = dir; c.DiskReserveMiB = 4 })
+	first.registerHost(t, "h1", 8, 81920)
+	servers := []*Server{first.s}
+	for range 2 {
+		s, err := New(Config{DataDir: t.TempDir(), BindAddr: "127.0.0.1:0", RaftBindAddr: "127.0.0.1:0", Join: []string{first.s.Addr()},
+			Clock: clock.NewFake(time.Unix(1_700_000_000, 0)), HeartbeatInterval: time.Second, HeartbeatTTL: time.Hour, LockDelay: time.Hour,
+			SlowDiskThreshold: -1})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { s.Shutdown() })
+		servers = append(servers, s)
+	}
+	waitFor(t, "three voters", func() bool {
+		return len(first.s.raft.GetConfiguration().Configuration().Servers) == 3 && servers[2].fsm.State().Host("h1") != nil
+	})
+	// The first one shuts down first, while the others still answer:
+	// when it leads again by the end, a leader's Raft pipeline to
+	// followers already gone can wait on them for good.
+	t.Cleanup(func() { first.s.Shutdown() })
+	c, err := client.Dial([]string{servers[0].Addr(), servers[1].Addr(), servers[2].Addr()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	acquire := func() error {
+		_, err := c.Lease.Acquire(ctx(t), &gpupoolv1.AcquireRequest{Request: slice(256, 1)})
+		return err
+	}
+	if err := acquire(); err != nil {
+		t.Fatal(err)
+	}
+
+	filler := filepath.Join(mnt, "filler")
+	if _, err := loopfs.Fill(filler); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the leader on a full disk handing leadership over", func() bool { return !first.s.IsLeader() })
+	if got := testutilCounter(t, first.s, "gpupool_full_disk_leadership_transfers_total"); got < 1 {
+		t.Errorf("got %v full-disk transfers counted, want at least 1", got)
+	}
+	// A follower with room leads and grants; the full one stays behind.
+	waitFor(t, "a grant under the new leader", func() bool { return acquire() == nil })
+	for range 3 {
+		if err := acquire(); err != nil {
+			t.Fatalf("an acquire under the new leader: %v", err)
+		}
+	}
+	if first.s.IsLeader() {
+		t.Fatal("the broker on a full disk leads again")
+	}
+
+	// Space returns: the full one catches up by itself.
+	if err := os.Remove(filler); err != nil {
+		t.Fatal(err)
+	}
+	var leader *Server
+	for _, s := range servers[1:] {
+		if s.IsLeader() {
+			leader = s
+		}
+	}
+	if leader == nil {
+		t.Fatal("no leader among the followers with room")
+	}
+	want := leader.fsm.State().Index()
+	waitFor(t, "the broker that was full catching up", func() bool { return first.s.fsm.State().Index() >= want })
+	if got, want := len(first.s.fsm.State().Leases()), len(leader.fsm.State().Leases()); got != want {
+		t.Errorf("the broker that was full has %d leases, the leader %d", got, want)
+	}
+}

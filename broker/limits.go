@@ -12,6 +12,7 @@ import (
 	"google.golang.org/grpc/tap"
 
 	"github.com/gpupool/gpupool/internal/limits"
+	gpupoolv1 "github.com/gpupool/gpupool/proto/gpupool/v1"
 	"github.com/gpupool/gpupool/protocol"
 )
 
@@ -35,6 +36,14 @@ type Limits struct {
 	// in progress on the leader at once (waiting in the queue, or being
 	// placed).
 	TenantPending int
+	// Writes shares the leader's writes in flight (acquires, releases,
+	// admin changes: every call that proposes to the log) fairly between
+	// tokens: Seats at once in all, at most Share per token, and up to
+	// Queue more of a token's calls waiting for a seat, the seat that
+	// frees going to the waiting token that holds the fewest. A busy
+	// leader's Raft log is what one token would otherwise take from all
+	// the others.
+	Writes limits.FairLimit
 }
 
 // DefaultLimits are well above what the benchmarks and the test suites
@@ -47,6 +56,7 @@ func DefaultLimits() Limits {
 		TokenStreams:   256,
 		ClientConnRate: limits.Rate{PerSecond: 200, Burst: 400},
 		TenantPending:  1000,
+		Writes:         limits.FairLimit{Seats: 8, Share: 8, Queue: 512},
 	}
 }
 
@@ -56,6 +66,7 @@ const (
 	LimitTokenStreams   = "token-streams"
 	LimitClientConnRate = "client-connection-rate"
 	LimitTenantPending  = "tenant-pending-acquires"
+	LimitTokenWrites    = "token-write-queue"
 
 	FlagTokenRate       = "limit-token-rate"
 	FlagTokenBurst      = "limit-token-burst"
@@ -63,6 +74,9 @@ const (
 	FlagClientConnRate  = "limit-client-conn-rate"
 	FlagClientConnBurst = "limit-client-conn-burst"
 	FlagTenantPending   = "limit-tenant-pending"
+	FlagWriteSeats      = "limit-write-seats"
+	FlagTokenWrites     = "limit-token-writes"
+	FlagTokenWriteQueue = "limit-token-write-queue"
 )
 
 // Validate checks every limit, naming the flag of a wrong one.
@@ -72,6 +86,7 @@ func (l Limits) Validate() error {
 		limits.ValidateMax(FlagTokenStreams, l.TokenStreams),
 		l.ClientConnRate.Validate(FlagClientConnRate, FlagClientConnBurst),
 		limits.ValidateMax(FlagTenantPending, l.TenantPending),
+		l.Writes.Validate(FlagWriteSeats, FlagTokenWrites, FlagTokenWriteQueue),
 	} {
 		if err != nil {
 			return fmt.Errorf("broker: %w", err)
@@ -87,6 +102,7 @@ type limiters struct {
 	streams   *limits.Concurrency
 	conns     *limits.RateLimiter
 	pending   *limits.Concurrency
+	writes    *limits.Fair
 	refusedMu sync.Mutex
 	refused   map[string]error // guarded by refusedMu; remote address of a connection over its limit
 }
@@ -99,6 +115,7 @@ func newLimiters(l Limits, now func() time.Time) *limiters {
 		streams: set.Concurrency(LimitTokenStreams, FlagTokenStreams, l.TokenStreams, "streams open at once"),
 		conns:   set.Rate(LimitClientConnRate, FlagClientConnRate, l.ClientConnRate),
 		pending: set.Concurrency(LimitTenantPending, FlagTenantPending, l.TenantPending, "acquires waiting at once"),
+		writes:  set.Fair(LimitTokenWrites, FlagTokenWriteQueue, l.Writes),
 		refused: map[string]error{},
 	}
 }
@@ -112,15 +129,62 @@ func limitKey(c *caller) (key, who string) {
 	return c.token.AccessorId, c.String()
 }
 
-// unaryLimits applies the token's request rate; after the ACL check,
+// unaryLimits applies the token's request rate and, to a write on the
+// leader, its fair share of the leader's writes; after the ACL check,
 // which names the token.
-func (s *Server) unaryLimits(ctx context.Context, req any, _ *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
-	if key, who := limitKey(callerFrom(ctx)); key != "" {
-		if err := s.limits.rate.Allow(key, who); err != nil {
-			return nil, err
-		}
+func (s *Server) unaryLimits(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
+	key, who := limitKey(callerFrom(ctx))
+	if key == "" {
+		return handler(ctx, req)
 	}
-	return handler(ctx, req)
+	if err := s.limits.rate.Allow(key, who); err != nil {
+		return nil, err
+	}
+	if !writeMethods[info.FullMethod] || !s.IsLeader() {
+		// A follower forwards its writes, with the caller's token, to
+		// the leader, which shares its log: a forwarded acquire that
+		// waits must not hold a seat of the follower meanwhile.
+		return handler(ctx, req)
+	}
+	release, err := s.limits.writes.Acquire(ctx, key, who)
+	if err != nil {
+		return nil, err
+	}
+	defer release()
+	return handler(context.WithValue(ctx, writeSeatKey{}, release), req)
+}
+
+// writeMethods are the calls that propose to the log: they share the
+// server's writes (Limits.Writes).
+var writeMethods = map[string]bool{
+	gpupoolv1.LeaseService_Acquire_FullMethodName:               true,
+	gpupoolv1.LeaseService_Release_FullMethodName:               true,
+	gpupoolv1.LeaseService_ClaimTenant_FullMethodName:           true,
+	gpupoolv1.AclService_CreateToken_FullMethodName:             true,
+	gpupoolv1.AclService_RevokeToken_FullMethodName:             true,
+	gpupoolv1.PoolService_DrainHost_FullMethodName:              true,
+	gpupoolv1.PoolService_SetEligibility_FullMethodName:         true,
+	gpupoolv1.PoolService_ResetHostIdentity_FullMethodName:      true,
+	gpupoolv1.PoolService_ClearDeviceHealth_FullMethodName:      true,
+	gpupoolv1.AgentService_Register_FullMethodName:              true,
+	gpupoolv1.OperatorService_RotateSigningKey_FullMethodName:   true,
+	gpupoolv1.OperatorService_SetQuota_FullMethodName:           true,
+	gpupoolv1.OperatorService_RemoveQuota_FullMethodName:        true,
+	gpupoolv1.OperatorService_SnapshotRestore_FullMethodName:    true,
+	gpupoolv1.OperatorService_TransferLeadership_FullMethodName: true,
+	gpupoolv1.OperatorService_RemovePeer_FullMethodName:         true,
+	gpupoolv1.ClusterService_Join_FullMethodName:                true,
+}
+
+type writeSeatKey struct{}
+
+// yieldWriteSeat gives back the call's seat of the server's writes, if it
+// holds one: an acquire that waits in the queue for its grant is bounded
+// by its tenant's pending cap instead, and must not keep a seat meanwhile.
+func yieldWriteSeat(ctx context.Context) {
+	if release, ok := ctx.Value(writeSeatKey{}).(func()); ok {
+		release()
+	}
 }
 
 // streamLimits applies the token's request rate to a new stream and holds

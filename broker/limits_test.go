@@ -198,6 +198,9 @@ func TestLimitsRefuseBadValuesNamingTheFlag(t *testing.T) {
 		{"a rate without a burst", Limits{ClientConnRate: limits.Rate{PerSecond: 5}}, "--limit-client-conn-burst 0: must be 1 or more"},
 		{"a negative stream cap", Limits{TokenStreams: -2}, "--limit-token-streams -2: must be 0 (no limit) or more"},
 		{"a negative pending cap", Limits{TenantPending: -1}, "--limit-tenant-pending -1"},
+		{"negative write seats", Limits{Writes: limits.FairLimit{Seats: -1}}, "--limit-write-seats -1: must be 0 (no limit) or more"},
+		{"a token's writes over the seats", Limits{Writes: limits.FairLimit{Seats: 4, Share: 8}}, "--limit-token-writes 8: must be at most --limit-write-seats (4)"},
+		{"a negative write queue", Limits{Writes: limits.FairLimit{Queue: -3}}, "--limit-token-write-queue -3"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -209,5 +212,69 @@ func TestLimitsRefuseBadValuesNamingTheFlag(t *testing.T) {
 	}
 	if err := DefaultLimits().Validate(); err != nil {
 		t.Errorf("the defaults: %v", err)
+	}
+}
+
+func TestATokensWritesShareTheServerFairly(t *testing.T) {
+	// One seat, no queue: a write of a that finds the seat taken is
+	// refused, naming the limit; a waiting acquire gives its seat back
+	// while it waits, so b still writes.
+	as := startACLServer(t, func(c *Config) {
+		c.Limits = &Limits{Writes: limits.FairLimit{Seats: 1, Share: 1, Queue: 0}}
+	})
+	as.registerHost(t, "h2", 1, 81920)
+	full := slice(81920, 100)
+	full.Constraints = &gpupoolv1.Constraints{Host: "h2"}
+	if _, err := as.c.Lease.Acquire(ctx(t), &gpupoolv1.AcquireRequest{Request: full}); err != nil {
+		t.Fatal(err)
+	}
+	aTok, aSecret := as.token(t, clientToken("a"))
+	_, bSecret := as.token(t, clientToken("b"))
+	a, b := as.clientWith(t, aSecret), as.clientWith(t, bSecret)
+
+	wctx, cancel := context.WithCancel(ctx(t))
+	defer cancel()
+	waited := make(chan error, 1)
+	go func() {
+		_, err := a.Lease.Acquire(wctx, &gpupoolv1.AcquireRequest{Request: onH2(), WaitMs: 60_000})
+		waited <- err
+	}()
+	waitFor(t, "a's acquire waiting in the queue", func() bool { return len(as.s.fsm.State().PendingLeases()) == 1 })
+	for i := range 3 {
+		if _, err := b.Lease.Acquire(ctx(t), &gpupoolv1.AcquireRequest{Request: slice(256, 1)}); err != nil {
+			t.Fatalf("b's acquire %d while a's acquire waits: %v", i, err)
+		}
+	}
+
+	// a's burst of writes: some find the seat taken.
+	var refused []error
+	waitFor(t, "a write of a refused for its queue", func() bool {
+		var mu sync.Mutex
+		var wg sync.WaitGroup
+		for range 16 {
+			wg.Go(func() {
+				_, err := a.Lease.Acquire(ctx(t), &gpupoolv1.AcquireRequest{Request: slice(256, 1)})
+				if status.Code(err) == codes.ResourceExhausted {
+					mu.Lock()
+					refused = append(refused, err)
+					mu.Unlock()
+				}
+			})
+		}
+		wg.Wait()
+		return len(refused) > 0
+	})
+	for _, err := range refused {
+		wantStatus(t, err, codes.ResourceExhausted, "limit "+LimitTokenWrites, aTok.AccessorId, "--"+FlagTokenWriteQueue)
+	}
+	if got := as.s.limits.set.Refusals(LimitTokenWrites); got < float64(len(refused)) {
+		t.Errorf("gpupool_limit_refusals_total{limit=%q} = %v, want at least %d", LimitTokenWrites, got, len(refused))
+	}
+	cancel()
+	if err := <-waited; status.Code(err) != codes.Canceled {
+		t.Errorf("a's waiting acquire: got %v, want Canceled", err)
+	}
+	if held, waiting := as.s.limits.writes.InFlight(); held != 0 || waiting != 0 {
+		t.Errorf("got %d seats held, %d waiting after every call ended, want none", held, waiting)
 	}
 }

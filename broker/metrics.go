@@ -37,6 +37,9 @@ type metrics struct {
 	// slowDiskTransfers counts the leaderships handed over for them.
 	logWrite          prometheus.Histogram
 	slowDiskTransfers prometheus.Counter
+	// fullDiskTransfers counts the leaderships handed over for a full
+	// data dir.
+	fullDiskTransfers prometheus.Counter
 }
 
 func newMetrics(s *Server) *metrics {
@@ -64,6 +67,9 @@ func newMetrics(s *Server) *metrics {
 	m.slowDiskTransfers = prometheus.NewCounter(prometheus.CounterOpts{
 		Name: "gpupool_slow_disk_leadership_transfers_total", Help: "Times this server handed leadership to a follower because its own Raft log writes were slow.",
 	})
+	m.fullDiskTransfers = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "gpupool_full_disk_leadership_transfers_total", Help: "Times this server handed leadership to a follower because its data dir was full.",
+	})
 	m.leaseEvents = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "gpupool_lease_events_total", Help: "Lease changes this server applied, by event type (granted, releasing, ended, lost, violation, ...).",
 	}, []string{"type"})
@@ -87,7 +93,7 @@ func newMetrics(s *Server) *metrics {
 		m.leaseEnds.WithLabelValues(stateName(st))
 	}
 	m.reg.MustRegister(m.leaseEvents, m.leaseEnds, m.queueWait, m.apply, poolCollector{s})
-	m.reg.MustRegister(m.acquires, m.latency, m.renewVerifyFailures, m.collectedLeases, stateCollector{s}, s.limits.set.Collector(), m.logWrite, m.slowDiskTransfers,
+	m.reg.MustRegister(m.acquires, m.latency, m.renewVerifyFailures, m.collectedLeases, stateCollector{s}, s.limits.set.Collector(), m.logWrite, m.slowDiskTransfers, m.fullDiskTransfers,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }

@@ -237,6 +237,7 @@ func (s *queueWriter) landEnqueue(l *gpupoolv1.Lease, p Proposal) (*gpupoolv1.Le
 // at most wait. A caller that goes away takes the lease out of the queue
 // (unless another call still waits on it); so does the end of the wait.
 func (s *Server) awaitGrant(ctx context.Context, id string, wait time.Duration) (*gpupoolv1.AcquireResponse, error) {
+	yieldWriteSeat(ctx) // the tenant's pending cap bounds the wait
 	ls := s.currentLeader()
 	if ls == nil {
 		return nil, refuse(ErrUnavailable, "leader is still starting; retry with the same request id to rejoin the queue")

@@ -37,6 +37,7 @@ type phase struct {
 	Name         string         `json:"name"`
 	Grants       int            `json:"victim_grants"`
 	Errors       int            `json:"victim_errors"`
+	ErrorsBy     map[string]int `json:"victim_errors_by,omitempty"` // by limit, or gRPC code
 	P50Ms        float64        `json:"victim_acquire_p50_ms"`
 	P99Ms        float64        `json:"victim_acquire_p99_ms"`
 	FloodCalls   int64          `json:"flood_calls,omitempty"`
@@ -45,6 +46,8 @@ type phase struct {
 
 type replay struct {
 	Calls            int            `json:"calls"`
+	Tokens           int            `json:"tokens"`
+	SettledSeconds   float64        `json:"seconds_to_refused_or_queued"`
 	Refused          map[string]int `json:"refused_by_limit"`
 	Waited           int            `json:"waited"`
 	Other            map[string]int `json:"other_outcomes"` // by gRPC code (OK: granted within the quota)
@@ -65,13 +68,17 @@ type results struct {
 	Victims   int     `json:"victim_clients"`
 	Flooders  int     `json:"flood_clients"`
 	Streams   int     `json:"flood_streams"`
-	Phases    []phase `json:"phases"`
-	P99Ratio  float64 `json:"p99_ratio"`
-	Replay    replay  `json:"replay"`
-	LoadStart string  `json:"load_average_start"`
-	LoadEnd   string  `json:"load_average_end"`
-	GoVersion string  `json:"go_version"`
-	CPUs      int     `json:"cpus"`
+	// The broker's fair share of writes (0: none).
+	WriteSeats      int     `json:"limit_write_seats"`
+	TokenWrites     int     `json:"limit_token_writes"`
+	TokenWriteQueue int     `json:"limit_token_write_queue"`
+	Phases          []phase `json:"phases"`
+	P99Ratio        float64 `json:"p99_ratio"`
+	Replay          replay  `json:"replay"`
+	LoadStart       string  `json:"load_average_start"`
+	LoadEnd         string  `json:"load_average_end"`
+	GoVersion       string  `json:"go_version"`
+	CPUs            int     `json:"cpus"`
 }
 
 // Run is 'gpupool-bench flood'.
@@ -84,6 +91,9 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	flooders := fs.Int("flooders", 64, "the flooding token's clients, each acquiring as fast as it can")
 	streams := fs.Int("streams", 500, "watch streams the flooding token tries to hold open")
 	pending := fs.Int("pending", 8000, "waiting acquires one tenant opens at once, then cancels (the replay)")
+	lim := broker.DefaultLimits()
+	fs.IntVar(&lim.Writes.Seats, broker.FlagWriteSeats, lim.Writes.Seats, "the broker's --"+broker.FlagWriteSeats+" (0: none, to compare)")
+	fs.IntVar(&lim.Writes.Share, broker.FlagTokenWrites, lim.Writes.Share, "the broker's --"+broker.FlagTokenWrites+" (0: none, to compare)")
 	fs.Usage = func() {
 		fmt.Fprintf(stdout, "Usage: gpupool-bench flood [flags]\n\nOne broker with ACL on and the default limits, two simulated agents, in this\nprocess. A victim token acquires and releases without a flood, then while a\nflooding token acquires as fast as it can and holds watch streams: the victim's\nacquire p99 in both (goal: within 2x). Then one tenant opens waiting acquires at\nonce and cancels them: refusals, heap, and the audit log's first entries.\n\nFlags:\n")
 		fs.PrintDefaults()
@@ -103,15 +113,30 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 			return 2
 		}
 	}
+	if err := lim.Validate(); err != nil {
+		fmt.Fprintf(stderr, "bench/flood: %v\n", err)
+		return 2
+	}
 	if *dur < time.Second {
 		fmt.Fprintf(stderr, "bench/flood: --duration %s: must be at least 1s\n", *dur)
 		return 2
 	}
-	res, err := bench(ctx, *dur, *victims, *flooders, *streams, *pending, stderr)
+	res, stop, err := bench(ctx, lim, *dur, *victims, *flooders, *streams, *pending, stderr)
 	if res != nil {
 		if werr := write(*out, res, stdout); werr != nil {
 			fmt.Fprintf(stderr, "bench/flood: %v\n", werr)
 			return 1
+		}
+	}
+	if stop != nil {
+		// The broker's shutdown may wait on grants the flood left in
+		// flight; the figures are written, so bound it.
+		done := make(chan struct{})
+		go func() { stop(); close(done) }()
+		select {
+		case <-done:
+		case <-time.After(30 * time.Second):
+			logf(stderr, "the broker did not shut down within 30s; exiting without it")
 		}
 	}
 	if err != nil {
@@ -134,12 +159,11 @@ func loadAvg() string {
 type env struct {
 	s                 *broker.Server
 	mgmt, victim, bad *client.Client
-	badSecret         string
 }
 
-func start(ctx context.Context, dir string, stderr io.Writer) (*env, func(), error) {
+func start(ctx context.Context, lim broker.Limits, dir string, stderr io.Writer) (*env, func(), error) {
 	s, err := broker.New(broker.Config{DataDir: filepath.Join(dir, "broker"), BindAddr: "127.0.0.1:0", RaftBindAddr: "127.0.0.1:0",
-		BootstrapExpect: 1, ACL: true})
+		BootstrapExpect: 1, ACL: true, Limits: &lim})
 	if err != nil {
 		return nil, nil, err
 	}
@@ -196,7 +220,7 @@ func start(ctx context.Context, dir string, stderr io.Writer) (*env, func(), err
 	if e.victim, _, err = client("victim", "victim"); err != nil {
 		return fail(err)
 	}
-	if e.bad, e.badSecret, err = client("flooder", "flood"); err != nil {
+	if e.bad, _, err = client("flooder", "flood"); err != nil {
 		return fail(err)
 	}
 	actx, cancel := context.WithCancel(context.Background())
@@ -230,7 +254,7 @@ func start(ctx context.Context, dir string, stderr io.Writer) (*env, func(), err
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
-	logf(stderr, "broker %s with ACL on and the default limits, 2 simulated agents of 8 A100-80GB", s.Addr())
+	logf(stderr, "broker %s with ACL on and limits %+v, 2 simulated agents of 8 A100-80GB", s.Addr(), lim)
 	return e, stop, nil
 }
 
@@ -238,23 +262,25 @@ func slice() *gpupoolv1.LeaseRequest {
 	return &gpupoolv1.LeaseRequest{Count: 1, MemoryMib: 1024, ComputePercent: 1, TtlMs: 60_000}
 }
 
-func bench(ctx context.Context, dur time.Duration, victims, flooders, streams, pending int, stderr io.Writer) (*results, error) {
+// bench runs the phases and the replay; stop ends the broker and its
+// agents, and removes their data.
+func bench(ctx context.Context, lim broker.Limits, dur time.Duration, victims, flooders, streams, pending int, stderr io.Writer) (_ *results, stop func(), _ error) {
 	dir, err := os.MkdirTemp("", "gpupool-flood-bench-")
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
-	defer os.RemoveAll(dir)
-	e, stop, err := start(ctx, dir, stderr)
+	e, stopEnv, err := start(ctx, lim, dir, stderr)
 	if err != nil {
-		return nil, err
+		os.RemoveAll(dir)
+		return nil, nil, err
 	}
-	defer stop()
-	res := &results{Benchmark: "flood", Date: time.Now().UTC().Format(time.RFC3339), Seconds: dur.Seconds(), Victims: victims,
+	stop = func() { stopEnv(); os.RemoveAll(dir) }
+	res := &results{WriteSeats: lim.Writes.Seats, TokenWrites: lim.Writes.Share, TokenWriteQueue: lim.Writes.Queue, Benchmark: "flood", Date: time.Now().UTC().Format(time.RFC3339), Seconds: dur.Seconds(), Victims: victims,
 		Flooders: flooders, Streams: streams, LoadStart: loadAvg(), GoVersion: runtime.Version(), CPUs: runtime.NumCPU()}
 	for _, flood := range []bool{false, true} {
 		ph := runPhase(ctx, e, dur, victims, flood, flooders, streams)
-		logf(stderr, "%s: victim %d grants, p50 %.1f ms, p99 %.1f ms, %d errors; flood %d calls, refused %v",
-			ph.Name, ph.Grants, ph.P50Ms, ph.P99Ms, ph.Errors, ph.FloodCalls, ph.FloodRefused)
+		logf(stderr, "%s: victim %d grants, p50 %.1f ms, p99 %.1f ms, %d errors %v; flood %d calls, refused %v",
+			ph.Name, ph.Grants, ph.P50Ms, ph.P99Ms, ph.Errors, ph.ErrorsBy, ph.FloodCalls, ph.FloodRefused)
 		res.Phases = append(res.Phases, ph)
 	}
 	if res.Phases[0].P99Ms > 0 {
@@ -265,7 +291,7 @@ func bench(ctx context.Context, dur time.Duration, victims, flooders, streams, p
 		res.Replay.Calls, res.Replay.Refused, res.Replay.Waited, res.Replay.Other, res.Replay.HeapBeforeMiB, res.Replay.HeapPeakMiB, res.Replay.HeapAfterMiB,
 		res.Replay.LeasesBefore, res.Replay.LeasesAfter, res.Replay.AuditBootstrap, res.Replay.AuditTokens)
 	res.LoadEnd = loadAvg()
-	return res, err
+	return res, stop, err
 }
 
 // limitOf is the limit a refusal names, or its code.
@@ -331,6 +357,10 @@ func runPhase(ctx context.Context, e *env, dur time.Duration, victims int, flood
 				mu.Lock()
 				if err != nil {
 					ph.Errors++
+					if ph.ErrorsBy == nil {
+						ph.ErrorsBy = map[string]int{}
+					}
+					ph.ErrorsBy[limitOf(err)]++
 				} else {
 					ph.Grants++
 					lat = append(lat, float64(took.Microseconds())/1000)
@@ -365,8 +395,13 @@ func heapMiB() float64 {
 	return float64(m.HeapInuse) / (1 << 20)
 }
 
-// runReplay opens n waiting acquires of one tenant at once, whose quota
-// keeps them waiting, holds them 2s and cancels them.
+// replayTokens is how many tokens of the tenant the replay's calls come
+// from.
+const replayTokens = 40
+
+// runReplay opens n waiting acquires of one tenant at once, from
+// replayTokens tokens, whose quota keeps them waiting, holds them 2s and
+// cancels them.
 func runReplay(ctx context.Context, e *env, n int) (replay, error) {
 	rp := replay{Calls: n, Refused: map[string]int{}, Other: map[string]int{}}
 	if _, err := e.mgmt.Operator.SetQuota(ctx, &gpupoolv1.SetQuotaRequest{Quota: &gpupoolv1.Quota{Tenant: "flood", Gpus: 1, MemoryMib: 1024, ComputePercent: 1}}); err != nil {
@@ -380,18 +415,37 @@ func runReplay(ctx context.Context, e *env, n int) (replay, error) {
 		return len(l.Leases)
 	}
 	rp.HeapBeforeMiB, rp.LeasesBefore = heapMiB(), leases()
-	// A fresh connection for the replay: the flood phase's token has used
-	// up its request rate a moment ago.
-	c, err := client.DialWith([]string{e.s.Addr()}, client.Options{Token: e.badSecret})
-	if err != nil {
-		return rp, err
+	// The tenant's calls come from replayTokens tokens of its own, each
+	// within its request rate's burst, so that what refuses them is the
+	// tenant's pending cap, as it would be for an attacker with several
+	// tokens (one token alone is stopped by its rate first).
+	per := (n + replayTokens - 1) / replayTokens
+	rp.Tokens = replayTokens
+	var cs []*client.Client
+	defer func() {
+		for _, c := range cs {
+			c.Close()
+		}
+	}()
+	for i := range replayTokens {
+		r, err := gpupoolv1.NewAclServiceClient(e.mgmt.Conn()).CreateToken(ctx, &gpupoolv1.CreateAclTokenRequest{
+			Name: fmt.Sprintf("replay-%d", i), Kind: gpupoolv1.TokenKind_TOKEN_KIND_CLIENT, Tenants: []string{"flood"}})
+		if err != nil {
+			return rp, err
+		}
+		c, err := client.DialWith([]string{e.s.Addr()}, client.Options{Token: r.Secret})
+		if err != nil {
+			return rp, err
+		}
+		cs = append(cs, c)
 	}
-	defer c.Close()
 	rctx, cancel := context.WithCancel(ctx)
 	var mu sync.Mutex
 	var wg sync.WaitGroup
 	var done atomic.Int64
-	for range n {
+	opened := time.Now()
+	for i := range n {
+		c := cs[i/per]
 		wg.Go(func() {
 			_, err := c.Lease.Acquire(rctx, &gpupoolv1.AcquireRequest{WaitMs: 60_000, Request: &gpupoolv1.LeaseRequest{
 				Count: 1, MemoryMib: 1024, ComputePercent: 1, TtlMs: 60_000}})
@@ -408,6 +462,18 @@ func runReplay(ctx context.Context, e *env, n int) (replay, error) {
 			done.Add(1)
 		})
 	}
+	// Hold them until every call was refused or waits in the lease
+	// queue (the write share admits them a few at a time), at most a
+	// minute, then 2 s more.
+	settle := time.Now().Add(time.Minute)
+	for time.Now().Before(settle) {
+		st, err := e.mgmt.Pool.Status(ctx, &gpupoolv1.StatusRequest{})
+		if err == nil && done.Load()+int64(st.LeasesByState["pending"]+st.LeasesByState["PENDING"]) >= int64(n) {
+			break
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	rp.SettledSeconds = time.Since(opened).Seconds()
 	time.Sleep(2 * time.Second)
 	var m runtime.MemStats
 	runtime.ReadMemStats(&m)
@@ -456,16 +522,17 @@ func write(dir string, res *results, stdout io.Writer) error {
 		return err
 	}
 	var md strings.Builder
-	fmt.Fprintf(&md, "# A flood from one token, and another token's acquires\n\n%s. One broker (ACL on, default limits) and 2 simulated agents in one process; %d victim clients loop acquire + release for %.0fs per phase; the flood is %d clients of another token acquiring as fast as they can and %d watch streams it tries to hold.\n\n",
-		res.Date, res.Victims, res.Seconds, res.Flooders, res.Streams)
+	fmt.Fprintf(&md, "# A flood from one token, and another token's acquires\n\n%s. One broker (ACL on, default limits; writes shared between tokens: --limit-write-seats %d, --limit-token-writes %d, --limit-token-write-queue %d) and 2 simulated agents in one process; %d victim clients loop acquire + release for %.0fs per phase; the flood is %d clients of another token acquiring as fast as they can and %d watch streams it tries to hold.\n\n",
+		res.Date, res.WriteSeats, res.TokenWrites, res.TokenWriteQueue, res.Victims, res.Seconds, res.Flooders, res.Streams)
 	md.WriteString("| phase | victim grants | victim acquire p50 (ms) | victim acquire p99 (ms) | victim errors | flood calls | flood refused, by limit |\n|---|---:|---:|---:|---:|---:|---|\n")
 	for _, p := range res.Phases {
 		fmt.Fprintf(&md, "| %s | %d | %.2f | %.2f | %d | %d | %s |\n", p.Name, p.Grants, p.P50Ms, p.P99Ms, p.Errors, p.FloodCalls, counts(p.FloodRefused))
 	}
 	fmt.Fprintf(&md, "\nVictim acquire p99 with / without the flood: **%.2f** (goal: within 2).\n\n", res.P99Ratio)
 	r := res.Replay
-	fmt.Fprintf(&md, "## Replay: %d waiting acquires of one tenant, opened at once and cancelled\n\n| refused, by limit | waited (then cancelled) | other outcomes | heap before (MiB) | heap while open (MiB) | heap after (MiB) | leases in state before | after | audit: bootstrap entry | token entries |\n|---|---:|---|---:|---:|---:|---:|---:|---|---:|\n| %s | %d | %s | %.1f | %.1f | %.1f | %d | %d | %v | %d |\n\n",
-		r.Calls, counts(r.Refused), r.Waited, counts(r.Other), r.HeapBeforeMiB, r.HeapPeakMiB, r.HeapAfterMiB, r.LeasesBefore, r.LeasesAfter, r.AuditBootstrap, r.AuditTokens)
+	fmt.Fprintf(&md, "## Replay: %d waiting acquires of one tenant from %d of its tokens, opened at once and cancelled\n\n| refused, by limit | waited (then cancelled) | other outcomes | heap before (MiB) | heap while open (MiB) | heap after (MiB) | leases in state before | after | audit: bootstrap entry | token entries |\n|---|---:|---|---:|---:|---:|---:|---:|---|---:|\n| %s | %d | %s | %.1f | %.1f | %.1f | %d | %d | %v | %d |\n\n",
+		r.Calls, r.Tokens, counts(r.Refused), r.Waited, counts(r.Other), r.HeapBeforeMiB, r.HeapPeakMiB, r.HeapAfterMiB, r.LeasesBefore, r.LeasesAfter, r.AuditBootstrap, r.AuditTokens)
+	fmt.Fprintf(&md, "Every call had been refused or was waiting in the lease queue %.1f s after they were opened (the write share admits them a few at a time; a minute at most); they were held 2 s more, then cancelled. ", r.SettledSeconds)
 	fmt.Fprintf(&md, "Heap is this process's Go heap in use after a GC (the broker, its agents and the clients). Load average %s (start) / %s (end); %s, %d CPUs.\n", res.LoadStart, res.LoadEnd, res.GoVersion, res.CPUs)
 	if err := os.WriteFile(filepath.Join(dir, "flood.md"), []byte(md.String()), 0o644); err != nil {
 		return err

@@ -13,9 +13,11 @@
 package limits
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"math"
+	"slices"
 	"sync"
 	"time"
 
@@ -48,6 +50,7 @@ func (e *Error) Unwrap() error { return ErrLimited }
 type Set struct {
 	now      func() time.Time
 	refusals *prometheus.CounterVec
+	gauges   []prometheus.Collector // the fair shares' seats and queues
 }
 
 // NewSet returns an empty set whose rate limiters read the time from now
@@ -62,8 +65,26 @@ func NewSet(now func() time.Time) *Set {
 	}, []string{"limit"})}
 }
 
-// Collector is the refusal counter, for a Prometheus registry.
-func (s *Set) Collector() prometheus.Collector { return s.refusals }
+// Collector is the refusal counter and the fair shares' gauges, for a
+// Prometheus registry.
+func (s *Set) Collector() prometheus.Collector {
+	return collectors(append([]prometheus.Collector{s.refusals}, s.gauges...))
+}
+
+// collectors is several collectors as one.
+type collectors []prometheus.Collector
+
+func (cs collectors) Describe(ch chan<- *prometheus.Desc) {
+	for _, c := range cs {
+		c.Describe(ch)
+	}
+}
+
+func (cs collectors) Collect(ch chan<- prometheus.Metric) {
+	for _, c := range cs {
+		c.Collect(ch)
+	}
+}
 
 // Refusals returns how many refusals limit name has made so far.
 func (s *Set) Refusals(name string) float64 {
@@ -235,4 +256,194 @@ func ValidateMax(flag string, max int) error {
 		return fmt.Errorf("--%s %d: must be 0 (no limit) or more", flag, max)
 	}
 	return nil
+}
+
+// Fair shares a server's seats for work in flight (its writes) fairly
+// between keys (tokens): a key holds at most Share seats at once, all keys
+// together at most Seats, and a call that finds no seat free waits in its
+// key's queue of at most Queue calls. A seat that frees goes to the
+// waiting key that holds the fewest seats, the least recently served
+// first among equals, so a key that asks for much (a flood) gets no more
+// than the others while they ask too, and all of what they leave.
+//
+// A key whose queue is full is refused with an *Error. Seats or Share 0
+// is no limit of that kind; Queue 0 is no waiting (refused at once when
+// no seat is free).
+type Fair struct {
+	set   *Set
+	name  string
+	flag  string
+	limit FairLimit
+
+	mu      sync.Mutex
+	busy    int              // guarded by mu; seats held
+	flows   map[string]*flow // guarded by mu; keys holding or waiting for a seat
+	waiting int              // guarded by mu; calls waiting, all keys
+	served  uint64           // guarded by mu; the count of seats handed out
+}
+
+// FairLimit is the size of a Fair: see Fair.
+type FairLimit struct {
+	Seats int
+	Share int
+	Queue int
+}
+
+// Validate checks the limit, set by the three flags.
+func (f FairLimit) Validate(seatsFlag, shareFlag, queueFlag string) error {
+	for _, c := range []struct {
+		flag, zero string
+		v          int
+	}{{seatsFlag, "no limit", f.Seats}, {shareFlag, "no limit", f.Share}, {queueFlag, "none wait", f.Queue}} {
+		if c.v < 0 {
+			return fmt.Errorf("--%s %d: must be 0 (%s) or more", c.flag, c.v, c.zero)
+		}
+	}
+	if f.Seats > 0 && f.Share > f.Seats {
+		return fmt.Errorf("--%s %d: must be at most --%s (%d), or --%s 0 (no limit)", shareFlag, f.Share, seatsFlag, f.Seats, seatsFlag)
+	}
+	return nil
+}
+
+type flow struct {
+	held    int
+	queue   []*fairWaiter
+	lastAt  uint64 // Fair.served when it last got a seat
+	waiting bool
+}
+
+type fairWaiter struct {
+	ready    chan struct{}
+	admitted bool // guarded by Fair.mu
+}
+
+// Fair returns a fair share named name; a refusal names flag (the
+// queue's).
+func (s *Set) Fair(name, flag string, l FairLimit) *Fair {
+	s.refusals.WithLabelValues(name)
+	f := &Fair{set: s, name: name, flag: flag, limit: l, flows: map[string]*flow{}}
+	s.gauges = append(s.gauges,
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "gpupool_limit_seats_held", ConstLabels: prometheus.Labels{"limit": name},
+			Help: "Seats of a fair share held now (writes in flight), all tokens."}, func() float64 { h, _ := f.InFlight(); return float64(h) }),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "gpupool_limit_seats_waiting", ConstLabels: prometheus.Labels{"limit": name},
+			Help: "Calls waiting for a seat of a fair share now, all tokens."}, func() float64 { _, w := f.InFlight(); return float64(w) }))
+	return f
+}
+
+// Limit is the share's size.
+func (f *Fair) Limit() FairLimit { return f.limit }
+
+// Acquire takes a seat for key, waiting in key's queue until one is free
+// or ctx ends (its error). It returns an *Error naming who when key's
+// queue is full. Call release, once, when the work ends.
+func (f *Fair) Acquire(ctx context.Context, key, who string) (release func(), err error) {
+	if f == nil || (f.limit.Seats == 0 && f.limit.Share == 0) {
+		return func() {}, nil
+	}
+	f.mu.Lock()
+	fl := f.flows[key]
+	if fl == nil {
+		fl = &flow{}
+		f.flows[key] = fl
+	}
+	if len(fl.queue) == 0 && f.freeLocked(fl) {
+		f.admitLocked(fl)
+		f.mu.Unlock()
+		return f.releaser(key), nil
+	}
+	if len(fl.queue) >= f.limit.Queue {
+		held := fl.held
+		f.forgetLocked(key, fl)
+		f.mu.Unlock()
+		return nil, f.set.refuse(&Error{Limit: f.name, Flag: f.flag, Who: who,
+			Max: fmt.Sprintf("%d writes waiting behind its %d in flight", f.limit.Queue, held)})
+	}
+	w := &fairWaiter{ready: make(chan struct{})}
+	fl.queue = append(fl.queue, w)
+	f.waiting++
+	f.mu.Unlock()
+	select {
+	case <-w.ready:
+		return f.releaser(key), nil
+	case <-ctx.Done():
+	}
+	f.mu.Lock()
+	if w.admitted {
+		f.mu.Unlock()
+		f.releaser(key)()
+		return nil, ctx.Err()
+	}
+	if i := slices.Index(fl.queue, w); i >= 0 {
+		fl.queue = slices.Delete(fl.queue, i, i+1)
+		f.waiting--
+	}
+	f.forgetLocked(key, fl)
+	f.mu.Unlock()
+	return nil, ctx.Err()
+}
+
+// freeLocked says whether fl may take a seat now.
+func (f *Fair) freeLocked(fl *flow) bool {
+	return (f.limit.Seats == 0 || f.busy < f.limit.Seats) && (f.limit.Share == 0 || fl.held < f.limit.Share)
+}
+
+func (f *Fair) admitLocked(fl *flow) {
+	fl.held++
+	f.busy++
+	f.served++
+	fl.lastAt = f.served
+}
+
+// forgetLocked drops key's flow once it holds and waits for nothing.
+func (f *Fair) forgetLocked(key string, fl *flow) {
+	if fl.held == 0 && len(fl.queue) == 0 {
+		delete(f.flows, key)
+	}
+}
+
+func (f *Fair) releaser(key string) func() {
+	var once sync.Once
+	return func() {
+		once.Do(func() {
+			f.mu.Lock()
+			defer f.mu.Unlock()
+			fl := f.flows[key]
+			fl.held--
+			f.busy--
+			f.dispatchLocked()
+			f.forgetLocked(key, fl)
+		})
+	}
+}
+
+// dispatchLocked hands the free seats to the waiting keys, fewest held
+// first, then least recently served.
+func (f *Fair) dispatchLocked() {
+	for f.waiting > 0 && (f.limit.Seats == 0 || f.busy < f.limit.Seats) {
+		var next *flow
+		for _, fl := range f.flows {
+			if len(fl.queue) == 0 || !f.freeLocked(fl) {
+				continue
+			}
+			if next == nil || fl.held < next.held || (fl.held == next.held && fl.lastAt < next.lastAt) {
+				next = fl
+			}
+		}
+		if next == nil {
+			return
+		}
+		w := next.queue[0]
+		next.queue = slices.Delete(next.queue, 0, 1)
+		f.waiting--
+		w.admitted = true
+		f.admitLocked(next)
+		close(w.ready)
+	}
+}
+
+// InFlight returns the seats held and the calls waiting, all keys.
+func (f *Fair) InFlight() (held, waiting int) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.busy, f.waiting
 }

@@ -1,6 +1,7 @@
 package limits
 
 import (
+	"context"
 	"errors"
 	"strings"
 	"testing"
@@ -117,5 +118,129 @@ func TestValidateNamesTheFlag(t *testing.T) {
 	}
 	if err := (Rate{}).Validate("x", "y"); err != nil {
 		t.Errorf("no limit: %v", err)
+	}
+}
+
+func TestFairHandsFreedSeatsToTheTokenHoldingFewest(t *testing.T) {
+	set := NewSet(nil)
+	f := set.Fair("test-writes", "test-queue", FairLimit{Seats: 4, Share: 3, Queue: 2})
+	ctx := t.Context()
+	take := func(key string) func() {
+		t.Helper()
+		release, err := f.Acquire(ctx, key, "token "+key)
+		if err != nil {
+			t.Fatalf("%s: %v", key, err)
+		}
+		return release
+	}
+	// wait starts a call of key that waits for a seat; its channel gets
+	// the release once it has one.
+	wait := func(key string) chan func() {
+		got := make(chan func(), 1)
+		go func() {
+			release, err := f.Acquire(ctx, key, "token "+key)
+			if err != nil {
+				t.Errorf("%s: %v", key, err)
+			}
+			got <- release
+		}()
+		return got
+	}
+	waitingIs := func(n int) {
+		t.Helper()
+		deadline := time.Now().Add(10 * time.Second)
+		for {
+			if _, w := f.InFlight(); w == n {
+				return
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("want %d waiting", n)
+			}
+			time.Sleep(time.Millisecond)
+		}
+	}
+	a1, a2, a3 := take("a"), take("a"), take("a") // a's share
+	aWaits := wait("a")                           // over its share
+	waitingIs(1)
+	b1 := take("b") // the last seat
+	bWaits := wait("b")
+	waitingIs(2)
+	aMore := wait("a")
+	waitingIs(3)
+	if _, err := f.Acquire(ctx, "a", "token a"); !errors.Is(err, ErrLimited) || !strings.Contains(err.Error(), "limit test-writes reached by token a") {
+		t.Fatalf("a third waiting call of a: got %v, want its queue full", err)
+	}
+	if got := set.Refusals("test-writes"); got != 1 {
+		t.Errorf("got %v refusals, want 1", got)
+	}
+	// a frees a seat: b holds fewer, so b has it, although a waited first.
+	a1()
+	b2 := <-bWaits
+	select {
+	case <-aWaits:
+		t.Fatal("a got the seat that b, holding fewer, waited for")
+	default:
+	}
+	// Each frees one: the seats go to a's queue in order.
+	a2()
+	(<-aWaits)()
+	a3()
+	(<-aMore)()
+	b1()
+	b2()
+	if held, waiting := f.InFlight(); held != 0 || waiting != 0 {
+		t.Errorf("got %d held, %d waiting at the end, want none", held, waiting)
+	}
+	f.mu.Lock()
+	n := len(f.flows)
+	f.mu.Unlock()
+	if n != 0 {
+		t.Errorf("got %d flows kept, want none", n)
+	}
+}
+
+func TestFairCallThatGivesUpLeavesTheQueue(t *testing.T) {
+	f := NewSet(nil).Fair("w", "q", FairLimit{Seats: 1, Queue: 5})
+	release, err := f.Acquire(t.Context(), "a", "a")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(t.Context())
+	done := make(chan error, 1)
+	go func() {
+		_, err := f.Acquire(ctx, "b", "b")
+		done <- err
+	}()
+	for _, w := f.InFlight(); w != 1; _, w = f.InFlight() {
+		time.Sleep(time.Millisecond)
+	}
+	cancel()
+	if err := <-done; !errors.Is(err, context.Canceled) {
+		t.Fatalf("got %v, want context.Canceled", err)
+	}
+	release()
+	release() // once only
+	if held, waiting := f.InFlight(); held != 0 || waiting != 0 {
+		t.Errorf("got %d held, %d waiting, want none", held, waiting)
+	}
+}
+
+func TestFairLimitValidate(t *testing.T) {
+	for _, c := range []struct {
+		name string
+		l    FairLimit
+		want string
+	}{
+		{"defaults", FairLimit{Seats: 8, Share: 8, Queue: 512}, ""},
+		{"none", FairLimit{}, ""},
+		{"negative seats", FairLimit{Seats: -1}, "--seats -1: must be 0 (no limit) or more"},
+		{"negative queue", FairLimit{Queue: -2}, "--queue -2: must be 0 (none wait) or more"},
+		{"a share over the seats", FairLimit{Seats: 4, Share: 5}, "--share 5: must be at most --seats (4)"},
+		{"a share with no seat limit", FairLimit{Share: 5}, ""},
+	} {
+		err := c.l.Validate("seats", "share", "queue")
+		if (err == nil) != (c.want == "") || (err != nil && !strings.Contains(err.Error(), c.want)) {
+			t.Errorf("%s: got %v, want %q", c.name, err, c.want)
+		}
 	}
 }

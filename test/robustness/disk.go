@@ -137,15 +137,34 @@ func (f *Faults) injectMore(ctx context.Context, kind string, hold time.Duration
 		if cl.diskErr != nil {
 			return cl.diskErr
 		}
-		p := cl.Brokers[target%len(cl.Brokers)]
+		// The leader's, every other time: it hands leadership to a
+		// follower with room (and catches up once space returns).
+		i := target % len(cl.Brokers)
+		if target%2 == 0 {
+			i = leader
+		}
+		p := cl.Brokers[i]
 		filler := filepath.Join(p.DataDir, "filler")
 		n, err := loopfs.Fill(filler)
 		if err != nil {
 			os.Remove(filler)
 			return err
 		}
-		f.Logf("fault: %s: %s (%d MiB filler)", kind, p.Node, n>>20)
-		f.count(kind, nil, fmt.Sprintf("%s filled (%d MiB)", p.Node, n>>20))
+		moved := ""
+		if i == leader {
+			err := poll(ctx, time.Minute, func(ctx context.Context) error {
+				if l, err := cl.Leader(ctx); err != nil || l == i {
+					return fmt.Errorf("%s still leads with a full disk", brokerNode(i))
+				}
+				return nil
+			})
+			moved = ", the leader's: leadership moved"
+			if err != nil {
+				moved = ", the leader's: leadership stayed: " + err.Error()
+			}
+		}
+		f.Logf("fault: %s: %s (%d MiB filler)%s", kind, p.Node, n>>20, moved)
+		f.count(kind, nil, fmt.Sprintf("%s filled (%d MiB)%s", p.Node, n>>20, moved))
 		holdFor()
 		return os.Remove(filler)
 	case FaultFlood:
