@@ -40,6 +40,11 @@ type raftProposer struct {
 	// steps down, and a new election writes the term, which Raft cannot
 	// survive failing.
 	roomFor func() error
+	// stopped is closed when the server shuts down. A proposal still in
+	// Raft's buffered apply channel when Raft shuts down is never
+	// answered (hashicorp/raft drains that channel only while it runs),
+	// so Wait gives up on it here instead of blocking shutdown for good.
+	stopped <-chan struct{}
 }
 
 func (p raftProposer) Propose(cmd proto.Message) Proposal {
@@ -52,17 +57,18 @@ func (p raftProposer) Propose(cmd proto.Message) Proposal {
 	if err != nil {
 		return failed{err}
 	}
-	return raftProposal{f: p.r.Apply(b, applyTimeout), sent: time.Now(), observe: p.observe}
+	return raftProposal{f: p.r.Apply(b, applyTimeout), sent: time.Now(), observe: p.observe, stopped: p.stopped}
 }
 
 type raftProposal struct {
 	f       raft.ApplyFuture
 	sent    time.Time
 	observe func(time.Duration)
+	stopped <-chan struct{}
 }
 
 func (p raftProposal) Wait() (*fsm.Result, error) {
-	if err := p.f.Error(); err != nil {
+	if err := waitFuture(p.f, p.stopped); err != nil {
 		return nil, raftError(err)
 	}
 	if p.observe != nil {
@@ -70,6 +76,24 @@ func (p raftProposal) Wait() (*fsm.Result, error) {
 	}
 	res := p.f.Response().(*fsm.Result)
 	return res, res.Err
+}
+
+// waitFuture is f.Error(), or raft.ErrRaftShutdown once stopped is
+// closed, whichever comes first. The command may still commit after a
+// shutdown answer, like any command whose answer is lost: clients retry
+// with the same request id.
+func waitFuture(f raft.Future, stopped <-chan struct{}) error {
+	if stopped == nil {
+		return f.Error()
+	}
+	done := make(chan error, 1)
+	go func() { done <- f.Error() }()
+	select {
+	case err := <-done:
+		return err
+	case <-stopped:
+		return raft.ErrRaftShutdown
+	}
 }
 
 // failed is a proposal that could not be sent.
