@@ -54,8 +54,11 @@ func (c *Config) validateCollection() error {
 
 // endedToCollect returns the ended leases of st to collect at nowMs, at
 // most limit of them, oldest end first: those that ended more than
-// retention ago, and the oldest beyond keep. cutoffMs is when the newest
-// of them ended (0 when there are none).
+// retention ago, and the oldest beyond keep. A lease that cannot leave
+// yet (an elastic parent with an extra still live) is passed over, and
+// the next one is looked at instead, so that such leases never stall the
+// collection. cutoffMs is when the newest of them ended (0 when there
+// are none).
 func endedToCollect(st *state.Reader, nowMs int64, retention time.Duration, keep, limit int) (ids []string, cutoffMs int64) {
 	type ended struct {
 		id   string
@@ -66,11 +69,17 @@ func endedToCollect(st *state.Reader, nowMs int64, retention time.Duration, keep
 		all = append(all, ended{l.Id, l.StateChangedAtMs})
 		return true
 	})
+
 	excess := len(all) - keep
 	oldest := nowMs - retention.Milliseconds()
-	for i, e := range all {
-		if len(ids) == limit || (i >= excess && e.atMs > oldest) {
+	for _, e := range all {
+		// Once excess leases are chosen, only those past the retention
+		// are; a lease that cannot leave yet counts among those kept.
+		if len(ids) == limit || (len(ids) >= excess && e.atMs > oldest) {
 			break
+		}
+		if st.HoldingExtras(e.id) {
+			continue
 		}
 		ids = append(ids, e.id)
 		cutoffMs = e.atMs

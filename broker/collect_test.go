@@ -45,6 +45,47 @@ func TestEndedToCollectKeepsTheRecentUpToTheCount(t *testing.T) {
 	}
 }
 
+func TestEndedToCollectPassesOverParentsOfLiveExtras(t *testing.T) {
+	// p-1 and p-2 are the oldest ended leases, elastic parents of x-1
+	// (granted) and x-2 (ended); e-1..e-3 ended after them.
+	st := state.New()
+	w := st.Write()
+	ended := func(id string, atMs int64) *gpupoolv1.Lease {
+		return &gpupoolv1.Lease{Id: id, State: gpupoolv1.LeaseState_LEASE_STATE_RELEASED, StateChangedAtMs: atMs}
+	}
+	w.PutLease(ended("p-1", 100))
+	w.PutLease(ended("p-2", 200))
+	for i, id := range []string{"e-1", "e-2", "e-3"} {
+		w.PutLease(ended(id, int64(i+1)*1000))
+	}
+	w.PutLease(&gpupoolv1.Lease{Id: "x-1", Parent: "p-1", State: gpupoolv1.LeaseState_LEASE_STATE_GRANTED, StateChangedAtMs: 50})
+	x2 := ended("x-2", 150)
+	x2.Parent = "p-2"
+	w.PutLease(x2)
+	w.Commit(1)
+	tests := []struct {
+		name       string
+		nowMs      int64
+		retention  time.Duration
+		keep       int
+		limit      int
+		wantIDs    []string
+		wantCutoff int64
+	}{
+		{"past the retention, the parent of a live extra stays", 1 << 40, time.Second, 100, 100, []string{"x-2", "p-2", "e-1", "e-2", "e-3"}, 3000},
+		{"a blocked parent takes no place in the limit", 1 << 40, time.Second, 100, 2, []string{"x-2", "p-2"}, 200},
+		{"beyond the count, the next ones go instead", 1000, time.Hour, 2, 100, []string{"x-2", "p-2", "e-1", "e-2"}, 2000},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			ids, cutoff := endedToCollect(st.Read(), tt.nowMs, tt.retention, tt.keep, tt.limit)
+			if !slices.Equal(ids, tt.wantIDs) || cutoff != tt.wantCutoff {
+				t.Fatalf("got %v up to %d ms, want %v up to %d ms", ids, cutoff, tt.wantIDs, tt.wantCutoff)
+			}
+		})
+	}
+}
+
 func TestChurnDoesNotGrowTheState(t *testing.T) {
 	const keep, cycles = 3, 25
 	ts := startServer(t, func(c *Config) { c.EndedLeasesMax = keep })

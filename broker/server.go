@@ -503,15 +503,21 @@ func writeFileSync(path string, b []byte) error {
 	return f.Close()
 }
 
-// Raft snapshot schedule: snapshot every snapshotInterval once
-// snapshotThreshold entries are new, and keep trailingLogs entries behind
-// the snapshot for followers that lag. The log lives in bbolt, not in
-// memory; what a shorter schedule buys is a shorter replay after a
-// restart and a smaller raft.db. A snapshot of 100k leases takes about
-// 0.1 s to write.
+// Raft snapshot schedule: Raft looks every snapshotInterval to 2x that
+// whether snapshotThreshold entries are new since its last snapshot, and
+// takes one if so; it keeps trailingLogs entries behind the snapshot for
+// followers that lag. The log lives in bbolt, not in memory; what a
+// shorter schedule buys is a shorter replay after a restart (a restart
+// applies every entry after the snapshot again, about 0.4 ms of CPU
+// each with 100k leases held) and a smaller raft.db. The look is cheap
+// (the log's last index), so it is frequent: the log is snapshotted soon
+// after it grows by the threshold, however fast it grows. The snapshot
+// itself is encoded off the FSM's goroutine (fsm.Snapshot) and costs
+// about half a second of one core with 100k leases; the threshold bounds
+// that cost to one snapshot per 2048 entries.
 const (
-	snapshotInterval  = 30 * time.Second
-	snapshotThreshold = 4096
+	snapshotInterval  = 2 * time.Second
+	snapshotThreshold = 2048
 	trailingLogs      = 4096
 )
 

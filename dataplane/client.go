@@ -39,11 +39,7 @@ func Dial(ctx context.Context, addr, certSHA256 string) (*Conn, error) {
 		return nil, err
 	}
 	var check pinCheck
-	qc, err := quic.DialAddr(ctx, addr, clientTLS(addr, pin, &check), &quic.Config{
-		MaxIncomingStreams:    -1,
-		MaxIncomingUniStreams: -1,
-		KeepAlivePeriod:       10 * time.Second,
-	})
+	qc, err := quic.DialAddr(ctx, addr, clientTLS(addr, pin, &check), quicConfig(false, 0))
 	if err != nil {
 		if mismatch := check.failure(); mismatch != nil {
 			return nil, mismatch
@@ -327,7 +323,7 @@ func (c *Conn) Forward(ctx context.Context, token string, remotePort int, local 
 	// splice ends both directions itself; a reset after its FIN could
 	// lose the data still in flight.
 	defer cs.stopReset()
-	if err := splice(ctx, cs.qs, local); err != nil {
+	if err := splice(ctx, cs.qs, local, forwardSpliceBuffer); err != nil {
 		return cs.err(err)
 	}
 	return nil
@@ -346,7 +342,7 @@ func (c *Conn) Cuda(ctx context.Context, token string, local net.Conn) error {
 		return err
 	}
 	defer cs.stopReset()
-	if err := splice(ctx, cs.qs, local); err != nil {
+	if err := splice(ctx, cs.qs, local, cudaSpliceBuffer); err != nil {
 		return cs.err(err)
 	}
 	return nil

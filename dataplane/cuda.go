@@ -63,7 +63,7 @@ func (st *serverStream) cuda(*gpupoolv1.CudaStart) *RefusedError {
 		return nil
 	}
 	st.log.Info("cuda session started", "pid", cs.proc.pid)
-	if err := splice(st.ctx, st.qs, c); err != nil {
+	if err := splice(st.ctx, st.qs, c, cudaSpliceBuffer); err != nil {
 		st.log.Info("cuda session ended early", "err", err)
 	}
 	return nil

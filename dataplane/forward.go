@@ -40,18 +40,28 @@ func (st *serverStream) forward(req *gpupoolv1.ForwardStart) *RefusedError {
 	st.log.Info("forward started", "port", port)
 	// The stream carries no more frames: splice writes it directly, and
 	// finish's closeSend finds it closed.
-	if err := splice(st.ctx, st.qs, c); err != nil {
+	if err := splice(st.ctx, st.qs, c, forwardSpliceBuffer); err != nil {
 		st.log.Info("forward ended early", "port", port, "err", err)
 	}
 	return nil
 }
 
+// The buffers splice copies through, each way: a forwarded connection's
+// are io.Copy's; a CUDA session's hold a whole copy frame of the shim's
+// (1 MiB and its header), so a frame crosses in one read and one write
+// rather than thirty-two, and a small call's frame goes out in the read
+// that received it.
+const (
+	forwardSpliceBuffer = 32 << 10
+	cudaSpliceBuffer    = 1<<20 + 64<<10
+)
+
 // splice carries bytes both ways between a stream and a connection until
-// both directions have ended. The end of one direction's source
+// both directions have ended, through a buffer of bufSize bytes each way. The end of one direction's source
 // half-closes its destination (QUIC FIN, TCP CloseWrite); a failure in
 // either direction, or ctx ending, resets the stream and ends both. It
 // closes c, and returns nil or why it ended early.
-func splice(ctx context.Context, s *quic.Stream, c net.Conn) error {
+func splice(ctx context.Context, s *quic.Stream, c net.Conn, bufSize int) error {
 	ctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
 	stop := context.AfterFunc(ctx, func() {
@@ -62,14 +72,14 @@ func splice(ctx context.Context, s *quic.Stream, c net.Conn) error {
 	defer stop()
 	var wg sync.WaitGroup
 	wg.Go(func() {
-		if _, err := io.Copy(s, c); err != nil {
+		if _, err := io.CopyBuffer(s, c, make([]byte, bufSize)); err != nil {
 			cancel(err)
 			return
 		}
 		s.Close()
 	})
 	wg.Go(func() {
-		if _, err := io.Copy(c, s); err != nil {
+		if _, err := io.CopyBuffer(c, s, make([]byte, bufSize)); err != nil {
 			cancel(err)
 			return
 		}

@@ -158,11 +158,7 @@ func NewServer(cfg ServerConfig) (*Server, error) {
 		return nil, fmt.Errorf("dataplane: %w", err)
 	}
 	tr := &quic.Transport{Conn: udp}
-	ln, err := tr.Listen(serverTLS(cfg.Cert), &quic.Config{
-		MaxIncomingStreams:    int64(maxStreams),
-		MaxIncomingUniStreams: -1,
-		KeepAlivePeriod:       15 * time.Second,
-	})
+	ln, err := tr.Listen(serverTLS(cfg.Cert), quicConfig(true, int64(maxStreams)))
 	if err != nil {
 		tr.Close()
 		udp.Close()

@@ -2,9 +2,12 @@ package k8s
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"errors"
 	"io/fs"
+	"log/slog"
+	"net"
 	"os"
 	"path/filepath"
 	"slices"
@@ -94,5 +97,74 @@ func TestANodePluginWithoutTheShimGivesNoCUDA(t *testing.T) {
 	}
 	if bytes.Contains(b, []byte(EnvCUDASocket)) || bytes.Contains(b, []byte("libcuda")) {
 		t.Errorf("spec %s: want no CUDA without a shim", b)
+	}
+}
+
+func TestAClaimWhoseCUDASocketCannotStartFailsItsPrepareUntilItCan(t *testing.T) {
+	claim := newClaim(uid1, leasedDevice("gpu", "h1", "gpu-0", "l-1", 8192, 25))
+	cfg := newTestConfig(t, newFakeBrokers(), claim)
+	cfg.StateDir = shortTempDir(t)
+	cfg.CUDAShim = filepath.Join(t.TempDir(), "libcuda.so.1")
+	if err := os.WriteFile(cfg.CUDAShim, []byte("\x7fELF the shim"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	// Something that is not a socket, and that cannot be removed, holds
+	// the socket's path.
+	sock := filepath.Join(cfg.StateDir, "claims", uid1, "cuda.sock")
+	if err := os.MkdirAll(filepath.Join(sock, "in-the-way"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	n := startNode(t, cfg)
+	if e := n.prepare(t, claim)[uid1].GetError(); !strings.Contains(e, "serving its CUDA socket "+sock) {
+		t.Fatalf("prepare with the socket's path taken: error %q, want one naming the socket", e)
+	}
+	if err := os.RemoveAll(sock); err != nil {
+		t.Fatal(err)
+	}
+	// The kubelet retries; the plugin tries the socket again.
+	if e := n.prepare(t, claim)[uid1].GetError(); e != "" {
+		t.Fatalf("prepare again once the path is free: %s", e)
+	}
+	if st, err := os.Stat(sock); err != nil || st.Mode()&fs.ModeSocket == 0 {
+		t.Fatalf("the claim's CUDA socket %s after the retried prepare: %v, want a socket", sock, err)
+	}
+	if n.brokers.attaches("l-1") != 1 {
+		t.Errorf("attaches of l-1: %d, want 1 (the failed prepare kept the claim's lease)", n.brokers.attaches("l-1"))
+	}
+}
+
+func TestAStoppedCUDAProxyLeavesTheSocketOfTheOneThatReplacedIt(t *testing.T) {
+	dir := shortTempDir(t)
+	l := &followedLease{id: "l-1"}
+	log := slog.New(slog.DiscardHandler)
+	older, err := startCUDAProxy(context.Background(), dir, l, log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(older.close)
+	// A newer plugin instance resumes the claim: it takes the path over.
+	newer, err := startCUDAProxy(context.Background(), dir, l, log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(newer.close)
+	sock := filepath.Join(dir, cudaSocketName)
+	before, err := os.Lstat(sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	older.close()
+	after, err := os.Lstat(sock)
+	if err != nil || !os.SameFile(before, after) {
+		t.Fatalf("the newer proxy's socket after the older one stopped: %v, want it left alone", err)
+	}
+	c, err := net.Dial("unix", sock)
+	if err != nil {
+		t.Fatalf("connecting to the newer proxy: %v", err)
+	}
+	c.Close()
+	newer.close()
+	if _, err := os.Lstat(sock); !errors.Is(err, fs.ErrNotExist) {
+		t.Errorf("the socket after the newer proxy stopped: %v, want it gone", err)
 	}
 }

@@ -382,8 +382,12 @@ func (p *NodePlugin) prepare(ctx context.Context, claim *resourceapi.ResourceCla
 			}
 			return nil, err
 		}
-		// Again, in case the runtime's directory was wiped.
+		// Again, in case the runtime's directory was wiped, or the
+		// socket failed to start before.
 		if err := p.specs.write(claim.UID, dir, leases); err != nil {
+			return nil, err
+		}
+		if err := prepared.serveCUDA(p); err != nil {
 			return nil, err
 		}
 		return devices, nil
@@ -437,6 +441,11 @@ func (p *NodePlugin) prepare(ctx context.Context, claim *resourceapi.ResourceCla
 	p.claims[claim.UID] = c
 	p.mu.Unlock()
 	c.start(p, attached)
+	if err := c.serveCUDA(p); err != nil {
+		// The claim stays prepared, its leases renewed: the kubelet's
+		// next prepare tries the socket again.
+		return nil, err
+	}
 	p.log.Info("claim prepared", "claim", claim.Namespace+"/"+claim.Name, "uid", claim.UID, "leases", c.leaseIDs())
 	return devices, nil
 }
@@ -511,6 +520,9 @@ func (p *NodePlugin) resume() {
 		p.claims[uid] = c
 		p.mu.Unlock()
 		c.start(p, make([]FollowedLease, len(c.leases)))
+		if err := c.serveCUDA(p); err != nil {
+			p.log.Error("cannot serve the claim's CUDA socket; the claim's next prepare tries again", "uid", uid, "err", err)
+		}
 		p.log.Info("claim resumed", "uid", uid, "leases", c.leaseIDs())
 	}
 }
@@ -527,9 +539,12 @@ type nodeClaim struct {
 	uid    types.UID
 	dir    string
 	leases []*followedLease // in allocation order; fixed once started
+	ctx    context.Context  // the claim's: ends at stop; set by start
 	cancel context.CancelFunc
 	wg     sync.WaitGroup // the renewals
-	cuda   *cudaProxy     // the claim's CUDA socket, or nil; set by start
+
+	cudaMu sync.Mutex
+	cuda   *cudaProxy // guarded by cudaMu; the claim's CUDA socket, or nil
 
 	writeMu sync.Mutex // serializes writes of the token file
 }
@@ -590,14 +605,7 @@ func (c *nodeClaim) writeTokenFile() error {
 // attached[i] is c.leases[i] already attached, or nil.
 func (c *nodeClaim) start(p *NodePlugin, attached []FollowedLease) {
 	ctx, cancel := context.WithCancel(p.ctx)
-	c.cancel = cancel
-	if p.specs.shim != "" && len(c.leases) > 0 {
-		px, err := startCUDAProxy(ctx, c.dir, c.leases[0], p.log.With("uid", c.uid))
-		if err != nil {
-			p.log.Error("cannot serve the claim's CUDA socket; its programs get no GPU", "uid", c.uid, "err", err)
-		}
-		c.cuda = px
-	}
+	c.ctx, c.cancel = ctx, cancel
 	for i, l := range c.leases {
 		c.wg.Go(func() { c.follow(ctx, p, l, attached[i]) })
 	}
@@ -608,7 +616,31 @@ func (c *nodeClaim) start(p *NodePlugin, attached []FollowedLease) {
 func (c *nodeClaim) stop() {
 	c.cancel()
 	c.wg.Wait()
+	c.cudaMu.Lock()
 	c.cuda.close()
+	c.cuda = nil
+	c.cudaMu.Unlock()
+}
+
+// serveCUDA serves the claim's CUDA socket, when the plugin has the shim,
+// unless it does already. Its error fails the prepare, which the kubelet
+// retries: a container must not start with a CDI spec whose socket
+// nobody serves.
+func (c *nodeClaim) serveCUDA(p *NodePlugin) error {
+	if p.specs.shim == "" || len(c.leases) == 0 {
+		return nil
+	}
+	c.cudaMu.Lock()
+	defer c.cudaMu.Unlock()
+	if c.cuda != nil || c.ctx.Err() != nil {
+		return nil
+	}
+	px, err := startCUDAProxy(c.ctx, c.dir, c.leases[0], p.log.With("uid", c.uid))
+	if err != nil {
+		return fmt.Errorf("claim %s: serving its CUDA socket %s: %w", c.uid, filepath.Join(c.dir, cudaSocketName), err)
+	}
+	c.cuda = px
+	return nil
 }
 
 // follow renews lease l (held, or to attach when nil) and rewrites the

@@ -37,6 +37,7 @@ Examples:
   gpupool-bench cuda --gpupool bin/gpupool
   gpupool-bench cuda --gpupool bin/gpupool --calls 2000 --launches 20000 --out /tmp/cuda
   gpupool-bench cuda --gpupool bin/gpupool --backend real --out bench/results/gpu
+  gpupool-bench cuda --gpupool bin/gpupool --cpuprofile /tmp/null.pprof --out /tmp/cuda
 
 Flags:
 `
@@ -47,6 +48,7 @@ type options struct {
 	launches int    // timed pipelined launches
 	out      string // the results' directory
 	backend  string // the lease server's backend: simulated or real
+	profile  string // a file for the CPU profile of the null calls, or ""
 }
 
 // Run runs the benchmark for args and returns the exit code: 0, 1 when the
@@ -80,6 +82,7 @@ func parseFlags(args []string, help io.Writer) (options, error) {
 	calls := fs.Int("calls", 20000, "the `number` of timed null calls, and of TCP ping-pongs: 100 to 10000000")
 	launches := fs.Int("launches", 200000, "the `number` of timed pipelined launches: 1000 to 100000000")
 	out := fs.String("out", "bench/results", "the `directory` cuda.json and cuda.md go to; created")
+	profile := fs.String("cpuprofile", "", "write a CPU profile of this process (the proxy, the data plane and the agent's splice) while the program makes its null calls through them to `file` (go tool pprof reads it)")
 	backend := fs.String("backend", "simulated", "the lease server's `backend`: simulated, or real (this machine's GPU 0 through its libcuda.so.1; make test-gpu)")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
@@ -106,5 +109,5 @@ func parseFlags(args []string, help io.Writer) (options, error) {
 	if st, err := os.Stat(*gpupool); err != nil || st.IsDir() {
 		return options{}, fmt.Errorf("--gpupool %s: not a file (make build writes bin/gpupool)", *gpupool)
 	}
-	return options{gpupool: *gpupool, calls: *calls, launches: *launches, out: *out, backend: *backend}, nil
+	return options{gpupool: *gpupool, calls: *calls, launches: *launches, out: *out, backend: *backend, profile: *profile}, nil
 }

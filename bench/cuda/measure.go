@@ -3,14 +3,12 @@ package cudabench
 import (
 	"bufio"
 	"context"
-	"encoding/binary"
 	"fmt"
 	"io"
-	"net"
 	"os"
 	"path/filepath"
 	"runtime"
-	"slices"
+	"runtime/pprof"
 	"strconv"
 	"strings"
 	"time"
@@ -48,6 +46,21 @@ func benchmark(ctx context.Context, opts options, p *progress) (*results, error)
 		return nil, err
 	}
 	defer tcp.close()
+	rawQUIC, err := startQUIC(ctx, dir, dataplane.QUICConfig)
+	if err != nil {
+		return nil, err
+	}
+	defer rawQUIC.close()
+	untunedQUIC, err := startQUIC(ctx, dir, defaultQUICConfig)
+	if err != nil {
+		return nil, err
+	}
+	defer untunedQUIC.close()
+	unixp, err := startUnix(dir)
+	if err != nil {
+		return nil, err
+	}
+	defer unixp.close()
 	var load [3]float64
 	if b, err := os.ReadFile("/proc/loadavg"); err == nil {
 		fmt.Sscanf(string(b), "%f %f %f", &load[0], &load[1], &load[2])
@@ -58,22 +71,38 @@ func benchmark(ctx context.Context, opts options, p *progress) (*results, error)
 		Config:    config{Calls: opts.calls, Launches: opts.launches, Backend: opts.backend},
 	}
 
-	p.Logf("null calls: %d through the shim, %d TCP ping-pongs", opts.calls, opts.calls)
-	out, err := s.run(ctx, "null", strconv.Itoa(opts.calls))
+	p.Logf("null calls: %d through the shim, and with the shim connected to the server directly; %d ping-pongs on TCP, QUIC and a unix socket", opts.calls, opts.calls)
+	stopProfile, err := startProfile(opts.profile)
 	if err != nil {
 		return nil, err
 	}
-	var p50, p99, mean int64
-	if _, err := fmt.Sscanf(out, "null %d %d %d", &p50, &p99, &mean); err != nil {
-		return nil, fmt.Errorf("the program's null line %q: %v", out, err)
+	res.Null, err = s.null(ctx, s.px.Path(), opts.calls)
+	stopProfile()
+	if err != nil {
+		return nil, err
 	}
-	res.Null = latency{P50us: us(p50), P99us: us(p99), MeanUs: us(mean)}
+	direct, err := startDirect(s.gpupool, s.arg, dir)
+	if err != nil {
+		return nil, err
+	}
+	res.DirectNull, err = s.null(ctx, direct.path, opts.calls)
+	direct.close()
+	if err != nil {
+		return nil, err
+	}
 	if res.TCPPingPong, err = tcp.pingPong(opts.calls); err != nil {
+		return nil, err
+	}
+	if res.QUICPingPong, err = rawQUIC.pingPong(opts.calls); err != nil {
+		return nil, err
+	}
+	if res.UnixPingPong, err = unixp.pingPong(opts.calls); err != nil {
 		return nil, err
 	}
 
 	p.Logf("pipelined launches: %d", opts.launches)
-	if out, err = s.run(ctx, "launch", s.ptx, strconv.Itoa(opts.launches)); err != nil {
+	out, err := s.run(ctx, "launch", s.ptx, strconv.Itoa(opts.launches))
+	if err != nil {
 		return nil, err
 	}
 	var k, ns int64
@@ -83,7 +112,7 @@ func benchmark(ctx context.Context, opts options, p *progress) (*results, error)
 	res.LaunchesPerSec = float64(k) / (float64(ns) / 1e9)
 
 	for _, sz := range sizes {
-		p.Logf("copies of %s: %d each way through the shim, raw TCP and QUIC get/put", human(sz.bytes), sz.reps)
+		p.Logf("copies of %s: %d each way through the shim, raw TCP, raw QUIC (tuned and quic-go's defaults) and QUIC get/put", human(sz.bytes), sz.reps)
 		c := copyResult{Bytes: sz.bytes, Reps: sz.reps}
 		if out, err = s.run(ctx, "copy", strconv.FormatInt(sz.bytes, 10), strconv.Itoa(sz.reps)); err != nil {
 			return nil, err
@@ -98,6 +127,12 @@ func benchmark(ctx context.Context, opts options, p *progress) (*results, error)
 		if c.TCP, err = tcp.bulk(sz.bytes, sz.reps); err != nil {
 			return nil, err
 		}
+		if c.RawQUIC, err = rawQUIC.bulk(sz.bytes, sz.reps); err != nil {
+			return nil, err
+		}
+		if c.UntunedQUIC, err = untunedQUIC.bulk(sz.bytes, sz.reps); err != nil {
+			return nil, err
+		}
 		if c.QUIC, err = quicBulk(ctx, s.conn, s.dir, sz.bytes, sz.reps); err != nil {
 			return nil, err
 		}
@@ -110,6 +145,22 @@ func benchmark(ctx context.Context, opts options, p *progress) (*results, error)
 	}
 	res.ElapsedSeconds = time.Since(start).Seconds()
 	return res, nil
+}
+
+// null runs the program's null calls with its shim connected to socket.
+func (s *stack) null(ctx context.Context, socket string, n int) (latency, error) {
+	cmd := s.command(ctx, "null", strconv.Itoa(n))
+	cmd.Env = append(cmd.Env, "GPUPOOL_CUDA_SOCKET="+socket)
+	b, err := cmd.Output()
+	if err != nil {
+		return latency{}, fmt.Errorf("cudabench null: %v", err)
+	}
+	out := strings.TrimSpace(string(b))
+	var p50, p99, mean int64
+	if _, err := fmt.Sscanf(out, "null %d %d %d", &p50, &p99, &mean); err != nil {
+		return latency{}, fmt.Errorf("the program's null line %q: %v", out, err)
+	}
+	return latency{P50us: us(p50), P99us: us(p99), MeanUs: us(mean)}, nil
 }
 
 // run runs the program once and returns its line of numbers.
@@ -149,6 +200,23 @@ func (s *stack) release(ctx context.Context) (float64, error) {
 		return 0, fmt.Errorf("cudabench release: got %q (%v), want failed T RESULT", line, err)
 	}
 	return float64(failed-released) / 1e6, nil
+}
+
+// startProfile starts a CPU profile to path, if one is asked for, and
+// returns what stops it.
+func startProfile(path string) (func(), error) {
+	if path == "" {
+		return func() {}, nil
+	}
+	f, err := os.Create(path)
+	if err != nil {
+		return nil, fmt.Errorf("--cpuprofile: %w", err)
+	}
+	if err := pprof.StartCPUProfile(f); err != nil {
+		f.Close()
+		return nil, fmt.Errorf("--cpuprofile: %w", err)
+	}
+	return func() { pprof.StopCPUProfile(); f.Close() }, nil
 }
 
 func monotonic() int64 {
@@ -201,123 +269,6 @@ func (zeros) Read(p []byte) (int, error) {
 	return len(p), nil
 }
 
-// tcpServer is the loopback baseline: one TCP connection, requests of an
-// op byte and a u64 size: 'p' answers one byte, 'u' reads size bytes and
-// answers one byte, 'd' writes size bytes.
-type tcpServer struct {
-	l    net.Listener
-	c    net.Conn
-	done chan struct{}
-}
-
-func startTCP() (*tcpServer, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return nil, err
-	}
-	t := &tcpServer{l: l, done: make(chan struct{})}
-	go t.serve()
-	if t.c, err = net.Dial("tcp", l.Addr().String()); err != nil {
-		l.Close()
-		return nil, err
-	}
-	return t, nil
-}
-
-func (t *tcpServer) serve() {
-	defer close(t.done)
-	c, err := t.l.Accept()
-	if err != nil {
-		return
-	}
-	defer c.Close()
-	buf := make([]byte, 1<<20)
-	var req [9]byte
-	for {
-		if _, err := io.ReadFull(c, req[:]); err != nil {
-			return
-		}
-		n := int64(binary.LittleEndian.Uint64(req[1:]))
-		switch req[0] {
-		case 'u':
-			if err := drain(c, n, buf); err != nil {
-				return
-			}
-		case 'd':
-			for n > 0 {
-				k := min(n, int64(len(buf)))
-				if _, err := c.Write(buf[:k]); err != nil {
-					return
-				}
-				n -= k
-			}
-			continue
-		}
-		if _, err := c.Write(req[:1]); err != nil {
-			return
-		}
-	}
-}
-
-func (t *tcpServer) request(op byte, n int64) error {
-	var req [9]byte
-	req[0] = op
-	binary.LittleEndian.PutUint64(req[1:], uint64(n))
-	_, err := t.c.Write(req[:])
-	return err
-}
-
-func (t *tcpServer) pingPong(n int) (latency, error) {
-	var ack [1]byte
-	d := make([]time.Duration, n)
-	var sum time.Duration
-	for i := range n {
-		s := time.Now()
-		if err := t.request('p', 0); err != nil {
-			return latency{}, err
-		}
-		if _, err := io.ReadFull(t.c, ack[:]); err != nil {
-			return latency{}, err
-		}
-		d[i] = time.Since(s)
-		sum += d[i]
-	}
-	slices.Sort(d)
-	return latency{P50us: us(int64(d[n/2])), P99us: us(int64(d[n*99/100])), MeanUs: us(int64(sum) / int64(n))}, nil
-}
-
-func (t *tcpServer) bulk(size int64, reps int) (pair, error) {
-	buf := make([]byte, min(size, 1<<20))
-	var ack [1]byte
-	start := time.Now()
-	for range reps {
-		if err := t.request('u', size); err != nil {
-			return pair{}, err
-		}
-		for n := size; n > 0; {
-			k := min(n, int64(len(buf)))
-			if _, err := t.c.Write(buf[:k]); err != nil {
-				return pair{}, err
-			}
-			n -= k
-		}
-		if _, err := io.ReadFull(t.c, ack[:]); err != nil {
-			return pair{}, err
-		}
-	}
-	up := time.Since(start)
-	start = time.Now()
-	for range reps {
-		if err := t.request('d', size); err != nil {
-			return pair{}, err
-		}
-		if err := drain(t.c, size, buf); err != nil {
-			return pair{}, err
-		}
-	}
-	return pair{HtoD: gibps(size, reps, up), DtoH: gibps(size, reps, time.Since(start))}, nil
-}
-
 // drain reads n bytes from r into buf, over and over.
 func drain(r io.Reader, n int64, buf []byte) error {
 	for n > 0 {
@@ -328,10 +279,4 @@ func drain(r io.Reader, n int64, buf []byte) error {
 		}
 	}
 	return nil
-}
-
-func (t *tcpServer) close() {
-	t.c.Close()
-	t.l.Close()
-	<-t.done
 }

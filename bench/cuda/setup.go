@@ -47,6 +47,8 @@ type stack struct {
 	conn    *dataplane.Conn
 	px      *proxy.Proxy
 	dir     string
+	gpupool string // the gpupool binary
+	arg     string // the lease's argument of 'gpupool agent cuda-server'
 	prog    string // the C program, built against the shim
 	ptx     string
 	stop    context.CancelFunc
@@ -86,7 +88,7 @@ func startStack(ctx context.Context, opts options, dir string) (*stack, error) {
 		return nil, err
 	}
 	serveCtx, stop := context.WithCancel(context.Background())
-	s := &stack{dp: dp, dir: dir, stop: stop, served: make(chan error, 1), proxied: make(chan error, 1)}
+	s := &stack{dp: dp, dir: dir, gpupool: gpupool, arg: arg, stop: stop, served: make(chan error, 1), proxied: make(chan error, 1)}
 	go func() { s.served <- dp.Serve(serveCtx) }()
 	if s.conn, err = dataplane.Dial(ctx, dp.Addr().String(), fp); err != nil {
 		s.close()

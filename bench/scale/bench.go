@@ -246,10 +246,10 @@ func benchmark(ctx context.Context, o options, p *progress) (*results, error) {
 	p.Logf("operator snapshot save: %d bytes in %.2fs", n, m.SnapshotSaveSeconds)
 	snapDir := filepath.Join(dir, leaderID, "raft", "snapshots")
 	if o.snapshotWait > 0 {
-		p.Logf("waiting up to %s for a Raft snapshot at index %d or later", o.snapshotWait, st.AppliedIndex-8192)
+		p.Logf("waiting up to %s for a Raft snapshot at index %d or later", o.snapshotWait, st.AppliedIndex-2048)
 		_ = poll(ctx, o.snapshotWait, func(context.Context) error {
 			s, err := newestSnapshot(snapDir)
-			if err == nil && s.Index+8192 < st.AppliedIndex {
+			if err == nil && s.Index+2048 < st.AppliedIndex {
 				err = fmt.Errorf("newest at index %d", s.Index)
 			}
 			return err

@@ -127,8 +127,8 @@ func writeMarkdown(w io.Writer, res *results) {
 		fmt.Fprintf(w, "| consistent List of every lease, after the restart | %.2f s |\n", m.ListSeconds)
 	}
 	fmt.Fprintf(w, "| load average at the end | %s |\n\n", res.LoadAverage)
-	fmt.Fprintf(w, "Setup: %d broker process(es) (`--bootstrap-expect`, Raft log in bbolt with fsync, snapshot every 30–60 s "+
-		"once 4096 entries are new, 4096 trailing logs kept) started with `--heartbeat-ttl %s` so that hosts registered through the "+
+	fmt.Fprintf(w, "Setup: %d broker process(es) (`--bootstrap-expect`, Raft log in bbolt with fsync, snapshot looked for every 2–4 s "+
+		"and taken once 2048 entries are new, 4096 trailing logs kept) started with `--heartbeat-ttl %s` so that hosts registered through the "+
 		"agent API's Register RPC, with nothing heartbeating for them, stay ready; %d concurrent clients over one gRPC connection; "+
 		"leases of one slice drawn (seed %d) from %v MiB × %v %% compute, TTL %s, never renewed; %s %s/%s, %d CPUs; the run took %s.\n\n",
 		c.Brokers, c.HeartbeatTTL, c.Clients, c.Seed, c.SliceMiB, c.SlicePercent, c.LeaseTTL, res.Env.GoVersion, res.Env.OS, res.Env.Arch, res.Env.CPUs,

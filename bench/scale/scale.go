@@ -111,7 +111,7 @@ func parseFlags(args []string, help io.Writer) (options, error) {
 	fs.IntVar(&o.clients, "clients", 32, "`number` of concurrent clients registering and acquiring")
 	fs.Uint64Var(&o.seed, "seed", 1, "seed of the lease sizes")
 	fs.DurationVar(&o.grantBudget, "grant-budget", 10*time.Minute, "stop sending Acquires after this long and go on with the leases granted so far (0: grant them all however long it takes)")
-	fs.DurationVar(&o.snapshotWait, "snapshot-wait", 0, "how long to wait after the load for Raft's own snapshot to cover it (Raft snapshots every 120-240s once 8192 entries are new; 0 reports the newest there is)")
+	fs.DurationVar(&o.snapshotWait, "snapshot-wait", 0, "how long to wait after the load for Raft's own snapshot to cover it (the broker's Raft takes one within 2-4 s once 2048 entries are new; 0 reports the newest there is)")
 	fs.StringVar(&o.out, "out", "bench/results", "`dir`ectory for scale.json and scale.md; created if missing")
 	fs.StringVar(&o.gpupool, "gpupool", "", "`path` of a built gpupool binary (default: go build ./cmd/gpupool into the run's directory)")
 	fs.StringVar(&o.tmp, "tmpdir", "", "`dir`ectory for the run's data dir and log (default $TMPDIR or /tmp)")

@@ -27,22 +27,11 @@ func applyCollectEndedLeases(w *state.Writer, c *gpupoolv1.CollectEndedLeasesCom
 	n := 0
 	for _, id := range c.LeaseIds {
 		l := w.Lease(id)
-		if l == nil || !state.Ended(l.State) || l.StateChangedAtMs > c.EndedAtOrBeforeMs || holdingExtras(&w.Reader, id) {
+		if l == nil || l.StateChangedAtMs > c.EndedAtOrBeforeMs || !w.Collectable(l) {
 			continue
 		}
 		w.DeleteLease(l)
 		n++
 	}
 	return &Result{Collected: n}
-}
-
-// holdingExtras reports whether an extra slice lease of parent still
-// holds capacity: its parent stays while it does.
-func holdingExtras(r *state.Reader, parent string) bool {
-	for _, x := range r.Extras(parent) {
-		if !state.Ended(x.State) {
-			return true
-		}
-	}
-	return false
 }

@@ -101,6 +101,23 @@ func TestCollectKeepsTheParentOfAnExtraThatHolds(t *testing.T) {
 	}
 }
 
+func TestCollectPublishesNoEvent(t *testing.T) {
+	// Watchers were told ENDED when the lease ended; nothing about it
+	// changes when it leaves the state (see docs/architecture.md).
+	f := New(nil)
+	applyAll(t, f, slices.Concat([]proto.Message{host("h1", 1), grant("l-1", "h1", 0, 1024, 10)}, release("l-1", 3000)))
+	events, cancel := f.Subscribe()
+	t.Cleanup(cancel)
+	if res := f.apply(100, collect(9000, "l-1")); res.Err != nil || res.Collected != 1 {
+		t.Fatalf("collected %d, err %v; want 1, nil", res.Collected, res.Err)
+	}
+	select {
+	case e := <-events:
+		t.Fatalf("the collection published %+v", e)
+	default:
+	}
+}
+
 func TestEndedLeasesAreReadOldestFirstAndSurviveASnapshot(t *testing.T) {
 	f := New(nil)
 	applyAll(t, f, slices.Concat([]proto.Message{

@@ -431,7 +431,6 @@ func applyGrantLease(w *state.Writer, index uint64, c *gpupoolv1.GrantLeaseComma
 	for _, id := range order {
 		w.PutDevice(devs[id])
 	}
-	shareStrings(l, hosts, devs)
 	l.State = gpupoolv1.LeaseState_LEASE_STATE_GRANTED
 	l.FencingToken = index
 	l.CreateIndex, l.ModifyIndex = index, index
@@ -447,37 +446,10 @@ func applyGrantLease(w *state.Writer, index uint64, c *gpupoolv1.GrantLeaseComma
 		l.StateChangedAtMs = max(c.NowMs, l.CreatedAtMs)
 		l.Reason = fmt.Sprintf("granted from the queue after %s", waitedText(l.StateChangedAtMs-l.CreatedAtMs))
 	}
+	w.ShareLease(l)
 	w.PutLease(l)
 	auditGrant(w, l, pending != nil)
 	return &Result{Lease: l}, []Event{{Lease: l, Type: gpupoolv1.LeaseEventType_LEASE_EVENT_TYPE_GRANTED}}
-}
-
-// shareStrings points the strings a granted lease repeats (its request's
-// tenant, holder and request id; each slice's host, device and model) at
-// the equal strings the state already holds, so that the state keeps one
-// copy of each instead of the copies the command decoded. Only equal
-// strings are shared: the lease's content does not change.
-func shareStrings(l *gpupoolv1.Lease, hosts map[string]*gpupoolv1.Host, devs map[string]*gpupoolv1.Device) {
-	share := func(dst *string, src string) {
-		if *dst == src {
-			*dst = src
-		}
-	}
-	if r := l.Request; r != nil {
-		share(&r.Tenant, l.Tenant)
-		share(&r.Holder, l.Holder)
-		share(&r.RequestId, l.RequestId)
-	}
-	for _, s := range l.Slices {
-		if h := hosts[s.Host]; h != nil {
-			share(&s.Host, h.Id)
-		}
-		if d := devs[s.Device]; d != nil {
-			share(&s.Device, d.Uuid)
-			share(&s.Model, d.Model)
-			share(&s.Host, d.HostId)
-		}
-	}
 }
 
 // AnyHostDown reports whether a host of the lease is down or gone, so its
@@ -626,12 +598,12 @@ func applyFreeLease(w *state.Writer, index uint64, c *gpupoolv1.FreeLeaseCommand
 }
 
 // Snapshot captures the state for raft. The returned snapshot is immutable.
+//
+// It only takes a read transaction, which go-memdb keeps consistent while
+// writes go on: Persist encodes it, on Raft's snapshot goroutine, so that
+// encoding a large state does not hold up Apply.
 func (f *FSM) Snapshot() (raft.FSMSnapshot, error) {
-	b, err := f.store.Read().Encode(SnapshotVersion)
-	if err != nil {
-		return nil, err
-	}
-	return &snapshot{data: b}, nil
+	return &snapshot{state: f.store.Read()}, nil
 }
 
 // Restore replaces the state with a snapshot written by Persist.
@@ -648,10 +620,15 @@ func (f *FSM) Restore(rc io.ReadCloser) error {
 	return nil
 }
 
-type snapshot struct{ data []byte }
+type snapshot struct{ state *state.Reader }
 
 func (s *snapshot) Persist(sink raft.SnapshotSink) error {
-	if _, err := sink.Write(s.data); err != nil {
+	b, err := s.state.Encode(SnapshotVersion)
+	if err != nil {
+		sink.Cancel()
+		return err
+	}
+	if _, err := sink.Write(b); err != nil {
 		sink.Cancel()
 		return fmt.Errorf("fsm: write snapshot: %w", err)
 	}

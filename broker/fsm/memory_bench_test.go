@@ -1,12 +1,15 @@
 package fsm
 
 import (
+	"bytes"
 	"flag"
 	"fmt"
+	"io"
 	"os"
 	"runtime"
 	"runtime/pprof"
 	"testing"
+	"time"
 
 	"github.com/hashicorp/raft"
 	"google.golang.org/protobuf/proto"
@@ -104,6 +107,11 @@ func BenchmarkStateMemory(b *testing.B) {
 				b.ReportMetric(float64(pool-base)/(1<<20), "pool-MiB")
 				b.ReportMetric(float64(all-pool)/float64(leases), "B/lease")
 				b.ReportMetric(float64(all-base)/(1<<20), "heap-MiB")
+				save, restore, size, restored := snapshotTimes(b, l.f)
+				b.ReportMetric(float64(restored)/(1<<20), "restored-heap-MiB")
+				b.ReportMetric(save.Seconds(), "save-s")
+				b.ReportMetric(restore.Seconds(), "restore-s")
+				b.ReportMetric(float64(size)/(1<<20), "snap-MiB")
 				runtime.KeepAlive(l)
 			}
 		})
@@ -119,4 +127,37 @@ func writeHeapProfile(tb testing.TB, path string) {
 	if err := pprof.Lookup("heap").WriteTo(f, 0); err != nil {
 		tb.Fatal(err)
 	}
+}
+
+// snapshotTimes takes a snapshot of f as Raft does (Snapshot, then
+// Persist) and restores it into a new FSM, returning how long each took
+// and the snapshot's size, and the live heap of the restored state.
+func snapshotTimes(tb testing.TB, f *FSM) (save, restore time.Duration, size int, heap uint64) {
+	tb.Helper()
+	start := time.Now()
+	snap, err := f.Snapshot()
+	if err != nil {
+		tb.Fatal(err)
+	}
+	sink := &memSink{}
+	if err := snap.Persist(sink); err != nil {
+		tb.Fatal(err)
+	}
+	snap.Release()
+	save = time.Since(start)
+	data := bytes.Clone(sink.Bytes())
+	size = len(data)
+	before := liveHeap()
+	g := New(nil)
+	start = time.Now()
+	if err := g.Restore(io.NopCloser(bytes.NewReader(data))); err != nil {
+		tb.Fatal(err)
+	}
+	restore = time.Since(start)
+	if got, want := g.State().Index(), f.State().Index(); got != want {
+		tb.Fatalf("restored index %d, want %d", got, want)
+	}
+	heap = liveHeap() + uint64(size) - before
+	runtime.KeepAlive(g)
+	return save, restore, size, heap
 }

@@ -62,6 +62,37 @@ func TestTimers(t *testing.T) {
 			ts.Reset("early", time.Second)
 			c.Advance(5 * time.Second)
 		}, []string{"early", "late"}},
+		{"equal deadlines fire in the order they were set", func(ts *Timers, c *clock.Fake) {
+			for _, k := range []string{"c", "a", "b"} {
+				ts.Reset(k, time.Second)
+			}
+			c.Advance(time.Second)
+		}, []string{"c", "a", "b"}},
+		{"a reset to an earlier deadline fires then", func(ts *Timers, c *clock.Fake) {
+			ts.Reset("a", time.Hour)
+			ts.Reset("b", 2*time.Hour)
+			ts.Reset("b", time.Second)
+			c.Advance(time.Minute)
+		}, []string{"b"}},
+		{"stopping the earliest leaves the next to fire", func(ts *Timers, c *clock.Fake) {
+			ts.Reset("a", time.Second)
+			ts.Reset("b", 2*time.Second)
+			ts.Stop("a")
+			c.Advance(3 * time.Second)
+		}, []string{"b"}},
+		{"a key set again after it fired fires again", func(ts *Timers, c *clock.Fake) {
+			ts.Reset("a", time.Second)
+			c.Advance(time.Second)
+			ts.Reset("a", time.Second)
+			ts.Reset("b", 0)
+			c.Advance(time.Second)
+		}, []string{"a", "b", "a"}},
+		{"after StopAll new deadlines fire", func(ts *Timers, c *clock.Fake) {
+			ts.Reset("a", time.Second)
+			ts.StopAll()
+			ts.Reset("b", 2*time.Second)
+			c.Advance(3 * time.Second)
+		}, []string{"b"}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -95,5 +126,30 @@ func TestTimersDeadlineAndLen(t *testing.T) {
 	c.Advance(5 * time.Second)
 	if _, ok := ts.Deadline("a"); ok || ts.Len() != 0 {
 		t.Fatal("a fired deadline is still listed")
+	}
+}
+
+func TestTimersFireEveryKeyWithARealClock(t *testing.T) {
+	const n = 200
+	done := make(chan string, n)
+	ts := NewTimers(clock.Real, func(k string) { done <- k })
+	for i := range n {
+		ts.Reset(string(rune('a'+i%26))+string(rune('0'+i/26)), time.Duration(i%5)*time.Millisecond)
+	}
+	seen := map[string]bool{}
+	deadline := time.After(time.Minute)
+	for len(seen) < n {
+		select {
+		case k := <-done:
+			if seen[k] {
+				t.Fatalf("%s fired twice", k)
+			}
+			seen[k] = true
+		case <-deadline:
+			t.Fatalf("%d of %d keys fired", len(seen), n)
+		}
+	}
+	if ts.Len() != 0 {
+		t.Fatalf("Len after every key fired: %d", ts.Len())
 	}
 }

@@ -57,6 +57,10 @@ type Mix struct {
 	shapes []Shape
 	alts   [][]string // shapes[i].Models split at "|"; nil for any model
 	probs  []float64  // sum to 1, or empty
+	// class[i] numbers the share and model list of shapes[i]: shapes of one class can use
+	// the same GPUs, so a host's gpuParts are counted per class. rep[c] is a shape of class c.
+	class []int
+	rep   []int
 
 	// lookAhead: a shape's fragmentation also counts what many tasks of the shape could use,
 	// not only the next one (see LookAhead).
@@ -64,13 +68,14 @@ type Mix struct {
 
 	mu      sync.Mutex
 	memo    map[nodeKey]float64  // guarded by mu
-	parts   map[gpuKey][]gpuPart // what each shape can use of a host's GPUs; guarded by mu
+	parts   map[gpuKey][]gpuPart // what each class can use of a host's GPUs; guarded by mu
 	allowed map[string][]bool    // model → whether each shape accepts it; guarded by mu
+	slab    []gpuPart            // room for the parts of hosts not yet seen; guarded by mu
 }
 
-// gpuPart is what one shape can use of a host's GPUs, whatever the host's free CPU and
-// memory: the GPUs with its share free that it accepts, the free capacity it cannot use on
-// them, and how many of its slices they hold one after the other.
+// gpuPart is what the shapes of one class can use of a host's GPUs, whatever the host's free
+// CPU and memory: the GPUs with their share free that they accept, the free capacity they
+// cannot use on them, and how many of their slices they hold one after the other.
 type gpuPart struct {
 	fit             int32
 	unusable, slots int64
@@ -106,6 +111,7 @@ func NewMix(shapes []Shape, weights []float64) (*Mix, error) {
 		}
 		m.alts[i] = rq.models
 	}
+	m.class, m.rep = classes(m.shapes)
 	return m, nil
 }
 
@@ -151,9 +157,35 @@ func MixFromCounts(counts map[Shape]int, coverage float64) *Mix {
 // task of a shape strands seven GPUs for that shape, where FGD counts none; a GPU with 65 %
 // free holds two tasks of 30 % and strands 5 %, where FGD counts none.
 func (m *Mix) LookAhead() *Mix {
-	c := &Mix{shapes: m.shapes, alts: m.alts, probs: m.probs, lookAhead: true,
+	c := &Mix{shapes: m.shapes, alts: m.alts, probs: m.probs, class: m.class, rep: m.rep, lookAhead: true,
 		allowed: make(map[string][]bool)}
 	return c
+}
+
+// inherit takes over the remembered fragmentation maps of prev, the mix m replaces, so that
+// a learner's new mix does not grow them afresh: the memo emptied (its values depend on the
+// probabilities) but its room kept, and what each shape can use of the GPUs (parts) and
+// which models each shape accepts as they are when m has the same shapes as prev. prev
+// remembers nothing after it, and starts afresh if it is used again.
+func (m *Mix) inherit(prev *Mix) {
+	if prev == nil || prev == m {
+		return
+	}
+	prev.mu.Lock()
+	memo, parts, allowed := prev.memo, prev.parts, prev.allowed
+	prev.memo, prev.parts, prev.allowed = nil, nil, make(map[string][]bool)
+	prev.mu.Unlock()
+	if memo == nil {
+		return
+	}
+	clear(memo)
+	if !slices.Equal(m.shapes, prev.shapes) || m.lookAhead != prev.lookAhead {
+		clear(parts)
+		allowed = make(map[string][]bool)
+	}
+	m.mu.Lock()
+	m.memo, m.parts, m.allowed = memo, parts, allowed
+	m.mu.Unlock()
 }
 
 // Len is the number of shapes in the mix.
@@ -187,10 +219,12 @@ func (l *MixLearner) Observe(s Shape) {
 // pays off; in between, it is the last one built.
 func (l *MixLearner) Mix() *Mix {
 	if l.mix == nil || l.total >= l.next {
+		prev := l.mix
 		l.mix = MixFromCounts(l.counts, cmp.Or(l.Coverage, 0.95))
 		if l.LookAhead {
 			l.mix = l.mix.LookAhead()
 		}
+		l.mix.inherit(prev)
 		switch {
 		case l.next < 1:
 			l.next = 1
@@ -290,21 +324,51 @@ func (m *Mix) frag(st *nodeState) float64 {
 	}
 	var f float64
 	for i := range m.shapes {
-		f += m.probs[i] * float64(m.fragOf(i, st.cpu, st.mem, total, &parts[i]))
+		f += m.probs[i] * float64(m.fragOf(i, st.cpu, st.mem, total, &parts[m.class[i]]))
 	}
 	m.memo[k] = f
 	return f
 }
 
-// partsLocked is what each shape can use of the GPUs g, remembered.
+// classes numbers the distinct share and model list of shapes: the class of each shape, and
+// the first shape of each class.
+func classes(shapes []Shape) (class, rep []int) {
+	type cls struct {
+		milli  int32
+		models string
+	}
+	seen := make(map[cls]int, len(shapes))
+	class = make([]int, len(shapes))
+	for i, s := range shapes {
+		c, ok := seen[cls{s.Milli, s.Models}]
+		if !ok {
+			c = len(rep)
+			seen[cls{s.Milli, s.Models}] = c
+			rep = append(rep, i)
+		}
+		class[i] = c
+	}
+	return class, rep
+}
+
+// partsLocked is what each class of shapes can use of the GPUs g, remembered.
 func (m *Mix) partsLocked(g *gpuKey) []gpuPart {
 	if ps, hit := m.parts[*g]; hit {
 		return ps
 	}
-	ps := make([]gpuPart, len(m.shapes))
-	for i := range m.shapes {
-		s, p := &m.shapes[i], &ps[i]
-		accepts := g.n == 0 || m.acceptsLocked(i, g.model)
+	n := len(m.rep)
+	if len(m.slab) < n { // one allocation for many hosts' parts
+		m.slab = make([]gpuPart, 256*n)
+	}
+	ps := m.slab[:n:n]
+	m.slab = m.slab[n:]
+	var allowed []bool // nil: every shape accepts g's model
+	if g.n > 0 {
+		allowed = m.allowedLocked(g.model)
+	}
+	for c, i := range m.rep {
+		s, p := &m.shapes[i], &ps[c]
+		accepts := allowed == nil || allowed[i]
 		for _, f := range g.free[:g.n] {
 			switch {
 			case !accepts || int32(f) < s.Milli:
@@ -388,9 +452,11 @@ func (m *Mix) lookAheadFrag(i int, st *nodeState, total int64) int64 {
 
 // acceptsLocked reports whether shape i accepts GPUs of model.
 func (m *Mix) acceptsLocked(i int, model string) bool {
-	if m.alts[i] == nil {
-		return true
-	}
+	return m.alts[i] == nil || m.allowedLocked(model)[i]
+}
+
+// allowedLocked reports for each shape whether it accepts GPUs of model.
+func (m *Mix) allowedLocked(model string) []bool {
 	ok, hit := m.allowed[model]
 	if !hit {
 		ok = make([]bool, len(m.shapes))
@@ -399,5 +465,5 @@ func (m *Mix) acceptsLocked(i int, model string) bool {
 		}
 		m.allowed[model] = ok
 	}
-	return ok[i]
+	return ok
 }

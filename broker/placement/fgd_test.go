@@ -162,8 +162,9 @@ func TestFragRememberedEqualsFragComputed(t *testing.T) {
 	// the sum it makes of them must be the one computed from scratch.
 	r := newRand(5)
 	shapes := []Shape{{GPUs: 1, Milli: 250, CPU: 2000}, {GPUs: 1, Milli: 600, Memory: 4096}, {GPUs: 2, Milli: 1000, CPU: 8000},
-		{GPUs: 1, Milli: 1000, Models: "T4"}, {CPU: 1000}, {GPUs: 4, Milli: 500, CPU: 500, Memory: 1024}}
-	plain := mustMix(t, shapes, []float64{5, 4, 3, 2, 1, 1})
+		{GPUs: 1, Milli: 1000, Models: "T4"}, {CPU: 1000}, {GPUs: 4, Milli: 500, CPU: 500, Memory: 1024},
+		{GPUs: 1, Milli: 250, CPU: 6000}, {GPUs: 2, Milli: 1000, Models: "T4"}} // two classes of two shapes
+	plain := mustMix(t, shapes, []float64{5, 4, 3, 2, 1, 1, 2, 1})
 	for _, m := range []*Mix{plain, plain.LookAhead()} {
 		for i := range 2000 {
 			st := nodeState{cpu: int64(1000 * r.IntN(20)), mem: int64(1024 * r.IntN(20))}
@@ -182,6 +183,42 @@ func TestFragRememberedEqualsFragComputed(t *testing.T) {
 				if got := m.frag(&st); math.Abs(got-want) > 1e-9 {
 					t.Fatalf("look-ahead %t, state %d %+v: frag %v, want %v", m.lookAhead, i, st, got, want)
 				}
+			}
+		}
+	}
+}
+
+func TestALearnedMixRatesAsAFreshOne(t *testing.T) {
+	// A learner's new mix takes over the memory of the one it replaces; what it rates must be
+	// what a mix built afresh from the same counts rates, whether the shapes changed or not.
+	r := newRand(9)
+	shapes := []Shape{{GPUs: 1, Milli: 250, CPU: 2000}, {GPUs: 1, Milli: 600}, {GPUs: 2, Milli: 1000, CPU: 8000},
+		{GPUs: 1, Milli: 1000, Models: "T4"}, {CPU: 1000}, {GPUs: 1, Milli: 250, CPU: 6000}}
+	l := MixLearner{LookAhead: true}
+	counts := map[Shape]int{}
+	states := make([]nodeState, 200)
+	for i := range states {
+		st := &states[i]
+		st.cpu, st.mem = int64(1000*r.IntN(20)), 1<<20
+		model := []string{"T4", "A100"}[r.IntN(2)]
+		for range r.IntN(9) {
+			st.free = append(st.free, []int32{0, 100, 250, 400, 600, 750, 1000}[r.IntN(7)])
+			st.models = append(st.models, model)
+		}
+	}
+	var last, fresh *Mix
+	for n := range 1200 {
+		// The first shapes come alone, then all of them: the learned shapes change, then hold.
+		s := shapes[r.IntN(min(len(shapes), 1+n/50))]
+		l.Observe(s)
+		counts[s]++
+		m := l.Mix()
+		if m != last { // rebuilt from the counts so far
+			last, fresh = m, MixFromCounts(counts, 0.95).LookAhead()
+		}
+		for i := range states {
+			if got, want := m.frag(&states[i]), fresh.frag(&states[i]); math.Abs(got-want) > 1e-9 {
+				t.Fatalf("after %d tasks, state %d: learned mix rates %v, a fresh one %v", n+1, i, got, want)
 			}
 		}
 	}

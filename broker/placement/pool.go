@@ -28,8 +28,10 @@ type pool struct {
 	// search only asks whether the request fits). top is the best rating so far.
 	scored bool
 	top    rating
-	// before and after are scratch for hostScore and fgdPick.
+	// before and after are scratch for hostScore and fgdPick; pos[i] is where the candidate
+	// hs.lo+i is in before.free after node read hs.
 	before, after nodeState
+	pos           []int
 	// rated holds, per host shape, the score FGD gave the first host of that shape in this
 	// search (-1: no slice fit): hosts that look alike rate alike, so the others need only
 	// their tie-break. lastScore is the score rateBetter computed last.

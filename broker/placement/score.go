@@ -3,6 +3,7 @@ package placement
 import (
 	"cmp"
 	"math"
+	"slices"
 	"strings"
 
 	gpupoolv1 "github.com/gpupool/gpupool/proto/gpupool/v1"
@@ -62,6 +63,9 @@ func (p *pool) node(hs *hostState, after bool, st *nodeState) {
 		st.cpu, st.mem = st.cpu-p.rq.hostCPU, st.mem-p.rq.hostMem
 	}
 	st.free, st.models = st.free[:0], st.models[:0]
+	if !after {
+		p.pos = slices.Grow(p.pos[:0], hs.hi-hs.lo)[:hs.hi-hs.lo]
+	}
 	j := hs.lo
 	for _, d := range h.GetDevices() {
 		if d == nil || !p.v.deviceUsable(d) {
@@ -71,6 +75,8 @@ func (p *pool) node(hs *hostState, after bool, st *nodeState) {
 		if j < hs.hi && p.cands[j].d == d {
 			if after {
 				mem, compute = p.cands[j].freeMem, p.cands[j].freeCompute
+			} else {
+				p.pos[j-hs.lo] = len(st.free)
 			}
 			j++
 		}
@@ -250,17 +256,24 @@ func (p *pool) affinity(h *gpupoolv1.Host) map[string]int {
 func (p *pool) fgdPick(hs *hostState) []int {
 	p.node(hs, false, &p.before)
 	before := p.rq.opts.Mix.frag(&p.before)
+	// A slice on one candidate changes the host's free CPU and memory and that GPU's free
+	// share only: the state after it is the one before with those changed (as node would read
+	// it after the take).
 	st := &p.after
+	st.cpu, st.mem = p.before.cpu-p.rq.hostCPU, p.before.mem-p.rq.hostMem
+	st.free, st.models = append(st.free[:0], p.before.free...), append(st.models[:0], p.before.models...)
 	best, bestScore := -1, 0
 	for i := hs.lo; i < hs.hi; i++ {
 		if p.slots(&p.cands[i]) == 0 || p.twinBefore(hs, i) {
 			continue
 		}
 		p.take(i)
-		p.node(hs, true, st)
+		c, g := &p.cands[i], p.pos[i-hs.lo]
+		st.free[g] = freeMilli(c.d, c.freeMem, c.freeCompute)
 		if sc := fgdScore(before, p.rq.opts.Mix.frag(st)); best < 0 || sc > bestScore {
 			best, bestScore = i, sc
 		}
+		st.free[g] = p.before.free[g]
 		p.reset(hs)
 	}
 	if best < 0 {

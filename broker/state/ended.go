@@ -69,3 +69,25 @@ func (w *Writer) DeleteLease(l *gpupoolv1.Lease) {
 		panic(fmt.Sprintf("state: delete lease %s: %v", l.Id, err))
 	}
 }
+
+// HoldingExtras reports whether an extra-slice lease of parentID has not
+// ended yet. An ended elastic lease stays in the state while one of its
+// extras has not ended: the extra names it as its parent.
+func (r *Reader) HoldingExtras(parentID string) bool {
+	it, err := r.txn.Get(tableLeases, indexParent, parentID)
+	if err != nil {
+		panic(fmt.Sprintf("state: %s.%s: %v", tableLeases, indexParent, err))
+	}
+	for obj := it.Next(); obj != nil; obj = it.Next() {
+		if !Ended(obj.(*gpupoolv1.Lease).State) {
+			return true
+		}
+	}
+	return false
+}
+
+// Collectable reports whether an ended lease may leave the state: it has
+// ended and none of its extras is still live.
+func (r *Reader) Collectable(l *gpupoolv1.Lease) bool {
+	return Ended(l.State) && !r.HoldingExtras(l.Id)
+}

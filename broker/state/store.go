@@ -14,8 +14,9 @@ import (
 
 // Store holds the state. Reads may run concurrently with one writer.
 type Store struct {
-	db  atomic.Pointer[memdb.MemDB] // swapped whole by Restore
-	obs PoolObserver                // set before the first write; may be nil
+	db    atomic.Pointer[memdb.MemDB] // swapped whole by Restore
+	obs   PoolObserver                // set before the first write; may be nil
+	share *sharer                     // the writer's; see ShareLease
 }
 
 // PoolObserver is told of every change to the pool view (HostsWithDevices), on the writer's
@@ -41,7 +42,7 @@ func New() *Store {
 		// The schema is static; an error here is a programming mistake.
 		panic(fmt.Sprintf("state: bad schema: %v", err))
 	}
-	s := &Store{}
+	s := &Store{share: &sharer{}}
 	s.db.Store(db)
 	return s
 }
@@ -53,7 +54,7 @@ func (s *Store) Read() *Reader {
 
 // Write starts the one write transaction. Call Commit or Abort.
 func (s *Store) Write() *Writer {
-	return &Writer{Reader: Reader{txn: s.db.Load().Txn(true)}, obs: s.obs}
+	return &Writer{Reader: Reader{txn: s.db.Load().Txn(true)}, obs: s.obs, share: s.share}
 }
 
 // Reader is a snapshot-consistent view of the state.
@@ -181,6 +182,7 @@ type Writer struct {
 	// audit holds the audit entries Commit writes.
 	audit []*gpupoolv1.AuditEntry
 	obs   PoolObserver // told of pool view changes; nil for none
+	share *sharer      // nil for none
 }
 
 func (w *Writer) touch(hostID string) {
@@ -305,7 +307,8 @@ func (s *Store) Restore(b []byte, check func(version uint32) error) error {
 		return err
 	}
 	txn := db.Txn(true)
-	w := &Writer{Reader: Reader{txn: txn}}
+	share := &sharer{}
+	w := &Writer{Reader: Reader{txn: txn}, share: share}
 	for _, v := range snap.Servers {
 		w.PutServer(v)
 	}
@@ -315,7 +318,12 @@ func (s *Store) Restore(b []byte, check func(version uint32) error) error {
 	for _, v := range snap.Devices {
 		w.PutDevice(v)
 	}
+	devices := make(map[string]*gpupoolv1.Device, len(snap.Devices))
+	for _, d := range snap.Devices {
+		devices[d.Uuid] = d
+	}
 	for _, v := range snap.Leases {
+		w.shareLease(v, func(uuid string) *gpupoolv1.Device { return devices[uuid] })
 		w.PutLease(v)
 	}
 	w.SetSigningKeys(snap.SigningKeys)
@@ -336,6 +344,7 @@ func (s *Store) Restore(b []byte, check func(version uint32) error) error {
 	if s.obs != nil {
 		s.obs.Reset((&Reader{txn: db.Txn(false)}).HostsWithDevices())
 	}
+	s.share = share
 	s.db.Store(db)
 	return nil
 }

@@ -15,6 +15,7 @@ import (
 	"net"
 	"os"
 	"sync"
+	"syscall"
 )
 
 // Carrier carries one shim connection to the lease's server until either
@@ -27,6 +28,8 @@ type Proxy struct {
 	path  string
 	l     *net.UnixListener
 	carry Carrier
+	dev   uint64 // the socket file's device and inode: Close removes the
+	ino   uint64 // path only while it is still this socket
 	// OnError, when set before Serve, hears why a connection ended early
 	// (a refused token, the lease ended).
 	OnError func(error)
@@ -44,11 +47,22 @@ func Listen(path string, carry Carrier) (*Proxy, error) {
 	if err != nil {
 		return nil, fmt.Errorf("proxy: listening on %s: %w", path, err)
 	}
-	if err := os.Chmod(path, 0o600); err != nil {
+	// Another process (a newer instance of the same program) may take
+	// the path over later; closing the listener must not remove its
+	// socket, so Close removes the path itself, and only if it is ours.
+	l.SetUnlinkOnClose(false)
+	p := &Proxy{path: path, l: l, carry: carry}
+	var st syscall.Stat_t
+	if err := syscall.Lstat(path, &st); err != nil {
 		l.Close()
 		return nil, fmt.Errorf("proxy: %w", err)
 	}
-	return &Proxy{path: path, l: l, carry: carry}, nil
+	p.dev, p.ino = uint64(st.Dev), st.Ino
+	if err := os.Chmod(path, 0o600); err != nil {
+		p.Close()
+		return nil, fmt.Errorf("proxy: %w", err)
+	}
+	return p, nil
 }
 
 // Path is the socket's path: the value of GPUPOOL_CUDA_SOCKET.
@@ -78,10 +92,22 @@ func (p *Proxy) Serve(ctx context.Context) error {
 	}
 }
 
-// Close stops accepting and removes the socket; connections being carried
-// end when Serve's context does.
+// Close stops accepting and removes the socket, unless its path is
+// another socket now (another process listened there since): it removes
+// only what Listen created. Connections being carried end when Serve's
+// context does.
 func (p *Proxy) Close() error {
 	err := p.l.Close()
-	_ = os.Remove(p.path)
+	p.removeOwn()
 	return err
+}
+
+// removeOwn removes the socket's path if it is still the socket Listen
+// made, by device and inode.
+func (p *Proxy) removeOwn() {
+	var st syscall.Stat_t
+	if syscall.Lstat(p.path, &st) != nil || uint64(st.Dev) != p.dev || st.Ino != p.ino {
+		return
+	}
+	_ = os.Remove(p.path)
 }

@@ -94,3 +94,75 @@ func TestWithEnvPutsTheShimFirstAndTheSocketOnce(t *testing.T) {
 		})
 	}
 }
+
+func TestCloseRemovesOnlyTheSocketItMade(t *testing.T) {
+	echo := func(ctx context.Context, c net.Conn) error { return c.Close() }
+	for _, tc := range []struct {
+		name     string
+		takeover func(t *testing.T, path string) func() // what replaces the path; returns its cleanup
+		wantGone bool
+	}{
+		{"still ours", func(*testing.T, string) func() { return func() {} }, true},
+		{"a newer proxy listens there now", func(t *testing.T, path string) func() {
+			// As a newer instance does: remove the old socket, listen anew.
+			if err := os.Remove(path); err != nil {
+				t.Fatal(err)
+			}
+			newer, err := Listen(path, echo)
+			if err != nil {
+				t.Fatal(err)
+			}
+			return func() { newer.Close() }
+		}, false},
+		{"a file replaced it", func(t *testing.T, path string) func() {
+			if err := os.Remove(path); err != nil {
+				t.Fatal(err)
+			}
+			if err := os.WriteFile(path, []byte("someone else's"), 0o600); err != nil {
+				t.Fatal(err)
+			}
+			return func() {}
+		}, false},
+		{"it is gone", func(t *testing.T, path string) func() {
+			if err := os.Remove(path); err != nil {
+				t.Fatal(err)
+			}
+			return func() {}
+		}, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			dir, err := os.MkdirTemp("", "proxy")
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { os.RemoveAll(dir) })
+			path := filepath.Join(dir, "s")
+			old, err := Listen(path, echo)
+			if err != nil {
+				t.Fatal(err)
+			}
+			ctx, cancel := context.WithCancel(context.Background())
+			served := make(chan error, 1)
+			go func() { served <- old.Serve(ctx) }()
+			cleanup := tc.takeover(t, path)
+			t.Cleanup(cleanup)
+			before, _ := os.Lstat(path)
+			// The old instance stops: its Serve ends, then Close.
+			cancel()
+			if err := <-served; err != nil {
+				t.Errorf("Serve: %v", err)
+			}
+			old.Close()
+			after, err := os.Lstat(path)
+			if tc.wantGone {
+				if !os.IsNotExist(err) {
+					t.Errorf("the path after Close: %v, want it gone", err)
+				}
+				return
+			}
+			if err != nil || !os.SameFile(before, after) {
+				t.Fatalf("the path after the old proxy's Close: %v, want the newer file left alone", err)
+			}
+		})
+	}
+}
