@@ -185,18 +185,109 @@ func (s *Server) acquirePool(st *state.Reader, inflight []*gpupoolv1.Lease) (hos
 		return pool
 	}
 	if reserving(st) {
+		s.overlay = nil
 		return hosts, nil, false
+	}
+	return hosts, s.inflightOverlay(st, inflight), true
+}
+
+// overlayCache is the overlay of the grants in flight that an acquire
+// built, kept for the next one under placeMu: while the state stays at
+// the same applied index and none of its grants left the set, the next
+// acquire adds the grants proposed since, one by one, instead of copying
+// and counting every grant in flight again (which made placeMu's hold
+// grow with the number of grants in flight, and a batch of them cost the
+// square of it).
+type overlayCache struct {
+	index uint64          // the state's applied index it was built on
+	ids   map[string]bool // every grant of the in-flight set it has seen
+	work  *planner.Pool   // the hosts the grants in flight touch, with them
+}
+
+// inflightOverlay returns the hosts the grants of inflight that st does
+// not show yet touch, as copies with those grants. Call it under placeMu.
+func (s *Server) inflightOverlay(st *state.Reader, inflight []*gpupoolv1.Lease) []*gpupoolv1.Host {
+	if len(inflight) == 0 {
+		s.overlay = nil
+		return nil
+	}
+	idx := st.Index()
+	if c := s.overlay; c != nil && c.index == idx && c.extend(st, inflight) {
+		return c.work.Hosts()
+	}
+	c := buildOverlay(st, idx, inflight)
+	s.overlay = c
+	if c.work == nil {
+		return nil
+	}
+	return c.work.Hosts()
+}
+
+// buildOverlay counts every grant of inflight that st does not show yet.
+func buildOverlay(st *state.Reader, idx uint64, inflight []*gpupoolv1.Lease) *overlayCache {
+	c := &overlayCache{index: idx, ids: make(map[string]bool, len(inflight))}
+	for _, l := range inflight {
+		c.ids[l.Id] = true
+	}
+	pending := inFlight(st, inflight)
+	if len(pending) == 0 {
+		return c
 	}
 	var touched []*gpupoolv1.Host
 	seen := map[string]bool{}
-	for _, l := range inFlight(st, inflight) {
+	for _, l := range pending {
 		for _, id := range state.LeaseHosts(l) {
-			if h := st.HostWithDevices(id); h != nil && !seen[id] {
-				seen[id] = true
+			if seen[id] {
+				continue
+			}
+			seen[id] = true
+			if h := st.HostWithDevices(id); h != nil {
 				touched = append(touched, h)
 			}
 		}
 	}
-	_, over = overlayCopies(st, touched, inflight)
-	return hosts, over, true
+	c.work = planner.NewPool(touched)
+	for _, l := range pending {
+		c.work.Allocate(l)
+	}
+	return c
+}
+
+// extend adds the grants of inflight that c has not seen, and reports
+// false, changing nothing, when c cannot serve inflight: a grant it
+// counted left the set, or a new one touches a host it holds no copy of.
+// The caller checked that the state is still at c.index, so a grant c
+// has not seen is one the state does not show yet, unless it is a
+// queued lease's grant: those are checked as inFlight does.
+func (c *overlayCache) extend(st *state.Reader, inflight []*gpupoolv1.Lease) bool {
+	if c.work == nil {
+		return false
+	}
+	kept := 0
+	var added []*gpupoolv1.Lease
+	for _, l := range inflight {
+		if c.ids[l.Id] {
+			kept++
+			continue
+		}
+		added = append(added, l)
+	}
+	if kept != len(c.ids) {
+		return false
+	}
+	added = inFlight(st, added)
+	for _, l := range added {
+		for _, id := range state.LeaseHosts(l) {
+			if c.work.Host(id) == nil {
+				return false
+			}
+		}
+	}
+	for _, l := range inflight {
+		c.ids[l.Id] = true
+	}
+	for _, l := range added {
+		c.work.Allocate(l)
+	}
+	return true
 }

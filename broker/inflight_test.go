@@ -9,6 +9,7 @@ import (
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
 
 	"github.com/gpupool/gpupool/broker/placement"
 	"github.com/gpupool/gpupool/broker/state"
@@ -164,5 +165,94 @@ func TestRetryWhileTheGrantIsInFlightReturnsTheSameLease(t *testing.T) {
 	resp, err := ts.c.Lease.Acquire(ctx(t), &gpupoolv1.AcquireRequest{Request: r})
 	if err != nil || resp.Lease.Id != first.Id || !resp.Existing {
 		t.Fatalf("retry: got %v existing=%t err %v, want the first grant %s", resp.GetLease().GetId(), resp.GetExisting(), err, first.Id)
+	}
+}
+
+// The overlay an acquire reuses from the one before equals the overlay
+// built afresh from the state and every grant in flight, at every step:
+// grants added while the state stays put, a grant landing, one leaving the
+// set without landing, and one on a host no grant in flight touched yet.
+func TestReusedOverlayEqualsOneBuiltAfresh(t *testing.T) {
+	s := state.New()
+	w := s.Write()
+	for _, id := range []string{"h1", "h2", "h3"} {
+		w.PutHost(&gpupoolv1.Host{Id: id, CpuMillicores: 64000})
+		for _, d := range []string{"a", "b"} {
+			w.PutDevice(&gpupoolv1.Device{Uuid: "GPU-" + id + d, HostId: id, MemoryMib: 81920})
+		}
+	}
+	w.Commit(1)
+	lease := func(id, host, dev string, mib int64) *gpupoolv1.Lease {
+		return &gpupoolv1.Lease{Id: id, State: gpupoolv1.LeaseState_LEASE_STATE_GRANTED, HostCpuMillicores: 100,
+			Slices: []*gpupoolv1.Slice{{Host: host, Device: "GPU-" + host + dev, MemoryMib: mib, ComputePercent: 1}}}
+	}
+	srv := &Server{}
+	f := newInflight()
+	index := uint64(1)
+	steps := []struct {
+		name string
+		do   func()
+	}{
+		{"nothing in flight", func() {}},
+		{"one grant", func() { f.add(lease("l1", "h1", "a", 1024)) }},
+		{"two more on the same host", func() {
+			f.add(lease("l2", "h1", "a", 2048))
+			f.add(lease("l3", "h1", "b", 4096))
+		}},
+		{"one on another host", func() { f.add(lease("l4", "h2", "a", 1024)) }},
+		{"the first lands", func() {
+			index++
+			w := s.Write()
+			w.PutLease(lease("l1", "h1", "a", 1024))
+			w.Commit(index)
+			f.done("l1")
+		}},
+		{"one more after it landed", func() { f.add(lease("l5", "h2", "b", 512)) }},
+		{"one leaves without landing", func() { f.done("l3") }},
+		{"one more while the state stays put", func() { f.add(lease("l6", "h1", "b", 256)) }},
+		{"on a third host", func() { f.add(lease("l7", "h3", "a", 128)) }},
+		{"all of them leave", func() {
+			for _, id := range []string{"l2", "l4", "l5", "l6", "l7"} {
+				f.done(id)
+			}
+		}},
+	}
+	for _, step := range steps {
+		t.Run(step.name, func(t *testing.T) {
+			step.do()
+			st := s.Read()
+			snap := f.snapshot()
+			got := srv.inflightOverlay(st, snap)
+			var touched []*gpupoolv1.Host
+			seen := map[string]bool{}
+			for _, l := range inFlight(st, snap) {
+				for _, id := range state.LeaseHosts(l) {
+					if !seen[id] {
+						seen[id] = true
+						touched = append(touched, st.HostWithDevices(id))
+					}
+				}
+			}
+			_, want := overlayCopies(st, touched, snap)
+			byID := func(hs []*gpupoolv1.Host) map[string]*gpupoolv1.Host {
+				m := map[string]*gpupoolv1.Host{}
+				for _, h := range hs {
+					m[h.Id] = h
+				}
+				return m
+			}
+			g, wt := byID(got), byID(want)
+			if len(g) != len(wt) {
+				t.Fatalf("overlay holds %d hosts, want %d", len(g), len(wt))
+			}
+			for id, h := range wt {
+				if !proto.Equal(g[id], h) {
+					t.Fatalf("host %s: got %v, want %v", id, g[id], h)
+				}
+			}
+			if orig := st.HostWithDevices("h1"); orig.Devices[0].AllocatedMemoryMib > 1024 {
+				t.Fatalf("the state's own host was written: %v", orig)
+			}
+		})
 	}
 }

@@ -236,6 +236,9 @@ type Server struct {
 	// grants are the grants (and pending leases, extras, reservations)
 	// proposed under placeMu that are not applied yet.
 	grants *inflight
+	// overlay is the last acquire's overlay of grants, reused by the
+	// next while the state has not moved; guarded by placeMu.
+	overlay *overlayCache
 	// queue writes the queue's plans and pending leases to the log.
 	queue *queueWriter
 	// keysMu serialises changes to the token signing keys.

@@ -228,7 +228,7 @@ func benchmark(ctx context.Context, opts options, p *progress) (_ *results, err 
 		}
 		var profiled func() error
 		if opts.profile != "" {
-			pr := &profiler{dir: opts.profile, addrs: gc.pprof}
+			pr := &profiler{dir: opts.profile, addrs: gc.pprof, metrics: gc.metrics, logf: p.Logf}
 			profiled = pr.start(ctx, time.Now().Add(opts.warmup), opts.duration, n)
 		}
 		lv.Gpupool, err = measure(ctx, p, opts, "gpupool", n, &gpupoolSystem{cl: gc, slice: sl, ttl: leaseTTL, hosts: hosts}, gc.children)

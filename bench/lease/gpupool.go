@@ -34,6 +34,7 @@ type gpupoolCluster struct {
 	children []*child
 	c        *client.Client
 	pprof    map[string]string // broker name -> --pprof-bind address; nil without profiles
+	metrics  map[string]string // broker name -> --metrics-bind address; nil without profiles
 	addrs    []string          // the brokers' gRPC addresses
 }
 
@@ -81,7 +82,16 @@ func startGpupool(ctx context.Context, dir, bin string, hosts int, pprof bool) (
 				cl.pprof = map[string]string{}
 			}
 			cl.pprof[id] = pa
-			args = append(args, "--pprof-bind", pa)
+			ma, err := freeAddr("127.0.0.1")
+			if err != nil {
+				cl.stop()
+				return nil, err
+			}
+			if cl.metrics == nil {
+				cl.metrics = map[string]string{}
+			}
+			cl.metrics[id] = ma
+			args = append(args, "--pprof-bind", pa, "--metrics-bind", ma)
 		}
 		if err := start(id, args...); err != nil {
 			cl.stop()

@@ -111,7 +111,7 @@ func parseFlags(args []string, help io.Writer) (options, error) {
 	out := fs.String("out", "bench/results", "`dir`ectory to write lease.json, lease.md and lease.png to; created if missing")
 	gpupool := fs.String("gpupool", "", "the gpupool `binary` (default: build ./cmd/gpupool into the run's temp dir)")
 	etcd := fs.String("etcd", "/usr/bin/etcd", "the etcd `binary`, 3.4 or newer (bench/lease/install-etcd.sh installs Debian's)")
-	profile := fs.String("profile", "", "`dir`ectory to write the brokers' CPU, mutex and block profiles to, taken over each level's timed window (gpupool-CLIENTS-BROKER.KIND.pprof; read with 'go tool pprof'); empty takes none")
+	profile := fs.String("profile", "", "`dir`ectory to write the brokers' CPU, mutex and block profiles to, taken over each level's timed window (gpupool-CLIENTS-BROKER.KIND.pprof; read with 'go tool pprof'), and each broker's Raft log writes and entries applied over it, to tell how many entries one fsync carried (gpupool-CLIENTS-batching.txt); empty takes none")
 	burst := fs.Int("burst", 10000, "after the levels, `n` acquires one client sends at once (on gpupool, without quota) while --burst-clients others loop; 0 skips the burst")
 	others := fs.Int("burst-clients", 16, "how many other clients loop acquire + release during the burst, between 1 and "+strconv.Itoa(maxClients))
 	tmp := fs.String("tmpdir", "", "`dir`ectory for both clusters' data dirs, on a disk that honours fsync, not tmpfs (default $TMPDIR or /tmp)")
