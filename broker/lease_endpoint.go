@@ -430,7 +430,10 @@ func (e leaseService) Watch(req *gpupoolv1.WatchLeasesRequest, stream grpc.Serve
 	for {
 		select {
 		case <-stream.Context().Done():
-			return nil
+			// The caller's deadline or cancellation, not a clean end: a
+			// nil here could reach a client as EOF before its own
+			// deadline fired.
+			return stream.Context().Err()
 		case <-e.s.shutdownCh:
 			return refuse(ErrUnavailable, "server shutting down")
 		case ev, ok := <-events:

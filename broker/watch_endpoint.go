@@ -63,7 +63,7 @@ func (s *Server) watchState(ctx context.Context, interval time.Duration, stale b
 		}
 		select {
 		case <-ctx.Done():
-			return nil
+			return ctx.Err() // the caller's deadline or cancellation, not a clean end
 		case <-s.shutdownCh:
 			return refuse(ErrUnavailable, "server shutting down")
 		case <-tick.C:
@@ -71,7 +71,7 @@ func (s *Server) watchState(ctx context.Context, interval time.Duration, stale b
 			// Let a burst of writes land before building again.
 			select {
 			case <-ctx.Done():
-				return nil
+				return ctx.Err()
 			case <-time.After(minWatchInterval):
 			}
 		}
