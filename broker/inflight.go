@@ -99,16 +99,9 @@ func (f *inflight) snapshot() []*gpupoolv1.Lease {
 // overlay returns hosts with the grants of snap that st does not show yet
 // counted as taken. Only the hosts they touch are copied.
 func overlay(st *state.Reader, hosts []*gpupoolv1.Host, snap []*gpupoolv1.Lease) []*gpupoolv1.Host {
-	out, _ := overlayCopies(st, hosts, snap)
-	return out
-}
-
-// overlayCopies is overlay, and the copies it made: the hosts the grants in flight touch,
-// with those grants.
-func overlayCopies(st *state.Reader, hosts []*gpupoolv1.Host, snap []*gpupoolv1.Lease) ([]*gpupoolv1.Host, []*gpupoolv1.Host) {
 	pending := inFlight(st, snap)
 	if len(pending) == 0 {
-		return hosts, nil
+		return hosts
 	}
 	touched := map[string]bool{}
 	for _, l := range pending {
@@ -130,14 +123,10 @@ func overlayCopies(st *state.Reader, hosts []*gpupoolv1.Host, snap []*gpupoolv1.
 	}
 	out := make([]*gpupoolv1.Host, len(hosts))
 	copy(out, hosts)
-	var made []*gpupoolv1.Host
 	for _, h := range work.Hosts() {
-		if out[at[h.Id]] != h {
-			made = append(made, h)
-		}
 		out[at[h.Id]] = h
 	}
-	return out, made
+	return out
 }
 
 // inFlight are the grants of snap that st does not show yet.

@@ -233,7 +233,7 @@ func TestReusedOverlayEqualsOneBuiltAfresh(t *testing.T) {
 					}
 				}
 			}
-			_, want := overlayCopies(st, touched, snap)
+			want := overlay(st, touched, snap) // every host of touched, with the grants: the overlay built afresh
 			byID := func(hs []*gpupoolv1.Host) map[string]*gpupoolv1.Host {
 				m := map[string]*gpupoolv1.Host{}
 				for _, h := range hs {
