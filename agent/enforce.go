@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io/fs"
 	"log/slog"
 	"maps"
 	"os"
@@ -134,6 +135,25 @@ func (a *Agent) releaseMPSLocked(uuid, leaseID string) {
 	}
 }
 
+// leaseProcs lists the live processes of lease id, as they are from now
+// on: the lease is no longer enforced, so no process joins it after the
+// call. With cgroups, its cgroup lists them (with those tracked for it),
+// so the cost does not grow with the host's other processes. Without, a
+// scan of every process finds them, one scan shared by the teardowns that
+// ask together: a scan per teardown kept a core busy under a churn of
+// short leases.
+func (a *Agent) leaseProcs(ctx context.Context, id string) ([]workload.Proc, error) {
+	if !a.box.HasCgroups() {
+		all, err := a.procs.ScanSince(ctx, time.Now())
+		return all[id], err
+	}
+	pids, err := a.box.Procs(id)
+	if err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return nil, err // a lease never given a cgroup has no process in one
+	}
+	return a.procs.Members(id, pids), nil
+}
+
 // teardown stops a lease's processes in the background, releases its MPS
 // daemons and state file, and marks it torn down for the broker. It
 // confirms only after a scan of the processes succeeded and found none;
@@ -156,14 +176,17 @@ func (a *Agent) teardown(o teardownOrder) {
 		start := time.Now()
 		pause := 100 * time.Millisecond
 		for round := 1; ; round++ {
-			procs, err := a.procs.Scan()
-			if err == nil && len(procs[id]) == 0 {
+			procs, err := a.leaseProcs(ctx, id)
+			if ctx.Err() != nil {
+				return // the agent is stopping; the file stays and a restart resumes
+			}
+			if err == nil && len(procs) == 0 {
 				break
 			}
 			if err != nil {
 				a.log.Error("listing a lease's processes failed; retrying", "lease", id, "err", err, "retry_in", pause)
 			} else {
-				res, err := workload.Stop(ctx, procs[id], a.cfg.Enforcement.KillAfter)
+				res, err := workload.Stop(ctx, procs, a.cfg.Enforcement.KillAfter)
 				a.logStop(id, res, err)
 				if err == nil && len(res.Remaining) == 0 {
 					continue // scan again: a process may have forked meanwhile

@@ -2,12 +2,21 @@ package workload
 
 import (
 	"cmp"
+	"context"
 	"fmt"
 	"os"
 	"slices"
 	"strconv"
 	"sync"
+	"time"
 )
+
+// sharedScanGap is the least time between the starts of two scans that
+// ScanSince makes. A scan reads every process in procRoot: an agent
+// tearing down leases one after another (a churn of short leases) made one
+// scan per teardown and spent most of a core on them. Teardowns that ask
+// within one gap share a scan instead; each waits at most a gap longer.
+const sharedScanGap = 25 * time.Millisecond
 
 // Table finds the processes of leases. It is safe for concurrent use.
 //
@@ -29,6 +38,25 @@ type Table struct {
 	// environ caches the lease each process's environment names, ""
 	// for none, with the command name it had then. Guarded by mu.
 	environ map[Proc]envEntry
+
+	// gap is the least time between two shared scans' starts
+	// (sharedScanGap; shorter in tests).
+	gap time.Duration
+	// smu guards running and last, the shared scans of ScanSince.
+	smu     sync.Mutex
+	running *sharedScan // the scan under way, nil if none
+	last    *sharedScan // the newest finished one, nil before the first
+	// scans counts the scans ScanSince made (for tests).
+	scans int
+}
+
+// sharedScan is one Scan that several ScanSince callers may read. start,
+// procs and err are set before done is closed and never changed after.
+type sharedScan struct {
+	start time.Time
+	procs map[string][]Proc
+	err   error
+	done  chan struct{}
 }
 
 type envEntry struct{ lease, comm string }
@@ -40,6 +68,7 @@ func NewTable(procRoot string) *Table {
 		procRoot: procRoot,
 		tracked:  make(map[Proc]string),
 		environ:  make(map[Proc]envEntry),
+		gap:      sharedScanGap,
 	}
 }
 
@@ -128,6 +157,85 @@ func (t *Table) Scan() (map[string][]Proc, error) {
 	}
 	t.forget(seen)
 	return out, nil
+}
+
+// ScanSince returns what Scan returns, from a scan that began at or after
+// since: it sees every process that existed at since and has not exited.
+// Callers that ask at the same time share one scan, and a new scan begins
+// at most once per sharedScanGap, so asking often costs a scan per gap,
+// not a scan per call. The map and its slices are shared with the other
+// callers: read them, never change them. It fails with ctx's error if ctx
+// ends first.
+func (t *Table) ScanSince(ctx context.Context, since time.Time) (map[string][]Proc, error) {
+	for {
+		t.smu.Lock()
+		if r := t.last; r != nil && !r.start.Before(since) {
+			t.smu.Unlock()
+			return r.procs, r.err
+		}
+		if r := t.running; r != nil {
+			t.smu.Unlock()
+			select {
+			case <-r.done:
+			case <-ctx.Done():
+				return nil, ctx.Err()
+			}
+			if !r.start.Before(since) {
+				return r.procs, r.err
+			}
+			continue // it began before since: the next one serves us
+		}
+		r := &sharedScan{done: make(chan struct{})}
+		t.running = r
+		var wait time.Duration
+		if t.last != nil {
+			wait = time.Until(t.last.start.Add(t.gap))
+		}
+		t.scans++
+		t.smu.Unlock()
+		// The others may be waiting on r: it runs to its end even if ctx
+		// ends, and the wait for the gap is short.
+		if wait > 0 {
+			time.Sleep(wait)
+		}
+		r.start = time.Now()
+		r.procs, r.err = t.Scan()
+		t.smu.Lock()
+		t.running, t.last = nil, r
+		t.smu.Unlock()
+		close(r.done)
+		return r.procs, r.err
+	}
+}
+
+// Members returns the processes of leaseID when its cgroup lists pids:
+// those of pids that are alive, and those tracked for leaseID that may be
+// (an unreadable stat does not prove a process gone), sorted by pid. It
+// reads only these processes, where Scan reads every one on the host.
+func (t *Table) Members(leaseID string, pids []int) []Proc {
+	seen := make(map[Proc]bool, len(pids))
+	var out []Proc
+	for _, pid := range pids {
+		if p, err := t.Lookup(pid); err == nil && !seen[p] {
+			seen[p] = true
+			out = append(out, p)
+		}
+	}
+	t.mu.Lock()
+	var tracked []Proc
+	for p, l := range t.tracked {
+		if l == leaseID && !seen[p] {
+			tracked = append(tracked, p)
+		}
+	}
+	t.mu.Unlock()
+	for _, p := range tracked {
+		if t.alive(p) {
+			out = append(out, p)
+		}
+	}
+	slices.SortFunc(out, func(a, b Proc) int { return cmp.Compare(a.PID, b.PID) })
+	return out
 }
 
 // scanOne returns the process pid names and its lease; a zero Proc if

@@ -1,6 +1,7 @@
 package workload
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"maps"
@@ -11,6 +12,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 )
 
 // fakeProc is one process of a fake proc tree.
@@ -437,4 +439,89 @@ func TestTableConcurrentUse(t *testing.T) {
 		})
 	}
 	wg.Wait()
+}
+
+func TestScanSinceSharesScansAndNeverAnswersFromAnOlderOne(t *testing.T) {
+	root := fakeTree(t,
+		fakeProc{pid: 10, start: 100, environ: []string{"GPUPOOL_LEASE_ID=lease-1"}},
+	)
+	table := NewTable(root)
+	table.gap = time.Hour // no scan after the first may start on its own
+	ctx := t.Context()
+
+	// Callers asking together share the one scan.
+	var wg sync.WaitGroup
+	since := time.Now()
+	for range 16 {
+		wg.Go(func() {
+			procs, err := table.ScanSince(ctx, since)
+			if err != nil || len(procs["lease-1"]) != 1 {
+				t.Errorf("ScanSince = %v, %v; want lease-1's one process", procs, err)
+			}
+		})
+	}
+	wg.Wait()
+	table.smu.Lock()
+	scans := table.scans
+	table.smu.Unlock()
+	if scans != 1 {
+		t.Fatalf("16 callers asking at once made %d scans, want 1", scans)
+	}
+
+	// A process that exists at since is seen: the answer comes from a
+	// scan begun after it, not from the older one.
+	writeFakeProc(t, root, fakeProc{pid: 11, start: 101, environ: []string{"GPUPOOL_LEASE_ID=lease-1"}})
+	table.gap = 0
+	procs, err := table.ScanSince(ctx, time.Now())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := procs["lease-1"]; len(got) != 2 {
+		t.Fatalf("after pid 11 started: lease-1 has %v, want pids 10 and 11", got)
+	}
+
+	// A caller whose context ends does not wait for a scan it cannot use.
+	table.gap = time.Hour
+	table.smu.Lock()
+	table.running = &sharedScan{done: make(chan struct{})} // a scan that never ends
+	table.smu.Unlock()
+	cctx, cancel := context.WithCancel(ctx)
+	cancel()
+	if _, err := table.ScanSince(cctx, time.Now()); !errors.Is(err, context.Canceled) {
+		t.Fatalf("ScanSince with an ended context = %v, want context.Canceled", err)
+	}
+}
+
+func TestMembersReadsOnlyTheListedAndTrackedProcesses(t *testing.T) {
+	root := fakeTree(t,
+		fakeProc{pid: 10, start: 100},
+		fakeProc{pid: 11, start: 101},
+		fakeProc{pid: 12, start: 102, state: 'Z'},
+		fakeProc{pid: 13, start: 103},
+		fakeProc{pid: 14, start: 104},
+	)
+	table := NewTable(root)
+	table.Track("lease-1", Proc{PID: 13, Start: 103})
+	table.Track("lease-1", Proc{PID: 14, Start: 999}) // pid 14 was reused: not lease-1's
+	table.Track("lease-2", Proc{PID: 11, Start: 101})
+	tests := []struct {
+		name string
+		pids []int
+		want []int
+	}{
+		{"listed, tracked, exited and unknown pids", []int{12, 10, 99}, []int{10, 13}},
+		{"a pid both listed and tracked once", []int{13, 10}, []int{10, 13}},
+		{"nothing listed", nil, []int{13}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			var got []int
+			for _, p := range table.Members("lease-1", tt.pids) {
+				got = append(got, p.PID)
+			}
+			if !slices.Equal(got, tt.want) {
+				t.Fatalf("Members(lease-1, %v) = %v, want %v", tt.pids, got, tt.want)
+			}
+		})
+	}
 }
