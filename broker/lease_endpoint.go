@@ -132,9 +132,15 @@ func (s *Server) acquire(ctx context.Context, r *gpupoolv1.LeaseRequest, wait ti
 		return s.acquire(ctx, r, wait)
 	}
 	pool, over, indexed := s.acquirePool(st, inflight)
-	if c := r.GetConstraints(); !indexed || c.GetHost() != "" || c.GetModel() != "" {
+	if c := r.GetConstraints(); !indexed || c.GetModel() != "" {
 		if err := checkAgainstPool(r, pool()); err != nil {
 			return nil, err
+		}
+	} else if id := c.GetHost(); id != "" {
+		// The one host it names, not the whole pool: a pinned request (a
+		// Kubernetes claim's, on its node) reads no more than that.
+		if st.HostWithDevices(id) == nil {
+			return nil, noSuchHost(id)
 		}
 	}
 	queue := func(err error) (*gpupoolv1.AcquireResponse, error) {
@@ -215,13 +221,18 @@ func (s *Server) acquired(l *gpupoolv1.Lease, existing bool) (*gpupoolv1.Acquire
 
 // checkAgainstPool rejects constraints that name things the pool does not
 // have at all: a model glob no device matches, an unknown host.
+// noSuchHost refuses a request pinned to a host that has no GPU registered.
+func noSuchHost(id string) error {
+	return &protocol.FieldError{Field: "constraints.host", Value: fmt.Sprintf("%q", id), Allowed: "no such host; see 'gpupool host ls'"}
+}
+
 func checkAgainstPool(r *gpupoolv1.LeaseRequest, hosts []*gpupoolv1.Host) error {
 	c := r.GetConstraints()
 	if c == nil {
 		return nil
 	}
 	if c.Host != "" && !slices.ContainsFunc(hosts, func(h *gpupoolv1.Host) bool { return h.Id == c.Host }) {
-		return &protocol.FieldError{Field: "constraints.host", Value: fmt.Sprintf("%q", c.Host), Allowed: "no such host; see 'gpupool host ls'"}
+		return noSuchHost(c.Host)
 	}
 	if c.Model == "" {
 		return nil

@@ -294,6 +294,24 @@ func (s *summary) mayHold(rq *request, perHost int) bool {
 	return s.maxMem >= rq.mem && s.maxCompute >= rq.compute
 }
 
+// pinned reports whether rq names its host: the exhaustive placement filters every other host
+// out, so Place may rate that host alone.
+func (rq *request) pinned() bool { return rq.cons.GetHost() != "" }
+
+// pinnedLocked is the host of id, from over if it is there, else as indexed; none if neither
+// has it.
+func (x *Index) pinnedLocked(over []*gpupoolv1.Host, id string) []*gpupoolv1.Host {
+	for _, h := range over {
+		if h.GetId() == id {
+			return []*gpupoolv1.Host{h}
+		}
+	}
+	if ih, ok := x.hosts[id]; ok {
+		return []*gpupoolv1.Host{ih.h}
+	}
+	return nil
+}
+
 // indexable reports whether Place can answer rq from groups: the request's slices share one
 // host (or there is one), and nothing but the group's state decides where they go.
 func (rq *request) indexable() bool {
@@ -338,6 +356,13 @@ func (x *Index) PlaceOver(over []*gpupoolv1.Host, req *gpupoolv1.LeaseRequest, o
 				opts.maxCPU, opts.maxGPU = max(opts.maxCPU, h.GetCpuMillicores()), max(opts.maxGPU, 1000*int64(len(h.GetDevices())))
 			}
 		}
+	}
+	if rq.pinned() && !(opts.Policy == Random && len(over) > 0) {
+		// Only the named host may hold it: rate that host alone.
+		if ss, err := place(x.pinnedLocked(over, rq.cons.GetHost()), req, &opts); err == nil {
+			return ss, nil
+		}
+		return place(x.allLocked(over), req, &opts) // the same refusal as the exhaustive placement
 	}
 	if !rq.indexable() || (opts.Policy == Random && len(over) > 0) {
 		return place(x.allLocked(over), req, &opts)

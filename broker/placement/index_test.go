@@ -109,7 +109,7 @@ func TestIndexPlacesAsTheExhaustiveSearchForEveryPolicy(t *testing.T) {
 			p := newIndexPool(hosts, rank)
 			var placed, refused int
 			for step := range 400 {
-				req := randomRequest(r)
+				req := pinSome(r, randomRequest(r), hosts)
 				opts := Options{Policy: AllPolicies[r.IntN(len(AllPolicies))], Rank: rank, Mix: mix,
 					Rand: mrand.New(mrand.NewSource(int64(step)))}
 				got, gotErr := p.idx.Place(req, opts)
@@ -147,6 +147,17 @@ func TestIndexPlacesAsTheExhaustiveSearchForEveryPolicy(t *testing.T) {
 			}
 		})
 	}
+}
+
+// pinSome pins one request in four to a host: one of hosts, mostly, else one the pool lacks.
+func pinSome(r *rand.Rand, req *gpupoolv1.LeaseRequest, hosts []*gpupoolv1.Host) *gpupoolv1.LeaseRequest {
+	switch r.IntN(8) {
+	case 0:
+		req.Constraints.Host = "no-such-host"
+	case 1, 2:
+		req.Constraints.Host = hosts[r.IntN(len(hosts))].Id
+	}
+	return req
 }
 
 // placedText is the slices as host/index, or "-".
@@ -230,7 +241,7 @@ func TestIndexPlacesOverHostsItDoesNotHoldYetAsTheExhaustiveSearch(t *testing.T)
 					}
 					over, view[i] = append(over, c), c
 				}
-				req := randomRequest(r)
+				req := pinSome(r, randomRequest(r), hosts)
 				opts := Options{Policy: policies[r.IntN(len(policies))], Mix: mix}
 				got, gotErr := p.idx.PlaceOver(over, req, opts)
 				want, wantErr := PlaceWith(view, req, opts)
