@@ -118,6 +118,7 @@ func (s *Server) Close() {
 // ServeConn runs one session on c until c ends or a frame is malformed,
 // which it returns as the error. It closes c.
 func (s *Server) ServeConn(c net.Conn) error {
+	c = newThreadConn(c)
 	s.mu.Lock()
 	if s.closed {
 		s.mu.Unlock()
@@ -136,7 +137,8 @@ func (s *Server) ServeConn(c net.Conn) error {
 	}()
 	log := s.log.With("session", id)
 
-	// The driver's current context is per OS thread.
+	// The driver's current context is per OS thread; the session waits
+	// for its requests on that thread too (threadConn).
 	runtime.LockOSThread()
 	defer runtime.UnlockOSThread()
 

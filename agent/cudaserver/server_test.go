@@ -101,7 +101,7 @@ func (tc *testClient) call(op uint16, args ...any) (Result, *wire.Decoder) {
 func (tc *testClient) session() uint64 {
 	tc.t.Helper()
 	if r, _ := tc.call(opCuInit, uint32(0)); r != Success {
-		tc.t.Fatalf("cuInit: %v", r)
+		tc.t.Fatalf("cuDriverGetVersion: %v", r)
 	}
 	r, d := tc.call(opCuCtxCreateV2, uint32(0), int32(0))
 	if r != Success {
@@ -503,5 +503,61 @@ func TestASessionHoldsABoundedNumberOfObjects(t *testing.T) {
 	}
 	if _, r := tc.alloc(16); r != ErrorOutOfMemory {
 		t.Errorf("a fourth allocation: got %v, want CUDA_ERROR_OUT_OF_MEMORY", r)
+	}
+}
+
+// A session on a unix socket waits for its requests on its own thread,
+// in the kernel (threadConn): whichever end closes, the session ends.
+func TestASessionWaitingOnAUnixSocketEndsWhenEitherEndCloses(t *testing.T) {
+	for _, tt := range []struct {
+		name  string
+		close func(srv *Server, client net.Conn)
+	}{
+		{"the client closes", func(_ *Server, c net.Conn) { c.Close() }},
+		{"the server closes", func(srv *Server, _ net.Conn) { srv.Close() }},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			path := filepath.Join(t.TempDir(), "s")
+			l, err := net.Listen("unix", path)
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { l.Close() })
+			srv := newTestServer(t, testLimit)
+			done := make(chan error, 1)
+			go func() {
+				c, err := l.Accept()
+				if err != nil {
+					done <- err
+					return
+				}
+				done <- srv.ServeConn(c)
+			}()
+			c, err := net.Dial("unix", path)
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { c.Close() })
+			tc := &testClient{t: t, c: c}
+			var e wire.Encoder
+			e.U32(wire.Magic)
+			e.U32(Protocol)
+			e.U32(APIHash)
+			if r, _ := tc.raw(wire.OpHello, e.B); r != Success {
+				t.Fatalf("handshake: %v", r)
+			}
+			if r, _ := tc.call(opCuDriverGetVersion); r != Success {
+				t.Fatalf("cuDriverGetVersion: %v", r)
+			}
+			tt.close(srv, c)
+			select {
+			case err := <-done:
+				if err != nil {
+					t.Errorf("the session ended with %v, want nil", err)
+				}
+			case <-time.After(time.Minute):
+				t.Fatal("the session still waits for a request")
+			}
+		})
 	}
 }
