@@ -46,6 +46,10 @@ type Config struct {
 	NewBackend func() (Backend, error)
 	// Logger gets session starts, ends and refusals; nil discards them.
 	Logger *slog.Logger
+	// OnSessions, when set, hears how many sessions are open each time
+	// that changes, in order (the cuda-server command sizes GOMAXPROCS
+	// with it). It runs under the server's lock: it must not call back.
+	OnSessions func(open int)
 }
 
 // Server serves the CUDA calls of one lease. Its methods are safe for
@@ -109,9 +113,17 @@ func (s *Server) Close() {
 	s.closed = true
 	conns := s.conns
 	s.conns = map[net.Conn]struct{}{}
+	s.opened()
 	s.mu.Unlock()
 	for c := range conns {
 		_ = c.Close()
+	}
+}
+
+// opened tells OnSessions how many sessions are open. s.mu is held.
+func (s *Server) opened() {
+	if s.cfg.OnSessions != nil {
+		s.cfg.OnSessions(len(s.conns))
 	}
 }
 
@@ -128,10 +140,14 @@ func (s *Server) ServeConn(c net.Conn) error {
 	s.conns[c] = struct{}{}
 	s.sessions++
 	id := s.sessions
+	s.opened()
 	s.mu.Unlock()
 	defer func() {
 		s.mu.Lock()
-		delete(s.conns, c)
+		if _, ok := s.conns[c]; ok {
+			delete(s.conns, c)
+			s.opened()
+		}
 		s.mu.Unlock()
 		_ = c.Close()
 	}()

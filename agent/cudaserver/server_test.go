@@ -561,3 +561,50 @@ func TestASessionWaitingOnAUnixSocketEndsWhenEitherEndCloses(t *testing.T) {
 		})
 	}
 }
+
+func TestOnSessionsHearsHowManySessionsAreOpenInOrder(t *testing.T) {
+	heard := make(chan int, 16)
+	srv, err := New(Config{
+		Devices: []Device{{Index: 0, MemoryBytes: testLimit}},
+		NewBackend: func() (Backend, error) {
+			return NewSimBackend([]SimDevice{DefaultSimDevice([16]byte{1})}, nil), nil
+		},
+		OnSessions: func(open int) { heard <- open },
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	next := func() int {
+		t.Helper()
+		select {
+		case n := <-heard:
+			return n
+		case <-time.After(time.Minute):
+			t.Fatal("OnSessions was not called")
+			return -1
+		}
+	}
+	a := dial(t, srv)
+	if n := next(); n != 1 {
+		t.Fatalf("the first session: heard %d, want 1", n)
+	}
+	b := dial(t, srv)
+	if n := next(); n != 2 {
+		t.Fatalf("the second session: heard %d, want 2", n)
+	}
+	a.c.Close()
+	if n := next(); n != 1 {
+		t.Fatalf("the first session's end: heard %d, want 1", n)
+	}
+	srv.Close()
+	if n := next(); n != 0 {
+		t.Fatalf("Close: heard %d, want 0", n)
+	}
+	<-a.done // both sessions have ended
+	<-b.done
+	select {
+	case n := <-heard:
+		t.Errorf("after Close: heard %d, want nothing more", n)
+	default:
+	}
+}
