@@ -19,9 +19,15 @@ import (
 // its processor to. Waiting in poll(2), the session's thread is the one
 // the kernel wakes, once, as it would a C server's. Writes stay Go's: the
 // socket stays non-blocking.
+//
+// A thread waiting in poll(2) keeps its processor until the runtime's
+// monitor takes it back, which can be milliseconds: while the session's
+// answers wait for the writer goroutine (idle reports false), Read waits
+// in the netpoller instead, which lets the writer run at once.
 type threadConn struct {
 	*net.UnixConn
-	rc syscall.RawConn
+	rc   syscall.RawConn
+	idle func() bool // set by the session's goroutine, the one reader; nil: always
 }
 
 // newThreadConn wraps c, or returns c itself when its descriptor cannot
@@ -53,6 +59,9 @@ func (c *threadConn) Read(b []byte) (int, error) {
 			case unix.EINTR:
 				continue
 			case unix.EAGAIN:
+				if c.idle != nil && !c.idle() {
+					return false // wait in the netpoller
+				}
 				if _, err = unix.Poll(pfd, -1); err != nil && err != unix.EINTR {
 					return true
 				}

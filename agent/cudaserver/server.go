@@ -223,6 +223,9 @@ func (s *Server) serve(c net.Conn, log *slog.Logger) error {
 	defer ss.close()
 	out := newReplyQueue(c, w)
 	defer out.close(c)
+	if tc, ok := c.(*threadConn); ok {
+		tc.idle = out.idle
+	}
 	s.mu.Lock()
 	s.queues[c] = out
 	s.mu.Unlock()
@@ -375,6 +378,13 @@ func (q *replyQueue) close(c net.Conn) {
 		_ = c.Close()
 		<-q.done
 	}
+}
+
+// idle reports whether every answer put has been written.
+func (q *replyQueue) idle() bool {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	return q.pending == 0
 }
 
 // queued reports the payload bytes queued now and the most ever queued.
