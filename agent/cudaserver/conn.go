@@ -27,7 +27,7 @@ import (
 type threadConn struct {
 	*net.UnixConn
 	rc   syscall.RawConn
-	idle func() bool // set by the session's goroutine, the one reader; nil: always
+	idle func() bool // set by the session's goroutine, the one reader; nil: always poll(2)
 }
 
 // newThreadConn wraps c, or returns c itself when its descriptor cannot
