@@ -46,6 +46,10 @@ type Config struct {
 	NewBackend func() (Backend, error)
 	// Logger gets session starts, ends and refusals; nil discards them.
 	Logger *slog.Logger
+	// OnSessions, when set, hears how many sessions are open each time
+	// that changes, in order (the cuda-server command sizes GOMAXPROCS
+	// with it). It runs under the server's lock: it must not call back.
+	OnSessions func(open int)
 }
 
 // Server serves the CUDA calls of one lease. Its methods are safe for
@@ -109,15 +113,24 @@ func (s *Server) Close() {
 	s.closed = true
 	conns := s.conns
 	s.conns = map[net.Conn]struct{}{}
+	s.opened()
 	s.mu.Unlock()
 	for c := range conns {
 		_ = c.Close()
 	}
 }
 
+// opened tells OnSessions how many sessions are open. s.mu is held.
+func (s *Server) opened() {
+	if s.cfg.OnSessions != nil {
+		s.cfg.OnSessions(len(s.conns))
+	}
+}
+
 // ServeConn runs one session on c until c ends or a frame is malformed,
 // which it returns as the error. It closes c.
 func (s *Server) ServeConn(c net.Conn) error {
+	c = newThreadConn(c)
 	s.mu.Lock()
 	if s.closed {
 		s.mu.Unlock()
@@ -127,16 +140,21 @@ func (s *Server) ServeConn(c net.Conn) error {
 	s.conns[c] = struct{}{}
 	s.sessions++
 	id := s.sessions
+	s.opened()
 	s.mu.Unlock()
 	defer func() {
 		s.mu.Lock()
-		delete(s.conns, c)
+		if _, ok := s.conns[c]; ok {
+			delete(s.conns, c)
+			s.opened()
+		}
 		s.mu.Unlock()
 		_ = c.Close()
 	}()
 	log := s.log.With("session", id)
 
-	// The driver's current context is per OS thread.
+	// The driver's current context is per OS thread; the session waits
+	// for its requests on that thread too (threadConn).
 	runtime.LockOSThread()
 	defer runtime.UnlockOSThread()
 
@@ -205,6 +223,9 @@ func (s *Server) serve(c net.Conn, log *slog.Logger) error {
 	defer ss.close()
 	out := newReplyQueue(c, w)
 	defer out.close(c)
+	if tc, ok := c.(*threadConn); ok {
+		tc.idle = out.idle
+	}
 	s.mu.Lock()
 	s.queues[c] = out
 	s.mu.Unlock()
@@ -357,6 +378,13 @@ func (q *replyQueue) close(c net.Conn) {
 		_ = c.Close()
 		<-q.done
 	}
+}
+
+// idle reports whether every answer put has been written.
+func (q *replyQueue) idle() bool {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	return q.pending == 0
 }
 
 // queued reports the payload bytes queued now and the most ever queued.

@@ -101,7 +101,7 @@ func (tc *testClient) call(op uint16, args ...any) (Result, *wire.Decoder) {
 func (tc *testClient) session() uint64 {
 	tc.t.Helper()
 	if r, _ := tc.call(opCuInit, uint32(0)); r != Success {
-		tc.t.Fatalf("cuInit: %v", r)
+		tc.t.Fatalf("cuDriverGetVersion: %v", r)
 	}
 	r, d := tc.call(opCuCtxCreateV2, uint32(0), int32(0))
 	if r != Success {
@@ -503,5 +503,108 @@ func TestASessionHoldsABoundedNumberOfObjects(t *testing.T) {
 	}
 	if _, r := tc.alloc(16); r != ErrorOutOfMemory {
 		t.Errorf("a fourth allocation: got %v, want CUDA_ERROR_OUT_OF_MEMORY", r)
+	}
+}
+
+// A session on a unix socket waits for its requests on its own thread,
+// in the kernel (threadConn): whichever end closes, the session ends.
+func TestASessionWaitingOnAUnixSocketEndsWhenEitherEndCloses(t *testing.T) {
+	for _, tt := range []struct {
+		name  string
+		close func(srv *Server, client net.Conn)
+	}{
+		{"the client closes", func(_ *Server, c net.Conn) { c.Close() }},
+		{"the server closes", func(srv *Server, _ net.Conn) { srv.Close() }},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			path := filepath.Join(t.TempDir(), "s")
+			l, err := net.Listen("unix", path)
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { l.Close() })
+			srv := newTestServer(t, testLimit)
+			done := make(chan error, 1)
+			go func() {
+				c, err := l.Accept()
+				if err != nil {
+					done <- err
+					return
+				}
+				done <- srv.ServeConn(c)
+			}()
+			c, err := net.Dial("unix", path)
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { c.Close() })
+			tc := &testClient{t: t, c: c}
+			var e wire.Encoder
+			e.U32(wire.Magic)
+			e.U32(Protocol)
+			e.U32(APIHash)
+			if r, _ := tc.raw(wire.OpHello, e.B); r != Success {
+				t.Fatalf("handshake: %v", r)
+			}
+			if r, _ := tc.call(opCuDriverGetVersion); r != Success {
+				t.Fatalf("cuDriverGetVersion: %v", r)
+			}
+			tt.close(srv, c)
+			select {
+			case err := <-done:
+				if err != nil {
+					t.Errorf("the session ended with %v, want nil", err)
+				}
+			case <-time.After(time.Minute):
+				t.Fatal("the session still waits for a request")
+			}
+		})
+	}
+}
+
+func TestOnSessionsHearsHowManySessionsAreOpenInOrder(t *testing.T) {
+	heard := make(chan int, 16)
+	srv, err := New(Config{
+		Devices: []Device{{Index: 0, MemoryBytes: testLimit}},
+		NewBackend: func() (Backend, error) {
+			return NewSimBackend([]SimDevice{DefaultSimDevice([16]byte{1})}, nil), nil
+		},
+		OnSessions: func(open int) { heard <- open },
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	next := func() int {
+		t.Helper()
+		select {
+		case n := <-heard:
+			return n
+		case <-time.After(time.Minute):
+			t.Fatal("OnSessions was not called")
+			return -1
+		}
+	}
+	a := dial(t, srv)
+	if n := next(); n != 1 {
+		t.Fatalf("the first session: heard %d, want 1", n)
+	}
+	b := dial(t, srv)
+	if n := next(); n != 2 {
+		t.Fatalf("the second session: heard %d, want 2", n)
+	}
+	a.c.Close()
+	if n := next(); n != 1 {
+		t.Fatalf("the first session's end: heard %d, want 1", n)
+	}
+	srv.Close()
+	if n := next(); n != 0 {
+		t.Fatalf("Close: heard %d, want 0", n)
+	}
+	<-a.done // both sessions have ended
+	<-b.done
+	select {
+	case n := <-heard:
+		t.Errorf("after Close: heard %d, want nothing more", n)
+	default:
 	}
 }

@@ -7,6 +7,7 @@ import (
 	"net"
 	"os"
 	"os/signal"
+	"runtime"
 	"syscall"
 
 	"github.com/spf13/cobra"
@@ -36,6 +37,14 @@ func newAgentCudaServerCmd() *cobra.Command {
 				return usagef("stdin must be a listening unix socket, as the agent passes it: %v", err)
 			}
 			ls.Logger = slog.New(slog.NewTextHandler(cmd.ErrOrStderr(), &slog.HandlerOptions{Level: slog.LevelInfo}))
+			// A processor for each open session (at least one, at most
+			// the runtime's own choice, which heeds the sandbox's CPU
+			// limit): a session waits for its requests, and for the
+			// driver, on its own thread, and runs little Go between; an
+			// idle processor more only adds a wake-up of a spinning
+			// thread to each of its round trips.
+			procs := runtime.GOMAXPROCS(0)
+			ls.OnSessions = func(open int) { runtime.GOMAXPROCS(min(procs, max(1, open))) }
 			srv, err := ls.NewServer()
 			if err != nil {
 				l.Close()
