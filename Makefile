@@ -169,7 +169,7 @@ bench-failover: build ## kill -9 the leader 10 times under load: time to the nex
 bench-scale: build ## one broker with 10k hosts x 8 GPUs and 100k leases: RSS, snapshot, restart (about 10 min; at most 12)
 	$(BIN)/gpupool-bench scale --gpupool $(BIN)/gpupool
 
-bench-churn: build ## one broker's RSS at 0, 10k and 100k leases, then under acquire/release churn toward 1M cycles (about 30 min: 15 to load, at most 15 of churn, extrapolated past it); writes bench/results/churn.{json,md}
+bench-churn: build ## one broker's RSS at 0, 10k and 100k leases, then after 1M acquire/release cycles of churn (about 50 min on 2 cores: 2 to load, 46 of churn; the churn stops at 90 min and extrapolates); writes bench/results/churn.{json,md}
 	$(BIN)/gpupool-bench churn --gpupool $(BIN)/gpupool
 
 bench-console: build chromium ## the console's pool page on 10k hosts x 8 GPUs in headless Chromium: render and live-update times (about 2 min); writes bench/results/console.{json,md}
