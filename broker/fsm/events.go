@@ -28,6 +28,31 @@ type Event struct {
 	// Reset means the whole state was replaced (snapshot restore):
 	// subscribers must re-read everything.
 	Reset bool
+
+	// shared is what the subscribers of this one published event share
+	// (see Shared); nil for an event not published.
+	shared *shared
+}
+
+// shared is the value Shared made once for every subscriber of an event.
+type shared struct {
+	once sync.Once
+	v    any
+}
+
+// Shared returns what make returns, made once for all the subscribers of
+// this event: the first to ask makes it, the others get the same value.
+// A subscriber that serves many watchers encodes an event once this way
+// rather than once per watcher. make must not depend on who asks, and
+// every caller must pass the same kind of make: there is one value per
+// event. An event that was not published has none shared: make runs at
+// each call.
+func (e Event) Shared(make func() any) any {
+	if e.shared == nil {
+		return make()
+	}
+	e.shared.once.Do(func() { e.shared.v = make() })
+	return e.shared.v
 }
 
 // Text is what to tell a watcher about the event: its message, else the
@@ -96,6 +121,12 @@ func (p *publisher) publish(evs []Event) {
 	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	if len(p.subs) == 0 {
+		return
+	}
+	for i := range evs {
+		evs[i].shared = &shared{}
+	}
 	for ch := range p.subs {
 		for _, e := range evs {
 			select {
