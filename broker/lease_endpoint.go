@@ -404,11 +404,12 @@ func (e leaseService) Watch(req *gpupoolv1.WatchLeasesRequest, stream grpc.Serve
 		}
 	}
 	// Another tenant's lease id watches like a missing one: nothing shows.
-	events, cancel := e.s.fsm.Subscribe()
-	defer cancel()
 	match := func(l *gpupoolv1.Lease) bool {
 		return (req.Tenant == "" || l.Tenant == req.Tenant) && (req.LeaseId == "" || l.Id == req.LeaseId) && c.sees(l)
 	}
+	// The events this stream would not send do not wake it.
+	events, cancel := e.s.fsm.SubscribeFunc(func(ev fsm.Event) bool { return ev.Lease != nil && match(ev.Lease) })
+	defer cancel()
 	sendAll := func() (uint64, error) {
 		st := e.s.fsm.State()
 		for _, l := range st.Leases() {
