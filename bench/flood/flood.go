@@ -42,7 +42,8 @@ type phase struct {
 	Name         string         `json:"name"`
 	Grants       int            `json:"victim_grants"`
 	Errors       int            `json:"victim_errors"`
-	ErrorsBy     map[string]int `json:"victim_errors_by,omitempty"` // by limit, or gRPC code
+	ErrorsBy     map[string]int `json:"victim_errors_by,omitempty"`     // by limit, or gRPC code
+	ErrorSamples []string       `json:"victim_error_samples,omitempty"` // the first error of each kind
 	P50Ms        float64        `json:"victim_acquire_p50_ms"`
 	P99Ms        float64        `json:"victim_acquire_p99_ms"`
 	FloodCalls   int64          `json:"flood_calls,omitempty"`
@@ -300,6 +301,9 @@ func bench(ctx context.Context, lim broker.Limits, dur time.Duration, victims, f
 		stopProfile()
 		logf(stderr, "%s: victim %d grants, p50 %.1f ms, p99 %.1f ms, %d errors %v; flood %d calls, refused %v",
 			ph.Name, ph.Grants, ph.P50Ms, ph.P99Ms, ph.Errors, ph.ErrorsBy, ph.FloodCalls, ph.FloodRefused)
+		for _, msg := range ph.ErrorSamples {
+			logf(stderr, "%s: the victim's first error of its kind: %s", ph.Name, msg)
+		}
 		res.Phases = append(res.Phases, ph)
 	}
 	if res.Phases[0].P99Ms > 0 {
@@ -378,6 +382,9 @@ func runPhase(ctx context.Context, e *env, dur time.Duration, victims int, flood
 					ph.Errors++
 					if ph.ErrorsBy == nil {
 						ph.ErrorsBy = map[string]int{}
+					}
+					if ph.ErrorsBy[limitOf(err)] == 0 {
+						ph.ErrorSamples = append(ph.ErrorSamples, err.Error())
 					}
 					ph.ErrorsBy[limitOf(err)]++
 				} else {
