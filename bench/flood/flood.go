@@ -331,6 +331,13 @@ func runPhase(ctx context.Context, e *env, dur time.Duration, victims int, flood
 	ph := phase{Name: "without the flood"}
 	pctx, cancel := context.WithTimeout(ctx, dur)
 	defer cancel()
+	end, _ := pctx.Deadline()
+	// running says the phase has not ended. grpc fails a call at once
+	// with DeadlineExceeded once its deadline has passed, before the
+	// context's own timer (late on a busy machine) ends the context:
+	// without the clock, the loops counted that gap's calls as hundreds
+	// or thousands of errors and calls.
+	running := func() bool { return pctx.Err() == nil && time.Now().Before(end) }
 	var mu sync.Mutex
 	var lat []float64
 	refused := map[string]int{}
@@ -340,8 +347,11 @@ func runPhase(ctx context.Context, e *env, dur time.Duration, victims int, flood
 		ph.Name = "with the flood"
 		for range flooders {
 			wg.Go(func() {
-				for pctx.Err() == nil {
+				for running() {
 					r, err := e.bad.Lease.Acquire(pctx, &gpupoolv1.AcquireRequest{Request: slice()})
+					if !running() {
+						return // see the victims' loop
+					}
 					calls.Add(1)
 					if err == nil {
 						_, _ = e.bad.Lease.Release(context.WithoutCancel(pctx), &gpupoolv1.ReleaseRequest{LeaseId: r.Lease.Id})
@@ -370,16 +380,11 @@ func runPhase(ctx context.Context, e *env, dur time.Duration, victims int, flood
 	}
 	for range victims {
 		wg.Go(func() {
-			for pctx.Err() == nil {
+			for running() {
 				sent := time.Now()
 				r, err := e.victim.Lease.Acquire(pctx, &gpupoolv1.AcquireRequest{Request: slice()})
 				took := time.Since(sent)
-				if dl, _ := pctx.Deadline(); pctx.Err() != nil || !time.Now().Before(dl) {
-					// Past the phase's end. grpc fails a call at once
-					// with DeadlineExceeded once the deadline has
-					// passed, before the context's own timer (late on
-					// a busy machine) ends it: without the clock, that
-					// gap was counted as hundreds of victim errors.
+				if !running() {
 					return
 				}
 				mu.Lock()
