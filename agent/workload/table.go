@@ -29,26 +29,6 @@ type Table struct {
 	// environ caches the lease each process's environment names, ""
 	// for none, with the command name it had then. Guarded by mu.
 	environ map[Proc]envEntry
-
-	scanMu sync.Mutex
-	// scanning says a scan of procRoot runs now. Guarded by scanMu.
-	scanning bool
-	// next is the scan the callers of Scan that came while one ran wait
-	// for, which starts when it ends; nil if none came. Guarded by
-	// scanMu.
-	next *scanResult
-	// scanned, when set (tests), is called as each scan of procRoot
-	// starts.
-	scanned func()
-}
-
-// scanResult is one scan of procRoot, shared by the calls of Scan that
-// wait for it.
-type scanResult struct {
-	done    chan struct{}
-	waiters int // guarded by Table.scanMu
-	procs   map[string][]Proc
-	err     error
 }
 
 type envEntry struct{ lease, comm string }
@@ -122,50 +102,7 @@ func (t *Table) LeaseOf(pid int) string {
 // lease id and sorted by pid. Processes that vanish while being read,
 // whose stat is malformed or whose environment cannot be read are left
 // out, as are zombies. It fails only if procRoot cannot be listed.
-//
-// Calls at once share a scan that started after each of them did: a
-// call that comes while a scan runs waits for the next, which starts when
-// that one ends and answers every call that came meanwhile. Many leases
-// torn down together so read procRoot twice, not once each. The map and
-// its slices are shared: callers must not change them.
 func (t *Table) Scan() (map[string][]Proc, error) {
-	t.scanMu.Lock()
-	if t.scanning {
-		if t.next == nil {
-			t.next = &scanResult{done: make(chan struct{})}
-		}
-		r := t.next
-		r.waiters++
-		t.scanMu.Unlock()
-		<-r.done
-		return r.procs, r.err
-	}
-	t.scanning = true
-	t.scanMu.Unlock()
-	r := &scanResult{done: make(chan struct{})}
-	t.runScans(r)
-	return r.procs, r.err
-}
-
-// runScans scans for r, then starts the scan for the calls that came
-// meanwhile, if any, in the background: r's caller returns at once.
-func (t *Table) runScans(r *scanResult) {
-	if t.scanned != nil {
-		t.scanned()
-	}
-	r.procs, r.err = t.scan()
-	close(r.done)
-	t.scanMu.Lock()
-	next := t.next
-	t.next, t.scanning = nil, next != nil
-	t.scanMu.Unlock()
-	if next != nil {
-		go t.runScans(next)
-	}
-}
-
-// scan reads procRoot once: see Scan.
-func (t *Table) scan() (map[string][]Proc, error) {
 	entries, err := os.ReadDir(t.procRoot)
 	if err != nil {
 		return nil, fmt.Errorf("workload: list processes: %w", err)

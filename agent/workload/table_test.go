@@ -11,7 +11,6 @@ import (
 	"strings"
 	"sync"
 	"testing"
-	"time"
 )
 
 // fakeProc is one process of a fake proc tree.
@@ -315,76 +314,6 @@ func TestScanForgetsExitedProcesses(t *testing.T) {
 	}
 	if _, ok := table.environ[Proc{10, 100}]; ok {
 		t.Errorf("environ still caches exited process 10: %v", table.environ)
-	}
-}
-
-// TestScanSharesOneScanAmongCallsAtOnce checks that the calls that come
-// while a scan runs share the next one, which sees what changed after
-// the first began.
-func TestScanSharesOneScanAmongCallsAtOnce(t *testing.T) {
-	root := fakeTree(t, fakeProc{pid: 10, start: 100, environ: []string{"GPUPOOL_LEASE_ID=lease-1"}})
-	table := NewTable(root)
-	const waiters = 20
-	var scans int
-	started, release := make(chan int), make(chan struct{})
-	table.scanned = func() {
-		scans++ // scans run one at a time
-		started <- scans
-		<-release
-	}
-	type result struct {
-		procs map[string][]Proc
-		err   error
-	}
-	first := make(chan result, 1)
-	go func() {
-		procs, err := table.Scan()
-		first <- result{procs, err}
-	}()
-	if n := <-started; n != 1 {
-		t.Fatalf("scan %d started, want 1", n)
-	}
-	later := make(chan result, waiters)
-	for range waiters {
-		go func() {
-			procs, err := table.Scan()
-			later <- result{procs, err}
-		}()
-	}
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		table.scanMu.Lock()
-		n := 0
-		if table.next != nil {
-			n = table.next.waiters
-		}
-		table.scanMu.Unlock()
-		if n == waiters {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%d calls wait for the next scan after 10s, want %d", n, waiters)
-		}
-		time.Sleep(time.Millisecond)
-	}
-	release <- struct{}{}
-	if r := <-first; r.err != nil || !maps.EqualFunc(r.procs, map[string][]Proc{"lease-1": {{10, 100}}}, slices.Equal) {
-		t.Errorf("first Scan = %v, %v; want lease-1's process 10 alone", r.procs, r.err)
-	}
-	if n := <-started; n != 2 {
-		t.Fatalf("scan %d started, want 2", n)
-	}
-	// After the first scan: only the later calls see it.
-	writeFakeProc(t, root, fakeProc{pid: 11, start: 101, environ: []string{"GPUPOOL_LEASE_ID=lease-1"}})
-	release <- struct{}{}
-	want := map[string][]Proc{"lease-1": {{10, 100}, {11, 101}}}
-	for range waiters {
-		if r := <-later; r.err != nil || !maps.EqualFunc(r.procs, want, slices.Equal) {
-			t.Errorf("a later Scan = %v, %v; want %v", r.procs, r.err, want)
-		}
-	}
-	if scans != 2 {
-		t.Errorf("%d scans for %d calls, want 2", scans, waiters+1)
 	}
 }
 
