@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/hashicorp/raft"
@@ -294,7 +295,12 @@ func (s *Server) recheck(c *caller) error {
 	if c.token == nil {
 		return nil
 	}
-	t := s.fsm.State().ACLToken(c.token.AccessorId)
+	return s.validAsRead(c, s.fsm.State().ACLToken(c.token.AccessorId))
+}
+
+// validAsRead checks c's token t as read from the state: nil if it is
+// gone.
+func (s *Server) validAsRead(c *caller, t *gpupoolv1.AclToken) error {
 	if t == nil {
 		return refusef(ErrUnauthenticated, "ACL token %s is gone (snapshot restore?)", c.token.AccessorId)
 	}
@@ -407,6 +413,30 @@ type aclStream struct {
 	s   *Server
 	c   *caller
 	ctx context.Context
+	// read is the caller's token as last read from the state, and the
+	// state's TokensVersion before: a watch sends each event without
+	// looking its token up again while no token changed.
+	read atomic.Pointer[tokenRead]
+}
+
+type tokenRead struct {
+	version uint64
+	token   *gpupoolv1.AclToken
+}
+
+// recheck is Server.recheck, reading the token again only if a token
+// changed since the stream last did.
+func (a *aclStream) recheck() error {
+	if a.c.token == nil {
+		return nil
+	}
+	v := a.s.fsm.TokensVersion() // before the read: see TokensVersion
+	if r := a.read.Load(); r != nil && r.version == v {
+		return a.s.validAsRead(a.c, r.token)
+	}
+	t := a.s.fsm.State().ACLToken(a.c.token.AccessorId)
+	a.read.Store(&tokenRead{version: v, token: t})
+	return a.s.validAsRead(a.c, t)
 }
 
 func (a *aclStream) Context() context.Context { return a.ctx }
@@ -415,7 +445,7 @@ func (a *aclStream) RecvMsg(m any) error {
 	if err := a.ServerStream.RecvMsg(m); err != nil {
 		return err
 	}
-	if err := a.s.recheck(a.c); err != nil {
+	if err := a.recheck(); err != nil {
 		return err
 	}
 	if h, ok := m.(*gpupoolv1.HeartbeatRequest); ok {
@@ -425,7 +455,7 @@ func (a *aclStream) RecvMsg(m any) error {
 }
 
 func (a *aclStream) SendMsg(m any) error {
-	if err := a.s.recheck(a.c); err != nil {
+	if err := a.recheck(); err != nil {
 		return err
 	}
 	return a.ServerStream.SendMsg(m)

@@ -7,8 +7,10 @@ import (
 	"testing"
 	"time"
 
+	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
 
 	"github.com/gpupool/gpupool/client"
 	"github.com/gpupool/gpupool/internal/clock"
@@ -462,6 +464,35 @@ func TestWatchStreamsExistingLeasesThenChanges(t *testing.T) {
 	for _, want := range []gpupoolv1.LeaseEventType{gpupoolv1.LeaseEventType_LEASE_EVENT_TYPE_GRANTED, gpupoolv1.LeaseEventType_LEASE_EVENT_TYPE_RELEASING} {
 		if ev := next(); ev.Type != want || ev.Lease.Id != second.Lease.Id || ev.Index == 0 {
 			t.Fatalf("got %v for %s at index %d, want %v for %s", ev.Type, ev.Lease.GetId(), ev.Index, want, second.Lease.Id)
+		}
+	}
+}
+
+// TestWatchStreamsShareAnEventsEncoding checks that the watches that
+// send one event, which share its encoding, each send it whole.
+func TestWatchStreamsShareAnEventsEncoding(t *testing.T) {
+	ts := startServer(t)
+	ts.registerHost(t, "h1", 1, 81920)
+	var watches []grpc.ServerStreamingClient[gpupoolv1.LeaseEvent]
+	for range 3 {
+		w, err := ts.c.Lease.Watch(ctx(t), &gpupoolv1.WatchLeasesRequest{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		watches = append(watches, w)
+	}
+	got, err := ts.c.Lease.Acquire(ctx(t), &gpupoolv1.AcquireRequest{Request: slice(1024, 5)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := ts.s.fsm.State().Lease(got.Lease.Id)
+	for i, w := range watches {
+		ev, err := w.Recv()
+		if err != nil {
+			t.Fatalf("watch %d: %v", i, err)
+		}
+		if ev.Type != gpupoolv1.LeaseEventType_LEASE_EVENT_TYPE_GRANTED || !proto.Equal(ev.Lease, want) || ev.Index != want.ModifyIndex || ev.Actor == nil {
+			t.Errorf("watch %d got %v at %d by %v: %v; want GRANTED at %d of %v", i, ev.Type, ev.Index, ev.Actor, ev.Lease, want.ModifyIndex, want)
 		}
 	}
 }

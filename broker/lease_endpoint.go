@@ -415,11 +415,12 @@ func (e leaseService) Watch(req *gpupoolv1.WatchLeasesRequest, stream grpc.Serve
 		}
 	}
 	// Another tenant's lease id watches like a missing one: nothing shows.
-	events, cancel := e.s.fsm.Subscribe()
-	defer cancel()
 	match := func(l *gpupoolv1.Lease) bool {
 		return (req.Tenant == "" || l.Tenant == req.Tenant) && (req.LeaseId == "" || l.Id == req.LeaseId) && c.sees(l)
 	}
+	// The events this stream would not send do not wake it.
+	events, cancel := e.s.fsm.SubscribeFunc(func(ev fsm.Event) bool { return ev.Lease != nil && match(ev.Lease) })
+	defer cancel()
 	sendAll := func() (uint64, error) {
 		st := e.s.fsm.State()
 		for _, l := range st.Leases() {
@@ -460,11 +461,27 @@ func (e leaseService) Watch(req *gpupoolv1.WatchLeasesRequest, stream grpc.Serve
 			if ev.Lease == nil || ev.Index <= since || !match(ev.Lease) {
 				continue
 			}
-			if err := stream.Send(&gpupoolv1.LeaseEvent{Type: ev.Type, Lease: ev.Lease, Index: ev.Index, Message: ev.Text(), DeadlineMs: ev.DeadlineMs, Actor: fsm.EventActor(ev)}); err != nil {
+			if err := stream.SendMsg(watchEvent(stream, ev)); err != nil {
 				return err
 			}
 		}
 	}
+}
+
+// watchEvent is what a Watch sends for ev: the LeaseEvent, encoded once
+// for all the streams that send it (a token's few hundred watches of its
+// own tenant would otherwise each encode every event). The broker has one
+// codec (proto) and no compressor, so one encoding serves every stream;
+// if it cannot be encoded, each stream sends the message itself.
+func watchEvent(stream grpc.ServerStream, ev fsm.Event) any {
+	return ev.Shared(func() any {
+		m := &gpupoolv1.LeaseEvent{Type: ev.Type, Lease: ev.Lease, Index: ev.Index, Message: ev.Text(), DeadlineMs: ev.DeadlineMs, Actor: fsm.EventActor(ev)}
+		var p grpc.PreparedMsg
+		if err := p.Encode(stream, m); err != nil {
+			return m
+		}
+		return &p
+	})
 }
 
 // KeepAlive renews leases on the leader; followers proxy the stream.

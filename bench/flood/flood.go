@@ -17,13 +17,18 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
+	"runtime/pprof"
 	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
 
+	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/encoding"
+	grpcproto "google.golang.org/grpc/encoding/proto"
+	"google.golang.org/grpc/mem"
 	"google.golang.org/grpc/status"
 
 	"github.com/gpupool/gpupool/agent"
@@ -37,7 +42,8 @@ type phase struct {
 	Name         string         `json:"name"`
 	Grants       int            `json:"victim_grants"`
 	Errors       int            `json:"victim_errors"`
-	ErrorsBy     map[string]int `json:"victim_errors_by,omitempty"` // by limit, or gRPC code
+	ErrorsBy     map[string]int `json:"victim_errors_by,omitempty"`     // by limit, or gRPC code
+	ErrorSamples []string       `json:"victim_error_samples,omitempty"` // the first error of each kind
 	P50Ms        float64        `json:"victim_acquire_p50_ms"`
 	P99Ms        float64        `json:"victim_acquire_p99_ms"`
 	FloodCalls   int64          `json:"flood_calls,omitempty"`
@@ -45,20 +51,25 @@ type phase struct {
 }
 
 type replay struct {
-	Calls            int            `json:"calls"`
-	Tokens           int            `json:"tokens"`
-	SettledSeconds   float64        `json:"seconds_to_refused_or_queued"`
-	Refused          map[string]int `json:"refused_by_limit"`
-	Waited           int            `json:"waited"`
-	Other            map[string]int `json:"other_outcomes"` // by gRPC code (OK: granted within the quota)
-	HeapBeforeMiB    float64        `json:"heap_before_mib"`
-	HeapPeakMiB      float64        `json:"heap_peak_mib"`
-	HeapAfterMiB     float64        `json:"heap_after_mib"`
-	LeasesBefore     int            `json:"leases_in_state_before"`
-	LeasesAfter      int            `json:"leases_in_state_after"`
-	AuditBootstrap   bool           `json:"audit_has_bootstrap"`
-	AuditTokens      int            `json:"audit_token_entries"`
-	AuditEntriesSeen int            `json:"audit_entries"`
+	Calls          int            `json:"calls"`
+	Tokens         int            `json:"tokens"`
+	SettledSeconds float64        `json:"seconds_to_refused_or_queued"`
+	Refused        map[string]int `json:"refused_by_limit"`
+	Waited         int            `json:"waited"`
+	Other          map[string]int `json:"other_outcomes"` // by gRPC code (OK: granted within the quota)
+	HeapBeforeMiB  float64        `json:"heap_before_mib"`
+	HeapPeakMiB    float64        `json:"heap_peak_mib"`
+	HeapAfterMiB   float64        `json:"heap_after_mib"`
+	// Live is the bytes of the objects reachable (HeapAlloc after a GC);
+	// the heap in use (HeapInuse) also counts the free room in its spans.
+	LiveBeforeMiB    float64 `json:"heap_live_before_mib"`
+	LivePeakMiB      float64 `json:"heap_live_peak_mib"`
+	LiveAfterMiB     float64 `json:"heap_live_after_mib"`
+	LeasesBefore     int     `json:"leases_in_state_before"`
+	LeasesAfter      int     `json:"leases_in_state_after"`
+	AuditBootstrap   bool    `json:"audit_has_bootstrap"`
+	AuditTokens      int     `json:"audit_token_entries"`
+	AuditEntriesSeen int     `json:"audit_entries"`
 }
 
 type results struct {
@@ -91,6 +102,8 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	flooders := fs.Int("flooders", 64, "the flooding token's clients, each acquiring as fast as it can")
 	streams := fs.Int("streams", 500, "watch streams the flooding token tries to hold open")
 	pending := fs.Int("pending", 8000, "waiting acquires one tenant opens at once, then cancels (the replay)")
+	heapProfile := fs.String("heapprofile", "", "write heap profiles of this process to `file`.before and file.after the replay, each after a GC (go tool pprof -base reads the growth); empty takes none")
+	profile := fs.String("cpuprofile", "", "write a CPU profile of this process (the broker, its agents and both tokens' clients) over the phase with the flood to `file` (go tool pprof reads it); empty takes none")
 	lim := broker.DefaultLimits()
 	fs.IntVar(&lim.Writes.Seats, broker.FlagWriteSeats, lim.Writes.Seats, "the broker's --"+broker.FlagWriteSeats+" (0: none, to compare)")
 	fs.IntVar(&lim.Writes.Share, broker.FlagTokenWrites, lim.Writes.Share, "the broker's --"+broker.FlagTokenWrites+" (0: none, to compare)")
@@ -121,7 +134,7 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "bench/flood: --duration %s: must be at least 1s\n", *dur)
 		return 2
 	}
-	res, stop, err := bench(ctx, lim, *dur, *victims, *flooders, *streams, *pending, stderr)
+	res, stop, err := bench(ctx, lim, *dur, *victims, *flooders, *streams, *pending, *profile, *heapProfile, stderr)
 	if res != nil {
 		if werr := write(*out, res, stdout); werr != nil {
 			fmt.Fprintf(stderr, "bench/flood: %v\n", werr)
@@ -264,7 +277,7 @@ func slice() *gpupoolv1.LeaseRequest {
 
 // bench runs the phases and the replay; stop ends the broker and its
 // agents, and removes their data.
-func bench(ctx context.Context, lim broker.Limits, dur time.Duration, victims, flooders, streams, pending int, stderr io.Writer) (_ *results, stop func(), _ error) {
+func bench(ctx context.Context, lim broker.Limits, dur time.Duration, victims, flooders, streams, pending int, profile, heapProfile string, stderr io.Writer) (_ *results, stop func(), _ error) {
 	dir, err := os.MkdirTemp("", "gpupool-flood-bench-")
 	if err != nil {
 		return nil, nil, err
@@ -278,17 +291,27 @@ func bench(ctx context.Context, lim broker.Limits, dur time.Duration, victims, f
 	res := &results{WriteSeats: lim.Writes.Seats, TokenWrites: lim.Writes.Share, TokenWriteQueue: lim.Writes.Queue, Benchmark: "flood", Date: time.Now().UTC().Format(time.RFC3339), Seconds: dur.Seconds(), Victims: victims,
 		Flooders: flooders, Streams: streams, LoadStart: loadAvg(), GoVersion: runtime.Version(), CPUs: runtime.NumCPU()}
 	for _, flood := range []bool{false, true} {
+		stopProfile := func() {}
+		if flood {
+			if stopProfile, err = startProfile(profile); err != nil {
+				return nil, stop, err
+			}
+		}
 		ph := runPhase(ctx, e, dur, victims, flood, flooders, streams)
+		stopProfile()
 		logf(stderr, "%s: victim %d grants, p50 %.1f ms, p99 %.1f ms, %d errors %v; flood %d calls, refused %v",
 			ph.Name, ph.Grants, ph.P50Ms, ph.P99Ms, ph.Errors, ph.ErrorsBy, ph.FloodCalls, ph.FloodRefused)
+		for _, msg := range ph.ErrorSamples {
+			logf(stderr, "%s: the victim's first error of its kind: %s", ph.Name, msg)
+		}
 		res.Phases = append(res.Phases, ph)
 	}
 	if res.Phases[0].P99Ms > 0 {
 		res.P99Ratio = res.Phases[1].P99Ms / res.Phases[0].P99Ms
 	}
-	res.Replay, err = runReplay(ctx, e, pending)
-	logf(stderr, "replay: %d waiting acquires, refused %v, %d waited, other %v; heap %.1f -> peak %.1f -> %.1f MiB; leases in state %d -> %d; audit: bootstrap %v, %d token entries",
-		res.Replay.Calls, res.Replay.Refused, res.Replay.Waited, res.Replay.Other, res.Replay.HeapBeforeMiB, res.Replay.HeapPeakMiB, res.Replay.HeapAfterMiB,
+	res.Replay, err = runReplay(ctx, e, pending, heapProfile)
+	logf(stderr, "replay: %d waiting acquires, refused %v, %d waited, other %v; heap %.1f -> peak %.1f -> %.1f MiB (live %.1f -> %.1f -> %.1f); leases in state %d -> %d; audit: bootstrap %v, %d token entries",
+		res.Replay.Calls, res.Replay.Refused, res.Replay.Waited, res.Replay.Other, res.Replay.HeapBeforeMiB, res.Replay.HeapPeakMiB, res.Replay.HeapAfterMiB, res.Replay.LiveBeforeMiB, res.Replay.LivePeakMiB, res.Replay.LiveAfterMiB,
 		res.Replay.LeasesBefore, res.Replay.LeasesAfter, res.Replay.AuditBootstrap, res.Replay.AuditTokens)
 	res.LoadEnd = loadAvg()
 	return res, stop, err
@@ -308,6 +331,13 @@ func runPhase(ctx context.Context, e *env, dur time.Duration, victims int, flood
 	ph := phase{Name: "without the flood"}
 	pctx, cancel := context.WithTimeout(ctx, dur)
 	defer cancel()
+	end, _ := pctx.Deadline()
+	// running says the phase has not ended. grpc fails a call at once
+	// with DeadlineExceeded once its deadline has passed, before the
+	// context's own timer (late on a busy machine) ends the context:
+	// without the clock, the loops counted that gap's calls as hundreds
+	// or thousands of errors and calls.
+	running := func() bool { return pctx.Err() == nil && time.Now().Before(end) }
 	var mu sync.Mutex
 	var lat []float64
 	refused := map[string]int{}
@@ -317,8 +347,11 @@ func runPhase(ctx context.Context, e *env, dur time.Duration, victims int, flood
 		ph.Name = "with the flood"
 		for range flooders {
 			wg.Go(func() {
-				for pctx.Err() == nil {
+				for running() {
 					r, err := e.bad.Lease.Acquire(pctx, &gpupoolv1.AcquireRequest{Request: slice()})
+					if !running() {
+						return // see the victims' loop
+					}
 					calls.Add(1)
 					if err == nil {
 						_, _ = e.bad.Lease.Release(context.WithoutCancel(pctx), &gpupoolv1.ReleaseRequest{LeaseId: r.Lease.Id})
@@ -332,7 +365,7 @@ func runPhase(ctx context.Context, e *env, dur time.Duration, victims int, flood
 		}
 		for range streams {
 			wg.Go(func() {
-				w, err := e.bad.Lease.Watch(pctx, &gpupoolv1.WatchLeasesRequest{})
+				w, err := e.bad.Lease.Watch(pctx, &gpupoolv1.WatchLeasesRequest{}, grpc.ForceCodecV2(discardReplies{encoding.GetCodecV2(grpcproto.Name)}))
 				calls.Add(1)
 				for err == nil {
 					_, err = w.Recv()
@@ -347,11 +380,11 @@ func runPhase(ctx context.Context, e *env, dur time.Duration, victims int, flood
 	}
 	for range victims {
 		wg.Go(func() {
-			for pctx.Err() == nil {
+			for running() {
 				sent := time.Now()
 				r, err := e.victim.Lease.Acquire(pctx, &gpupoolv1.AcquireRequest{Request: slice()})
 				took := time.Since(sent)
-				if pctx.Err() != nil {
+				if !running() {
 					return
 				}
 				mu.Lock()
@@ -359,6 +392,9 @@ func runPhase(ctx context.Context, e *env, dur time.Duration, victims int, flood
 					ph.Errors++
 					if ph.ErrorsBy == nil {
 						ph.ErrorsBy = map[string]int{}
+					}
+					if ph.ErrorsBy[limitOf(err)] == 0 {
+						ph.ErrorSamples = append(ph.ErrorSamples, err.Error())
 					}
 					ph.ErrorsBy[limitOf(err)]++
 				} else {
@@ -381,6 +417,15 @@ func runPhase(ctx context.Context, e *env, dur time.Duration, victims int, flood
 	return ph
 }
 
+// discardReplies is the proto codec, except that it does not decode what
+// it receives: the flood's watch streams read every event the broker
+// sends (so the broker keeps sending) without spending this process's
+// CPU, which the broker shares, on decoding them, as an attacker's own
+// machine would.
+type discardReplies struct{ encoding.CodecV2 }
+
+func (discardReplies) Unmarshal(mem.BufferSlice, any) error { return nil }
+
 func percentile(sorted []float64, q int) float64 {
 	if len(sorted) == 0 {
 		return 0
@@ -388,11 +433,45 @@ func percentile(sorted []float64, q int) float64 {
 	return sorted[min(len(sorted)-1, len(sorted)*q/100)]
 }
 
-func heapMiB() float64 {
+// startProfile starts a CPU profile to path, if one is asked for, and
+// returns what stops it.
+func startProfile(path string) (func(), error) {
+	if path == "" {
+		return func() {}, nil
+	}
+	f, err := os.Create(path)
+	if err != nil {
+		return nil, fmt.Errorf("--cpuprofile: %w", err)
+	}
+	if err := pprof.StartCPUProfile(f); err != nil {
+		f.Close()
+		return nil, fmt.Errorf("--cpuprofile: %w", err)
+	}
+	return func() { pprof.StopCPUProfile(); f.Close() }, nil
+}
+
+// writeHeap writes a heap profile to path+suffix, if one is asked for.
+func writeHeap(path, suffix string) error {
+	if path == "" {
+		return nil
+	}
+	f, err := os.Create(path + suffix)
+	if err != nil {
+		return fmt.Errorf("--heapprofile: %w", err)
+	}
+	defer f.Close()
+	if err := pprof.Lookup("heap").WriteTo(f, 0); err != nil {
+		return fmt.Errorf("--heapprofile: %w", err)
+	}
+	return f.Close()
+}
+
+// heapMiB returns the heap in use and its live objects, after a GC.
+func heapMiB() (inuse, live float64) {
 	runtime.GC()
 	var m runtime.MemStats
 	runtime.ReadMemStats(&m)
-	return float64(m.HeapInuse) / (1 << 20)
+	return float64(m.HeapInuse) / (1 << 20), float64(m.HeapAlloc) / (1 << 20)
 }
 
 // replayTokens is how many tokens of the tenant the replay's calls come
@@ -402,7 +481,7 @@ const replayTokens = 40
 // runReplay opens n waiting acquires of one tenant at once, from
 // replayTokens tokens, whose quota keeps them waiting, holds them 2s and
 // cancels them.
-func runReplay(ctx context.Context, e *env, n int) (replay, error) {
+func runReplay(ctx context.Context, e *env, n int, heapProfile string) (replay, error) {
 	rp := replay{Calls: n, Refused: map[string]int{}, Other: map[string]int{}}
 	if _, err := e.mgmt.Operator.SetQuota(ctx, &gpupoolv1.SetQuotaRequest{Quota: &gpupoolv1.Quota{Tenant: "flood", Gpus: 1, MemoryMib: 1024, ComputePercent: 1}}); err != nil {
 		return rp, err
@@ -414,7 +493,11 @@ func runReplay(ctx context.Context, e *env, n int) (replay, error) {
 		}
 		return len(l.Leases)
 	}
-	rp.HeapBeforeMiB, rp.LeasesBefore = heapMiB(), leases()
+	rp.HeapBeforeMiB, rp.LiveBeforeMiB = heapMiB()
+	rp.LeasesBefore = leases()
+	if err := writeHeap(heapProfile, ".before"); err != nil {
+		return rp, err
+	}
 	// The tenant's calls come from replayTokens tokens of its own, each
 	// within its request rate's burst, so that what refuses them is the
 	// tenant's pending cap, as it would be for an attacker with several
@@ -477,7 +560,7 @@ func runReplay(ctx context.Context, e *env, n int) (replay, error) {
 	time.Sleep(2 * time.Second)
 	var m runtime.MemStats
 	runtime.ReadMemStats(&m)
-	rp.HeapPeakMiB = float64(m.HeapInuse) / (1 << 20)
+	rp.HeapPeakMiB, rp.LivePeakMiB = float64(m.HeapInuse)/(1<<20), float64(m.HeapAlloc)/(1<<20)
 	cancel()
 	wg.Wait()
 	// The waiting ones leave the queue after their calls end.
@@ -489,7 +572,11 @@ func runReplay(ctx context.Context, e *env, n int) (replay, error) {
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
-	rp.HeapAfterMiB, rp.LeasesAfter = heapMiB(), leases()
+	rp.HeapAfterMiB, rp.LiveAfterMiB = heapMiB()
+	rp.LeasesAfter = leases()
+	if err := writeHeap(heapProfile, ".after"); err != nil {
+		return rp, err
+	}
 	al, err := e.mgmt.Operator.AuditLog(ctx, &gpupoolv1.AuditLogRequest{})
 	if err != nil {
 		return rp, err
@@ -530,10 +617,10 @@ func write(dir string, res *results, stdout io.Writer) error {
 	}
 	fmt.Fprintf(&md, "\nVictim acquire p99 with / without the flood: **%.2f** (goal: within 2).\n\n", res.P99Ratio)
 	r := res.Replay
-	fmt.Fprintf(&md, "## Replay: %d waiting acquires of one tenant from %d of its tokens, opened at once and cancelled\n\n| refused, by limit | waited (then cancelled) | other outcomes | heap before (MiB) | heap while open (MiB) | heap after (MiB) | leases in state before | after | audit: bootstrap entry | token entries |\n|---|---:|---|---:|---:|---:|---:|---:|---|---:|\n| %s | %d | %s | %.1f | %.1f | %.1f | %d | %d | %v | %d |\n\n",
-		r.Calls, r.Tokens, counts(r.Refused), r.Waited, counts(r.Other), r.HeapBeforeMiB, r.HeapPeakMiB, r.HeapAfterMiB, r.LeasesBefore, r.LeasesAfter, r.AuditBootstrap, r.AuditTokens)
+	fmt.Fprintf(&md, "## Replay: %d waiting acquires of one tenant from %d of its tokens, opened at once and cancelled\n\n| refused, by limit | waited (then cancelled) | other outcomes | heap in use before / while open / after (MiB) | live heap before / while open / after (MiB) | leases in state before | after | audit: bootstrap entry | token entries |\n|---|---:|---|---:|---:|---:|---:|---|---:|\n| %s | %d | %s | %.1f / %.1f / %.1f | %.1f / %.1f / %.1f | %d | %d | %v | %d |\n\n",
+		r.Calls, r.Tokens, counts(r.Refused), r.Waited, counts(r.Other), r.HeapBeforeMiB, r.HeapPeakMiB, r.HeapAfterMiB, r.LiveBeforeMiB, r.LivePeakMiB, r.LiveAfterMiB, r.LeasesBefore, r.LeasesAfter, r.AuditBootstrap, r.AuditTokens)
 	fmt.Fprintf(&md, "Every call had been refused or was waiting in the lease queue %.1f s after they were opened (the write share admits them a few at a time; a minute at most); they were held 2 s more, then cancelled. ", r.SettledSeconds)
-	fmt.Fprintf(&md, "Heap is this process's Go heap in use after a GC (the broker, its agents and the clients). Load average %s (start) / %s (end); %s, %d CPUs.\n", res.LoadStart, res.LoadEnd, res.GoVersion, res.CPUs)
+	fmt.Fprintf(&md, "Heap is this process's Go heap (the broker, its agents and the clients) after a GC: in use (HeapInuse, the spans holding objects, with their free room) and live (HeapAlloc, the objects themselves). Load average %s (start) / %s (end); %s, %d CPUs.\n", res.LoadStart, res.LoadEnd, res.GoVersion, res.CPUs)
 	if err := os.WriteFile(filepath.Join(dir, "flood.md"), []byte(md.String()), 0o644); err != nil {
 		return err
 	}

@@ -28,6 +28,31 @@ type Event struct {
 	// Reset means the whole state was replaced (snapshot restore):
 	// subscribers must re-read everything.
 	Reset bool
+
+	// shared is what the subscribers of this one published event share
+	// (see Shared); nil for an event not published.
+	shared *shared
+}
+
+// shared is the value Shared made once for every subscriber of an event.
+type shared struct {
+	once sync.Once
+	v    any
+}
+
+// Shared returns what make returns, made once for all the subscribers of
+// this event: the first to ask makes it, the others get the same value.
+// A subscriber that serves many watchers encodes an event once this way
+// rather than once per watcher. make must not depend on who asks, and
+// every caller must pass the same kind of make: there is one value per
+// event. An event that was not published has none shared: make runs at
+// each call.
+func (e Event) Shared(make func() any) any {
+	if e.shared == nil {
+		return make()
+	}
+	e.shared.once.Do(func() { e.shared.v = make() })
+	return e.shared.v
 }
 
 // Text is what to tell a watcher about the event: its message, else the
@@ -64,21 +89,34 @@ func EventActor(e Event) *gpupoolv1.Actor {
 const subscriberBuffer = 4096
 
 type publisher struct {
-	mu   sync.Mutex
-	subs map[chan Event]struct{} // guarded by mu
+	mu sync.Mutex
+	// subs are the subscribers' channels and what each keeps (nil:
+	// every event). Guarded by mu.
+	subs map[chan Event]func(Event) bool
 }
 
 // Subscribe returns a channel of events applied from now on and a cancel
 // function. The channel is closed when the subscriber falls more than a few
 // thousand events behind, or on cancel.
 func (f *FSM) Subscribe() (<-chan Event, func()) {
+	return f.SubscribeFunc(nil)
+}
+
+// SubscribeFunc is Subscribe for the events keep returns true for, and
+// every Reset: the others never reach the channel, nor count towards how
+// far behind it is. A watcher of one tenant is then not woken for each
+// event of every other. keep runs as each event is published, on the
+// goroutine that applies the log and under the publisher's lock: it must
+// be quick, and must neither block nor call the FSM. A nil keep keeps
+// every event.
+func (f *FSM) SubscribeFunc(keep func(Event) bool) (<-chan Event, func()) {
 	p := &f.pub
 	ch := make(chan Event, subscriberBuffer)
 	p.mu.Lock()
 	if p.subs == nil {
-		p.subs = map[chan Event]struct{}{}
+		p.subs = map[chan Event]func(Event) bool{}
 	}
-	p.subs[ch] = struct{}{}
+	p.subs[ch] = keep
 	p.mu.Unlock()
 	return ch, func() {
 		p.mu.Lock()
@@ -96,8 +134,17 @@ func (p *publisher) publish(evs []Event) {
 	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	for ch := range p.subs {
+	if len(p.subs) == 0 {
+		return
+	}
+	for i := range evs {
+		evs[i].shared = &shared{}
+	}
+	for ch, keep := range p.subs {
 		for _, e := range evs {
+			if keep != nil && !e.Reset && !keep(e) {
+				continue
+			}
 			select {
 			case ch <- e:
 			default:

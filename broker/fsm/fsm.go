@@ -131,6 +131,10 @@ func (f *FSM) PoolIndex() *placement.Index { return f.index }
 // State returns a consistent read view of the current state.
 func (f *FSM) State() *state.Reader { return f.store.Read() }
 
+// TokensVersion changes whenever an applied entry changed an ACL token,
+// or a restore replaced them: see state.Store.TokensVersion.
+func (f *FSM) TokensVersion() uint64 { return f.store.TokensVersion() }
+
 // Apply applies one log entry and returns a *Result.
 func (f *FSM) Apply(l *raft.Log) any {
 	if l.Type != raft.LogCommand {

@@ -50,7 +50,10 @@ func (r *Reader) IndexWatch() (uint64, <-chan struct{}) {
 }
 
 // PutACLToken inserts or replaces a token.
-func (w *Writer) PutACLToken(t *gpupoolv1.AclToken) { w.insert(tableACLTokens, t) }
+func (w *Writer) PutACLToken(t *gpupoolv1.AclToken) {
+	w.insert(tableACLTokens, t)
+	w.tokensChanged = true
+}
 
 // SetACLBootstrapIndex records the index of the ACL bootstrap.
 func (w *Writer) SetACLBootstrapIndex(index uint64) {

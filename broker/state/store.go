@@ -17,6 +17,9 @@ type Store struct {
 	db    atomic.Pointer[memdb.MemDB] // swapped whole by Restore
 	obs   PoolObserver                // set before the first write; may be nil
 	share *sharer                     // the writer's; see ShareLease
+	// tokens counts the commits that changed an ACL token, and restores:
+	// see TokensVersion.
+	tokens atomic.Uint64
 }
 
 // PoolObserver is told of every change to the pool view (HostsWithDevices), on the writer's
@@ -54,7 +57,7 @@ func (s *Store) Read() *Reader {
 
 // Write starts the one write transaction. Call Commit or Abort.
 func (s *Store) Write() *Writer {
-	return &Writer{Reader: Reader{txn: s.db.Load().Txn(true)}, obs: s.obs, share: s.share}
+	return &Writer{Reader: Reader{txn: s.db.Load().Txn(true)}, obs: s.obs, share: s.share, tokens: &s.tokens}
 }
 
 // Reader is a snapshot-consistent view of the state.
@@ -183,6 +186,10 @@ type Writer struct {
 	audit []*gpupoolv1.AuditEntry
 	obs   PoolObserver // told of pool view changes; nil for none
 	share *sharer      // nil for none
+	// tokens is the store's Store.tokens, counted once by Commit if
+	// tokensChanged; nil in a restore's writer (Restore counts).
+	tokens        *atomic.Uint64
+	tokensChanged bool
 }
 
 func (w *Writer) touch(hostID string) {
@@ -253,7 +260,17 @@ func (w *Writer) Commit(index uint64) {
 	w.commitAudit(index)
 	w.insert(tableMeta, &metaEntry{Key: metaApplied, Value: index})
 	w.txn.Commit()
+	if w.tokensChanged && w.tokens != nil {
+		// After the commit: a reader that sees the new version reads
+		// the new tokens.
+		w.tokens.Add(1)
+	}
 }
+
+// TokensVersion changes whenever a commit changed an ACL token, or a
+// restore replaced them all, after the change is visible to a Read: what
+// was read of a token while it had not changed since is still current.
+func (s *Store) TokensVersion() uint64 { return s.tokens.Load() }
 
 // SetSigningKeys replaces every signing key by keys.
 func (w *Writer) SetSigningKeys(keys []*gpupoolv1.SigningKey) {
@@ -346,6 +363,7 @@ func (s *Store) Restore(b []byte, check func(version uint32) error) error {
 	}
 	s.share = share
 	s.db.Store(db)
+	s.tokens.Add(1)
 	return nil
 }
 

@@ -181,3 +181,44 @@ func TestSparseLeaseIndexesAfterWritesDeletesAndARestore(t *testing.T) {
 		}
 	}
 }
+
+func TestTokensVersionChangesWithATokenOrARestore(t *testing.T) {
+	s := New()
+	b, err := s.Read().Encode(1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tests := []struct {
+		name    string
+		change  func()
+		changed bool
+	}{
+		{"a token put", func() {
+			w := s.Write()
+			w.PutACLToken(&gpupoolv1.AclToken{AccessorId: "a-1", SecretSha256: []byte{1}})
+			w.Commit(1)
+		}, true},
+		{"a write of no token", func() {
+			w := s.Write()
+			w.PutHost(&gpupoolv1.Host{Id: "h1"})
+			w.Commit(2)
+		}, false},
+		{"a token put, aborted", func() {
+			w := s.Write()
+			w.PutACLToken(&gpupoolv1.AclToken{AccessorId: "a-2", SecretSha256: []byte{2}})
+			w.Abort()
+		}, false},
+		{"a restore", func() {
+			if err := s.Restore(b, anyVersion); err != nil {
+				t.Fatal(err)
+			}
+		}, true},
+	}
+	for _, tt := range tests {
+		before := s.TokensVersion()
+		tt.change()
+		if changed := s.TokensVersion() != before; changed != tt.changed {
+			t.Errorf("%s: TokensVersion changed %v, want %v", tt.name, changed, tt.changed)
+		}
+	}
+}
