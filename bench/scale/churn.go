@@ -330,11 +330,20 @@ func churn(ctx context.Context, o churnOptions, p *progress) (*churnResults, err
 			}
 		})
 	}
+	// The clients end when the cycles are done: the churn ends then, not
+	// when the budget is spent.
+	clientsDone := make(chan struct{})
+	go func() {
+		wg.Wait()
+		close(clientsDone)
+	}()
 	var samples []churnPoint
 	tick := time.NewTicker(o.sample)
 	for done := false; !done; {
 		select {
 		case <-cctx.Done():
+			done = true
+		case <-clientsDone:
 			done = true
 		case <-tick.C:
 			if pt, err := point("churn"); err == nil {
@@ -343,14 +352,14 @@ func churn(ctx context.Context, o churnOptions, p *progress) (*churnResults, err
 		}
 	}
 	tick.Stop()
-	wg.Wait()
+	<-clientsDone
+	d := time.Since(churnStart)
 	if firstErr != nil {
 		return fail("churn", firstErr)
 	}
 	if ctx.Err() != nil {
 		return nil, ctx.Err()
 	}
-	d := time.Since(churnStart)
 	res.CyclesDone = int(cycles.Load())
 	res.CyclesPerSecond = float64(res.CyclesDone) / d.Seconds()
 	slices.Sort(lat)
