@@ -3,6 +3,7 @@ package broker
 import (
 	"context"
 	"regexp"
+	"sync/atomic"
 
 	"google.golang.org/grpc"
 
@@ -85,16 +86,22 @@ func (s *Server) sawHeartbeat(ls *leaderState, hostID string) {
 
 // Heartbeat runs on the leader; followers proxy the stream. Every
 // response carries the host's full assignment list, sent after each
-// heartbeat and whenever a lease on the host changes.
+// heartbeat and whenever a lease on the host changes. The stream hears
+// only of its host's leases, and answers a run of their changes, applied
+// while it was busy, with one list: the list is the state, so the last
+// one says all that the others would have.
 func (e agentService) Heartbeat(stream grpc.BidiStreamingServer[gpupoolv1.HeartbeatRequest, gpupoolv1.HeartbeatResponse]) error {
+	var streamHost atomic.Pointer[string] // set once, by the first heartbeat; read as events are published
 	hostID := ""
-	return serveOnLeader(e.s, stream,
+	changed := false // a lease on the host changed since the last list sent
+	return serveOnLeaderWith(e.s, stream,
 		func(conn *grpc.ClientConn, ctx context.Context) (grpc.BidiStreamingClient[gpupoolv1.HeartbeatRequest, gpupoolv1.HeartbeatResponse], error) {
 			return gpupoolv1.NewAgentServiceClient(conn).Heartbeat(ctx)
 		},
 		func(ls *leaderState, r *gpupoolv1.HeartbeatRequest) error {
 			if hostID == "" {
 				hostID = r.HostId
+				streamHost.Store(&hostID)
 			} else if r.HostId != hostID {
 				return refusef(ErrInvalid, "host_id %q: this stream belongs to host %q", r.HostId, hostID)
 			}
@@ -108,14 +115,27 @@ func (e agentService) Heartbeat(stream grpc.BidiStreamingServer[gpupoolv1.Heartb
 			return stream.Send(resp)
 		},
 		func(ev fsm.Event) error {
-			if hostID == "" || !concernsHost(ev.Lease, hostID) {
-				return nil
+			if hostID != "" && concernsHost(ev.Lease, hostID) {
+				changed = true
 			}
-			ls := e.s.currentLeader()
-			if ls == nil {
-				return nil // the stream ends with the leadership
-			}
-			return stream.Send(e.s.assignments(ls, hostID))
+			return nil
+		},
+		eventBatching{
+			keep: func(ev fsm.Event) bool {
+				h := streamHost.Load()
+				return h != nil && concernsHost(ev.Lease, *h)
+			},
+			flush: func() error {
+				if !changed {
+					return nil
+				}
+				changed = false
+				ls := e.s.currentLeader()
+				if ls == nil {
+					return nil // the stream ends with the leadership
+				}
+				return stream.Send(e.s.assignments(ls, hostID))
+			},
 		})
 }
 

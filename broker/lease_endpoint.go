@@ -606,6 +606,26 @@ func serveOnLeader[Req, Resp any](s *Server, stream grpc.BidiStreamingServer[Req
 	open func(*grpc.ClientConn, context.Context) (grpc.BidiStreamingClient[Req, Resp], error),
 	onRecv func(*leaderState, *Req) error, onEvent func(fsm.Event) error,
 ) error {
+	return serveOnLeaderWith(s, stream, open, onRecv, onEvent, eventBatching{})
+}
+
+// eventBatching lets a stream on the leader skip events and answer a run
+// of them at once.
+type eventBatching struct {
+	// keep filters the events as they are published (see
+	// fsm.SubscribeFunc); nil keeps all of them.
+	keep func(fsm.Event) bool
+	// flush, if set, runs after onEvent has seen every event that was
+	// waiting: a stream whose answer is the current state, not the event,
+	// sends it once for the run.
+	flush func() error
+}
+
+// serveOnLeaderWith is serveOnLeader with events filtered and batched.
+func serveOnLeaderWith[Req, Resp any](s *Server, stream grpc.BidiStreamingServer[Req, Resp],
+	open func(*grpc.ClientConn, context.Context) (grpc.BidiStreamingClient[Req, Resp], error),
+	onRecv func(*leaderState, *Req) error, onEvent func(fsm.Event) error, b eventBatching,
+) error {
 	ctx := stream.Context()
 	if conn, fctx, err := s.leaderConn(ctx); err != nil {
 		return err
@@ -620,7 +640,7 @@ func serveOnLeader[Req, Resp any](s *Server, stream grpc.BidiStreamingServer[Req
 	if ls == nil {
 		return refuse(ErrUnavailable, "leader is still starting; retry")
 	}
-	events, cancel := s.fsm.Subscribe()
+	events, cancel := s.fsm.SubscribeFunc(b.keep)
 	defer cancel()
 	reqs := recvAll(stream)
 	for {
@@ -644,6 +664,25 @@ func serveOnLeader[Req, Resp any](s *Server, stream grpc.BidiStreamingServer[Req
 				return refuse(ErrUnavailable, "stream fell behind the leader's changes; reconnect")
 			}
 			if err := onEvent(ev); err != nil {
+				return err
+			}
+			if b.flush == nil {
+				continue
+			}
+			for waiting := true; waiting; {
+				select {
+				case ev, ok := <-events:
+					if !ok {
+						return refuse(ErrUnavailable, "stream fell behind the leader's changes; reconnect")
+					}
+					if err := onEvent(ev); err != nil {
+						return err
+					}
+				default:
+					waiting = false
+				}
+			}
+			if err := b.flush(); err != nil {
 				return err
 			}
 		}
