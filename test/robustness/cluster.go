@@ -74,6 +74,13 @@ func launchArgs(s procSpec) []string {
 			"--heartbeat-interval", ms(s.timing.HeartbeatInterval), "--heartbeat-ttl", ms(s.timing.HeartbeatTTL),
 			"--lock-delay", ms(s.timing.LockDelay), "--log-level", "debug",
 			"--limit-tenant-pending", strconv.Itoa(floodCap), "--disk-reserve", "16",
+			// The history is checked against every lease's final state,
+			// read at the end of the run: a lease revoked or expired
+			// without its client seeing it is known to have ended only
+			// from that list. So no ended lease may be collected before
+			// then (the most the flags allow; collection itself is
+			// tested in the broker's package and by bench churn).
+			"--ended-leases-max", "10000000", "--ended-lease-retention", "720h",
 			"--insecure"} // faults and history, not TLS or tokens, are under test
 	default:
 		return []string{"agent", "--broker", strings.Join(s.brokers, ","), "--simulate", "8xA100-80GB",
