@@ -114,10 +114,8 @@ func (e agentService) Heartbeat(stream grpc.BidiStreamingServer[gpupoolv1.Heartb
 			resp.ClearHealth = ls.healthClearsFor(hostID, r)
 			return stream.Send(resp)
 		},
-		func(ev fsm.Event) error {
-			if hostID != "" && concernsHost(ev.Lease, hostID) {
-				changed = true
-			}
+		func(fsm.Event) error {
+			changed = true // keep let through only this host's leases' changes, and restores
 			return nil
 		},
 		eventBatching{
@@ -126,7 +124,7 @@ func (e agentService) Heartbeat(stream grpc.BidiStreamingServer[gpupoolv1.Heartb
 				return h != nil && concernsHost(ev.Lease, *h)
 			},
 			flush: func() error {
-				if !changed {
+				if !changed || hostID == "" { // no list before the host's first heartbeat
 					return nil
 				}
 				changed = false

@@ -65,13 +65,6 @@ type diskLog struct {
 	writes []timedWrite // guarded by mu; the last slowDiskWindow's
 }
 
-// room is checkSpace: the proposer asks it before every command. It
-// looks at the disk each time (one statfs, about a microsecond, small
-// beside a commit): a cached answer let a proposal made just after the
-// disk filled reach Raft, whose leader steps down when its own log write
-// fails.
-func (d *diskLog) room() error { return d.checkSpace() }
-
 type timedWrite struct {
 	at   time.Time
 	took time.Duration
@@ -94,7 +87,11 @@ func (d *diskLog) StoreLogs(logs []*raft.Log) error {
 }
 
 // checkSpace returns a *DiskFullError while the file system holding the
-// data dir has less than the reserve free.
+// data dir has less than the reserve free. The proposer asks it before
+// every command, and it looks at the disk each time (one statfs, about a
+// microsecond, small beside a commit): a cached answer let a proposal
+// made just after the disk filled reach Raft, whose leader steps down
+// when its own log write fails.
 func (d *diskLog) checkSpace() error {
 	if d.reserveMiB == 0 {
 		return nil
@@ -176,7 +173,7 @@ func (s *Server) watchDisk() {
 		if led.IsZero() {
 			led = now // count only the writes made while leading
 		}
-		if err := s.disk.room(); err != nil && now.Sub(lastFull) >= fullDiskRetry {
+		if err := s.disk.checkSpace(); err != nil && now.Sub(lastFull) >= fullDiskRetry {
 			if s.handOver(func() {
 				s.log.Warn("this broker's data dir is full: handing leadership to a follower", "err", err)
 				s.metrics.fullDiskTransfers.Inc()

@@ -442,7 +442,7 @@ func (s *Server) openRaft() error {
 		return fmt.Errorf("broker: %w %s: start raft: %v", ErrDataDir, dir, err)
 	}
 	s.raft = r
-	s.proposer = versionGate{next: raftProposer{r: r, observe: s.metrics.observeApply, roomFor: s.disk.room, stopped: s.shutdownCh}, s: s}
+	s.proposer = versionGate{next: raftProposer{r: r, observe: s.metrics.observeApply, roomFor: s.disk.checkSpace, stopped: s.shutdownCh}, s: s}
 	if s.cfg.wrapProposer != nil {
 		s.proposer = s.cfg.wrapProposer(s.proposer)
 	}
