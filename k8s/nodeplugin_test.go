@@ -12,6 +12,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -670,11 +671,21 @@ func TestAFailedReprepareKeepsTheDirectoryARunningContainerMounted(t *testing.T)
 	if _, err := cfg.KubeClient.ResourceV1().ResourceClaims(realloc.Namespace).UpdateStatus(t.Context(), realloc, metav1.UpdateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	if err := os.Remove(n.tokenPath(uid1)); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.MkdirAll(filepath.Join(n.tokenPath(uid1), "in-the-way"), 0o755); err != nil {
-		t.Fatal(err)
+	// The plugin's renewal may write the token file again between the
+	// remove and the mkdir: try again until the directory is in place
+	// (a renewal then fails on it as the re-prepare must).
+	inTheWay := filepath.Join(n.tokenPath(uid1), "in-the-way")
+	for deadline := time.Now().Add(10 * time.Second); ; {
+		if err := os.Remove(n.tokenPath(uid1)); err != nil && !errors.Is(err, fs.ErrNotExist) {
+			t.Fatal(err)
+		}
+		err := os.MkdirAll(inTheWay, 0o755)
+		if err == nil {
+			break
+		}
+		if !errors.Is(err, syscall.ENOTDIR) || time.Now().After(deadline) {
+			t.Fatal(err)
+		}
 	}
 	if resp := n.prepare(t, realloc)[uid1]; resp.GetError() == "" {
 		t.Fatal("re-prepare succeeded, want it to fail writing the token file")
