@@ -8,7 +8,7 @@ PROTO_FILES := $(wildcard proto/gpupool/v1/*.proto)
 export CGO_CFLAGS ?= -O2 -g -Wno-deprecated-declarations
 PKG_RACE := ./broker/... ./agent/... ./client/... ./k8s/... ./protocol/... ./internal/... ./token/... ./dataplane/... ./cuda/...
 
-.PHONY: bench-slowdisk bench-flood tmux test-dashboard chromium test-console bench-console all build install cc cuda-gen examples test-gpu test dev proto proto-check lint lint-refs bench bench-dataplane bench-cuda bench-placement bench-lease bench-failover bench-scale bench-churn bench-go tools clean test-unit test-cluster helm chart test-k8s bench-k8s elastic-demo fuzz test-robustness soak robustness-tools test-upgrade
+.PHONY: cuda-toolkit bench-slowdisk bench-flood tmux test-dashboard chromium test-console bench-console all build install cc cuda-gen examples test-gpu test dev proto proto-check lint lint-refs bench bench-dataplane bench-cuda bench-placement bench-lease bench-failover bench-scale bench-churn bench-go tools clean test-unit test-cluster helm chart test-k8s bench-k8s elastic-demo fuzz test-robustness soak robustness-tools test-upgrade
 
 all: build
 
@@ -42,6 +42,30 @@ cuda-gen: ## regenerate the CUDA shim's stubs and the server's dispatch from cud
 examples: build ## build the C examples into bin/examples (vecadd: run it under 'gpupool attach')
 	@mkdir -p $(BIN)/examples
 	gcc -std=gnu11 -O2 -Wall -Wextra -Werror -I cuda/shim/csrc -o $(BIN)/examples/vecadd examples/cuda/vecadd.c -L $(BIN)/lib -lcuda
+
+# Debian 12's CUDA toolkit 11.8 (nvcc, cudart, cuBLAS) from the non-free
+# component, through a private sources list under .bin/apt, so the host's
+# own apt configuration is left as it is. It brings NVIDIA's user-space
+# libraries (libnvidia-ml1, libcuda1) as every GPU host has them: CI runs
+# the suite with them present. About 1.3 GB and 3 minutes, once; a no-op
+# when nvcc is already installed. Needs root; otherwise it says so.
+CUDA_APT := $(TOOLS)/apt
+CUDA_APT_OPTS = -o Dir::Etc::sourcelist=$(CUDA_APT)/sources.list -o Dir::Etc::sourceparts=$(CUDA_APT)/parts \
+	-o Dir::State::Lists=$(CUDA_APT)/lists -o Dir::Cache::archives=$(CUDA_APT)/archives
+cuda-toolkit: ## install Debian's nvidia-cuda-toolkit 11.8 (nvcc, cudart, libnvidia-ml) from non-free, once (root; about 3 minutes)
+	@if dpkg-query -W -f='$${Status}' nvidia-cuda-toolkit 2>/dev/null | grep -q 'ok installed'; then \
+	  echo "cuda-toolkit: $$(nvcc --version | tail -1) already installed"; \
+	elif [ "$$(id -u)" != 0 ]; then \
+	  echo "cuda-toolkit: not root, so Debian's CUDA toolkit is not installed (run 'sudo make cuda-toolkit')"; \
+	else \
+	  echo "cuda-toolkit: installing Debian's nvidia-cuda-toolkit from non-free (about 1.3 GB, 3 minutes)"; \
+	  mkdir -p $(CUDA_APT)/parts $(CUDA_APT)/lists/partial $(CUDA_APT)/archives/partial && \
+	  echo "deb http://deb.debian.org/debian bookworm main contrib non-free non-free-firmware" >$(CUDA_APT)/sources.list && \
+	  apt-get $(CUDA_APT_OPTS) update -q >/dev/null && \
+	  DEBIAN_FRONTEND=noninteractive apt-get $(CUDA_APT_OPTS) install -y -q --no-install-recommends nvidia-cuda-toolkit >/dev/null && \
+	  rm -rf $(CUDA_APT)/archives/*.deb && \
+	  echo "cuda-toolkit: $$(nvcc --version | tail -1)"; \
+	fi
 
 # The shim's C test programs against the real backend on this machine's
 # GPU (libcuda.so.1 from the driver); skips with a message where there is none.

@@ -51,15 +51,30 @@ const (
 	slowDiskCooldown = 30 * time.Second
 )
 
-// diskLog is the Raft log store with the data dir's disk checks: it
-// refuses writes while the file system has less than the reserve free
-// (a *DiskFullError, before bbolt runs out of room mid-write), and it
-// times every write for the slow-disk check.
+// diskLog is the Raft log store with the data dir's disk checks, and it
+// times every write for the slow-disk check. It keeps two thresholds:
+//
+//   - checkSpace, which the proposer asks before a command enters Raft,
+//     refuses new commands while less than the reserve is free;
+//   - StoreLogs refuses a write only below half the reserve (a
+//     *DiskFullError, before bbolt runs out of room mid-write).
+//
+// A write the log refuses makes a Raft leader step down, and a lone
+// broker then has no leader until space returns: every client waits out
+// its deadline instead of hearing "disk full". The half of the reserve
+// between the two is room for what was admitted and is still on its way
+// to the log (a batch of small entries), and for Raft's own entries
+// (no-op, barrier, configuration), which no proposer checks. So an
+// admitted command is never refused by the log, and a full disk is
+// answered at once with Unavailable, however the writes interleave.
 type diskLog struct {
 	raft.LogStore
 	dir        string
 	reserveMiB uint64
 	observe    func(time.Duration) // the write-time histogram
+	// freeMiB reads the space free to unprivileged writers in dir;
+	// statfs, but for tests.
+	freeMiB func(dir string) (uint64, error)
 
 	mu     sync.Mutex
 	writes []timedWrite // guarded by mu; the last slowDiskWindow's
@@ -73,7 +88,7 @@ type timedWrite struct {
 func (d *diskLog) StoreLog(l *raft.Log) error { return d.StoreLogs([]*raft.Log{l}) }
 
 func (d *diskLog) StoreLogs(logs []*raft.Log) error {
-	if err := d.checkSpace(); err != nil {
+	if err := d.below(d.reserveMiB / 2); err != nil {
 		return err
 	}
 	start := time.Now()
@@ -87,24 +102,44 @@ func (d *diskLog) StoreLogs(logs []*raft.Log) error {
 }
 
 // checkSpace returns a *DiskFullError while the file system holding the
-// data dir has less than the reserve free. The proposer asks it before
-// every command, and it looks at the disk each time (one statfs, about a
-// microsecond, small beside a commit): a cached answer let a proposal
-// made just after the disk filled reach Raft, whose leader steps down
-// when its own log write fails.
-func (d *diskLog) checkSpace() error {
+// data dir has less than the reserve free: the proposer asks it before
+// every command. It looks at the disk each time (one statfs, about a
+// microsecond, small beside a commit); a cached answer would admit
+// commands for a while after the disk filled.
+func (d *diskLog) checkSpace() error { return d.below(d.reserveMiB) }
+
+// below returns a *DiskFullError, naming the reserve, while less than
+// floorMiB is free; nil when the reserve is off or statfs fails (the write
+// itself then says what is wrong).
+func (d *diskLog) below(floorMiB uint64) error {
 	if d.reserveMiB == 0 {
 		return nil
 	}
-	var st syscall.Statfs_t
-	if err := syscall.Statfs(d.dir, &st); err != nil {
-		return nil // the write itself will say what is wrong
+	free, err := d.free()
+	if err != nil {
+		return nil
 	}
-	free := st.Bavail * uint64(st.Bsize) >> 20
-	if free < d.reserveMiB {
+	if free < floorMiB {
 		return &DiskFullError{Dir: d.dir, FreeMiB: free, ReserveMiB: d.reserveMiB}
 	}
 	return nil
+}
+
+func (d *diskLog) free() (uint64, error) {
+	if d.freeMiB != nil {
+		return d.freeMiB(d.dir)
+	}
+	return statfsFreeMiB(d.dir)
+}
+
+// statfsFreeMiB is the space in MiB free to unprivileged writers on the
+// file system holding dir.
+func statfsFreeMiB(dir string) (uint64, error) {
+	var st syscall.Statfs_t
+	if err := syscall.Statfs(dir, &st); err != nil {
+		return 0, err
+	}
+	return st.Bavail * uint64(st.Bsize) >> 20, nil
 }
 
 func (d *diskLog) record(at time.Time, took time.Duration) {

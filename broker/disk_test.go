@@ -1,6 +1,8 @@
 package broker
 
 import (
+	"context"
+	"errors"
 	"os"
 	"path/filepath"
 	"strings"
@@ -104,7 +106,12 @@ func TestABrokerOnAFullDiskRefusesWritesAndRecoversBySelf(t *testing.T) {
 	ts.registerHost(t, "h1", 8, 81920)
 	granted := 0
 	acquire := func() error {
-		_, err := ts.c.Lease.Acquire(ctx(t), &gpupoolv1.AcquireRequest{Request: slice(256, 1)})
+		// The client retries Unavailable until the deadline, then
+		// returns the broker's last answer: a full disk costs each
+		// refused call its whole deadline.
+		c, cancel := context.WithTimeout(ctx(t), 5*time.Second)
+		defer cancel()
+		_, err := ts.c.Lease.Acquire(c, &gpupoolv1.AcquireRequest{Request: slice(256, 1)})
 		if err == nil {
 			granted++
 		}
@@ -224,5 +231,88 @@ func TestALeaderOnAFullDiskHandsLeadershipOverAndCatchesUpWhenSpaceReturns(t *te
 	waitFor(t, "the broker that was full catching up", func() bool { return first.s.fsm.State().Index() >= want })
 	if got, want := len(first.s.fsm.State().Leases()), len(leader.fsm.State().Leases()); got != want {
 		t.Errorf("the broker that was full has %d leases, the leader %d", got, want)
+	}
+}
+
+// fakeFree is a data dir's free space, set by the test.
+type fakeFree struct{ mib atomic.Uint64 }
+
+func (f *fakeFree) read(string) (uint64, error) { return f.mib.Load(), nil }
+
+// What the proposer admitted, the log writes: the log refuses only below
+// half the reserve, so a write that found a little less room than its
+// admission did (other writes landed between the two) does not fail,
+// which would make the leader step down.
+func TestTheLogWritesWhatTheProposerAdmitted(t *testing.T) {
+	for _, tc := range []struct {
+		name                 string
+		freeMiB              uint64
+		wantAdmit, wantWrite bool
+	}{
+		{"room to spare", 1000, true, true},
+		{"exactly the reserve", 64, true, true},
+		{"just below the reserve: no new command, but the log writes", 63, false, true},
+		{"half the reserve", 32, false, true},
+		{"below half the reserve: the log refuses too", 31, false, false},
+		{"nothing free", 0, false, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			free := &fakeFree{}
+			free.mib.Store(tc.freeMiB)
+			d := &diskLog{LogStore: raft.NewInmemStore(), dir: "/data", reserveMiB: 64, freeMiB: free.read}
+			admitErr := d.checkSpace()
+			if got := admitErr == nil; got != tc.wantAdmit {
+				t.Errorf("checkSpace at %d MiB free = %v, want admitted %v", tc.freeMiB, admitErr, tc.wantAdmit)
+			}
+			writeErr := d.StoreLogs([]*raft.Log{{Index: 1, Term: 1, Data: []byte("x")}})
+			if got := writeErr == nil; got != tc.wantWrite {
+				t.Errorf("StoreLogs at %d MiB free = %v, want written %v", tc.freeMiB, writeErr, tc.wantWrite)
+			}
+			for _, err := range []error{admitErr, writeErr} {
+				var full *DiskFullError
+				if err != nil && (!errors.As(err, &full) || full.Dir != "/data" || full.ReserveMiB != 64) {
+					t.Errorf("got %v, want a *DiskFullError naming /data and the 64 MiB reserve", err)
+				}
+			}
+		})
+	}
+}
+
+// A lone leader whose disk has less than the reserve free refuses every
+// acquire at once with Unavailable naming the data dir, and keeps
+// leading: Raft's own entries (a barrier here) still reach the log,
+// where refusing them would make it step down and leave the cluster
+// without a leader until space returns.
+func TestALoneLeaderBelowTheReserveRefusesAtOnceAndKeepsLeading(t *testing.T) {
+	free := &fakeFree{}
+	free.mib.Store(1 << 20)
+	dir := filepath.Join(t.TempDir(), "broker")
+	ts := startServer(t, func(c *Config) { c.DataDir = dir; c.DiskReserveMiB = 64; c.freeMiB = free.read })
+	ts.registerHost(t, "h1", 8, 81920)
+	acquire := func() error {
+		c, cancel := context.WithTimeout(ctx(t), 5*time.Second) // see above
+		defer cancel()
+		_, err := ts.c.Lease.Acquire(c, &gpupoolv1.AcquireRequest{Request: slice(256, 1)})
+		return err
+	}
+	if err := acquire(); err != nil {
+		t.Fatal(err)
+	}
+	free.mib.Store(40) // below the reserve, above half of it
+	for range 3 {
+		err := acquire()
+		if status.Code(err) != codes.Unavailable || !strings.Contains(err.Error(), "disk full") || !strings.Contains(err.Error(), dir) {
+			t.Fatalf("got %v, want Unavailable saying the data dir %s is full", err, dir)
+		}
+		if err := ts.s.raft.Barrier(10 * time.Second).Error(); err != nil {
+			t.Fatalf("a leader barrier below the reserve: %v, want it written", err)
+		}
+		if !ts.s.IsLeader() {
+			t.Fatal("the broker stopped leading below the reserve; want it to refuse writes and stay leader")
+		}
+	}
+	free.mib.Store(1 << 20)
+	if err := acquire(); err != nil {
+		t.Fatalf("an acquire once space returned: %v", err)
 	}
 }

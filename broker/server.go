@@ -106,6 +106,9 @@ type Config struct {
 	// wrapLogStore, set by the package's tests only, wraps the Raft log
 	// store in a test double (a slow disk).
 	wrapLogStore func(raft.LogStore) raft.LogStore
+	// freeMiB, set by the package's tests only, stands for statfs in the
+	// data dir's disk checks.
+	freeMiB func(dir string) (uint64, error)
 	// RaftLogOutput receives raft's own log (default: discarded below warn).
 	RaftLogOutput io.Writer
 	// AuditSink, when set, receives every audit entry this server applies,
@@ -436,7 +439,7 @@ func (s *Server) openRaft() error {
 	if s.cfg.wrapLogStore != nil {
 		logs = s.cfg.wrapLogStore(logs)
 	}
-	s.disk = &diskLog{LogStore: injectDiskFaults(dir, logs, s.shutdownCh), dir: dir, reserveMiB: reserve, observe: s.metrics.observeLogWrite}
+	s.disk = &diskLog{LogStore: injectDiskFaults(dir, logs, s.shutdownCh), dir: dir, reserveMiB: reserve, observe: s.metrics.observeLogWrite, freeMiB: s.cfg.freeMiB}
 	r, err := raft.NewRaft(conf, s.fsm, s.disk, store, snaps, trans)
 	if err != nil {
 		return fmt.Errorf("broker: %w %s: start raft: %v", ErrDataDir, dir, err)

@@ -31,11 +31,16 @@ func (c *Client) retryWithin(budget time.Duration) grpc.UnaryClientInterceptor {
 			early  []Member // the first probe's result, once in
 			at     time.Time
 		)
+		var last error // the last Unavailable answer
 		for {
 			err := invoker(ctx, method, req, reply, cc, opts...)
+			if last != nil && interruptedByDeadline(ctx, err) {
+				return c.clusterError(ctx, budget, last, early, at)
+			}
 			if status.Code(err) != codes.Unavailable || IsTLSError(err) {
 				return err
 			}
+			last = err
 			if probed == nil {
 				start = time.Now()
 				end = start.Add(budget)

@@ -219,14 +219,22 @@ const maxRetryBackoff = 250 * time.Millisecond
 // jittered backoff from 25 ms to maxRetryBackoff, until the call's context
 // ends. Callers that need a bound set a deadline. A TLS failure (a
 // certificate the other side refused) does not heal by waiting and is
-// returned at once, as is every other outcome.
+// returned at once, as is every other outcome. When the deadline passes
+// during a retry, the error is the last Unavailable answer (a full disk,
+// no leader), not the interrupted attempt's DeadlineExceeded: the caller
+// hears why, whether the deadline fell during an attempt or between two.
 func RetryUnavailable(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
 	backoff := 25 * time.Millisecond
+	var last error // the last Unavailable answer
 	for {
 		err := invoker(ctx, method, req, reply, cc, opts...)
+		if last != nil && interruptedByDeadline(ctx, err) {
+			return last
+		}
 		if status.Code(err) != codes.Unavailable || IsTLSError(err) {
 			return err
 		}
+		last = err
 		// Up to half again as long, so that clients a failover stopped
 		// together do not come back in step.
 		t := time.NewTimer(backoff + rand.N(backoff/2+1))
@@ -238,6 +246,12 @@ func RetryUnavailable(ctx context.Context, method string, req, reply any, cc *gr
 		}
 		backoff = min(2*backoff, maxRetryBackoff)
 	}
+}
+
+// interruptedByDeadline reports whether err is an attempt cut short by
+// ctx's deadline rather than a broker's answer.
+func interruptedByDeadline(ctx context.Context, err error) bool {
+	return status.Code(err) == codes.DeadlineExceeded && errors.Is(ctx.Err(), context.DeadlineExceeded)
 }
 
 // IsTLSError reports whether err is a connection that failed in its TLS

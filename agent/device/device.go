@@ -61,7 +61,7 @@ type Backend interface {
 func enumerate(lib nvml.Interface) ([]*gpupoolv1.Device, error) {
 	n, ret := lib.DeviceGetCount()
 	if ret != nvml.SUCCESS {
-		return nil, fmt.Errorf("device: count GPUs: %w", ret)
+		return nil, fmt.Errorf("device: count GPUs: %w", code(ret))
 	}
 	handles := make([]nvml.Device, n)
 	out := make([]*gpupoolv1.Device, n)
@@ -69,7 +69,7 @@ func enumerate(lib nvml.Interface) ([]*gpupoolv1.Device, error) {
 	for i := range n {
 		h, ret := lib.DeviceGetHandleByIndex(i)
 		if ret != nvml.SUCCESS {
-			return nil, fmt.Errorf("device: GPU %d: get handle: %w", i, ret)
+			return nil, fmt.Errorf("device: GPU %d: get handle: %w", i, code(ret))
 		}
 		d, err := describe(h, i, numaSupported)
 		if err != nil {
@@ -85,15 +85,15 @@ func enumerate(lib nvml.Interface) ([]*gpupoolv1.Device, error) {
 func describe(h nvml.Device, i int, numaSupported bool) (*gpupoolv1.Device, error) {
 	uuid, ret := h.GetUUID()
 	if ret != nvml.SUCCESS {
-		return nil, fmt.Errorf("device: GPU %d: read UUID: %w", i, ret)
+		return nil, fmt.Errorf("device: GPU %d: read UUID: %w", i, code(ret))
 	}
 	name, ret := h.GetName()
 	if ret != nvml.SUCCESS {
-		return nil, fmt.Errorf("device: GPU %d (%s): read name: %w", i, uuid, ret)
+		return nil, fmt.Errorf("device: GPU %d (%s): read name: %w", i, uuid, code(ret))
 	}
 	mem, ret := h.GetMemoryInfo()
 	if ret != nvml.SUCCESS {
-		return nil, fmt.Errorf("device: GPU %d (%s): read memory: %w", i, uuid, ret)
+		return nil, fmt.Errorf("device: GPU %d (%s): read memory: %w", i, uuid, code(ret))
 	}
 	d := &gpupoolv1.Device{
 		Uuid:      uuid,

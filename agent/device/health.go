@@ -85,7 +85,7 @@ var gpusLost = HealthEvent{Kind: HealthLost, Critical: true, Reason: "GPU is los
 func watchHealth(ctx context.Context, lib nvml.Interface, fn func(HealthEvent)) error {
 	n, ret := lib.DeviceGetCount()
 	if ret != nvml.SUCCESS {
-		return fmt.Errorf("device: count GPUs: %w", ret)
+		return fmt.Errorf("device: count GPUs: %w", code(ret))
 	}
 	if n == 0 {
 		return nil
@@ -116,13 +116,13 @@ func watchEvents(ctx context.Context, lib nvml.Interface, n int, fn func(HealthE
 		if ret == nvml.ERROR_GPU_IS_LOST {
 			return true, nil
 		} else if ret != nvml.SUCCESS {
-			return false, fmt.Errorf("device: GPU %d: get handle: %w", i, ret)
+			return false, fmt.Errorf("device: GPU %d: get handle: %w", i, code(ret))
 		}
 		uuid, ret := h.GetUUID()
 		if ret == nvml.ERROR_GPU_IS_LOST {
 			return true, nil
 		} else if ret != nvml.SUCCESS {
-			return false, fmt.Errorf("device: GPU %d: read UUID: %w", i, ret)
+			return false, fmt.Errorf("device: GPU %d: read UUID: %w", i, code(ret))
 		}
 		types, ret := h.GetSupportedEventTypes()
 		switch {
@@ -131,7 +131,7 @@ func watchEvents(ctx context.Context, lib nvml.Interface, n int, fn func(HealthE
 		case ret == nvml.ERROR_NOT_SUPPORTED || ret == nvml.SUCCESS && types&watchedEvents == 0:
 			continue
 		case ret != nvml.SUCCESS:
-			return false, fmt.Errorf("device: GPU %d (%s): read supported events: %w", i, uuid, ret)
+			return false, fmt.Errorf("device: GPU %d (%s): read supported events: %w", i, uuid, code(ret))
 		}
 		devs = append(devs, watched{h, uuid, types & watchedEvents})
 	}
@@ -143,7 +143,7 @@ func watchEvents(ctx context.Context, lib nvml.Interface, n int, fn func(HealthE
 	if ret == nvml.ERROR_GPU_IS_LOST {
 		return true, nil
 	} else if ret != nvml.SUCCESS {
-		return false, fmt.Errorf("device: create event set: %w", ret)
+		return false, fmt.Errorf("device: create event set: %w", code(ret))
 	}
 	defer set.Free()
 	uuidOf := make(map[nvml.Device]string, len(devs))
@@ -155,7 +155,7 @@ func watchEvents(ctx context.Context, lib nvml.Interface, n int, fn func(HealthE
 		case nvml.ERROR_GPU_IS_LOST:
 			return true, nil
 		default:
-			return false, fmt.Errorf("device: GPU %s: register for events: %w", d.uuid, ret)
+			return false, fmt.Errorf("device: GPU %s: register for events: %w", d.uuid, code(ret))
 		}
 	}
 	if len(uuidOf) == 0 {
@@ -173,7 +173,7 @@ func watchEvents(ctx context.Context, lib nvml.Interface, n int, fn func(HealthE
 		case nvml.ERROR_GPU_IS_LOST:
 			return true, nil
 		default:
-			return false, fmt.Errorf("device: wait for health events: %w", ret)
+			return false, fmt.Errorf("device: wait for health events: %w", code(ret))
 		}
 	}
 	return false, nil

@@ -2,6 +2,7 @@ package device
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"path/filepath"
 	"reflect"
@@ -41,7 +42,7 @@ func TestNVMLWithoutTheLibraryOffersNoGPUs(t *testing.T) {
 
 // NewNVML on whatever this machine has: GPUs, or none and a note.
 func TestNewNVMLEitherFindsGPUsOrSaysWhyNot(t *testing.T) {
-	b := NewNVML()
+	b := NewNVML("")
 	t.Cleanup(func() { _ = b.Close() })
 	devs, err := b.Devices()
 	if err != nil {
@@ -229,7 +230,8 @@ func TestNVMLSampleFailsWhenItCannotCountOrIdentify(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			h := newFakeHost(2)
 			tc.setup(h)
-			if _, err := h.backend(t).Sample(); err == nil || err.Error() != tc.wantErr {
+			_, err := h.backend(t).Sample()
+			if !errors.Is(err, nvml.ERROR_UNKNOWN) || err.Error() != tc.wantErr {
 				t.Errorf("Sample error = %v, want %s", err, tc.wantErr)
 			}
 		})
@@ -347,7 +349,7 @@ func TestNVMLWatchHealthFailsOnAWaitError(t *testing.T) {
 	h := newFakeHost(1)
 	h.lib.EventSetCreateFunc = func() (nvml.EventSet, nvml.Return) { return scriptedEvents(nvml.ERROR_UNKNOWN), nvml.SUCCESS }
 	w := watch(t, h.backend(t))
-	if err := w.returned(t); err == nil || err.Error() != "device: wait for health events: ERROR_UNKNOWN" {
+	if err := w.returned(t); !errors.Is(err, nvml.ERROR_UNKNOWN) || err.Error() != "device: wait for health events: ERROR_UNKNOWN" {
 		t.Errorf("WatchHealth = %v, want device: wait for health events: ERROR_UNKNOWN", err)
 	}
 }
@@ -389,5 +391,57 @@ func waitFor(t *testing.T, what string, cond func() bool) {
 			t.Fatalf("timed out after %v waiting until %s", waitLimit, what)
 		}
 		<-tick.C
+	}
+}
+
+// A note or an error names NVML's return code by its constant, never by
+// the library's own text: go-nvml asks the loaded libnvidia-ml for that
+// text, whose wording differs between driver releases ("Driver Not
+// Loaded"), so it would differ from host to host.
+func TestNVMLErrorsNameTheReturnCodeTheSameOnEveryHost(t *testing.T) {
+	for _, tc := range []struct {
+		ret  nvml.Return
+		want string
+	}{
+		{nvml.ERROR_DRIVER_NOT_LOADED, "ERROR_DRIVER_NOT_LOADED"},
+		{nvml.ERROR_LIBRARY_NOT_FOUND, "ERROR_LIBRARY_NOT_FOUND"},
+		{nvml.ERROR_GPU_IS_LOST, "ERROR_GPU_IS_LOST"},
+		{nvml.ERROR_RESET_TYPE_NOT_SUPPORTED, "ERROR_RESET_TYPE_NOT_SUPPORTED"},
+		{nvml.ERROR_UNKNOWN, "ERROR_UNKNOWN"},
+		{nvml.Return(4242), "NVML_RETURN_4242"},
+	} {
+		t.Run(tc.want, func(t *testing.T) {
+			err := fmt.Errorf("device: count GPUs: %w", code(tc.ret))
+			if got, want := err.Error(), "device: count GPUs: "+tc.want; got != want {
+				t.Errorf("got %q, want %q", got, want)
+			}
+			if !errors.Is(err, tc.ret) {
+				t.Errorf("errors.Is(%v, %d) = false, want the return code in the chain", err, int32(tc.ret))
+			}
+		})
+	}
+}
+
+// A host with NVIDIA's library but no kernel driver gets a note that
+// names the return code, whichever library answered. The real library is
+// opened first where this machine has one: from then on go-nvml's own
+// Return.Error() reads the library's wording, which the note must not.
+func TestNVMLNoteNamesTheInitCode(t *testing.T) {
+	real := NewNVML("")
+	t.Cleanup(func() { _ = real.Close() })
+	t.Logf("this machine's NVML: %q", real.Note())
+	for _, tc := range []struct {
+		ret  nvml.Return
+		want string
+	}{
+		{nvml.ERROR_DRIVER_NOT_LOADED, "ERROR_DRIVER_NOT_LOADED"},
+		{nvml.ERROR_NO_PERMISSION, "ERROR_NO_PERMISSION"},
+		{nvml.ERROR_LIB_RM_VERSION_MISMATCH, "ERROR_LIB_RM_VERSION_MISMATCH"},
+	} {
+		lib := &mock.Interface{InitFunc: func() nvml.Return { return tc.ret }}
+		b := newNVML(lib, "libnvidia-ml.so.1")
+		if want := "NVML failed to initialise (" + tc.want + "): this host offers no GPUs"; b.Note() != want {
+			t.Errorf("Note = %q, want %q", b.Note(), want)
+		}
 	}
 }

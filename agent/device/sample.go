@@ -52,7 +52,7 @@ const valueNotAvailable = math.MaxUint64
 func sample(lib nvml.Interface, known []string) ([]Sample, error) {
 	n, ret := lib.DeviceGetCount()
 	if ret != nvml.SUCCESS {
-		return nil, fmt.Errorf("device: count GPUs: %w", ret)
+		return nil, fmt.Errorf("device: count GPUs: %w", code(ret))
 	}
 	out := make([]Sample, n)
 	for i := range n {
@@ -81,13 +81,13 @@ func sampleDevice(lib nvml.Interface, i int) (Sample, error) {
 		return s, nil
 	}
 	if ret != nvml.SUCCESS {
-		return Sample{}, fmt.Errorf("device: GPU %d: get handle: %w", i, ret)
+		return Sample{}, fmt.Errorf("device: GPU %d: get handle: %w", i, code(ret))
 	}
 	if s.UUID, ret = h.GetUUID(); lost(ret) {
 		s.UUID = ""
 		return s, nil
 	} else if ret != nvml.SUCCESS {
-		return Sample{}, fmt.Errorf("device: GPU %d: read UUID: %w", i, ret)
+		return Sample{}, fmt.Errorf("device: GPU %d: read UUID: %w", i, code(ret))
 	}
 	if mem, ret := h.GetMemoryInfo(); ret == nvml.SUCCESS {
 		s.MemoryUsedMiB = int64(mem.Used >> 20)

@@ -139,7 +139,7 @@ func (s *session) Close() error {
 		return nil
 	}
 	if ret := s.lib.Shutdown(); ret != nvml.SUCCESS {
-		return fmt.Errorf("device: %s shutdown: %w", s.label, ret)
+		return fmt.Errorf("device: %s shutdown: %w", s.label, code(ret))
 	}
 	return nil
 }

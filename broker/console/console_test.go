@@ -322,8 +322,11 @@ func TestConsoleEscapesEveryUserString(t *testing.T) {
 	deadline := time.Now().Add(20 * time.Second)
 	for {
 		_, body := get(t, c, e.base+"/queue")
-		if strings.Contains(body, "data-lease=") || time.Now().After(deadline) {
+		if strings.Contains(body, "data-lease=") {
 			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the queue page never showed the waiting request within 20s: %s", excerpt(body, "queue"))
 		}
 		time.Sleep(50 * time.Millisecond)
 	}

@@ -34,6 +34,7 @@ type agentOpts struct {
 	dataDir         string
 	mps             string
 	simControl      string
+	nvmlLibrary     string
 	enforce         agent.Enforcement
 	healthyAfter    time.Duration
 	metrics         string
@@ -153,6 +154,7 @@ else the hostname.`,
 	f.StringVar(&o.logLevel, "log-level", "info", "log level: debug, info, warn or error")
 	f.StringVar(&o.metrics, "metrics-bind", "", "serve Prometheus metrics at http://ADDR/metrics; empty serves none")
 	f.StringVar(&o.dataDir, "data-dir", "/var/lib/gpupool/agent", "directory for the per-lease state files")
+	f.StringVar(&o.nvmlLibrary, "nvml-library", "", "the NVML library the agent opens for the host's GPUs (default $GPUPOOL_NVML_LIBRARY, else libnvidia-ml.so.1 from the loader's path); a path that does not exist offers no GPUs, and the agent says so")
 	f.StringVar(&o.mps, "mps", "auto", "run CUDA MPS daemons for fractional slices: auto (when nvidia-cuda-mps-control is on PATH), on or off")
 	f.StringVar(&o.simControl, "sim-control", "", "with --simulate: unix socket to drive the simulated GPUs (default DATA_DIR/simulate.sock)")
 	f.DurationVar(&o.enforce.Poll, "watchdog-poll", agent.DefaultPoll, "how often the watchdog reads per-process GPU memory")
@@ -284,7 +286,11 @@ func runAgent(cmd *cobra.Command, o agentOpts) error {
 			return usagef("--simulate %v", err)
 		}
 	} else {
-		backend = device.NewNVML()
+		lib := o.nvmlLibrary
+		if !cmd.Flags().Changed("nvml-library") {
+			lib = os.Getenv("GPUPOOL_NVML_LIBRARY")
+		}
+		backend = device.NewNVML(lib)
 	}
 	defer backend.Close()
 	if sim, ok := backend.(device.Simulator); ok {

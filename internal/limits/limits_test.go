@@ -211,7 +211,11 @@ func TestFairCallThatGivesUpLeavesTheQueue(t *testing.T) {
 		_, err := f.Acquire(ctx, "b", "b")
 		done <- err
 	}()
+	deadline := time.Now().Add(10 * time.Second)
 	for _, w := f.InFlight(); w != 1; _, w = f.InFlight() {
+		if time.Now().After(deadline) {
+			t.Fatalf("got %d waiting after 10s, want the second call waiting", w)
+		}
 		time.Sleep(time.Millisecond)
 	}
 	cancel()

@@ -93,37 +93,46 @@ func TestAgentWithoutNVMLReportsNoGPUsAndStaysUp(t *testing.T) {
 		t.Skip("starts real processes")
 	}
 	cl := newCluster(t, 0)
+	// A library path that does not exist: the host has no NVML even on a
+	// machine whose loader would find NVIDIA's libnvidia-ml.so.1.
+	lib := filepath.Join(t.TempDir(), "libnvidia-ml.so.1")
 	p := cl.newProc("nvml-host", "agent", "--insecure", "--broker", strings.Join(cl.addrs, ","), "--host-id", "nvml-host", "--data-bind", "127.0.0.1:0",
-		"--data-dir", filepath.Join(cl.dir, "nvml-host"))
+		"--data-dir", filepath.Join(cl.dir, "nvml-host"), "--nvml-library", lib)
 	cl.agents = append(cl.agents, p) // stopped with the cluster
 	p.start(t)
 	cl.waitForHosts(1)
-	// Two fresh heartbeats a while apart: the agent is still up and talking.
+	// Two heartbeats, each sent after the previous one was seen: the agent
+	// is still up and talking. A heartbeat is after since when the
+	// broker's answer, asked for at asked, puts it there: the broker
+	// reads its age no earlier than asked.
+	since := time.Now()
 	for range 2 {
-		eventually(t, "a fresh heartbeat from nvml-host", 20*time.Second, func() error {
+		eventually(t, "a heartbeat from nvml-host after the last one seen", 20*time.Second, func() error {
+			asked := time.Now()
 			h, err := cl.c.Pool.GetHost(ctxFor(t, 5*time.Second), &gpupoolv1.GetHostRequest{HostId: "nvml-host"})
 			if err != nil {
 				return err
 			}
-			if age := h.Host.LastHeartbeatAgeMs; age < 0 || age > 1000 {
-				return fmt.Errorf("last heartbeat %d ms ago", age)
-			}
-			if len(h.Host.Devices) != 0 || !strings.Contains(h.Host.BackendNote, "libnvidia-ml.so.1 not found") {
+			if len(h.Host.Devices) != 0 || h.Host.BackendNote != "NVML library "+lib+" not found: this host offers no GPUs" {
 				return fmt.Errorf("devices %d, note %q: want none and why", len(h.Host.Devices), h.Host.BackendNote)
 			}
+			age := h.Host.LastHeartbeatAgeMs
+			if at := asked.Add(-time.Duration(age) * time.Millisecond); age < 0 || !at.After(since) {
+				return fmt.Errorf("last heartbeat %d ms ago, none since %s", age, since.Format(time.StampMilli))
+			}
+			since = asked
 			return nil
 		})
-		time.Sleep(1100 * time.Millisecond) // let the heartbeat age grow past a poll
 	}
 	if !p.running() {
 		t.Fatal("the agent exited")
 	}
 	out, _, code := gpupool(t, "host", "ls", "--addr="+strings.Join(cl.addrs, ","))
-	if code != 0 || !strings.Contains(out, "no GPUs: NVML library libnvidia-ml.so.1 not found") {
+	if code != 0 || !strings.Contains(out, "no GPUs: NVML library "+lib+" not found") {
 		t.Fatalf("host ls (exit %d) does not say why nvml-host has no GPUs:\n%s", code, out)
 	}
 	log, _ := os.ReadFile(p.log.Name())
-	if n := strings.Count(string(log), "libnvidia-ml.so.1 not found"); n != 1 {
+	if n := strings.Count(string(log), lib+" not found"); n != 1 {
 		t.Fatalf("the agent's log says why %d times, want once:\n%s", n, log)
 	}
 }
