@@ -3,6 +3,7 @@ package broker
 import (
 	"context"
 	"crypto/sha256"
+	"errors"
 	"fmt"
 	"slices"
 	"strings"
@@ -190,20 +191,23 @@ func (c *caller) sees(l *gpupoolv1.Lease) bool {
 	return c.management() || slices.Contains(c.token.Tenants, l.GetTenant())
 }
 
-// scopeRequest fills in the caller's default tenant and refuses a request
-// outside the caller's scope: another tenant, a priority above its limit,
-// a guaranteed lease from a preemptible-only token.
+// scopeRequest fills in the request's tenant and class for the caller
+// (protocol.FillDefaults) and refuses a request outside the caller's
+// scope: another tenant, a priority above its limit, a guaranteed lease
+// from a preemptible-only token.
 func (c *caller) scopeRequest(r *gpupoolv1.LeaseRequest) error {
+	if err := protocol.FillDefaults(r, c.token); err != nil {
+		var te *protocol.TenantError
+		if errors.As(err, &te) {
+			return refusef(ErrDenied, "request.%s: %s may act for tenants %s only, not tenant %q",
+				te.Field, c, strings.Join(te.Allowed, ", "), te.Tenant)
+		}
+		return err
+	}
 	if c.management() {
 		return nil
 	}
 	t := c.token
-	if r.Tenant == "" {
-		r.Tenant = t.Tenants[0]
-	}
-	if err := c.mayActFor(r.Tenant, "request.tenant"); err != nil {
-		return err
-	}
 	if t.MaxPriority != nil && r.Priority > *t.MaxPriority {
 		return refusef(ErrDenied, "request.priority %d: %s may ask for priority %d at most", r.Priority, c, *t.MaxPriority)
 	}

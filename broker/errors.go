@@ -111,6 +111,7 @@ func toStatus(err error) error {
 		}
 	}
 	var fe *protocol.FieldError
+	var te *protocol.TenantError
 	var pe *placement.Error
 	var ce *fsm.ConflictError
 	var pce *fsm.PreconditionError
@@ -129,6 +130,8 @@ func toStatus(err error) error {
 		return status.Error(codes.FailedPrecondition, err.Error())
 	case errors.As(err, &fe):
 		return status.Error(codes.InvalidArgument, err.Error())
+	case errors.As(err, &te):
+		return status.Error(codes.PermissionDenied, err.Error())
 	case errors.As(err, &pe):
 		if pe.Never {
 			return status.Error(codes.FailedPrecondition, "request can never fit this pool: "+pe.Reason)

@@ -66,13 +66,11 @@ func (e leaseService) Acquire(ctx context.Context, req *gpupoolv1.AcquireRequest
 // acquire places and grants a lease on the leader. With a wait, a request
 // that does not fit now joins the queue and the call waits for its grant.
 // r is the call's own: Acquire cloned the request once on its way in, and
-// acquire fills in its defaults in place.
+// acquire fills in its defaults in place (protocol.FillDefaults, which
+// Acquire's ACL check applied already).
 func (s *Server) acquire(ctx context.Context, r *gpupoolv1.LeaseRequest, wait time.Duration) (*gpupoolv1.AcquireResponse, error) {
-	if r.Tenant == "" {
-		r.Tenant = protocol.DefaultTenant
-	}
-	if r.Class == gpupoolv1.LeaseClass_LEASE_CLASS_UNSPECIFIED {
-		r.Class = gpupoolv1.LeaseClass_LEASE_CLASS_GUARANTEED
+	if err := protocol.FillDefaults(r, callerFrom(ctx).token); err != nil {
+		return nil, err
 	}
 	if currentKey(s.fsm.State()) == nil {
 		// Granting a lease whose tokens cannot be signed would leave the

@@ -13,7 +13,6 @@ import (
 
 	"github.com/gpupool/gpupool/internal/limits"
 	gpupoolv1 "github.com/gpupool/gpupool/proto/gpupool/v1"
-	"github.com/gpupool/gpupool/protocol"
 )
 
 // Limits bounds what one caller may make a broker do (see
@@ -208,11 +207,9 @@ func (s *Server) streamLimits(srv any, ss grpc.ServerStream, _ *grpc.StreamServe
 }
 
 // holdPending holds one of the tenant's waiting acquires on the leader
-// until release.
+// until release. tenant is the request's after protocol.FillDefaults
+// (Acquire's ACL check), never empty.
 func (s *Server) holdPending(tenant string) (release func(), err error) {
-	if tenant == "" {
-		tenant = protocol.DefaultTenant
-	}
 	return s.limits.pending.Acquire(tenant, fmt.Sprintf("tenant %q", tenant))
 }
 

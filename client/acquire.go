@@ -5,8 +5,10 @@ import (
 	"sync"
 	"time"
 
+	"github.com/google/uuid"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
 
 	gpupoolv1 "github.com/gpupool/gpupool/proto/gpupool/v1"
 	"github.com/gpupool/gpupool/protocol"
@@ -64,8 +66,17 @@ func WithPendingProgress(fn func(*gpupoolv1.Lease)) AcquireOption {
 
 // Acquire asks the brokers for a lease and keeps it alive in the
 // background until Release or Close; ctx bounds the request only (with
-// WithWait, the wait too). A request without a request_id gets one, so a
-// retried Acquire never grants twice.
+// WithWait, the wait too).
+//
+// A request without a request_id gets a fresh one, set on req itself
+// before the first attempt: a retried Acquire never grants twice, and the
+// caller can name the request afterwards, also when the call failed or
+// was interrupted (to say which request left the queue, or to find a
+// lease granted as the call ended). RequestId is the only field Acquire
+// writes, and it keeps no reference to req once it returns; req must not
+// be used by another call meanwhile. A request is one lease: calling
+// Acquire again with the same req asks for the same lease again (and gets
+// it back while it lives), so build a new request for another lease.
 func (c *Client) Acquire(ctx context.Context, req *gpupoolv1.LeaseRequest, opts ...AcquireOption) (*Lease, error) {
 	resp, err := c.Grant(ctx, req, opts...)
 	if err != nil {
@@ -74,20 +85,22 @@ func (c *Client) Acquire(ctx context.Context, req *gpupoolv1.LeaseRequest, opts 
 	return c.follow(resp.Lease, resp.Tokens), nil
 }
 
-// Grant asks the brokers for a lease as Acquire does and returns their
-// answer, but does not renew the lease: it lives for its TTL unless
-// someone renews it ('gpupool lease keepalive', Attach).
+// Grant asks the brokers for a lease as Acquire does, setting an empty
+// req.RequestId as Acquire does, and returns their answer, but does not
+// renew the lease: it lives for its TTL unless someone renews it ('gpupool
+// lease keepalive', Attach).
 func (c *Client) Grant(ctx context.Context, req *gpupoolv1.LeaseRequest, opts ...AcquireOption) (*gpupoolv1.AcquireResponse, error) {
 	var o acquireOptions
 	for _, opt := range opts {
 		opt(&o)
 	}
+	if req != nil && req.RequestId == "" {
+		req.RequestId = uuid.NewString()
+	}
 	areq := &gpupoolv1.AcquireRequest{Request: req}
 	if o.wait > 0 {
 		areq.WaitMs = max(o.wait.Milliseconds(), 1)
 	}
-	areq = withRequestID(areq)
-	req = areq.Request
 	if o.wait <= 0 {
 		return c.Lease.Acquire(ctx, areq)
 	}
@@ -126,11 +139,21 @@ func (c *Client) watchPending(ctx context.Context, req *gpupoolv1.LeaseRequest, 
 		close(p.done)
 		return p
 	}
-	tenant := req.Tenant
-	if tenant == "" {
-		tenant = protocol.DefaultTenant
+	var list *gpupoolv1.ListLeasesRequest // nil until the tenant is known
+	look := func(ctx context.Context) (*gpupoolv1.Lease, error) {
+		if list == nil {
+			tenant, err := c.queueTenant(ctx, req)
+			if err != nil {
+				return nil, err
+			}
+			list = &gpupoolv1.ListLeasesRequest{Tenant: tenant, States: []gpupoolv1.LeaseState{gpupoolv1.LeaseState_LEASE_STATE_PENDING}}
+		}
+		resp, err := c.Lease.List(ctx, list)
+		if err != nil {
+			return nil, err
+		}
+		return pendingLease(resp.GetLeases(), req.RequestId), nil
 	}
-	list := &gpupoolv1.ListLeasesRequest{Tenant: tenant, States: []gpupoolv1.LeaseState{gpupoolv1.LeaseState_LEASE_STATE_PENDING}}
 	go func() {
 		defer close(p.done)
 		t := time.NewTimer(pendingFirstPoll)
@@ -142,20 +165,36 @@ func (c *Client) watchPending(ctx context.Context, req *gpupoolv1.LeaseRequest, 
 			case <-t.C:
 			}
 			lctx, lcancel := context.WithTimeout(ctx, pendingPollEvery)
-			resp, err := c.Lease.List(lctx, list)
+			l, err := look(lctx)
 			lcancel()
-			if err == nil && ctx.Err() == nil {
-				if l := pendingLease(resp.GetLeases(), req.RequestId); l != nil {
-					p.mu.Lock()
-					p.why = l.GetPendingReason()
-					p.mu.Unlock()
-					fn(l)
-				}
+			if err == nil && l != nil && ctx.Err() == nil {
+				p.mu.Lock()
+				p.why = l.GetPendingReason()
+				p.mu.Unlock()
+				fn(l)
 			}
 			t.Reset(pendingPollEvery)
 		}
 	}()
 	return p
+}
+
+// queueTenant is the tenant the brokers queue req under. The brokers fill
+// in a request's tenant from the caller's token (protocol.FillDefaults),
+// so the SDK asks WhoAmI for that token and applies the same function: a
+// call the brokers already serve, made once per waiting Acquire, rather
+// than a new field echoing the tenant, which the Acquire answer could
+// only carry at the grant, too late to follow the wait.
+func (c *Client) queueTenant(ctx context.Context, req *gpupoolv1.LeaseRequest) (string, error) {
+	who, err := gpupoolv1.NewAclServiceClient(c.conn).WhoAmI(ctx, &gpupoolv1.WhoAmIRequest{})
+	if err != nil {
+		return "", err
+	}
+	r := proto.CloneOf(req)
+	if err := protocol.FillDefaults(r, who.GetToken()); err != nil {
+		return "", err
+	}
+	return r.Tenant, nil
 }
 
 // stop ends the watch, once no call of fn is running, and returns the

@@ -17,6 +17,7 @@ import (
 
 	"github.com/gpupool/gpupool/client"
 	gpupoolv1 "github.com/gpupool/gpupool/proto/gpupool/v1"
+	"github.com/gpupool/gpupool/protocol"
 )
 
 // fakeLeases is a LeaseService that follows the brokers' contract for
@@ -33,6 +34,11 @@ type fakeLeases struct {
 	grant chan struct{}
 	// reason is the pending_reason of a waiting request.
 	reason string
+	// who is the caller's token WhoAmI answers with, nil for brokers
+	// without ACL. As on the brokers, a waiting request is queued under
+	// the tenant protocol.FillDefaults gives it, and List refuses a
+	// tenant the token does not hold.
+	who *gpupoolv1.AclToken
 
 	acquires chan *gpupoolv1.AcquireRequest // every Acquire
 	lists    chan *gpupoolv1.ListLeasesRequest
@@ -90,15 +96,32 @@ func (f *fakeLeases) Acquire(ctx context.Context, req *gpupoolv1.AcquireRequest)
 
 func (f *fakeLeases) List(_ context.Context, req *gpupoolv1.ListLeasesRequest) (*gpupoolv1.ListLeasesResponse, error) {
 	f.lists <- req
+	if err := protocol.FillDefaults(&gpupoolv1.LeaseRequest{Tenant: req.Tenant}, f.who); req.Tenant != "" && err != nil {
+		return nil, status.Error(codes.PermissionDenied, err.Error())
+	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	// Another tenant's request waits too.
 	out := []*gpupoolv1.Lease{{Id: "l-other", RequestId: "someone-else", State: gpupoolv1.LeaseState_LEASE_STATE_PENDING, PendingReason: "not ours"}}
 	for _, a := range f.waiting {
-		out = append(out, &gpupoolv1.Lease{Id: "l-waiting", Tenant: a.Request.Tenant, RequestId: a.Request.RequestId,
+		r := proto.CloneOf(a.Request)
+		if err := protocol.FillDefaults(r, f.who); err != nil || r.Tenant != req.Tenant {
+			continue
+		}
+		out = append(out, &gpupoolv1.Lease{Id: "l-waiting", Tenant: r.Tenant, RequestId: r.RequestId,
 			State: gpupoolv1.LeaseState_LEASE_STATE_PENDING, PendingReason: f.reason})
 	}
 	return &gpupoolv1.ListLeasesResponse{Leases: out}, nil
+}
+
+// fakeACL answers WhoAmI for f.
+type fakeACL struct {
+	gpupoolv1.UnimplementedAclServiceServer
+	f *fakeLeases
+}
+
+func (a fakeACL) WhoAmI(context.Context, *gpupoolv1.WhoAmIRequest) (*gpupoolv1.WhoAmIResponse, error) {
+	return &gpupoolv1.WhoAmIResponse{Token: a.f.who, AclEnabled: a.f.who != nil}, nil
 }
 
 // token hands out a new token for id on host.
@@ -199,6 +222,7 @@ func (f *fakeLeases) start(t *testing.T) *client.Client {
 	}
 	s := grpc.NewServer()
 	gpupoolv1.RegisterLeaseServiceServer(s, f)
+	gpupoolv1.RegisterAclServiceServer(s, fakeACL{f: f})
 	go s.Serve(lis)
 	t.Cleanup(s.Stop)
 	c, err := client.Dial([]string{lis.Addr().String()})

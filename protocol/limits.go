@@ -22,7 +22,8 @@ const (
 	// MaxDeviceUUIDLen each UUID in it, in bytes.
 	MaxConstraintDevices = 64
 	MaxDeviceUUIDLen     = 128
-	// DefaultTenant is the tenant a request naming none counts against.
+	// DefaultTenant is the tenant a request naming none counts against
+	// when its caller's token names no tenant (see FillDefaults).
 	DefaultTenant = "default"
 )
 

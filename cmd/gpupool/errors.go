@@ -17,6 +17,13 @@ import (
 // use.
 const exitInterrupted = 130
 
+// interruptedError is what a command stopped by Ctrl-C says besides
+// "interrupted": what it left behind, such as the request that left the
+// queue. It still exits with exitInterrupted.
+type interruptedError struct{ msg string }
+
+func (e *interruptedError) Error() string { return e.msg }
+
 func exitCode(err error) int {
 	var ee *exitError
 	if errors.As(err, &ee) {

@@ -322,7 +322,7 @@ work may preempt preemptible leases, which get a notice and a grace period
 first. While it waits, acquire prints to stderr why the request is still
 pending (no GPU with enough free memory, hosts draining, the tenant's quota)
 whenever that changes, and every 10s; 'gpupool lease ls --pending' shows the
-whole queue. Ctrl-C takes the request out of the queue.
+whole queue. Ctrl-C takes the request out of the queue and names it (exit 130).
 
 --elastic MIN..MAX asks for an elastic lease instead of --gpus: MIN slices are
 guaranteed (the lease itself), and the brokers add extra slices of the same
@@ -374,7 +374,8 @@ that does not fit now, or not within --wait (exit 1); a malformed one exits 2.`,
 			resp, err := c.Grant(ctx, req, f.acquireOptions(cmd.ErrOrStderr())...)
 			if err != nil {
 				if f.wait > 0 && cmd.Context().Err() != nil {
-					return fmt.Errorf("stopped waiting: request %s left the queue", req.GetRequestId())
+					// Grant set the request id on req, also when it made one.
+					return &interruptedError{fmt.Sprintf("stopped waiting: request %s left the queue", req.GetRequestId())}
 				}
 				return err
 			}

@@ -42,7 +42,12 @@ func run(args []string, stdout, stderr io.Writer) int {
 		return ee.code // the remote command spoke for itself
 	}
 	if ctx.Err() != nil {
-		fmt.Fprintln(stderr, "interrupted")
+		var ie *interruptedError
+		if errors.As(err, &ie) {
+			fmt.Fprintf(stderr, "interrupted: %s\n", ie.msg)
+		} else {
+			fmt.Fprintln(stderr, "interrupted")
+		}
 		return exitInterrupted
 	}
 	fmt.Fprintf(stderr, "error: %s\n", errorMessage(err))

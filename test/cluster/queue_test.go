@@ -4,6 +4,8 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"os/exec"
+	"regexp"
 	"strings"
 	"syscall"
 	"testing"
@@ -102,4 +104,87 @@ func TestGuaranteedWorkTakesBackElasticExtrasThroughALeaderKill(t *testing.T) {
 		}
 		return nil
 	})
+}
+
+// TestAWaitingAcquireOfAScopedTokenShowsItsQueueAndNamesItsRequestWhenStopped
+// runs 'lease acquire --wait' with a client token scoped to team-a alone,
+// naming no tenant: the brokers queue the request under team-a, and the
+// CLI must follow it there (not under "default", which the token may not
+// list) and, interrupted, name the request that left the queue.
+func TestAWaitingAcquireOfAScopedTokenShowsItsQueueAndNamesItsRequestWhenStopped(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts real processes")
+	}
+	cl := newSecureCluster(t)
+	acl := gpupoolv1.NewAclServiceClient(cl.c.Conn())
+	boot, err := acl.Bootstrap(ctxFor(t, 60*time.Second), &gpupoolv1.AclBootstrapRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cl.c = cl.dialWithToken(boot.Secret, cl.addrs...)
+	acl = gpupoolv1.NewAclServiceClient(cl.c.Conn())
+	newToken := func(r *gpupoolv1.CreateAclTokenRequest) string {
+		t.Helper()
+		tok, err := acl.CreateToken(ctxFor(t, 30*time.Second), r)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return tok.Secret
+	}
+	teamA := newToken(&gpupoolv1.CreateAclTokenRequest{Name: "team-a", Kind: gpupoolv1.TokenKind_TOKEN_KIND_CLIENT, Tenants: []string{"team-a"}})
+	agent := newToken(&gpupoolv1.CreateAclTokenRequest{Name: "host-1", Kind: gpupoolv1.TokenKind_TOKEN_KIND_AGENT, HostId: "host-1"})
+	cl.agents = append(cl.agents, cl.newAgent(0, "--token", agent))
+	cl.agents[0].start(t)
+	cl.waitForHosts(1)
+	// Every GPU of the pool is taken, so team-a's request waits.
+	if _, err := cl.c.Acquire(ctxFor(t, 30*time.Second), &gpupoolv1.LeaseRequest{
+		Count: 8, Exclusive: true, TtlMs: 300_000, Tenant: "other", Holder: "the whole pool",
+	}); err != nil {
+		t.Fatal(err)
+	}
+
+	args := append([]string{"lease", "acquire", "--exclusive", "--gpus", "1", "--wait", "2m", "--token=" + teamA,
+		"--addr=" + strings.Join(cl.addrs, ","), "--timeout=60s", "--connect-timeout=60s"}, cl.clientFlags()...)
+	cmd := exec.Command(binary, args...)
+	var stderr syncBuffer
+	cmd.Stderr = &stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan struct{})
+	go func() { cmd.Wait(); close(done) }()
+	t.Cleanup(func() { cmd.Process.Kill(); <-done })
+
+	eventually(t, "acquire --wait to report the queue", 60*time.Second, func() error {
+		if !strings.Contains(stderr.String(), "waiting in queue (") {
+			return fmt.Errorf("stderr so far: %q", stderr.String())
+		}
+		return nil
+	})
+	cmd.Process.Signal(syscall.SIGINT)
+	select {
+	case <-done:
+	case <-time.After(60 * time.Second):
+		t.Fatalf("acquire --wait still runs 60s after SIGINT; stderr:\n%s", stderr.String())
+	}
+	if code := cmd.ProcessState.ExitCode(); code != 130 {
+		t.Errorf("acquire --wait after SIGINT: exit %d, want 130; stderr:\n%s", code, stderr.String())
+	}
+	m := regexp.MustCompile(`interrupted: stopped waiting: request (\S+) left the queue`).FindStringSubmatch(stderr.String())
+	if m == nil {
+		t.Fatalf("acquire --wait after SIGINT does not name its request; stderr:\n%s", stderr.String())
+	}
+	leases, err := cl.c.Lease.List(ctxFor(t, 30*time.Second), &gpupoolv1.ListLeasesRequest{Tenant: "team-a", IncludeEnded: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var named []string
+	for _, l := range leases.Leases {
+		if l.RequestId == m[1] {
+			named = append(named, l.Id)
+		}
+	}
+	if len(named) != 1 {
+		t.Errorf("team-a's leases of request %s: got %v, want the one pending lease it queued", m[1], named)
+	}
 }
