@@ -203,8 +203,9 @@ func hungUp(err error) bool {
 // What a session's answers not yet written may hold: a client that stops
 // reading (mid-copy, or on purpose) stalls its own session here, holding
 // at most this much, never the whole of what it asked for. The shim keeps
-// to smaller windows (shim.c: SHIM_WINDOW, SHIM_REPLY_WINDOW), so a client
-// that reads its answers never waits on them.
+// to smaller windows (cuda/shim/csrc/transport.c: SHIM_WINDOW,
+// SHIM_REPLY_WINDOW), so a client that reads its answers never waits on
+// them.
 var (
 	maxQueuedReplies      = 4096
 	maxQueuedReplyBytes   = 32 << 20
