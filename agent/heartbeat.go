@@ -9,6 +9,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/gpupool/gpupool/internal/clock"
 	gpupoolv1 "github.com/gpupool/gpupool/proto/gpupool/v1"
 )
 
@@ -114,9 +115,9 @@ func (a *Agent) heartbeat(ctx context.Context, ac gpupoolv1.AgentServiceClient, 
 		default: // a send is due already; it carries the news too
 		}
 	}
-	tick := time.NewTicker(interval)
+	tick := clock.NewTicker(a.clock, interval)
 	defer tick.Stop()
-	quiet := time.NewTimer(silence())
+	quiet := clock.NewTimer(a.clock, silence())
 	defer quiet.Stop()
 	for {
 		select {
@@ -149,7 +150,7 @@ func (a *Agent) heartbeat(ctx context.Context, ac gpupoolv1.AgentServiceClient, 
 			if ids := resp.GetClearHealth(); len(ids) > 0 {
 				a.clearHealth(ids)
 			}
-			a.follow(ctx, resp, time.Now())
+			a.follow(ctx, resp, a.clock.Now())
 		}
 	}
 }
