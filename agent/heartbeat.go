@@ -37,8 +37,9 @@ func (a *Agent) follow(ctx context.Context, resp *gpupoolv1.HeartbeatResponse, n
 // heartbeat runs one heartbeat stream until it fails or ctx ends. It sends
 // a heartbeat at once, then every interval, and at once again whenever
 // the agent has news: a teardown finished, a violation, a refusal, a
-// device turned unhealthy. progressed reports
-// whether the broker answered at least once.
+// device turned unhealthy. progressed reports whether the broker answered
+// at least once. The interval and the silence are timed on the agent's
+// clock.
 //
 // The broker answers every heartbeat. A stream that stays silent for the
 // heartbeat TTL (at least two intervals) is treated as dead, so that a

@@ -9,8 +9,8 @@
  *  - Every piece of process-wide state is in `tab`, guarded by tab.mu, or
  *    is a single word read and written atomically (init_pid, the log-once
  *    flags); the current-context stack is thread-local, as in the driver.
- *  - tab.mu comes after the transport's lock: the fork handlers take that
- *    one first.
+ *  - tab.mu is never held across a call on the wire; the fork handlers
+ *    take it after the transport's lock.
  */
 #define _GNU_SOURCE
 #include <errno.h>
