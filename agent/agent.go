@@ -39,6 +39,7 @@ import (
 	"github.com/gpupool/gpupool/agent/workload"
 	"github.com/gpupool/gpupool/client"
 	"github.com/gpupool/gpupool/dataplane"
+	"github.com/gpupool/gpupool/internal/clock"
 	"github.com/gpupool/gpupool/internal/limits"
 	gpupoolv1 "github.com/gpupool/gpupool/proto/gpupool/v1"
 )
@@ -75,6 +76,9 @@ type Config struct {
 	Version string
 	// Logger receives state changes; nil discards them.
 	Logger *slog.Logger
+	// Clock times the agent's polls, graces, expiries and retries; nil is
+	// the wall clock.
+	Clock clock.Clock
 
 	// DataDir holds one state file per enforced lease, and the agent's
 	// memory of GPU health and unacknowledged events (memory.go);
@@ -163,6 +167,8 @@ func (c *Config) validate() error {
 type Agent struct {
 	cfg Config
 	log *slog.Logger
+	// clock is cfg.Clock, never nil.
+	clock clock.Clock
 	// memoryMu serialises writes of the agent's memory file (memory.go).
 	memoryMu sync.Mutex
 
@@ -212,6 +218,9 @@ func New(cfg Config) (*Agent, error) {
 		log = slog.New(slog.DiscardHandler)
 	}
 	cfg.Enforcement.setDefaults()
+	if cfg.Clock == nil {
+		cfg.Clock = clock.Real
+	}
 	if cfg.ProcRoot == "" {
 		cfg.ProcRoot = "/proc"
 	}
@@ -257,7 +266,8 @@ func New(cfg Config) (*Agent, error) {
 		byIndex: devices,
 		cfg:     cfg,
 		log:     log.With("host", cfg.HostID),
-		leases:  newLeaseTable(),
+		clock:   cfg.Clock,
+		leases:  newLeaseTable(cfg.Clock),
 		files:   files,
 		procs:   procs,
 		box:     box,
@@ -379,7 +389,7 @@ func (a *Agent) Run(ctx context.Context) error {
 
 	var (
 		retry = newRetryDelay(100*time.Millisecond, maxRetryDelay)
-		conn  = connState{flag: &a.connected}
+		conn  = connState{flag: &a.connected, clock: a.clock}
 		reg   *gpupoolv1.RegisterResponse // nil: (re)register first
 	)
 	for ctx.Err() == nil {
@@ -393,7 +403,7 @@ func (a *Agent) Run(ctx context.Context) error {
 			}
 			if err != nil {
 				conn.lost(a.log, "register failed", err, retry.peek())
-				sleep(ctx, retry.next())
+				clock.Sleep(ctx, a.clock, retry.next())
 				continue
 			}
 		}
@@ -410,7 +420,7 @@ func (a *Agent) Run(ctx context.Context) error {
 		} else {
 			conn.lost(a.log, "connection to brokers lost", err, retry.peek())
 		}
-		sleep(ctx, retry.next())
+		clock.Sleep(ctx, a.clock, retry.next())
 	}
 	a.log.Info("agent stopped")
 	return nil
@@ -479,6 +489,7 @@ type connState struct {
 	down      bool
 	downSince time.Time
 	flag      *atomic.Bool // mirrors !down for metrics
+	clock     clock.Clock
 }
 
 // lost records a failed attempt: logged as a warning the first time,
@@ -491,7 +502,7 @@ func (s *connState) lost(log *slog.Logger, msg string, err error, retryIn time.D
 	default:
 		log.Error(msg, "err", err, "retry_in", retryIn)
 		if !s.down {
-			s.down, s.downSince = true, time.Now()
+			s.down, s.downSince = true, s.clock.Now()
 			s.setFlag()
 		}
 		return
@@ -500,7 +511,7 @@ func (s *connState) lost(log *slog.Logger, msg string, err error, retryIn time.D
 		log.Debug(msg, "err", err, "retry_in", retryIn)
 		return
 	}
-	s.down, s.downSince = true, time.Now()
+	s.down, s.downSince = true, s.clock.Now()
 	s.setFlag()
 	log.Warn(msg, "err", err, "retry_in", retryIn)
 }
@@ -508,7 +519,7 @@ func (s *connState) lost(log *slog.Logger, msg string, err error, retryIn time.D
 // up records a working heartbeat stream.
 func (s *connState) up(log *slog.Logger) {
 	if s.down {
-		log.Info("connection to brokers restored", "after", time.Since(s.downSince).Round(time.Millisecond))
+		log.Info("connection to brokers restored", "after", s.clock.Now().Sub(s.downSince).Round(time.Millisecond))
 	}
 	s.down = false
 	s.setFlag()
@@ -517,15 +528,5 @@ func (s *connState) up(log *slog.Logger) {
 func (s *connState) setFlag() {
 	if s.flag != nil {
 		s.flag.Store(!s.down)
-	}
-}
-
-// sleep waits d or until ctx ends.
-func sleep(ctx context.Context, d time.Duration) {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-	case <-t.C:
 	}
 }

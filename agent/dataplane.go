@@ -138,7 +138,7 @@ func (a *Agent) Authorize(tok string) (string, error) {
 	if len(keys) == 0 {
 		return "", errors.New("this agent has no broker keys yet: it has not reached a broker since it started")
 	}
-	c, err := token.Verify(keys, tok, time.Now())
+	c, err := token.Verify(keys, tok, a.clock.Now())
 	if err != nil {
 		return "", err
 	}

@@ -18,6 +18,7 @@ import (
 
 	"github.com/gpupool/gpupool/agent/device"
 	"github.com/gpupool/gpupool/agent/workload"
+	"github.com/gpupool/gpupool/internal/clock"
 	gpupoolv1 "github.com/gpupool/gpupool/proto/gpupool/v1"
 )
 
@@ -144,6 +145,7 @@ func (a *Agent) releaseMPSLocked(uuid, leaseID string) {
 // short leases.
 func (a *Agent) leaseProcs(ctx context.Context, id string) ([]workload.Proc, error) {
 	if !a.box.HasCgroups() {
+		// The wall clock: the process table dates its scans by it.
 		all, err := a.procs.ScanSince(ctx, time.Now())
 		return all[id], err
 	}
@@ -173,7 +175,7 @@ func (a *Agent) teardown(o teardownOrder) {
 			// processes exec started.
 			a.dp.Revoke(id)
 		}
-		start := time.Now()
+		start := a.clock.Now()
 		pause := 100 * time.Millisecond
 		for round := 1; ; round++ {
 			procs, err := a.leaseProcs(ctx, id)
@@ -195,10 +197,8 @@ func (a *Agent) teardown(o teardownOrder) {
 					a.log.Error("a lease's processes outlive SIGKILL; not confirming its teardown", "lease", id, "retry_in", pause)
 				}
 			}
-			select {
-			case <-ctx.Done():
+			if !clock.Sleep(ctx, a.clock, pause) {
 				return // the agent is stopping; the file stays and a restart resumes
-			case <-time.After(pause):
 			}
 			pause = min(2*pause, 5*time.Second)
 		}
@@ -222,7 +222,7 @@ func (a *Agent) teardown(o teardownOrder) {
 				a.releaseMPS(s.Device, id)
 			}
 		}
-		a.log.Info("lease torn down", "lease", id, "took", time.Since(start).Round(time.Millisecond))
+		a.log.Info("lease torn down", "lease", id, "took", a.clock.Now().Sub(start).Round(time.Millisecond))
 		a.kick()
 	}()
 }
@@ -300,7 +300,7 @@ type health struct {
 // unhealthy; it reports whether that is news.
 func (a *Agent) markUnhealthy(uuid, reason string) {
 	a.health.mu.Lock()
-	now := time.Now()
+	now := a.clock.Now()
 	if uuid == "" {
 		a.health.allLostAt = now
 		if a.health.allLost == "" {
@@ -332,7 +332,7 @@ func (a *Agent) onHealthEvent(ev device.HealthEvent) {
 // healthOf returns a device's health and why.
 func (a *Agent) healthOf(uuid string) (gpupoolv1.DeviceHealth, string) {
 	a.health.mu.Lock()
-	healed := a.healAfterLocked(time.Now())
+	healed := a.healAfterLocked(a.clock.Now())
 	h, why := a.healthLocked(uuid)
 	a.health.mu.Unlock()
 	if healed {

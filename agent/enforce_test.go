@@ -3,6 +3,7 @@ package agent
 import (
 	"context"
 	"fmt"
+	"maps"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -15,6 +16,7 @@ import (
 	dto "github.com/prometheus/client_model/go"
 
 	"github.com/gpupool/gpupool/agent/device"
+	"github.com/gpupool/gpupool/internal/clock"
 	gpupoolv1 "github.com/gpupool/gpupool/proto/gpupool/v1"
 )
 
@@ -128,8 +130,102 @@ func enforcedAgent(t *testing.T, edit func(*Config)) (*fakeBroker, *Agent, Confi
 	return f, a, cfg
 }
 
-func TestWatchdogStopsALeaseOverItsMemoryAndReportsTheViolation(t *testing.T) {
-	f, _, cfg := enforcedAgent(t, nil)
+// fakeEnforcement is the watchdog's timing on a fake clock. KillAfter is
+// wall time (workload.Stop waits in the kernel), short so tests end soon.
+var fakeEnforcement = Enforcement{Poll: time.Second, Grace: 5 * time.Second,
+	KillAfter: 500 * time.Millisecond, ExpiryGrace: 10 * time.Second}
+
+// testEpoch is where the tests' fake clocks start.
+var testEpoch = time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+
+// fakeClockAgent starts an agent on a fake clock that enforces lease L1
+// (1 GiB on GPU 0). The broker's heartbeat interval is an hour, so that
+// the advances that drive the watchdog never fire a heartbeat or the
+// stream's silence: heartbeats go out on news alone.
+func fakeClockAgent(t *testing.T) (*fakeBroker, *Agent, Config, *clock.Fake) {
+	t.Helper()
+	f := newFakeBroker(time.Hour)
+	addr, _ := serveFake(t, f, "127.0.0.1:0")
+	a, cfg, clk := fakeClockAgentOf(t, f, addr)
+	return f, a, cfg, clk
+}
+
+// fakeClockAgentOf is fakeClockAgent with the broker f serving on addr.
+func fakeClockAgentOf(t *testing.T, f *fakeBroker, addr string) (*Agent, Config, *clock.Fake) {
+	t.Helper()
+	cfg := testConfig(t, addr)
+	cfg.Enforcement = fakeEnforcement
+	clk := clock.NewFake(testEpoch)
+	cfg.Clock = clk
+	a := startAgent(t, cfg)
+	f.setAssignments([]string{"L1"}, nil)
+	// Polled: no heartbeat follows the push to tell the broker.
+	waitUntil(t, "the agent enforces L1", func() bool { return slices.Equal(leaseIDs(a.Assignments()), []string{"L1"}) })
+	return a, cfg, clk
+}
+
+// watchedL1 is what one watchdog pass left of lease L1, read at once.
+type watchedL1 struct {
+	at         time.Time // when the pass ran
+	usedMiB    int64     // on the lease's GPU
+	violations int
+	expired    bool
+	// overSince is when the watchdog first saw it over on a GPU, by uuid.
+	overSince map[string]time.Time
+	deadline  time.Time
+}
+
+// pass advances clk by one poll and returns what the next watchdog pass,
+// one that ran after the advance began, left of L1.
+func pass(t *testing.T, a *Agent, clk *clock.Fake) watchedL1 {
+	t.Helper()
+	before := clk.Now()
+	clk.Advance(a.cfg.Enforcement.Poll)
+	var w watchedL1
+	waitUntil(t, "a watchdog pass at "+clk.Now().Format(time.TimeOnly), func() bool {
+		a.leases.mu.Lock()
+		defer a.leases.mu.Unlock()
+		e := a.leases.entries["L1"]
+		if e == nil || e.usage == nil || e.usage.SampledAtMs <= before.UnixMilli() {
+			return false
+		}
+		w = watchedL1{at: time.UnixMilli(e.usage.SampledAtMs).UTC(), violations: e.violations, expired: e.expired,
+			overSince: maps.Clone(e.over), deadline: e.deadline}
+		if len(e.usage.Slices) > 0 {
+			w.usedMiB = e.usage.Slices[0].MemoryUsedMib
+		}
+		return true
+	})
+	return w
+}
+
+// passUntilViolation runs watchdog passes until one records a violation
+// of L1, checking at each that none came before the grace passed since
+// the watchdog first saw the lease over on uuid.
+func passUntilViolation(t *testing.T, a *Agent, clk *clock.Fake, uuid string) {
+	t.Helper()
+	grace := a.cfg.Enforcement.Grace
+	var since time.Time
+	for range 4 * int(grace/a.cfg.Enforcement.Poll) {
+		w := pass(t, a, clk)
+		if s, ok := w.overSince[uuid]; ok {
+			since = s
+		}
+		over := !since.IsZero() && w.at.Sub(since) >= grace
+		switch {
+		case w.violations > 0 && !over:
+			t.Fatalf("a violation at %s, %s after the watchdog first saw it over, before the grace of %s", w.at.Format(time.TimeOnly), w.at.Sub(since), grace)
+		case w.violations > 0:
+			return
+		case over:
+			t.Fatalf("no violation at %s, %s after the watchdog first saw it over, past the grace of %s", w.at.Format(time.TimeOnly), w.at.Sub(since), grace)
+		}
+	}
+	t.Fatalf("no violation after %d polls", 4*int(grace/a.cfg.Enforcement.Poll))
+}
+
+func TestWatchdogStopsALeaseOverItsMemoryAfterTheGraceAndReportsTheViolation(t *testing.T) {
+	f, a, cfg, clk := fakeClockAgent(t)
 	sim := simulator(t, cfg.Backend)
 	over := startWorkload(t, "L1")
 	other := startWorkload(t, "")
@@ -139,13 +235,8 @@ func TestWatchdogStopsALeaseOverItsMemoryAndReportsTheViolation(t *testing.T) {
 	if err := sim.SetProcess(0, over.pid, 2048); err != nil { // L1's slice is 1 GiB
 		t.Fatal(err)
 	}
-	start := time.Now()
-	over.waitExit(t, "it used 2 GiB of a 1 GiB slice")
-	t.Logf("over-quota process stopped %s after it went over (poll %s + grace %s)", over.at.Sub(start).Round(time.Millisecond),
-		fastEnforcement.Poll, fastEnforcement.Grace)
-	if over.at.Sub(start) < fastEnforcement.Grace {
-		t.Fatalf("stopped after %s, before the grace of %s", over.at.Sub(start), fastEnforcement.Grace)
-	}
+	passUntilViolation(t, a, clk, hostAGPU0())
+	over.waitExit(t, "it used 2 GiB of a 1 GiB slice for the grace")
 	if !other.running() {
 		t.Fatal("a process of no lease was stopped")
 	}
@@ -160,7 +251,7 @@ func TestWatchdogStopsALeaseOverItsMemoryAndReportsTheViolation(t *testing.T) {
 }
 
 func TestWatchdogStopsALeaseThatIgnoresSIGTERMWithSIGKILL(t *testing.T) {
-	_, _, cfg := enforcedAgent(t, nil)
+	_, a, cfg, clk := fakeClockAgent(t)
 	sim := simulator(t, cfg.Backend)
 	cmd := exec.Command("sh", "-c", `trap "" TERM; while :; do sleep 0.05; done`)
 	cmd.Env = append(os.Environ(), LeaseEnvVar+"=L1")
@@ -174,6 +265,7 @@ func TestWatchdogStopsALeaseThatIgnoresSIGTERMWithSIGKILL(t *testing.T) {
 	if err := sim.SetProcess(0, cmd.Process.Pid, 4096); err != nil {
 		t.Fatal(err)
 	}
+	passUntilViolation(t, a, clk, hostAGPU0())
 	select {
 	case err := <-exited:
 		if !strings.Contains(err.Error(), "killed") {
@@ -184,44 +276,40 @@ func TestWatchdogStopsALeaseThatIgnoresSIGTERMWithSIGKILL(t *testing.T) {
 	}
 }
 
-func TestWatchdogStopsALeaseOnAGPUItDoesNotHold(t *testing.T) {
-	_, _, cfg := enforcedAgent(t, nil)
+func TestWatchdogStopsALeaseOnAGPUItDoesNotHoldAfterTheGrace(t *testing.T) {
+	_, a, cfg, clk := fakeClockAgent(t)
 	w := startWorkload(t, "L1")
-	if err := simulator(t, cfg.Backend).SetProcess(3, w.pid, 10); err != nil {
+	sim := simulator(t, cfg.Backend)
+	if err := sim.SetProcess(3, w.pid, 10); err != nil {
 		t.Fatal(err)
 	}
+	devs, err := cfg.Backend.Devices()
+	if err != nil {
+		t.Fatal(err)
+	}
+	passUntilViolation(t, a, clk, devs[3].Uuid)
 	w.waitExit(t, "it used GPU 3, which L1 does not hold")
 }
 
 func TestWatchdogLetsALeaseWithinItsSliceRun(t *testing.T) {
-	_, a, cfg := enforcedAgent(t, nil)
+	_, a, cfg, clk := fakeClockAgent(t)
 	w := startWorkload(t, "L1")
 	if err := simulator(t, cfg.Backend).SetProcess(0, w.pid, 1000); err != nil {
 		t.Fatal(err)
 	}
-	// Wait for the watchdog to have measured it for longer than the grace.
-	deadline := time.Now().Add(waitTimeout)
-	var (
-		first time.Time
-		u     *gpupoolv1.LeaseUsage
-	)
-	for {
-		a.leases.mu.Lock()
-		if e := a.leases.entries["L1"]; e != nil {
-			u = e.usage
+	// Passes for twice the grace once the watchdog measured the 1000 MiB.
+	var first time.Time
+	for polls := 0; first.IsZero() || clk.Now().Sub(first) <= 2*cfg.Enforcement.Grace; polls++ {
+		if polls > 100 {
+			t.Fatal("the watchdog never measured the workload's 1000 MiB")
 		}
-		a.leases.mu.Unlock()
-		if u != nil && u.Slices[0].MemoryUsedMib == 1000 {
-			if first.IsZero() {
-				first = time.Now()
-			} else if time.Since(first) > 2*fastEnforcement.Grace {
-				break
-			}
+		p := pass(t, a, clk)
+		if p.usedMiB == 1000 && first.IsZero() {
+			first = p.at
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("the watchdog never measured the workload's 1000 MiB for long; last usage %v", u)
+		if p.violations > 0 || len(p.overSince) > 0 {
+			t.Fatalf("at %s: %d violations, over since %v; want none for 1000 MiB of a 1 GiB slice", p.at.Format(time.TimeOnly), p.violations, p.overSince)
 		}
-		time.Sleep(fastEnforcement.Poll)
 	}
 	if !w.running() {
 		t.Fatal("a lease within its slice was stopped")
@@ -229,35 +317,33 @@ func TestWatchdogLetsALeaseWithinItsSliceRun(t *testing.T) {
 }
 
 func TestBrokerGoneStopsALeasesProcessesAfterExpiryPlusGraceNotBefore(t *testing.T) {
-	f := newFakeBroker(10 * time.Millisecond)
-	f.ttl = time.Second
+	const ttl = 20 * time.Second
+	f := newFakeBroker(time.Hour)
+	f.ttl = ttl
 	addr, stop := serveFake(t, f, "127.0.0.1:0")
-	cfg := testConfig(t, addr)
-	cfg.Enforcement = fastEnforcement
-	a := startAgent(t, cfg)
-	f.setAssignments([]string{"L1"}, nil)
-	f.waitFor(t, "the agent enforces L1", func() bool { return slices.Equal(leaseIDs(a.Assignments()), []string{"L1"}) })
+	a, cfg, clk := fakeClockAgentOf(t, f, addr)
 	w := startWorkload(t, "L1")
-
+	// The brokers go before the clock moves, so the agent's deadline is
+	// the lease's TTL from now.
 	stop()
-	w.waitExit(t, "the brokers are gone and the lease expired")
-	// The agent's deadline is the last renewal it received plus the TTL.
-	// The fake's own send times do not bound it: on a loaded machine the
-	// agent may give up on a stream before the fake's last answer reaches it.
-	a.leases.mu.Lock()
-	var deadline time.Time
-	if e := a.leases.entries["L1"]; e != nil {
-		deadline = e.deadline
-	}
-	a.leases.mu.Unlock()
-	if deadline.IsZero() {
-		t.Fatal("the agent forgot L1 once it expired; want it kept until the brokers say otherwise")
-	}
+	deadline := clk.Now().Add(ttl)
 	earliest := deadline.Add(cfg.Enforcement.ExpiryGrace)
-	t.Logf("stopped %s after the lease's expiry as the agent knew it (grace %s)", w.at.Sub(deadline).Round(time.Millisecond), cfg.Enforcement.ExpiryGrace)
-	if w.at.Before(earliest) {
-		t.Fatalf("stopped %s before the lease's expiry plus grace", earliest.Sub(w.at))
+	for {
+		p := pass(t, a, clk)
+		if !p.deadline.Equal(deadline) {
+			t.Fatalf("the agent's deadline for L1 is %v, want %v: the TTL from the last list", p.deadline, deadline)
+		}
+		if p.expired != p.at.After(earliest) {
+			t.Fatalf("at %s (expiry plus grace %s): expired %t, want %t", p.at.Format(time.TimeOnly), earliest.Format(time.TimeOnly), p.expired, !p.expired)
+		}
+		if p.expired {
+			break
+		}
+		if !w.running() {
+			t.Fatalf("stopped at %s, before the lease's expiry plus grace at %s", p.at.Format(time.TimeOnly), earliest.Format(time.TimeOnly))
+		}
 	}
+	w.waitExit(t, "the brokers are gone and the lease expired")
 	if got := leaseIDs(a.Assignments()); !slices.Equal(got, []string{"L1"}) {
 		t.Fatalf("after the expiry the agent enforces %v, want L1 still: the brokers may renew it when they return", got)
 	}
@@ -267,7 +353,7 @@ func TestARestartedAgentKeepsEnforcingItsLeasesWithoutTheBroker(t *testing.T) {
 	f := newFakeBroker(10 * time.Millisecond)
 	addr, stop := serveFake(t, f, "127.0.0.1:0")
 	cfg := testConfig(t, addr)
-	cfg.Enforcement = fastEnforcement
+	cfg.Enforcement = fakeEnforcement
 	first, err := New(cfg)
 	if err != nil {
 		t.Fatal(err)
@@ -283,6 +369,10 @@ func TestARestartedAgentKeepsEnforcingItsLeasesWithoutTheBroker(t *testing.T) {
 	}
 	stop() // the brokers are unreachable from now on
 
+	// The lease's deadline is the first agent's, on the wall clock; whole
+	// seconds, as the passes are dated in milliseconds.
+	clk := clock.NewFake(time.Now().Truncate(time.Second))
+	cfg.Clock = clk
 	second := startAgent(t, cfg) // same data dir and backend
 	waitUntil(t, "the restarted agent enforces L1 from its data dir", func() bool {
 		return slices.Equal(leaseIDs(second.Assignments()), []string{"L1"})
@@ -291,6 +381,7 @@ func TestARestartedAgentKeepsEnforcingItsLeasesWithoutTheBroker(t *testing.T) {
 	if err := simulator(t, cfg.Backend).SetProcess(0, w.pid, 4096); err != nil {
 		t.Fatal(err)
 	}
+	passUntilViolation(t, second, clk, hostAGPU0())
 	w.waitExit(t, "the restarted agent's watchdog stops L1's over-quota process")
 }
 
@@ -576,7 +667,7 @@ func TestHealthEventsReachTheBrokerInHeartbeats(t *testing.T) {
 }
 
 func TestGPUProcessesOfALeaseTheHostDoesNotEnforceAreStopped(t *testing.T) {
-	_, a, cfg := enforcedAgent(t, nil)
+	_, a, cfg, clk := fakeClockAgent(t)
 	sim := simulator(t, cfg.Backend)
 	stray := startWorkload(t, "L9")
 	elsewhere := startWorkload(t, "L8") // another agent's business: not on this host's GPUs
@@ -586,13 +677,15 @@ func TestGPUProcessesOfALeaseTheHostDoesNotEnforceAreStopped(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+	pass(t, a, clk) // no grace: the first pass that sees it stops it
 	stray.waitExit(t, "L9 is not a lease of this host and uses its GPU")
-	// One more watchdog pass, so L8 and L1 have been looked at since.
-	waitUntil(t, "a watchdog pass after the stop", func() bool {
+	waitUntil(t, "the stop of L9 finished", func() bool {
 		a.leases.mu.Lock()
 		defer a.leases.mu.Unlock()
 		return !a.leases.strays["L9"]
 	})
+	// One more watchdog pass, so L8 and L1 have been looked at since.
+	pass(t, a, clk)
 	if !mine.running() || !elsewhere.running() {
 		t.Fatalf("stopped a process it should not: L1 running %t, L8 running %t", mine.running(), elsewhere.running())
 	}

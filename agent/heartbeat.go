@@ -9,6 +9,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/gpupool/gpupool/internal/clock"
 	gpupoolv1 "github.com/gpupool/gpupool/proto/gpupool/v1"
 )
 
@@ -36,8 +37,9 @@ func (a *Agent) follow(ctx context.Context, resp *gpupoolv1.HeartbeatResponse, n
 // heartbeat runs one heartbeat stream until it fails or ctx ends. It sends
 // a heartbeat at once, then every interval, and at once again whenever
 // the agent has news: a teardown finished, a violation, a refusal, a
-// device turned unhealthy. progressed reports
-// whether the broker answered at least once.
+// device turned unhealthy. progressed reports whether the broker answered
+// at least once. The interval and the silence are timed on the agent's
+// clock.
 //
 // The broker answers every heartbeat. A stream that stays silent for the
 // heartbeat TTL (at least two intervals) is treated as dead, so that a
@@ -114,9 +116,9 @@ func (a *Agent) heartbeat(ctx context.Context, ac gpupoolv1.AgentServiceClient, 
 		default: // a send is due already; it carries the news too
 		}
 	}
-	tick := time.NewTicker(interval)
+	tick := clock.NewTicker(a.clock, interval)
 	defer tick.Stop()
-	quiet := time.NewTimer(silence())
+	quiet := clock.NewTimer(a.clock, silence())
 	defer quiet.Stop()
 	for {
 		select {
@@ -149,7 +151,7 @@ func (a *Agent) heartbeat(ctx context.Context, ac gpupoolv1.AgentServiceClient, 
 			if ids := resp.GetClearHealth(); len(ids) > 0 {
 				a.clearHealth(ids)
 			}
-			a.follow(ctx, resp, time.Now())
+			a.follow(ctx, resp, a.clock.Now())
 		}
 	}
 }

@@ -121,6 +121,7 @@ func (f *leaseFiles) load() ([]leaseRecord, []quarantined, error) {
 		}
 		if err != nil {
 			q := quarantined{File: p, Err: err}
+			// The wall clock, not the agent's: a unique name, not a time.
 			q.MovedTo = filepath.Join(f.quarantine, fmt.Sprintf("%s.%d", name, time.Now().UnixNano()))
 			if mvErr := os.Rename(p, q.MovedTo); mvErr != nil {
 				return nil, nil, fmt.Errorf("agent: quarantine %s (%v): %w", p, err, mvErr)

@@ -11,6 +11,7 @@ import (
 
 	"google.golang.org/protobuf/proto"
 
+	"github.com/gpupool/gpupool/internal/clock"
 	gpupoolv1 "github.com/gpupool/gpupool/proto/gpupool/v1"
 )
 
@@ -83,11 +84,13 @@ type leaseTable struct {
 	// added is closed and replaced whenever a lease starts being
 	// enforced. Guarded by mu.
 	added chan struct{}
+	// clock times waitEnforced; read-only.
+	clock clock.Clock
 }
 
-func newLeaseTable() *leaseTable {
+func newLeaseTable(c clock.Clock) *leaseTable {
 	return &leaseTable{entries: map[string]*leaseEntry{}, rejected: map[string]string{}, strays: map[string]bool{},
-		added: make(chan struct{})}
+		added: make(chan struct{}), clock: c}
 }
 
 // plan is what one heartbeat response asks of the agent, decided under
@@ -222,7 +225,7 @@ func (t *leaseTable) add(a *gpupoolv1.Assignment, deadline time.Time) {
 // d for it: a holder may present its token before the broker's push of
 // the new lease has reached this agent.
 func (t *leaseTable) waitEnforced(id string, d time.Duration) (*gpupoolv1.Assignment, bool) {
-	timer := time.NewTimer(d)
+	timer := clock.NewTimer(t.clock, d)
 	defer timer.Stop()
 	for {
 		t.mu.Lock()

@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/gpupool/gpupool/internal/clock"
 	gpupoolv1 "github.com/gpupool/gpupool/proto/gpupool/v1"
 )
 
@@ -48,6 +49,8 @@ func TestAnUnhealthyGPUStaysUnhealthyAcrossARestart(t *testing.T) {
 func TestAnUnhealthyGPUIsHealthyAgainAfterTheHealthyTime(t *testing.T) {
 	cfg := testConfig(t, "127.0.0.1:1")
 	cfg.HealthyAfter = time.Hour
+	clk := clock.NewFake(testEpoch)
+	cfg.Clock = clk
 	a := restarted(t, cfg)
 	var uuid string
 	for u := range a.devices {
@@ -55,13 +58,17 @@ func TestAnUnhealthyGPUIsHealthyAgainAfterTheHealthyTime(t *testing.T) {
 		break
 	}
 	a.markUnhealthy(uuid, "Xid 79")
-	a.health.mu.Lock()
-	a.health.sickAt[uuid] = time.Now().Add(-2 * time.Hour)
-	a.health.mu.Unlock()
-	a.saveMemory()
+	clk.Advance(time.Hour)
 	b := restarted(t, cfg)
+	if h, _ := b.healthOf(uuid); h != gpupoolv1.DeviceHealth_DEVICE_HEALTH_UNHEALTHY {
+		t.Fatalf("an hour after its last Xid with a healthy time of one hour: got %v, want unhealthy still", h)
+	}
+	clk.Advance(time.Millisecond)
 	if h, why := b.healthOf(uuid); h != gpupoolv1.DeviceHealth_DEVICE_HEALTH_HEALTHY {
-		t.Fatalf("two hours after its last Xid with a healthy time of one hour: got %v %q, want healthy", h, why)
+		t.Fatalf("past an hour after its last Xid with a healthy time of one hour: got %v %q, want healthy", h, why)
+	}
+	if h, why := restarted(t, cfg).healthOf(uuid); h != gpupoolv1.DeviceHealth_DEVICE_HEALTH_HEALTHY {
+		t.Fatalf("after a restart once healed: got %v %q, want healthy", h, why)
 	}
 }
 

@@ -9,6 +9,7 @@ import (
 
 	"github.com/gpupool/gpupool/agent/device"
 	"github.com/gpupool/gpupool/agent/workload"
+	"github.com/gpupool/gpupool/internal/clock"
 	"github.com/gpupool/gpupool/internal/quantity"
 	gpupoolv1 "github.com/gpupool/gpupool/proto/gpupool/v1"
 )
@@ -70,10 +71,10 @@ type stopOrder struct {
 
 // watchdog polls until ctx ends.
 func (a *Agent) watchdog(ctx context.Context) {
-	tick := time.NewTicker(a.cfg.Enforcement.Poll)
+	tick := clock.NewTicker(a.clock, a.cfg.Enforcement.Poll)
 	defer tick.Stop()
 	for {
-		a.watchOnce(ctx, time.Now())
+		a.watchOnce(ctx, a.clock.Now())
 		select {
 		case <-ctx.Done():
 			return

@@ -11,6 +11,7 @@ import (
 	"os"
 	"runtime"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/gpupool/gpupool/cuda/wire"
@@ -64,6 +65,10 @@ type Server struct {
 	queues   map[net.Conn]*replyQueue // guarded by mu; the answers of the sessions past their handshake
 	closed   bool                     // guarded by mu
 	sessions int                      // guarded by mu; sessions started, for log ids
+	// running counts the sessions and Serve's goroutines that start
+	// them; Add only under mu while closed is false, so that Close's Wait
+	// sees every one.
+	running sync.WaitGroup
 }
 
 // New checks cfg and returns a server.
@@ -89,25 +94,39 @@ func New(cfg Config) (*Server, error) {
 }
 
 // Serve accepts connections on l and serves each in its own session until
-// l fails or the server is closed.
+// l fails or the server is closed. A session's end is logged by
+// ServeConn: a warning with the error, or at debug level for a client
+// that hung up.
 func (s *Server) Serve(l net.Listener) error {
 	for {
 		c, err := l.Accept()
-		if err != nil {
-			s.mu.Lock()
-			closed := s.closed
-			s.mu.Unlock()
-			if closed {
-				return nil
+		s.mu.Lock()
+		closed := s.closed
+		if err == nil && !closed {
+			s.running.Add(1)
+		}
+		s.mu.Unlock()
+		switch {
+		case closed:
+			if err == nil {
+				_ = c.Close()
 			}
+			return nil
+		case err != nil:
 			return err
 		}
-		go func() { _ = s.ServeConn(c) }()
+		go func() {
+			defer s.running.Done()
+			_ = s.ServeConn(c) // logged there, with the session's id
+		}()
 	}
 }
 
-// Close ends every session: their clients' next calls fail with
-// CUDA_ERROR_DEVICE_UNAVAILABLE. Sessions free their backends as they end.
+// Close ends every session and returns once they all ended and freed
+// their backends: their clients' next calls fail with
+// CUDA_ERROR_DEVICE_UNAVAILABLE. Sessions that start after Close are
+// refused. Close must not be called from a session (a Backend or
+// OnSessions).
 func (s *Server) Close() {
 	s.mu.Lock()
 	s.closed = true
@@ -118,6 +137,7 @@ func (s *Server) Close() {
 	for c := range conns {
 		_ = c.Close()
 	}
+	s.running.Wait()
 }
 
 // opened tells OnSessions how many sessions are open. s.mu is held.
@@ -128,15 +148,19 @@ func (s *Server) opened() {
 }
 
 // ServeConn runs one session on c until c ends or a frame is malformed,
-// which it returns as the error. It closes c.
+// which it logs as a warning and returns as the error. A client that hangs
+// up ends the session without an error. It closes c.
 func (s *Server) ServeConn(c net.Conn) error {
 	c = newThreadConn(c)
 	s.mu.Lock()
 	if s.closed {
 		s.mu.Unlock()
 		_ = c.Close()
+		s.log.Debug("cuda session refused: the server is closed")
 		return errors.New("cudaserver: closed")
 	}
+	s.running.Add(1)
+	defer s.running.Done()
 	s.conns[c] = struct{}{}
 	s.sessions++
 	id := s.sessions
@@ -160,7 +184,7 @@ func (s *Server) ServeConn(c net.Conn) error {
 
 	err := s.serve(c, log)
 	switch {
-	case err == nil || errors.Is(err, io.EOF) || errors.Is(err, net.ErrClosed):
+	case err == nil || hungUp(err):
 		log.Debug("cuda session ended")
 		return nil
 	default:
@@ -169,11 +193,19 @@ func (s *Server) ServeConn(c net.Conn) error {
 	}
 }
 
+// hungUp reports whether err is how a session ends when its client exits
+// or closes its connection, or the server closes it: no error.
+func hungUp(err error) bool {
+	return errors.Is(err, io.EOF) || errors.Is(err, net.ErrClosed) ||
+		errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.EPIPE)
+}
+
 // What a session's answers not yet written may hold: a client that stops
 // reading (mid-copy, or on purpose) stalls its own session here, holding
 // at most this much, never the whole of what it asked for. The shim keeps
-// to smaller windows (shim.c: SHIM_WINDOW, SHIM_REPLY_WINDOW), so a client
-// that reads its answers never waits on them.
+// to smaller windows (cuda/shim/csrc/transport.c: SHIM_WINDOW,
+// SHIM_REPLY_WINDOW), so a client that reads its answers never waits on
+// them.
 var (
 	maxQueuedReplies      = 4096
 	maxQueuedReplyBytes   = 32 << 20

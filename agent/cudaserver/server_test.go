@@ -6,10 +6,12 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net"
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -606,5 +608,185 @@ func TestOnSessionsHearsHowManySessionsAreOpenInOrder(t *testing.T) {
 	case n := <-heard:
 		t.Errorf("after Close: heard %d, want nothing more", n)
 	default:
+	}
+}
+
+// closeGate is a backend whose Close waits for the test to open the gate.
+type closeGate struct {
+	Backend
+	closing chan struct{} // closed when Close starts
+	open    chan struct{} // closed by the test to let Close return
+}
+
+func (g *closeGate) Close() error {
+	close(g.closing)
+	<-g.open
+	return g.Backend.Close()
+}
+
+// serveUnix runs srv.Serve on a fresh unix socket and returns its path.
+func serveUnix(t *testing.T, srv *Server) string {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "s")
+	l, err := net.Listen("unix", path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { l.Close() })
+	go srv.Serve(l)
+	return path
+}
+
+// handshake dials path and says hello.
+func handshake(t *testing.T, path string) *testClient {
+	t.Helper()
+	c, err := net.Dial("unix", path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	tc := &testClient{t: t, c: c}
+	var e wire.Encoder
+	e.U32(wire.Magic)
+	e.U32(Protocol)
+	e.U32(APIHash)
+	if r, _ := tc.raw(wire.OpHello, e.B); r != Success {
+		t.Fatalf("handshake: got %v, want success", r)
+	}
+	return tc
+}
+
+func TestCloseReturnsOnlyOnceTheSessionsServeStartedFreedTheirBackends(t *testing.T) {
+	gate := &closeGate{closing: make(chan struct{}), open: make(chan struct{})}
+	srv, err := New(Config{
+		Devices: []Device{{Index: 0, MemoryBytes: testLimit}},
+		NewBackend: func() (Backend, error) {
+			gate.Backend = NewSimBackend([]SimDevice{DefaultSimDevice([16]byte{1})}, nil)
+			return gate, nil
+		},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	tc := handshake(t, serveUnix(t, srv))
+	if r, _ := tc.call(opCuDriverGetVersion); r != Success {
+		t.Fatalf("cuDriverGetVersion: got %v, want success", r)
+	}
+	closed := make(chan struct{})
+	go func() {
+		srv.Close()
+		close(closed)
+	}()
+	select {
+	case <-gate.closing:
+	case <-time.After(time.Minute):
+		t.Fatal("Close did not end the session")
+	}
+	select {
+	case <-closed:
+		t.Fatal("Close returned while a session was still freeing its backend")
+	default:
+	}
+	close(gate.open)
+	select {
+	case <-closed:
+	case <-time.After(time.Minute):
+		t.Fatal("Close did not return once the session ended")
+	}
+}
+
+func TestServeLogsASessionsErrorButNotAClientHangingUp(t *testing.T) {
+	for _, tt := range []struct {
+		name     string
+		client   func(t *testing.T, path string)
+		wantWarn bool
+	}{
+		{"a client that hangs up after its calls", func(t *testing.T, path string) {
+			tc := handshake(t, path)
+			if r, _ := tc.call(opCuDriverGetVersion); r != Success {
+				t.Fatalf("cuDriverGetVersion: got %v, want success", r)
+			}
+			tc.c.Close()
+		}, false},
+		{"a client that calls before its handshake", func(t *testing.T, path string) {
+			c, err := net.Dial("unix", path)
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { c.Close() })
+			if _, err := c.Write(wire.AppendFrame(nil, wire.Header{Op: opCuDriverGetVersion, Seq: 1}, nil)); err != nil {
+				t.Fatal(err)
+			}
+		}, true},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			var logs syncBuffer
+			srv, err := New(Config{
+				Devices: []Device{{Index: 0, MemoryBytes: testLimit}},
+				NewBackend: func() (Backend, error) {
+					return NewSimBackend([]SimDevice{DefaultSimDevice([16]byte{1})}, nil), nil
+				},
+				Logger: slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug})),
+			})
+			if err != nil {
+				t.Fatal(err)
+			}
+			path := serveUnix(t, srv)
+			tt.client(t, path)
+			// The session may still run; Close waits for its end, and
+			// with it its log line.
+			waitLogged(t, &logs, "cuda session ended")
+			srv.Close()
+			got := strings.Contains(logs.String(), "level=WARN")
+			if got != tt.wantWarn {
+				t.Errorf("warned: got %v, want %v; logs:\n%s", got, tt.wantWarn, logs.String())
+			}
+		})
+	}
+}
+
+// syncBuffer is a bytes.Buffer safe for a logger and a test together.
+type syncBuffer struct {
+	mu    sync.Mutex
+	b     bytes.Buffer  // guarded by mu
+	wrote chan struct{} // guarded by mu; closed on every write
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.wrote != nil {
+		close(s.wrote)
+		s.wrote = nil
+	}
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+// waitLogged waits until logs hold msg.
+func waitLogged(t *testing.T, logs *syncBuffer, msg string) {
+	t.Helper()
+	deadline := time.After(time.Minute)
+	for {
+		logs.mu.Lock()
+		if strings.Contains(logs.b.String(), msg) {
+			logs.mu.Unlock()
+			return
+		}
+		if logs.wrote == nil {
+			logs.wrote = make(chan struct{})
+		}
+		wrote := logs.wrote
+		logs.mu.Unlock()
+		select {
+		case <-wrote:
+		case <-deadline:
+			t.Fatalf("nothing logged %q; logs:\n%s", msg, logs.String())
+		}
 	}
 }

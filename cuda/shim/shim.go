@@ -22,16 +22,30 @@ var CFlags = []string{
 	"-Wl,-soname," + SOName, "-Wl,--no-undefined",
 }
 
+// Sources are the C files of the shim, in SourceDir: the transport, the
+// hand-written calls, and the stubs generated from cuda/api/cuda.api.
+var Sources = []string{"transport.c", "calls.c", "stubs_gen.c"}
+
 // SourceDir is the directory of the C sources: next to this file, or,
 // in a build without source paths (-trimpath), cuda/shim/csrc under the
 // working directory (the repository root, where make runs).
 func SourceDir() string {
 	_, file, _, _ := runtime.Caller(0)
 	dir := filepath.Join(filepath.Dir(file), "csrc")
-	if _, err := os.Stat(filepath.Join(dir, "shim.c")); err != nil {
+	if _, err := os.Stat(filepath.Join(dir, Sources[0])); err != nil {
 		return filepath.Join("cuda", "shim", "csrc")
 	}
 	return dir
+}
+
+// SourcePaths are the paths of Sources.
+func SourcePaths() []string {
+	dir := SourceDir()
+	paths := make([]string, len(Sources))
+	for i, f := range Sources {
+		paths[i] = filepath.Join(dir, f)
+	}
+	return paths
 }
 
 // IncludeDir holds cuda.h for programs built against the shim.
@@ -43,10 +57,10 @@ func Build(dir string) (string, error) {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return "", err
 	}
-	src := SourceDir()
 	out := filepath.Join(dir, SOName)
 	args := append([]string{}, CFlags...)
-	args = append(args, "-o", out+".tmp", filepath.Join(src, "shim.c"), filepath.Join(src, "stubs_gen.c"))
+	args = append(args, "-o", out+".tmp")
+	args = append(args, SourcePaths()...)
 	cmd := exec.Command("gcc", args...)
 	if b, err := cmd.CombinedOutput(); err != nil {
 		return "", fmt.Errorf("gcc %v: %v\n%s", args, err, b)

@@ -19,8 +19,8 @@ func TestTheShimIsCleanUnderTheSanitizers(t *testing.T) {
 	dir := t.TempDir()
 	san := []string{"-fsanitize=address,undefined", "-fno-sanitize-recover=undefined", "-fno-omit-frame-pointer"}
 	args := append(append([]string{}, shim.CFlags...), san...)
-	args = append(args, "-o", filepath.Join(dir, shim.SOName),
-		filepath.Join(shim.SourceDir(), "shim.c"), filepath.Join(shim.SourceDir(), "stubs_gen.c"))
+	args = append(args, "-o", filepath.Join(dir, shim.SOName))
+	args = append(args, shim.SourcePaths()...)
 	if b, err := exec.Command("gcc", args...).CombinedOutput(); err != nil {
 		if strings.Contains(string(b), "asan") || strings.Contains(string(b), "ubsan") {
 			t.Skipf("no sanitizer runtime for gcc here: %s", b)

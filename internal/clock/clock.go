@@ -71,6 +71,21 @@ func (c *Fake) AfterFunc(d time.Duration, f func()) Timer {
 	return t
 }
 
+// Pending is how many functions are armed and not yet run or stopped:
+// a test waits for it to grow before it advances past a timer that code
+// under test arms on its own goroutine.
+func (c *Fake) Pending() int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	n := 0
+	for _, t := range c.timers {
+		if !t.stopped {
+			n++
+		}
+	}
+	return n
+}
+
 // Advance moves time forward by d, running every function that comes due,
 // synchronously, in deadline order, with Now() at each one's deadline.
 // Functions armed by those functions run too if they come due within d.

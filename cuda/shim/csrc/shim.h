@@ -1,5 +1,5 @@
-/* Internal interface between the shim's transport (shim.c) and the
-   generated stubs (stubs_gen.c). Nothing here is exported. */
+/* Internal interface between the shim's hand-written C (transport.c,
+   calls.c) and the generated stubs (stubs_gen.c). Nothing here is exported. */
 #ifndef GPUPOOL_SHIM_H
 #define GPUPOOL_SHIM_H
 
