@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"syscall"
 
@@ -61,6 +62,12 @@ func runInit(s initSpec, argv []string) int {
 	if err := setupMounts(s); err != nil {
 		return fail("%v", err)
 	}
+	// no_new_privs is a property of one thread, which its forks inherit:
+	// the thread that sets it must be the one ForkExec forks from. Go
+	// moves a goroutine between threads unless it is locked to one, and
+	// then the workload was forked from a thread without it, where a
+	// setuid program ran as root.
+	runtime.LockOSThread()
 	if err := unix.Prctl(unix.PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0); err != nil {
 		return fail("no new privileges: %v", err)
 	}

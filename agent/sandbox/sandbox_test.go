@@ -96,6 +96,25 @@ func TestASandboxedProcessSeesOnlyItsOwnLease(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { os.Remove(hostTmp) })
+	// A setuid-root copy of id on the host, as a setuid helper of the
+	// host's is: with no new privileges, exec does not honour the bit.
+	suidDir, err := os.MkdirTemp("/opt", "gpupool-sandbox-test-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(suidDir) })
+	if err := os.Chmod(suidDir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	setuid := filepath.Join(suidDir, "id-setuid")
+	if b, err := os.ReadFile("/usr/bin/id"); err != nil {
+		t.Fatal(err)
+	} else if err := os.WriteFile(setuid, b, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chmod(setuid, 0o755|os.ModeSetuid); err != nil {
+		t.Fatal(err)
+	}
 	tests := []struct {
 		name, script, want string
 		code               int
@@ -110,14 +129,20 @@ func TestASandboxedProcessSeesOnlyItsOwnLease(t *testing.T) {
 		{"it cannot write outside its directory", "touch /etc/gpupool-sandbox-test 2>/dev/null || echo refused", "refused\n", 0},
 		{"it cannot leave its cgroup", "(echo $$ > /sys/fs/cgroup/pids/cgroup.procs) 2>/dev/null || echo refused", "refused\n", 0},
 		{"its /tmp is its own", "cat " + hostTmp + " 2>/dev/null || echo hidden", "hidden\n", 0},
+		{"it can gain no privileges", "grep NoNewPrivs /proc/self/status", "NoNewPrivs:\t1\n", 0},
+		{"a setuid-root program runs as the lease's user", setuid + " -u", fmt.Sprintf("%d\n", uidB), 0},
 		{"its exit code is the workload's", "exit 7", "", 7},
 		{"a signal that kills it is its exit code", "kill -TERM $$", "", 128 + int(syscall.SIGTERM)},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			got, code := run(t, m, "L-b", dirB, tt.script)
-			if got != tt.want || code != tt.code {
-				t.Fatalf("got %q exit %d, want %q exit %d", got, code, tt.want, tt.code)
+			// Several times: which thread the init forks from varied
+			// from run to run when no_new_privs was set on another.
+			for range 4 {
+				got, code := run(t, m, "L-b", dirB, tt.script)
+				if got != tt.want || code != tt.code {
+					t.Fatalf("got %q exit %d, want %q exit %d", got, code, tt.want, tt.code)
+				}
 			}
 		})
 	}
