@@ -209,11 +209,11 @@ func (s *Server) streamLimits(srv any, ss grpc.ServerStream, _ *grpc.StreamServe
 
 // holdPending holds one of the tenant's waiting acquires on the leader
 // until release.
-func (s *Server) holdPending(tenant string) (release func(), err error) {
+func (l *limiters) holdPending(tenant string) (release func(), err error) {
 	if tenant == "" {
 		tenant = protocol.DefaultTenant
 	}
-	return s.limits.pending.Acquire(tenant, fmt.Sprintf("tenant %q", tenant))
+	return l.pending.Acquire(tenant, fmt.Sprintf("tenant %q", tenant))
 }
 
 // limitListener applies the client connection rate. A connection over the

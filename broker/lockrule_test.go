@@ -29,7 +29,7 @@ func TestAnAcquireNeitherWaitsForTheQueuesGrantToCommitNorTakesItsRoom(t *testin
 
 	ts.release(t, beat, full.Id)
 	waitFor(t, "the queue's grant of w in flight", func() bool {
-		return slices.ContainsFunc(ts.s.grants.snapshot(), func(l *gpupoolv1.Lease) bool { return l.Id == pending })
+		return slices.ContainsFunc(ts.s.capacity.grants.snapshot(), func(l *gpupoolv1.Lease) bool { return l.Id == pending })
 	})
 	// The grant has not committed: an Acquire is answered now (the queue
 	// does not hold placeMu), and finds the room taken by w.
