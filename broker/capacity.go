@@ -11,8 +11,10 @@ import (
 // capacity decides, on the leader, what is placed and granted: Acquire's
 // placements and the queue's passes. It owns placeMu and everything
 // guarded by it, and follows the lock rule (doc.go): every decision is
-// taken under placeMu on a snapshot and returns a plan; the plan is
-// proposed, and waited for outside placeMu.
+// taken under placeMu, on a snapshot, by a function that returns it as
+// a value (decideAcquire's acquirePlan, proposePass's sentPlan) with
+// what it takes already in flight; the commits are waited for outside
+// placeMu.
 //
 // It sees the rest of the broker through two seams: leaderMemory (the
 // leader's timers, to arm a grant's TTL and answer its expiry) and

@@ -8,7 +8,7 @@ import (
 	gpupoolv1 "github.com/gpupool/gpupool/proto/gpupool/v1"
 )
 
-// inflight holds what the leader proposed under placeMu and the state
+// inflight holds what the leader decided under placeMu and the state
 // does not show yet: Acquire's grants and pending leases, the queue's
 // grants and extras, and the room a preemption in flight reserves. Every
 // decision places on the state plus these, so placeMu can be let go
@@ -72,7 +72,8 @@ func (f *inflight) ofRequest(tenant, requestID string) <-chan struct{} {
 }
 
 // drain waits until no grant is in flight. Call it under placeMu, so that
-// no new one starts; those in flight finish without placeMu.
+// no new one starts; those in flight are proposed and finish without
+// placeMu.
 func (f *inflight) drain() {
 	f.mu.Lock()
 	idle := f.idle
