@@ -43,10 +43,10 @@
 // Server wires five components, each holding the others only through a
 // small interface whose methods state their contracts:
 //
-//   - capacity (capacity.go) decides what is placed and granted: it owns
-//     placeMu, the placer, the grants in flight, the overlay and the
-//     queue's writer; it reads the leader's memory through leaderMemory
-//     and signs through tokenSigner;
+//   - capacity (capacity.go, acquire.go, queue.go) decides what is placed
+//     and granted: it owns placeMu, the placer, the grants in flight, the
+//     overlay and the queue's writer; it reads the leader's memory
+//     through leaderMemory and signs through tokenSigner;
 //   - leadership (leader.go) keeps the leader's memory and runs its
 //     duties (timers, reactions, collection, versions); it implements
 //     leaderMemory and drives capacity through queueRunner, membership

@@ -102,3 +102,10 @@ type forwarder interface {
 	// leads, so a read never misses a write it was told committed.
 	readConn(ctx context.Context, stale bool) (*grpc.ClientConn, context.Context, error)
 }
+
+// clusterView is membership as the endpoints that also name other
+// servers see it: the way to the leader, and where each server serves.
+type clusterView interface {
+	forwarder
+	peerAddresses
+}

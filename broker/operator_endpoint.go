@@ -28,7 +28,7 @@ type operatorService struct {
 	*node
 	raft       *raft.Raft
 	leadership *leadership
-	membership *membership
+	membership clusterView
 	signing    *signing
 	history    *usageHistory
 }

@@ -17,7 +17,7 @@ type poolService struct {
 	raft       *raft.Raft
 	capacity   *capacity
 	leadership *leadership
-	membership *membership
+	membership clusterView
 	watch      stateWatch
 }
 
