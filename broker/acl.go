@@ -10,7 +10,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/hashicorp/raft"
 	"google.golang.org/grpc"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/metadata"
@@ -251,8 +250,8 @@ func secretFrom(ctx context.Context) (string, error) {
 
 // authenticate verifies the caller's token: Unauthenticated when it is
 // missing, unknown, revoked or expired, saying which.
-func (s *Server) authenticate(ctx context.Context) (*caller, error) {
-	if !s.cfg.ACL {
+func (gk *gatekeeper) authenticate(ctx context.Context) (*caller, error) {
+	if !gk.cfg.ACL {
 		return anonymous, nil
 	}
 	secret, err := secretFrom(ctx)
@@ -260,29 +259,29 @@ func (s *Server) authenticate(ctx context.Context) (*caller, error) {
 		return nil, err
 	}
 	hash := hashSecret(secret)
-	t := s.fsm.State().ACLTokenBySecret(hash)
-	if t == nil && !s.IsLeader() {
+	t := gk.fsm.State().ACLTokenBySecret(hash)
+	if t == nil && !gk.membership.isLeader() {
 		// A token created a moment ago on the leader may not have
 		// reached this server yet.
-		s.catchUpWithLeader(ctx)
-		t = s.fsm.State().ACLTokenBySecret(hash)
+		gk.catchUpWithLeader(ctx)
+		t = gk.fsm.State().ACLTokenBySecret(hash)
 	}
 	if t == nil {
 		return nil, refuse(ErrUnauthenticated, "ACL token not recognised: no such token (check --token / GPUPOOL_TOKEN)")
 	}
-	if err := s.stillValid(t); err != nil {
+	if err := gk.stillValid(t); err != nil {
 		return nil, err
 	}
 	return &caller{token: t}, nil
 }
 
 // stillValid returns Unauthenticated for a revoked or expired token.
-func (s *Server) stillValid(t *gpupoolv1.AclToken) error {
+func (gk *gatekeeper) stillValid(t *gpupoolv1.AclToken) error {
 	if t.Revoked {
 		return refusef(ErrUnauthenticated, "ACL token %s (%q) was revoked at %s by %s",
 			t.AccessorId, t.Name, time.UnixMilli(t.RevokedAtMs).UTC().Format(time.RFC3339), protocol.ActorText(t.RevokedBy))
 	}
-	if tokenExpired(t, s.cfg.Clock.Now()) {
+	if tokenExpired(t, gk.cfg.Clock.Now()) {
 		return refusef(ErrUnauthenticated, "ACL token %s (%q) expired at %s",
 			t.AccessorId, t.Name, time.UnixMilli(t.ExpiresAtMs).UTC().Format(time.RFC3339))
 	}
@@ -295,34 +294,29 @@ func tokenExpired(t *gpupoolv1.AclToken, now time.Time) bool {
 
 // recheck verifies again, on a long-lived stream, that the token the
 // stream began with has not been revoked or expired since.
-func (s *Server) recheck(c *caller) error {
+func (gk *gatekeeper) recheck(c *caller) error {
 	if c.token == nil {
 		return nil
 	}
-	return s.validAsRead(c, s.fsm.State().ACLToken(c.token.AccessorId))
+	return gk.validAsRead(c, gk.fsm.State().ACLToken(c.token.AccessorId))
 }
 
 // validAsRead checks c's token t as read from the state: nil if it is
 // gone.
-func (s *Server) validAsRead(c *caller, t *gpupoolv1.AclToken) error {
+func (gk *gatekeeper) validAsRead(c *caller, t *gpupoolv1.AclToken) error {
 	if t == nil {
 		return refusef(ErrUnauthenticated, "ACL token %s is gone (snapshot restore?)", c.token.AccessorId)
 	}
-	return s.stillValid(t)
+	return gk.stillValid(t)
 }
 
 // catchUpWithLeader waits, for at most a few seconds, until this server
 // has applied as much of the log as the leader had when asked.
-func (s *Server) catchUpWithLeader(ctx context.Context) {
+func (gk *gatekeeper) catchUpWithLeader(ctx context.Context) {
 	ctx, cancel := context.WithTimeout(ctx, 3*time.Second)
 	defer cancel()
-	_, id := s.raft.LeaderWithID()
-	addr := s.rpcAddrOf(string(id))
-	if addr == "" {
-		return
-	}
-	conn, err := s.connTo(addr)
-	if err != nil {
+	conn := gk.membership.dialLeader()
+	if conn == nil {
 		return
 	}
 	info, err := gpupoolv1.NewClusterServiceClient(conn).ServerInfo(ctx, &gpupoolv1.ServerInfoRequest{})
@@ -330,7 +324,7 @@ func (s *Server) catchUpWithLeader(ctx context.Context) {
 		return
 	}
 	for {
-		idx, changed := s.fsm.State().IndexWatch()
+		idx, changed := gk.fsm.State().IndexWatch()
 		if idx >= info.AppliedIndex {
 			return
 		}
@@ -362,11 +356,11 @@ func authorize(c *caller, method string) error {
 }
 
 // check authenticates and authorizes one call.
-func (s *Server) check(ctx context.Context, method string) (*caller, error) {
+func (gk *gatekeeper) check(ctx context.Context, method string) (*caller, error) {
 	if methodRights[method] == rightOpen {
 		return anonymous, nil
 	}
-	if s.raft.State() == raft.Leader && s.currentLeader() == nil {
+	if gk.membership.isLeader() && gk.leadership.currentLeader() == nil {
 		// A new leader decides on tokens only once it has applied what
 		// earlier leaders committed (its barrier): a revocation already
 		// acknowledged, or the bootstrap, may not be in its state yet.
@@ -374,11 +368,11 @@ func (s *Server) check(ctx context.Context, method string) (*caller, error) {
 	}
 	switch methodRights[method] {
 	case rightJoin:
-		if s.fsm.State().ACLBootstrapIndex() == 0 {
+		if gk.fsm.State().ACLBootstrapIndex() == 0 {
 			return anonymous, nil
 		}
 	}
-	c, err := s.authenticate(ctx)
+	c, err := gk.authenticate(ctx)
 	if err != nil {
 		return nil, err
 	}
@@ -388,8 +382,8 @@ func (s *Server) check(ctx context.Context, method string) (*caller, error) {
 	return c, nil
 }
 
-func (s *Server) unaryACL(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
-	c, err := s.check(ctx, info.FullMethod)
+func (gk *gatekeeper) unaryACL(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
+	c, err := gk.check(ctx, info.FullMethod)
 	if err != nil {
 		return nil, err
 	}
@@ -401,12 +395,12 @@ func (s *Server) unaryACL(ctx context.Context, req any, info *grpc.UnaryServerIn
 	return handler(context.WithValue(ctx, callerKey{}, c), req)
 }
 
-func (s *Server) streamACL(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
-	c, err := s.check(ss.Context(), info.FullMethod)
+func (gk *gatekeeper) streamACL(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
+	c, err := gk.check(ss.Context(), info.FullMethod)
 	if err != nil {
 		return err
 	}
-	return handler(srv, &aclStream{ServerStream: ss, s: s, c: c, ctx: context.WithValue(ss.Context(), callerKey{}, c)})
+	return handler(srv, &aclStream{ServerStream: ss, gk: gk, c: c, ctx: context.WithValue(ss.Context(), callerKey{}, c)})
 }
 
 // aclStream carries the caller in its context and checks, on every
@@ -414,7 +408,7 @@ func (s *Server) streamACL(srv any, ss grpc.ServerStream, info *grpc.StreamServe
 // for its own host.
 type aclStream struct {
 	grpc.ServerStream
-	s   *Server
+	gk  *gatekeeper
 	c   *caller
 	ctx context.Context
 	// read is the caller's token as last read from the state, and the
@@ -428,19 +422,19 @@ type tokenRead struct {
 	token   *gpupoolv1.AclToken
 }
 
-// recheck is Server.recheck, reading the token again only if a token
+// recheck is gatekeeper.recheck, reading the token again only if a token
 // changed since the stream last did.
 func (a *aclStream) recheck() error {
 	if a.c.token == nil {
 		return nil
 	}
-	v := a.s.fsm.TokensVersion() // before the read: see TokensVersion
+	v := a.gk.fsm.TokensVersion() // before the read: see TokensVersion
 	if r := a.read.Load(); r != nil && r.version == v {
-		return a.s.validAsRead(a.c, r.token)
+		return a.gk.validAsRead(a.c, r.token)
 	}
-	t := a.s.fsm.State().ACLToken(a.c.token.AccessorId)
+	t := a.gk.fsm.State().ACLToken(a.c.token.AccessorId)
 	a.read.Store(&tokenRead{version: v, token: t})
-	return a.s.validAsRead(a.c, t)
+	return a.gk.validAsRead(a.c, t)
 }
 
 func (a *aclStream) Context() context.Context { return a.ctx }
@@ -467,11 +461,11 @@ func (a *aclStream) SendMsg(m any) error {
 
 // withOwnToken adds the server's own token (Config.Token) to an outgoing
 // call to another server: the Join of a server joining or moving.
-func (s *Server) withOwnToken(ctx context.Context) context.Context {
-	if s.cfg.Token == "" {
+func (m *membership) withOwnToken(ctx context.Context) context.Context {
+	if m.cfg.Token == "" {
 		return ctx
 	}
-	return metadata.AppendToOutgoingContext(ctx, AuthHeader, "Bearer "+s.cfg.Token)
+	return metadata.AppendToOutgoingContext(ctx, AuthHeader, "Bearer "+m.cfg.Token)
 }
 
 // forwardAuth copies the caller's authorization header from an incoming

@@ -18,7 +18,8 @@ import (
 // aclService implements AclService.
 type aclService struct {
 	gpupoolv1.UnimplementedAclServiceServer
-	s *Server
+	*node
+	membership forwarder
 }
 
 // secretBytes is the size of a token's random secret.
@@ -33,15 +34,15 @@ func (e aclService) Bootstrap(ctx context.Context, req *gpupoolv1.AclBootstrapRe
 	if err := fsm.ValidateACLToken(t); err != nil {
 		return nil, err
 	}
-	if conn, fctx, err := e.s.leaderConn(ctx); err != nil {
+	if conn, fctx, err := e.membership.leaderConn(ctx); err != nil {
 		return nil, err
 	} else if conn != nil {
 		return gpupoolv1.NewAclServiceClient(conn).Bootstrap(fctx, req)
 	}
-	if at := e.s.fsm.State().ACLBootstrapIndex(); at != 0 {
+	if at := e.fsm.State().ACLBootstrapIndex(); at != 0 {
 		return nil, refusef(ErrPrecondition, "ACL already bootstrapped (log index %d): the bootstrap token exists; create more tokens with a management token ('gpupool operator acl token create')", at)
 	}
-	return e.s.createToken(t, &gpupoolv1.Actor{Name: "bootstrap"}, true)
+	return e.createToken(t, &gpupoolv1.Actor{Name: "bootstrap"}, true)
 }
 
 func (e aclService) CreateToken(ctx context.Context, req *gpupoolv1.CreateAclTokenRequest) (*gpupoolv1.AclTokenSecret, error) {
@@ -55,20 +56,20 @@ func (e aclService) CreateToken(ctx context.Context, req *gpupoolv1.CreateAclTok
 	if err := fsm.ValidateACLToken(t); err != nil {
 		return nil, err
 	}
-	if conn, fctx, err := e.s.leaderConn(ctx); err != nil {
+	if conn, fctx, err := e.membership.leaderConn(ctx); err != nil {
 		return nil, err
 	} else if conn != nil {
 		return gpupoolv1.NewAclServiceClient(conn).CreateToken(fctx, req)
 	}
 	if req.TtlMs > 0 {
-		t.ExpiresAtMs = e.s.nowMs() + req.TtlMs
+		t.ExpiresAtMs = e.nowMs() + req.TtlMs
 	}
-	return e.s.createToken(t, callerFrom(ctx).actor(), false)
+	return e.createToken(t, callerFrom(ctx).actor(), false)
 }
 
 // createToken stamps a token's accessor id, secret and times and commits
 // it. Only the leader calls it.
-func (s *Server) createToken(t *gpupoolv1.AclToken, by *gpupoolv1.Actor, bootstrap bool) (*gpupoolv1.AclTokenSecret, error) {
+func (e aclService) createToken(t *gpupoolv1.AclToken, by *gpupoolv1.Actor, bootstrap bool) (*gpupoolv1.AclTokenSecret, error) {
 	b := make([]byte, secretBytes)
 	if _, err := rand.Read(b); err != nil {
 		return nil, fmt.Errorf("token secret: %v", err)
@@ -77,34 +78,34 @@ func (s *Server) createToken(t *gpupoolv1.AclToken, by *gpupoolv1.Actor, bootstr
 	t = proto.CloneOf(t)
 	t.AccessorId = uuid.NewString()
 	t.SecretSha256 = hashSecret(secret)
-	t.CreatedAtMs = s.nowMs()
+	t.CreatedAtMs = e.nowMs()
 	t.CreatedBy = by
-	res, err := s.apply(&gpupoolv1.CreateAclTokenCommand{Token: t, Bootstrap: bootstrap})
+	res, err := e.apply(&gpupoolv1.CreateAclTokenCommand{Token: t, Bootstrap: bootstrap})
 	if err != nil {
 		return nil, err
 	}
-	s.log.Info("ACL token created", "accessor", t.AccessorId, "name", t.Name, "kind", protocol.TokenKindName(t.Kind), "by", protocol.ActorText(by))
-	return &gpupoolv1.AclTokenSecret{Token: s.tokenView(res.Token), Secret: secret}, nil
+	e.log.Info("ACL token created", "accessor", t.AccessorId, "name", t.Name, "kind", protocol.TokenKindName(t.Kind), "by", protocol.ActorText(by))
+	return &gpupoolv1.AclTokenSecret{Token: e.tokenView(res.Token), Secret: secret}, nil
 }
 
 // tokenView is a token as answers show it: without its secret's hash,
 // with whether it has expired on this server's clock.
-func (s *Server) tokenView(t *gpupoolv1.AclToken) *gpupoolv1.AclToken {
+func (e aclService) tokenView(t *gpupoolv1.AclToken) *gpupoolv1.AclToken {
 	v := proto.CloneOf(t)
 	v.SecretSha256 = nil
-	v.Expired = tokenExpired(t, s.cfg.Clock.Now())
+	v.Expired = tokenExpired(t, e.cfg.Clock.Now())
 	return v
 }
 
 func (e aclService) ListTokens(ctx context.Context, req *gpupoolv1.ListAclTokensRequest) (*gpupoolv1.ListAclTokensResponse, error) {
-	if conn, fctx, err := e.s.readConn(ctx, req.Stale); err != nil {
+	if conn, fctx, err := e.membership.readConn(ctx, req.Stale); err != nil {
 		return nil, err
 	} else if conn != nil {
 		return gpupoolv1.NewAclServiceClient(conn).ListTokens(fctx, req)
 	}
 	resp := &gpupoolv1.ListAclTokensResponse{}
-	for _, t := range e.s.fsm.State().ACLTokens() {
-		resp.Tokens = append(resp.Tokens, e.s.tokenView(t))
+	for _, t := range e.fsm.State().ACLTokens() {
+		resp.Tokens = append(resp.Tokens, e.tokenView(t))
 	}
 	return resp, nil
 }
@@ -113,25 +114,25 @@ func (e aclService) RevokeToken(ctx context.Context, req *gpupoolv1.RevokeAclTok
 	if req.AccessorId == "" {
 		return nil, refuse(ErrInvalid, "accessor_id: is required; see 'gpupool operator acl token ls'")
 	}
-	if conn, fctx, err := e.s.leaderConn(ctx); err != nil {
+	if conn, fctx, err := e.membership.leaderConn(ctx); err != nil {
 		return nil, err
 	} else if conn != nil {
 		return gpupoolv1.NewAclServiceClient(conn).RevokeToken(fctx, req)
 	}
 	by := callerFrom(ctx).actor()
-	res, err := e.s.apply(&gpupoolv1.RevokeAclTokenCommand{AccessorId: req.AccessorId, NowMs: e.s.nowMs(), Actor: by, RevokeLeases: !req.KeepLeases})
+	res, err := e.apply(&gpupoolv1.RevokeAclTokenCommand{AccessorId: req.AccessorId, NowMs: e.nowMs(), Actor: by, RevokeLeases: !req.KeepLeases})
 	if err != nil {
 		return nil, err
 	}
-	e.s.log.Info("ACL token revoked", "accessor", req.AccessorId, "by", protocol.ActorText(by), "leases_revoked", len(res.Ended))
-	return &gpupoolv1.RevokeAclTokenResponse{Token: e.s.tokenView(res.Token), RevokedLeases: res.Ended}, nil
+	e.log.Info("ACL token revoked", "accessor", req.AccessorId, "by", protocol.ActorText(by), "leases_revoked", len(res.Ended))
+	return &gpupoolv1.RevokeAclTokenResponse{Token: e.tokenView(res.Token), RevokedLeases: res.Ended}, nil
 }
 
 func (e aclService) WhoAmI(ctx context.Context, _ *gpupoolv1.WhoAmIRequest) (*gpupoolv1.WhoAmIResponse, error) {
 	c := callerFrom(ctx)
-	resp := &gpupoolv1.WhoAmIResponse{AclEnabled: e.s.cfg.ACL}
+	resp := &gpupoolv1.WhoAmIResponse{AclEnabled: e.cfg.ACL}
 	if c.token != nil {
-		resp.Token = e.s.tokenView(c.token)
+		resp.Token = e.tokenView(c.token)
 	}
 	return resp, nil
 }

@@ -14,7 +14,9 @@ import (
 // agentService implements AgentService.
 type agentService struct {
 	gpupoolv1.UnimplementedAgentServiceServer
-	s *Server
+	*node
+	leadership *leadership
+	membership forwarder
 }
 
 var hostIDRE = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$`)
@@ -50,37 +52,37 @@ func (e agentService) Register(ctx context.Context, req *gpupoolv1.RegisterReque
 	if err := validateHost(req.Host); err != nil {
 		return nil, err
 	}
-	if conn, fctx, err := e.s.leaderConn(ctx); err != nil {
+	if conn, fctx, err := e.membership.leaderConn(ctx); err != nil {
 		return nil, err
 	} else if conn != nil {
 		return gpupoolv1.NewAgentServiceClient(conn).Register(fctx, req)
 	}
 	host := req.Host
-	if keptDown(e.s, host.Id) {
+	if keptDown(e.fsm.State(), host.Id) {
 		// Registering would make the host ready in the same entry: it
 		// stays down, as registered before, until its heartbeats confirm
 		// the teardowns (rejoin.go).
-		e.s.log.Info("host registers while leases freed during its absence await teardown; it stays down until its agent confirms", "host", host.Id)
-	} else if _, err := e.s.apply(&gpupoolv1.RegisterHostCommand{Host: host, Devices: host.Devices, NowMs: e.s.nowMs()}); err != nil {
+		e.log.Info("host registers while leases freed during its absence await teardown; it stays down until its agent confirms", "host", host.Id)
+	} else if _, err := e.apply(&gpupoolv1.RegisterHostCommand{Host: host, Devices: host.Devices, NowMs: e.nowMs()}); err != nil {
 		return nil, err
 	}
-	if ls := e.s.currentLeader(); ls != nil {
-		e.s.sawHeartbeat(ls, host.Id)
+	if ls := e.leadership.currentLeader(); ls != nil {
+		e.leadership.sawHeartbeat(ls, host.Id)
 	}
-	e.s.log.Info("host registered", "host", host.Id, "gpus", len(host.Devices), "backend", host.Backend)
+	e.log.Info("host registered", "host", host.Id, "gpus", len(host.Devices), "backend", host.Backend)
 	return &gpupoolv1.RegisterResponse{
 		HostId:              host.Id,
-		HeartbeatIntervalMs: e.s.cfg.HeartbeatInterval.Milliseconds(),
-		HeartbeatTtlMs:      e.s.cfg.HeartbeatTTL.Milliseconds(),
-		Keys:                publicKeys(e.s.fsm.State(), e.s.cfg.Clock.Now()),
+		HeartbeatIntervalMs: e.cfg.HeartbeatInterval.Milliseconds(),
+		HeartbeatTtlMs:      e.cfg.HeartbeatTTL.Milliseconds(),
+		Keys:                publicKeys(e.fsm.State(), e.cfg.Clock.Now()),
 	}, nil
 }
 
 // sawHeartbeat re-arms a host's heartbeat deadline on the leader.
-func (s *Server) sawHeartbeat(ls *leaderState, hostID string) {
-	ls.heartbeat.Reset(hostID, s.cfg.HeartbeatTTL)
+func (ld *leadership) sawHeartbeat(ls *leaderState, hostID string) {
+	ls.heartbeat.Reset(hostID, ld.cfg.HeartbeatTTL)
 	ls.mu.Lock()
-	ls.lastSeen[hostID] = s.cfg.Clock.Now()
+	ls.lastSeen[hostID] = ld.cfg.Clock.Now()
 	ls.mu.Unlock()
 }
 
@@ -94,7 +96,7 @@ func (e agentService) Heartbeat(stream grpc.BidiStreamingServer[gpupoolv1.Heartb
 	var streamHost atomic.Pointer[string] // set once, by the first heartbeat; read as events are published
 	hostID := ""
 	changed := false // a lease on the host changed since the last list sent
-	return serveOnLeaderWith(e.s, stream,
+	return serveOnLeaderWith(leaderStream{e.membership, e.leadership, e.fsm}, stream,
 		func(conn *grpc.ClientConn, ctx context.Context) (grpc.BidiStreamingClient[gpupoolv1.HeartbeatRequest, gpupoolv1.HeartbeatResponse], error) {
 			return gpupoolv1.NewAgentServiceClient(conn).Heartbeat(ctx)
 		},
@@ -105,11 +107,11 @@ func (e agentService) Heartbeat(stream grpc.BidiStreamingServer[gpupoolv1.Heartb
 			} else if r.HostId != hostID {
 				return refusef(ErrInvalid, "host_id %q: this stream belongs to host %q", r.HostId, hostID)
 			}
-			acked, err := e.s.heartbeat(ls, r)
+			acked, err := e.leadership.heartbeat(ls, r)
 			if err != nil {
 				return err
 			}
-			resp := e.s.assignments(ls, hostID)
+			resp := e.leadership.assignments(ls, hostID)
 			resp.AckedEventSeq = acked
 			resp.ClearHealth = ls.healthClearsFor(hostID, r)
 			return stream.Send(resp)
@@ -128,11 +130,11 @@ func (e agentService) Heartbeat(stream grpc.BidiStreamingServer[gpupoolv1.Heartb
 					return nil
 				}
 				changed = false
-				ls := e.s.currentLeader()
+				ls := e.leadership.currentLeader()
 				if ls == nil {
 					return nil // the stream ends with the leadership
 				}
-				return stream.Send(e.s.assignments(ls, hostID))
+				return stream.Send(e.leadership.assignments(ls, hostID))
 			},
 		})
 }
@@ -151,25 +153,25 @@ func concernsHost(l *gpupoolv1.Lease, hostID string) bool {
 
 // heartbeat handles one heartbeat on the leader. It returns the highest
 // agent event seq now applied.
-func (s *Server) heartbeat(ls *leaderState, req *gpupoolv1.HeartbeatRequest) (uint64, error) {
-	st := s.fsm.State()
+func (ld *leadership) heartbeat(ls *leaderState, req *gpupoolv1.HeartbeatRequest) (uint64, error) {
+	st := ld.fsm.State()
 	h := st.Host(req.HostId)
 	if h == nil {
 		return 0, refusef(ErrNotFound, "host %q: not registered; register first", req.HostId)
 	}
-	s.sawHeartbeat(ls, h.Id)
+	ld.sawHeartbeat(ls, h.Id)
 	if waiting := awaitingTeardown(st, h, req); len(waiting) > 0 {
-		s.log.Info(stillAwaitingMsg(waiting), "host", h.Id)
+		ld.log.Info(stillAwaitingMsg(waiting), "host", h.Id)
 	} else if h.Status == gpupoolv1.HostStatus_HOST_STATUS_DOWN {
-		if _, err := s.apply(&gpupoolv1.SetHostStatusCommand{
-			HostId: h.Id, Status: gpupoolv1.HostStatus_HOST_STATUS_READY, NowMs: s.nowMs(), Reason: "heartbeats resumed",
+		if _, err := ld.apply(&gpupoolv1.SetHostStatusCommand{
+			HostId: h.Id, Status: gpupoolv1.HostStatus_HOST_STATUS_READY, NowMs: ld.nowMs(), Reason: "heartbeats resumed",
 		}); err != nil {
 			return 0, err
 		}
-		s.log.Info("host back: heartbeats resumed", "host", h.Id)
+		ld.log.Info("host back: heartbeats resumed", "host", h.Id)
 	}
 	ls.storeReport(h.Id, req)
-	acked, err := s.applyAgentReports(h, req)
+	acked, err := ld.applyAgentReports(h, req)
 	if err != nil {
 		return 0, err
 	}
@@ -182,11 +184,11 @@ func (s *Server) heartbeat(ls *leaderState, req *gpupoolv1.HeartbeatRequest) (ui
 		if l == nil || l.State != gpupoolv1.LeaseState_LEASE_STATE_RELEASING || !ls.tornDownEverywhere(h.Id, l) {
 			continue
 		}
-		frees = append(frees, s.applyAsync(freeAfterTeardown(l, s.nowMs())))
+		frees = append(frees, ld.applyAsync(freeAfterTeardown(l, ld.nowMs())))
 	}
 	for _, f := range frees {
 		if _, err := f.Wait(); err != nil {
-			s.log.Debug("free lease after teardown", "err", err)
+			ld.log.Debug("free lease after teardown", "err", err)
 		}
 	}
 	return acked, nil
@@ -194,11 +196,11 @@ func (s *Server) heartbeat(ls *leaderState, req *gpupoolv1.HeartbeatRequest) (ui
 
 // assignments lists what a host must enforce and what it must tear down,
 // with each lease's TTL and what is left of it on ls's timers.
-func (s *Server) assignments(ls *leaderState, hostID string) *gpupoolv1.HeartbeatResponse {
-	now := s.cfg.Clock.Now()
-	resp := &gpupoolv1.HeartbeatResponse{HeartbeatIntervalMs: s.cfg.HeartbeatInterval.Milliseconds(),
-		Keys: publicKeys(s.fsm.State(), now)}
-	for _, l := range s.fsm.State().HostLeases(hostID) {
+func (ld *leadership) assignments(ls *leaderState, hostID string) *gpupoolv1.HeartbeatResponse {
+	now := ld.cfg.Clock.Now()
+	resp := &gpupoolv1.HeartbeatResponse{HeartbeatIntervalMs: ld.cfg.HeartbeatInterval.Milliseconds(),
+		Keys: publicKeys(ld.fsm.State(), now)}
+	for _, l := range ld.fsm.State().HostLeases(hostID) {
 		a := &gpupoolv1.Assignment{LeaseId: l.Id, FencingToken: l.FencingToken, State: l.State, Tenant: l.Tenant, Holder: l.Holder,
 			TtlMs: l.TtlMs, HostCpuMillicores: l.HostCpuMillicores, HostMemoryMib: l.HostMemoryMib}
 		if d, ok := ls.ttl.Deadline(l.Id); ok {
@@ -216,8 +218,8 @@ func (s *Server) assignments(ls *leaderState, hostID string) *gpupoolv1.Heartbea
 			resp.Teardown = append(resp.Teardown, a)
 		}
 	}
-	if h := s.fsm.State().Host(hostID); h != nil {
-		resp.Teardown = append(resp.Teardown, teardownOfFreed(s.fsm.State(), h)...)
+	if h := ld.fsm.State().Host(hostID); h != nil {
+		resp.Teardown = append(resp.Teardown, teardownOfFreed(ld.fsm.State(), h)...)
 	}
 	return resp
 }

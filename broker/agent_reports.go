@@ -78,8 +78,8 @@ func (ls *leaderState) forgetReport(hostID string) {
 // devices whose health changed, watchdog events, and leases the agent
 // refuses, which are revoked. It returns the highest event seq that is
 // now applied, for the agent to stop resending.
-func (s *Server) applyAgentReports(h *gpupoolv1.Host, req *gpupoolv1.HeartbeatRequest) (uint64, error) {
-	st := s.fsm.State()
+func (ld *leadership) applyAgentReports(h *gpupoolv1.Host, req *gpupoolv1.HeartbeatRequest) (uint64, error) {
+	st := ld.fsm.State()
 	var changed []*gpupoolv1.DeviceReport
 	for _, d := range req.Devices {
 		old := st.Device(d.Uuid)
@@ -95,16 +95,16 @@ func (s *Server) applyAgentReports(h *gpupoolv1.Host, req *gpupoolv1.HeartbeatRe
 		}
 	}
 	if len(changed) > 0 {
-		if _, err := s.apply(&gpupoolv1.SetDeviceHealthCommand{HostId: h.Id, Devices: changed, NowMs: s.nowMs()}); err != nil {
+		if _, err := ld.apply(&gpupoolv1.SetDeviceHealthCommand{HostId: h.Id, Devices: changed, NowMs: ld.nowMs()}); err != nil {
 			return 0, err
 		}
 		for _, d := range changed {
-			s.log.Warn("device health changed", "host", h.Id, "device", d.Uuid, "health", d.Health.String(), "reason", d.HealthReason)
+			ld.log.Warn("device health changed", "host", h.Id, "device", d.Uuid, "health", d.Health.String(), "reason", d.HealthReason)
 		}
 	}
 	var acked uint64
 	if len(req.Events) > 0 {
-		if _, err := s.apply(&gpupoolv1.RecordAgentEventsCommand{HostId: h.Id, Events: req.Events}); err != nil {
+		if _, err := ld.apply(&gpupoolv1.RecordAgentEventsCommand{HostId: h.Id, Events: req.Events}); err != nil {
 			return 0, err
 		}
 		for _, e := range req.Events {
@@ -116,11 +116,11 @@ func (s *Server) applyAgentReports(h *gpupoolv1.Host, req *gpupoolv1.HeartbeatRe
 		if l == nil || l.State != gpupoolv1.LeaseState_LEASE_STATE_GRANTED || !slices.Contains(state.LeaseHosts(l), h.Id) {
 			continue
 		}
-		s.log.Warn("agent refused a lease; revoking it", "host", h.Id, "lease", l.Id, "reason", r.Reason)
+		ld.log.Warn("agent refused a lease; revoking it", "host", h.Id, "lease", l.Id, "reason", r.Reason)
 		// The reason is the agent's word, not the broker's: it is quoted as
 		// such, and the agent is the actor the lease and the audit log name.
-		if _, err := s.apply(&gpupoolv1.EndLeaseCommand{
-			LeaseId: l.Id, EndState: gpupoolv1.LeaseState_LEASE_STATE_REVOKED, NowMs: s.nowMs(),
+		if _, err := ld.apply(&gpupoolv1.EndLeaseCommand{
+			LeaseId: l.Id, EndState: gpupoolv1.LeaseState_LEASE_STATE_REVOKED, NowMs: ld.nowMs(),
 			Reason: fmt.Sprintf("the agent of host %s refused the lease, saying: %q", h.Id, truncate(r.Reason, maxAgentReason)),
 			Actor:  &gpupoolv1.Actor{Name: "agent " + h.Id},
 		}); err != nil {

@@ -51,7 +51,7 @@ func startServer(t testing.TB, opts ...func(*Config)) *testServer {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { c.Close() })
-	waitFor(t, "leadership", func() bool { return s.currentLeader() != nil })
+	waitFor(t, "leadership", func() bool { return s.leadership.currentLeader() != nil })
 	return &testServer{s: s, c: c, clock: fake, faults: faults}
 }
 
@@ -87,7 +87,7 @@ func (ts *testServer) registerHost(t testing.TB, id string, gpus int, memMiB int
 	// The leader arms the heartbeat deadline in its own goroutine: wait for
 	// it, so that advancing the fake clock afterwards counts against it.
 	waitFor(t, "the heartbeat deadline of "+id+" armed", func() bool {
-		ls := ts.s.currentLeader()
+		ls := ts.s.leadership.currentLeader()
 		if ls == nil {
 			return false
 		}
@@ -119,7 +119,7 @@ func (ts *testServer) heartbeater(t *testing.T, host string) (beat func(tornDown
 		}
 		want := ts.clock.Now().Add(ts.s.cfg.HeartbeatTTL)
 		waitFor(t, "heartbeat handled", func() bool {
-			d, ok := ts.s.currentLeader().heartbeat.Deadline(host)
+			d, ok := ts.s.leadership.currentLeader().heartbeat.Deadline(host)
 			return ok && d.Equal(want)
 		})
 	}
@@ -320,7 +320,7 @@ func TestHostWithoutHeartbeatsGoesDownAndItsLeasesAreLostThenFreed(t *testing.T)
 		t.Fatalf("capacity freed before the lock-delay: allocated %d, want 8192", got)
 	}
 	waitFor(t, "lock-delay armed", func() bool {
-		_, ok := ts.s.currentLeader().lockDelay.Deadline(id)
+		_, ok := ts.s.leadership.currentLeader().lockDelay.Deadline(id)
 		return ok
 	})
 	ts.clock.Advance(11 * time.Second) // past the 10 s lock-delay
@@ -346,7 +346,7 @@ func TestLeaseExpiresWithoutKeepAliveAndNotWithIt(t *testing.T) {
 	// The leader arms TTL timers in its own goroutine: time counts against
 	// them once they are armed.
 	waitFor(t, "the TTLs of both leases armed", func() bool {
-		ls := ts.s.currentLeader()
+		ls := ts.s.leadership.currentLeader()
 		_, okA := ls.ttl.Deadline(a.Lease.Id)
 		_, okB := ls.ttl.Deadline(b.Lease.Id)
 		return okA && okB
@@ -408,7 +408,7 @@ func TestHostBackBeforeTheLockDelayKeepsCapacityUntilTeardownIsConfirmed(t *test
 	id := resp.Lease.Id
 	ts.clock.Advance(6 * time.Second) // past the 5 s heartbeat TTL: down, lease lost
 	waitFor(t, "lock-delay armed", func() bool {
-		_, ok := ts.s.currentLeader().lockDelay.Deadline(id)
+		_, ok := ts.s.leadership.currentLeader().lockDelay.Deadline(id)
 		return ok
 	})
 	beat := ts.heartbeater(t, "h1")

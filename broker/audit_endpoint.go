@@ -48,14 +48,14 @@ func (e operatorService) AuditLog(req *gpupoolv1.AuditLogRequest, stream grpc.Se
 	if req.Follow {
 		// Subscribe before reading the stored entries, so that none
 		// applied in between is missed; those read are skipped below.
-		ch, cancel := e.s.fsm.Subscribe()
+		ch, cancel := e.fsm.Subscribe()
 		defer cancel()
 		events = ch
 	}
 	// last is the index up to which every matching entry was sent.
 	last := req.SinceIndex
 	sendStored := func(limit int) error {
-		st := e.s.fsm.State()
+		st := e.fsm.State()
 		var out []*gpupoolv1.AuditEntry
 		for _, a := range st.AuditLog(last) {
 			if match(a) {
@@ -83,7 +83,7 @@ func (e operatorService) AuditLog(req *gpupoolv1.AuditLogRequest, stream grpc.Se
 		select {
 		case <-stream.Context().Done():
 			return nil
-		case <-e.s.shutdownCh:
+		case <-e.ctx.Done():
 			return refuse(ErrUnavailable, "server shutting down")
 		case ev, ok := <-events:
 			if !ok {

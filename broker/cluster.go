@@ -20,39 +20,39 @@ import (
 
 // clustered reports whether this server has a Raft configuration: it
 // bootstrapped, joined, or restarted from a data dir that had one.
-func (s *Server) clustered() bool {
-	f := s.raft.GetConfiguration()
+func (m *membership) clustered() bool {
+	f := m.raft.GetConfiguration()
 	return f.Error() == nil && len(f.Configuration().Servers) > 0
 }
 
-func (s *Server) selfInfo() *gpupoolv1.ServerInfoResponse {
+func (m *membership) selfInfo() *gpupoolv1.ServerInfoResponse {
 	info := &gpupoolv1.ServerInfoResponse{
-		Id:              s.cfg.NodeID,
-		RaftAddress:     string(s.transport.LocalAddr()),
-		RpcAddress:      s.Addr(),
-		Clustered:       s.clustered(),
-		BootstrapExpect: int32(s.cfg.BootstrapExpect),
-		AppliedIndex:    s.fsm.State().Index(),
+		Id:              m.cfg.NodeID,
+		RaftAddress:     string(m.transport.LocalAddr()),
+		RpcAddress:      m.addr(),
+		Clustered:       m.clustered(),
+		BootstrapExpect: int32(m.cfg.BootstrapExpect),
+		AppliedIndex:    m.fsm.State().Index(),
 		FsmVersion:      fsm.Version,
 	}
-	if _, id := s.raft.LeaderWithID(); id != "" {
+	if _, id := m.raft.LeaderWithID(); id != "" {
 		info.LeaderId = string(id)
-		info.LeaderRpcAddress = s.rpcAddrOf(string(id))
+		info.LeaderRpcAddress = m.rpcAddrOf(string(id))
 	}
-	info.RaftState = strings.ToLower(s.raft.State().String())
-	fmt.Sscan(s.raft.Stats()["term"], &info.Term)
+	info.RaftState = strings.ToLower(m.raft.State().String())
+	fmt.Sscan(m.raft.Stats()["term"], &info.Term)
 	info.LastContactMs = -1
-	if s.raft.State() == raft.Leader {
+	if m.raft.State() == raft.Leader {
 		info.LastContactMs = 0
-	} else if t := s.raft.LastContact(); !t.IsZero() {
+	} else if t := m.raft.LastContact(); !t.IsZero() {
 		info.LastContactMs = time.Since(t).Milliseconds()
 	}
 	info.Version = version.Get().Version
-	if f := s.raft.GetConfiguration(); f.Error() == nil {
+	if f := m.raft.GetConfiguration(); f.Error() == nil {
 		for _, srv := range f.Configuration().Servers {
 			info.Peers = append(info.Peers, &gpupoolv1.ClusterPeer{
 				Id: string(srv.ID), RaftAddress: string(srv.Address),
-				RpcAddress: s.rpcAddrOf(string(srv.ID)), Voter: srv.Suffrage == raft.Voter,
+				RpcAddress: m.rpcAddrOf(string(srv.ID)), Voter: srv.Suffrage == raft.Voter,
 			})
 		}
 	}
@@ -62,48 +62,48 @@ func (s *Server) selfInfo() *gpupoolv1.ServerInfoResponse {
 // formCluster bootstraps a new cluster once --bootstrap-expect servers
 // know of each other, or joins an existing one through any --join server.
 // It returns once this server is part of a cluster.
-func (s *Server) formCluster() {
-	for !s.clustered() {
-		infos := map[string]*gpupoolv1.ServerInfoResponse{s.cfg.NodeID: s.selfInfo()}
-		for _, addr := range s.cfg.Join {
-			if addr == s.Addr() || addr == s.cfg.BindAddr {
+func (m *membership) formCluster() {
+	for !m.clustered() {
+		infos := map[string]*gpupoolv1.ServerInfoResponse{m.cfg.NodeID: m.selfInfo()}
+		for _, addr := range m.cfg.Join {
+			if addr == m.addr() || addr == m.cfg.BindAddr {
 				continue
 			}
-			info, err := s.askInfo(addr)
+			info, err := m.askInfo(addr)
 			if err != nil {
-				s.log.Debug("waiting for server", "addr", addr, "err", err)
+				m.log.Debug("waiting for server", "addr", addr, "err", err)
 				continue
 			}
-			s.rememberPeer(info)
+			m.rememberPeer(info)
 			if info.Clustered && info.LeaderId != "" {
-				if err := s.joinVia(addr); err != nil {
-					s.log.Warn("join failed; retrying", "via", addr, "err", err)
+				if err := m.joinVia(addr); err != nil {
+					m.log.Warn("join failed; retrying", "via", addr, "err", err)
 					continue
 				}
-				s.log.Info("joined cluster", "via", addr, "leader", info.LeaderId)
+				m.log.Info("joined cluster", "via", addr, "leader", info.LeaderId)
 				return
 			}
 			if !info.Clustered {
 				infos[info.Id] = info
 			}
 		}
-		if s.canBootstrap(infos) {
+		if m.canBootstrap(infos) {
 			var conf raft.Configuration
 			for _, id := range sortedKeys(infos) {
 				conf.Servers = append(conf.Servers, raft.Server{
 					Suffrage: raft.Voter, ID: raft.ServerID(id), Address: raft.ServerAddress(infos[id].RaftAddress),
 				})
 			}
-			err := s.raft.BootstrapCluster(conf).Error()
+			err := m.raft.BootstrapCluster(conf).Error()
 			if err != nil && !errors.Is(err, raft.ErrCantBootstrap) {
-				s.log.Error("bootstrap failed", "err", err)
+				m.log.Error("bootstrap failed", "err", err)
 			} else {
-				s.log.Info("bootstrapped cluster", "servers", strings.Join(sortedKeys(infos), ","))
+				m.log.Info("bootstrapped cluster", "servers", strings.Join(sortedKeys(infos), ","))
 				return
 			}
 		}
 		select {
-		case <-s.shutdownCh:
+		case <-m.ctx.Done():
 			return
 		case <-time.After(300 * time.Millisecond):
 		}
@@ -114,19 +114,19 @@ func (s *Server) formCluster() {
 // servers in infos: exactly --bootstrap-expect of them, all expecting that
 // many. With more servers in sight, different servers could pick different
 // sets and form two clusters, so it refuses and says why.
-func (s *Server) canBootstrap(infos map[string]*gpupoolv1.ServerInfoResponse) bool {
-	want := s.cfg.BootstrapExpect
+func (m *membership) canBootstrap(infos map[string]*gpupoolv1.ServerInfoResponse) bool {
+	want := m.cfg.BootstrapExpect
 	if want == 0 || len(infos) < want {
 		return false
 	}
 	if len(infos) > want {
-		s.log.Error("not bootstrapping: more unclustered servers than --bootstrap-expect; give every server the same --bootstrap-expect and --join list",
+		m.log.Error("not bootstrapping: more unclustered servers than --bootstrap-expect; give every server the same --bootstrap-expect and --join list",
 			"expect", want, "servers", strings.Join(sortedKeys(infos), ","))
 		return false
 	}
 	for id, info := range infos {
 		if int(info.BootstrapExpect) != want {
-			s.log.Error("not bootstrapping: servers disagree on --bootstrap-expect", "server", id, "theirs", info.BootstrapExpect, "ours", want)
+			m.log.Error("not bootstrapping: servers disagree on --bootstrap-expect", "server", id, "theirs", info.BootstrapExpect, "ours", want)
 			return false
 		}
 	}
@@ -142,14 +142,14 @@ func sortedKeys[V any](m map[string]V) []string {
 	return keys
 }
 
-func (s *Server) rememberPeer(info *gpupoolv1.ServerInfoResponse) {
-	s.peerMu.Lock()
-	defer s.peerMu.Unlock()
-	s.peers[info.Id] = info
+func (m *membership) rememberPeer(info *gpupoolv1.ServerInfoResponse) {
+	m.peerMu.Lock()
+	defer m.peerMu.Unlock()
+	m.peers[info.Id] = info
 }
 
-func (s *Server) askInfo(addr string) (*gpupoolv1.ServerInfoResponse, error) {
-	conn, err := s.connTo(addr)
+func (m *membership) askInfo(addr string) (*gpupoolv1.ServerInfoResponse, error) {
+	conn, err := m.connTo(addr)
 	if err != nil {
 		return nil, err
 	}
@@ -158,46 +158,46 @@ func (s *Server) askInfo(addr string) (*gpupoolv1.ServerInfoResponse, error) {
 	return gpupoolv1.NewClusterServiceClient(conn).ServerInfo(ctx, &gpupoolv1.ServerInfoRequest{})
 }
 
-func (s *Server) joinVia(addr string) error {
-	conn, err := s.connTo(addr)
+func (m *membership) joinVia(addr string) error {
+	conn, err := m.connTo(addr)
 	if err != nil {
 		return err
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	_, err = gpupoolv1.NewClusterServiceClient(conn).Join(s.withOwnToken(ctx), &gpupoolv1.JoinRequest{
-		Id: s.cfg.NodeID, RaftAddress: string(s.transport.LocalAddr()), RpcAddress: s.Addr(),
+	_, err = gpupoolv1.NewClusterServiceClient(conn).Join(m.withOwnToken(ctx), &gpupoolv1.JoinRequest{
+		Id: m.cfg.NodeID, RaftAddress: string(m.transport.LocalAddr()), RpcAddress: m.addr(),
 	})
 	return err
 }
 
 // connTo returns a cached connection to another server.
-func (s *Server) connTo(addr string) (*grpc.ClientConn, error) {
-	s.connMu.Lock()
-	defer s.connMu.Unlock()
-	if c, ok := s.conns[addr]; ok {
+func (m *membership) connTo(addr string) (*grpc.ClientConn, error) {
+	m.connMu.Lock()
+	defer m.connMu.Unlock()
+	if c, ok := m.conns[addr]; ok {
 		return c, nil
 	}
-	c, err := grpc.NewClient(addr, append(s.peerDialOptions(), protocol.Reconnect)...)
+	c, err := grpc.NewClient(addr, append(m.peerDialOptions(), protocol.Reconnect)...)
 	if err != nil {
 		return nil, err
 	}
-	s.conns[addr] = c
+	m.conns[addr] = c
 	return c, nil
 }
 
 // rpcAddrOf returns a server's gRPC address from the replicated state, or
 // from what this server learned while forming the cluster.
-func (s *Server) rpcAddrOf(id string) string {
-	if id == s.cfg.NodeID {
-		return s.Addr()
+func (m *membership) rpcAddrOf(id string) string {
+	if id == m.cfg.NodeID {
+		return m.addr()
 	}
-	if srv := s.fsm.State().Server(id); srv != nil {
+	if srv := m.fsm.State().Server(id); srv != nil {
 		return srv.RpcAddress
 	}
-	s.peerMu.Lock()
-	defer s.peerMu.Unlock()
-	if p, ok := s.peers[id]; ok {
+	m.peerMu.Lock()
+	defer m.peerMu.Unlock()
+	if p, ok := m.peers[id]; ok {
 		return p.RpcAddress
 	}
 	return ""
@@ -206,11 +206,13 @@ func (s *Server) rpcAddrOf(id string) string {
 // clusterService implements the servers' own ClusterService.
 type clusterService struct {
 	gpupoolv1.UnimplementedClusterServiceServer
-	s *Server
+	*node
+	raft       *raft.Raft
+	membership *membership
 }
 
 func (c clusterService) ServerInfo(context.Context, *gpupoolv1.ServerInfoRequest) (*gpupoolv1.ServerInfoResponse, error) {
-	return c.s.selfInfo(), nil
+	return c.membership.selfInfo(), nil
 }
 
 func (c clusterService) Join(ctx context.Context, req *gpupoolv1.JoinRequest) (*gpupoolv1.JoinResponse, error) {
@@ -219,7 +221,7 @@ func (c clusterService) Join(ctx context.Context, req *gpupoolv1.JoinRequest) (*
 	}
 	md, _ := metadata.FromIncomingContext(ctx)
 	update := len(md.Get(addressUpdateKey)) > 0
-	if conn, fctx, err := c.s.leaderConn(ctx); err != nil {
+	if conn, fctx, err := c.membership.leaderConn(ctx); err != nil {
 		return nil, err
 	} else if conn != nil {
 		if update {
@@ -231,7 +233,7 @@ func (c clusterService) Join(ctx context.Context, req *gpupoolv1.JoinRequest) (*
 	// removed while it was down must come back with an empty data dir.
 	var old raft.ServerAddress
 	if update {
-		f := c.s.raft.GetConfiguration()
+		f := c.raft.GetConfiguration()
 		if err := f.Error(); err != nil {
 			return nil, raftError(err)
 		}
@@ -246,16 +248,16 @@ func (c clusterService) Join(ctx context.Context, req *gpupoolv1.JoinRequest) (*
 		}
 	}
 	// For an id already configured, AddVoter replaces its address.
-	if err := c.s.raft.AddVoter(raft.ServerID(req.Id), raft.ServerAddress(req.RaftAddress), 0, 0).Error(); err != nil {
+	if err := c.raft.AddVoter(raft.ServerID(req.Id), raft.ServerAddress(req.RaftAddress), 0, 0).Error(); err != nil {
 		return nil, raftError(err)
 	}
-	if _, err := c.s.apply(keepVersion(c.s, &gpupoolv1.UpsertServerCommand{Id: req.Id, RpcAddress: req.RpcAddress, RaftAddress: req.RaftAddress})); err != nil {
+	if _, err := c.apply(keepVersion(c.fsm.State(), &gpupoolv1.UpsertServerCommand{Id: req.Id, RpcAddress: req.RpcAddress, RaftAddress: req.RaftAddress})); err != nil {
 		return nil, err
 	}
 	if update {
-		c.s.log.Info("server address updated", "id", req.Id, "old_raft", old, "raft", req.RaftAddress, "rpc", req.RpcAddress)
+		c.log.Info("server address updated", "id", req.Id, "old_raft", old, "raft", req.RaftAddress, "rpc", req.RpcAddress)
 	} else {
-		c.s.log.Info("server joined", "id", req.Id, "raft", req.RaftAddress, "rpc", req.RpcAddress)
+		c.log.Info("server joined", "id", req.Id, "raft", req.RaftAddress, "rpc", req.RpcAddress)
 	}
 	return &gpupoolv1.JoinResponse{}, nil
 }

@@ -90,8 +90,8 @@ func endedToCollect(st *state.Reader, nowMs int64, retention time.Duration, keep
 // noteEnded counts a lease that ended, and asks for a pass of the
 // collection once a quarter of the ended leases the state keeps ended
 // since the last pass.
-func (s *Server) noteEnded(ls *leaderState) {
-	if ls.endedSinceCollect.Add(1) >= int64(max(1, s.cfg.EndedLeasesMax/4)) {
+func (ld *leadership) noteEnded(ls *leaderState) {
+	if ls.endedSinceCollect.Add(1) >= int64(max(1, ld.cfg.EndedLeasesMax/4)) {
 		select {
 		case ls.collectKick <- struct{}{}:
 		default:
@@ -101,11 +101,11 @@ func (s *Server) noteEnded(ls *leaderState) {
 
 // collectEnded runs passes of the collection while this server leads:
 // every collectEvery, and when noteEnded asks.
-func (s *Server) collectEnded(ls *leaderState) {
+func (ld *leadership) collectEnded(ls *leaderState) {
 	for {
 		ls.endedSinceCollect.Store(0)
-		s.collectEndedPass(ls)
-		t := s.cfg.Clock.AfterFunc(min(collectEvery, s.cfg.EndedLeaseRetention), func() {
+		ld.collectEndedPass(ls)
+		t := ld.cfg.Clock.AfterFunc(min(collectEvery, ld.cfg.EndedLeaseRetention), func() {
 			select {
 			case ls.collectKick <- struct{}{}:
 			default:
@@ -124,27 +124,27 @@ func (s *Server) collectEnded(ls *leaderState) {
 // collectEndedPass proposes CollectEndedLeases commands until nothing is
 // left to collect now. A command the cluster cannot apply yet (a broker
 // older than command-set version 3) is retried at the next pass.
-func (s *Server) collectEndedPass(ls *leaderState) {
+func (ld *leadership) collectEndedPass(ls *leaderState) {
 	for {
 		select {
 		case <-ls.stopCh:
 			return
 		default:
 		}
-		ids, cutoff := endedToCollect(s.fsm.State(), s.nowMs(), s.cfg.EndedLeaseRetention, s.cfg.EndedLeasesMax, fsm.MaxCollectedPerCommand)
+		ids, cutoff := endedToCollect(ld.fsm.State(), ld.nowMs(), ld.cfg.EndedLeaseRetention, ld.cfg.EndedLeasesMax, fsm.MaxCollectedPerCommand)
 		if len(ids) == 0 {
 			return
 		}
-		res, err := s.apply(&gpupoolv1.CollectEndedLeasesCommand{LeaseIds: ids, EndedAtOrBeforeMs: cutoff})
+		res, err := ld.apply(&gpupoolv1.CollectEndedLeasesCommand{LeaseIds: ids, EndedAtOrBeforeMs: cutoff})
 		if errors.Is(err, ErrPrecondition) {
-			s.log.Debug("collecting ended leases waits for every broker to be upgraded", "err", err)
+			ld.log.Debug("collecting ended leases waits for every broker to be upgraded", "err", err)
 			return
 		}
 		if err != nil {
-			s.log.Warn("collecting ended leases failed; retrying at the next pass", "err", err)
+			ld.log.Warn("collecting ended leases failed; retrying at the next pass", "err", err)
 			return
 		}
-		s.metrics.collectedLeases.Add(float64(res.Collected))
+		ld.metrics.collectedLeases.Add(float64(res.Collected))
 		if res.Collected == 0 {
 			return // what is left cannot go yet (an extra still holds)
 		}

@@ -196,7 +196,7 @@ func (s *Server) watchDisk() {
 	var last, lastFull, led time.Time
 	for {
 		select {
-		case <-s.shutdownCh:
+		case <-s.ctx.Done():
 			return
 		case <-tick.C:
 		}

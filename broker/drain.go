@@ -59,7 +59,7 @@ func (ls *leaderState) forgetDrainRetry(host string) {
 
 // reactDrain arms, moves or stops h's drain deadline timer to match its
 // drain record. A retry already armed for the same deadline is left alone.
-func (s *Server) reactDrain(ls *leaderState, h *gpupoolv1.Host) {
+func (ld *leadership) reactDrain(ls *leaderState, h *gpupoolv1.Host) {
 	d := h.GetDrain()
 	if d == nil || d.DeadlineMs == 0 || d.Force {
 		ls.drain.Stop(h.Id)
@@ -71,46 +71,46 @@ func (s *Server) reactDrain(ls *leaderState, h *gpupoolv1.Host) {
 		return
 	}
 	ls.forgetDrainRetry(h.Id)
-	ls.drain.Reset(h.Id, max(0, at.Sub(s.cfg.Clock.Now())))
+	ls.drain.Reset(h.Id, max(0, at.Sub(ld.cfg.Clock.Now())))
 }
 
 // drainDeadlinePassed revokes every lease still on a host whose drain
 // deadline passed. When the command does not commit it tries again, with
 // backoff, while ls leads.
-func (s *Server) drainDeadlinePassed(ls *leaderState, hostID string) {
-	h := s.fsm.State().Host(hostID)
+func (ld *leadership) drainDeadlinePassed(ls *leaderState, hostID string) {
+	h := ld.fsm.State().Host(hostID)
 	d := h.GetDrain()
 	if d == nil || d.DeadlineMs == 0 || d.Force {
 		ls.forgetDrainRetry(hostID)
 		return
 	}
-	now := s.cfg.Clock.Now()
+	now := ld.cfg.Clock.Now()
 	if at := time.UnixMilli(d.DeadlineMs); now.Before(at) {
 		// A retry that outlived a change of the deadline: wait for the new one.
 		ls.forgetDrainRetry(hostID)
 		ls.drain.Reset(hostID, at.Sub(now))
 		return
 	}
-	res, err := s.apply(&gpupoolv1.DrainHostCommand{HostId: hostID, Force: true, IfDeadlineMs: d.DeadlineMs, NowMs: now.UnixMilli()})
+	res, err := ld.apply(&gpupoolv1.DrainHostCommand{HostId: hostID, Force: true, IfDeadlineMs: d.DeadlineMs, NowMs: now.UnixMilli()})
 	switch {
 	case err == nil:
 		ls.forgetDrainRetry(hostID)
-		s.log.Info("drain deadline passed: leases on the host revoked", "host", hostID)
+		ld.log.Info("drain deadline passed: leases on the host revoked", "host", hostID)
 		return
 	case res != nil:
 		// Apply refused it: the same command would be refused again.
 		ls.forgetDrainRetry(hostID)
-		s.log.Warn("revoking the leases at the drain deadline failed", "host", hostID, "err", err)
+		ld.log.Warn("revoking the leases at the drain deadline failed", "host", hostID, "err", err)
 		return
 	}
 	select {
 	case <-ls.stopCh:
 		// Leadership ended; the next leader re-arms the deadline.
-		s.logTimerErr("revoke leases at the drain deadline", hostID, err)
+		ld.logTimerErr("revoke leases at the drain deadline", hostID, err)
 		return
 	default:
 	}
 	backoff := ls.nextDrainRetry(hostID, d.DeadlineMs)
-	s.log.Warn("revoking the leases at the drain deadline failed; retrying", "host", hostID, "err", err, "retry_in", backoff)
+	ld.log.Warn("revoking the leases at the drain deadline failed; retrying", "host", hostID, "err", err, "retry_in", backoff)
 	ls.drain.Reset(hostID, backoff)
 }

@@ -34,31 +34,31 @@ func (e poolService) DrainHost(ctx context.Context, req *gpupoolv1.DrainHostRequ
 	if err := validateDrain(req); err != nil {
 		return nil, err
 	}
-	if conn, fctx, err := e.s.leaderConn(ctx); err != nil {
+	if conn, fctx, err := e.membership.leaderConn(ctx); err != nil {
 		return nil, err
 	} else if conn != nil {
 		return gpupoolv1.NewPoolServiceClient(conn).DrainHost(fctx, req)
 	}
-	if e.s.fsm.State().Host(req.HostId) == nil {
+	if e.fsm.State().Host(req.HostId) == nil {
 		return nil, refusef(ErrNotFound, "host %q: not found; see 'gpupool host ls'", req.HostId)
 	}
-	now := e.s.nowMs()
+	now := e.nowMs()
 	c := &gpupoolv1.DrainHostCommand{HostId: req.HostId, Cancel: req.Cancel, Reason: req.Reason, Force: req.Force, KeepDeadline: req.KeepDeadline, NowMs: now,
 		Actor: callerFrom(ctx).actor()}
 	if req.DeadlineAfterMs > 0 {
 		c.DeadlineMs = now + req.DeadlineAfterMs
 	}
-	res, err := e.s.apply(c)
+	res, err := e.apply(c)
 	if err != nil {
 		return nil, err
 	}
 	resp := &gpupoolv1.DrainHostResponse{Host: res.Host}
-	for _, l := range e.s.fsm.State().HostLeases(req.HostId) {
+	for _, l := range e.fsm.State().HostLeases(req.HostId) {
 		if !ended(l.State) {
 			resp.Leases++
 		}
 	}
-	e.s.log.Info("host drain", "host", req.HostId, "cancel", req.Cancel, "force", req.Force, "deadline", fsm.DeadlineText(res.Host.GetDrain().GetDeadlineMs()),
+	e.log.Info("host drain", "host", req.HostId, "cancel", req.Cancel, "force", req.Force, "deadline", fsm.DeadlineText(res.Host.GetDrain().GetDeadlineMs()),
 		"status", fsm.HostStatusName(res.Host.GetStatus()), "leases", resp.Leases, "by", protocol.ActorText(callerFrom(ctx).actor()))
 	return resp, nil
 }
@@ -67,12 +67,12 @@ func (e poolService) SetEligibility(ctx context.Context, req *gpupoolv1.SetEligi
 	if req.HostId == "" {
 		return nil, refuse(ErrInvalid, "host_id: is required; see 'gpupool host ls'")
 	}
-	if conn, fctx, err := e.s.leaderConn(ctx); err != nil {
+	if conn, fctx, err := e.membership.leaderConn(ctx); err != nil {
 		return nil, err
 	} else if conn != nil {
 		return gpupoolv1.NewPoolServiceClient(conn).SetEligibility(fctx, req)
 	}
-	st := e.s.fsm.State()
+	st := e.fsm.State()
 	h := st.Host(req.HostId)
 	if h == nil {
 		return nil, refusef(ErrNotFound, "host %q: not found; see 'gpupool host ls'", req.HostId)
@@ -94,11 +94,11 @@ func (e poolService) SetEligibility(ctx context.Context, req *gpupoolv1.SetEligi
 			"host %s is %s: enable it once it is drained, or cancel the drain with 'gpupool host drain %s --cancel'",
 			h.Id, what, h.Id))
 	}
-	res, err := e.s.apply(&gpupoolv1.SetHostEligibilityCommand{HostId: req.HostId, Eligible: req.Eligible, NowMs: e.s.nowMs(),
+	res, err := e.apply(&gpupoolv1.SetHostEligibilityCommand{HostId: req.HostId, Eligible: req.Eligible, NowMs: e.nowMs(),
 		Actor: callerFrom(ctx).actor()})
 	if err != nil {
 		return nil, err
 	}
-	e.s.log.Info("host eligibility", "host", req.HostId, "eligible", req.Eligible, "status", fsm.HostStatusName(res.Host.GetStatus()))
+	e.log.Info("host eligibility", "host", req.HostId, "eligible", req.Eligible, "status", fsm.HostStatusName(res.Host.GetStatus()))
 	return &gpupoolv1.SetEligibilityResponse{Host: res.Host}, nil
 }

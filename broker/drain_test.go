@@ -55,7 +55,7 @@ func (ts *testServer) drainArmed(t *testing.T, h *gpupoolv1.Host) {
 	}
 	want := time.UnixMilli(d.DeadlineMs)
 	waitFor(t, "the drain deadline armed", func() bool {
-		ls := ts.s.currentLeader()
+		ls := ts.s.leadership.currentLeader()
 		if ls == nil {
 			return false
 		}
@@ -164,7 +164,7 @@ func TestDrainOfAnEmptyHostIsDrainedAtOnceAndForceRevokesEverything(t *testing.T
 	if resp.Host.Status != gpupoolv1.HostStatus_HOST_STATUS_DRAINING || resp.Leases != 1 || !resp.Host.Drain.GetForce() {
 		t.Fatalf("forced drain: got %v with %d leases, force=%t; want draining with 1 lease releasing, force", resp.Host.Status, resp.Leases, resp.Host.Drain.GetForce())
 	}
-	if n := ts.s.currentLeader().drain.Len(); n != 0 {
+	if n := ts.s.leadership.currentLeader().drain.Len(); n != 0 {
 		t.Fatalf("drain timers after a forced drain and one without deadline: got %d, want 0", n)
 	}
 }
@@ -344,7 +344,7 @@ func TestDrainDeadlineRevocationThatFailsToCommitIsRetriedWithBackoff(t *testing
 				ts.clock.Advance(4 * time.Second)
 				beat()
 			}
-			ls := ts.s.currentLeader()
+			ls := ts.s.leadership.currentLeader()
 			for i, wait := range []time.Duration{50 * time.Millisecond, 100 * time.Millisecond} {
 				if got := attempts.Load(); got != int32(i+1) {
 					t.Fatalf("revocation attempts: got %d, want %d", got, i+1)
@@ -374,11 +374,11 @@ func TestDrainDeadlineRevocationThatFailsToCommitIsRetriedWithBackoff(t *testing
 // from the replicated state alone, as on another server.
 func (ts *testServer) handOver(t *testing.T) *leaderState {
 	t.Helper()
-	old := ts.s.currentLeader()
-	ts.s.notifyCh <- false
-	ts.s.notifyCh <- true
+	old := ts.s.leadership.currentLeader()
+	ts.s.leadership.notifyCh <- false
+	ts.s.leadership.notifyCh <- true
 	var ls *leaderState
-	waitFor(t, "a new leader", func() bool { ls = ts.s.currentLeader(); return ls != nil && ls != old })
+	waitFor(t, "a new leader", func() bool { ls = ts.s.leadership.currentLeader(); return ls != nil && ls != old })
 	return ls
 }
 

@@ -163,8 +163,3 @@ func statusUnary(ctx context.Context, req any, _ *grpc.UnaryServerInfo, handler 
 	resp, err := handler(ctx, req)
 	return resp, toStatus(err)
 }
-
-// statusStream is statusUnary for streams.
-func statusStream(srv any, ss grpc.ServerStream, _ *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
-	return toStatus(handler(srv, ss))
-}

@@ -23,7 +23,7 @@ const FaultFsyncDelayFile = "fault-fsync-delay"
 
 // injectDiskFaults wraps the log store in one that sleeps what the data
 // dir's FaultFsyncDelayFile says, read again every 100 ms until stop.
-func injectDiskFaults(dir string, store raft.LogStore, stop <-chan struct{}) raft.LogStore {
+func injectDiskFaults(dir string, store raft.LogStore, stop <-chan struct{}, start func(func())) raft.LogStore {
 	f := &slowLog{LogStore: store}
 	path := filepath.Join(dir, FaultFsyncDelayFile)
 	read := func() {
@@ -35,7 +35,7 @@ func injectDiskFaults(dir string, store raft.LogStore, stop <-chan struct{}) raf
 		f.delay.Store(int64(d))
 	}
 	read()
-	go func() {
+	start(func() {
 		t := time.NewTicker(100 * time.Millisecond)
 		defer t.Stop()
 		for {
@@ -46,7 +46,7 @@ func injectDiskFaults(dir string, store raft.LogStore, stop <-chan struct{}) raf
 				read()
 			}
 		}
-	}()
+	})
 	return f
 }
 

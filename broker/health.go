@@ -15,7 +15,7 @@ var ErrNotClustered = errors.New("not part of a cluster yet (waiting for --boots
 // Ready returns nil when the server can serve calls: it is part of a
 // cluster and knows the leader. Otherwise it says why not.
 func (s *Server) Ready() error {
-	if !s.clustered() {
+	if !s.membership.clustered() {
 		return ErrNotClustered
 	}
 	if _, id := s.raft.LeaderWithID(); id == "" {
@@ -40,7 +40,7 @@ func (s *Server) registerHealth() {
 			}
 			h.SetServingStatus("", st)
 			select {
-			case <-s.shutdownCh:
+			case <-s.ctx.Done():
 				h.Shutdown()
 				return
 			case <-t.C:

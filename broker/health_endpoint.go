@@ -21,16 +21,16 @@ func (e poolService) ClearDeviceHealth(ctx context.Context, req *gpupoolv1.Clear
 	case req.Device == "":
 		return nil, refuse(ErrInvalid, "device: is required: a GPU's index on the host or its uuid; see 'gpupool host get HOST'")
 	}
-	if conn, fctx, err := e.s.leaderConn(ctx); err != nil {
+	if conn, fctx, err := e.membership.leaderConn(ctx); err != nil {
 		return nil, err
 	} else if conn != nil {
 		return gpupoolv1.NewPoolServiceClient(conn).ClearDeviceHealth(fctx, req)
 	}
-	ls := e.s.currentLeader()
+	ls := e.leadership.currentLeader()
 	if ls == nil {
 		return nil, refuse(ErrUnavailable, "leader is still starting; retry")
 	}
-	st := e.s.fsm.State()
+	st := e.fsm.State()
 	if st.Host(req.HostId) == nil {
 		return nil, refusef(ErrNotFound, "host %q: not found; see 'gpupool host ls'", req.HostId)
 	}
@@ -47,7 +47,7 @@ func (e poolService) ClearDeviceHealth(ctx context.Context, req *gpupoolv1.Clear
 		return nil, refusef(ErrPrecondition, "GPU %d (%s) of host %s is healthy: there is nothing to clear", d.Index, d.Uuid, req.HostId)
 	}
 	ls.requestHealthClear(req.HostId, d.Uuid)
-	e.s.log.Info("GPU health clear requested", "host", req.HostId, "device", d.Uuid, "was", d.HealthReason, "by", callerFrom(ctx).actor())
+	e.log.Info("GPU health clear requested", "host", req.HostId, "device", d.Uuid, "was", d.HealthReason, "by", callerFrom(ctx).actor())
 	return &gpupoolv1.ClearDeviceHealthResponse{Device: d}, nil
 }
 

@@ -17,25 +17,25 @@ func (e poolService) ResetHostIdentity(ctx context.Context, req *gpupoolv1.Reset
 	case len(req.GetReason()) > 256:
 		return nil, refusef(ErrInvalid, "reason: %d bytes, must be at most 256", len(req.GetReason()))
 	}
-	if conn, fctx, err := e.s.leaderConn(ctx); err != nil {
+	if conn, fctx, err := e.membership.leaderConn(ctx); err != nil {
 		return nil, err
 	} else if conn != nil {
 		return gpupoolv1.NewPoolServiceClient(conn).ResetHostIdentity(fctx, req)
 	}
-	if e.s.fsm.State().Host(req.HostId) == nil {
+	if e.fsm.State().Host(req.HostId) == nil {
 		return nil, refusef(ErrNotFound, "host %q: not found; see 'gpupool host ls'", req.HostId)
 	}
-	res, err := e.s.apply(&gpupoolv1.ResetHostIdentityCommand{HostId: req.HostId, Reason: req.Reason, NowMs: e.s.nowMs(), Actor: callerFrom(ctx).actor()})
+	res, err := e.apply(&gpupoolv1.ResetHostIdentityCommand{HostId: req.HostId, Reason: req.Reason, NowMs: e.nowMs(), Actor: callerFrom(ctx).actor()})
 	if err != nil {
 		return nil, err
 	}
 	resp := &gpupoolv1.ResetHostIdentityResponse{Host: res.Host}
-	for _, l := range e.s.fsm.State().HostLeases(req.HostId) {
+	for _, l := range e.fsm.State().HostLeases(req.HostId) {
 		if !ended(l.State) {
 			resp.Leases++
 		}
 	}
-	e.s.log.Warn("host identity reset: its next registration sets a new data-plane address and certificate", "host", req.HostId,
+	e.log.Warn("host identity reset: its next registration sets a new data-plane address and certificate", "host", req.HostId,
 		"leases", resp.Leases, "by", protocol.ActorText(callerFrom(ctx).actor()))
 	return resp, nil
 }

@@ -56,7 +56,7 @@ func TestThePoolIndexAfterALeaderChangeEqualsOneRebuiltFromTheState(t *testing.T
 	var leader *Server
 	waitFor(t, "a new leader", func() bool {
 		for _, s := range servers[1:] {
-			if s.IsLeader() && s.currentLeader() != nil {
+			if s.IsLeader() && s.leadership.currentLeader() != nil {
 				leader = s
 				return true
 			}

@@ -8,7 +8,7 @@ import (
 	gpupoolv1 "github.com/gpupool/gpupool/proto/gpupool/v1"
 )
 
-// inflight holds what the leader proposed under placeMu and the state
+// inflight holds what the leader decided under placeMu and the state
 // does not show yet: Acquire's grants and pending leases, the queue's
 // grants and extras, and the room a preemption in flight reserves. Every
 // decision places on the state plus these, so placeMu can be let go
@@ -72,7 +72,8 @@ func (f *inflight) ofRequest(tenant, requestID string) <-chan struct{} {
 }
 
 // drain waits until no grant is in flight. Call it under placeMu, so that
-// no new one starts; those in flight finish without placeMu.
+// no new one starts; those in flight are proposed and finish without
+// placeMu.
 func (f *inflight) drain() {
 	f.mu.Lock()
 	idle := f.idle
@@ -145,8 +146,8 @@ func inFlight(st *state.Reader, snap []*gpupoolv1.Lease) []*gpupoolv1.Lease {
 // reservedPool is the pool as Acquire may place on: the state with the
 // grants in flight, less what pending leases whose victims are still
 // leaving will take once they have gone.
-func (s *Server) reservedPool(st *state.Reader, inflight []*gpupoolv1.Lease) []*gpupoolv1.Host {
-	return planner.Reserved(st, overlay(st, st.HostsWithDevices(), inflight), s.placer)
+func (cp *capacity) reservedPool(st *state.Reader, inflight []*gpupoolv1.Lease) []*gpupoolv1.Host {
+	return planner.Reserved(st, overlay(st, st.HostsWithDevices(), inflight), cp.placer)
 }
 
 // reserving reports whether a pending lease reserves capacity while its
@@ -165,19 +166,19 @@ func reserving(st *state.Reader) bool {
 // grants in flight touch, as copies with those grants: then the FSM's
 // pool index (never behind st) with those copies over it is the pool
 // Acquire places on, and a grant reads no more of the pool than that.
-func (s *Server) acquirePool(st *state.Reader, inflight []*gpupoolv1.Lease) (hosts func() []*gpupoolv1.Host, over []*gpupoolv1.Host, indexed bool) {
+func (cp *capacity) acquirePool(st *state.Reader, inflight []*gpupoolv1.Lease) (hosts func() []*gpupoolv1.Host, over []*gpupoolv1.Host, indexed bool) {
 	var pool []*gpupoolv1.Host
 	hosts = func() []*gpupoolv1.Host {
 		if pool == nil {
-			pool = s.reservedPool(st, inflight)
+			pool = cp.reservedPool(st, inflight)
 		}
 		return pool
 	}
 	if reserving(st) {
-		s.overlay = nil
+		cp.overlay = nil
 		return hosts, nil, false
 	}
-	return hosts, s.inflightOverlay(st, inflight), true
+	return hosts, cp.inflightOverlay(st, inflight), true
 }
 
 // overlayCache is the overlay of the grants in flight that an acquire
@@ -195,17 +196,17 @@ type overlayCache struct {
 
 // inflightOverlay returns the hosts the grants of inflight that st does
 // not show yet touch, as copies with those grants. Call it under placeMu.
-func (s *Server) inflightOverlay(st *state.Reader, inflight []*gpupoolv1.Lease) []*gpupoolv1.Host {
+func (cp *capacity) inflightOverlay(st *state.Reader, inflight []*gpupoolv1.Lease) []*gpupoolv1.Host {
 	if len(inflight) == 0 {
-		s.overlay = nil
+		cp.overlay = nil
 		return nil
 	}
 	idx := st.Index()
-	if c := s.overlay; c != nil && c.index == idx && c.extend(st, inflight) {
+	if c := cp.overlay; c != nil && c.index == idx && c.extend(st, inflight) {
 		return c.work.Hosts()
 	}
 	c := buildOverlay(st, idx, inflight)
-	s.overlay = c
+	cp.overlay = c
 	if c.work == nil {
 		return nil
 	}

@@ -125,7 +125,7 @@ func TestReservationsSeeTheGrantsInFlight(t *testing.T) {
 		Request: &gpupoolv1.LeaseRequest{Count: 2, Exclusive: true}})
 	w.Commit(1)
 
-	srv := &Server{placer: newPlacer(placement.Binpack)}
+	srv := &capacity{placer: newPlacer(placement.Binpack)}
 	inflight := []*gpupoolv1.Lease{{Id: "l-inflight", Slices: whole("GPU-a")}}
 	hosts := srv.reservedPool(s.Read(), inflight)
 	if ss, err := srv.placer.Place(hosts, &gpupoolv1.LeaseRequest{Count: 1, Exclusive: true}); err == nil {
@@ -148,7 +148,7 @@ func TestRetryWhileTheGrantIsInFlightReturnsTheSameLease(t *testing.T) {
 		Slices: []*gpupoolv1.Slice{{Host: "h1", Device: "GPU-h1-0", MemoryMib: 81920, ComputePercent: 100,
 			Isolation: gpupoolv1.Isolation_ISOLATION_WATCHDOG}},
 	}
-	ts.s.grants.add(first) // placed, not committed yet
+	ts.s.capacity.grants.add(first) // placed, not committed yet
 
 	// While it is in flight, a retry waits for it (here until its own
 	// deadline) instead of being told the pool is full.
@@ -161,7 +161,7 @@ func TestRetryWhileTheGrantIsInFlightReturnsTheSameLease(t *testing.T) {
 	if _, err := ts.s.apply(&gpupoolv1.GrantLeaseCommand{Lease: first}); err != nil {
 		t.Fatal(err)
 	}
-	ts.s.grants.done(first.Id)
+	ts.s.capacity.grants.done(first.Id)
 	resp, err := ts.c.Lease.Acquire(ctx(t), &gpupoolv1.AcquireRequest{Request: r})
 	if err != nil || resp.Lease.Id != first.Id || !resp.Existing {
 		t.Fatalf("retry: got %v existing=%t err %v, want the first grant %s", resp.GetLease().GetId(), resp.GetExisting(), err, first.Id)
@@ -186,7 +186,7 @@ func TestReusedOverlayEqualsOneBuiltAfresh(t *testing.T) {
 		return &gpupoolv1.Lease{Id: id, State: gpupoolv1.LeaseState_LEASE_STATE_GRANTED, HostCpuMillicores: 100,
 			Slices: []*gpupoolv1.Slice{{Host: host, Device: "GPU-" + host + dev, MemoryMib: mib, ComputePercent: 1}}}
 	}
-	srv := &Server{}
+	srv := &capacity{}
 	f := newInflight()
 	index := uint64(1)
 	steps := []struct {

@@ -2,6 +2,7 @@ package broker
 
 import (
 	"fmt"
+	"github.com/hashicorp/raft"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -55,21 +56,61 @@ type leaderState struct {
 	healthClears map[string]map[string]bool // guarded by mu; host → device uuids
 }
 
+// leadership keeps what only the leader keeps, in memory (leaderState),
+// and runs the leader's duties while this server leads: the timers of
+// leases, hosts, drains and preemptions, the queue's passes (through
+// capacity), the collection of ended leases and the servers' versions.
+// It implements leaderMemory for the other components.
+//
+// It reaches the rest of the broker through three seams: queueRunner
+// (capacity's queue), peerAddresses (membership) and tokenSigner
+// (signing).
+type leadership struct {
+	*node
+	capacity   queueRunner
+	membership peerAddresses
+	signing    tokenSigner
+	// raft is set by New before the server serves, never changed.
+	raft *raft.Raft
+	// notifyCh receives Raft's leadership changes.
+	notifyCh chan bool
+	// metrics counts what the leader's duties do; set by New.
+	metrics *metrics
+
+	leaderMu sync.Mutex
+	leader   *leaderState // guarded by leaderMu; nil unless leader
+}
+
+func newLeadership(nd *node) *leadership {
+	return &leadership{node: nd, notifyCh: make(chan bool, 16)}
+}
+
+// queueRunner is the queue, as the leader's duties drive it. It is
+// implemented by capacity.
+type queueRunner interface {
+	// runQueue runs passes of the queue, one at a time, each time one is
+	// asked for (ls.kickQueue), until ls's term ends (ls.stopCh).
+	runQueue(ls *leaderState)
+	// relearn makes placement learn the mix of requests again from the
+	// live leases of st. A new leader calls it before its first pass.
+	relearn(st *state.Reader)
+}
+
 // monitorLeadership starts and stops the leader's duties as raft reports
 // leadership changes.
-func (s *Server) monitorLeadership() {
+func (ld *leadership) monitorLeadership() {
 	var stop func()
 	for {
 		select {
-		case isLeader := <-s.notifyCh:
+		case isLeader := <-ld.notifyCh:
 			switch {
 			case isLeader && stop == nil:
-				stop = s.startLeading()
+				stop = ld.startLeading()
 			case !isLeader && stop != nil:
 				stop()
 				stop = nil
 			}
-		case <-s.shutdownCh:
+		case <-ld.ctx.Done():
 			if stop != nil {
 				stop()
 			}
@@ -80,7 +121,7 @@ func (s *Server) monitorLeadership() {
 
 // startLeading begins the leader's duties and returns the function that
 // ends them.
-func (s *Server) startLeading() func() {
+func (ld *leadership) startLeading() func() {
 	ls := &leaderState{
 		stopCh:    make(chan struct{}),
 		lastSeen:  map[string]time.Time{},
@@ -94,68 +135,68 @@ func (s *Server) startLeading() func() {
 		kick:         make(chan struct{}, 1),
 		collectKick:  make(chan struct{}, 1),
 	}
-	ls.verifier = newLeadVerifier(func() error { return s.raft.VerifyLeader().Error() })
-	ls.ttl = lease.NewTimers(s.cfg.Clock, s.expireLease)
-	ls.heartbeat = lease.NewTimers(s.cfg.Clock, s.hostMissedHeartbeats)
-	ls.lockDelay = lease.NewTimers(s.cfg.Clock, s.lockDelayPassed)
-	ls.drain = lease.NewTimers(s.cfg.Clock, func(id string) { s.drainDeadlinePassed(ls, id) })
-	ls.preempt = lease.NewTimers(s.cfg.Clock, func(id string) { s.preemptDeadlinePassed(ls, id) })
-	ls.pendingGrace = lease.NewTimers(s.cfg.Clock, func(id string) { s.pendingGraceOver(ls, id) })
-	events, cancel := s.fsm.Subscribe()
+	ls.verifier = newLeadVerifier(func() error { return ld.raft.VerifyLeader().Error() }, ld.goFunc)
+	ls.ttl = lease.NewTimers(ld.cfg.Clock, ld.expireLease)
+	ls.heartbeat = lease.NewTimers(ld.cfg.Clock, ld.hostMissedHeartbeats)
+	ls.lockDelay = lease.NewTimers(ld.cfg.Clock, ld.lockDelayPassed)
+	ls.drain = lease.NewTimers(ld.cfg.Clock, func(id string) { ld.drainDeadlinePassed(ls, id) })
+	ls.preempt = lease.NewTimers(ld.cfg.Clock, func(id string) { ld.preemptDeadlinePassed(ls, id) })
+	ls.pendingGrace = lease.NewTimers(ld.cfg.Clock, func(id string) { ld.pendingGraceOver(ls, id) })
+	events, cancel := ld.fsm.Subscribe()
 	done := make(chan struct{})
-	go func() {
+	ld.goFunc(func() {
 		defer close(done)
-		s.lead(ls, events)
-	}()
+		ld.lead(ls, events)
+	})
 	return func() {
 		close(ls.stopCh)
 		cancel()
 		<-done
-		s.leaderMu.Lock()
-		s.leader = nil
-		s.leaderMu.Unlock()
+		ld.leaderMu.Lock()
+		ld.leader = nil
+		ld.leaderMu.Unlock()
 		ls.ttl.StopAll()
 		ls.heartbeat.StopAll()
 		ls.lockDelay.StopAll()
 		ls.drain.StopAll()
 		ls.preempt.StopAll()
 		ls.pendingGrace.StopAll()
-		s.log.Info("lost leadership", "id", s.cfg.NodeID)
+		ld.log.Info("lost leadership", "id", ld.cfg.NodeID)
 	}
 }
 
-func (s *Server) lead(ls *leaderState, events <-chan fsm.Event) {
+func (ld *leadership) lead(ls *leaderState, events <-chan fsm.Event) {
 	// Everything committed by earlier leaders is applied after the barrier.
-	if !s.retryWhileLeading(ls, "leader barrier", func() error { return s.raft.Barrier(0).Error() }) {
+	if !ld.retryWhileLeading(ls, "leader barrier", func() error { return ld.raft.Barrier(0).Error() }) {
 		return
 	}
-	s.upsertServers()
-	if !s.retryWhileLeading(ls, "creating the token signing key", s.ensureSigningKey) {
+	ld.upsertServers()
+	if !ld.retryWhileLeading(ls, "creating the token signing key", ld.signing.ensureSigningKey) {
 		return
 	}
-	s.armAll(ls, 2*s.cfg.HeartbeatTTL)
-	s.placer.relearn(s.fsm.State())
-	s.leaderMu.Lock()
-	s.leader = ls
-	s.leaderMu.Unlock()
-	s.log.Info("became leader", "id", s.cfg.NodeID, "index", s.fsm.State().Index())
+	ld.armAll(ls, 2*ld.cfg.HeartbeatTTL)
+	ld.capacity.relearn(ld.fsm.State())
+	ld.leaderMu.Lock()
+	ld.leader = ls
+	ld.leaderMu.Unlock()
+	ld.log.Info("became leader", "id", ld.cfg.NodeID, "index", ld.fsm.State().Index())
 	queueDone := make(chan struct{})
-	go func() {
+	ld.goFunc(func() {
 		defer close(queueDone)
-		s.runQueue(ls)
-	}()
+		ld.capacity.runQueue(ls)
+	})
 	defer func() { <-queueDone }()
 	versionsDone := make(chan struct{})
-	go func() {
+	ld.goFunc(func() {
 		defer close(versionsDone)
-		s.watchServerVersions(ls)
-	}()
+		ld.watchServerVersions(ls)
+	})
 	defer func() { <-versionsDone }()
 	collectDone := make(chan struct{})
-	go func() {
+	ld.goFunc(func() {
 		defer close(collectDone)
-		s.collectEnded(ls)
-	}()
+		ld.collectEnded(ls)
+	})
 	defer func() { <-collectDone }()
 	ls.kickQueue()
 	for {
@@ -166,26 +207,26 @@ func (s *Server) lead(ls *leaderState, events <-chan fsm.Event) {
 			if !ok {
 				// Fell behind: re-read everything and carry on.
 				var cancel func()
-				events, cancel = s.fsm.Subscribe()
+				events, cancel = ld.fsm.Subscribe()
 				defer cancel()
-				s.armAll(ls, s.cfg.HeartbeatTTL)
+				ld.armAll(ls, ld.cfg.HeartbeatTTL)
 				ls.kickQueue()
 				continue
 			}
-			s.react(ls, ev)
+			ld.react(ls, ev)
 		}
 	}
 }
 
 // retryWhileLeading calls fn, with backoff, until it succeeds (true) or
 // leadership ends (false).
-func (s *Server) retryWhileLeading(ls *leaderState, what string, fn func() error) bool {
+func (ld *leadership) retryWhileLeading(ls *leaderState, what string, fn func() error) bool {
 	for backoff := 50 * time.Millisecond; ; backoff = min(2*backoff, 2*time.Second) {
 		err := fn()
 		if err == nil {
 			return true
 		}
-		s.log.Warn(what+" failed; retrying", "err", err, "retry_in", backoff)
+		ld.log.Warn(what+" failed; retrying", "err", err, "retry_in", backoff)
 		select {
 		case <-ls.stopCh:
 			return false
@@ -196,23 +237,23 @@ func (s *Server) retryWhileLeading(ls *leaderState, what string, fn func() error
 
 // currentLeader returns the leader state, or nil when this server is not
 // (yet) acting as leader.
-func (s *Server) currentLeader() *leaderState {
-	s.leaderMu.Lock()
-	defer s.leaderMu.Unlock()
-	return s.leader
+func (ld *leadership) currentLeader() *leaderState {
+	ld.leaderMu.Lock()
+	defer ld.leaderMu.Unlock()
+	return ld.leader
 }
 
 // upsertServers records every configured server's gRPC address in the
 // state, so followers can forward to whichever becomes leader.
-func (s *Server) upsertServers() {
-	f := s.raft.GetConfiguration()
+func (ld *leadership) upsertServers() {
+	f := ld.raft.GetConfiguration()
 	if f.Error() != nil {
 		return
 	}
-	st := s.fsm.State()
+	st := ld.fsm.State()
 	for _, srv := range f.Configuration().Servers {
 		id := string(srv.ID)
-		rpc := s.rpcAddrOf(id)
+		rpc := ld.membership.rpcAddrOf(id)
 		if rpc == "" {
 			continue
 		}
@@ -220,8 +261,8 @@ func (s *Server) upsertServers() {
 		if cur != nil && cur.RpcAddress == rpc && cur.RaftAddress == string(srv.Address) {
 			continue
 		}
-		if _, err := s.apply(keepVersion(s, &gpupoolv1.UpsertServerCommand{Id: id, RpcAddress: rpc, RaftAddress: string(srv.Address)})); err != nil {
-			s.log.Warn("record server address", "id", id, "err", err)
+		if _, err := ld.apply(keepVersion(ld.fsm.State(), &gpupoolv1.UpsertServerCommand{Id: id, RpcAddress: rpc, RaftAddress: string(srv.Address)})); err != nil {
+			ld.log.Warn("record server address", "id", id, "err", err)
 		}
 	}
 }
@@ -235,18 +276,18 @@ func (s *Server) upsertServers() {
 // stream up, then time to find this leader. At one TTL a host would be
 // marked down, and its leases revoked, for the election alone. The grace
 // only ever marks a host down later, which keeps lock-delay's bound.
-func (s *Server) armAll(ls *leaderState, hostTTL time.Duration) {
-	st := s.fsm.State()
+func (ld *leadership) armAll(ls *leaderState, hostTTL time.Duration) {
+	st := ld.fsm.State()
 	for _, h := range st.Hosts() {
-		s.armHost(ls, st, h, hostTTL)
+		ld.armHost(ls, st, h, hostTTL)
 	}
 	for _, l := range st.Leases() {
-		s.reactLease(ls, st, l)
+		ld.reactLease(ls, st, l)
 	}
 }
 
-func (s *Server) react(ls *leaderState, ev fsm.Event) {
-	st := s.fsm.State()
+func (ld *leadership) react(ls *leaderState, ev fsm.Event) {
+	st := ld.fsm.State()
 	switch {
 	case ev.Reset:
 		ls.ttl.StopAll()
@@ -254,21 +295,21 @@ func (s *Server) react(ls *leaderState, ev fsm.Event) {
 		ls.drain.StopAll()
 		ls.preempt.StopAll()
 		ls.pendingGrace.StopAll()
-		s.armAll(ls, s.cfg.HeartbeatTTL)
+		ld.armAll(ls, ld.cfg.HeartbeatTTL)
 		ls.kickQueue()
 		// A restored snapshot may predate signing keys.
-		go func() {
-			if err := s.ensureSigningKey(); err != nil {
-				s.log.Warn("creating the token signing key after a restore failed", "err", err)
+		ld.goFunc(func() {
+			if err := ld.signing.ensureSigningKey(); err != nil {
+				ld.log.Warn("creating the token signing key after a restore failed", "err", err)
 			}
-		}()
+		})
 	case ev.Host != nil:
-		s.reactHost(ls, st, ev.Host)
+		ld.reactHost(ls, st, ev.Host)
 		ls.kickQueue()
 	case ev.Lease != nil:
-		s.reactLease(ls, st, ev.Lease)
+		ld.reactLease(ls, st, ev.Lease)
 		if state.Ended(ev.Lease.State) && ev.Type == gpupoolv1.LeaseEventType_LEASE_EVENT_TYPE_ENDED {
-			s.noteEnded(ls)
+			ld.noteEnded(ls)
 		}
 		if ev.Type != gpupoolv1.LeaseEventType_LEASE_EVENT_TYPE_RELEASING {
 			ls.kickQueue()
@@ -276,16 +317,16 @@ func (s *Server) react(ls *leaderState, ev fsm.Event) {
 	}
 }
 
-func (s *Server) reactHost(ls *leaderState, st *state.Reader, h *gpupoolv1.Host) {
-	s.armHost(ls, st, h, s.cfg.HeartbeatTTL)
+func (ld *leadership) reactHost(ls *leaderState, st *state.Reader, h *gpupoolv1.Host) {
+	ld.armHost(ls, st, h, ld.cfg.HeartbeatTTL)
 }
 
-func (s *Server) armHost(ls *leaderState, st *state.Reader, h *gpupoolv1.Host, ttl time.Duration) {
-	s.reactDrain(ls, h)
+func (ld *leadership) armHost(ls *leaderState, st *state.Reader, h *gpupoolv1.Host, ttl time.Duration) {
+	ld.reactDrain(ls, h)
 	if h.Status == gpupoolv1.HostStatus_HOST_STATUS_DOWN {
 		ls.heartbeat.Stop(h.Id)
 		for _, l := range st.HostLeases(h.Id) {
-			s.reactLease(ls, st, l)
+			ld.reactLease(ls, st, l)
 		}
 		return
 	}
@@ -301,8 +342,8 @@ func (s *Server) armHost(ls *leaderState, st *state.Reader, h *gpupoolv1.Host, t
 	}
 }
 
-func (s *Server) reactLease(ls *leaderState, st *state.Reader, l *gpupoolv1.Lease) {
-	s.reactQueue(ls, st, l)
+func (ld *leadership) reactLease(ls *leaderState, st *state.Reader, l *gpupoolv1.Lease) {
+	ld.reactQueue(ls, st, l)
 	switch l.State {
 	case gpupoolv1.LeaseState_LEASE_STATE_GRANTED:
 		if _, ok := ls.ttl.Deadline(l.Id); !ok {
@@ -311,7 +352,7 @@ func (s *Server) reactLease(ls *leaderState, st *state.Reader, l *gpupoolv1.Leas
 	case gpupoolv1.LeaseState_LEASE_STATE_RELEASING:
 		ls.ttl.Stop(l.Id)
 		if _, ok := ls.lockDelay.Deadline(l.Id); !ok && fsm.AnyHostDown(st, l) {
-			ls.lockDelay.Reset(l.Id, s.cfg.LockDelay)
+			ls.lockDelay.Reset(l.Id, ld.cfg.LockDelay)
 		}
 	default:
 		ls.ttl.Stop(l.Id)
@@ -322,10 +363,8 @@ func (s *Server) reactLease(ls *leaderState, st *state.Reader, l *gpupoolv1.Leas
 	}
 }
 
-func (s *Server) nowMs() int64 { return s.cfg.Clock.Now().UnixMilli() }
-
-func (s *Server) expireLease(id string) {
-	ls := s.currentLeader()
+func (ld *leadership) expireLease(id string) {
+	ls := ld.currentLeader()
 	if ls == nil {
 		return
 	}
@@ -334,43 +373,43 @@ func (s *Server) expireLease(id string) {
 	if _, renewed := ls.ttl.Deadline(id); renewed {
 		return
 	}
-	l := s.fsm.State().Lease(id)
+	l := ld.fsm.State().Lease(id)
 	if l == nil || l.State != gpupoolv1.LeaseState_LEASE_STATE_GRANTED {
 		return
 	}
-	_, err := s.apply(&gpupoolv1.EndLeaseCommand{
-		LeaseId: id, EndState: gpupoolv1.LeaseState_LEASE_STATE_EXPIRED, NowMs: s.nowMs(),
+	_, err := ld.apply(&gpupoolv1.EndLeaseCommand{
+		LeaseId: id, EndState: gpupoolv1.LeaseState_LEASE_STATE_EXPIRED, NowMs: ld.nowMs(),
 		Reason: fmt.Sprintf("not renewed within its TTL of %s", time.Duration(l.TtlMs)*time.Millisecond),
 	})
-	s.logTimerErr("expire lease", id, err)
+	ld.logTimerErr("expire lease", id, err)
 }
 
-func (s *Server) hostMissedHeartbeats(id string) {
-	_, err := s.apply(&gpupoolv1.SetHostStatusCommand{
-		HostId: id, Status: gpupoolv1.HostStatus_HOST_STATUS_DOWN, NowMs: s.nowMs(),
-		Reason: fmt.Sprintf("no heartbeat for %s", s.cfg.HeartbeatTTL),
+func (ld *leadership) hostMissedHeartbeats(id string) {
+	_, err := ld.apply(&gpupoolv1.SetHostStatusCommand{
+		HostId: id, Status: gpupoolv1.HostStatus_HOST_STATUS_DOWN, NowMs: ld.nowMs(),
+		Reason: fmt.Sprintf("no heartbeat for %s", ld.cfg.HeartbeatTTL),
 	})
-	s.logTimerErr("mark host down", id, err)
-	if ls := s.currentLeader(); ls != nil {
+	ld.logTimerErr("mark host down", id, err)
+	if ls := ld.currentLeader(); ls != nil {
 		ls.forgetReport(id)
 	}
 	if err == nil {
-		s.log.Warn("host down: heartbeats stopped", "host", id, "ttl", s.cfg.HeartbeatTTL)
+		ld.log.Warn("host down: heartbeats stopped", "host", id, "ttl", ld.cfg.HeartbeatTTL)
 	}
 }
 
-func (s *Server) lockDelayPassed(id string) {
-	_, err := s.apply(&gpupoolv1.FreeLeaseCommand{
-		LeaseId: id, NowMs: s.nowMs(), RequireHostDown: true,
-		Reason: fmt.Sprintf("capacity freed after the lock-delay of %s: %s", s.cfg.LockDelay, unconfirmedFreeReason),
+func (ld *leadership) lockDelayPassed(id string) {
+	_, err := ld.apply(&gpupoolv1.FreeLeaseCommand{
+		LeaseId: id, NowMs: ld.nowMs(), RequireHostDown: true,
+		Reason: fmt.Sprintf("capacity freed after the lock-delay of %s: %s", ld.cfg.LockDelay, unconfirmedFreeReason),
 	})
-	s.logTimerErr("free lease after lock-delay", id, err)
+	ld.logTimerErr("free lease after lock-delay", id, err)
 }
 
-func (s *Server) logTimerErr(what, id string, err error) {
+func (ld *leadership) logTimerErr(what, id string, err error) {
 	if err != nil {
 		// Usually leadership moved; the new leader re-arms its own timers.
-		s.log.Debug(what+" failed", "id", id, "err", err)
+		ld.log.Debug(what+" failed", "id", id, "err", err)
 	}
 }
 

@@ -64,12 +64,12 @@ func watchLeader(r *raft.Raft, w *leaderWatch, stop <-chan struct{}) {
 // (or until ctx ends) for an election while this server knows none. It
 // returns "" when none was elected in that time. The leader may be this
 // server.
-func (s *Server) awaitLeader(ctx context.Context) raft.ServerID {
+func (m *membership) awaitLeader(ctx context.Context) raft.ServerID {
 	timer := time.NewTimer(noLeaderWait)
 	defer timer.Stop()
 	for {
-		changed := s.leaders.next() // before the read: no observation is missed
-		if _, id := s.raft.LeaderWithID(); id != "" {
+		changed := m.leaders.next() // before the read: no observation is missed
+		if _, id := m.raft.LeaderWithID(); id != "" {
 			return id
 		}
 		select {
@@ -78,7 +78,7 @@ func (s *Server) awaitLeader(ctx context.Context) raft.ServerID {
 			return ""
 		case <-ctx.Done():
 			return ""
-		case <-s.shutdownCh:
+		case <-m.ctx.Done():
 			return ""
 		}
 	}

@@ -25,12 +25,12 @@ func TestALeaderObservationWakesEveryWaiterOnce(t *testing.T) {
 
 func TestAwaitLeaderAnswersAtOnceWhenALeaderIsKnown(t *testing.T) {
 	ts := startServer(t)
-	if got, want := string(ts.s.awaitLeader(context.Background())), ts.s.ID(); got != want {
+	if got, want := string(ts.s.membership.awaitLeader(context.Background())), ts.s.ID(); got != want {
 		t.Fatalf("awaitLeader on a one-server cluster: got %q, want %q", got, want)
 	}
 	done, cancel := context.WithCancel(context.Background())
 	cancel()
-	if got := ts.s.awaitLeader(done); got == "" {
+	if got := ts.s.membership.awaitLeader(done); got == "" {
 		t.Fatal("awaitLeader with an ended context while a leader is known: got none, want the leader")
 	}
 }

@@ -209,8 +209,8 @@ func (s *Server) streamLimits(srv any, ss grpc.ServerStream, _ *grpc.StreamServe
 // holdPending holds one of the tenant's waiting acquires on the leader
 // until release. tenant is the request's after protocol.FillDefaults
 // (Acquire's ACL check), never empty.
-func (s *Server) holdPending(tenant string) (release func(), err error) {
-	return s.limits.pending.Acquire(tenant, fmt.Sprintf("tenant %q", tenant))
+func (l *limiters) holdPending(tenant string) (release func(), err error) {
+	return l.pending.Acquire(tenant, fmt.Sprintf("tenant %q", tenant))
 }
 
 // limitListener applies the client connection rate. A connection over the

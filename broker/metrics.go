@@ -4,7 +4,6 @@ import (
 	"strings"
 	"time"
 
-	"github.com/hashicorp/raft"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"google.golang.org/grpc/status"
@@ -26,7 +25,7 @@ type metrics struct {
 	leaseEnds   *prometheus.CounterVec
 	queueWait   prometheus.Histogram
 	apply       prometheus.Histogram
-	s           *Server
+	nd          *node
 	// renewVerifyFailures counts renewals refused because this server
 	// could not confirm that it still leads.
 	renewVerifyFailures prometheus.Counter
@@ -42,7 +41,10 @@ type metrics struct {
 	fullDiskTransfers prometheus.Counter
 }
 
-func newMetrics(s *Server) *metrics {
+// newMetrics registers one server's metrics. The collectors read the
+// state through nd, the leader's timers through lm, and whether Raft
+// says this server leads through role, at each scrape.
+func newMetrics(nd *node, lm leaderMemory, role raftRole, limits *limiters) *metrics {
 	m := &metrics{
 		reg: prometheus.NewRegistry(),
 		acquires: prometheus.NewCounterVec(prometheus.CounterOpts{
@@ -59,7 +61,7 @@ func newMetrics(s *Server) *metrics {
 			Name: "gpupool_ended_leases_collected_total", Help: "Ended leases removed from the state by this server's collections as leader (see --ended-lease-retention, --ended-leases-max).",
 		}),
 	}
-	m.s = s
+	m.nd = nd
 	m.logWrite = prometheus.NewHistogram(prometheus.HistogramOpts{
 		Name: "gpupool_raft_log_write_seconds", Help: "Time to write (and fsync) a batch of entries to this server's Raft log.",
 		Buckets: prometheus.ExponentialBuckets(0.0005, 2, 14),
@@ -92,8 +94,8 @@ func newMetrics(s *Server) *metrics {
 	for _, st := range []gpupoolv1.LeaseState{gpupoolv1.LeaseState_LEASE_STATE_RELEASED, gpupoolv1.LeaseState_LEASE_STATE_EXPIRED, gpupoolv1.LeaseState_LEASE_STATE_REVOKED} {
 		m.leaseEnds.WithLabelValues(stateName(st))
 	}
-	m.reg.MustRegister(m.leaseEvents, m.leaseEnds, m.queueWait, m.apply, poolCollector{s})
-	m.reg.MustRegister(m.acquires, m.latency, m.renewVerifyFailures, m.collectedLeases, stateCollector{s}, s.limits.set.Collector(), m.logWrite, m.slowDiskTransfers, m.fullDiskTransfers,
+	m.reg.MustRegister(m.leaseEvents, m.leaseEnds, m.queueWait, m.apply, poolCollector{nd: nd, leadership: lm})
+	m.reg.MustRegister(m.acquires, m.latency, m.renewVerifyFailures, m.collectedLeases, stateCollector{nd: nd, leadership: lm, role: role}, limits.set.Collector(), m.logWrite, m.slowDiskTransfers, m.fullDiskTransfers,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }
@@ -117,10 +119,10 @@ func eventTypeLabel(name string) string {
 // is not counted.
 func (m *metrics) countLeaseEvents() {
 	for {
-		events, cancel := m.s.fsm.Subscribe()
+		events, cancel := m.nd.fsm.Subscribe()
 		for open := true; open; {
 			select {
-			case <-m.s.shutdownCh:
+			case <-m.nd.ctx.Done():
 				cancel()
 				return
 			case ev, ok := <-events:
@@ -157,7 +159,10 @@ func (m *metrics) observeApply(d time.Duration) { m.apply.Observe(d.Seconds()) }
 
 // poolCollector reads per-host and queue gauges from the state at scrape
 // time.
-type poolCollector struct{ s *Server }
+type poolCollector struct {
+	nd         *node
+	leadership leaderMemory
+}
 
 var (
 	descHostReady     = prometheus.NewDesc("gpupool_host_ready", "1 if the host is ready (status ready and eligible), else 0.", []string{"host", "status"}, nil)
@@ -176,13 +181,13 @@ func (c poolCollector) Describe(ch chan<- *prometheus.Desc) {
 }
 
 func (c poolCollector) Collect(ch chan<- prometheus.Metric) {
-	st := c.s.fsm.State()
+	st := c.nd.fsm.State()
 	gauge := func(d *prometheus.Desc, v float64, labels ...string) {
 		ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, v, labels...)
 	}
 	ages := map[string]time.Duration{}
-	if ls := c.s.currentLeader(); ls != nil {
-		now := c.s.cfg.Clock.Now()
+	if ls := c.leadership.currentLeader(); ls != nil {
+		now := c.nd.cfg.Clock.Now()
 		ls.mu.Lock()
 		for id, t := range ls.lastSeen {
 			ages[id] = now.Sub(t)
@@ -223,7 +228,7 @@ func (c poolCollector) Collect(ch chan<- prometheus.Metric) {
 		}
 	}
 	pending, oldest := 0, int64(0)
-	now := c.s.cfg.Clock.Now().UnixMilli()
+	now := c.nd.cfg.Clock.Now().UnixMilli()
 	for _, l := range st.Leases() {
 		if l.State == gpupoolv1.LeaseState_LEASE_STATE_PENDING {
 			pending++
@@ -238,7 +243,19 @@ func (c poolCollector) Collect(ch chan<- prometheus.Metric) {
 func (s *Server) Metrics() *prometheus.Registry { return s.metrics.reg }
 
 // stateCollector reads the pool's gauges from the state at scrape time.
-type stateCollector struct{ s *Server }
+type stateCollector struct {
+	nd         *node
+	leadership leaderMemory
+	role       raftRole
+}
+
+// raftRole tells what Raft says of this server. It is implemented by
+// membership.
+type raftRole interface {
+	// isLeader reports whether Raft says this server leads now: true as
+	// soon as it is elected, before its leader duties start.
+	isLeader() bool
+}
 
 var (
 	descHosts     = prometheus.NewDesc("gpupool_hosts", "Pool hosts by status.", []string{"status"}, nil)
@@ -259,7 +276,7 @@ func (c stateCollector) Describe(ch chan<- *prometheus.Desc) {
 }
 
 func (c stateCollector) Collect(ch chan<- prometheus.Metric) {
-	st := c.s.fsm.State()
+	st := c.nd.fsm.State()
 	hosts := map[string]float64{}
 	for _, v := range gpupoolv1.HostStatus_value {
 		if v != 0 {
@@ -301,14 +318,14 @@ func (c stateCollector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(descLeases, prometheus.GaugeValue, v, k)
 	}
 	leader := 0.0
-	if c.s.raft.State() == raft.Leader {
+	if c.role.isLeader() {
 		leader = 1
 	}
 	ch <- prometheus.MustNewConstMetric(descLeader, prometheus.GaugeValue, leader)
 	ch <- prometheus.MustNewConstMetric(descApplied, prometheus.GaugeValue, float64(st.Index()))
-	ch <- prometheus.MustNewConstMetric(descUnknown, prometheus.CounterValue, float64(c.s.fsm.UnknownCommands()))
+	ch <- prometheus.MustNewConstMetric(descUnknown, prometheus.CounterValue, float64(c.nd.fsm.UnknownCommands()))
 	var ttl, hb, ld float64
-	if ls := c.s.currentLeader(); ls != nil {
+	if ls := c.leadership.currentLeader(); ls != nil {
 		ttl, hb, ld = float64(ls.ttl.Len()), float64(ls.heartbeat.Len()), float64(ls.lockDelay.Len())
 	}
 	ch <- prometheus.MustNewConstMetric(descTimerLens, prometheus.GaugeValue, ttl, "lease_ttl")

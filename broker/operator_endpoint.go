@@ -25,24 +25,29 @@ import (
 // operatorService implements OperatorService.
 type operatorService struct {
 	gpupoolv1.UnimplementedOperatorServiceServer
-	s *Server
+	*node
+	raft       *raft.Raft
+	leadership *leadership
+	membership clusterView
+	signing    *signing
+	history    *usageHistory
 }
 
 func (e operatorService) RaftPeers(ctx context.Context, _ *gpupoolv1.RaftPeersRequest) (*gpupoolv1.RaftPeersResponse, error) {
-	f := e.s.raft.GetConfiguration()
+	f := e.raft.GetConfiguration()
 	if err := f.Error(); err != nil {
 		return nil, raftError(err)
 	}
-	_, leader := e.s.raft.LeaderWithID()
-	resp := &gpupoolv1.RaftPeersResponse{LeaderId: string(leader), AppliedIndex: e.s.raft.AppliedIndex()}
-	stats := e.s.raft.Stats()
+	_, leader := e.raft.LeaderWithID()
+	resp := &gpupoolv1.RaftPeersResponse{LeaderId: string(leader), AppliedIndex: e.raft.AppliedIndex()}
+	stats := e.raft.Stats()
 	fmt.Sscan(stats["term"], &resp.Term)
 	fmt.Sscan(stats["commit_index"], &resp.CommitIndex)
 	for _, srv := range f.Configuration().Servers {
 		resp.Peers = append(resp.Peers, &gpupoolv1.RaftPeer{
 			Id:          string(srv.ID),
 			RaftAddress: string(srv.Address),
-			RpcAddress:  e.s.rpcAddrOf(string(srv.ID)),
+			RpcAddress:  e.membership.rpcAddrOf(string(srv.ID)),
 			Leader:      srv.ID == leader,
 			Voter:       srv.Suffrage == raft.Voter,
 		})
@@ -54,12 +59,12 @@ func (e operatorService) RemovePeer(ctx context.Context, req *gpupoolv1.RemovePe
 	if req.Id == "" {
 		return nil, refuse(ErrInvalid, "id: is required; see 'gpupool operator raft peers'")
 	}
-	if conn, fctx, err := e.s.leaderConn(ctx); err != nil {
+	if conn, fctx, err := e.membership.leaderConn(ctx); err != nil {
 		return nil, err
 	} else if conn != nil {
 		return gpupoolv1.NewOperatorServiceClient(conn).RemovePeer(fctx, req)
 	}
-	f := e.s.raft.GetConfiguration()
+	f := e.raft.GetConfiguration()
 	if err := f.Error(); err != nil {
 		return nil, raftError(err)
 	}
@@ -72,27 +77,27 @@ func (e operatorService) RemovePeer(ctx context.Context, req *gpupoolv1.RemovePe
 	if !found {
 		return nil, refusef(ErrNotFound, "peer %q: not in the configuration; peers are %s", req.Id, strings.Join(ids, ", "))
 	}
-	if err := e.s.raft.RemoveServer(raft.ServerID(req.Id), 0, 0).Error(); err != nil {
+	if err := e.raft.RemoveServer(raft.ServerID(req.Id), 0, 0).Error(); err != nil {
 		return nil, raftError(err)
 	}
 	return &gpupoolv1.RemovePeerResponse{}, nil
 }
 
 func (e operatorService) TransferLeadership(ctx context.Context, req *gpupoolv1.TransferLeadershipRequest) (*gpupoolv1.TransferLeadershipResponse, error) {
-	if conn, fctx, err := e.s.leaderConn(ctx); err != nil {
+	if conn, fctx, err := e.membership.leaderConn(ctx); err != nil {
 		return nil, err
 	} else if conn != nil {
 		return gpupoolv1.NewOperatorServiceClient(conn).TransferLeadership(fctx, req)
 	}
-	if req.ToId == e.s.cfg.NodeID {
-		return &gpupoolv1.TransferLeadershipResponse{LeaderId: e.s.cfg.NodeID}, nil // already leads
+	if req.ToId == e.cfg.NodeID {
+		return &gpupoolv1.TransferLeadershipResponse{LeaderId: e.cfg.NodeID}, nil // already leads
 	}
 	var f raft.Future
 	if req.ToId == "" {
-		f = e.s.raft.LeadershipTransfer()
+		f = e.raft.LeadershipTransfer()
 	} else {
 		addr := ""
-		for _, srv := range e.s.raft.GetConfiguration().Configuration().Servers {
+		for _, srv := range e.raft.GetConfiguration().Configuration().Servers {
 			if string(srv.ID) == req.ToId {
 				addr = string(srv.Address)
 			}
@@ -100,7 +105,7 @@ func (e operatorService) TransferLeadership(ctx context.Context, req *gpupoolv1.
 		if addr == "" {
 			return nil, refusef(ErrNotFound, "to_id %q: no such peer; see 'gpupool operator raft peers'", req.ToId)
 		}
-		f = e.s.raft.LeadershipTransferToServer(raft.ServerID(req.ToId), raft.ServerAddress(addr))
+		f = e.raft.LeadershipTransferToServer(raft.ServerID(req.ToId), raft.ServerAddress(addr))
 	}
 	if err := f.Error(); err != nil {
 		return nil, raftError(err)
@@ -112,7 +117,7 @@ func (e operatorService) TransferLeadership(ctx context.Context, req *gpupoolv1.
 	tick := time.NewTicker(20 * time.Millisecond)
 	defer tick.Stop()
 	for {
-		if _, id := e.s.raft.LeaderWithID(); id != "" && string(id) != e.s.cfg.NodeID {
+		if _, id := e.raft.LeaderWithID(); id != "" && string(id) != e.cfg.NodeID {
 			return &gpupoolv1.TransferLeadershipResponse{LeaderId: string(id)}, nil
 		}
 		select {
@@ -133,7 +138,7 @@ const snapshotChunk = 256 << 10
 // SnapshotSave streams the leader's state after a barrier, so the
 // snapshot holds every write acknowledged before the call.
 func (e operatorService) SnapshotSave(req *gpupoolv1.SnapshotSaveRequest, stream grpc.ServerStreamingServer[gpupoolv1.SnapshotChunk]) error {
-	if conn, fctx, err := e.s.leaderConn(stream.Context()); err != nil {
+	if conn, fctx, err := e.membership.leaderConn(stream.Context()); err != nil {
 		return err
 	} else if conn != nil {
 		out, err := gpupoolv1.NewOperatorServiceClient(conn).SnapshotSave(fctx, req)
@@ -142,10 +147,10 @@ func (e operatorService) SnapshotSave(req *gpupoolv1.SnapshotSaveRequest, stream
 		}
 		return proxyServerStream(stream, out)
 	}
-	if err := e.s.raft.Barrier(10 * time.Second).Error(); err != nil {
+	if err := e.raft.Barrier(10 * time.Second).Error(); err != nil {
 		return raftError(err)
 	}
-	st := e.s.fsm.State()
+	st := e.fsm.State()
 	data, err := st.Encode(fsm.SnapshotVersion)
 	if err != nil {
 		return err
@@ -195,8 +200,8 @@ func parseSnapshot(b []byte) ([]byte, error) {
 // bootstrapped, a snapshot without the ACL bootstrap (saved before it, or
 // on a cluster without ACL): after it, anyone could bootstrap again and
 // own the cluster.
-func (s *Server) checkRestoreKeepsACL(data []byte) error {
-	if !s.cfg.ACL || s.fsm.State().ACLBootstrapIndex() == 0 {
+func (e operatorService) checkRestoreKeepsACL(data []byte) error {
+	if !e.cfg.ACL || e.fsm.State().ACLBootstrapIndex() == 0 {
 		return nil
 	}
 	var snap gpupoolv1.StateSnapshot
@@ -230,7 +235,7 @@ func (e operatorService) SnapshotRestore(stream grpc.ClientStreamingServer[gpupo
 	if err != nil {
 		return refuse(ErrInvalid, "snapshot: "+err.Error())
 	}
-	if conn, fctx, err := e.s.leaderConn(stream.Context()); err != nil {
+	if conn, fctx, err := e.membership.leaderConn(stream.Context()); err != nil {
 		return err
 	} else if conn != nil {
 		out, err := gpupoolv1.NewOperatorServiceClient(conn).SnapshotRestore(fctx)
@@ -254,46 +259,50 @@ func (e operatorService) SnapshotRestore(stream grpc.ClientStreamingServer[gpupo
 	if err := fsm.CheckSnapshot(data); err != nil {
 		return refuse(ErrInvalid, "snapshot: "+err.Error())
 	}
-	if err := e.s.checkRestoreKeepsACL(data); err != nil {
+	if err := e.checkRestoreKeepsACL(data); err != nil {
 		return err
 	}
 	meta := &raft.SnapshotMeta{Version: raft.SnapshotVersionMax, Size: int64(len(data))}
-	if err := e.s.raft.Restore(meta, bytes.NewReader(data), time.Minute); err != nil {
+	if err := e.raft.Restore(meta, bytes.NewReader(data), time.Minute); err != nil {
 		return raftError(err)
 	}
-	e.s.log.Warn("state restored from snapshot", "index", e.s.raft.AppliedIndex())
-	return stream.SendAndClose(&gpupoolv1.SnapshotRestoreResponse{Index: e.s.raft.AppliedIndex()})
+	e.log.Warn("state restored from snapshot", "index", e.raft.AppliedIndex())
+	return stream.SendAndClose(&gpupoolv1.SnapshotRestoreResponse{Index: e.raft.AppliedIndex()})
 }
 
 func (s *Server) registerServices() {
-	gpupoolv1.RegisterLeaseServiceServer(s.grpc, leaseService{s: s})
-	gpupoolv1.RegisterPoolServiceServer(s.grpc, poolService{s: s})
-	gpupoolv1.RegisterAgentServiceServer(s.grpc, agentService{s: s})
-	gpupoolv1.RegisterOperatorServiceServer(s.grpc, operatorService{s: s})
-	gpupoolv1.RegisterClusterServiceServer(s.grpc, clusterService{s: s})
-	gpupoolv1.RegisterAclServiceServer(s.grpc, aclService{s: s})
+	watch := stateWatch{node: s.node, leadership: s.leadership, gatekeeper: s.gatekeeper}
+	gpupoolv1.RegisterLeaseServiceServer(s.grpc, leaseService{node: s.node, capacity: s.capacity, leadership: s.leadership,
+		membership: s.membership, limits: s.limits, metrics: s.metrics, watch: watch})
+	gpupoolv1.RegisterPoolServiceServer(s.grpc, poolService{node: s.node, raft: s.raft, capacity: s.capacity,
+		leadership: s.leadership, membership: s.membership, watch: watch})
+	gpupoolv1.RegisterAgentServiceServer(s.grpc, agentService{node: s.node, leadership: s.leadership, membership: s.membership})
+	gpupoolv1.RegisterOperatorServiceServer(s.grpc, operatorService{node: s.node, raft: s.raft, leadership: s.leadership,
+		membership: s.membership, signing: s.signing, history: s.history})
+	gpupoolv1.RegisterClusterServiceServer(s.grpc, clusterService{node: s.node, raft: s.raft, membership: s.membership})
+	gpupoolv1.RegisterAclServiceServer(s.grpc, aclService{node: s.node, membership: s.membership})
 	s.registerHealth()
 }
 
 func (e operatorService) RotateSigningKey(ctx context.Context, req *gpupoolv1.RotateSigningKeyRequest) (*gpupoolv1.RotateSigningKeyResponse, error) {
-	if conn, fctx, err := e.s.leaderConn(ctx); err != nil {
+	if conn, fctx, err := e.membership.leaderConn(ctx); err != nil {
 		return nil, err
 	} else if conn != nil {
 		return gpupoolv1.NewOperatorServiceClient(conn).RotateSigningKey(fctx, req)
 	}
-	k, until, err := e.s.rotateSigningKey()
+	k, until, err := e.signing.rotateSigningKey()
 	if err != nil {
 		return nil, err
 	}
-	e.s.log.Info("rotated the token signing key", "key", k.Id, "old_keys_verify_until", until.Format(time.RFC3339))
-	return &gpupoolv1.RotateSigningKeyResponse{KeyId: k.Id, Keys: publicKeys(e.s.fsm.State(), e.s.cfg.Clock.Now())}, nil
+	e.log.Info("rotated the token signing key", "key", k.Id, "old_keys_verify_until", until.Format(time.RFC3339))
+	return &gpupoolv1.RotateSigningKeyResponse{KeyId: k.Id, Keys: publicKeys(e.fsm.State(), e.cfg.Clock.Now())}, nil
 }
 
 func (e operatorService) ListSigningKeys(ctx context.Context, req *gpupoolv1.ListSigningKeysRequest) (*gpupoolv1.ListSigningKeysResponse, error) {
-	if conn, fctx, err := e.s.readConn(ctx, false); err != nil {
+	if conn, fctx, err := e.membership.readConn(ctx, false); err != nil {
 		return nil, err
 	} else if conn != nil {
 		return gpupoolv1.NewOperatorServiceClient(conn).ListSigningKeys(fctx, req)
 	}
-	return &gpupoolv1.ListSigningKeysResponse{Keys: publicKeys(e.s.fsm.State(), e.s.cfg.Clock.Now())}, nil
+	return &gpupoolv1.ListSigningKeysResponse{Keys: publicKeys(e.fsm.State(), e.cfg.Clock.Now())}, nil
 }

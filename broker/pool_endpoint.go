@@ -2,6 +2,7 @@ package broker
 
 import (
 	"context"
+	"github.com/hashicorp/raft"
 	"path"
 
 	"google.golang.org/protobuf/proto"
@@ -12,20 +13,25 @@ import (
 // poolService implements PoolService.
 type poolService struct {
 	gpupoolv1.UnimplementedPoolServiceServer
-	s *Server
+	*node
+	raft       *raft.Raft
+	capacity   *capacity
+	leadership *leadership
+	membership clusterView
+	watch      stateWatch
 }
 
 // withLiveView returns a copy of h with what the leader knows live: the
 // heartbeat age and its devices' readings (-1 each when this server does
 // not lead or has not heard from the host).
-func (s *Server) withLiveView(h *gpupoolv1.Host) *gpupoolv1.Host {
+func (ld *leadership) withLiveView(h *gpupoolv1.Host) *gpupoolv1.Host {
 	h = proto.Clone(h).(*gpupoolv1.Host)
 	h.LastHeartbeatAgeMs = -1
-	ls := s.currentLeader()
+	ls := ld.currentLeader()
 	if ls != nil {
 		ls.mu.Lock()
 		if t, ok := ls.lastSeen[h.Id]; ok {
-			h.LastHeartbeatAgeMs = s.cfg.Clock.Now().Sub(t).Milliseconds()
+			h.LastHeartbeatAgeMs = ld.cfg.Clock.Now().Sub(t).Milliseconds()
 		}
 		ls.mu.Unlock()
 	}
@@ -56,14 +62,14 @@ func setReadings(ls *leaderState, d *gpupoolv1.Device) {
 }
 
 func (e poolService) ListHosts(ctx context.Context, req *gpupoolv1.ListHostsRequest) (*gpupoolv1.ListHostsResponse, error) {
-	if conn, fctx, err := e.s.readConn(ctx, req.Stale); err != nil {
+	if conn, fctx, err := e.membership.readConn(ctx, req.Stale); err != nil {
 		return nil, err
 	} else if conn != nil {
 		return gpupoolv1.NewPoolServiceClient(conn).ListHosts(fctx, req)
 	}
 	resp := &gpupoolv1.ListHostsResponse{}
-	for _, h := range e.s.fsm.State().HostsWithDevices() {
-		resp.Hosts = append(resp.Hosts, e.s.withLiveView(h))
+	for _, h := range e.fsm.State().HostsWithDevices() {
+		resp.Hosts = append(resp.Hosts, e.leadership.withLiveView(h))
 	}
 	return resp, nil
 }
@@ -72,24 +78,24 @@ func (e poolService) GetHost(ctx context.Context, req *gpupoolv1.GetHostRequest)
 	if req.HostId == "" {
 		return nil, refuse(ErrInvalid, "host_id: is required")
 	}
-	if conn, fctx, err := e.s.readConn(ctx, req.Stale); err != nil {
+	if conn, fctx, err := e.membership.readConn(ctx, req.Stale); err != nil {
 		return nil, err
 	} else if conn != nil {
 		return gpupoolv1.NewPoolServiceClient(conn).GetHost(fctx, req)
 	}
-	st := e.s.fsm.State()
+	st := e.fsm.State()
 	h := st.Host(req.HostId)
 	if h == nil {
 		return nil, refusef(ErrNotFound, "host %q: not found; see 'gpupool host ls'", req.HostId)
 	}
 	h = proto.Clone(h).(*gpupoolv1.Host)
 	h.Devices = st.HostDevices(h.Id)
-	h = e.s.withLiveView(h)
+	h = e.leadership.withLiveView(h)
 	resp := &gpupoolv1.GetHostResponse{Host: h}
 	c := callerFrom(ctx)
 	for _, l := range st.HostLeases(h.Id) {
 		if !ended(l.State) && c.sees(l) {
-			resp.Leases = append(resp.Leases, e.s.withLeaderView(l))
+			resp.Leases = append(resp.Leases, e.leadership.withLeaderView(l))
 		}
 	}
 	return resp, nil
@@ -99,18 +105,18 @@ func (e poolService) ListDevices(ctx context.Context, req *gpupoolv1.ListDevices
 	if _, err := path.Match(req.Model, ""); err != nil {
 		return nil, refusef(ErrInvalid, "model %q: must be a valid glob such as A100*", req.Model)
 	}
-	if conn, fctx, err := e.s.readConn(ctx, req.Stale); err != nil {
+	if conn, fctx, err := e.membership.readConn(ctx, req.Stale); err != nil {
 		return nil, err
 	} else if conn != nil {
 		return gpupoolv1.NewPoolServiceClient(conn).ListDevices(fctx, req)
 	}
-	st := e.s.fsm.State()
+	st := e.fsm.State()
 	devs := st.Devices()
 	if req.HostId != "" {
 		devs = st.HostDevices(req.HostId)
 	}
 	resp := &gpupoolv1.ListDevicesResponse{}
-	ls := e.s.currentLeader()
+	ls := e.leadership.currentLeader()
 	for _, d := range devs {
 		if ok, _ := path.Match(req.Model, d.Model); req.Model == "" || ok {
 			resp.Devices = append(resp.Devices, withReadings(ls, d))
@@ -120,16 +126,16 @@ func (e poolService) ListDevices(ctx context.Context, req *gpupoolv1.ListDevices
 }
 
 func (e poolService) Status(ctx context.Context, req *gpupoolv1.StatusRequest) (*gpupoolv1.StatusResponse, error) {
-	if conn, fctx, err := e.s.readConn(ctx, req.Stale); err != nil {
+	if conn, fctx, err := e.membership.readConn(ctx, req.Stale); err != nil {
 		return nil, err
 	} else if conn != nil {
 		return gpupoolv1.NewPoolServiceClient(conn).Status(fctx, req)
 	}
-	st := e.s.fsm.State()
-	resp := &gpupoolv1.StatusResponse{LeasesByState: map[string]int32{}, AppliedIndex: st.Index(), ServerId: e.s.cfg.NodeID}
-	if addr, id := e.s.raft.LeaderWithID(); id != "" {
+	st := e.fsm.State()
+	resp := &gpupoolv1.StatusResponse{LeasesByState: map[string]int32{}, AppliedIndex: st.Index(), ServerId: e.cfg.NodeID}
+	if addr, id := e.raft.LeaderWithID(); id != "" {
 		resp.LeaderId = string(id)
-		resp.LeaderAddress = e.s.rpcAddrOf(string(id))
+		resp.LeaderAddress = e.membership.rpcAddrOf(string(id))
 		_ = addr
 	}
 	models := map[string]*gpupoolv1.ModelCapacity{}

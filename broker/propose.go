@@ -106,11 +106,11 @@ const applyTimeout = 10 * time.Second
 
 // apply proposes cmd and waits until it is applied here; see Proposal.
 // Only the leader calls it, and never under placeMu (see doc.go).
-func (s *Server) apply(cmd proto.Message) (*fsm.Result, error) {
-	return s.proposer.Propose(cmd).Wait()
+func (nd *node) apply(cmd proto.Message) (*fsm.Result, error) {
+	return nd.proposer.Propose(cmd).Wait()
 }
 
 // applyAsync proposes cmd and returns at once; see Proposer.
-func (s *Server) applyAsync(cmd proto.Message) Proposal {
-	return s.proposer.Propose(cmd)
+func (nd *node) applyAsync(cmd proto.Message) Proposal {
+	return nd.proposer.Propose(cmd)
 }

@@ -40,14 +40,14 @@ func (ls *leaderState) kickQueue() {
 }
 
 // runQueue runs passes of the queue as they are asked for, until ls ends.
-func (s *Server) runQueue(ls *leaderState) {
+func (cp *capacity) runQueue(ls *leaderState) {
 	for {
 		select {
 		case <-ls.stopCh:
 			return
 		case <-ls.kick:
 		}
-		s.schedule(ls)
+		cp.schedule(ls)
 		select {
 		case <-ls.stopCh:
 			return
@@ -57,25 +57,31 @@ func (s *Server) runQueue(ls *leaderState) {
 }
 
 // schedule runs one pass of the queue under the lock rule (see doc.go):
-// under placeMu it plans on a snapshot (planner.Make, pure) and proposes
-// the plan, registering its grants, extras and reservations as in flight;
-// it waits for the commits after letting go of placeMu, as Acquire does.
+// proposePass plans on a snapshot under placeMu and proposes the plan;
+// schedule then waits for the commits without placeMu, as Acquire does.
 // FSM Apply re-checks every grant and preemption.
-func (s *Server) schedule(ls *leaderState) {
-	s.placeMu.Lock()
-	if st := s.fsm.State(); len(st.PendingLeases()) == 0 && len(st.ElasticLeases()) == 0 {
-		s.placeMu.Unlock()
-		return
+func (cp *capacity) schedule(ls *leaderState) {
+	if sent := cp.proposePass(); sent != nil {
+		cp.queue.landPlan(ls.ttl, sent)
 	}
-	s.grants.drain() // the plan reads the state alone
-	st := s.fsm.State()
+}
+
+// proposePass plans a pass of the queue under placeMu (planner.Make,
+// pure) and proposes the plan, registering its grants, extras and
+// reservations as in flight. It returns nil when nothing waits.
+func (cp *capacity) proposePass() *sentPlan {
+	cp.placeMu.Lock()
+	defer cp.placeMu.Unlock()
+	if st := cp.fsm.State(); len(st.PendingLeases()) == 0 && len(st.ElasticLeases()) == 0 {
+		return nil
+	}
+	cp.grants.drain() // the plan reads the state alone
+	st := cp.fsm.State()
 	plan := planner.Make(planner.Input{
-		State: st, Hosts: st.HostsWithDevices(), Placer: s.placer,
-		Now: s.cfg.Clock.Now(), PreemptGrace: s.cfg.PreemptGrace, NewID: newLeaseID,
+		State: st, Hosts: st.HostsWithDevices(), Placer: cp.placer,
+		Now: cp.cfg.Clock.Now(), PreemptGrace: cp.cfg.PreemptGrace, NewID: newLeaseID,
 	})
-	sent := s.queue.proposePlan(st, plan, s.nowMs())
-	s.placeMu.Unlock()
-	s.queue.landPlan(ls.ttl, sent)
+	return cp.queue.proposePlan(st, plan, cp.nowMs())
 }
 
 // sentPlan is a plan whose commands are proposed and not yet landed.
@@ -209,23 +215,24 @@ func (ls *leaderState) waiting(id string) bool {
 
 // enqueue adds r to the queue as a pending lease and returns it. Call it
 // without placeMu.
-func (s *Server) enqueue(r *gpupoolv1.LeaseRequest, by *gpupoolv1.Actor) (*gpupoolv1.Lease, error) {
-	return s.queue.landEnqueue(s.queue.proposeEnqueue(r, by, s.nowMs()))
+func (cp *capacity) enqueue(r *gpupoolv1.LeaseRequest, by *gpupoolv1.Actor) (*gpupoolv1.Lease, error) {
+	return cp.queue.sendEnqueue(cp.queue.reserveEnqueue(r, by, cp.nowMs()))
 }
 
-// proposeEnqueue proposes r as a pending lease, under placeMu (see
-// doc.go): it is in flight until it lands, so a retry of the same request
-// waits for it rather than enqueueing it twice. Wait for it, outside
-// placeMu, with landEnqueue.
-func (s *queueWriter) proposeEnqueue(r *gpupoolv1.LeaseRequest, by *gpupoolv1.Actor, nowMs int64) (*gpupoolv1.Lease, Proposal) {
+// reserveEnqueue makes r a pending lease and records it in flight, under
+// placeMu (see doc.go), so that a retry of the same request waits for it
+// rather than enqueueing it twice. Send it, outside placeMu, with
+// sendEnqueue.
+func (s *queueWriter) reserveEnqueue(r *gpupoolv1.LeaseRequest, by *gpupoolv1.Actor, nowMs int64) *gpupoolv1.Lease {
 	l := lease.New(newLeaseID(), r, nil, nowMs, by)
 	s.grants.add(l)
-	return l, s.props.Propose(&gpupoolv1.EnqueueLeaseCommand{Lease: l})
+	return l
 }
 
-// landEnqueue waits for an enqueue and returns the pending lease.
-func (s *queueWriter) landEnqueue(l *gpupoolv1.Lease, p Proposal) (*gpupoolv1.Lease, error) {
-	res, err := p.Wait()
+// sendEnqueue proposes pending lease l, which reserveEnqueue recorded in
+// flight, waits for it to land, and returns it as the state has it.
+func (s *queueWriter) sendEnqueue(l *gpupoolv1.Lease) (*gpupoolv1.Lease, error) {
+	res, err := s.props.Propose(&gpupoolv1.EnqueueLeaseCommand{Lease: l}).Wait()
 	s.grants.done(l.Id)
 	if err != nil {
 		return nil, err
@@ -236,16 +243,16 @@ func (s *queueWriter) landEnqueue(l *gpupoolv1.Lease, p Proposal) (*gpupoolv1.Le
 // awaitGrant waits, on the leader, for pending lease id to be granted, for
 // at most wait. A caller that goes away takes the lease out of the queue
 // (unless another call still waits on it); so does the end of the wait.
-func (s *Server) awaitGrant(ctx context.Context, id string, wait time.Duration) (*gpupoolv1.AcquireResponse, error) {
+func (cp *capacity) awaitGrant(ctx context.Context, id string, wait time.Duration) (*gpupoolv1.AcquireResponse, error) {
 	yieldWriteSeat(ctx) // the tenant's pending cap bounds the wait
-	ls := s.currentLeader()
+	ls := cp.leadership.currentLeader()
 	if ls == nil {
 		return nil, refuse(ErrUnavailable, "leader is still starting; retry with the same request id to rejoin the queue")
 	}
 	changed, unwatch := ls.watchLease(id)
 	defer unwatch()
 	timeout := make(chan struct{})
-	t := s.cfg.Clock.AfterFunc(wait, func() { close(timeout) })
+	t := cp.cfg.Clock.AfterFunc(wait, func() { close(timeout) })
 	defer t.Stop()
 	ls.addWaiter(id) // after the timer: a waiter seen waiting has its wait running
 	ls.kickQueue()
@@ -254,23 +261,23 @@ func (s *Server) awaitGrant(ctx context.Context, id string, wait time.Duration) 
 	// cannot undo a grant that raced with it; it returns the lease after.
 	leave := func(end gpupoolv1.LeaseState, reason string) *gpupoolv1.Lease {
 		if ls.removeWaiter(id) > 0 {
-			return s.fsm.State().Lease(id)
+			return cp.fsm.State().Lease(id)
 		}
-		_, err := s.apply(&gpupoolv1.EndLeaseCommand{LeaseId: id, EndState: end, Reason: reason, NowMs: s.nowMs(), IfPending: true})
+		_, err := cp.apply(&gpupoolv1.EndLeaseCommand{LeaseId: id, EndState: end, Reason: reason, NowMs: cp.nowMs(), IfPending: true})
 		if err != nil {
-			s.log.Debug("taking a pending lease out of the queue failed", "lease", id, "err", err)
+			cp.log.Debug("taking a pending lease out of the queue failed", "lease", id, "err", err)
 		}
-		return s.fsm.State().Lease(id)
+		return cp.fsm.State().Lease(id)
 	}
 	for {
-		l := s.fsm.State().Lease(id)
+		l := cp.fsm.State().Lease(id)
 		switch {
 		case l == nil:
 			ls.removeWaiter(id)
 			return nil, refusef(ErrNotFound, "lease %s: not found", id)
 		case l.State == gpupoolv1.LeaseState_LEASE_STATE_GRANTED:
 			ls.removeWaiter(id)
-			return s.acquired(l, false)
+			return cp.acquired(l, false)
 		case l.State != gpupoolv1.LeaseState_LEASE_STATE_PENDING:
 			ls.removeWaiter(id)
 			return nil, refusef(ErrExhausted, "lease %s left the queue without a grant: %s", id, l.Reason)
@@ -282,9 +289,9 @@ func (s *Server) awaitGrant(ctx context.Context, id string, wait time.Duration) 
 			leave(gpupoolv1.LeaseState_LEASE_STATE_RELEASED, "left the queue: the waiting client went away")
 			return nil, ctx.Err()
 		case <-timeout:
-			why := s.whyPending(s.fsm.State(), l)
+			why := cp.whyPending(cp.fsm.State(), l)
 			if now := leave(gpupoolv1.LeaseState_LEASE_STATE_EXPIRED, fmt.Sprintf("not granted within the wait of %s: %s", wait, why)); now.GetState() == gpupoolv1.LeaseState_LEASE_STATE_GRANTED {
-				return s.acquired(now, false) // granted as the wait ended
+				return cp.acquired(now, false) // granted as the wait ended
 			}
 			return nil, refusef(ErrExhausted, "not granted within the wait of %s: %s", wait, why)
 		case <-ls.stopCh:
@@ -327,35 +334,35 @@ func (ls *leaderState) leaseChanged(id string) {
 
 // pendingGraceOver ends a pending lease nobody waits for: its client did
 // not come back after a leader change.
-func (s *Server) pendingGraceOver(ls *leaderState, id string) {
-	l := s.fsm.State().Lease(id)
+func (ld *leadership) pendingGraceOver(ls *leaderState, id string) {
+	l := ld.fsm.State().Lease(id)
 	if l == nil || l.State != gpupoolv1.LeaseState_LEASE_STATE_PENDING || ls.waiting(id) {
 		return
 	}
-	_, err := s.apply(&gpupoolv1.EndLeaseCommand{
-		LeaseId: id, EndState: gpupoolv1.LeaseState_LEASE_STATE_EXPIRED, NowMs: s.nowMs(), IfPending: true,
-		Reason: fmt.Sprintf("left the queue: no client waited for it for %s", s.cfg.PendingGrace),
+	_, err := ld.apply(&gpupoolv1.EndLeaseCommand{
+		LeaseId: id, EndState: gpupoolv1.LeaseState_LEASE_STATE_EXPIRED, NowMs: ld.nowMs(), IfPending: true,
+		Reason: fmt.Sprintf("left the queue: no client waited for it for %s", ld.cfg.PendingGrace),
 	})
-	s.logTimerErr("end an abandoned pending lease", id, err)
+	ld.logTimerErr("end an abandoned pending lease", id, err)
 }
 
 // preemptDeadlinePassed revokes a preempted lease at its deadline, or
 // withdraws the preemption when the lease it made room for no longer
 // waits. A command that does not commit is retried while ls leads.
-func (s *Server) preemptDeadlinePassed(ls *leaderState, id string) {
-	st := s.fsm.State()
+func (ld *leadership) preemptDeadlinePassed(ls *leaderState, id string) {
+	st := ld.fsm.State()
 	l := st.Lease(id)
 	if l == nil || l.State != gpupoolv1.LeaseState_LEASE_STATE_GRANTED || l.PreemptAtMs == 0 {
 		return
 	}
 	var cmd proto.Message = &gpupoolv1.EndLeaseCommand{
-		LeaseId: id, EndState: gpupoolv1.LeaseState_LEASE_STATE_REVOKED, NowMs: s.nowMs(), Preempted: true,
-		Reason: fmt.Sprintf("preempted for %s after a grace of %s", l.PreemptedFor, s.cfg.PreemptGrace),
+		LeaseId: id, EndState: gpupoolv1.LeaseState_LEASE_STATE_REVOKED, NowMs: ld.nowMs(), Preempted: true,
+		Reason: fmt.Sprintf("preempted for %s after a grace of %s", l.PreemptedFor, ld.cfg.PreemptGrace),
 	}
 	if r := st.Lease(l.PreemptedFor); r == nil || r.State != gpupoolv1.LeaseState_LEASE_STATE_PENDING {
 		cmd = planner.Withdrawal(l.PreemptedFor, []string{id})
 	}
-	res, err := s.apply(cmd)
+	res, err := ld.apply(cmd)
 	if err == nil || res != nil {
 		return
 	}
@@ -364,24 +371,24 @@ func (s *Server) preemptDeadlinePassed(ls *leaderState, id string) {
 		return
 	default:
 	}
-	s.log.Warn("revoking a preempted lease failed; retrying", "lease", id, "err", err)
+	ld.log.Warn("revoking a preempted lease failed; retrying", "lease", id, "err", err)
 	ls.preempt.Reset(id, time.Second)
 }
 
 // reactQueue keeps the queue's timers and follow-ups in step with a
 // changed lease.
-func (s *Server) reactQueue(ls *leaderState, st *state.Reader, l *gpupoolv1.Lease) {
+func (ld *leadership) reactQueue(ls *leaderState, st *state.Reader, l *gpupoolv1.Lease) {
 	ls.leaseChanged(l.Id)
 	switch {
 	case l.State == gpupoolv1.LeaseState_LEASE_STATE_PENDING:
 		if _, armed := ls.pendingGrace.Deadline(l.Id); !armed && !ls.waiting(l.Id) {
-			ls.pendingGrace.Reset(l.Id, s.cfg.PendingGrace)
+			ls.pendingGrace.Reset(l.Id, ld.cfg.PendingGrace)
 		}
 		return
 	case l.State == gpupoolv1.LeaseState_LEASE_STATE_GRANTED && l.PreemptAtMs != 0:
 		at := time.UnixMilli(l.PreemptAtMs)
 		if cur, ok := ls.preempt.Deadline(l.Id); !ok || !cur.Equal(at) {
-			ls.preempt.Reset(l.Id, max(0, at.Sub(s.cfg.Clock.Now())))
+			ls.preempt.Reset(l.Id, max(0, at.Sub(ld.cfg.Clock.Now())))
 		}
 	default:
 		ls.preempt.Stop(l.Id)
@@ -396,35 +403,37 @@ func (s *Server) reactQueue(ls *leaderState, st *state.Reader, l *gpupoolv1.Leas
 			}
 		}
 		if len(spare) > 0 {
-			go s.applyLogged("withdraw a preemption", planner.Withdrawal(l.Id, spare))
+			ld.goFunc(func() { ld.applyLogged("withdraw a preemption", planner.Withdrawal(l.Id, spare)) })
 		}
 	}
 	if l.GetRequest().GetElasticMax() > 0 && l.State != gpupoolv1.LeaseState_LEASE_STATE_GRANTED {
 		// The extras of an elastic lease end with it.
 		for _, x := range st.Extras(l.Id) {
 			if x.State == gpupoolv1.LeaseState_LEASE_STATE_GRANTED {
-				go s.applyLogged("end an elastic lease's extra", &gpupoolv1.EndLeaseCommand{
-					LeaseId: x.Id, EndState: gpupoolv1.LeaseState_LEASE_STATE_REVOKED, NowMs: s.nowMs(),
-					Reason: fmt.Sprintf("elastic lease %s ended", l.Id),
+				ld.goFunc(func() {
+					ld.applyLogged("end an elastic lease's extra", &gpupoolv1.EndLeaseCommand{
+						LeaseId: x.Id, EndState: gpupoolv1.LeaseState_LEASE_STATE_REVOKED, NowMs: ld.nowMs(),
+						Reason: fmt.Sprintf("elastic lease %s ended", l.Id),
+					})
 				})
 			}
 		}
 	}
 }
 
-func (s *Server) applyLogged(what string, cmd proto.Message) {
-	if _, err := s.apply(cmd); err != nil {
-		s.log.Debug(what+" failed", "err", err)
+func (ld *leadership) applyLogged(what string, cmd proto.Message) {
+	if _, err := ld.apply(cmd); err != nil {
+		ld.log.Debug(what+" failed", "err", err)
 	}
 }
 
 // whyPending explains why pending lease l is not granted: see
 // planner.Explainer.
-func (s *Server) whyPending(st *state.Reader, l *gpupoolv1.Lease) string {
-	return s.explainer(st).Why(l)
+func (cp *capacity) whyPending(st *state.Reader, l *gpupoolv1.Lease) string {
+	return cp.explainer(st).Why(l)
 }
 
 // explainer explains the pending leases of st, as of now on this server.
-func (s *Server) explainer(st *state.Reader) *planner.Explainer {
-	return planner.NewExplainer(st, s.placer, s.cfg.Clock.Now())
+func (cp *capacity) explainer(st *state.Reader) *planner.Explainer {
+	return planner.NewExplainer(st, cp.placer, cp.cfg.Clock.Now())
 }

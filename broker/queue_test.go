@@ -50,7 +50,7 @@ func (ts *testServer) wait(t *testing.T, reqID string, r *gpupoolv1.LeaseRequest
 	}()
 	waitFor(t, reqID+" waiting in the queue or granted", func() bool {
 		l := ts.byRequest(r.Tenant, reqID)
-		ls := ts.s.currentLeader()
+		ls := ts.s.leadership.currentLeader()
 		return l != nil && (l.State != gpupoolv1.LeaseState_LEASE_STATE_PENDING || ls != nil && ls.waiting(l.Id))
 	})
 	return w
@@ -313,12 +313,12 @@ func TestAPendingLeaseWithoutAWaiterLeavesAfterTheGrace(t *testing.T) {
 	// came back: nobody waits on it here.
 	r := whole(1)
 	r.Tenant, r.RequestId, r.Class = "default", "orphan", gua
-	l, err := ts.s.enqueue(r, nil)
+	l, err := ts.s.capacity.enqueue(r, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
 	waitFor(t, "the grace timer", func() bool {
-		_, ok := ts.s.currentLeader().pendingGrace.Deadline(l.Id)
+		_, ok := ts.s.leadership.currentLeader().pendingGrace.Deadline(l.Id)
 		return ok
 	})
 	ts.clock.Advance(ts.s.cfg.PendingGrace)
@@ -352,7 +352,7 @@ func TestAGuaranteedRequestPreemptsTheYoungestPreemptibleLeaseOnly(t *testing.T)
 	if ts.lease(older.Id).PreemptAtMs != 0 {
 		t.Fatal("the older lease was preempted too: one GPU was enough")
 	}
-	if why := ts.s.whyPending(ts.s.fsm.State(), ts.lease(gID)); !strings.HasPrefix(why, "preempting 1 lease ("+younger.Id+"), revoked in 2s") {
+	if why := ts.s.capacity.whyPending(ts.s.fsm.State(), ts.lease(gID)); !strings.HasPrefix(why, "preempting 1 lease ("+younger.Id+"), revoked in 2s") {
 		t.Fatalf("why pending: %q", why)
 	}
 	ts.preemptArmed(t, younger.Id)
@@ -378,7 +378,7 @@ func TestAGuaranteedRequestPreemptsTheYoungestPreemptibleLeaseOnly(t *testing.T)
 	high := whole(2)
 	high.Priority = 10
 	ts.wait(t, "high", high, time.Hour)
-	ts.s.currentLeader().kickQueue()
+	ts.s.leadership.currentLeader().kickQueue()
 	beat()
 	if l := ts.lease(older.Id); l.PreemptAtMs != 0 {
 		t.Fatalf("older lease preempted (%s) although that cannot make room", l.PreemptedFor)
@@ -395,7 +395,7 @@ func TestAPreemptibleLeaseOfHigherPriorityIsNotPreempted(t *testing.T) {
 	r.Class, r.Priority = pre, 5
 	p := ts.acquire(t, r)
 	ts.wait(t, "low", whole(1), time.Hour) // priority 0
-	ts.s.schedule(ts.s.currentLeader())
+	ts.s.capacity.schedule(ts.s.leadership.currentLeader())
 	if l := ts.lease(p.Id); l.PreemptAtMs != 0 {
 		t.Fatal("a priority-5 lease was preempted for a priority-0 request")
 	}
@@ -406,7 +406,7 @@ func (ts *testServer) preemptArmed(t *testing.T, ids ...string) {
 	t.Helper()
 	waitFor(t, "preemption deadlines armed", func() bool {
 		for _, id := range ids {
-			if _, ok := ts.s.currentLeader().preempt.Deadline(id); !ok {
+			if _, ok := ts.s.leadership.currentLeader().preempt.Deadline(id); !ok {
 				return false
 			}
 		}

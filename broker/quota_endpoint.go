@@ -22,26 +22,26 @@ func (e operatorService) SetQuota(ctx context.Context, req *gpupoolv1.SetQuotaRe
 	if err := fsm.ValidateQuota(req.Quota); err != nil {
 		return nil, err
 	}
-	if conn, fctx, err := e.s.leaderConn(ctx); err != nil {
+	if conn, fctx, err := e.membership.leaderConn(ctx); err != nil {
 		return nil, err
 	} else if conn != nil {
 		return gpupoolv1.NewOperatorServiceClient(conn).SetQuota(fctx, req)
 	}
 	q := proto.Clone(req.Quota).(*gpupoolv1.Quota)
-	q.UpdatedAtMs = e.s.nowMs()
+	q.UpdatedAtMs = e.nowMs()
 	by := callerFrom(ctx).actor()
 	q.UpdatedBy = by
-	if _, err := e.s.apply(&gpupoolv1.SetQuotaCommand{Tenant: q.Tenant, Quota: q, Actor: by, NowMs: q.UpdatedAtMs}); err != nil {
+	if _, err := e.apply(&gpupoolv1.SetQuotaCommand{Tenant: q.Tenant, Quota: q, Actor: by, NowMs: q.UpdatedAtMs}); err != nil {
 		return nil, err
 	}
-	e.s.log.Info("quota set", "tenant", q.Tenant, "gpus", q.Gpus, "memory_mib", q.MemoryMib, "compute_percent", q.ComputePercent, "by", protocol.ActorText(by))
-	if ls := e.s.currentLeader(); ls != nil {
+	e.log.Info("quota set", "tenant", q.Tenant, "gpus", q.Gpus, "memory_mib", q.MemoryMib, "compute_percent", q.ComputePercent, "by", protocol.ActorText(by))
+	if ls := e.leadership.currentLeader(); ls != nil {
 		ls.kickQueue() // a raised quota may let a pending lease through
 	}
-	qs := quotaStatus(e.s.fsm.State(), q)
+	qs := quotaStatus(e.fsm.State(), q)
 	warnings := fsm.OverQuota(q, qs.Usage)
 	if len(warnings) > 0 {
-		e.s.log.Warn("quota set below the tenant's usage", "tenant", q.Tenant, "over", strings.Join(warnings, "; "))
+		e.log.Warn("quota set below the tenant's usage", "tenant", q.Tenant, "over", strings.Join(warnings, "; "))
 	}
 	return &gpupoolv1.SetQuotaResponse{Quota: qs, Warnings: warnings}, nil
 }
@@ -54,21 +54,21 @@ func (e operatorService) RemoveQuota(ctx context.Context, req *gpupoolv1.RemoveQ
 	if err := protocol.ValidateTenant("tenant", req.Tenant); err != nil {
 		return nil, err
 	}
-	if conn, fctx, err := e.s.leaderConn(ctx); err != nil {
+	if conn, fctx, err := e.membership.leaderConn(ctx); err != nil {
 		return nil, err
 	} else if conn != nil {
 		return gpupoolv1.NewOperatorServiceClient(conn).RemoveQuota(fctx, req)
 	}
-	old := e.s.fsm.State().Quota(req.Tenant)
+	old := e.fsm.State().Quota(req.Tenant)
 	if old == nil {
-		return nil, noQuota(e.s.fsm.State(), req.Tenant)
+		return nil, noQuota(e.fsm.State(), req.Tenant)
 	}
 	by := callerFrom(ctx).actor()
-	if _, err := e.s.apply(&gpupoolv1.SetQuotaCommand{Tenant: req.Tenant, Actor: by, NowMs: e.s.nowMs()}); err != nil {
+	if _, err := e.apply(&gpupoolv1.SetQuotaCommand{Tenant: req.Tenant, Actor: by, NowMs: e.nowMs()}); err != nil {
 		return nil, err
 	}
-	e.s.log.Info("quota removed", "tenant", req.Tenant, "by", protocol.ActorText(by))
-	if ls := e.s.currentLeader(); ls != nil {
+	e.log.Info("quota removed", "tenant", req.Tenant, "by", protocol.ActorText(by))
+	if ls := e.leadership.currentLeader(); ls != nil {
 		ls.kickQueue()
 	}
 	return &gpupoolv1.RemoveQuotaResponse{Quota: old}, nil
@@ -85,12 +85,12 @@ func (e operatorService) ListQuotas(ctx context.Context, req *gpupoolv1.ListQuot
 			return nil, err
 		}
 	}
-	if conn, fctx, err := e.s.readConn(ctx, req.Stale); err != nil {
+	if conn, fctx, err := e.membership.readConn(ctx, req.Stale); err != nil {
 		return nil, err
 	} else if conn != nil {
 		return gpupoolv1.NewOperatorServiceClient(conn).ListQuotas(fctx, req)
 	}
-	st := e.s.fsm.State()
+	st := e.fsm.State()
 	resp := &gpupoolv1.ListQuotasResponse{}
 	for _, q := range st.Quotas() {
 		if (req.Tenant == "" || q.Tenant == req.Tenant) && c.mayActFor(q.Tenant, "") == nil {

@@ -20,13 +20,13 @@ const addressUpdateKey = "gpupool-address-update"
 
 // configuredAddress returns this server's Raft address in the latest Raft
 // configuration, and whether the configuration lists it at all.
-func (s *Server) configuredAddress() (raft.ServerAddress, bool) {
-	f := s.raft.GetConfiguration()
+func (m *membership) configuredAddress() (raft.ServerAddress, bool) {
+	f := m.raft.GetConfiguration()
 	if f.Error() != nil {
 		return "", false
 	}
 	for _, srv := range f.Configuration().Servers {
-		if string(srv.ID) == s.cfg.NodeID {
+		if string(srv.ID) == m.cfg.NodeID {
 			return srv.Address, true
 		}
 	}
@@ -43,38 +43,38 @@ func (s *Server) configuredAddress() (raft.ServerAddress, bool) {
 // (a majority must be up and reachable at their configured addresses) and
 // then replicates to the new address, so the followers learn it too. It
 // returns once the configuration this server holds has the new address.
-func (s *Server) keepOwnAddressCurrent() {
-	if !s.clustered() {
+func (m *membership) keepOwnAddressCurrent() {
+	if !m.clustered() {
 		return // a new server: formCluster joins with the current address
 	}
-	cur := s.transport.LocalAddr()
-	old, ok := s.configuredAddress()
+	cur := m.transport.LocalAddr()
+	old, ok := m.configuredAddress()
 	if !ok || old == cur {
 		return // not configured (removed), or unchanged
 	}
-	s.log.Warn(fmt.Sprintf("raft address changed from %s to %s; asking the leader to update it", old, cur),
-		"id", s.cfg.NodeID, "old", old, "new", cur)
+	m.log.Warn(fmt.Sprintf("raft address changed from %s to %s; asking the leader to update it", old, cur),
+		"id", m.cfg.NodeID, "old", old, "new", cur)
 	for backoff := 200 * time.Millisecond; ; backoff = min(2*backoff, 5*time.Second) {
-		via, err := s.askAddressUpdate()
+		via, err := m.askAddressUpdate()
 		if err == nil {
 			// The leader committed the change; it arrives here with the
 			// next replication to the new address.
-			if s.waitOwnAddress(cur, 10*time.Second) {
-				s.log.Info("raft configuration has this server's new address", "id", s.cfg.NodeID, "raft", cur, "via", via)
+			if m.waitOwnAddress(cur, 10*time.Second) {
+				m.log.Info("raft configuration has this server's new address", "id", m.cfg.NodeID, "raft", cur, "via", via)
 				return
 			}
 			err = fmt.Errorf("the leader accepted %s but this server has not received the new configuration yet", cur)
 		}
-		if addr, ok := s.configuredAddress(); !ok {
-			s.log.Error("this server is no longer in the Raft configuration (removed while it was down?); start it with an empty data dir to join as a new server", "id", s.cfg.NodeID)
+		if addr, ok := m.configuredAddress(); !ok {
+			m.log.Error("this server is no longer in the Raft configuration (removed while it was down?); start it with an empty data dir to join as a new server", "id", m.cfg.NodeID)
 			return
 		} else if addr == cur {
-			s.log.Info("raft configuration has this server's new address", "id", s.cfg.NodeID, "raft", cur)
+			m.log.Info("raft configuration has this server's new address", "id", m.cfg.NodeID, "raft", cur)
 			return
 		}
-		s.log.Warn("raft address update not done yet; retrying", "id", s.cfg.NodeID, "new", cur, "err", err, "retry_in", backoff)
+		m.log.Warn("raft address update not done yet; retrying", "id", m.cfg.NodeID, "new", cur, "err", err, "retry_in", backoff)
 		select {
-		case <-s.shutdownCh:
+		case <-m.ctx.Done():
 			return
 		case <-time.After(backoff):
 		}
@@ -85,33 +85,33 @@ func (s *Server) keepOwnAddressCurrent() {
 // (a single-server cluster, or it won an election before the update), else
 // to each --join address and each other server's recorded gRPC address in
 // turn; any server forwards it to the leader. It returns who accepted it.
-func (s *Server) askAddressUpdate() (string, error) {
-	req := &gpupoolv1.JoinRequest{Id: s.cfg.NodeID, RaftAddress: string(s.transport.LocalAddr()), RpcAddress: s.Addr()}
-	if s.IsLeader() {
+func (m *membership) askAddressUpdate() (string, error) {
+	req := &gpupoolv1.JoinRequest{Id: m.cfg.NodeID, RaftAddress: string(m.transport.LocalAddr()), RpcAddress: m.addr()}
+	if m.isLeader() {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
 		ctx = metadata.NewIncomingContext(ctx, metadata.Pairs(addressUpdateKey, "1"))
-		if _, err := (clusterService{s: s}).Join(ctx, req); err != nil {
+		if _, err := (clusterService{node: m.node, raft: m.raft, membership: m}).Join(ctx, req); err != nil {
 			return "", err
 		}
 		return "self", nil
 	}
 	var lastErr error = fmt.Errorf("no other server's address is known: give --join")
-	for _, addr := range s.updateTargets() {
-		conn, err := s.connTo(addr)
+	for _, addr := range m.updateTargets() {
+		conn, err := m.connTo(addr)
 		if err != nil {
 			lastErr = err
 			continue
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		ctx = metadata.AppendToOutgoingContext(s.withOwnToken(ctx), addressUpdateKey, "1")
+		ctx = metadata.AppendToOutgoingContext(m.withOwnToken(ctx), addressUpdateKey, "1")
 		_, err = gpupoolv1.NewClusterServiceClient(conn).Join(ctx, req)
 		cancel()
 		if err == nil {
 			return addr, nil
 		}
 		lastErr = fmt.Errorf("via %s: %w", addr, err)
-		s.log.Debug("raft address update failed", "via", addr, "err", err)
+		m.log.Debug("raft address update failed", "via", addr, "err", err)
 	}
 	return "", lastErr
 }
@@ -119,18 +119,18 @@ func (s *Server) askAddressUpdate() (string, error) {
 // updateTargets lists other servers' gRPC addresses: --join first (stable
 // names, in Kubernetes), then those recorded in the state (which may be
 // stale when they moved too).
-func (s *Server) updateTargets() []string {
+func (m *membership) updateTargets() []string {
 	var out []string
 	add := func(a string) {
-		if a != "" && a != s.Addr() && a != s.cfg.BindAddr && !slices.Contains(out, a) {
+		if a != "" && a != m.addr() && a != m.cfg.BindAddr && !slices.Contains(out, a) {
 			out = append(out, a)
 		}
 	}
-	for _, a := range s.cfg.Join {
+	for _, a := range m.cfg.Join {
 		add(a)
 	}
-	for _, srv := range s.fsm.State().Servers() {
-		if srv.Id != s.cfg.NodeID {
+	for _, srv := range m.fsm.State().Servers() {
+		if srv.Id != m.cfg.NodeID {
 			add(srv.RpcAddress)
 		}
 	}
@@ -139,17 +139,17 @@ func (s *Server) updateTargets() []string {
 
 // waitOwnAddress polls until the configuration this server holds lists it
 // at addr, for up to d.
-func (s *Server) waitOwnAddress(addr raft.ServerAddress, d time.Duration) bool {
+func (m *membership) waitOwnAddress(addr raft.ServerAddress, d time.Duration) bool {
 	deadline := time.Now().Add(d)
 	for {
-		if got, ok := s.configuredAddress(); ok && got == addr {
+		if got, ok := m.configuredAddress(); ok && got == addr {
 			return true
 		}
 		if time.Now().After(deadline) {
 			return false
 		}
 		select {
-		case <-s.shutdownCh:
+		case <-m.ctx.Done():
 			return false
 		case <-time.After(50 * time.Millisecond):
 		}

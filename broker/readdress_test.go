@@ -15,7 +15,7 @@ func TestRestartOnANewRaftAddressUpdatesTheConfiguration(t *testing.T) {
 		return s
 	}
 	s := start()
-	waitFor(t, "leadership", func() bool { return s.currentLeader() != nil })
+	waitFor(t, "leadership", func() bool { return s.leadership.currentLeader() != nil })
 	first := s.transport.LocalAddr()
 	if err := s.Shutdown(); err != nil {
 		t.Fatal(err)
@@ -28,7 +28,7 @@ func TestRestartOnANewRaftAddressUpdatesTheConfiguration(t *testing.T) {
 		t.Skipf("the kernel gave the same port %s twice", now)
 	}
 	waitFor(t, "the configuration to list "+string(now), func() bool {
-		addr, ok := s.configuredAddress()
+		addr, ok := s.membership.configuredAddress()
 		return ok && addr == now
 	})
 	waitFor(t, "the servers table to record "+string(now), func() bool {

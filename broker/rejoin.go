@@ -76,8 +76,7 @@ func teardownOfFreed(st *state.Reader, h *gpupoolv1.Host) []*gpupoolv1.Assignmen
 // keptDown reports whether host id is down with leases freed while it
 // was away that its agent has not confirmed torn down: its registration
 // must not make it ready.
-func keptDown(s *Server, id string) bool {
-	st := s.fsm.State()
+func keptDown(st *state.Reader, id string) bool {
 	h := st.Host(id)
 	return h != nil && len(unconfirmedFrees(st, h)) > 0
 }

@@ -1,6 +1,7 @@
 package broker
 
 import (
+	"context"
 	"crypto/rand"
 	"encoding/hex"
 	"errors"
@@ -22,10 +23,8 @@ import (
 	"go.etcd.io/bbolt"
 	"google.golang.org/grpc"
 
-	"github.com/gpupool/gpupool/broker/fsm"
 	"github.com/gpupool/gpupool/internal/clock"
 	"github.com/gpupool/gpupool/internal/pki"
-	gpupoolv1 "github.com/gpupool/gpupool/proto/gpupool/v1"
 )
 
 // Config configures one broker server.
@@ -215,11 +214,20 @@ func (c *Config) setDefaults() error {
 	return nil
 }
 
-// Server is one broker server.
+// Server is one broker server. It wires the components that do the work
+// and owns what they share: Raft, its stores and transport, the gRPC
+// server and the lifetime (node). The components talk through small
+// interfaces (see docs/architecture.md):
+//
+//   - capacity decides what is placed and granted (Acquire, the queue);
+//   - leadership keeps the leader's memory and runs its duties;
+//   - membership knows the other servers and forwards to the leader;
+//   - signing holds the token signing keys and signs lease tokens.
+//
+// The endpoints and the metrics collectors hold the components they use,
+// never the Server.
 type Server struct {
-	cfg  Config
-	log  *slog.Logger
-	fsm  *fsm.FSM
+	*node
 	raft *raft.Raft
 
 	store     *raftboltdb.BoltStore
@@ -227,34 +235,12 @@ type Server struct {
 	transport *raft.NetworkTransport
 	grpc      *grpc.Server
 	listener  net.Listener
-	notifyCh  chan bool
-	// leaders wakes the calls waiting for a leader to be elected.
-	leaders *leaderWatch
 
-	// placeMu serialises placement and grant on the leader, so that two
-	// acquires never pick the same free capacity.
-	placeMu sync.Mutex
-	// placer places with the policy, and learns FGD's mix on the leader.
-	placer *placer
-	// grants are the grants (and pending leases, extras, reservations)
-	// proposed under placeMu that are not applied yet.
-	grants *inflight
-	// overlay is the last acquire's overlay of grants, reused by the
-	// next while the state has not moved; guarded by placeMu.
-	overlay *overlayCache
-	// queue writes the queue's plans and pending leases to the log.
-	queue *queueWriter
-	// keysMu serialises changes to the token signing keys.
-	keysMu sync.Mutex
-
-	leaderMu sync.Mutex
-	leader   *leaderState // guarded by leaderMu; nil unless leader
-
-	connMu sync.Mutex
-	conns  map[string]*grpc.ClientConn // guarded by connMu; to other servers
-
-	peerMu sync.Mutex
-	peers  map[string]*gpupoolv1.ServerInfoResponse // guarded by peerMu; learned while forming
+	capacity   *capacity
+	leadership *leadership
+	membership *membership
+	signing    *signing
+	gatekeeper *gatekeeper
 
 	metrics *metrics
 	// limits bound what one caller may make the server do.
@@ -264,13 +250,7 @@ type Server struct {
 	// ui is the web console, nil unless Config.UI.Bind is set.
 	ui *uiServer
 
-	// proposer sends every command to the log (Raft, or a test's double
-	// around it); set before the server serves, never changed.
-	proposer Proposer
-
 	shutdownOnce sync.Once
-	shutdownCh   chan struct{}
-	wg           sync.WaitGroup
 }
 
 // ErrDataDir wraps problems with the data dir that stop the server.
@@ -288,32 +268,32 @@ func New(cfg Config) (*Server, error) {
 	if err := cfg.setDefaults(); err != nil {
 		return nil, err
 	}
-	s := &Server{
-		cfg:        cfg,
-		log:        cfg.Logger,
-		fsm:        fsm.New(cfg.Logger, fsm.WithAuditSink(cfg.AuditSink)),
-		conns:      map[string]*grpc.ClientConn{},
-		peers:      map[string]*gpupoolv1.ServerInfoResponse{},
-		shutdownCh: make(chan struct{}),
-		notifyCh:   make(chan bool, 16),
-		leaders:    newLeaderWatch(),
-		placer:     newPlacer(cfg.Policy),
-		grants:     newInflight(),
-		history:    newUsageHistory(),
-	}
+	nd := newNode(cfg)
+	s := &Server{node: nd, history: newUsageHistory()}
 	s.limits = newLimiters(*cfg.Limits, cfg.Clock.Now)
-	s.metrics = newMetrics(s)
+	s.signing = &signing{node: nd}
+	s.leadership = newLeadership(nd)
+	s.membership = newMembership(nd, s.leadership)
+	s.gatekeeper = &gatekeeper{node: nd, membership: s.membership, leadership: s.leadership}
+	s.leadership.membership, s.leadership.signing = s.membership, s.signing
+	s.metrics = newMetrics(nd, s.leadership, s.membership, s.limits)
+	s.leadership.metrics = s.metrics
 	if err := s.openRaft(); err != nil {
+		s.cancel(err)
 		s.closeStores()
 		return nil, err
 	}
 	lis, err := net.Listen("tcp", cfg.BindAddr)
 	if err != nil {
+		s.cancel(err)
 		s.raft.Shutdown().Error()
 		s.closeStores()
 		return nil, fmt.Errorf("broker: listen on --bind %s: %w", cfg.BindAddr, err)
 	}
 	s.listener = lis
+	s.membership.raft, s.membership.transport, s.membership.listener = s.raft, s.transport, lis
+	s.capacity = newCapacity(nd, s.leadership, s.signing) // after openRaft: it proposes
+	s.leadership.raft, s.leadership.capacity = s.raft, s.capacity
 	// Errors leave through toStatus, outermost; then TLS's role checks
 	// run, then the ACL's token checks, then the token's limits. A
 	// connection over its client's limit has its calls refused first.
@@ -322,14 +302,15 @@ func New(cfg Config) (*Server, error) {
 		grpc.MaxConcurrentStreams(maxStreamsPerConn)}
 	opts = append(opts, s.grpcServerOptions()...)
 	s.grpc = grpc.NewServer(append(opts,
-		grpc.ChainUnaryInterceptor(s.nameLeader, s.unaryACL, s.unaryLimits), grpc.ChainStreamInterceptor(s.streamACL, s.streamLimits))...)
+		grpc.ChainUnaryInterceptor(s.membership.nameLeader, s.gatekeeper.unaryACL, s.unaryLimits),
+		grpc.ChainStreamInterceptor(s.gatekeeper.streamACL, s.streamLimits))...)
 	s.registerServices()
-	s.goFunc(func() { _ = s.grpc.Serve(limitListener{Listener: lis, l: s.limits}) })
-	s.goFunc(s.monitorLeadership)
-	s.goFunc(func() { watchLeader(s.raft, s.leaders, s.shutdownCh) })
+	s.goFunc(func() { s.serve(limitListener{Listener: lis, l: s.limits}) })
+	s.goFunc(s.leadership.monitorLeadership)
+	s.goFunc(func() { watchLeader(s.raft, s.membership.leaders, s.ctx.Done()) })
 	s.goFunc(s.watchDisk)
-	s.goFunc(s.formCluster)
-	s.goFunc(s.keepOwnAddressCurrent)
+	s.goFunc(s.membership.formCluster)
+	s.goFunc(s.membership.keepOwnAddressCurrent)
 	s.goFunc(s.metrics.countLeaseEvents)
 	s.goFunc(s.sampleTenantUsage)
 	if err := s.startUI(); err != nil {
@@ -338,14 +319,6 @@ func New(cfg Config) (*Server, error) {
 	}
 	s.log.Info("broker started", "id", s.cfg.NodeID, "rpc", s.Addr(), "raft", s.cfg.RaftBindAddr, "data_dir", s.cfg.DataDir, "acl", s.cfg.ACL)
 	return s, nil
-}
-
-func (s *Server) goFunc(f func()) {
-	s.wg.Add(1)
-	go func() {
-		defer s.wg.Done()
-		f()
-	}()
 }
 
 // Addr is the gRPC address the server listens on.
@@ -432,24 +405,23 @@ func (s *Server) openRaft() error {
 	}
 	s.transport = trans
 
-	conf := raftConfig(s.cfg.NodeID, s.notifyCh, s.cfg.RaftLogOutput)
+	conf := raftConfig(s.cfg.NodeID, s.leadership.notifyCh, s.cfg.RaftLogOutput)
 	setSnapshotSchedule(conf)
 	reserve := uint64(max(s.cfg.DiskReserveMiB, 0))
 	var logs raft.LogStore = store
 	if s.cfg.wrapLogStore != nil {
 		logs = s.cfg.wrapLogStore(logs)
 	}
-	s.disk = &diskLog{LogStore: injectDiskFaults(dir, logs, s.shutdownCh), dir: dir, reserveMiB: reserve, observe: s.metrics.observeLogWrite, freeMiB: s.cfg.freeMiB}
+	s.disk = &diskLog{LogStore: injectDiskFaults(dir, logs, s.ctx.Done(), s.goFunc), dir: dir, reserveMiB: reserve, observe: s.metrics.observeLogWrite, freeMiB: s.cfg.freeMiB}
 	r, err := raft.NewRaft(conf, s.fsm, s.disk, store, snaps, trans)
 	if err != nil {
 		return fmt.Errorf("broker: %w %s: start raft: %v", ErrDataDir, dir, err)
 	}
 	s.raft = r
-	s.proposer = versionGate{next: raftProposer{r: r, observe: s.metrics.observeApply, roomFor: s.disk.checkSpace, stopped: s.shutdownCh}, s: s}
+	s.proposer = versionGate{next: raftProposer{r: r, observe: s.metrics.observeApply, roomFor: s.disk.checkSpace, stopped: s.ctx.Done()}, fsm: s.fsm}
 	if s.cfg.wrapProposer != nil {
 		s.proposer = s.cfg.wrapProposer(s.proposer)
 	}
-	s.queue = &queueWriter{props: s.proposer, grants: s.grants, log: s.log, grace: s.cfg.PreemptGrace}
 	return nil
 }
 
@@ -467,19 +439,43 @@ func (s *Server) closeStores() {
 func (s *Server) Shutdown() error {
 	var err error
 	s.shutdownOnce.Do(func() {
-		close(s.shutdownCh)
+		s.cancel(ErrShutdown)
 		s.stopUI()
 		s.grpc.Stop()
 		err = s.raft.Shutdown().Error()
 		s.wg.Wait()
-		s.connMu.Lock()
-		for _, c := range s.conns {
-			c.Close()
-		}
-		s.connMu.Unlock()
+		s.membership.closeConns()
 		s.closeStores()
 	})
 	return err
+}
+
+// ErrShutdown is the cause of a server's end when Shutdown ended it.
+var ErrShutdown = errors.New("broker: shut down")
+
+// Done is closed when the server stops: Shutdown was called, or a part
+// it cannot serve without failed (then Err says which, and the server
+// has shut itself down or is doing so).
+func (s *Server) Done() <-chan struct{} { return s.ctx.Done() }
+
+// Err returns why the server stopped: nil while it serves, ErrShutdown
+// after Shutdown, or the failure that stopped it.
+func (s *Server) Err() error { return context.Cause(s.ctx) }
+
+// serve serves gRPC on lis until the server shuts down. A Serve that
+// fails on its own (the listener broke) leaves a broker nobody can
+// reach: the failure is logged and the server shuts down, so that the
+// process running it sees Done and exits rather than carry on deaf.
+func (s *Server) serve(lis net.Listener) {
+	err := s.grpc.Serve(lis)
+	if s.ctx.Err() != nil || err == nil || errors.Is(err, grpc.ErrServerStopped) {
+		return // Shutdown stopped it
+	}
+	err = fmt.Errorf("broker: serving gRPC on %s: %w", lis.Addr(), err)
+	s.log.Error("gRPC server failed; shutting the broker down", "err", err)
+	s.cancel(err)
+	// Not through goFunc: Shutdown waits for every goFunc, this one too.
+	go s.Shutdown()
 }
 
 func randomHex(n int) string {

@@ -27,20 +27,20 @@ func (e leaseService) ClaimTenant(ctx context.Context, req *gpupoolv1.ClaimTenan
 	if err := c.mayActFor(req.GetTenant(), "claim tenant"); err != nil {
 		return nil, err
 	}
-	if conn, fctx, err := e.s.leaderConn(ctx); err != nil {
+	if conn, fctx, err := e.membership.leaderConn(ctx); err != nil {
 		return nil, err
 	} else if conn != nil {
 		return gpupoolv1.NewLeaseServiceClient(conn).ClaimTenant(fctx, req)
 	}
-	res, err := e.s.apply(&gpupoolv1.ClaimTenantCommand{
-		Claim:    &gpupoolv1.TenantClaim{Tenant: req.GetTenant(), ClusterId: req.GetClusterId(), ClaimedAtMs: e.s.nowMs(), By: c.actor()},
+	res, err := e.apply(&gpupoolv1.ClaimTenantCommand{
+		Claim:    &gpupoolv1.TenantClaim{Tenant: req.GetTenant(), ClusterId: req.GetClusterId(), ClaimedAtMs: e.nowMs(), By: c.actor()},
 		TakeOver: req.GetTakeOver(),
 	})
 	if err != nil {
 		return nil, err
 	}
 	if res.Replaced != nil {
-		e.s.log.Warn("tenant taken over by another Kubernetes cluster", "tenant", req.GetTenant(),
+		e.log.Warn("tenant taken over by another Kubernetes cluster", "tenant", req.GetTenant(),
 			"cluster", req.GetClusterId(), "previous_cluster", res.Replaced.GetClusterId(), "by", protocol.ActorText(c.actor()))
 	}
 	return &gpupoolv1.ClaimTenantResponse{Claim: res.Claim, Replaced: res.Replaced}, nil

@@ -138,7 +138,7 @@ func (s *Server) sampleTenantUsage() {
 	for {
 		s.history.record(s.fsm.State(), s.nowMs())
 		select {
-		case <-s.shutdownCh:
+		case <-s.ctx.Done():
 			return
 		case <-t.C:
 		}
@@ -156,10 +156,10 @@ func (e operatorService) TenantHistory(ctx context.Context, req *gpupoolv1.Tenan
 		}
 	}
 	may := func(t string) bool { return (req.Tenant == "" || t == req.Tenant) && c.mayActFor(t, "") == nil }
-	hs := e.s.history.snapshot(may)
+	hs := e.history.snapshot(may)
 	// The last sample is now, from this server's state, so that a tenant
 	// shows at once and its history ends with its current use.
-	st, now := e.s.fsm.State(), e.s.nowMs()
+	st, now := e.fsm.State(), e.nowMs()
 	byTenant := map[string]*gpupoolv1.TenantUsageHistory{}
 	for _, h := range hs {
 		byTenant[h.Tenant] = h
@@ -178,5 +178,5 @@ func (e operatorService) TenantHistory(ctx context.Context, req *gpupoolv1.Tenan
 		h.Samples = append(h.Samples, &gpupoolv1.TenantUsageSample{AtMs: now, Gpus: u.Gpus, MemoryMib: u.MemoryMib, ComputePercent: u.ComputePercent, Leases: u.Leases})
 	}
 	slices.SortFunc(hs, func(a, b *gpupoolv1.TenantUsageHistory) int { return strings.Compare(a.Tenant, b.Tenant) })
-	return &gpupoolv1.TenantHistoryResponse{Tenants: hs, IntervalMs: e.s.cfg.UsageHistoryInterval.Milliseconds(), ServerId: e.s.cfg.NodeID}, nil
+	return &gpupoolv1.TenantHistoryResponse{Tenants: hs, IntervalMs: e.cfg.UsageHistoryInterval.Milliseconds(), ServerId: e.cfg.NodeID}, nil
 }

@@ -59,12 +59,12 @@ func (l *tlsStreamLayer) Addr() net.Addr { return l.advertise }
 // peerDialOptions are the options of this server's gRPC connections to
 // the other servers: its own broker certificate over TLS, the peer
 // verified by pki.BrokerPeerName; or plaintext without TLS.
-func (s *Server) peerDialOptions() []grpc.DialOption {
-	if s.cfg.TLS == nil {
+func (m *membership) peerDialOptions() []grpc.DialOption {
+	if m.cfg.TLS == nil {
 		return []grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials())}
 	}
 	return []grpc.DialOption{
-		grpc.WithTransportCredentials(credentials.NewTLS(s.cfg.TLS.PeerConfig())),
+		grpc.WithTransportCredentials(credentials.NewTLS(m.cfg.TLS.PeerConfig())),
 		grpc.WithAuthority(pki.BrokerPeerName),
 	}
 }

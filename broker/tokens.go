@@ -51,20 +51,20 @@ func newSigningKey(now time.Time) (*gpupoolv1.SigningKey, error) {
 // ensureSigningKey gives a cluster without a signing key its first one.
 // The leader calls it after its barrier, so the key is generated once and
 // replicated.
-func (s *Server) ensureSigningKey() error {
-	s.keysMu.Lock()
-	defer s.keysMu.Unlock()
-	if currentKey(s.fsm.State()) != nil {
+func (sg *signing) ensureSigningKey() error {
+	sg.keysMu.Lock()
+	defer sg.keysMu.Unlock()
+	if currentKey(sg.fsm.State()) != nil {
 		return nil
 	}
-	k, err := newSigningKey(s.cfg.Clock.Now())
+	k, err := newSigningKey(sg.cfg.Clock.Now())
 	if err != nil {
 		return err
 	}
-	if _, err := s.apply(&gpupoolv1.SetSigningKeysCommand{Keys: []*gpupoolv1.SigningKey{k}}); err != nil {
+	if _, err := sg.apply(&gpupoolv1.SetSigningKeysCommand{Keys: []*gpupoolv1.SigningKey{k}}); err != nil {
 		return err
 	}
-	s.log.Info("generated the cluster's token signing key", "key", k.Id)
+	sg.log.Info("generated the cluster's token signing key", "key", k.Id)
 	return nil
 }
 
@@ -72,11 +72,11 @@ func (s *Server) ensureSigningKey() error {
 // until the tokens it signed have expired: tokens live at most a lease's
 // TTL, so until now plus the longest TTL of a granted lease (plus slack).
 // Keys past their verification time are dropped.
-func (s *Server) rotateSigningKey() (*gpupoolv1.SigningKey, time.Time, error) {
-	s.keysMu.Lock()
-	defer s.keysMu.Unlock()
-	now := s.cfg.Clock.Now()
-	st := s.fsm.State()
+func (sg *signing) rotateSigningKey() (*gpupoolv1.SigningKey, time.Time, error) {
+	sg.keysMu.Lock()
+	defer sg.keysMu.Unlock()
+	now := sg.cfg.Clock.Now()
+	st := sg.fsm.State()
 	var maxTTL time.Duration
 	for _, l := range st.Leases() {
 		if l.State == gpupoolv1.LeaseState_LEASE_STATE_GRANTED {
@@ -85,7 +85,7 @@ func (s *Server) rotateSigningKey() (*gpupoolv1.SigningKey, time.Time, error) {
 	}
 	// The old key also signs for a while after the rotation (see
 	// signingKey), so its tokens live that much longer.
-	until := now.Add(s.keyWarmup() + maxTTL + verifySlack)
+	until := now.Add(sg.keyWarmup() + maxTTL + verifySlack)
 	k, err := newSigningKey(now)
 	if err != nil {
 		return nil, time.Time{}, err
@@ -101,7 +101,7 @@ func (s *Server) rotateSigningKey() (*gpupoolv1.SigningKey, time.Time, error) {
 			keys = append(keys, old)
 		}
 	}
-	if _, err := s.apply(&gpupoolv1.SetSigningKeysCommand{Keys: keys}); err != nil {
+	if _, err := sg.apply(&gpupoolv1.SetSigningKeysCommand{Keys: keys}); err != nil {
 		return nil, time.Time{}, err
 	}
 	return k, until, nil
@@ -110,13 +110,13 @@ func (s *Server) rotateSigningKey() (*gpupoolv1.SigningKey, time.Time, error) {
 // keyWarmup is how long a new key waits before it signs: agents learn
 // keys from heartbeat responses, so after two intervals every connected
 // agent knows it and no fresh token is refused for an unknown key.
-func (s *Server) keyWarmup() time.Duration { return 2 * s.cfg.HeartbeatInterval }
+func (sg *signing) keyWarmup() time.Duration { return 2 * sg.cfg.HeartbeatInterval }
 
 // signingKey returns the key that signs at now: the current key once its
 // warm-up has passed, else the newest key it replaced (still verifying).
-func (s *Server) signingKey(st *state.Reader, now time.Time) *gpupoolv1.SigningKey {
+func (sg *signing) signingKey(st *state.Reader, now time.Time) *gpupoolv1.SigningKey {
 	cur := currentKey(st)
-	if cur == nil || now.Sub(time.UnixMilli(cur.CreatedAtMs)) >= s.keyWarmup() {
+	if cur == nil || now.Sub(time.UnixMilli(cur.CreatedAtMs)) >= sg.keyWarmup() {
 		return cur
 	}
 	var prev *gpupoolv1.SigningKey
@@ -132,12 +132,12 @@ func (s *Server) signingKey(st *state.Reader, now time.Time) *gpupoolv1.SigningK
 }
 
 // hostTokens signs one token per host of l, valid until expires.
-func (s *Server) hostTokens(st *state.Reader, l *gpupoolv1.Lease, expires time.Time) ([]*gpupoolv1.HostToken, error) {
-	k := s.signingKey(st, s.cfg.Clock.Now())
+func (sg *signing) hostTokens(st *state.Reader, l *gpupoolv1.Lease, expires time.Time) ([]*gpupoolv1.HostToken, error) {
+	k := sg.signingKey(st, sg.cfg.Clock.Now())
 	if k == nil {
 		return nil, fmt.Errorf("broker: no signing key yet; retry in a moment")
 	}
-	now := s.cfg.Clock.Now()
+	now := sg.cfg.Clock.Now()
 	var out []*gpupoolv1.HostToken
 	for _, hostID := range state.LeaseHosts(l) {
 		c := &gpupoolv1.LeaseTokenClaims{LeaseId: l.Id, HostId: hostID, FencingToken: l.FencingToken, Tenant: l.Tenant,

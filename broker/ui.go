@@ -40,7 +40,7 @@ func (s *Server) startUI() error {
 	if s.cfg.UI.Bind == "" {
 		return nil
 	}
-	conn, err := s.connTo(s.Addr())
+	conn, err := s.membership.connTo(s.Addr())
 	if err != nil {
 		return fmt.Errorf("broker: console: dial own gRPC at %s: %w", s.Addr(), err)
 	}

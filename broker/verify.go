@@ -17,6 +17,7 @@ import (
 // run one at a time.
 type leadVerifier struct {
 	verify func() error // one round; nil error when a quorum acknowledged us
+	start  func(func()) // runs the rounds' goroutine (the server's goFunc)
 
 	mu      sync.Mutex
 	running bool         // guarded by mu; a goroutine runs rounds
@@ -29,8 +30,10 @@ type verifyRound struct {
 	err     error // set before done closes
 }
 
-func newLeadVerifier(verify func() error) *leadVerifier {
-	return &leadVerifier{verify: verify}
+// newLeadVerifier returns a verifier whose rounds call verify, on a
+// goroutine started with start.
+func newLeadVerifier(verify func() error, start func(func())) *leadVerifier {
+	return &leadVerifier{verify: verify, start: start}
 }
 
 // Confirm returns nil once a round of verification that started after the
@@ -45,7 +48,7 @@ func (v *leadVerifier) Confirm(ctx context.Context) error {
 	r.waiters++
 	if !v.running {
 		v.running = true
-		go v.run()
+		v.start(v.run)
 	}
 	v.mu.Unlock()
 	select {

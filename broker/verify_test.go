@@ -23,7 +23,7 @@ func TestOneVerificationServesEveryRenewalWaitingOnIt(t *testing.T) {
 		mu.Unlock()
 		started <- n
 		return <-release
-	})
+	}, func(f func()) { go f() })
 	ctx := context.Background()
 	first := make(chan error, 1)
 	go func() { first <- v.Confirm(ctx) }()
@@ -68,7 +68,7 @@ func TestOneVerificationServesEveryRenewalWaitingOnIt(t *testing.T) {
 func TestARenewalStopsWaitingWhenItsCallEnds(t *testing.T) {
 	block := make(chan struct{})
 	t.Cleanup(func() { close(block) })
-	v := newLeadVerifier(func() error { <-block; return nil })
+	v := newLeadVerifier(func() error { <-block; return nil }, func(f func()) { go f() })
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()
 	if err := v.Confirm(ctx); !errors.Is(err, context.Canceled) {

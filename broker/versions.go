@@ -1,6 +1,7 @@
 package broker
 
 import (
+	"github.com/gpupool/gpupool/broker/state"
 	"time"
 
 	"google.golang.org/protobuf/proto"
@@ -24,7 +25,7 @@ const versionPollInterval = 2 * time.Second
 // newer command-set version than some server of the cluster reports.
 type versionGate struct {
 	next Proposer
-	s    *Server
+	fsm  *fsm.FSM
 	// need is the version a command type needs (fsm.CommandVersion when
 	// nil; tests give their own).
 	need func(fsm.MessageType) (uint32, bool)
@@ -44,7 +45,7 @@ func (g versionGate) Propose(cmd proto.Message) Proposal {
 	if need <= 1 {
 		return g.next.Propose(cmd)
 	}
-	for _, srv := range g.s.fsm.State().Servers() {
+	for _, srv := range g.fsm.State().Servers() {
 		if have := fsm.ServerVersion(srv.FsmVersion); have < need {
 			return failed{refusef(ErrPrecondition,
 				"command %T needs every broker at FSM version %d or newer, and broker %s reports version %d: finish upgrading the brokers, then retry",
@@ -57,12 +58,12 @@ func (g versionGate) Propose(cmd proto.Message) Proposal {
 // recordServerVersions asks every configured server for its version and
 // records those that changed. An unreachable server keeps the version
 // recorded for it.
-func (s *Server) recordServerVersions() {
-	f := s.raft.GetConfiguration()
+func (ld *leadership) recordServerVersions() {
+	f := ld.raft.GetConfiguration()
 	if f.Error() != nil {
 		return
 	}
-	st := s.fsm.State()
+	st := ld.fsm.State()
 	for _, srv := range f.Configuration().Servers {
 		id := string(srv.ID)
 		cur := st.Server(id)
@@ -70,8 +71,8 @@ func (s *Server) recordServerVersions() {
 			continue // upsertServers records it first
 		}
 		v := fsm.Version
-		if id != s.cfg.NodeID {
-			info, err := s.askInfo(cur.RpcAddress)
+		if id != ld.cfg.NodeID {
+			info, err := ld.membership.askInfo(cur.RpcAddress)
 			if err != nil || info.Id != id {
 				continue
 			}
@@ -82,25 +83,25 @@ func (s *Server) recordServerVersions() {
 		}
 		up := proto.Clone(cur).(*gpupoolv1.UpsertServerCommand)
 		up.FsmVersion = v
-		if _, err := s.apply(up); err != nil {
-			s.log.Warn("record server version", "id", id, "fsm_version", v, "err", err)
+		if _, err := ld.apply(up); err != nil {
+			ld.log.Warn("record server version", "id", id, "fsm_version", v, "err", err)
 			continue
 		}
-		s.log.Info("server reports its FSM version", "id", id, "fsm_version", fsm.ServerVersion(v), "was", fsm.ServerVersion(cur.FsmVersion))
+		ld.log.Info("server reports its FSM version", "id", id, "fsm_version", fsm.ServerVersion(v), "was", fsm.ServerVersion(cur.FsmVersion))
 	}
 }
 
 // watchServerVersions records the servers' versions now and then every
 // versionPollInterval, until leadership ends.
-func (s *Server) watchServerVersions(ls *leaderState) {
+func (ld *leadership) watchServerVersions(ls *leaderState) {
 	t := time.NewTicker(versionPollInterval)
 	defer t.Stop()
 	for {
-		s.recordServerVersions()
+		ld.recordServerVersions()
 		select {
 		case <-ls.stopCh:
 			return
-		case <-s.shutdownCh:
+		case <-ld.ctx.Done():
 			return
 		case <-t.C:
 		}
@@ -109,8 +110,8 @@ func (s *Server) watchServerVersions(ls *leaderState) {
 
 // keepVersion carries the recorded version of server id into an upsert
 // of its addresses.
-func keepVersion(s *Server, cmd *gpupoolv1.UpsertServerCommand) *gpupoolv1.UpsertServerCommand {
-	if cur := s.fsm.State().Server(cmd.Id); cur != nil {
+func keepVersion(st *state.Reader, cmd *gpupoolv1.UpsertServerCommand) *gpupoolv1.UpsertServerCommand {
+	if cur := st.Server(cmd.Id); cur != nil {
 		cmd.FsmVersion = cur.FsmVersion
 	}
 	return cmd

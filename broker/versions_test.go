@@ -29,7 +29,7 @@ func TestANewCommandWaitsUntilEveryBrokerKnowsIt(t *testing.T) {
 	}
 	next := &countingProposer{}
 	// SetQuota plays a command added in version 2.
-	g := versionGate{next: next, s: &Server{fsm: f}, need: func(t fsm.MessageType) (uint32, bool) {
+	g := versionGate{next: next, fsm: f, need: func(t fsm.MessageType) (uint32, bool) {
 		if t == fsm.SetQuotaType {
 			return 2, true
 		}

@@ -40,23 +40,40 @@ func watchInterval(ms int64) (time.Duration, error) {
 	return d, nil
 }
 
+// stateWatch runs the rounds of a watch stream; poolService and
+// leaseService each hold one.
+type stateWatch struct {
+	*node
+	leadership leaderMemory
+	gatekeeper rechecker
+}
+
+// rechecker checks a caller's token again during a stream. It is
+// implemented by gatekeeper.
+type rechecker interface {
+	// recheck returns nil while c's token, read again from the state,
+	// is still valid (not deleted, not expired); an anonymous caller
+	// (ACL off) always is.
+	recheck(c *caller) error
+}
+
 // watchState calls build with the current state at once, then whenever the
 // state changes (at most every minWatchInterval) and every interval, until
 // ctx ends, build fails, or — unless stale — this server stops leading.
 // Every round re-checks the caller's token, so a revoked token's watch
 // ends even when nothing changes.
-func (s *Server) watchState(ctx context.Context, interval time.Duration, stale bool, build func(*state.Reader) error) error {
+func (w stateWatch) watchState(ctx context.Context, interval time.Duration, stale bool, build func(*state.Reader) error) error {
 	c := callerFrom(ctx)
 	tick := time.NewTicker(interval)
 	defer tick.Stop()
 	for {
-		if !stale && s.currentLeader() == nil {
+		if !stale && w.leadership.currentLeader() == nil {
 			return refuse(ErrUnavailable, "this server no longer leads; watch again")
 		}
-		if err := s.recheck(c); err != nil {
+		if err := w.gatekeeper.recheck(c); err != nil {
 			return err
 		}
-		st := s.fsm.State()
+		st := w.fsm.State()
 		_, changed := st.IndexWatch()
 		if err := build(st); err != nil {
 			return err
@@ -64,7 +81,7 @@ func (s *Server) watchState(ctx context.Context, interval time.Duration, stale b
 		select {
 		case <-ctx.Done():
 			return ctx.Err() // the caller's deadline or cancellation, not a clean end
-		case <-s.shutdownCh:
+		case <-w.ctx.Done():
 			return refuse(ErrUnavailable, "server shutting down")
 		case <-tick.C:
 		case <-changed:
@@ -76,29 +93,6 @@ func (s *Server) watchState(ctx context.Context, interval time.Duration, stale b
 			}
 		}
 	}
-}
-
-// watchOnLeader serves a watch here when this server leads (or the watch
-// is stale), and otherwise proxies it to the leader.
-func watchOnLeader[Resp any](s *Server, stream grpc.ServerStreamingServer[Resp], stale bool,
-	open func(conn *grpc.ClientConn, ctx context.Context) (grpc.ServerStreamingClient[Resp], error),
-	serve func() error) error {
-	ctx := stream.Context()
-	if stale {
-		return serve()
-	}
-	conn, fctx, err := s.readConn(ctx, false)
-	if err != nil {
-		return err
-	}
-	if conn == nil {
-		return serve()
-	}
-	out, err := open(conn, fctx)
-	if err != nil {
-		return err
-	}
-	return proxyServerStream(stream, out)
 }
 
 // diff keeps what a watch sent, by key, and sends what changed.
@@ -150,7 +144,7 @@ func (e poolService) WatchHosts(req *gpupoolv1.WatchHostsRequest, stream grpc.Se
 	if err != nil {
 		return err
 	}
-	return watchOnLeader(e.s, stream, req.Stale,
+	return watchOnLeader(e.membership, stream, req.Stale,
 		func(conn *grpc.ClientConn, ctx context.Context) (grpc.ServerStreamingClient[gpupoolv1.HostEvent], error) {
 			return gpupoolv1.NewPoolServiceClient(conn).WatchHosts(ctx, req)
 		},
@@ -164,7 +158,7 @@ func (e poolService) WatchHosts(req *gpupoolv1.WatchHostsRequest, stream grpc.Se
 				h.LastHeartbeatAgeMs = 0
 				return h
 			}
-			return e.s.watchState(stream.Context(), interval, req.Stale, func(st *state.Reader) error {
+			return e.watch.watchState(stream.Context(), interval, req.Stale, func(st *state.Reader) error {
 				now, order := map[string]*gpupoolv1.Host{}, []string{}
 				hosts := st.HostsWithDevices()
 				if req.HostId != "" {
@@ -177,7 +171,7 @@ func (e poolService) WatchHosts(req *gpupoolv1.WatchHostsRequest, stream grpc.Se
 				}
 				for _, h := range hosts {
 					if !req.Stale {
-						h = e.s.withLiveView(h)
+						h = e.leadership.withLiveView(h)
 					}
 					now[h.Id] = h
 					order = append(order, h.Id)
@@ -197,21 +191,21 @@ func (e poolService) WatchDevices(req *gpupoolv1.WatchDevicesRequest, stream grp
 	if err != nil {
 		return err
 	}
-	return watchOnLeader(e.s, stream, req.Stale,
+	return watchOnLeader(e.membership, stream, req.Stale,
 		func(conn *grpc.ClientConn, ctx context.Context) (grpc.ServerStreamingClient[gpupoolv1.DeviceEvent], error) {
 			return gpupoolv1.NewPoolServiceClient(conn).WatchDevices(ctx, req)
 		},
 		func() error {
 			var d diff[*gpupoolv1.Device]
 			same := func(d *gpupoolv1.Device) *gpupoolv1.Device { return d }
-			return e.s.watchState(stream.Context(), interval, req.Stale, func(st *state.Reader) error {
+			return e.watch.watchState(stream.Context(), interval, req.Stale, func(st *state.Reader) error {
 				devs := st.Devices()
 				if req.HostId != "" {
 					devs = st.HostDevices(req.HostId)
 				}
 				var ls *leaderState
 				if !req.Stale {
-					ls = e.s.currentLeader()
+					ls = e.leadership.currentLeader()
 				}
 				now, order := map[string]*gpupoolv1.Device{}, []string{}
 				for _, dev := range devs {
@@ -243,20 +237,20 @@ func (e leaseService) WatchQueue(req *gpupoolv1.WatchQueueRequest, stream grpc.S
 	if err != nil {
 		return err
 	}
-	return watchOnLeader(e.s, stream, req.Stale,
+	return watchOnLeader(e.membership, stream, req.Stale,
 		func(conn *grpc.ClientConn, ctx context.Context) (grpc.ServerStreamingClient[gpupoolv1.QueueSnapshot], error) {
 			return gpupoolv1.NewLeaseServiceClient(conn).WatchQueue(ctx, req)
 		},
 		func() error {
 			var last *gpupoolv1.QueueSnapshot
-			return e.s.watchState(stream.Context(), interval, req.Stale, func(st *state.Reader) error {
-				q := e.s.queueSnapshot(st, c, req.Tenant)
+			return e.watch.watchState(stream.Context(), interval, req.Stale, func(st *state.Reader) error {
+				q := e.queueSnapshot(st, c, req.Tenant)
 				if last != nil && proto.Equal(last, q) {
 					return nil
 				}
 				last = q
 				out := proto.CloneOf(q)
-				out.AtMs = e.s.nowMs()
+				out.AtMs = e.nowMs()
 				return stream.Send(out)
 			})
 		})
@@ -264,30 +258,30 @@ func (e leaseService) WatchQueue(req *gpupoolv1.WatchQueueRequest, stream grpc.S
 
 // queueSnapshot is the queue as c may see it (of one tenant, or all),
 // without its time.
-func (s *Server) queueSnapshot(st *state.Reader, c *caller, tenant string) *gpupoolv1.QueueSnapshot {
+func (e leaseService) queueSnapshot(st *state.Reader, c *caller, tenant string) *gpupoolv1.QueueSnapshot {
 	match := func(l *gpupoolv1.Lease) bool { return (tenant == "" || l.Tenant == tenant) && c.sees(l) }
 	q := &gpupoolv1.QueueSnapshot{Index: st.Index()}
-	why := s.explainer(st)
+	why := e.capacity.explainer(st)
 	seen := map[string]bool{}
 	for _, p := range st.PendingLeases() {
 		for _, v := range st.PreemptedFor(p.Id) {
 			if match(v) && !seen[v.Id] {
 				seen[v.Id] = true
-				q.Preempting = append(q.Preempting, s.queueView(v))
+				q.Preempting = append(q.Preempting, e.queueView(v))
 			}
 		}
 		if match(p) {
-			q.Pending = append(q.Pending, s.view(why, p))
+			q.Pending = append(q.Pending, e.leadership.view(why, p))
 		}
 	}
 	for _, l := range st.ElasticLeases() {
 		if !match(l) {
 			continue
 		}
-		el := &gpupoolv1.ElasticLease{Lease: s.queueView(l)}
+		el := &gpupoolv1.ElasticLease{Lease: e.queueView(l)}
 		for _, x := range st.Extras(l.Id) {
 			if state.Holding(x.State) {
-				el.Extras = append(el.Extras, s.queueView(x))
+				el.Extras = append(el.Extras, e.queueView(x))
 			}
 		}
 		q.Elastic = append(q.Elastic, el)
@@ -298,8 +292,8 @@ func (s *Server) queueSnapshot(st *state.Reader, c *caller, tenant string) *gpup
 // queueView is a granted lease as the queue's snapshot shows it: the
 // leader's view without the expiry, which moves on every renewal and
 // would make every round differ.
-func (s *Server) queueView(l *gpupoolv1.Lease) *gpupoolv1.Lease {
-	l = proto.CloneOf(s.withLeaderView(l))
+func (e leaseService) queueView(l *gpupoolv1.Lease) *gpupoolv1.Lease {
+	l = proto.CloneOf(e.leadership.withLeaderView(l))
 	l.ExpiresAtMs = 0
 	return l
 }

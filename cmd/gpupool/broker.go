@@ -155,7 +155,14 @@ is for tests and benchmarks on a closed machine only. See docs/security.md.`,
 			if u := s.UIURL(); u != "" {
 				fmt.Fprintf(cmd.ErrOrStderr(), "broker %s console at %s\n", s.ID(), u)
 			}
-			<-cmd.Context().Done()
+			select {
+			case <-cmd.Context().Done():
+			case <-s.Done():
+				// The broker stopped on its own: a part it cannot serve
+				// without failed (it logged which).
+				s.Shutdown()
+				return fmt.Errorf("broker %s stopped: %w", s.ID(), s.Err())
+			}
 			logger.Info("shutting down", "id", s.ID())
 			return s.Shutdown()
 		},
