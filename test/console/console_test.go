@@ -382,7 +382,9 @@ func TestConsoleInABrowser(t *testing.T) {
 	drained := lease.Slices[0].Host
 	p.cli("host", "drain", drained, "--deadline", "1h", "--reason", "<script>alert('reason')</script>", "--token", p.mgmt)
 	run(t, ctx, "host page", chromedp.Navigate(base+"hosts/"+drained), chromedp.WaitVisible(chromedp.ID(`drain-countdown`)))
-	first, err := chromedp.Run(ctx, chromedp.Text(chromedp.ID(`drain-countdown`)))
+	// Read by script, not through a node id: a live update may replace
+	// the element between the wait and the read.
+	first, err := chromedp.Run(ctx, chromedp.Evaluate[string](`document.getElementById("drain-countdown").textContent`))
 	if err != nil {
 		t.Fatal(err)
 	}
