@@ -1,6 +1,7 @@
 package sandbox
 
 import (
+	"cmp"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -28,6 +29,13 @@ type initSpec struct {
 	Cgroups  []string `json:"cgroups,omitempty"`
 	Hide     []string `json:"hide,omitempty"`
 	Expose   []string `json:"expose,omitempty"`
+	// Hostname is set in the lease's UTS namespace.
+	Hostname string `json:"hostname,omitempty"`
+	// TmpfsSize is the size= of the private /tmp, /var/tmp and /dev/shm.
+	TmpfsSize string `json:"tmpfs_size,omitempty"`
+	// HostIPC keeps the host's /dev/shm (the init is then in the host's
+	// IPC namespace too).
+	HostIPC bool `json:"host_ipc,omitempty"`
 }
 
 // Init runs this process as a sandbox's init and exits, if the agent
@@ -61,6 +69,14 @@ func runInit(s initSpec, argv []string) int {
 	}
 	if err := setupMounts(s); err != nil {
 		return fail("%v", err)
+	}
+	if s.Hostname != "" {
+		if err := unix.Sethostname([]byte(s.Hostname)); err != nil {
+			return fail("setting the hostname: %v", err)
+		}
+		if err := unix.Setdomainname([]byte("(none)")); err != nil {
+			return fail("setting the domain name: %v", err)
+		}
 	}
 	// no_new_privs is a property of one thread, which its forks inherit:
 	// the thread that sets it must be the one ForkExec forks from. Go
@@ -110,10 +126,40 @@ func runInit(s initSpec, argv []string) int {
 	}
 }
 
+// privateMount is a mount every sandbox gets a fresh one of, where the
+// host has the directory: nothing in it is shared with the host or with
+// another lease, and it ends with the mount namespace.
+type privateMount struct {
+	path, fstype, opts string
+	flags              uintptr
+}
+
+// privateMounts are the sandbox's private mounts, in the order they are
+// mounted, all nosuid and nodev: /tmp, /var/tmp and /dev/shm of
+// s.TmpfsSize each, /run/lock of 1 MiB (lock files are empty), and a
+// /dev/mqueue of the lease's IPC namespace. Leases with HostIPC keep the
+// host's /dev/shm and /dev/mqueue.
+func privateMounts(s initSpec) []privateMount {
+	const flags = unix.MS_NOSUID | unix.MS_NODEV
+	size := "size=" + cmp.Or(s.TmpfsSize, "50%")
+	ms := []privateMount{
+		{"/tmp", "tmpfs", "mode=1777," + size, flags},
+		{"/var/tmp", "tmpfs", "mode=1777," + size, flags},
+		{"/run/lock", "tmpfs", "mode=1777,size=1m", flags},
+	}
+	if !s.HostIPC {
+		ms = append(ms,
+			privateMount{"/dev/shm", "tmpfs", "mode=1777," + size, flags},
+			privateMount{"/dev/mqueue", "mqueue", "", flags | unix.MS_NOEXEC})
+	}
+	return ms
+}
+
 // setupMounts makes the mounts private, gives the sandbox its own empty
-// /tmp and /var/tmp, hides s.Hide behind empty tmpfs mounts, mounts the
-// lease's directory back (writable) and s.Expose back (read-only), and
-// mounts a /proc of its PID namespace.
+// /tmp, /var/tmp, /run/lock and (unless s.HostIPC) /dev/shm and
+// /dev/mqueue, hides s.Hide behind empty tmpfs mounts, mounts the lease's
+// directory back (writable) and s.Expose back (read-only), and mounts a
+// /proc of its PID namespace.
 func setupMounts(s initSpec) error {
 	if err := unix.Mount("", "/", "", unix.MS_REC|unix.MS_PRIVATE, ""); err != nil {
 		return fmt.Errorf("making the mounts private: %w", err)
@@ -129,7 +175,11 @@ func setupMounts(s initSpec) error {
 			unix.Close(b.fd)
 		}
 	}()
-	private := []string{"/tmp", "/var/tmp"}
+	mounts := privateMounts(s)
+	var private []string
+	for _, pm := range mounts {
+		private = append(private, pm.path)
+	}
 	keep := func(path string, ro bool) error {
 		if !under(path, s.Hide) && !under(path, private) {
 			return nil
@@ -154,12 +204,12 @@ func setupMounts(s initSpec) error {
 	}
 	// The private /tmp first: a hidden directory may be inside it, and is
 	// then gone already.
-	for _, t := range private {
-		if fi, err := os.Stat(t); err != nil || !fi.IsDir() {
+	for _, pm := range mounts {
+		if fi, err := os.Stat(pm.path); err != nil || !fi.IsDir() {
 			continue
 		}
-		if err := unix.Mount("tmpfs", t, "tmpfs", unix.MS_NOSUID|unix.MS_NODEV, "mode=1777"); err != nil {
-			return fmt.Errorf("a private %s: %w", t, err)
+		if err := unix.Mount(pm.fstype, pm.path, pm.fstype, pm.flags, pm.opts); err != nil {
+			return fmt.Errorf("a private %s: %w", pm.path, err)
 		}
 	}
 	for _, h := range s.Hide {

@@ -7,10 +7,15 @@
 //     and of the agent are unreadable by ordinary permissions;
 //   - a private mount namespace in which the configured hidden
 //     directories (the agent's data dir) are empty tmpfs mounts, the
-//     lease's directory is mounted back at its path, and /tmp and /var/tmp
-//     are private tmpfs mounts;
+//     lease's directory is mounted back at its path, and /tmp, /var/tmp,
+//     /dev/shm and /run/lock are private tmpfs mounts that end with the
+//     lease's last process;
 //   - a PID namespace with its own /proc: the lease sees its own
 //     processes only, and cannot signal or trace any other;
+//   - an IPC namespace of its own (SysV shared memory, message queues and
+//     semaphores, POSIX message queues) and a UTS namespace whose
+//     hostname names the lease, not the host; leases of the shared MPS
+//     user keep the host's IPC namespace and /dev/shm, which MPS needs;
 //   - a cgroup per lease (v2, or v1 with the cpu, memory, pids and freezer
 //     controllers) that holds all of its processes, caps the host CPU and
 //     memory the lease asked for, and is how the agent finds them. A
@@ -30,6 +35,7 @@
 package sandbox
 
 import (
+	"crypto/sha256"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -158,8 +164,13 @@ type Manager struct {
 
 // leaseBox is what the manager knows of one lease's sandbox.
 type leaseBox struct {
-	uid int
-	dir string
+	uid       int
+	dir       string
+	memoryMiB int64
+	// hostIPC is set for leases of the shared MPS user: an MPS server and
+	// its clients share memory through the host's IPC namespace and
+	// /dev/shm.
+	hostIPC bool
 }
 
 // validLease is what a lease id may look like to name a cgroup and a dir.
@@ -263,7 +274,7 @@ func (m *Manager) user(spec Spec) (int, error) {
 		return b.uid, nil
 	}
 	take := func(uid int) (int, error) {
-		m.leases[spec.Lease] = leaseBox{uid: uid, dir: spec.Dir}
+		m.leases[spec.Lease] = leaseBox{uid: uid, dir: spec.Dir, memoryMiB: spec.MemoryMiB, hostIPC: spec.User == m.SharedUser()}
 		return uid, nil
 	}
 	if spec.User != 0 {
@@ -319,7 +330,8 @@ func (m *Manager) Command(lease string, cmd *exec.Cmd) error {
 	if err != nil {
 		return fmt.Errorf("sandbox: finding the agent's binary: %w", err)
 	}
-	s := initSpec{Prog: prog, Dir: cmd.Dir, LeaseDir: b.dir, UID: b.uid, GID: b.uid, Hide: m.cfg.Hide, Expose: m.cfg.Expose}
+	s := initSpec{Prog: prog, Dir: cmd.Dir, LeaseDir: b.dir, UID: b.uid, GID: b.uid, Hide: m.cfg.Hide, Expose: m.cfg.Expose,
+		Hostname: leaseHostname(lease), TmpfsSize: tmpfsSize(b.memoryMiB), HostIPC: b.hostIPC}
 	if m.cg != nil {
 		s.Cgroups = m.cg.procsFiles(lease)
 	}
@@ -332,8 +344,32 @@ func (m *Manager) Command(lease string, cmd *exec.Cmd) error {
 	if cmd.SysProcAttr == nil {
 		cmd.SysProcAttr = &syscall.SysProcAttr{}
 	}
-	cmd.SysProcAttr.Cloneflags |= syscall.CLONE_NEWNS | syscall.CLONE_NEWPID
+	cmd.SysProcAttr.Cloneflags |= syscall.CLONE_NEWNS | syscall.CLONE_NEWPID | syscall.CLONE_NEWUTS
+	if !b.hostIPC {
+		cmd.SysProcAttr.Cloneflags |= syscall.CLONE_NEWIPC
+	}
 	return nil
+}
+
+// leaseHostname is the hostname a lease's processes see: the lease id
+// (cut to fit), and a hash of the host's own name, so that the hosts of
+// one lease tell each other apart without learning the host's name.
+func leaseHostname(lease string) string {
+	host, _ := os.Hostname()
+	sum := sha256.Sum256([]byte(host))
+	const max = 64 - 1 - 8 // HOST_NAME_MAX, a dash and the hash
+	return fmt.Sprintf("%.*s-%x", max, lease, sum[:4])
+}
+
+// tmpfsSize is the size of a lease's private /tmp, /var/tmp and /dev/shm
+// each: its memory cap, or without one tmpfs's own default of half the
+// host's memory. What they hold is memory charged to the lease's cgroup,
+// so together they never exceed the cap either.
+func tmpfsSize(memoryMiB int64) string {
+	if memoryMiB > 0 {
+		return strconv.FormatInt(memoryMiB, 10) + "m"
+	}
+	return "50%"
 }
 
 // LeaseOf reads a process's /proc/PID/cgroup: the lease whose cgroup

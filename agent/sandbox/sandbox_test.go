@@ -1,6 +1,7 @@
 package sandbox
 
 import (
+	"bufio"
 	"bytes"
 	"fmt"
 	"os"
@@ -253,6 +254,152 @@ func TestBadConfigAndSpecsAreRefused(t *testing.T) {
 	for _, spec := range []Spec{{Lease: "../x", Dir: "/tmp"}, {Lease: "L", Dir: "rel"}, {Lease: "L", Dir: "/tmp", MemoryMiB: -1}} {
 		if _, err := m.Prepare(spec); err == nil {
 			t.Errorf("Prepare(%+v) succeeded, want an error", spec)
+		}
+	}
+}
+
+// start starts a shell script in the lease's sandbox and returns the
+// first line it prints, leaving it running until the test ends.
+func start(t *testing.T, m *Manager, lease, dir, script string) string {
+	t.Helper()
+	cmd := &exec.Cmd{Path: "/bin/sh", Args: []string{"sh", "-c", script}, Dir: dir, Env: []string{"PATH=/usr/bin:/bin", "GPUPOOL_LEASE_ID=" + lease}}
+	if err := m.Command(lease, cmd); err != nil {
+		t.Fatal(err)
+	}
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		cmd.Process.Kill()
+		cmd.Wait()
+	})
+	// The read ends at the first line, or at EOF when the script fails.
+	line, err := bufio.NewReader(out).ReadString('\n')
+	if err != nil {
+		cmd.Wait()
+		t.Fatalf("lease %s printed %q (%v), stderr %q", lease, line, err, stderr.String())
+	}
+	return line
+}
+
+// haveIPCTools says why SysV IPC rows cannot run, or "".
+func haveIPCTools() string {
+	for _, tool := range []string{"ipcmk", "ipcs"} {
+		if _, err := exec.LookPath(tool); err != nil {
+			return "util-linux's " + tool + " is not installed: SysV IPC rows need it to make and list objects"
+		}
+	}
+	return ""
+}
+
+// ipcCounts is a script that prints how many SysV shared memory
+// segments, message queues and semaphore sets its IPC namespace holds.
+const ipcCounts = `echo $(ipcs -m | grep -c '^0x') $(ipcs -q | grep -c '^0x') $(ipcs -s | grep -c '^0x')`
+
+func TestTwoLiveLeasesShareNoTmpfsIPCOrHostname(t *testing.T) {
+	m, hidden := newManager(t)
+	dirA, _ := prepare(t, m, hidden, "L-a", 0, 256)
+	dirB, _ := prepare(t, m, hidden, "L-b", 0, 256)
+	name := fmt.Sprintf("gpupool-sandbox-test-%d", os.Getpid())
+	shared := []string{"/tmp", "/var/tmp", "/dev/shm", "/run/lock"}
+	// Lease A leaves a file in each shared place and one SysV object of
+	// each kind, then stays alive while lease B looks for them.
+	var script strings.Builder
+	for _, p := range shared {
+		if _, err := os.Stat(p); err == nil {
+			fmt.Fprintf(&script, "echo A > %s/%s && chmod 644 %s/%s && ", p, name, p, name)
+		}
+	}
+	noIPC := haveIPCTools()
+	if noIPC == "" {
+		script.WriteString("ipcmk -M 4096 >/dev/null && ipcmk -Q >/dev/null && ipcmk -S 1 >/dev/null && " + ipcCounts + " && ")
+	} else {
+		script.WriteString("echo - && ")
+	}
+	script.WriteString("exec sleep 600")
+	got := start(t, m, "L-a", dirA, script.String())
+	if noIPC == "" && got != "1 1 1\n" {
+		t.Fatalf("lease A's IPC namespace holds %q objects, want its own 1 1 1", got)
+	}
+	host, err := os.Hostname()
+	if err != nil {
+		t.Fatal(err)
+	}
+	type row struct {
+		name, script, want, skip string
+		// after, when set, checks the host once the row ran.
+		after func(t *testing.T)
+	}
+	var tests []row
+	for _, p := range shared {
+		skip := ""
+		if _, err := os.Stat(p); err != nil {
+			skip = "this host has no " + p
+		}
+		mine := filepath.Join(p, name+"-b")
+		tests = append(tests,
+			row{name: "it cannot see lease A's file in " + p, script: "cat " + filepath.Join(p, name) + " 2>/dev/null || echo hidden", want: "hidden\n", skip: skip},
+			row{name: "what it writes to " + p + " stays out of the host's", script: "echo B > " + mine + " && echo wrote", want: "wrote\n", skip: skip,
+				after: func(t *testing.T) {
+					if _, err := os.Stat(mine); err == nil {
+						os.Remove(mine)
+						t.Errorf("%s is on the host, want it in the lease's private %s only", mine, p)
+					}
+				}},
+		)
+	}
+	tests = append(tests,
+		row{name: "it cannot see lease A's or the host's SysV shared memory, message queues or semaphores", script: ipcCounts, want: "0 0 0\n", skip: noIPC},
+		row{name: "its /dev/shm, /tmp and /var/tmp are bounded by its memory cap", script: "df -m /dev/shm /tmp /var/tmp | awk 'NR>1{print $2}' | uniq", want: "256\n"},
+		row{name: "its hostname names the lease, not the host", script: "hostname", want: leaseHostname("L-b") + "\n",
+			after: func(t *testing.T) {
+				if leaseHostname("L-b") == host {
+					t.Errorf("the lease's hostname %q is the host's", host)
+				}
+			}},
+	)
+	if noIPC == "" {
+		// One of the host's own, which B must not see either.
+		out, err := exec.Command("ipcmk", "-M", "4096").Output()
+		id := strings.TrimSpace(strings.TrimPrefix(string(out), "Shared memory id:"))
+		if err != nil {
+			t.Fatalf("ipcmk -M on the host: %v", err)
+		}
+		t.Cleanup(func() { exec.Command("ipcrm", "-m", id).Run() })
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			if tt.skip != "" {
+				t.Skip(tt.skip)
+			}
+			got, code := run(t, m, "L-b", dirB, tt.script)
+			if got != tt.want || code != 0 {
+				t.Fatalf("got %q exit %d, want %q exit 0", got, code, tt.want)
+			}
+			if tt.after != nil {
+				tt.after(t)
+			}
+		})
+	}
+	for _, p := range shared {
+		if _, err := os.Stat(filepath.Join(p, name)); err == nil {
+			t.Errorf("lease A's %s is on the host, want it in A's private %s only", filepath.Join(p, name), p)
+		}
+	}
+}
+
+func TestALeaseHostnameFitsAndNamesNoHost(t *testing.T) {
+	host, _ := os.Hostname()
+	for _, lease := range []string{"L-1", strings.Repeat("x", 128)} {
+		got := leaseHostname(lease)
+		if len(got) > 64 || !strings.HasPrefix(got, lease[:min(len(lease), 55)]+"-") || len(host) >= 8 && strings.Contains(got, host) {
+			t.Errorf("leaseHostname(%q) = %q, want at most 64 bytes: the lease id, a dash and a hash, without %q", lease, got, host)
 		}
 	}
 }
