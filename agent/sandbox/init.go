@@ -9,6 +9,7 @@ import (
 	"os/signal"
 	"path/filepath"
 	"runtime"
+	"strconv"
 	"strings"
 	"syscall"
 
@@ -181,9 +182,6 @@ func setupMounts(s initSpec) error {
 		private = append(private, pm.path)
 	}
 	keep := func(path string, ro bool) error {
-		if !under(path, s.Hide) && !under(path, private) {
-			return nil
-		}
 		fd, err := unix.Open(path, unix.O_PATH|unix.O_CLOEXEC, 0)
 		if err != nil {
 			if ro && errors.Is(err, unix.ENOENT) {
@@ -194,13 +192,21 @@ func setupMounts(s initSpec) error {
 		backs = append(backs, back{path, fd, ro})
 		return nil
 	}
+	// The lease's directory always: it is the one writable path left
+	// once the host's mounts are read-only.
 	if err := keep(s.LeaseDir, false); err != nil {
 		return err
 	}
 	for _, p := range s.Expose {
+		if !under(p, s.Hide) && !under(p, private) {
+			continue // in sight, and read-only with the host's mounts
+		}
 		if err := keep(p, true); err != nil {
 			return err
 		}
+	}
+	if err := readOnlyHost(); err != nil {
+		return err
 	}
 	// The private /tmp first: a hidden directory may be inside it, and is
 	// then gone already.
@@ -212,6 +218,7 @@ func setupMounts(s initSpec) error {
 			return fmt.Errorf("a private %s: %w", pm.path, err)
 		}
 	}
+	var hidden []string
 	for _, h := range s.Hide {
 		if fi, err := os.Stat(h); err != nil || !fi.IsDir() {
 			continue
@@ -219,6 +226,7 @@ func setupMounts(s initSpec) error {
 		if err := unix.Mount("tmpfs", h, "tmpfs", unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, "mode=0755,size=64k"); err != nil {
 			return fmt.Errorf("hiding %s: %w", h, err)
 		}
+		hidden = append(hidden, h)
 	}
 	for _, b := range backs {
 		if err := os.MkdirAll(b.path, 0o755); err != nil {
@@ -227,16 +235,104 @@ func setupMounts(s initSpec) error {
 		if err := unix.Mount(fmt.Sprintf("/proc/self/fd/%d", b.fd), b.path, "", unix.MS_BIND, ""); err != nil {
 			return fmt.Errorf("mounting %s back: %w", b.path, err)
 		}
+		// A bind mount has the flags of the mount it came from, which is
+		// read-only now: the lease's directory is made writable again.
+		flags := uintptr(unix.MS_BIND | unix.MS_REMOUNT | unix.MS_NOSUID | unix.MS_NODEV)
 		if b.ro {
-			if err := unix.Mount("", b.path, "", unix.MS_BIND|unix.MS_REMOUNT|unix.MS_RDONLY|unix.MS_NOSUID|unix.MS_NODEV, ""); err != nil {
-				return fmt.Errorf("making %s read-only: %w", b.path, err)
-			}
+			flags |= unix.MS_RDONLY
+		}
+		if err := unix.Mount("", b.path, "", flags, ""); err != nil {
+			return fmt.Errorf("mounting %s back: %w", b.path, err)
+		}
+	}
+	// Read-only once the directories to mount back are made in them.
+	for _, h := range hidden {
+		if err := unix.Mount("", h, "", unix.MS_BIND|unix.MS_REMOUNT|unix.MS_RDONLY|unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, ""); err != nil {
+			return fmt.Errorf("hiding %s: %w", h, err)
 		}
 	}
 	if err := unix.Mount("proc", "/proc", "proc", unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, ""); err != nil {
 		return fmt.Errorf("mounting /proc of the PID namespace: %w", err)
 	}
 	return nil
+}
+
+// keptFlags are the per-mount flags readOnlyHost leaves as they were,
+// as statfs reports them and as mount takes them.
+var keptFlags = []struct{ st, ms uintptr }{
+	{unix.ST_NODEV, unix.MS_NODEV},
+	{unix.ST_NOEXEC, unix.MS_NOEXEC},
+	{unix.ST_NOATIME, unix.MS_NOATIME},
+	{unix.ST_NODIRATIME, unix.MS_NODIRATIME},
+	{unix.ST_RELATIME, unix.MS_RELATIME},
+}
+
+// readOnlyHost makes every mount of the (private) mount namespace
+// read-only and nosuid, and nodev outside /dev, where device nodes such
+// as /dev/null and the GPUs' must keep working (writing a device node
+// needs no writable mount). It changes this namespace's mounts only,
+// never the host's: a bind remount sets per-mount flags, not the
+// filesystem's. Mounts made after it (the private tmpfs mounts, the
+// lease's directory) have their own flags.
+func readOnlyHost() error {
+	mi, err := os.ReadFile("/proc/self/mountinfo")
+	if err != nil {
+		return fmt.Errorf("listing the mounts: %w", err)
+	}
+	for line := range strings.SplitSeq(string(mi), "\n") {
+		// id parent major:minor root mountpoint options...
+		f := strings.Fields(line)
+		if len(f) < 5 {
+			continue
+		}
+		mp := unescapeMountinfo(f[4])
+		// A mount that another covers is out of the lease's reach (its
+		// path leads elsewhere, or nowhere): ENOENT, or EINVAL from a
+		// remount of a path that is no mount's root. Not so for /.
+		covered := func(err error) bool {
+			return mp != "/" && (errors.Is(err, unix.ENOENT) || errors.Is(err, unix.EINVAL))
+		}
+		var st unix.Statfs_t
+		if err := unix.Statfs(mp, &st); err != nil {
+			if covered(err) {
+				continue
+			}
+			return fmt.Errorf("making %s read-only: %w", mp, err)
+		}
+		flags := uintptr(unix.MS_BIND | unix.MS_REMOUNT | unix.MS_RDONLY | unix.MS_NOSUID)
+		for _, k := range keptFlags {
+			if uintptr(st.Flags)&k.st != 0 {
+				flags |= k.ms
+			}
+		}
+		if !under(mp, []string{"/dev"}) {
+			flags |= unix.MS_NODEV
+		}
+		if err := unix.Mount("", mp, "", flags, ""); err != nil {
+			if covered(err) {
+				continue
+			}
+			return fmt.Errorf("making %s read-only: %w", mp, err)
+		}
+	}
+	return nil
+}
+
+// unescapeMountinfo undoes the octal escapes (\040 for a space) of a path
+// in /proc/PID/mountinfo.
+func unescapeMountinfo(s string) string {
+	var b strings.Builder
+	for i := 0; i < len(s); i++ {
+		if s[i] == '\\' && i+3 < len(s) {
+			if n, err := strconv.ParseUint(s[i+1:i+4], 8, 8); err == nil {
+				b.WriteByte(byte(n))
+				i += 3
+				continue
+			}
+		}
+		b.WriteByte(s[i])
+	}
+	return b.String()
 }
 
 // under reports whether path is one of dirs or inside one.

@@ -9,7 +9,9 @@
 //     directories (the agent's data dir) are empty tmpfs mounts, the
 //     lease's directory is mounted back at its path, and /tmp, /var/tmp,
 //     /dev/shm and /run/lock are private tmpfs mounts that end with the
-//     lease's last process;
+//     lease's last process; every other mount is read-only and nosuid
+//     there (and nodev outside /dev), so the lease's directory and those
+//     tmpfs mounts are all it can write;
 //   - a PID namespace with its own /proc: the lease sees its own
 //     processes only, and cannot signal or trace any other;
 //   - an IPC namespace of its own (SysV shared memory, message queues and

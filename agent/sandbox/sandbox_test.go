@@ -403,3 +403,58 @@ func TestALeaseHostnameFitsAndNamesNoHost(t *testing.T) {
 		}
 	}
 }
+
+func TestALeaseCanWriteNothingOfTheHostButItsDirectory(t *testing.T) {
+	m, hidden := newManager(t)
+	dir, _ := prepare(t, m, hidden, "L-w", 0, 0)
+	// World-writable on the host: only a read-only mount keeps B out.
+	open, err := os.MkdirTemp("/opt", "gpupool-sandbox-test-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(open) })
+	if err := os.Chmod(open, 0o777|os.ModeSticky); err != nil {
+		t.Fatal(err)
+	}
+	openFile := filepath.Join(open, "shared.txt")
+	if err := os.WriteFile(openFile, []byte("host\n"), 0o666); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chmod(openFile, 0o666); err != nil {
+		t.Fatal(err)
+	}
+	tests := []struct {
+		name, script, want string
+		// onHost, when set, is a path the row must not have made.
+		onHost string
+	}{
+		{"it cannot make a file in a world-writable directory of the host", "touch " + open + "/b 2>&1 | grep -c 'Read-only file system'", "1\n", open + "/b"},
+		{"it cannot change a world-writable file of the host", "(echo B >> " + openFile + ") 2>/dev/null || echo refused; cat " + openFile, "refused\nhost\n", ""},
+		{"it cannot write the host's /etc as root could", "touch /etc/gpupool-sandbox-test 2>&1 | grep -c 'Read-only file system'", "1\n", "/etc/gpupool-sandbox-test"},
+		{"its device nodes still work", "head -c 4 /dev/zero | wc -c; echo x > /dev/null && echo ok", "4\nok\n", ""},
+		{"it can write its own directory", "echo hi > mine.txt && cat mine.txt", "hi\n", ""},
+		// The options of the mount each path is on, the last listed
+		// being the one in sight.
+		{"the host's mounts are read-only and nosuid, and nodev outside /dev",
+			`for p in / /dev /sys; do awk -v p=$p '$5==p{o=$6} END{n=split(o,f,","); r=""; for(i=1;i<=n;i++) if(f[i]=="ro"||f[i]=="nosuid"||f[i]=="nodev") r=r f[i] " "; print p ": " r}' /proc/self/mountinfo; done`,
+			"/: ro nosuid nodev \n/dev: ro nosuid \n/sys: ro nosuid nodev \n", ""},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			got, code := run(t, m, "L-w", dir, tt.script)
+			if got != tt.want || code != 0 {
+				t.Fatalf("got %q exit %d, want %q exit 0", got, code, tt.want)
+			}
+			if tt.onHost != "" {
+				if _, err := os.Stat(tt.onHost); err == nil {
+					os.Remove(tt.onHost)
+					t.Errorf("%s is on the host, want no file made", tt.onHost)
+				}
+			}
+		})
+	}
+	// The host's own mounts are as they were.
+	if err := os.WriteFile(filepath.Join(open, "after"), nil, 0o644); err != nil {
+		t.Errorf("the host cannot write %s after the lease ran: %v", open, err)
+	}
+}
