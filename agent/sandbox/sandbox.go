@@ -4,7 +4,9 @@
 // A lease's sandbox is
 //   - its own unprivileged user and group, taken from a configured range,
 //     which owns the lease's directory (mode 0700): files of other leases
-//     and of the agent are unreadable by ordinary permissions;
+//     and of the agent are unreadable by ordinary permissions. A removed
+//     lease's user is quarantined: no lease takes it while a process runs
+//     as it or its lease's directory holds a file of it;
 //   - a private mount namespace in which the configured hidden
 //     directories (the agent's data dir) are empty tmpfs mounts, the
 //     lease's directory is mounted back at its path, and /tmp, /var/tmp,
@@ -41,7 +43,9 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io/fs"
 	"log/slog"
+	"maps"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -162,6 +166,9 @@ type Manager struct {
 
 	mu     sync.Mutex
 	leases map[string]leaseBox // guarded by mu
+	// quarantine holds the users of removed leases, each with its lease's
+	// directory, until nothing on the host is theirs; guarded by mu.
+	quarantine map[int]string
 }
 
 // leaseBox is what the manager knows of one lease's sandbox.
@@ -202,7 +209,7 @@ func New(cfg Config) (*Manager, error) {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	m := &Manager{cfg: cfg, log: log, leases: map[string]leaseBox{}}
+	m := &Manager{cfg: cfg, log: log, leases: map[string]leaseBox{}, quarantine: map[int]string{}}
 	m.report = Report{Missing: map[string]string{}}
 	if os.Geteuid() != 0 {
 		for _, mech := range allMechanisms {
@@ -268,8 +275,26 @@ func (m *Manager) Prepare(spec Spec) (int, error) {
 
 // user returns the lease's user, taking one if it has none: the owner of
 // its directory if that is a free id of the range (the agent restarted),
-// else the lowest free id.
+// else the lowest free id. A free id is one no lease holds and no process
+// on the host runs as; a removed lease's id is free again only once its
+// lease's directory holds nothing of it either (see Remove).
 func (m *Manager) user(spec Spec) (int, error) {
+	m.mu.Lock()
+	if b, ok := m.leases[spec.Lease]; ok {
+		m.mu.Unlock()
+		return b.uid, nil
+	}
+	quarantined := maps.Clone(m.quarantine)
+	m.mu.Unlock()
+	var busy map[int]bool
+	if spec.User == 0 {
+		// Outside the lock: this reads every process's status and walks
+		// the removed leases' directories.
+		var err error
+		if busy, err = usersInUse("/proc", quarantined); err != nil {
+			return 0, fmt.Errorf("sandbox: finding the users in use: %w", err)
+		}
+	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if b, ok := m.leases[spec.Lease]; ok {
@@ -277,29 +302,116 @@ func (m *Manager) user(spec Spec) (int, error) {
 	}
 	take := func(uid int) (int, error) {
 		m.leases[spec.Lease] = leaseBox{uid: uid, dir: spec.Dir, memoryMiB: spec.MemoryMiB, hostIPC: spec.User == m.SharedUser()}
+		delete(m.quarantine, uid)
 		return uid, nil
 	}
 	if spec.User != 0 {
 		return take(spec.User)
+	}
+	for uid, dir := range quarantined {
+		if !busy[uid] && m.quarantine[uid] == dir {
+			m.log.Debug("a removed lease's user is free again", "uid", uid)
+			delete(m.quarantine, uid)
+		}
 	}
 	taken := map[int]bool{m.SharedUser(): true}
 	for _, b := range m.leases {
 		taken[b.uid] = true
 	}
 	r := m.cfg.Users
+	// The owner of the lease's directory is its own user from before a
+	// restart, whose processes may still run: only another lease's hold
+	// or files of another lease's directory keep it from the lease.
 	if fi, err := os.Stat(spec.Dir); err == nil {
 		if st, ok := fi.Sys().(*syscall.Stat_t); ok {
-			if u := int(st.Uid); u > r.First && u < r.First+r.Count && !taken[u] {
+			u := int(st.Uid)
+			dir, quarantined := m.quarantine[u]
+			if u > r.First && u < r.First+r.Count && !taken[u] && (!quarantined || dir == spec.Dir) {
 				return take(u)
 			}
 		}
 	}
 	for u := r.First + 1; u < r.First+r.Count; u++ {
-		if !taken[u] {
+		if _, quarantined := m.quarantine[u]; !taken[u] && !quarantined && !busy[u] {
 			return take(u)
 		}
 	}
-	return 0, fmt.Errorf("sandbox: all %d users of the range %s are taken by leases", r.Count-1, r)
+	return 0, fmt.Errorf("sandbox: all %d users of the range %s are taken by leases, or quarantined until processes or files of removed leases are gone (%d)", r.Count-1, r, len(m.quarantine))
+}
+
+// usersInUse returns the ids a new lease must not take: every user and
+// group id a process under procRoot runs as (real, effective, saved or
+// filesystem), and every quarantined user whose lease's directory still
+// holds a file it owns (by user or group). It fails rather than miss one.
+func usersInUse(procRoot string, quarantined map[int]string) (map[int]bool, error) {
+	entries, err := os.ReadDir(procRoot)
+	if err != nil {
+		return nil, err
+	}
+	busy := map[int]bool{}
+	for _, e := range entries {
+		if _, err := strconv.Atoi(e.Name()); err != nil {
+			continue
+		}
+		b, err := os.ReadFile(filepath.Join(procRoot, e.Name(), "status"))
+		if errors.Is(err, fs.ErrNotExist) || errors.Is(err, syscall.ESRCH) {
+			continue // it exited meanwhile
+		}
+		if err != nil {
+			return nil, err
+		}
+		for line := range strings.SplitSeq(string(b), "\n") {
+			ids, ok := strings.CutPrefix(line, "Uid:")
+			if !ok {
+				ids, ok = strings.CutPrefix(line, "Gid:")
+			}
+			if !ok {
+				continue
+			}
+			for _, f := range strings.Fields(ids) {
+				if id, err := strconv.Atoi(f); err == nil {
+					busy[id] = true
+				}
+			}
+		}
+	}
+	for uid, dir := range quarantined {
+		if !busy[uid] {
+			owns, err := holdsFileOf(dir, uid)
+			if err != nil {
+				return nil, err
+			}
+			busy[uid] = owns
+		}
+	}
+	return busy, nil
+}
+
+// holdsFileOf reports whether dir (which may be gone) or anything under
+// it belongs to id, as user or group.
+func holdsFileOf(dir string, id int) (bool, error) {
+	found := false
+	err := filepath.WalkDir(dir, func(path string, d fs.DirEntry, err error) error {
+		if err != nil {
+			if path == dir && errors.Is(err, fs.ErrNotExist) {
+				return fs.SkipAll
+			}
+			return err
+		}
+		fi, err := d.Info()
+		if errors.Is(err, fs.ErrNotExist) {
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+		if st, ok := fi.Sys().(*syscall.Stat_t); ok && (int(st.Uid) == id || int(st.Gid) == id) {
+			found = true
+			return fs.SkipAll
+		}
+		return nil
+	})
+	return found, err
 }
 
 // Command makes cmd run in the lease's sandbox: the agent's binary,
@@ -396,8 +508,10 @@ func (m *Manager) Procs(lease string) ([]int, error) {
 }
 
 // Remove kills every process left in the lease's cgroup, removes the
-// cgroup and frees the lease's user. Removing a sandbox that does not
-// exist succeeds.
+// cgroup and puts the lease's user in quarantine: no lease takes it
+// again while a process runs as it or the lease's directory holds a file
+// of it (the caller removes the directory). The shared MPS user is not
+// quarantined. Removing a sandbox that does not exist succeeds.
 func (m *Manager) Remove(lease string) error {
 	if !validLease.MatchString(lease) {
 		return fmt.Errorf("sandbox: lease id %q: not a valid lease id", lease)
@@ -408,6 +522,9 @@ func (m *Manager) Remove(lease string) error {
 		}
 	}
 	m.mu.Lock()
+	if b, ok := m.leases[lease]; ok && b.uid != m.SharedUser() {
+		m.quarantine[b.uid] = b.dir
+	}
 	delete(m.leases, lease)
 	m.mu.Unlock()
 	return nil

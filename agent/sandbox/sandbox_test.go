@@ -458,3 +458,94 @@ func TestALeaseCanWriteNothingOfTheHostButItsDirectory(t *testing.T) {
 		t.Errorf("the host cannot write %s after the lease ran: %v", open, err)
 	}
 }
+
+func TestTheNextLeaseOfAReleasedUserFindsNothingOfThePrevious(t *testing.T) {
+	m, hidden := newManager(t)
+	dirA, uidA := prepare(t, m, hidden, "L-prev", 0, 0)
+	// What the probe's first tenant left for the next holder of its user:
+	// a chmod 600 file in /dev/shm and the other shared places, and SysV
+	// objects.
+	script := "for d in /tmp /var/tmp /dev/shm /run/lock; do [ -d $d ] && echo A > $d/secret && chmod 600 $d/secret; done; "
+	noIPC := haveIPCTools()
+	if noIPC == "" {
+		script += "ipcmk -M 4096 >/dev/null && ipcmk -Q >/dev/null && ipcmk -S 1 >/dev/null; "
+	}
+	start(t, m, "L-prev", dirA, script+"echo ready; exec sleep 600")
+	// The agent's teardown: Remove, then the lease's directory.
+	if err := m.Remove("L-prev"); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.RemoveAll(dirA); err != nil {
+		t.Fatal(err)
+	}
+	dirN, uidN := prepare(t, m, hidden, "L-next", 0, 0)
+	if uidN != uidA {
+		t.Fatalf("the next lease got user %d, want the released %d (nothing of it is left)", uidN, uidA)
+	}
+	tests := []struct{ name, script, want, skip string }{
+		{"no file of the previous holder is in /tmp, /var/tmp, /dev/shm or /run/lock", "ls -A /tmp /var/tmp /dev/shm /run/lock 2>/dev/null | grep -c secret", "0\n", ""},
+		{"no SysV object of the previous holder is left", ipcCounts, "0 0 0\n", noIPC},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			if tt.skip != "" {
+				t.Skip(tt.skip)
+			}
+			// grep -c exits 1 when it counts none.
+			got, _ := run(t, m, "L-next", dirN, tt.script)
+			if got != tt.want {
+				t.Fatalf("got %q, want %q", got, tt.want)
+			}
+		})
+	}
+}
+
+func TestAQuarantinedUserReturnsOnlyWhenNothingOfItIsLeft(t *testing.T) {
+	m, hidden := newManager(t)
+	tests := []struct {
+		name string
+		// leave leaves something of the released user behind, and
+		// returns how to remove it.
+		leave func(t *testing.T, uid int, dir string) (undo func())
+	}{
+		{"a process of it still runs", func(t *testing.T, uid int, dir string) func() {
+			cmd := exec.Command("sleep", "600")
+			cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: uint32(uid), Gid: uint32(uid)}}
+			if err := cmd.Start(); err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
+			if err := os.RemoveAll(dir); err != nil {
+				t.Fatal(err)
+			}
+			return func() { cmd.Process.Kill(); cmd.Wait() }
+		}},
+		{"its lease's directory still holds its files", func(t *testing.T, uid int, dir string) func() {
+			f := filepath.Join(dir, "left.txt")
+			if err := os.WriteFile(f, []byte("A"), 0o600); err != nil {
+				t.Fatal(err)
+			}
+			if err := os.Chown(f, uid, uid); err != nil {
+				t.Fatal(err)
+			}
+			return func() { os.RemoveAll(dir) }
+		}},
+	}
+	for i, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			lease := func(what string) string { return fmt.Sprintf("L-q%d-%s", i, what) }
+			dir, uid := prepare(t, m, hidden, lease("released"), 0, 0)
+			undo := tt.leave(t, uid, dir)
+			if err := m.Remove(lease("released")); err != nil {
+				t.Fatal(err)
+			}
+			if _, got := prepare(t, m, hidden, lease("while"), 0, 0); got == uid {
+				t.Fatalf("a new lease got the quarantined user %d while %s", uid, tt.name)
+			}
+			undo()
+			if _, got := prepare(t, m, hidden, lease("after"), 0, 0); got != uid {
+				t.Fatalf("a new lease got user %d once nothing was left, want the released %d back", got, uid)
+			}
+		})
+	}
+}
