@@ -258,13 +258,13 @@ func setupMounts(s initSpec) error {
 }
 
 // keptFlags are the per-mount flags readOnlyHost leaves as they were,
-// as statfs reports them and as mount takes them.
-var keptFlags = []struct{ st, ms uintptr }{
-	{unix.ST_NODEV, unix.MS_NODEV},
-	{unix.ST_NOEXEC, unix.MS_NOEXEC},
-	{unix.ST_NOATIME, unix.MS_NOATIME},
-	{unix.ST_NODIRATIME, unix.MS_NODIRATIME},
-	{unix.ST_RELATIME, unix.MS_RELATIME},
+// as /proc/PID/mountinfo names them.
+var keptFlags = map[string]uintptr{
+	"nodev":      unix.MS_NODEV,
+	"noexec":     unix.MS_NOEXEC,
+	"noatime":    unix.MS_NOATIME,
+	"nodiratime": unix.MS_NODIRATIME,
+	"relatime":   unix.MS_RELATIME,
 }
 
 // readOnlyHost makes every mount of the (private) mount namespace
@@ -280,36 +280,26 @@ func readOnlyHost() error {
 		return fmt.Errorf("listing the mounts: %w", err)
 	}
 	for line := range strings.SplitSeq(string(mi), "\n") {
-		// id parent major:minor root mountpoint options...
+		// id parent major:minor root mountpoint options ...; the flags
+		// are read here, not with statfs, which would trigger an
+		// automount point.
 		f := strings.Fields(line)
-		if len(f) < 5 {
+		if len(f) < 6 {
 			continue
 		}
 		mp := unescapeMountinfo(f[4])
-		// A mount that another covers is out of the lease's reach (its
-		// path leads elsewhere, or nowhere): ENOENT, or EINVAL from a
-		// remount of a path that is no mount's root. Not so for /.
-		covered := func(err error) bool {
-			return mp != "/" && (errors.Is(err, unix.ENOENT) || errors.Is(err, unix.EINVAL))
-		}
-		var st unix.Statfs_t
-		if err := unix.Statfs(mp, &st); err != nil {
-			if covered(err) {
-				continue
-			}
-			return fmt.Errorf("making %s read-only: %w", mp, err)
-		}
 		flags := uintptr(unix.MS_BIND | unix.MS_REMOUNT | unix.MS_RDONLY | unix.MS_NOSUID)
-		for _, k := range keptFlags {
-			if uintptr(st.Flags)&k.st != 0 {
-				flags |= k.ms
-			}
+		for opt := range strings.SplitSeq(f[5], ",") {
+			flags |= keptFlags[opt]
 		}
 		if !under(mp, []string{"/dev"}) {
 			flags |= unix.MS_NODEV
 		}
 		if err := unix.Mount("", mp, "", flags, ""); err != nil {
-			if covered(err) {
+			// A mount that another covers is out of the lease's reach:
+			// its path leads nowhere (ENOENT) or into a mount of which
+			// it is not the root (EINVAL). Not so for /.
+			if mp != "/" && (errors.Is(err, unix.ENOENT) || errors.Is(err, unix.EINVAL)) {
 				continue
 			}
 			return fmt.Errorf("making %s read-only: %w", mp, err)

@@ -549,3 +549,16 @@ func TestAQuarantinedUserReturnsOnlyWhenNothingOfItIsLeft(t *testing.T) {
 		})
 	}
 }
+
+func TestMountinfoPathsAreUnescaped(t *testing.T) {
+	for _, tt := range []struct{ in, want string }{
+		{"/", "/"},
+		{`/mnt/a\040b`, "/mnt/a b"},
+		{`/mnt/tab\011and\134backslash`, "/mnt/tab\tand\\backslash"},
+		{`/mnt/short\04`, `/mnt/short\04`},
+	} {
+		if got := unescapeMountinfo(tt.in); got != tt.want {
+			t.Errorf("unescapeMountinfo(%q) = %q, want %q", tt.in, got, tt.want)
+		}
+	}
+}
