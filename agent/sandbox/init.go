@@ -156,6 +156,11 @@ func privateMounts(s initSpec) []privateMount {
 	return ms
 }
 
+// hostIPCMounts are the host's mounts that leases with HostIPC keep as
+// the host has them, writable: MPS clients share memory with their
+// server there.
+var hostIPCMounts = []string{"/dev/shm", "/dev/mqueue"}
+
 // setupMounts makes the mounts private, gives the sandbox its own empty
 // /tmp, /var/tmp, /run/lock and (unless s.HostIPC) /dev/shm and
 // /dev/mqueue, hides s.Hide behind empty tmpfs mounts, mounts the lease's
@@ -205,7 +210,11 @@ func setupMounts(s initSpec) error {
 			return err
 		}
 	}
-	if err := readOnlyHost(); err != nil {
+	var hostWritable []string
+	if s.HostIPC {
+		hostWritable = hostIPCMounts
+	}
+	if err := readOnlyHost(hostWritable); err != nil {
 		return err
 	}
 	// The private /tmp first: a hidden directory may be inside it, and is
@@ -274,7 +283,9 @@ var keptFlags = map[string]uintptr{
 // never the host's: a bind remount sets per-mount flags, not the
 // filesystem's. Mounts made after it (the private tmpfs mounts, the
 // lease's directory) have their own flags.
-func readOnlyHost() error {
+//
+// Mounts at or under the paths of writable are left as they are.
+func readOnlyHost(writable []string) error {
 	mi, err := os.ReadFile("/proc/self/mountinfo")
 	if err != nil {
 		return fmt.Errorf("listing the mounts: %w", err)
@@ -288,6 +299,9 @@ func readOnlyHost() error {
 			continue
 		}
 		mp := unescapeMountinfo(f[4])
+		if under(mp, writable) {
+			continue
+		}
 		flags := uintptr(unix.MS_BIND | unix.MS_REMOUNT | unix.MS_RDONLY | unix.MS_NOSUID)
 		for opt := range strings.SplitSeq(f[5], ",") {
 			flags |= keptFlags[opt]

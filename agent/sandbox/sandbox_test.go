@@ -562,3 +562,43 @@ func TestMountinfoPathsAreUnescaped(t *testing.T) {
 		}
 	}
 }
+
+func TestOnlyLeasesOfTheSharedMPSUserKeepTheHostsIPC(t *testing.T) {
+	m, hidden := newManager(t)
+	hostIPC, err := os.Readlink("/proc/self/ns/ipc")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var shm syscall.Stat_t
+	if err := syscall.Stat("/dev/shm", &shm); err != nil {
+		t.Skipf("this host has no /dev/shm: %v", err)
+	}
+	for _, tt := range []struct {
+		name, lease string
+		user        int
+		wantHost    bool
+	}{
+		{"a lease of its own user gets its own IPC namespace and /dev/shm", "L-own", 0, false},
+		// An MPS server and its clients share memory through them.
+		{"a lease of the shared MPS user keeps the host's", "L-mps", m.SharedUser(), true},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			dir := filepath.Join(hidden, "work", tt.lease)
+			if err := os.MkdirAll(dir, 0o700); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := m.Prepare(Spec{Lease: tt.lease, Dir: dir, User: tt.user}); err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { m.Remove(tt.lease) })
+			// Writable either way: MPS clients need the host's.
+			name := fmt.Sprintf("/dev/shm/gpupool-sandbox-test-%d-%s", os.Getpid(), tt.lease)
+			t.Cleanup(func() { os.Remove(name) })
+			got, _ := run(t, m, tt.lease, dir, "readlink /proc/self/ns/ipc; stat -c %d /dev/shm; touch "+name+" && echo writable")
+			f := strings.Split(strings.TrimSpace(got), "\n")
+			if len(f) != 3 || (f[0] == hostIPC) != tt.wantHost || (f[1] == strconv.FormatUint(shm.Dev, 10)) != tt.wantHost || f[2] != "writable" {
+				t.Fatalf("got %q (IPC namespace, /dev/shm device, writable); the host's are %s and %d: want the host's %v", got, hostIPC, shm.Dev, tt.wantHost)
+			}
+		})
+	}
+}
