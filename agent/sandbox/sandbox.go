@@ -325,18 +325,18 @@ func (m *Manager) user(spec Spec) (int, error) {
 	if fi, err := os.Stat(spec.Dir); err == nil {
 		if st, ok := fi.Sys().(*syscall.Stat_t); ok {
 			u := int(st.Uid)
-			dir, quarantined := m.quarantine[u]
-			if u > r.First && u < r.First+r.Count && !taken[u] && (!quarantined || dir == spec.Dir) {
+			dir, inQuarantine := m.quarantine[u]
+			if u > r.First && u < r.First+r.Count && !taken[u] && (!inQuarantine || dir == spec.Dir) {
 				return take(u)
 			}
 		}
 	}
 	for u := r.First + 1; u < r.First+r.Count; u++ {
-		if _, quarantined := m.quarantine[u]; !taken[u] && !quarantined && !busy[u] {
+		if _, inQuarantine := m.quarantine[u]; !taken[u] && !inQuarantine && !busy[u] {
 			return take(u)
 		}
 	}
-	return 0, fmt.Errorf("sandbox: all %d users of the range %s are taken by leases, or quarantined until processes or files of removed leases are gone (%d)", r.Count-1, r, len(m.quarantine))
+	return 0, fmt.Errorf("sandbox: all %d users of the range %s are taken: by leases, by processes, or (%d of them) quarantined until the files of removed leases are gone; widen --sandbox-users", r.Count-1, r, len(m.quarantine))
 }
 
 // usersInUse returns the ids a new lease must not take: every user and
