@@ -1,6 +1,7 @@
 package sandbox
 
 import (
+	"cmp"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -8,6 +9,7 @@ import (
 	"os/signal"
 	"path/filepath"
 	"runtime"
+	"strconv"
 	"strings"
 	"syscall"
 
@@ -28,6 +30,13 @@ type initSpec struct {
 	Cgroups  []string `json:"cgroups,omitempty"`
 	Hide     []string `json:"hide,omitempty"`
 	Expose   []string `json:"expose,omitempty"`
+	// Hostname is set in the lease's UTS namespace.
+	Hostname string `json:"hostname,omitempty"`
+	// TmpfsSize is the size= of the private /tmp, /var/tmp and /dev/shm.
+	TmpfsSize string `json:"tmpfs_size,omitempty"`
+	// HostIPC keeps the host's /dev/shm (the init is then in the host's
+	// IPC namespace too).
+	HostIPC bool `json:"host_ipc,omitempty"`
 }
 
 // Init runs this process as a sandbox's init and exits, if the agent
@@ -61,6 +70,14 @@ func runInit(s initSpec, argv []string) int {
 	}
 	if err := setupMounts(s); err != nil {
 		return fail("%v", err)
+	}
+	if s.Hostname != "" {
+		if err := unix.Sethostname([]byte(s.Hostname)); err != nil {
+			return fail("setting the hostname: %v", err)
+		}
+		if err := unix.Setdomainname([]byte("(none)")); err != nil {
+			return fail("setting the domain name: %v", err)
+		}
 	}
 	// no_new_privs is a property of one thread, which its forks inherit:
 	// the thread that sets it must be the one ForkExec forks from. Go
@@ -110,10 +127,45 @@ func runInit(s initSpec, argv []string) int {
 	}
 }
 
+// privateMount is a mount every sandbox gets a fresh one of, where the
+// host has the directory: nothing in it is shared with the host or with
+// another lease, and it ends with the mount namespace.
+type privateMount struct {
+	path, fstype, opts string
+	flags              uintptr
+}
+
+// privateMounts are the sandbox's private mounts, in the order they are
+// mounted, all nosuid and nodev: /tmp, /var/tmp and /dev/shm of
+// s.TmpfsSize each, /run/lock of 1 MiB (lock files are empty), and a
+// /dev/mqueue of the lease's IPC namespace. Leases with HostIPC keep the
+// host's /dev/shm and /dev/mqueue.
+func privateMounts(s initSpec) []privateMount {
+	const flags = unix.MS_NOSUID | unix.MS_NODEV
+	size := "size=" + cmp.Or(s.TmpfsSize, "50%")
+	ms := []privateMount{
+		{"/tmp", "tmpfs", "mode=1777," + size, flags},
+		{"/var/tmp", "tmpfs", "mode=1777," + size, flags},
+		{"/run/lock", "tmpfs", "mode=1777,size=1m", flags},
+	}
+	if !s.HostIPC {
+		ms = append(ms,
+			privateMount{"/dev/shm", "tmpfs", "mode=1777," + size, flags},
+			privateMount{"/dev/mqueue", "mqueue", "", flags | unix.MS_NOEXEC})
+	}
+	return ms
+}
+
+// hostIPCMounts are the host's mounts that leases with HostIPC keep as
+// the host has them, writable: MPS clients share memory with their
+// server there.
+var hostIPCMounts = []string{"/dev/shm", "/dev/mqueue"}
+
 // setupMounts makes the mounts private, gives the sandbox its own empty
-// /tmp and /var/tmp, hides s.Hide behind empty tmpfs mounts, mounts the
-// lease's directory back (writable) and s.Expose back (read-only), and
-// mounts a /proc of its PID namespace.
+// /tmp, /var/tmp, /run/lock and (unless s.HostIPC) /dev/shm and
+// /dev/mqueue, hides s.Hide behind empty tmpfs mounts, mounts the lease's
+// directory back (writable) and s.Expose back (read-only), and mounts a
+// /proc of its PID namespace.
 func setupMounts(s initSpec) error {
 	if err := unix.Mount("", "/", "", unix.MS_REC|unix.MS_PRIVATE, ""); err != nil {
 		return fmt.Errorf("making the mounts private: %w", err)
@@ -129,11 +181,12 @@ func setupMounts(s initSpec) error {
 			unix.Close(b.fd)
 		}
 	}()
-	private := []string{"/tmp", "/var/tmp"}
+	mounts := privateMounts(s)
+	var private []string
+	for _, pm := range mounts {
+		private = append(private, pm.path)
+	}
 	keep := func(path string, ro bool) error {
-		if !under(path, s.Hide) && !under(path, private) {
-			return nil
-		}
 		fd, err := unix.Open(path, unix.O_PATH|unix.O_CLOEXEC, 0)
 		if err != nil {
 			if ro && errors.Is(err, unix.ENOENT) {
@@ -144,24 +197,37 @@ func setupMounts(s initSpec) error {
 		backs = append(backs, back{path, fd, ro})
 		return nil
 	}
+	// The lease's directory always: it is the one writable path left
+	// once the host's mounts are read-only.
 	if err := keep(s.LeaseDir, false); err != nil {
 		return err
 	}
 	for _, p := range s.Expose {
+		if !under(p, s.Hide) && !under(p, private) {
+			continue // in sight, and read-only with the host's mounts
+		}
 		if err := keep(p, true); err != nil {
 			return err
 		}
 	}
+	var hostWritable []string
+	if s.HostIPC {
+		hostWritable = hostIPCMounts
+	}
+	if err := readOnlyHost(hostWritable); err != nil {
+		return err
+	}
 	// The private /tmp first: a hidden directory may be inside it, and is
 	// then gone already.
-	for _, t := range private {
-		if fi, err := os.Stat(t); err != nil || !fi.IsDir() {
+	for _, pm := range mounts {
+		if fi, err := os.Stat(pm.path); err != nil || !fi.IsDir() {
 			continue
 		}
-		if err := unix.Mount("tmpfs", t, "tmpfs", unix.MS_NOSUID|unix.MS_NODEV, "mode=1777"); err != nil {
-			return fmt.Errorf("a private %s: %w", t, err)
+		if err := unix.Mount(pm.fstype, pm.path, pm.fstype, pm.flags, pm.opts); err != nil {
+			return fmt.Errorf("a private %s: %w", pm.path, err)
 		}
 	}
+	var hidden []string
 	for _, h := range s.Hide {
 		if fi, err := os.Stat(h); err != nil || !fi.IsDir() {
 			continue
@@ -169,6 +235,7 @@ func setupMounts(s initSpec) error {
 		if err := unix.Mount("tmpfs", h, "tmpfs", unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, "mode=0755,size=64k"); err != nil {
 			return fmt.Errorf("hiding %s: %w", h, err)
 		}
+		hidden = append(hidden, h)
 	}
 	for _, b := range backs {
 		if err := os.MkdirAll(b.path, 0o755); err != nil {
@@ -177,16 +244,99 @@ func setupMounts(s initSpec) error {
 		if err := unix.Mount(fmt.Sprintf("/proc/self/fd/%d", b.fd), b.path, "", unix.MS_BIND, ""); err != nil {
 			return fmt.Errorf("mounting %s back: %w", b.path, err)
 		}
+		// A bind mount has the flags of the mount it came from, which is
+		// read-only now: the lease's directory is made writable again.
+		flags := uintptr(unix.MS_BIND | unix.MS_REMOUNT | unix.MS_NOSUID | unix.MS_NODEV)
 		if b.ro {
-			if err := unix.Mount("", b.path, "", unix.MS_BIND|unix.MS_REMOUNT|unix.MS_RDONLY|unix.MS_NOSUID|unix.MS_NODEV, ""); err != nil {
-				return fmt.Errorf("making %s read-only: %w", b.path, err)
-			}
+			flags |= unix.MS_RDONLY
+		}
+		if err := unix.Mount("", b.path, "", flags, ""); err != nil {
+			return fmt.Errorf("mounting %s back: %w", b.path, err)
+		}
+	}
+	// Read-only once the directories to mount back are made in them.
+	for _, h := range hidden {
+		if err := unix.Mount("", h, "", unix.MS_BIND|unix.MS_REMOUNT|unix.MS_RDONLY|unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, ""); err != nil {
+			return fmt.Errorf("hiding %s: %w", h, err)
 		}
 	}
 	if err := unix.Mount("proc", "/proc", "proc", unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, ""); err != nil {
 		return fmt.Errorf("mounting /proc of the PID namespace: %w", err)
 	}
 	return nil
+}
+
+// keptFlags are the per-mount flags readOnlyHost leaves as they were,
+// as /proc/PID/mountinfo names them.
+var keptFlags = map[string]uintptr{
+	"nodev":      unix.MS_NODEV,
+	"noexec":     unix.MS_NOEXEC,
+	"noatime":    unix.MS_NOATIME,
+	"nodiratime": unix.MS_NODIRATIME,
+	"relatime":   unix.MS_RELATIME,
+}
+
+// readOnlyHost makes every mount of the (private) mount namespace
+// read-only and nosuid, and nodev outside /dev, where device nodes such
+// as /dev/null and the GPUs' must keep working (writing a device node
+// needs no writable mount). It changes this namespace's mounts only,
+// never the host's: a bind remount sets per-mount flags, not the
+// filesystem's. Mounts made after it (the private tmpfs mounts, the
+// lease's directory) have their own flags.
+//
+// Mounts at or under the paths of writable are left as they are.
+func readOnlyHost(writable []string) error {
+	mi, err := os.ReadFile("/proc/self/mountinfo")
+	if err != nil {
+		return fmt.Errorf("listing the mounts: %w", err)
+	}
+	for line := range strings.SplitSeq(string(mi), "\n") {
+		// id parent major:minor root mountpoint options ...; the flags
+		// are read here, not with statfs, which would trigger an
+		// automount point.
+		f := strings.Fields(line)
+		if len(f) < 6 {
+			continue
+		}
+		mp := unescapeMountinfo(f[4])
+		if under(mp, writable) {
+			continue
+		}
+		flags := uintptr(unix.MS_BIND | unix.MS_REMOUNT | unix.MS_RDONLY | unix.MS_NOSUID)
+		for opt := range strings.SplitSeq(f[5], ",") {
+			flags |= keptFlags[opt]
+		}
+		if !under(mp, []string{"/dev"}) {
+			flags |= unix.MS_NODEV
+		}
+		if err := unix.Mount("", mp, "", flags, ""); err != nil {
+			// A mount that another covers is out of the lease's reach:
+			// its path leads nowhere (ENOENT) or into a mount of which
+			// it is not the root (EINVAL). Not so for /.
+			if mp != "/" && (errors.Is(err, unix.ENOENT) || errors.Is(err, unix.EINVAL)) {
+				continue
+			}
+			return fmt.Errorf("making %s read-only: %w", mp, err)
+		}
+	}
+	return nil
+}
+
+// unescapeMountinfo undoes the octal escapes (\040 for a space) of a path
+// in /proc/PID/mountinfo.
+func unescapeMountinfo(s string) string {
+	var b strings.Builder
+	for i := 0; i < len(s); i++ {
+		if s[i] == '\\' && i+3 < len(s) {
+			if n, err := strconv.ParseUint(s[i+1:i+4], 8, 8); err == nil {
+				b.WriteByte(byte(n))
+				i += 3
+				continue
+			}
+		}
+		b.WriteByte(s[i])
+	}
+	return b.String()
 }
 
 // under reports whether path is one of dirs or inside one.

@@ -4,13 +4,22 @@
 // A lease's sandbox is
 //   - its own unprivileged user and group, taken from a configured range,
 //     which owns the lease's directory (mode 0700): files of other leases
-//     and of the agent are unreadable by ordinary permissions;
+//     and of the agent are unreadable by ordinary permissions. A removed
+//     lease's user is quarantined: no lease takes it while a process runs
+//     as it or its lease's directory holds a file of it;
 //   - a private mount namespace in which the configured hidden
 //     directories (the agent's data dir) are empty tmpfs mounts, the
-//     lease's directory is mounted back at its path, and /tmp and /var/tmp
-//     are private tmpfs mounts;
+//     lease's directory is mounted back at its path, and /tmp, /var/tmp,
+//     /dev/shm and /run/lock are private tmpfs mounts that end with the
+//     lease's last process; every other mount is read-only and nosuid
+//     there (and nodev outside /dev), so the lease's directory and those
+//     tmpfs mounts are all it can write;
 //   - a PID namespace with its own /proc: the lease sees its own
 //     processes only, and cannot signal or trace any other;
+//   - an IPC namespace of its own (SysV shared memory, message queues and
+//     semaphores, POSIX message queues) and a UTS namespace whose
+//     hostname names the lease, not the host; leases of the shared MPS
+//     user keep the host's IPC namespace and /dev/shm, which MPS needs;
 //   - a cgroup per lease (v2, or v1 with the cpu, memory, pids and freezer
 //     controllers) that holds all of its processes, caps the host CPU and
 //     memory the lease asked for, and is how the agent finds them. A
@@ -30,10 +39,13 @@
 package sandbox
 
 import (
+	"crypto/sha256"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io/fs"
 	"log/slog"
+	"maps"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -154,12 +166,20 @@ type Manager struct {
 
 	mu     sync.Mutex
 	leases map[string]leaseBox // guarded by mu
+	// quarantine holds the users of removed leases, each with its lease's
+	// directory, until nothing on the host is theirs; guarded by mu.
+	quarantine map[int]string
 }
 
 // leaseBox is what the manager knows of one lease's sandbox.
 type leaseBox struct {
-	uid int
-	dir string
+	uid       int
+	dir       string
+	memoryMiB int64
+	// hostIPC is set for leases of the shared MPS user: an MPS server and
+	// its clients share memory through the host's IPC namespace and
+	// /dev/shm.
+	hostIPC bool
 }
 
 // validLease is what a lease id may look like to name a cgroup and a dir.
@@ -189,7 +209,7 @@ func New(cfg Config) (*Manager, error) {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	m := &Manager{cfg: cfg, log: log, leases: map[string]leaseBox{}}
+	m := &Manager{cfg: cfg, log: log, leases: map[string]leaseBox{}, quarantine: map[int]string{}}
 	m.report = Report{Missing: map[string]string{}}
 	if os.Geteuid() != 0 {
 		for _, mech := range allMechanisms {
@@ -255,38 +275,143 @@ func (m *Manager) Prepare(spec Spec) (int, error) {
 
 // user returns the lease's user, taking one if it has none: the owner of
 // its directory if that is a free id of the range (the agent restarted),
-// else the lowest free id.
+// else the lowest free id. A free id is one no lease holds and no process
+// on the host runs as; a removed lease's id is free again only once its
+// lease's directory holds nothing of it either (see Remove).
 func (m *Manager) user(spec Spec) (int, error) {
+	m.mu.Lock()
+	if b, ok := m.leases[spec.Lease]; ok {
+		m.mu.Unlock()
+		return b.uid, nil
+	}
+	quarantined := maps.Clone(m.quarantine)
+	m.mu.Unlock()
+	var busy map[int]bool
+	if spec.User == 0 {
+		// Outside the lock: this reads every process's status and walks
+		// the removed leases' directories.
+		var err error
+		if busy, err = usersInUse("/proc", quarantined); err != nil {
+			return 0, fmt.Errorf("sandbox: finding the users in use: %w", err)
+		}
+	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if b, ok := m.leases[spec.Lease]; ok {
 		return b.uid, nil
 	}
 	take := func(uid int) (int, error) {
-		m.leases[spec.Lease] = leaseBox{uid: uid, dir: spec.Dir}
+		m.leases[spec.Lease] = leaseBox{uid: uid, dir: spec.Dir, memoryMiB: spec.MemoryMiB, hostIPC: spec.User == m.SharedUser()}
+		delete(m.quarantine, uid)
 		return uid, nil
 	}
 	if spec.User != 0 {
 		return take(spec.User)
+	}
+	for uid, dir := range quarantined {
+		if !busy[uid] && m.quarantine[uid] == dir {
+			m.log.Debug("a removed lease's user is free again", "uid", uid)
+			delete(m.quarantine, uid)
+		}
 	}
 	taken := map[int]bool{m.SharedUser(): true}
 	for _, b := range m.leases {
 		taken[b.uid] = true
 	}
 	r := m.cfg.Users
+	// The owner of the lease's directory is its own user from before a
+	// restart, whose processes may still run: only another lease's hold
+	// or files of another lease's directory keep it from the lease.
 	if fi, err := os.Stat(spec.Dir); err == nil {
 		if st, ok := fi.Sys().(*syscall.Stat_t); ok {
-			if u := int(st.Uid); u > r.First && u < r.First+r.Count && !taken[u] {
+			u := int(st.Uid)
+			dir, inQuarantine := m.quarantine[u]
+			if u > r.First && u < r.First+r.Count && !taken[u] && (!inQuarantine || dir == spec.Dir) {
 				return take(u)
 			}
 		}
 	}
 	for u := r.First + 1; u < r.First+r.Count; u++ {
-		if !taken[u] {
+		if _, inQuarantine := m.quarantine[u]; !taken[u] && !inQuarantine && !busy[u] {
 			return take(u)
 		}
 	}
-	return 0, fmt.Errorf("sandbox: all %d users of the range %s are taken by leases", r.Count-1, r)
+	return 0, fmt.Errorf("sandbox: all %d users of the range %s are taken: by leases, by processes, or (%d of them) quarantined until the files of removed leases are gone; widen --sandbox-users", r.Count-1, r, len(m.quarantine))
+}
+
+// usersInUse returns the ids a new lease must not take: every user and
+// group id a process under procRoot runs as (real, effective, saved or
+// filesystem), and every quarantined user whose lease's directory still
+// holds a file it owns (by user or group). It fails rather than miss one.
+func usersInUse(procRoot string, quarantined map[int]string) (map[int]bool, error) {
+	entries, err := os.ReadDir(procRoot)
+	if err != nil {
+		return nil, err
+	}
+	busy := map[int]bool{}
+	for _, e := range entries {
+		if _, err := strconv.Atoi(e.Name()); err != nil {
+			continue
+		}
+		b, err := os.ReadFile(filepath.Join(procRoot, e.Name(), "status"))
+		if errors.Is(err, fs.ErrNotExist) || errors.Is(err, syscall.ESRCH) {
+			continue // it exited meanwhile
+		}
+		if err != nil {
+			return nil, err
+		}
+		for line := range strings.SplitSeq(string(b), "\n") {
+			ids, ok := strings.CutPrefix(line, "Uid:")
+			if !ok {
+				ids, ok = strings.CutPrefix(line, "Gid:")
+			}
+			if !ok {
+				continue
+			}
+			for _, f := range strings.Fields(ids) {
+				if id, err := strconv.Atoi(f); err == nil {
+					busy[id] = true
+				}
+			}
+		}
+	}
+	for uid, dir := range quarantined {
+		if !busy[uid] {
+			owns, err := holdsFileOf(dir, uid)
+			if err != nil {
+				return nil, err
+			}
+			busy[uid] = owns
+		}
+	}
+	return busy, nil
+}
+
+// holdsFileOf reports whether dir (which may be gone) or anything under
+// it belongs to id, as user or group.
+func holdsFileOf(dir string, id int) (bool, error) {
+	found := false
+	err := filepath.WalkDir(dir, func(path string, d fs.DirEntry, err error) error {
+		if err != nil {
+			if path == dir && errors.Is(err, fs.ErrNotExist) {
+				return fs.SkipAll
+			}
+			return err
+		}
+		fi, err := d.Info()
+		if errors.Is(err, fs.ErrNotExist) {
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+		if st, ok := fi.Sys().(*syscall.Stat_t); ok && (int(st.Uid) == id || int(st.Gid) == id) {
+			found = true
+			return fs.SkipAll
+		}
+		return nil
+	})
+	return found, err
 }
 
 // Command makes cmd run in the lease's sandbox: the agent's binary,
@@ -319,7 +444,8 @@ func (m *Manager) Command(lease string, cmd *exec.Cmd) error {
 	if err != nil {
 		return fmt.Errorf("sandbox: finding the agent's binary: %w", err)
 	}
-	s := initSpec{Prog: prog, Dir: cmd.Dir, LeaseDir: b.dir, UID: b.uid, GID: b.uid, Hide: m.cfg.Hide, Expose: m.cfg.Expose}
+	s := initSpec{Prog: prog, Dir: cmd.Dir, LeaseDir: b.dir, UID: b.uid, GID: b.uid, Hide: m.cfg.Hide, Expose: m.cfg.Expose,
+		Hostname: leaseHostname(lease), TmpfsSize: tmpfsSize(b.memoryMiB), HostIPC: b.hostIPC}
 	if m.cg != nil {
 		s.Cgroups = m.cg.procsFiles(lease)
 	}
@@ -332,8 +458,32 @@ func (m *Manager) Command(lease string, cmd *exec.Cmd) error {
 	if cmd.SysProcAttr == nil {
 		cmd.SysProcAttr = &syscall.SysProcAttr{}
 	}
-	cmd.SysProcAttr.Cloneflags |= syscall.CLONE_NEWNS | syscall.CLONE_NEWPID
+	cmd.SysProcAttr.Cloneflags |= syscall.CLONE_NEWNS | syscall.CLONE_NEWPID | syscall.CLONE_NEWUTS
+	if !b.hostIPC {
+		cmd.SysProcAttr.Cloneflags |= syscall.CLONE_NEWIPC
+	}
 	return nil
+}
+
+// leaseHostname is the hostname a lease's processes see: the lease id
+// (cut to fit), and a hash of the host's own name, so that the hosts of
+// one lease tell each other apart without learning the host's name.
+func leaseHostname(lease string) string {
+	host, _ := os.Hostname()
+	sum := sha256.Sum256([]byte(host))
+	const max = 64 - 1 - 8 // HOST_NAME_MAX, a dash and the hash
+	return fmt.Sprintf("%.*s-%x", max, lease, sum[:4])
+}
+
+// tmpfsSize is the size of a lease's private /tmp, /var/tmp and /dev/shm
+// each: its memory cap, or without one tmpfs's own default of half the
+// host's memory. What they hold is memory charged to the lease's cgroup,
+// so together they never exceed the cap either.
+func tmpfsSize(memoryMiB int64) string {
+	if memoryMiB > 0 {
+		return strconv.FormatInt(memoryMiB, 10) + "m"
+	}
+	return "50%"
 }
 
 // LeaseOf reads a process's /proc/PID/cgroup: the lease whose cgroup
@@ -358,8 +508,10 @@ func (m *Manager) Procs(lease string) ([]int, error) {
 }
 
 // Remove kills every process left in the lease's cgroup, removes the
-// cgroup and frees the lease's user. Removing a sandbox that does not
-// exist succeeds.
+// cgroup and puts the lease's user in quarantine: no lease takes it
+// again while a process runs as it or the lease's directory holds a file
+// of it (the caller removes the directory). The shared MPS user is not
+// quarantined. Removing a sandbox that does not exist succeeds.
 func (m *Manager) Remove(lease string) error {
 	if !validLease.MatchString(lease) {
 		return fmt.Errorf("sandbox: lease id %q: not a valid lease id", lease)
@@ -370,6 +522,9 @@ func (m *Manager) Remove(lease string) error {
 		}
 	}
 	m.mu.Lock()
+	if b, ok := m.leases[lease]; ok && b.uid != m.SharedUser() {
+		m.quarantine[b.uid] = b.dir
+	}
 	delete(m.leases, lease)
 	m.mu.Unlock()
 	return nil
