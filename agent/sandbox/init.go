@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"os/signal"
 	"path/filepath"
@@ -260,8 +261,55 @@ func setupMounts(s initSpec) error {
 			return fmt.Errorf("hiding %s: %w", h, err)
 		}
 	}
+	if err := nameHost(s.Hostname); err != nil {
+		return err
+	}
 	if err := unix.Mount("proc", "/proc", "proc", unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, ""); err != nil {
 		return fmt.Errorf("mounting /proc of the PID namespace: %w", err)
+	}
+	return nil
+}
+
+// etcDir holds the lease's own /etc/hosts and /etc/hostname, root's files
+// in the lease's private /run/lock, whose sticky bit keeps the lease from
+// replacing them.
+const etcDir = "/run/lock/gpupool-etc"
+
+// nameHost makes the lease's hostname resolve, as a host's own does:
+// programs that look up their own name (a framework's rendezvous, MPI)
+// would fail on a name that is in no /etc/hosts. The lease sees the
+// host's /etc/hosts with "127.0.1.1 NAME" added, and an /etc/hostname of
+// NAME, both read-only bind mounts. Nothing when the lease keeps the
+// host's name.
+func nameHost(name string) error {
+	if fi, err := os.Stat(filepath.Dir(etcDir)); name == "" || err != nil || !fi.IsDir() {
+		return nil // no private /run/lock to hold the files
+	}
+	hosts, err := os.ReadFile("/etc/hosts")
+	if err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return fmt.Errorf("the lease's /etc/hosts: %w", err)
+	}
+	if len(hosts) > 0 && hosts[len(hosts)-1] != '\n' {
+		hosts = append(hosts, '\n')
+	}
+	hosts = append(hosts, "127.0.1.1\t"+name+"\n"...)
+	if err := os.MkdirAll(etcDir, 0o755); err != nil {
+		return fmt.Errorf("the lease's /etc/hosts: %w", err)
+	}
+	for file, content := range map[string][]byte{"hosts": hosts, "hostname": []byte(name + "\n")} {
+		src, dst := filepath.Join(etcDir, file), filepath.Join("/etc", file)
+		if err := os.WriteFile(src, content, 0o644); err != nil {
+			return fmt.Errorf("the lease's %s: %w", dst, err)
+		}
+		if _, err := os.Stat(dst); err != nil {
+			continue // nothing to mount over: the host has none
+		}
+		if err := unix.Mount(src, dst, "", unix.MS_BIND, ""); err != nil {
+			return fmt.Errorf("the lease's %s: %w", dst, err)
+		}
+		if err := unix.Mount("", dst, "", unix.MS_BIND|unix.MS_REMOUNT|unix.MS_RDONLY|unix.MS_NOSUID|unix.MS_NODEV, ""); err != nil {
+			return fmt.Errorf("the lease's %s: %w", dst, err)
+		}
 	}
 	return nil
 }

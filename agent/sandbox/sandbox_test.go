@@ -363,6 +363,10 @@ func TestTwoLiveLeasesShareNoTmpfsIPCOrHostname(t *testing.T) {
 					t.Errorf("the lease's hostname %q is the host's", host)
 				}
 			}},
+		row{name: "its hostname resolves, as a host's own does", script: "getent hosts $(hostname) | cut -f1 -d' '; cat /etc/hostname",
+			want: "127.0.1.1\n" + leaseHostname("L-b") + "\n"},
+		row{name: "it cannot rename itself in /etc/hosts", script: "(echo '10.0.0.1 x' >> /etc/hosts) 2>/dev/null || echo refused; rm -f /run/lock/gpupool-etc/hosts 2>/dev/null || echo kept",
+			want: "refused\nkept\n"},
 	)
 	if noIPC == "" {
 		// One of the host's own, which B must not see either.
