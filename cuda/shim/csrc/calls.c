@@ -617,32 +617,30 @@ SHIM_EXPORT CUresult cuOccupancyMaxPotentialBlockSize(int *minGridSize, int *blo
 
 /* --- errors and entry points: work before cuInit, as in the driver */
 
+const struct shim_error *shim_error_of(CUresult r)
+{
+    for (const struct shim_error *e = shim_errors; e->name; e++)
+        if (e->value == r)
+            return e;
+    return NULL;
+}
+
 SHIM_EXPORT CUresult cuGetErrorName(CUresult error, const char **pStr)
 {
     if (!pStr)
         return CUDA_ERROR_INVALID_VALUE;
-    for (const struct shim_error *e = shim_errors; e->name; e++) {
-        if (e->value == error) {
-            *pStr = e->name;
-            return CUDA_SUCCESS;
-        }
-    }
-    *pStr = NULL;
-    return CUDA_ERROR_INVALID_VALUE;
+    const struct shim_error *e = shim_error_of(error);
+    *pStr = e ? e->name : NULL;
+    return e ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
 }
 
 SHIM_EXPORT CUresult cuGetErrorString(CUresult error, const char **pStr)
 {
     if (!pStr)
         return CUDA_ERROR_INVALID_VALUE;
-    for (const struct shim_error *e = shim_errors; e->name; e++) {
-        if (e->value == error) {
-            *pStr = e->text;
-            return CUDA_SUCCESS;
-        }
-    }
-    *pStr = NULL;
-    return CUDA_ERROR_INVALID_VALUE;
+    const struct shim_error *e = shim_error_of(error);
+    *pStr = e ? e->text : NULL;
+    return e ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
 }
 
 /* The newest version of symbol available at cudaVersion; unsupported stubs
