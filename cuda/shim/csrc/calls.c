@@ -241,19 +241,29 @@ SHIM_EXPORT CUresult cuMemHostAlloc(void **pp, size_t bytesize, unsigned int Fla
     return host_alloc(pp, bytesize, Flags);
 }
 
-SHIM_EXPORT CUresult cuMemFreeHost(void *p)
+/* host_untrack forgets the host memory host_track recorded at p with the
+   same registered, and returns 0; -1, forgetting nothing, when there is
+   none. */
+static int host_untrack(const void *p, int registered)
 {
     long i;
-    if (!initialized())
-        return CUDA_ERROR_NOT_INITIALIZED;
     pthread_mutex_lock(&tab.mu);
     i = findHostLocked(p);
-    if (i < 0 || tab.hosts[i].p != p || tab.hosts[i].registered) {
+    if (i < 0 || tab.hosts[i].p != p || tab.hosts[i].registered != registered) {
         pthread_mutex_unlock(&tab.mu);
-        return CUDA_ERROR_INVALID_VALUE;
+        return -1;
     }
     tab.hosts[i] = tab.hosts[--tab.nhosts];
     pthread_mutex_unlock(&tab.mu);
+    return 0;
+}
+
+SHIM_EXPORT CUresult cuMemFreeHost(void *p)
+{
+    if (!initialized())
+        return CUDA_ERROR_NOT_INITIALIZED;
+    if (host_untrack(p, 0) < 0)
+        return CUDA_ERROR_INVALID_VALUE;
     free(p);
     return CUDA_SUCCESS;
 }
@@ -279,17 +289,10 @@ SHIM_EXPORT CUresult cuMemHostRegister_v2(void *p, size_t bytesize, unsigned int
 
 SHIM_EXPORT CUresult cuMemHostUnregister(void *p)
 {
-    long i;
     if (!initialized())
         return CUDA_ERROR_NOT_INITIALIZED;
-    pthread_mutex_lock(&tab.mu);
-    i = findHostLocked(p);
-    if (i < 0 || tab.hosts[i].p != p || !tab.hosts[i].registered) {
-        pthread_mutex_unlock(&tab.mu);
+    if (host_untrack(p, 1) < 0)
         return CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED;
-    }
-    tab.hosts[i] = tab.hosts[--tab.nhosts];
-    pthread_mutex_unlock(&tab.mu);
     return CUDA_SUCCESS;
 }
 
