@@ -43,6 +43,20 @@ func exactArgs(n int) cobra.PositionalArgs { return usageArgs(cobra.ExactArgs(n)
 // minArgs is cobra.MinimumNArgs failing as a usage error.
 func minArgs(n int) cobra.PositionalArgs { return usageArgs(cobra.MinimumNArgs(n)) }
 
+// commandAfterDash accepts the arguments of a command that runs the
+// command given after --, as example does; nothing may come before --.
+func commandAfterDash(example string) cobra.PositionalArgs {
+	return func(cmd *cobra.Command, args []string) error {
+		if cmd.ArgsLenAtDash() < 0 || len(args) == 0 {
+			return usagef("give the command after --, e.g. %s", example)
+		}
+		if cmd.ArgsLenAtDash() > 0 {
+			return usagef("unexpected %q before --: flags go before --, the command after it", args[0])
+		}
+		return nil
+	}
+}
+
 // newGroupCmd makes cmd a holder of subcommands. Run bare, it prints its
 // help; run with an unknown subcommand, it fails as a usage error that
 // lists the subcommands.
