@@ -373,20 +373,11 @@ func printLease(w io.Writer, l *gpupoolv1.Lease) error {
 	if err := t.flush(); err != nil {
 		return err
 	}
-	if len(l.GetSlices()) > 0 && len(l.GetUsage()) == 0 && !ended(l.GetState()) {
+	if len(l.GetSlices()) > 0 && len(l.GetUsage()) == 0 && !protocol.LeaseEnded(l.GetState()) {
 		_, err := fmt.Fprintln(w, "\nUSED, UTIL and PROCS come from the agents through the leader: none reported yet (or --stale).")
 		return err
 	}
 	return nil
-}
-
-// ended reports whether a lease state is final.
-func ended(s gpupoolv1.LeaseState) bool {
-	switch s {
-	case gpupoolv1.LeaseState_LEASE_STATE_RELEASED, gpupoolv1.LeaseState_LEASE_STATE_EXPIRED, gpupoolv1.LeaseState_LEASE_STATE_REVOKED:
-		return true
-	}
-	return false
 }
 
 // sortLeases orders leases oldest first (newest last), by creation time,
