@@ -315,18 +315,8 @@ func receiveFile(fr *frameReader, path string, w io.Writer) (string, error) {
 // CloseWrite method, as *net.TCPConn has, for that). It closes local.
 // Canceling ctx ends the connection and returns ctx's error.
 func (c *Conn) Forward(ctx context.Context, token string, remotePort int, local net.Conn) error {
-	defer local.Close()
-	cs, err := c.open(ctx, "forward", &gpupoolv1.StreamOpen{Token: token, Op: &gpupoolv1.StreamOpen_Forward{Forward: &gpupoolv1.ForwardStart{Port: int32(remotePort)}}})
-	if err != nil {
-		return err
-	}
-	// splice ends both directions itself; a reset after its FIN could
-	// lose the data still in flight.
-	defer cs.stopReset()
-	if err := splice(ctx, cs.qs, local, forwardSpliceBuffer); err != nil {
-		return cs.err(err)
-	}
-	return nil
+	open := &gpupoolv1.StreamOpen{Token: token, Op: &gpupoolv1.StreamOpen_Forward{Forward: &gpupoolv1.ForwardStart{Port: int32(remotePort)}}}
+	return c.relay(ctx, "forward", open, local, forwardSpliceBuffer)
 }
 
 // Cuda connects local, a connection of the CUDA shim (libcuda.so.1), to
@@ -336,13 +326,22 @@ func (c *Conn) Forward(ctx context.Context, token string, remotePort int, local 
 // resets the stream and Cuda returns ErrLeaseEnded; the shim's next call
 // fails.
 func (c *Conn) Cuda(ctx context.Context, token string, local net.Conn) error {
+	open := &gpupoolv1.StreamOpen{Token: token, Op: &gpupoolv1.StreamOpen_Cuda{Cuda: &gpupoolv1.CudaStart{}}}
+	return c.relay(ctx, "cuda", open, local, cudaSpliceBuffer)
+}
+
+// relay opens the stream of op and splices it with local, through buffers
+// of bufSize bytes, until both directions have ended. It closes local.
+func (c *Conn) relay(ctx context.Context, op string, open *gpupoolv1.StreamOpen, local net.Conn, bufSize int) error {
 	defer local.Close()
-	cs, err := c.open(ctx, "cuda", &gpupoolv1.StreamOpen{Token: token, Op: &gpupoolv1.StreamOpen_Cuda{Cuda: &gpupoolv1.CudaStart{}}})
+	cs, err := c.open(ctx, op, open)
 	if err != nil {
 		return err
 	}
+	// splice ends both directions itself; a reset after its FIN could
+	// lose the data still in flight.
 	defer cs.stopReset()
-	if err := splice(ctx, cs.qs, local, cudaSpliceBuffer); err != nil {
+	if err := splice(ctx, cs.qs, local, bufSize); err != nil {
 		return cs.err(err)
 	}
 	return nil

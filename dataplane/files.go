@@ -12,6 +12,7 @@ import (
 	"path/filepath"
 	"syscall"
 
+	"github.com/gpupool/gpupool/internal/atomicfile"
 	gpupoolv1 "github.com/gpupool/gpupool/proto/gpupool/v1"
 )
 
@@ -181,7 +182,7 @@ func (st *serverStream) put(req *gpupoolv1.PutStart) *RefusedError {
 	if mode == 0 {
 		mode = 0o644
 	}
-	if err := commit(root, f, tmp, path, mode); err != nil {
+	if err := atomicfile.Commit(root, f, tmp, path, mode); err != nil {
 		return fail(gpupoolv1.AcceptCode_ACCEPT_CODE_INTERNAL, "%q: %v", path, unwrapPath(err))
 	}
 	committed = true
@@ -190,31 +191,6 @@ func (st *serverStream) put(req *gpupoolv1.PutStart) *RefusedError {
 		st.cancel(fmt.Errorf("sending the result: %w", err))
 	}
 	return nil
-}
-
-// commit makes the temporary file f, named tmp, the file path: it sets
-// its mode, syncs it, renames it and syncs the directory. It closes f.
-func commit(root *os.Root, f *os.File, tmp, path string, mode fs.FileMode) error {
-	err := f.Chmod(mode)
-	if err == nil {
-		err = f.Sync()
-	}
-	if cerr := f.Close(); err == nil {
-		err = cerr
-	}
-	if err == nil {
-		err = root.Rename(tmp, path)
-	}
-	if err != nil {
-		root.Remove(tmp)
-		return err
-	}
-	d, err := root.Open(filepath.Dir(path))
-	if err != nil {
-		return err
-	}
-	defer d.Close()
-	return d.Sync()
 }
 
 // tempName is a fresh name for a put's temporary file, in path's

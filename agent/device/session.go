@@ -45,14 +45,21 @@ func newSession(lib nvml.Interface, label string, initRet nvml.Return) *session 
 	return s
 }
 
+// usableLocked reports whether a call may reach lib: not once Close has
+// begun (ErrClosed), nor when Init failed (false with a nil error: the
+// call does nothing and succeeds). s.mu must be held.
+func (s *session) usableLocked() (bool, error) {
+	if s.closed {
+		return false, ErrClosed
+	}
+	return s.ok, nil
+}
+
 func (s *session) Devices() ([]*gpupoolv1.Device, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if s.closed {
-		return nil, ErrClosed
-	}
-	if !s.ok {
-		return nil, nil
+	if ok, err := s.usableLocked(); !ok {
+		return nil, err
 	}
 	devs, err := enumerate(s.lib)
 	if err != nil {
@@ -80,11 +87,8 @@ func (s *session) Note() string {
 func (s *session) Sample() ([]Sample, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if s.closed {
-		return nil, ErrClosed
-	}
-	if !s.ok {
-		return nil, nil
+	if ok, err := s.usableLocked(); !ok {
+		return nil, err
 	}
 	out, err := sample(s.lib, s.uuids)
 	if err != nil {
@@ -99,13 +103,9 @@ func (s *session) Sample() ([]Sample, error) {
 
 func (s *session) WatchHealth(ctx context.Context, fn func(HealthEvent)) error {
 	s.mu.Lock()
-	if s.closed {
+	if ok, err := s.usableLocked(); !ok {
 		s.mu.Unlock()
-		return ErrClosed
-	}
-	if !s.ok {
-		s.mu.Unlock()
-		return nil
+		return err
 	}
 	s.watchers.Add(1)
 	s.mu.Unlock()

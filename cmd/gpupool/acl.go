@@ -158,16 +158,9 @@ func (f *aclTokenFlags) request(cmd *cobra.Command) (*gpupoolv1.CreateAclTokenRe
 	return req, nil
 }
 
-// splitTenants splits a --tenants list, dropping blanks.
-func splitTenants(s string) []string {
-	var out []string
-	for _, t := range strings.Split(s, ",") {
-		if t = strings.TrimSpace(t); t != "" {
-			out = append(out, t)
-		}
-	}
-	return out
-}
+// splitTenants splits a --tenants list, dropping blanks, as an address
+// list is split.
+func splitTenants(s string) []string { return client.ParseAddrs(s) }
 
 func defaultTokenName(req *gpupoolv1.CreateAclTokenRequest) string {
 	switch req.Kind {

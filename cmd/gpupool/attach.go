@@ -65,15 +65,7 @@ passed on to it. Attach exits with CMD's exit code.`,
 
   # a shim installed elsewhere
   gpupool attach --shim-dir /opt/gpupool/lib --exclusive -- ./my-cuda-program`,
-		Args: func(cmd *cobra.Command, args []string) error {
-			if cmd.ArgsLenAtDash() < 0 || len(args) == 0 {
-				return usagef("give the command after --, e.g. gpupool attach --memory 8GiB --compute 25 -- ./vecadd")
-			}
-			if cmd.ArgsLenAtDash() > 0 {
-				return usagef("unexpected %q before --: flags go before --, the command after it", args[0])
-			}
-			return nil
-		},
+		Args: commandAfterDash("gpupool attach --memory 8GiB --compute 25 -- ./vecadd"),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if leaseID != "" {
 				var set []string
@@ -91,12 +83,7 @@ passed on to it. Attach exits with CMD's exit code.`,
 				return err
 			}
 			if leaseID != "" {
-				return withClient(cmd, func(ctx context.Context, c *client.Client) error {
-					l, err := c.Attach(ctx, leaseID)
-					if err != nil {
-						return err
-					}
-					defer l.Close()
+				return withLease(cmd, leaseID, func(_ context.Context, l heldLease) error {
 					return attachRun(cmd, l, lib, args)
 				})
 			}
@@ -104,26 +91,12 @@ passed on to it. Attach exits with CMD's exit code.`,
 			if err != nil {
 				return err
 			}
-			return withClient(cmd, func(ctx context.Context, c *client.Client) error {
-				base := context.WithoutCancel(cmd.Context())
-				acqCtx, cancel := context.WithTimeout(cmd.Context(), global.timeout+f.wait)
-				l, err := c.Acquire(acqCtx, req, f.acquireOptions(cmd.ErrOrStderr())...)
-				cancel()
+			return withClient(cmd, func(_ context.Context, c *client.Client) error {
+				l, err := acquireForCommand(cmd, c, req, f.wait, f.acquireOptions(cmd.ErrOrStderr()))
 				if err != nil {
-					if cmd.Context().Err() != nil {
-						releaseAbandoned(base, c, req, cmd.ErrOrStderr())
-					}
 					return err
 				}
-				defer func() {
-					rctx, cancel := context.WithTimeout(base, 10*time.Second)
-					defer cancel()
-					if err := l.Release(rctx, "gpupool attach ended"); err != nil {
-						fmt.Fprintf(cmd.ErrOrStderr(), "gpupool: releasing %s: %s\n", l.ID(), errorMessage(err))
-					}
-				}()
-				info := l.Info()
-				fmt.Fprintf(cmd.ErrOrStderr(), "gpupool: lease %s on %s (%s)\n", l.ID(), info.GetSlices()[0].GetHost(), sliceSummary(info.GetSlices()))
+				defer releaseForCommand(cmd, l, "gpupool attach ended")
 				return attachRun(cmd, l, lib, args)
 			})
 		},

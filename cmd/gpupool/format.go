@@ -43,6 +43,20 @@ func exactArgs(n int) cobra.PositionalArgs { return usageArgs(cobra.ExactArgs(n)
 // minArgs is cobra.MinimumNArgs failing as a usage error.
 func minArgs(n int) cobra.PositionalArgs { return usageArgs(cobra.MinimumNArgs(n)) }
 
+// commandAfterDash accepts the arguments of a command that runs the
+// command given after --, as example does; nothing may come before --.
+func commandAfterDash(example string) cobra.PositionalArgs {
+	return func(cmd *cobra.Command, args []string) error {
+		if cmd.ArgsLenAtDash() < 0 || len(args) == 0 {
+			return usagef("give the command after --, e.g. %s", example)
+		}
+		if cmd.ArgsLenAtDash() > 0 {
+			return usagef("unexpected %q before --: flags go before --, the command after it", args[0])
+		}
+		return nil
+	}
+}
+
 // newGroupCmd makes cmd a holder of subcommands. Run bare, it prints its
 // help; run with an unknown subcommand, it fails as a usage error that
 // lists the subcommands.
@@ -359,20 +373,11 @@ func printLease(w io.Writer, l *gpupoolv1.Lease) error {
 	if err := t.flush(); err != nil {
 		return err
 	}
-	if len(l.GetSlices()) > 0 && len(l.GetUsage()) == 0 && !ended(l.GetState()) {
+	if len(l.GetSlices()) > 0 && len(l.GetUsage()) == 0 && !protocol.LeaseEnded(l.GetState()) {
 		_, err := fmt.Fprintln(w, "\nUSED, UTIL and PROCS come from the agents through the leader: none reported yet (or --stale).")
 		return err
 	}
 	return nil
-}
-
-// ended reports whether a lease state is final.
-func ended(s gpupoolv1.LeaseState) bool {
-	switch s {
-	case gpupoolv1.LeaseState_LEASE_STATE_RELEASED, gpupoolv1.LeaseState_LEASE_STATE_EXPIRED, gpupoolv1.LeaseState_LEASE_STATE_REVOKED:
-		return true
-	}
-	return false
 }
 
 // sortLeases orders leases oldest first (newest last), by creation time,

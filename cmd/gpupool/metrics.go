@@ -48,16 +48,22 @@ func serveMetricsWith(ctx context.Context, addr string, reg *prometheus.Registry
 		}
 		fmt.Fprintln(w, "ok")
 	})
-	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+	serveHTTP(ctx, lis, mux, log, "metrics")
+	log.Info("serving metrics", "url", scheme+"://"+lis.Addr().String()+"/metrics")
+	return nil
+}
+
+// serveHTTP serves h on lis until ctx ends, in the background. A failure
+// to serve is logged as the name server's.
+func serveHTTP(ctx context.Context, lis net.Listener, h http.Handler, log *slog.Logger, name string) {
+	srv := &http.Server{Handler: h, ReadHeaderTimeout: 5 * time.Second}
 	go func() {
 		<-ctx.Done()
 		srv.Close()
 	}()
 	go func() {
 		if err := srv.Serve(lis); err != nil && !errors.Is(err, http.ErrServerClosed) {
-			log.Error("metrics server stopped", "err", err)
+			log.Error(name+" server stopped", "err", err)
 		}
 	}()
-	log.Info("serving metrics", "url", scheme+"://"+lis.Addr().String()+"/metrics")
-	return nil
 }

@@ -62,15 +62,7 @@ GPU within a minute of a run that died without releasing; a lease from
 		Example: `  gpupool run --memory 4GiB --compute 25 -- nvidia-smi
   gpupool run --gpus 1 --exclusive --upload train.py --download model.pt -- python3 train.py
   gpupool run --memory 8GiB --compute 50 -- sh -c 'echo $CUDA_VISIBLE_DEVICES'`,
-		Args: func(cmd *cobra.Command, args []string) error {
-			if cmd.ArgsLenAtDash() < 0 || len(args) == 0 {
-				return usagef("give the command after --, e.g. gpupool run --memory 4GiB --compute 25 -- nvidia-smi")
-			}
-			if cmd.ArgsLenAtDash() > 0 {
-				return usagef("unexpected %q before --: flags go before --, the command after it", args[0])
-			}
-			return nil
-		},
+		Args: commandAfterDash("gpupool run --memory 4GiB --compute 25 -- nvidia-smi"),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			req, err := f.leaseRequest()
 			if err != nil {
@@ -104,29 +96,15 @@ GPU within a minute of a run that died without releasing; a lease from
 
 // runRemote is 'gpupool run' once the flags are checked.
 func runRemote(cmd *cobra.Command, c *client.Client, req *gpupoolv1.LeaseRequest, wait time.Duration, opts []client.AcquireOption, uploads, downloads, argv []string) error {
-	stderr := cmd.ErrOrStderr()
 	// The command's own context ends with Ctrl-C; the lease and the
 	// session live on until the remote command had its chance to exit.
 	base := context.WithoutCancel(cmd.Context())
 	ctx := cmd.Context() // ends with Ctrl-C: stops uploads and downloads
-	acqCtx, cancel := context.WithTimeout(ctx, global.timeout+wait)
-	l, err := c.Acquire(acqCtx, req, opts...)
-	cancel()
+	l, err := acquireForCommand(cmd, c, req, wait, opts)
 	if err != nil {
-		if ctx.Err() != nil {
-			releaseAbandoned(base, c, req, stderr)
-		}
 		return err
 	}
-	defer func() {
-		rctx, cancel := context.WithTimeout(base, 10*time.Second)
-		defer cancel()
-		if err := l.Release(rctx, "gpupool run ended"); err != nil {
-			fmt.Fprintf(stderr, "gpupool: releasing %s: %s\n", l.ID(), errorMessage(err))
-		}
-	}()
-	info := l.Info()
-	fmt.Fprintf(stderr, "gpupool: lease %s on %s (%s)\n", l.ID(), info.GetSlices()[0].GetHost(), sliceSummary(info.GetSlices()))
+	defer releaseForCommand(cmd, l, "gpupool run ended")
 	h, err := dialLease(ctx, l)
 	if err != nil {
 		return err
@@ -153,6 +131,36 @@ func runRemote(cmd *cobra.Command, c *client.Client, req *gpupoolv1.LeaseRequest
 		}
 	}
 	return runErr
+}
+
+// acquireForCommand acquires req for a command that runs on the lease,
+// waiting up to --timeout plus wait, and says on stderr where it was
+// granted. When Ctrl-C interrupts the acquire, it releases the lease the
+// brokers may have granted all the same.
+func acquireForCommand(cmd *cobra.Command, c *client.Client, req *gpupoolv1.LeaseRequest, wait time.Duration, opts []client.AcquireOption) (*client.Lease, error) {
+	stderr := cmd.ErrOrStderr()
+	acqCtx, cancel := context.WithTimeout(cmd.Context(), global.timeout+wait)
+	l, err := c.Acquire(acqCtx, req, opts...)
+	cancel()
+	if err != nil {
+		if cmd.Context().Err() != nil {
+			releaseAbandoned(context.WithoutCancel(cmd.Context()), c, req, stderr)
+		}
+		return nil, err
+	}
+	info := l.Info()
+	fmt.Fprintf(stderr, "gpupool: lease %s on %s (%s)\n", l.ID(), info.GetSlices()[0].GetHost(), sliceSummary(info.GetSlices()))
+	return l, nil
+}
+
+// releaseForCommand releases the lease acquireForCommand acquired, with
+// reason, within 10 s even after Ctrl-C; a failure is said on stderr.
+func releaseForCommand(cmd *cobra.Command, l *client.Lease, reason string) {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(cmd.Context()), 10*time.Second)
+	defer cancel()
+	if err := l.Release(ctx, reason); err != nil {
+		fmt.Fprintf(cmd.ErrOrStderr(), "gpupool: releasing %s: %s\n", l.ID(), errorMessage(err))
+	}
 }
 
 // releaseAbandoned releases the lease an interrupted Acquire may have

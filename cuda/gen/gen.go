@@ -413,53 +413,41 @@ func goVar(name string) string {
 	return v
 }
 
-func goType(a api.Arg) string {
-	switch a.Kind {
-	case api.KindI32, api.KindDevice:
-		return "int32"
-	case api.KindU32:
-		return "uint32"
-	case api.KindU16:
-		return "uint16"
-	case api.KindU8:
-		return "uint8"
-	case api.KindU64, api.KindDevptr, api.KindHandle:
-		return "uint64"
-	case api.KindF32:
-		return "float32"
-	case api.KindCstr:
-		return "string"
-	case api.KindImage, api.KindBuffer:
-		return "[]byte"
-	case api.KindUUID:
-		return "[16]byte"
-	}
-	panic("kind")
+// goKind is how the generated Go code holds and codes an argument of one
+// Kind.
+type goKind struct {
+	typ   string // the Go type
+	codec string // the name of the wire decoder's and encoder's method
 }
 
-func decodeFn(a api.Arg) string {
-	switch a.Kind {
-	case api.KindI32, api.KindDevice:
-		return "I32"
-	case api.KindU32:
-		return "U32"
-	case api.KindU16:
-		return "U16"
-	case api.KindU8:
-		return "U8"
-	case api.KindU64, api.KindDevptr, api.KindHandle:
-		return "U64"
-	case api.KindF32:
-		return "F32"
-	case api.KindCstr:
-		return "String"
-	case api.KindImage, api.KindBuffer:
-		return "Bytes"
-	case api.KindUUID:
-		return "UUID"
-	}
-	panic("kind")
+// goKinds are the Go type and codec of every Kind.
+var goKinds = map[api.Kind]goKind{
+	api.KindI32:    {"int32", "I32"},
+	api.KindDevice: {"int32", "I32"},
+	api.KindU32:    {"uint32", "U32"},
+	api.KindU16:    {"uint16", "U16"},
+	api.KindU8:     {"uint8", "U8"},
+	api.KindU64:    {"uint64", "U64"},
+	api.KindDevptr: {"uint64", "U64"},
+	api.KindHandle: {"uint64", "U64"},
+	api.KindF32:    {"float32", "F32"},
+	api.KindCstr:   {"string", "String"},
+	api.KindImage:  {"[]byte", "Bytes"},
+	api.KindBuffer: {"[]byte", "Bytes"},
+	api.KindUUID:   {"[16]byte", "UUID"},
 }
+
+func kindOf(a api.Arg) goKind {
+	k, ok := goKinds[a.Kind]
+	if !ok {
+		panic("kind")
+	}
+	return k
+}
+
+func goType(a api.Arg) string { return kindOf(a).typ }
+
+func decodeFn(a api.Arg) string { return kindOf(a).codec }
 
 func handleKind(t string) string {
 	k := strings.TrimPrefix(t, "CU")

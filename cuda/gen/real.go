@@ -160,28 +160,24 @@ func genRealMethod(b *bytes.Buffer, f *api.Func) {
 	b.WriteString("\treturn\n}\n\n")
 }
 
-// cgoType is the cgo spelling of the driver's scalar type for a.
+// cgoNames are the cgo spellings of the driver's scalar C types.
+var cgoNames = map[string]string{
+	"int":                "C.int",
+	"unsigned int":       "C.uint",
+	"unsigned short":     "C.ushort",
+	"unsigned char":      "C.uchar",
+	"size_t":             "C.size_t",
+	"unsigned long long": "C.ulonglong",
+	"void *":             "unsafe.Pointer",
+	"float":              "C.float",
+}
+
+// cgoType is the cgo spelling of the driver's scalar type for a: the
+// type cDriverType gives a passed by value.
 func cgoType(a api.Arg) string {
-	switch a.Kind {
-	case api.KindI32, api.KindDevice:
-		return "C.int"
-	case api.KindU32:
-		return "C.uint"
-	case api.KindU16:
-		return "C.ushort"
-	case api.KindU8:
-		return "C.uchar"
-	case api.KindU64:
-		if a.Type == "size_t" {
-			return "C.size_t"
-		}
-		return "C.ulonglong"
-	case api.KindDevptr:
-		return "C.ulonglong"
-	case api.KindHandle:
-		return "unsafe.Pointer"
-	case api.KindF32:
-		return "C.float"
+	a.Out = false
+	if t, ok := cgoNames[cDriverType(a)]; ok {
+		return t
 	}
 	panic("cgoType " + a.Name)
 }

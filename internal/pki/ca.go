@@ -317,23 +317,28 @@ func newKey(alg Algorithm) (crypto.Signer, error) {
 		_, k, err := ed25519.GenerateKey(rand.Reader)
 		return k, err
 	}
-	return nil, fmt.Errorf("pki: algorithm %q: must be one of %s", alg, algorithmList())
+	return nil, fmt.Errorf("pki: algorithm %q: must be one of %s", alg, nameList(Algorithms))
 }
 
 // ParseAlgorithm checks s names a supported key type.
-func ParseAlgorithm(s string) (Algorithm, error) {
-	if a := Algorithm(s); slices.Contains(Algorithms, a) {
-		return a, nil
+func ParseAlgorithm(s string) (Algorithm, error) { return parseName(s, Algorithms) }
+
+// parseName returns s as the one of names it spells, or an error that
+// lists names.
+func parseName[T ~string](s string, names []T) (T, error) {
+	if v := T(s); slices.Contains(names, v) {
+		return v, nil
 	}
-	return "", fmt.Errorf("%q: must be one of %s", s, algorithmList())
+	return "", fmt.Errorf("%q: must be one of %s", s, nameList(names))
 }
 
-func algorithmList() string {
-	names := make([]string, len(Algorithms))
-	for i, a := range Algorithms {
-		names[i] = string(a)
+// nameList is names separated by commas, in their order.
+func nameList[T ~string](names []T) string {
+	ss := make([]string, len(names))
+	for i, n := range names {
+		ss[i] = string(n)
 	}
-	return strings.Join(names, ", ")
+	return strings.Join(ss, ", ")
 }
 
 func algorithmOf(k crypto.Signer) Algorithm {

@@ -15,7 +15,6 @@ import (
 	"errors"
 	"fmt"
 	"net/url"
-	"slices"
 	"strings"
 )
 
@@ -39,20 +38,7 @@ const (
 var Roles = []Role{RoleBroker, RoleAgent, RoleClient}
 
 // ParseRole checks s names a role.
-func ParseRole(s string) (Role, error) {
-	if r := Role(s); slices.Contains(Roles, r) {
-		return r, nil
-	}
-	return "", fmt.Errorf("%q: must be one of %s", s, roleList())
-}
-
-func roleList() string {
-	names := make([]string, len(Roles))
-	for i, r := range Roles {
-		names[i] = string(r)
-	}
-	return strings.Join(names, ", ")
-}
+func ParseRole(s string) (Role, error) { return parseName(s, Roles) }
 
 // URI SAN prefixes that carry the identity. They are opaque URIs:
 // url.Parse gives scheme "gpupool" and the rest as Opaque.

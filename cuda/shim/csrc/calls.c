@@ -241,19 +241,29 @@ SHIM_EXPORT CUresult cuMemHostAlloc(void **pp, size_t bytesize, unsigned int Fla
     return host_alloc(pp, bytesize, Flags);
 }
 
-SHIM_EXPORT CUresult cuMemFreeHost(void *p)
+/* host_untrack forgets the host memory host_track recorded at p with the
+   same registered, and returns 0; -1, forgetting nothing, when there is
+   none. */
+static int host_untrack(const void *p, int registered)
 {
     long i;
-    if (!initialized())
-        return CUDA_ERROR_NOT_INITIALIZED;
     pthread_mutex_lock(&tab.mu);
     i = findHostLocked(p);
-    if (i < 0 || tab.hosts[i].p != p || tab.hosts[i].registered) {
+    if (i < 0 || tab.hosts[i].p != p || tab.hosts[i].registered != registered) {
         pthread_mutex_unlock(&tab.mu);
-        return CUDA_ERROR_INVALID_VALUE;
+        return -1;
     }
     tab.hosts[i] = tab.hosts[--tab.nhosts];
     pthread_mutex_unlock(&tab.mu);
+    return 0;
+}
+
+SHIM_EXPORT CUresult cuMemFreeHost(void *p)
+{
+    if (!initialized())
+        return CUDA_ERROR_NOT_INITIALIZED;
+    if (host_untrack(p, 0) < 0)
+        return CUDA_ERROR_INVALID_VALUE;
     free(p);
     return CUDA_SUCCESS;
 }
@@ -279,17 +289,10 @@ SHIM_EXPORT CUresult cuMemHostRegister_v2(void *p, size_t bytesize, unsigned int
 
 SHIM_EXPORT CUresult cuMemHostUnregister(void *p)
 {
-    long i;
     if (!initialized())
         return CUDA_ERROR_NOT_INITIALIZED;
-    pthread_mutex_lock(&tab.mu);
-    i = findHostLocked(p);
-    if (i < 0 || tab.hosts[i].p != p || !tab.hosts[i].registered) {
-        pthread_mutex_unlock(&tab.mu);
+    if (host_untrack(p, 1) < 0)
         return CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED;
-    }
-    tab.hosts[i] = tab.hosts[--tab.nhosts];
-    pthread_mutex_unlock(&tab.mu);
     return CUDA_SUCCESS;
 }
 
@@ -617,32 +620,30 @@ SHIM_EXPORT CUresult cuOccupancyMaxPotentialBlockSize(int *minGridSize, int *blo
 
 /* --- errors and entry points: work before cuInit, as in the driver */
 
+const struct shim_error *shim_error_of(CUresult r)
+{
+    for (const struct shim_error *e = shim_errors; e->name; e++)
+        if (e->value == r)
+            return e;
+    return NULL;
+}
+
 SHIM_EXPORT CUresult cuGetErrorName(CUresult error, const char **pStr)
 {
     if (!pStr)
         return CUDA_ERROR_INVALID_VALUE;
-    for (const struct shim_error *e = shim_errors; e->name; e++) {
-        if (e->value == error) {
-            *pStr = e->name;
-            return CUDA_SUCCESS;
-        }
-    }
-    *pStr = NULL;
-    return CUDA_ERROR_INVALID_VALUE;
+    const struct shim_error *e = shim_error_of(error);
+    *pStr = e ? e->name : NULL;
+    return e ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
 }
 
 SHIM_EXPORT CUresult cuGetErrorString(CUresult error, const char **pStr)
 {
     if (!pStr)
         return CUDA_ERROR_INVALID_VALUE;
-    for (const struct shim_error *e = shim_errors; e->name; e++) {
-        if (e->value == error) {
-            *pStr = e->text;
-            return CUDA_SUCCESS;
-        }
-    }
-    *pStr = NULL;
-    return CUDA_ERROR_INVALID_VALUE;
+    const struct shim_error *e = shim_error_of(error);
+    *pStr = e ? e->text : NULL;
+    return e ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
 }
 
 /* The newest version of symbol available at cudaVersion; unsupported stubs

@@ -81,6 +81,8 @@ struct shim_error {
     const char *text;
 };
 extern const struct shim_error shim_errors[];
+/* The entry of shim_errors for r, or NULL when the table has none. */
+const struct shim_error *shim_error_of(CUresult r);
 extern const char *const shim_op_names[];
 extern const int shim_op_count;
 

@@ -164,10 +164,8 @@ static const char *op_name(uint16_t op)
 
 static const char *result_name(CUresult r)
 {
-    for (const struct shim_error *e = shim_errors; e->name; e++)
-        if (e->value == r)
-            return e->name;
-    return "?";
+    const struct shim_error *e = shim_error_of(r);
+    return e ? e->name : "?";
 }
 
 /* The connection is gone: every later call fails the same way, and so do

@@ -117,85 +117,81 @@ func (b *backoff) next() time.Duration {
 }
 
 func (s *GRPCSource) watchLeases(ctx context.Context, out chan<- Update) {
-	var b backoff
-	for ctx.Err() == nil {
-		err := func() error {
-			cctx, cancel := context.WithCancel(ctx)
-			defer cancel()
-			stream, err := s.Lease.Watch(cctx, &gpupoolv1.WatchLeasesRequest{})
+	resubscribe(ctx, out, "lease watch", "the broker ended the watch", func(ctx context.Context, b *backoff) error {
+		stream, err := s.Lease.Watch(ctx, &gpupoolv1.WatchLeasesRequest{})
+		if err != nil {
+			return err
+		}
+		first := true
+		for {
+			ev, err := stream.Recv()
 			if err != nil {
 				return err
 			}
-			first := true
-			for {
-				ev, err := stream.Recv()
-				if err != nil {
-					return err
-				}
-				if first {
-					// Only now is the stream known to work: reset what the
-					// last one left, and say it works.
-					first = false
-					b = backoff{}
-					if !send(ctx, out, LeasesReset{}) || !send(ctx, out, ErrorUpdate{What: "lease watch"}) {
-						return ctx.Err()
-					}
-				}
-				if !send(ctx, out, LeaseUpdate{Event: ev}) {
+			if first {
+				// Only now is the stream known to work: reset what the
+				// last one left, and say it works.
+				first = false
+				*b = backoff{}
+				if !send(ctx, out, LeasesReset{}) || !send(ctx, out, ErrorUpdate{What: "lease watch"}) {
 					return ctx.Err()
 				}
 			}
-		}()
-		if ctx.Err() != nil {
-			return
+			if !send(ctx, out, LeaseUpdate{Event: ev}) {
+				return ctx.Err()
+			}
 		}
-		if errors.Is(err, io.EOF) {
-			err = errors.New("the broker ended the watch")
-		}
-		if !send(ctx, out, ErrorUpdate{What: "lease watch", Err: err}) || !sleep(ctx, b.next()) {
-			return
-		}
-	}
+	})
 }
 
 func (s *GRPCSource) followAudit(ctx context.Context, out chan<- Update) {
-	var b backoff
 	var since uint64
 	backlog := s.AuditBacklog
+	resubscribe(ctx, out, "audit log", "the broker ended the audit follow", func(ctx context.Context, b *backoff) error {
+		req := &gpupoolv1.AuditLogRequest{Follow: true, SinceIndex: since}
+		if since == 0 {
+			req.Limit = max(backlog, 1)
+		}
+		stream, err := s.Operator.AuditLog(ctx, req)
+		if err != nil {
+			return err
+		}
+		if !send(ctx, out, ErrorUpdate{What: "audit log"}) {
+			return ctx.Err()
+		}
+		for {
+			a, err := stream.Recv()
+			if err != nil {
+				return err
+			}
+			*b = backoff{}
+			since = max(since, a.Index)
+			if !send(ctx, out, AuditUpdate{Entry: a}) {
+				return ctx.Err()
+			}
+		}
+	})
+}
+
+// resubscribe runs follow until ctx ends, and again after each failure,
+// with a pause b grows (follow resets b once its stream works). It reports
+// each failure as an ErrorUpdate about what, and a stream the broker ended
+// as the error ended. The ctx follow is given ends when follow returns.
+func resubscribe(ctx context.Context, out chan<- Update, what, ended string, follow func(ctx context.Context, b *backoff) error) {
+	var b backoff
 	for ctx.Err() == nil {
 		err := func() error {
 			cctx, cancel := context.WithCancel(ctx)
 			defer cancel()
-			req := &gpupoolv1.AuditLogRequest{Follow: true, SinceIndex: since}
-			if since == 0 {
-				req.Limit = max(backlog, 1)
-			}
-			stream, err := s.Operator.AuditLog(cctx, req)
-			if err != nil {
-				return err
-			}
-			if !send(ctx, out, ErrorUpdate{What: "audit log"}) {
-				return ctx.Err()
-			}
-			for {
-				a, err := stream.Recv()
-				if err != nil {
-					return err
-				}
-				b = backoff{}
-				since = max(since, a.Index)
-				if !send(ctx, out, AuditUpdate{Entry: a}) {
-					return ctx.Err()
-				}
-			}
+			return follow(cctx, &b)
 		}()
 		if ctx.Err() != nil {
 			return
 		}
 		if errors.Is(err, io.EOF) {
-			err = errors.New("the broker ended the audit follow")
+			err = errors.New(ended)
 		}
-		if !send(ctx, out, ErrorUpdate{What: "audit log", Err: err}) || !sleep(ctx, b.next()) {
+		if !send(ctx, out, ErrorUpdate{What: what, Err: err}) || !sleep(ctx, b.next()) {
 			return
 		}
 	}

@@ -9,6 +9,7 @@ import (
 
 	"github.com/gpupool/gpupool/internal/quantity"
 	gpupoolv1 "github.com/gpupool/gpupool/proto/gpupool/v1"
+	"github.com/gpupool/gpupool/protocol"
 )
 
 // MaxEvents is how many recent events a State keeps.
@@ -104,14 +105,6 @@ func errorText(err error) string {
 	return msg
 }
 
-func isEnded(st gpupoolv1.LeaseState) bool {
-	switch st {
-	case gpupoolv1.LeaseState_LEASE_STATE_RELEASED, gpupoolv1.LeaseState_LEASE_STATE_EXPIRED, gpupoolv1.LeaseState_LEASE_STATE_REVOKED:
-		return true
-	}
-	return false
-}
-
 // enumLabel is an enum value's name less its prefix, in lower case with
 // spaces: LEASE_EVENT_TYPE_DRAIN_NOTICE -> "drain notice".
 func enumLabel(name, prefix string) string {
@@ -132,7 +125,7 @@ func (s *State) applyLease(ev *gpupoolv1.LeaseEvent, now time.Time) {
 	if l == nil {
 		return
 	}
-	if ev.Type == gpupoolv1.LeaseEventType_LEASE_EVENT_TYPE_ENDED || isEnded(l.State) {
+	if ev.Type == gpupoolv1.LeaseEventType_LEASE_EVENT_TYPE_ENDED || protocol.LeaseEnded(l.State) {
 		delete(s.Leases, l.Id)
 	} else {
 		s.Leases[l.Id] = l
