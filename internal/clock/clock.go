@@ -2,6 +2,7 @@
 package clock
 
 import (
+	"context"
 	"slices"
 	"sync"
 	"time"
@@ -99,5 +100,17 @@ func (c *Fake) Advance(d time.Duration) {
 		}
 		c.mu.Unlock()
 		t.f()
+	}
+}
+
+// Sleep waits d or until ctx ends; it reports whether d passed.
+func Sleep(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-t.C:
+		return true
 	}
 }
