@@ -217,6 +217,11 @@ type Binder struct {
 	// ended under a claim: a sync that reads the claim before its status
 	// says so neither acquires again nor warns the pods twice.
 	ended map[string]map[string]*endedLease // guarded by mu; by claim key, then request id
+
+	// followers are the goroutines keep starts, one per held lease. Each
+	// ends when its lease stops renewing or the context it was kept under
+	// ends; Run returns only once all have.
+	followers sync.WaitGroup
 }
 
 // failureCounts counts, for one request id, the syncs in a row that failed
@@ -370,16 +375,18 @@ func (b *Binder) Run(ctx context.Context) error {
 	return nil
 }
 
-// closeAll stops renewing every held lease.
+// closeAll stops renewing every held lease and waits until no goroutine
+// follows one.
 func (b *Binder) closeAll() {
 	b.mu.Lock()
-	defer b.mu.Unlock()
 	for key, cl := range b.held {
 		for _, l := range cl.leases {
 			l.Close()
 		}
 		delete(b.held, key)
 	}
+	b.mu.Unlock()
+	b.followers.Wait()
 }
 
 // adopt goes through the tenant's granted leases once the informers have
@@ -436,7 +443,7 @@ func (b *Binder) adopt(ctx context.Context) error {
 			}
 			continue // an ended one is found by the claim's sync too
 		}
-		b.keep(key, types.UID(uid), l.GetRequestId(), hl)
+		b.keep(ctx, key, types.UID(uid), l.GetRequestId(), hl)
 		b.log.Info("took over lease", "lease", l.GetId(), "claim", key)
 	}
 	return nil
@@ -449,8 +456,10 @@ func (b *Binder) holds(key, requestID string) bool {
 	return cl != nil && cl.leases[requestID] != nil
 }
 
-// keep records l as held for the claim and enqueues the claim when l ends.
-func (b *Binder) keep(key string, uid types.UID, requestID string, l HeldLease) {
+// keep records l as held for the claim and, until l stops renewing or
+// ctx (the binder's lifetime) ends, passes l's events on and enqueues the
+// claim when l ends.
+func (b *Binder) keep(ctx context.Context, key string, uid types.UID, requestID string, l HeldLease) {
 	b.mu.Lock()
 	cl := b.held[key]
 	if cl == nil {
@@ -459,13 +468,21 @@ func (b *Binder) keep(key string, uid types.UID, requestID string, l HeldLease) 
 	}
 	cl.leases[requestID] = l
 	b.mu.Unlock()
-	go func() {
-		for ev := range l.Events() {
-			b.onLeaseEvent(key, l, ev)
+	b.followers.Go(func() {
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case ev, ok := <-l.Events():
+				if !ok {
+					// Renewal stopped: released or closed here, or ended.
+					b.queue.Add(key)
+					return
+				}
+				b.onLeaseEvent(key, l, ev)
+			}
 		}
-		// Renewal stopped: released or closed here, or ended.
-		b.queue.Add(key)
-	}()
+	})
 }
 
 // onLeaseEvent passes what happens to a lease on to the pods that use it.
@@ -776,7 +793,7 @@ func (b *Binder) ensure(ctx context.Context, key string, claim *resourceapi.Reso
 		b.recordEnded(key, id, o)
 		return &o, nil
 	}
-	b.keep(key, claim.UID, id, l)
+	b.keep(ctx, key, claim.UID, id, l)
 	b.log.Info("lease granted", "claim", key, "device", r.Pool+"/"+r.Device, "lease", l.Info().GetId())
 	return &outcome{lease: l}, nil
 }
@@ -786,13 +803,13 @@ func (b *Binder) ensure(ctx context.Context, key string, claim *resourceapi.Reso
 // while the node plugin kept the lease alive, so only the brokers can say
 // it ended.
 func (b *Binder) reattach(ctx context.Context, key string, uid types.UID, id string, l HeldLease) (*outcome, error) {
-	ctx, cancel := context.WithTimeout(ctx, callTimeout)
+	actx, cancel := context.WithTimeout(ctx, callTimeout)
 	defer cancel()
 	info := l.Info()
-	nl, err := b.broker.Attach(ctx, info.GetId())
+	nl, err := b.broker.Attach(actx, info.GetId())
 	switch {
 	case err == nil:
-		b.keep(key, uid, id, nl)
+		b.keep(ctx, key, uid, id, nl)
 		b.log.Info("renewing lease again", "claim", key, "lease", info.GetId(), "renewal_stopped_by", l.Err())
 		return &outcome{lease: nl}, nil
 	case errors.Is(err, client.ErrLeaseEnded) || status.Code(err) == codes.NotFound:
