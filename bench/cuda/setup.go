@@ -11,7 +11,7 @@ import (
 	"path/filepath"
 
 	"github.com/gpupool/gpupool/agent/cudaserver"
-	"github.com/gpupool/gpupool/bench/internal/benchproc"
+	"github.com/gpupool/gpupool/bench/report"
 	"github.com/gpupool/gpupool/cuda/proxy"
 	"github.com/gpupool/gpupool/cuda/shim"
 	"github.com/gpupool/gpupool/dataplane"
@@ -26,9 +26,9 @@ var programSource []byte
 //go:embed csrc/saxpy.ptx
 var saxpyPTX []byte
 
-type progress = benchproc.Progress
+type progress = report.Progress
 
-var newProgress = benchproc.NewProgress
+var newProgress = report.NewProgress
 
 // The one lease the benchmark's agent serves, its token, host and GPU.
 const (

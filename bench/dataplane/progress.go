@@ -4,13 +4,13 @@ import (
 	"io"
 	"time"
 
-	"github.com/gpupool/gpupool/bench/internal/benchproc"
+	"github.com/gpupool/gpupool/bench/report"
 )
 
 // progress is the benchmarks' shared progress printer.
-type progress = benchproc.Progress
+type progress = report.Progress
 
-var newProgress = benchproc.NewProgress
+var newProgress = report.NewProgress
 
 // meter returns a meter for a transfer of total bytes described by what.
 func newMeter(p *progress, what string, total int64) *meter {

@@ -10,8 +10,8 @@ import (
 	"strings"
 	"time"
 
-	"github.com/gpupool/gpupool/bench/internal/benchproc"
 	"github.com/gpupool/gpupool/bench/plot"
+	"github.com/gpupool/gpupool/bench/report"
 	"github.com/gpupool/gpupool/broker"
 )
 
@@ -249,6 +249,6 @@ func formatCounts[V int | int32](m map[string]V) string {
 }
 
 // progress is the benchmarks' shared progress printer.
-type progress = benchproc.Progress
+type progress = report.Progress
 
-var newProgress = benchproc.NewProgress
+var newProgress = report.NewProgress

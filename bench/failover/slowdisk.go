@@ -15,6 +15,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/gpupool/gpupool/bench/report"
 	gpupoolv1 "github.com/gpupool/gpupool/proto/gpupool/v1"
 )
 
@@ -102,7 +103,7 @@ func slowDisk(ctx context.Context, tmp, bin string, dur time.Duration, clients i
 	defer os.RemoveAll(dir)
 	if bin == "" {
 		p.Logf("building gpupool with -tags faultinject")
-		if bin, err = buildGpupool(ctx, dir, "faultinject"); err != nil {
+		if bin, err = report.BuildGpupool(ctx, dir, "faultinject"); err != nil {
 			return nil, err
 		}
 	}

@@ -11,6 +11,9 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	"github.com/gpupool/gpupool/bench/report"
+	"github.com/gpupool/gpupool/internal/proc"
 )
 
 // The simulated pool both systems serve, and the workload's slice. The
@@ -192,7 +195,7 @@ func benchmark(ctx context.Context, opts options, p *progress) (_ *results, err 
 	}
 	if opts.gpupool == "" {
 		p.Logf("building gpupool")
-		if opts.gpupool, err = buildGpupool(ctx, dir); err != nil {
+		if opts.gpupool, err = report.BuildGpupool(ctx, dir); err != nil {
 			return nil, err
 		}
 		res.Config.GpupoolBinary = "built from this tree"
@@ -260,7 +263,7 @@ func benchmark(ctx context.Context, opts options, p *progress) (_ *results, err 
 
 // measure runs one level of clients on sys, waits for it to be idle
 // again, and checks that none of its servers died.
-func measure(ctx context.Context, p *progress, opts options, name string, clients int, sys system, servers []*child) (figures, error) {
+func measure(ctx context.Context, p *progress, opts options, name string, clients int, sys system, servers []*proc.Proc) (figures, error) {
 	p.Logf("%s, %d clients: %s warm-up, then %s timed", name, clients, opts.warmup, opts.duration)
 	f := runLevel(ctx, sys, clients, opts.warmup, opts.duration)
 	if ctx.Err() != nil {

@@ -1,8 +1,8 @@
 package leasebench
 
-import "github.com/gpupool/gpupool/bench/internal/benchproc"
+import "github.com/gpupool/gpupool/bench/report"
 
 // progress is the benchmarks' shared progress printer.
-type progress = benchproc.Progress
+type progress = report.Progress
 
-var newProgress = benchproc.NewProgress
+var newProgress = report.NewProgress

@@ -23,6 +23,8 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/gpupool/gpupool/bench/report"
+	"github.com/gpupool/gpupool/internal/proc"
 	gpupoolv1 "github.com/gpupool/gpupool/proto/gpupool/v1"
 )
 
@@ -217,11 +219,11 @@ func churn(ctx context.Context, o churnOptions, p *progress) (*churnResults, err
 	bin := o.gpupool
 	if bin == "" {
 		p.Logf("building gpupool")
-		if bin, err = buildGpupool(ctx, dir); err != nil {
+		if bin, err = report.BuildGpupool(ctx, dir); err != nil {
 			return nil, err
 		}
 	}
-	metricsAddr, err := freeAddr("127.0.0.1")
+	metricsAddr, err := proc.FreeAddr("127.0.0.1")
 	if err != nil {
 		return nil, err
 	}
@@ -242,7 +244,7 @@ func churn(ctx context.Context, o churnOptions, p *progress) (*churnResults, err
 	res.Config.BrokerFlags, res.Config.Seed = o.brokerFlags, o.seed
 	var granted, cycles atomic.Int64
 	point := func(label string) (churnPoint, error) {
-		mem, err := readMemory(b.proc.Cmd.Process.Pid)
+		mem, err := readMemory(b.proc.Pid())
 		if err != nil {
 			return churnPoint{}, err
 		}

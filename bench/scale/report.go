@@ -9,7 +9,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/gpupool/gpupool/bench/internal/benchproc"
+	"github.com/gpupool/gpupool/bench/report"
 )
 
 // results is what a run measured; it is written as JSON as is.
@@ -152,6 +152,6 @@ func resultsName(brokers int) string {
 func mib(b int64) string { return fmt.Sprintf("%.1f MiB", float64(b)/(1<<20)) }
 
 // progress is the benchmarks' shared progress printer.
-type progress = benchproc.Progress
+type progress = report.Progress
 
-var newProgress = benchproc.NewProgress
+var newProgress = report.NewProgress

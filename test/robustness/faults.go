@@ -137,12 +137,12 @@ func (f *Faults) inject(ctx context.Context, kind string, hold time.Duration, ta
 				i = target % len(cl.Brokers)
 			}
 		}
-		sig := syscall.SIGKILL
-		if kind == FaultRestart {
-			sig = syscall.SIGTERM
-		}
 		f.Logf("fault: %s: %s", kind, brokerNode(i))
-		cl.Brokers[i].Signal(sig)
+		if kind == FaultRestart {
+			cl.Brokers[i].Stop(stopGrace)
+		} else {
+			cl.Brokers[i].Kill()
+		}
 		f.count(kind, nil, brokerNode(i))
 		holdFor()
 		return cl.Brokers[i].Start()
@@ -200,10 +200,10 @@ func (f *Faults) inject(ctx context.Context, kind string, hold time.Duration, ta
 func (f *Faults) pause(ctx context.Context, leader int, hold time.Duration) error {
 	p := f.Cluster.Brokers[leader]
 	f.Logf("fault: %s: %s", FaultPause, p.Node)
-	p.cmd.Process.Signal(syscall.SIGSTOP)
+	p.Signal(syscall.SIGSTOP)
 	f.count(FaultPause, nil, p.Node)
 	sleepCtx(ctx, hold)
-	return p.cmd.Process.Signal(syscall.SIGCONT)
+	return p.Signal(syscall.SIGCONT)
 }
 
 // recover heals the network, restarts whatever is down, and waits for a

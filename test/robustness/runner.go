@@ -15,6 +15,7 @@ import (
 	"github.com/anishathalye/porcupine"
 	"google.golang.org/grpc"
 
+	"github.com/gpupool/gpupool/internal/proc"
 	gpupoolv1 "github.com/gpupool/gpupool/proto/gpupool/v1"
 )
 
@@ -168,7 +169,7 @@ func finalLeases(ctx context.Context, cl *Cluster) ([]*gpupoolv1.Lease, error) {
 	seen := map[string]bool{}
 	var out []*gpupoolv1.Lease
 	for _, a := range cl.Agents {
-		err := poll(ctx, 3*time.Minute, func(context.Context) error {
+		err := proc.Poll(ctx, 3*time.Minute, func(context.Context) error {
 			cctx, cancel := context.WithTimeout(ctx, time.Minute)
 			defer cancel()
 			resp, err := cl.Client.Lease.List(cctx, &gpupoolv1.ListLeasesRequest{Host: a.Node, IncludeEnded: true}, grpc.MaxCallRecvMsgSize(1<<30))
