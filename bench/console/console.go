@@ -12,7 +12,6 @@ package console
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
@@ -29,6 +28,7 @@ import (
 	"github.com/chromedp/chromedp"
 	"google.golang.org/grpc"
 
+	"github.com/gpupool/gpupool/bench/report"
 	"github.com/gpupool/gpupool/broker"
 	"github.com/gpupool/gpupool/client"
 	gpupoolv1 "github.com/gpupool/gpupool/proto/gpupool/v1"
@@ -286,17 +286,8 @@ func median(v []float64) float64 {
 }
 
 func write(dir string, r *Result) error {
-	if err := os.MkdirAll(dir, 0o755); err != nil {
-		return err
-	}
-	b, err := json.MarshalIndent(r, "", "  ")
-	if err != nil {
-		return err
-	}
-	if err := os.WriteFile(filepath.Join(dir, "console.json"), append(b, '\n'), 0o644); err != nil {
-		return err
-	}
-	return os.WriteFile(filepath.Join(dir, "console.md"), []byte(markdown(r)), 0o644)
+	_, err := report.Write(report.Results{Dir: dir, Name: "console", JSON: r, Markdown: markdown(r)})
+	return err
 }
 
 func markdown(r *Result) string {

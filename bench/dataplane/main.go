@@ -14,6 +14,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"strings"
 
 	"github.com/gpupool/gpupool/internal/quantity"
 )
@@ -108,8 +109,8 @@ func parseFlags(args []string, help io.Writer) (options, error) {
 		return options{}, errors.New("--size 0: must be at least 1MiB")
 	case *execs < 1 || *execs > maxExecs:
 		return options{}, fmt.Errorf("--execs %d: must be between 1 and %d", *execs, maxExecs)
-	case *out == "":
-		return options{}, errors.New("--out: must name a file, e.g. bench/results/dataplane.json")
+	case !strings.HasSuffix(*out, ".json") || *out == ".json":
+		return options{}, fmt.Errorf("--out %q: must name a .json file, e.g. bench/results/dataplane.json", *out)
 	}
 	return options{size: int64(size) << 20, execs: *execs, seed: *seed, out: *out, tmp: *tmp}, nil
 }

@@ -2,7 +2,6 @@ package failover
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
@@ -205,16 +204,6 @@ func runSlowDiskCase(ctx context.Context, cl *cluster, c *slowDiskCase, leader i
 }
 
 func writeSlowDisk(dir string, res *slowDiskResults, stdout io.Writer) error {
-	if err := os.MkdirAll(dir, 0o755); err != nil {
-		return err
-	}
-	b, err := json.MarshalIndent(res, "", "  ")
-	if err != nil {
-		return err
-	}
-	if err := os.WriteFile(filepath.Join(dir, "slowdisk.json"), append(b, '\n'), 0o644); err != nil {
-		return err
-	}
 	var md strings.Builder
 	fmt.Fprintf(&md, "# Slow disks: one broker's Raft log writes slowed, under acquire+release load\n\n%s, %d clients, %.0fs timed per case after 2s of settling.\n\n", res.Date, res.Clients, res.CaseSecs)
 	md.WriteString("| case | slowed | grants/s | vs baseline | acquire p50 (ms) | acquire p99 (ms) | p99 vs baseline | errors | leadership moved after (s) | leader after |\n|---|---|---:|---:|---:|---:|---:|---:|---:|---|\n")
@@ -232,11 +221,8 @@ func writeSlowDisk(dir string, res *slowDiskResults, stdout io.Writer) error {
 	}
 	fmt.Fprintf(&md, "\nEach broker's data dir has a fault-fsync-delay file (a build with -tags faultinject) that makes every Raft log write sleep first, as a slow fsync would. A leader whose median log write over 5 s exceeds --slow-disk-threshold (default 200ms) hands leadership to a follower, at most once in 30 s; a slow follower is outvoted by the other. The leadership column counts from the start of the case (2 s of settling included). Load average %s (start) / %s (end); %s, %d CPUs.\n",
 		res.LoadStart, res.LoadEnd, res.Env.GoVersion, res.Env.CPUs)
-	if err := os.WriteFile(filepath.Join(dir, "slowdisk.md"), []byte(md.String()), 0o644); err != nil {
-		return err
-	}
-	fmt.Fprint(stdout, md.String())
-	return nil
+	_, err := report.Write(report.Results{Dir: dir, Name: "slowdisk", JSON: res, Markdown: md.String(), Echo: stdout})
+	return err
 }
 
 func ratio(a, b float64) float64 {

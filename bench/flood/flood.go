@@ -7,7 +7,6 @@ package flood
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
@@ -33,6 +32,7 @@ import (
 
 	"github.com/gpupool/gpupool/agent"
 	"github.com/gpupool/gpupool/agent/device"
+	"github.com/gpupool/gpupool/bench/report"
 	"github.com/gpupool/gpupool/broker"
 	"github.com/gpupool/gpupool/client"
 	gpupoolv1 "github.com/gpupool/gpupool/proto/gpupool/v1"
@@ -598,16 +598,6 @@ func runReplay(ctx context.Context, e *env, n int, heapProfile string) (replay, 
 }
 
 func write(dir string, res *results, stdout io.Writer) error {
-	if err := os.MkdirAll(dir, 0o755); err != nil {
-		return err
-	}
-	b, err := json.MarshalIndent(res, "", "  ")
-	if err != nil {
-		return err
-	}
-	if err := os.WriteFile(filepath.Join(dir, "flood.json"), append(b, '\n'), 0o644); err != nil {
-		return err
-	}
 	var md strings.Builder
 	fmt.Fprintf(&md, "# A flood from one token, and another token's acquires\n\n%s. One broker (ACL on, default limits; writes shared between tokens: --limit-write-seats %d, --limit-token-writes %d, --limit-token-write-queue %d) and 2 simulated agents in one process; %d victim clients loop acquire + release for %.0fs per phase; the flood is %d clients of another token acquiring as fast as they can and %d watch streams it tries to hold.\n\n",
 		res.Date, res.WriteSeats, res.TokenWrites, res.TokenWriteQueue, res.Victims, res.Seconds, res.Flooders, res.Streams)
@@ -621,11 +611,8 @@ func write(dir string, res *results, stdout io.Writer) error {
 		r.Calls, r.Tokens, counts(r.Refused), r.Waited, counts(r.Other), r.HeapBeforeMiB, r.HeapPeakMiB, r.HeapAfterMiB, r.LiveBeforeMiB, r.LivePeakMiB, r.LiveAfterMiB, r.LeasesBefore, r.LeasesAfter, r.AuditBootstrap, r.AuditTokens)
 	fmt.Fprintf(&md, "Every call had been refused or was waiting in the lease queue %.1f s after they were opened (the write share admits them a few at a time; a minute at most); they were held 2 s more, then cancelled. ", r.SettledSeconds)
 	fmt.Fprintf(&md, "Heap is this process's Go heap (the broker, its agents and the clients) after a GC: in use (HeapInuse, the spans holding objects, with their free room) and live (HeapAlloc, the objects themselves). Load average %s (start) / %s (end); %s, %d CPUs.\n", res.LoadStart, res.LoadEnd, res.GoVersion, res.CPUs)
-	if err := os.WriteFile(filepath.Join(dir, "flood.md"), []byte(md.String()), 0o644); err != nil {
-		return err
-	}
-	fmt.Fprint(stdout, md.String())
-	return nil
+	_, err := report.Write(report.Results{Dir: dir, Name: "flood", JSON: res, Markdown: md.String(), Echo: stdout})
+	return err
 }
 
 func counts(m map[string]int) string {

@@ -1,3 +1,4 @@
-// Package report is what every benchmark shares: progress lines while it
-// runs, building the gpupool binary it measures, and writing its results.
+// Package report is the scaffold every benchmark of gpupool-bench shares:
+// progress lines while it runs, the gpupool binary it measures, and its
+// results written as NAME.json, NAME.md and PNG charts under --out.
 package report

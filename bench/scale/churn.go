@@ -3,7 +3,6 @@ package scale
 import (
 	"bufio"
 	"context"
-	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
@@ -473,19 +472,8 @@ func scrapeGauge(ctx context.Context, addr, name string) float64 {
 }
 
 func writeChurnResults(dir string, res *churnResults, stdout io.Writer) error {
-	if err := os.MkdirAll(dir, 0o755); err != nil {
-		return err
-	}
-	b, err := json.MarshalIndent(res, "", "  ")
-	if err != nil {
-		return err
-	}
-	if err := os.WriteFile(filepath.Join(dir, "churn.json"), append(b, '\n'), 0o644); err != nil {
-		return err
-	}
-	md := churnMarkdown(res)
-	fmt.Fprint(stdout, md)
-	return os.WriteFile(filepath.Join(dir, "churn.md"), []byte(md), 0o644)
+	_, err := report.Write(report.Results{Dir: dir, Name: "churn", JSON: res, Markdown: churnMarkdown(res), Echo: stdout})
+	return err
 }
 
 func churnMarkdown(res *churnResults) string {
