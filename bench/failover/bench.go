@@ -21,7 +21,7 @@ import (
 // benchmark runs every round in a temporary directory under opts.tmp,
 // which it removes. It returns the results so far along with an error when
 // a round fails part-way.
-func benchmark(ctx context.Context, o options, p *progress) (*results, error) {
+func benchmark(ctx context.Context, o options, p *report.Progress) (*results, error) {
 	start := time.Now()
 	dir, err := os.MkdirTemp(o.tmp, "gpupool-failover-bench-")
 	if err != nil {
@@ -80,7 +80,7 @@ func benchmark(ctx context.Context, o options, p *progress) (*results, error) {
 
 // runRound runs one kill under load. The round's load is returned even
 // when the round fails, for the curve.
-func runRound(ctx context.Context, cl *cluster, o options, round int, held [][]string, led *ledger, p *progress) (roundResult, *roundLoad, error) {
+func runRound(ctx context.Context, cl *cluster, o options, round int, held [][]string, led *ledger, p *report.Progress) (roundResult, *roundLoad, error) {
 	rr := roundResult{Round: round}
 	li, err := cl.leader(ctx, o.timeout)
 	if err != nil {

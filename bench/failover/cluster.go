@@ -9,6 +9,7 @@ import (
 
 	"google.golang.org/grpc"
 
+	"github.com/gpupool/gpupool/bench/report"
 	"github.com/gpupool/gpupool/client"
 	"github.com/gpupool/gpupool/internal/proc"
 	gpupoolv1 "github.com/gpupool/gpupool/proto/gpupool/v1"
@@ -37,7 +38,7 @@ type cluster struct {
 // startCluster starts the cluster in dir and waits until both agents'
 // hosts are ready. On failure it stops what it started and returns an
 // error with the tail of every log.
-func startCluster(ctx context.Context, bin, dir string, p *progress) (*cluster, error) {
+func startCluster(ctx context.Context, bin, dir string, p *report.Progress) (*cluster, error) {
 	cl := &cluster{}
 	var raftAddrs []string
 	for i := range brokers {

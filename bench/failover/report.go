@@ -233,8 +233,3 @@ func formatCounts[V int | int32](m map[string]V) string {
 	sort.Strings(parts)
 	return strings.Join(parts, ", ")
 }
-
-// progress is the benchmarks' shared progress printer.
-type progress = report.Progress
-
-var newProgress = report.NewProgress

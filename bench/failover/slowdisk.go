@@ -2,8 +2,6 @@ package failover
 
 import (
 	"context"
-	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"os"
@@ -52,49 +50,46 @@ type slowDiskResults struct {
 	Env       environment    `json:"env"`
 }
 
+const slowDiskUsageHead = `Usage: gpupool-bench slowdisk [flags]
+
+Slows one broker's Raft log writes (fsync) by 10ms, 100ms and 1s, a follower's
+then the leader's, under acquire+release load on 3 brokers: grants/s and acquire
+p99 per case beside the unslowed baseline, and whether leadership moved.
+
+Flags:
+`
+
 // RunSlowDisk is 'gpupool-bench slowdisk'.
 func RunSlowDisk(ctx context.Context, args []string, stdout, stderr io.Writer) int {
-	fs := flag.NewFlagSet("slowdisk", flag.ContinueOnError)
-	fs.SetOutput(stdout)
+	fs := report.NewFlags("slowdisk")
 	out := fs.String("out", "bench/results", "directory for slowdisk.{json,md}")
 	tmp := fs.String("tmp", "", "directory for the brokers' data dirs (default: the system's)")
 	dur := fs.Duration("duration", 8*time.Second, "load per case, timed (each case also settles for 2s first)")
 	clients := fs.Int("clients", 8, "concurrent clients, each looping acquire + release")
 	gpupool := fs.String("gpupool", "", "a gpupool binary built with -tags faultinject (default: build one)")
-	fs.Usage = func() {
-		fmt.Fprintf(stdout, "Usage: gpupool-bench slowdisk [flags]\n\nSlows one broker's Raft log writes (fsync) by 10ms, 100ms and 1s, a follower's\nthen the leader's, under acquire+release load on 3 brokers: grants/s and acquire\np99 per case beside the unslowed baseline, and whether leadership moved.\n\nFlags:\n")
-		fs.PrintDefaults()
-	}
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return 0
-		}
-		return 2
+	if err := report.ParseFlags(fs, args, slowDiskUsageHead, stdout); err != nil {
+		return report.UsageExit(stderr, "slowdisk", err)
 	}
 	switch {
 	case *dur < time.Second:
-		fmt.Fprintf(stderr, "bench/slowdisk: --duration %s: must be at least 1s\n", *dur)
-		return 2
+		return report.UsageExit(stderr, "slowdisk", fmt.Errorf("--duration %s: must be at least 1s", *dur))
 	case *clients < 1 || *clients > 256:
-		fmt.Fprintf(stderr, "bench/slowdisk: --clients %d: must be between 1 and 256\n", *clients)
-		return 2
+		return report.UsageExit(stderr, "slowdisk", fmt.Errorf("--clients %d: must be between 1 and 256", *clients))
 	}
-	p := newProgress(stderr)
+	p := report.NewProgress(stderr)
 	res, err := slowDisk(ctx, *tmp, *gpupool, *dur, *clients, p)
 	if res != nil {
 		if werr := writeSlowDisk(*out, res, stdout); werr != nil {
-			fmt.Fprintf(stderr, "bench/slowdisk: %v\n", werr)
-			return 1
+			return report.Fail(stderr, "slowdisk", werr)
 		}
 	}
 	if err != nil {
-		fmt.Fprintf(stderr, "bench/slowdisk: %v\n", err)
-		return 1
+		return report.Fail(stderr, "slowdisk", err)
 	}
 	return 0
 }
 
-func slowDisk(ctx context.Context, tmp, bin string, dur time.Duration, clients int, p *progress) (*slowDiskResults, error) {
+func slowDisk(ctx context.Context, tmp, bin string, dur time.Duration, clients int, p *report.Progress) (*slowDiskResults, error) {
 	dir, err := os.MkdirTemp(tmp, "gpupool-slowdisk-bench-")
 	if err != nil {
 		return nil, err

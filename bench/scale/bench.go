@@ -147,7 +147,7 @@ func (b *broker) waitLeader(ctx context.Context) (string, error) {
 
 // benchmark runs the whole benchmark in a temporary directory under
 // opts.tmp, which it removes.
-func benchmark(ctx context.Context, o options, p *progress) (*results, error) {
+func benchmark(ctx context.Context, o options, p *report.Progress) (*results, error) {
 	start := time.Now()
 	dir, err := os.MkdirTemp(o.tmp, "gpupool-scale-bench-")
 	if err != nil {
@@ -355,7 +355,7 @@ func leaseRequest(seed uint64, i int) *gpupoolv1.LeaseRequest {
 // were made, and the wall time. It stops at the first error and, with a
 // budget above 0, makes no call once the budget is spent: the calls made
 // are then those for i in [0, made).
-func parallel(ctx context.Context, n, workers int, budget time.Duration, p *progress, what string, f func(context.Context, int) error) ([]float64, int, time.Duration, error) {
+func parallel(ctx context.Context, n, workers int, budget time.Duration, p *report.Progress, what string, f func(context.Context, int) error) ([]float64, int, time.Duration, error) {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	var (

@@ -4,7 +4,6 @@ import (
 	"bufio"
 	"context"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"math"
@@ -76,30 +75,23 @@ type churnOptions struct {
 // and returns the exit code, as Run does.
 func RunChurn(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	o, err := parseChurnFlags(args, stdout)
-	if errors.Is(err, flag.ErrHelp) {
-		return 0
-	}
 	if err != nil {
-		fmt.Fprintf(stderr, "bench/churn: %v\nRun with --help for the usage.\n", err)
-		return 2
+		return report.UsageExit(stderr, "churn", err)
 	}
-	p := newProgress(stderr)
+	p := report.NewProgress(stderr)
 	res, err := churn(ctx, o, p)
 	if err != nil {
-		fmt.Fprintf(stderr, "bench/churn: %v\n", err)
-		return 1
+		return report.Fail(stderr, "churn", err)
 	}
 	if err := writeChurnResults(o.out, res, stdout); err != nil {
-		fmt.Fprintf(stderr, "bench/churn: %v\n", err)
-		return 1
+		return report.Fail(stderr, "churn", err)
 	}
 	p.Logf("results written to %s", filepath.Join(o.out, "churn.{json,md}"))
 	return 0
 }
 
 func parseChurnFlags(args []string, help io.Writer) (churnOptions, error) {
-	fs := flag.NewFlagSet("bench/churn", flag.ContinueOnError)
-	fs.SetOutput(io.Discard)
+	fs := report.NewFlags("churn")
 	var o churnOptions
 	fs.IntVar(&o.hosts, "hosts", 10000, "`number` of hosts to register")
 	fs.IntVar(&o.gpusPerHost, "gpus-per-host", 8, "`number` of GPUs per host")
@@ -115,18 +107,8 @@ func parseChurnFlags(args []string, help io.Writer) (churnOptions, error) {
 	fs.StringVar(&o.out, "out", "bench/results", "`dir`ectory for churn.json and churn.md; created if missing")
 	fs.StringVar(&o.gpupool, "gpupool", "", "`path` of a built gpupool binary (default: go build ./cmd/gpupool into the run's directory)")
 	fs.StringVar(&o.tmp, "tmpdir", "", "`dir`ectory for the run's data dir and log (default $TMPDIR or /tmp)")
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			fmt.Fprint(help, churnUsageHead)
-			fs.VisitAll(func(f *flag.Flag) {
-				arg, usage := flag.UnquoteUsage(f)
-				fmt.Fprintf(help, "  --%s %s\n    \t%s (default %s)\n", f.Name, arg, usage, f.DefValue)
-			})
-		}
+	if err := report.ParseFlags(fs, args, churnUsageHead, help); err != nil {
 		return o, err
-	}
-	if fs.NArg() > 0 {
-		return o, fmt.Errorf("unexpected argument %q: this command takes only flags", fs.Arg(0))
 	}
 	o.brokerFlags = strings.Fields(o.flagText)
 	for _, s := range strings.Split(o.stepsText, ",") {
@@ -208,7 +190,7 @@ type churnPoint struct {
 	AtS     float64 `json:"at_seconds"`
 }
 
-func churn(ctx context.Context, o churnOptions, p *progress) (*churnResults, error) {
+func churn(ctx context.Context, o churnOptions, p *report.Progress) (*churnResults, error) {
 	start := time.Now()
 	dir, err := os.MkdirTemp(o.tmp, "gpupool-churn-bench-")
 	if err != nil {

@@ -133,8 +133,3 @@ func resultsName(brokers int) string {
 }
 
 func mib(b int64) string { return fmt.Sprintf("%.1f MiB", float64(b)/(1<<20)) }
-
-// progress is the benchmarks' shared progress printer.
-type progress = report.Progress
-
-var newProgress = report.NewProgress
