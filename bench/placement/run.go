@@ -100,7 +100,7 @@ type config struct {
 // to stderr and a summary to stdout. It returns 0 on success, 1 on failure and 2 on a usage
 // error.
 func Run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
-	cfg, err := parseFlags(args, stderr)
+	cfg, err := parseFlags(args, stdout)
 	if err != nil {
 		return benchreport.UsageExit(stderr, "placement", err)
 	}
@@ -110,7 +110,7 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	return 0
 }
 
-func parseFlags(args []string, stderr io.Writer) (*config, error) {
+func parseFlags(args []string, help io.Writer) (*config, error) {
 	fs := benchreport.NewFlags("placement")
 	cfg := &config{}
 	var seeds int
@@ -129,7 +129,7 @@ func parseFlags(args []string, stderr io.Writer) (*config, error) {
 	fs.StringVar(&cfg.Reuse, "reuse", "", "an earlier placement.json of the same --seeds and --inflate: read the outcomes of --reuse-policies from it rather than replay them")
 	reuse := fs.String("reuse-policies", "", "with --reuse: comma-separated policies whose outcomes are read from --reuse (those whose placements have not changed since)")
 	scale := fs.String("scale-hosts", "1000,3000,10000,30000,100000", "pool sizes (hosts × 8 GPUs) of the scale curve of the default policy, comma-separated; empty skips it")
-	if err := benchreport.ParseFlags(fs, args, usage, stderr); err != nil {
+	if err := benchreport.ParseFlags(fs, args, usage, help); err != nil {
 		return nil, err
 	}
 	switch {
