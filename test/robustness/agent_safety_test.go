@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/gpupool/gpupool/internal/clock"
 	"github.com/gpupool/gpupool/internal/proc"
 	gpupoolv1 "github.com/gpupool/gpupool/proto/gpupool/v1"
 )
@@ -198,7 +199,7 @@ func runDoubleHolderTrial(t *testing.T, cl *Cluster, nw Network, tr doubleHolder
 	renewCtx, stopRenew := context.WithCancel(ctx)
 	defer stopRenew()
 	go func() {
-		for sleepCtx(renewCtx, 300*time.Millisecond) {
+		for clock.Sleep(renewCtx, 300*time.Millisecond) {
 			if r, err := keepAliveOnce(renewCtx, cl.Client, l1.Id); err == nil && r.Error != "" {
 				return
 			}
@@ -254,7 +255,7 @@ func runDoubleHolderTrial(t *testing.T, cl *Cluster, nw Network, tr doubleHolder
 			}
 			// 10ms between attempts: the resolution of the measurement,
 			// without a flood of acquires that slows the leader down.
-			sleepCtx(ctx, 10*time.Millisecond)
+			clock.Sleep(ctx, 10*time.Millisecond)
 		}
 	}()
 	healed := time.Since(cut)

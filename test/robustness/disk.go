@@ -14,6 +14,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/gpupool/gpupool/internal/clock"
 	"github.com/gpupool/gpupool/internal/loopfs"
 	"github.com/gpupool/gpupool/internal/proc"
 	gpupoolv1 "github.com/gpupool/gpupool/proto/gpupool/v1"
@@ -99,7 +100,7 @@ func unmountDataDirs(cl *Cluster) {
 // injectMore applies one of MoreFaultKinds; see Faults.inject.
 func (f *Faults) injectMore(ctx context.Context, kind string, hold time.Duration, target, leader int) error {
 	cl := f.Cluster
-	holdFor := func() { sleepCtx(ctx, hold) }
+	holdFor := func() { clock.Sleep(ctx, hold) }
 	switch kind {
 	case FaultSlowDiskFollower, FaultSlowDiskLeader:
 		i, delay := leader, time.Second
@@ -215,7 +216,7 @@ func (f *Faults) flood(ctx context.Context, hold time.Duration) (int, error) {
 			}
 		})
 	}
-	sleepCtx(ctx, hold)
+	clock.Sleep(ctx, hold)
 	cancel()
 	wg.Wait()
 	return int(refused.Load()), nil

@@ -8,6 +8,8 @@ import (
 	"sync"
 	"syscall"
 	"time"
+
+	"github.com/gpupool/gpupool/internal/clock"
 )
 
 // Fault kinds, in the summary's order.
@@ -88,7 +90,7 @@ func (f *Faults) Run(ctx context.Context) error {
 	f.mu.Unlock()
 	rng := rand.New(rand.NewPCG(f.Seed, 0xfa))
 	for n := 0; ; n++ {
-		if !sleepCtx(ctx, time.Duration(1000+rng.IntN(2000))*time.Millisecond) {
+		if !clock.Sleep(ctx, time.Duration(1000+rng.IntN(2000))*time.Millisecond) {
 			return nil
 		}
 		kind := FaultKinds[rng.IntN(len(FaultKinds))]
@@ -126,7 +128,7 @@ func (f *Faults) inject(ctx context.Context, kind string, hold time.Duration, ta
 		}
 		return out
 	}
-	holdFor := func() { sleepCtx(ctx, hold) }
+	holdFor := func() { clock.Sleep(ctx, hold) }
 	switch kind {
 	case FaultKillLeader, FaultKillFollower, FaultRestart:
 		i := leader
@@ -202,7 +204,7 @@ func (f *Faults) pause(ctx context.Context, leader int, hold time.Duration) erro
 	f.Logf("fault: %s: %s", FaultPause, p.Node)
 	p.Signal(syscall.SIGSTOP)
 	f.count(FaultPause, nil, p.Node)
-	sleepCtx(ctx, hold)
+	clock.Sleep(ctx, hold)
 	return p.Signal(syscall.SIGCONT)
 }
 
@@ -223,16 +225,4 @@ func (f *Faults) recover(ctx context.Context) error {
 		return err
 	}
 	return f.Cluster.WaitHosts(ctx, len(f.Cluster.Agents), 60*time.Second)
-}
-
-// sleepCtx waits d or until ctx ends; it reports whether d passed.
-func sleepCtx(ctx context.Context, d time.Duration) bool {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return false
-	case <-t.C:
-		return true
-	}
 }

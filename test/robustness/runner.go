@@ -15,6 +15,7 @@ import (
 	"github.com/anishathalye/porcupine"
 	"google.golang.org/grpc"
 
+	"github.com/gpupool/gpupool/internal/clock"
 	"github.com/gpupool/gpupool/internal/proc"
 	gpupoolv1 "github.com/gpupool/gpupool/proto/gpupool/v1"
 )
@@ -194,7 +195,7 @@ func finalLeases(ctx context.Context, cl *Cluster) ([]*gpupoolv1.Lease, error) {
 // watchLeader counts leader changes until ctx ends.
 func watchLeader(ctx context.Context, cl *Cluster) int {
 	changes, last := 0, -1
-	for sleepCtx(ctx, 200*time.Millisecond) {
+	for clock.Sleep(ctx, 200*time.Millisecond) {
 		i, err := cl.Leader(ctx)
 		if err != nil {
 			continue
@@ -212,7 +213,7 @@ func watchLeader(ctx context.Context, cl *Cluster) int {
 func probe(ctx context.Context, cl *Cluster) (int, []string) {
 	n := 0
 	var errs []string
-	for sleepCtx(ctx, time.Second) {
+	for clock.Sleep(ctx, time.Second) {
 		cctx, cancel := context.WithTimeout(ctx, 3*time.Second)
 		ls, err := cl.Client.Lease.List(cctx, &gpupoolv1.ListLeasesRequest{})
 		var ds *gpupoolv1.ListDevicesResponse
