@@ -1,3 +1,9 @@
+// Package nodeplugin is the node side of the gpu.gpupool.dev DRA driver,
+// 'gpupool k8s-node-plugin': a kubelet plugin that prepares a claim the
+// controller has leased by writing a CDI spec that mounts the lease's
+// token file (and, with the CUDA shim, its CUDA socket) into the
+// container, and renews the claim's leases until it is unprepared. What it
+// reads of the claim is the contract in k8s/driver.
 package nodeplugin
 
 import (
