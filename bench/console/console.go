@@ -12,9 +12,7 @@ package console
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"net/http"
@@ -29,6 +27,7 @@ import (
 	"github.com/chromedp/chromedp"
 	"google.golang.org/grpc"
 
+	"github.com/gpupool/gpupool/bench/report"
 	"github.com/gpupool/gpupool/broker"
 	"github.com/gpupool/gpupool/client"
 	gpupoolv1 "github.com/gpupool/gpupool/proto/gpupool/v1"
@@ -66,10 +65,17 @@ type Result struct {
 	Date      string
 }
 
+const usageHead = `Usage: gpupool-bench console [flags]
+
+The web console's pool page on simulated hosts: its server render, a headless
+Chromium's first full render (goal 2 s) and a live update.
+
+Flags:
+`
+
 // Run is the benchmark's entry point: 'gpupool-bench console [flags]'.
 func Run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
-	fs := flag.NewFlagSet("console", flag.ContinueOnError)
-	fs.SetOutput(stderr)
+	fs := report.NewFlags("console")
 	var o options
 	fs.IntVar(&o.hosts, "hosts", 10000, "simulated hosts (1-100000)")
 	fs.IntVar(&o.gpus, "gpus", 8, "GPUs per host (1-16)")
@@ -77,36 +83,31 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	fs.IntVar(&o.runs, "runs", 5, "page loads to measure (1-100)")
 	fs.StringVar(&o.out, "out", filepath.Join("bench", "results"), "directory for console.json and console.md")
 	fs.StringVar(&o.chromium, "chromium", "", "Chromium binary (default: chromium on PATH; 'make bench-console' installs Debian's)")
-	if err := fs.Parse(args); err != nil {
-		return 2
+	if err := report.ParseFlags(fs, args, usageHead, stdout); err != nil {
+		return report.UsageExit(stderr, "console", err)
 	}
 	for _, c := range []struct {
 		name     string
 		v, lo, h int
 	}{{"hosts", o.hosts, 1, 100000}, {"gpus", o.gpus, 1, 16}, {"leases", o.leases, 0, 1000000}, {"runs", o.runs, 1, 100}} {
 		if c.v < c.lo || c.v > c.h {
-			fmt.Fprintf(stderr, "--%s %d: must be between %d and %d\n", c.name, c.v, c.lo, c.h)
-			return 2
+			return report.UsageExit(stderr, "console", fmt.Errorf("--%s %d: must be between %d and %d", c.name, c.v, c.lo, c.h))
 		}
 	}
 	if o.chromium == "" {
 		p, err := exec.LookPath("chromium")
 		if err != nil {
-			fmt.Fprintln(stderr, "console bench: chromium is not on PATH: install Debian's chromium ('make bench-console' does) or pass --chromium")
-			return 1
+			return report.Fail(stderr, "console", errors.New("chromium is not on PATH: install Debian's chromium ('make bench-console' does) or pass --chromium"))
 		}
 		o.chromium = p
 	}
 	res, err := run(ctx, o, stderr)
 	if err != nil {
-		fmt.Fprintf(stderr, "console bench: %v\n", err)
-		return 1
+		return report.Fail(stderr, "console", err)
 	}
-	if err := write(o.out, res); err != nil {
-		fmt.Fprintf(stderr, "console bench: %v\n", err)
-		return 1
+	if err := write(o.out, res, stdout); err != nil {
+		return report.Fail(stderr, "console", err)
 	}
-	fmt.Fprint(stdout, markdown(res))
 	return 0
 }
 
@@ -285,18 +286,9 @@ func median(v []float64) float64 {
 	return s[len(s)/2]
 }
 
-func write(dir string, r *Result) error {
-	if err := os.MkdirAll(dir, 0o755); err != nil {
-		return err
-	}
-	b, err := json.MarshalIndent(r, "", "  ")
-	if err != nil {
-		return err
-	}
-	if err := os.WriteFile(filepath.Join(dir, "console.json"), append(b, '\n'), 0o644); err != nil {
-		return err
-	}
-	return os.WriteFile(filepath.Join(dir, "console.md"), []byte(markdown(r)), 0o644)
+func write(dir string, r *Result, stdout io.Writer) error {
+	_, err := report.Write(report.Results{Dir: dir, Name: "console", JSON: r, Markdown: markdown(r), Echo: stdout})
+	return err
 }
 
 func markdown(r *Result) string {

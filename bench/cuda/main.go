@@ -9,10 +9,11 @@ package cudabench
 import (
 	"context"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"os"
+
+	"github.com/gpupool/gpupool/bench/report"
 )
 
 const usageHead = `Usage: gpupool-bench cuda [flags]
@@ -55,48 +56,32 @@ type options struct {
 // benchmark failed, 2 for a usage error.
 func Run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	opts, err := parseFlags(args, stdout)
-	if errors.Is(err, flag.ErrHelp) {
-		return 0
-	}
 	if err != nil {
-		fmt.Fprintf(stderr, "bench/cuda: %v\nRun with --help for the usage.\n", err)
-		return 2
+		return report.UsageExit(stderr, "cuda", err)
 	}
-	res, err := benchmark(ctx, opts, newProgress(stderr))
+	res, err := benchmark(ctx, opts, report.NewProgress(stderr))
 	if err != nil {
-		fmt.Fprintf(stderr, "bench/cuda: %v\n", err)
-		return 1
+		return report.Fail(stderr, "cuda", err)
 	}
 	if err := write(opts.out, res, stdout); err != nil {
-		fmt.Fprintf(stderr, "bench/cuda: %v\n", err)
-		return 1
+		return report.Fail(stderr, "cuda", err)
 	}
 	fmt.Fprintf(stderr, "results written to %s/cuda.json and %s/cuda.md\n", opts.out, opts.out)
 	return 0
 }
 
 func parseFlags(args []string, help io.Writer) (options, error) {
-	fs := flag.NewFlagSet("bench/cuda", flag.ContinueOnError)
-	fs.SetOutput(io.Discard)
+	fs := report.NewFlags("cuda")
 	gpupool := fs.String("gpupool", "bin/gpupool", "the gpupool `binary` whose 'agent cuda-server' serves the lease (make build)")
 	calls := fs.Int("calls", 20000, "the `number` of timed null calls, and of TCP ping-pongs: 100 to 10000000")
 	launches := fs.Int("launches", 200000, "the `number` of timed pipelined launches: 1000 to 100000000")
 	out := fs.String("out", "bench/results", "the `directory` cuda.json and cuda.md go to; created")
 	profile := fs.String("cpuprofile", "", "write a CPU profile of this process (the proxy, the data plane and the agent's splice) while the program makes its null calls through them to `file` (go tool pprof reads it)")
 	backend := fs.String("backend", "simulated", "the lease server's `backend`: simulated, or real (this machine's GPU 0 through its libcuda.so.1; make test-gpu)")
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			fmt.Fprint(help, usageHead)
-			fs.VisitAll(func(f *flag.Flag) {
-				arg, usage := flag.UnquoteUsage(f)
-				fmt.Fprintf(help, "  --%s %s\n    \t%s (default %s)\n", f.Name, arg, usage, f.DefValue)
-			})
-		}
+	if err := report.ParseFlags(fs, args, usageHead, help); err != nil {
 		return options{}, err
 	}
 	switch {
-	case fs.NArg() > 0:
-		return options{}, fmt.Errorf("unexpected argument %q: this command takes only flags", fs.Arg(0))
 	case *calls < 100 || *calls > 10_000_000:
 		return options{}, fmt.Errorf("--calls %d: must be between 100 and 10000000", *calls)
 	case *launches < 1000 || *launches > 100_000_000:

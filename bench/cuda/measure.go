@@ -15,6 +15,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/gpupool/gpupool/bench/report"
 	"github.com/gpupool/gpupool/dataplane"
 )
 
@@ -29,7 +30,7 @@ var sizes = []struct {
 	{256 << 20, 2},
 }
 
-func benchmark(ctx context.Context, opts options, p *progress) (*results, error) {
+func benchmark(ctx context.Context, opts options, p *report.Progress) (*results, error) {
 	start := time.Now()
 	dir, err := os.MkdirTemp("", "gpupool-cuda-bench-")
 	if err != nil {

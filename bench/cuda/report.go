@@ -1,12 +1,11 @@
 package cudabench
 
 import (
-	"encoding/json"
 	"fmt"
 	"io"
-	"os"
-	"path/filepath"
 	"strings"
+
+	"github.com/gpupool/gpupool/bench/report"
 )
 
 // The goals on loopback.
@@ -144,21 +143,8 @@ func writeHops(w io.Writer, r *results) {
 }
 
 func write(dir string, r *results, stdout io.Writer) error {
-	if err := os.MkdirAll(dir, 0o755); err != nil {
-		return err
-	}
-	b, err := json.MarshalIndent(r, "", "  ")
-	if err != nil {
-		return err
-	}
-	if err := os.WriteFile(filepath.Join(dir, "cuda.json"), append(b, '\n'), 0o644); err != nil {
-		return err
-	}
 	var md strings.Builder
 	writeTable(&md, r)
-	if err := os.WriteFile(filepath.Join(dir, "cuda.md"), []byte(md.String()), 0o644); err != nil {
-		return err
-	}
-	_, err = io.WriteString(stdout, md.String())
+	_, err := report.Write(report.Results{Dir: dir, Name: "cuda", JSON: r, Markdown: md.String(), Echo: stdout})
 	return err
 }

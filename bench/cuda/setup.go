@@ -11,7 +11,6 @@ import (
 	"path/filepath"
 
 	"github.com/gpupool/gpupool/agent/cudaserver"
-	"github.com/gpupool/gpupool/bench/internal/benchproc"
 	"github.com/gpupool/gpupool/cuda/proxy"
 	"github.com/gpupool/gpupool/cuda/shim"
 	"github.com/gpupool/gpupool/dataplane"
@@ -25,10 +24,6 @@ var programSource []byte
 //
 //go:embed csrc/saxpy.ptx
 var saxpyPTX []byte
-
-type progress = benchproc.Progress
-
-var newProgress = benchproc.NewProgress
 
 // The one lease the benchmark's agent serves, its token, host and GPU.
 const (

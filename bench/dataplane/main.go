@@ -11,10 +11,11 @@ package dataplanebench
 import (
 	"context"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
+	"strings"
 
+	"github.com/gpupool/gpupool/bench/report"
 	"github.com/gpupool/gpupool/internal/quantity"
 )
 
@@ -61,22 +62,16 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 
 func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	opts, err := parseFlags(args, stdout)
-	if errors.Is(err, flag.ErrHelp) {
-		return 0
-	}
 	if err != nil {
-		fmt.Fprintf(stderr, "bench/dataplane: %v\nRun with --help for the usage.\n", err)
-		return 2
+		return report.UsageExit(stderr, "dataplane", err)
 	}
-	res, err := benchmark(ctx, opts, newProgress(stderr))
+	res, err := benchmark(ctx, opts, report.NewProgress(stderr))
 	if err != nil {
-		fmt.Fprintf(stderr, "bench/dataplane: %v\n", err)
-		return 1
+		return report.Fail(stderr, "dataplane", err)
 	}
 	writeTable(stdout, res)
 	if err := writeJSON(opts.out, res); err != nil {
-		fmt.Fprintf(stderr, "bench/dataplane: %v\n", err)
-		return 1
+		return report.Fail(stderr, "dataplane", err)
 	}
 	fmt.Fprintf(stderr, "results written to %s\n", opts.out)
 	return 0
@@ -85,9 +80,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 // parseFlags parses and validates args. On --help it writes the usage to
 // help and returns flag.ErrHelp.
 func parseFlags(args []string, help io.Writer) (options, error) {
-	fs := flag.NewFlagSet("bench/dataplane", flag.ContinueOnError)
-	// Errors are returned, not printed: run prints them once.
-	fs.SetOutput(io.Discard)
+	fs := report.NewFlags("dataplane")
 	size := sizeFlag(1 << 10)
 	fs.Var(&size, "size", "the `size` of the data moved each way, a whole number of MiB: 1GiB, 256MiB, 8MiB (a plain number is MiB)")
 	execs := fs.Int("execs", 200, fmt.Sprintf("the `number` of timed runs of true per side, after %d untimed warm-up runs each", warmupExecs))
@@ -95,37 +88,18 @@ func parseFlags(args []string, help io.Writer) (options, error) {
 	out := fs.String("out", "bench/results/dataplane.json", "file to write the results to as JSON; its directory is created")
 	tmp := fs.String("tmpdir", "", "`dir`ectory for the run's certificate and received files, the same for both sides (default $TMPDIR or /tmp)")
 
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			printUsage(help, fs)
-		}
+	if err := report.ParseFlags(fs, args, usageHead, help); err != nil {
 		return options{}, err
 	}
 	switch {
-	case fs.NArg() > 0:
-		return options{}, fmt.Errorf("unexpected argument %q: this command takes only flags", fs.Arg(0))
 	case size == 0:
 		return options{}, errors.New("--size 0: must be at least 1MiB")
 	case *execs < 1 || *execs > maxExecs:
 		return options{}, fmt.Errorf("--execs %d: must be between 1 and %d", *execs, maxExecs)
-	case *out == "":
-		return options{}, errors.New("--out: must name a file, e.g. bench/results/dataplane.json")
+	case !strings.HasSuffix(*out, ".json") || *out == ".json":
+		return options{}, fmt.Errorf("--out %q: must name a .json file, e.g. bench/results/dataplane.json", *out)
 	}
 	return options{size: int64(size) << 20, execs: *execs, seed: *seed, out: *out, tmp: *tmp}, nil
-}
-
-// printUsage writes the usage, spelling flags with two dashes as the
-// examples do (one dash works too).
-func printUsage(w io.Writer, fs *flag.FlagSet) {
-	fmt.Fprint(w, usageHead)
-	fs.VisitAll(func(f *flag.Flag) {
-		arg, usage := flag.UnquoteUsage(f)
-		def := ""
-		if f.DefValue != "" {
-			def = fmt.Sprintf(" (default %s)", f.DefValue)
-		}
-		fmt.Fprintf(w, "  --%s %s\n    \t%s%s\n", f.Name, arg, usage, def)
-	})
 }
 
 // sizeFlag is a size in MiB, parsed as the rest of gpupool parses memory

@@ -14,6 +14,7 @@ import (
 	"slices"
 	"time"
 
+	"github.com/gpupool/gpupool/bench/report"
 	"github.com/gpupool/gpupool/dataplane"
 	"github.com/gpupool/gpupool/internal/quantity"
 )
@@ -52,7 +53,7 @@ var execArgv = []string{"true"}
 
 // benchmark runs the whole comparison in a temporary directory under
 // opts.tmp, which it removes.
-func benchmark(ctx context.Context, opts options, p *progress) (*results, error) {
+func benchmark(ctx context.Context, opts options, p *report.Progress) (*results, error) {
 	start := time.Now()
 	dir, err := os.MkdirTemp(opts.tmp, "gpupool-dataplane-bench-")
 	if err != nil {
@@ -165,7 +166,7 @@ func newBulkResult(size int64, elapsed time.Duration, sum string) bulkResult {
 
 // measurePut times putting size bytes of the data seeded by seed through s,
 // generating them on the way.
-func measurePut(ctx context.Context, s side, size int64, seed uint64, p *progress) (bulkResult, error) {
+func measurePut(ctx context.Context, s side, size int64, seed uint64, p *report.Progress) (bulkResult, error) {
 	what := fmt.Sprintf("put %s over %s", formatBytes(size), s.name())
 	r := &meteredReader{r: newData(seed, size), m: newMeter(p, what, size)}
 	start := time.Now()
@@ -180,7 +181,7 @@ func measurePut(ctx context.Context, s side, size int64, seed uint64, p *progres
 }
 
 // measureGet times getting back the file measurePut put through s.
-func measureGet(ctx context.Context, s side, size int64, p *progress) (bulkResult, error) {
+func measureGet(ctx context.Context, s side, size int64, p *report.Progress) (bulkResult, error) {
 	what := fmt.Sprintf("get %s over %s", formatBytes(size), s.name())
 	w := &meteredWriter{w: io.Discard, m: newMeter(p, what, size)}
 	start := time.Now()
@@ -209,7 +210,7 @@ func newData(seed uint64, size int64) io.Reader {
 // untimed runs each. The sides alternate run by run, so that the machine's
 // load drifting during the benchmark weighs on both alike. It returns the
 // latencies of each side, in the order of sides.
-func measureExecs(ctx context.Context, sides []side, n int, p *progress) ([][]time.Duration, error) {
+func measureExecs(ctx context.Context, sides []side, n int, p *report.Progress) ([][]time.Duration, error) {
 	lat := make([][]time.Duration, len(sides))
 	p.Logf("exec %q: %d warm-up and %d timed runs per side, alternating", execArgv, warmupExecs, n)
 	for i := range warmupExecs + n {

@@ -4,23 +4,18 @@ import (
 	"io"
 	"time"
 
-	"github.com/gpupool/gpupool/bench/internal/benchproc"
+	"github.com/gpupool/gpupool/bench/report"
 )
 
-// progress is the benchmarks' shared progress printer.
-type progress = benchproc.Progress
-
-var newProgress = benchproc.NewProgress
-
 // meter returns a meter for a transfer of total bytes described by what.
-func newMeter(p *progress, what string, total int64) *meter {
+func newMeter(p *report.Progress, what string, total int64) *meter {
 	return &meter{p: p, what: what, total: total, start: time.Now(), next: 1}
 }
 
 // meter logs a transfer's progress at 25%, 50% and 75% of its size; the
 // caller logs its end. Not safe for concurrent use.
 type meter struct {
-	p     *progress
+	p     *report.Progress
 	what  string
 	total int64
 	start time.Time

@@ -1,13 +1,13 @@
 package dataplanebench
 
 import (
-	"encoding/json"
 	"fmt"
 	"io"
-	"os"
 	"path/filepath"
 	"strings"
 	"time"
+
+	"github.com/gpupool/gpupool/bench/report"
 )
 
 // results is what a run measured; it is written as JSON as is.
@@ -106,14 +106,9 @@ func writeTable(w io.Writer, res *results) {
 	}
 }
 
-// writeJSON writes res to path as indented JSON, creating its directory.
+// writeJSON writes res to path (a name ending in .json) as indented
+// JSON, creating its directory.
 func writeJSON(path string, res *results) error {
-	b, err := json.MarshalIndent(res, "", "  ")
-	if err != nil {
-		return err
-	}
-	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
-		return err
-	}
-	return os.WriteFile(path, append(b, '\n'), 0o644)
+	_, err := report.Write(report.Results{Dir: filepath.Dir(path), Name: strings.TrimSuffix(filepath.Base(path), ".json"), JSON: res})
+	return err
 }

@@ -12,14 +12,16 @@ import (
 
 	"google.golang.org/grpc"
 
+	"github.com/gpupool/gpupool/bench/report"
 	"github.com/gpupool/gpupool/client"
+	"github.com/gpupool/gpupool/internal/proc"
 	gpupoolv1 "github.com/gpupool/gpupool/proto/gpupool/v1"
 )
 
 // benchmark runs every round in a temporary directory under opts.tmp,
 // which it removes. It returns the results so far along with an error when
 // a round fails part-way.
-func benchmark(ctx context.Context, o options, p *progress) (*results, error) {
+func benchmark(ctx context.Context, o options, p *report.Progress) (*results, error) {
 	start := time.Now()
 	dir, err := os.MkdirTemp(o.tmp, "gpupool-failover-bench-")
 	if err != nil {
@@ -30,7 +32,7 @@ func benchmark(ctx context.Context, o options, p *progress) (*results, error) {
 	bin := o.gpupool
 	if bin == "" {
 		p.Logf("building gpupool")
-		if bin, err = buildGpupool(ctx, dir); err != nil {
+		if bin, err = report.BuildGpupool(ctx, dir); err != nil {
 			return nil, err
 		}
 	}
@@ -78,7 +80,7 @@ func benchmark(ctx context.Context, o options, p *progress) (*results, error) {
 
 // runRound runs one kill under load. The round's load is returned even
 // when the round fails, for the curve.
-func runRound(ctx context.Context, cl *cluster, o options, round int, held [][]string, led *ledger, p *progress) (roundResult, *roundLoad, error) {
+func runRound(ctx context.Context, cl *cluster, o options, round int, held [][]string, led *ledger, p *report.Progress) (roundResult, *roundLoad, error) {
 	rr := roundResult{Round: round}
 	li, err := cl.leader(ctx, o.timeout)
 	if err != nil {
@@ -117,7 +119,7 @@ func runRound(ctx context.Context, cl *cluster, o options, round int, held [][]s
 		}
 		close(elected)
 	}()
-	err = poll(ctx, o.timeout, func(context.Context) error {
+	err = proc.Poll(ctx, o.timeout, func(context.Context) error {
 		if _, ok := rl.sinceKill(); !ok {
 			return fmt.Errorf("no acquire sent after the kill has returned OK")
 		}
@@ -203,9 +205,9 @@ func catchUp(ctx context.Context, cl *cluster, i, leader int, timeout time.Durat
 	if err != nil {
 		return err
 	}
-	return poll(ctx, timeout, func(ctx context.Context) error {
+	return proc.Poll(ctx, timeout, func(ctx context.Context) error {
 		if !cl.brokers[i].Running() {
-			return backoffStop{Err: fmt.Errorf("%s exited: %s", cl.brokers[i].Name, cl.brokers[i].Cmd.ProcessState)}
+			return proc.GiveUp{Err: fmt.Errorf("%s exited: %s", cl.brokers[i].Name, cl.brokers[i].ProcessState())}
 		}
 		st, err := cl.direct[i].Pool.Status(ctx, &gpupoolv1.StatusRequest{Stale: true})
 		if err != nil {

@@ -9,8 +9,9 @@ import (
 
 	"google.golang.org/grpc"
 
-	"github.com/gpupool/gpupool/bench/internal/benchproc"
+	"github.com/gpupool/gpupool/bench/report"
 	"github.com/gpupool/gpupool/client"
+	"github.com/gpupool/gpupool/internal/proc"
 	gpupoolv1 "github.com/gpupool/gpupool/proto/gpupool/v1"
 )
 
@@ -24,23 +25,11 @@ const (
 	poolSlices = agents * 8 * 80
 )
 
-// The process helpers are shared with the other benchmarks.
-type (
-	proc        = benchproc.Proc
-	backoffStop = benchproc.Stop
-)
-
-var (
-	buildGpupool = benchproc.BuildGpupool
-	freeAddr     = benchproc.FreeAddr
-	poll         = benchproc.Poll
-)
-
 // cluster is three brokers, two simulated agents, a client spread over
 // every broker and one client per broker that talks to it alone.
 type cluster struct {
-	brokers []*proc
-	agents  []*proc
+	brokers []*proc.Proc
+	agents  []*proc.Proc
 	addrs   []string
 	c       *client.Client
 	direct  []*client.Client
@@ -49,16 +38,16 @@ type cluster struct {
 // startCluster starts the cluster in dir and waits until both agents'
 // hosts are ready. On failure it stops what it started and returns an
 // error with the tail of every log.
-func startCluster(ctx context.Context, bin, dir string, p *progress) (*cluster, error) {
+func startCluster(ctx context.Context, bin, dir string, p *report.Progress) (*cluster, error) {
 	cl := &cluster{}
 	var raftAddrs []string
 	for i := range brokers {
 		ip := fmt.Sprintf("127.0.0.%d", i+2)
-		a, err := freeAddr(ip)
+		a, err := proc.FreeAddr(ip)
 		if err != nil {
 			return nil, fmt.Errorf("no free port on %s: %w", ip, err)
 		}
-		r, err := freeAddr(ip)
+		r, err := proc.FreeAddr(ip)
 		if err != nil {
 			return nil, fmt.Errorf("no free port on %s: %w", ip, err)
 		}
@@ -72,14 +61,14 @@ func startCluster(ctx context.Context, bin, dir string, p *progress) (*cluster, 
 			}
 		}
 		name := brokerID(i)
-		cl.brokers = append(cl.brokers, &proc{Name: name, Bin: bin, Log: filepath.Join(dir, name+".log"), Args: []string{
+		cl.brokers = append(cl.brokers, &proc.Proc{Name: name, Bin: bin, OwnGroup: true, Log: filepath.Join(dir, name+".log"), Args: []string{
 			"broker", "--insecure", "--node-id", name, "--data-dir", filepath.Join(dir, name),
 			"--bind", cl.addrs[i], "--raft-bind", raftAddrs[i], "--bootstrap-expect", "3", "--join", strings.Join(join, ","),
 		}})
 	}
 	for i := range agents {
 		name := fmt.Sprintf("host-%d", i+1)
-		cl.agents = append(cl.agents, &proc{Name: name, Bin: bin, Log: filepath.Join(dir, name+".log"), Args: []string{
+		cl.agents = append(cl.agents, &proc.Proc{Name: name, Bin: bin, OwnGroup: true, Log: filepath.Join(dir, name+".log"), Args: []string{
 			"agent", "--insecure", "--broker", strings.Join(cl.addrs, ","), "--simulate", agentSpec, "--host-id", name,
 			"--data-dir", filepath.Join(dir, name), "--data-bind", "127.0.0.1:0", "--mps", "off",
 		}})
@@ -127,10 +116,10 @@ func (cl *cluster) restartAgents(ctx context.Context, timeout time.Duration) err
 
 // waitHosts waits until both agents' hosts are ready, and gives up when
 // one of procs exits.
-func (cl *cluster) waitHosts(ctx context.Context, timeout time.Duration, procs []*proc) error {
-	return poll(ctx, timeout, func(ctx context.Context) error {
+func (cl *cluster) waitHosts(ctx context.Context, timeout time.Duration, procs []*proc.Proc) error {
+	return proc.Poll(ctx, timeout, func(ctx context.Context) error {
 		if err := exited(procs); err != nil {
-			return backoffStop{Err: err}
+			return proc.GiveUp{Err: err}
 		}
 		st, err := cl.c.Pool.Status(ctx, &gpupoolv1.StatusRequest{})
 		if err != nil {
@@ -146,10 +135,10 @@ func (cl *cluster) waitHosts(ctx context.Context, timeout time.Duration, procs [
 func brokerID(i int) string { return fmt.Sprintf("broker-%d", i+1) }
 
 // exited returns an error naming the first of procs that has exited.
-func exited(procs []*proc) error {
+func exited(procs []*proc.Proc) error {
 	for _, pr := range procs {
 		if pr.Started() && !pr.Running() {
-			return fmt.Errorf("%s exited: %s", pr.Name, pr.Cmd.ProcessState)
+			return fmt.Errorf("%s exited: %s", pr.Name, pr.ProcessState())
 		}
 	}
 	return nil
@@ -178,7 +167,7 @@ func (cl *cluster) stop() {
 // leader returns the index of the broker the running brokers agree leads.
 func (cl *cluster) leader(ctx context.Context, timeout time.Duration) (int, error) {
 	idx := -1
-	err := poll(ctx, timeout, func(ctx context.Context) error {
+	err := proc.Poll(ctx, timeout, func(ctx context.Context) error {
 		i, err := cl.agreedLeader(ctx)
 		idx = i
 		return err

@@ -9,12 +9,13 @@ package failover
 import (
 	"context"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"os"
 	"path/filepath"
 	"time"
+
+	"github.com/gpupool/gpupool/bench/report"
 )
 
 const usageHead = `Usage: failover [flags]
@@ -76,25 +77,19 @@ const (
 // ctx stops the run and every process it started.
 func Run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	opts, err := parseFlags(args, stdout)
-	if errors.Is(err, flag.ErrHelp) {
-		return 0
-	}
 	if err != nil {
-		fmt.Fprintf(stderr, "bench/failover: %v\nRun with --help for the usage.\n", err)
-		return 2
+		return report.UsageExit(stderr, "failover", err)
 	}
-	p := newProgress(stderr)
+	p := report.NewProgress(stderr)
 	res, err := benchmark(ctx, opts, p)
 	if res != nil {
 		if werr := writeResults(opts.out, res, stdout); werr != nil {
-			fmt.Fprintf(stderr, "bench/failover: %v\n", werr)
-			return 1
+			return report.Fail(stderr, "failover", werr)
 		}
 		p.Logf("results written to %s", filepath.Join(opts.out, "failover.{json,md,png}"))
 	}
 	if err != nil {
-		fmt.Fprintf(stderr, "bench/failover: %v\n", err)
-		return 1
+		return report.Fail(stderr, "failover", err)
 	}
 	if len(res.Summary.LostLeaseIDs) > 0 {
 		fmt.Fprintf(stderr, "bench/failover: %d acknowledged leases lost:\n", len(res.Summary.LostLeaseIDs))
@@ -109,8 +104,7 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 // parseFlags parses and validates args. On --help it writes the usage to
 // help and returns flag.ErrHelp.
 func parseFlags(args []string, help io.Writer) (options, error) {
-	fs := flag.NewFlagSet("bench/failover", flag.ContinueOnError)
-	fs.SetOutput(io.Discard)
+	fs := report.NewFlags("failover")
 	var o options
 	fs.IntVar(&o.rounds, "rounds", 10, "`number` of leader kills")
 	fs.IntVar(&o.clients, "clients", 8, "`number` of concurrent acquiring clients")
@@ -124,17 +118,11 @@ func parseFlags(args []string, help io.Writer) (options, error) {
 	fs.BoolVar(&o.restartAgents, "restart-agents", false, "restart both agents after each kill, once the load stops and before the killed broker restarts: "+
 		"works around agents whose heartbeat stream hangs when the leader dies (their hosts then go down after --heartbeat-ttl, 10s, and their leases are lost)")
 	fs.StringVar(&o.tmp, "tmpdir", "", "`dir`ectory for the run's data dirs and logs (default $TMPDIR or /tmp)")
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			printUsage(help, fs)
-		}
+	if err := report.ParseFlags(fs, args, usageHead, help); err != nil {
 		return options{}, err
 	}
 	if err := o.validate(); err != nil {
 		return options{}, err
-	}
-	if fs.NArg() > 0 {
-		return options{}, fmt.Errorf("unexpected argument %q: this command takes only flags", fs.Arg(0))
 	}
 	return o, nil
 }
@@ -164,12 +152,4 @@ func (o options) validate() error {
 		}
 	}
 	return nil
-}
-
-func printUsage(w io.Writer, fs *flag.FlagSet) {
-	fmt.Fprint(w, usageHead)
-	fs.VisitAll(func(f *flag.Flag) {
-		arg, usage := flag.UnquoteUsage(f)
-		fmt.Fprintf(w, "  --%s %s\n    \t%s (default %s)\n", f.Name, arg, usage, f.DefValue)
-	})
 }

@@ -1,17 +1,15 @@
 package failover
 
 import (
-	"encoding/json"
 	"fmt"
 	"io"
 	"os"
-	"path/filepath"
 	"sort"
 	"strings"
 	"time"
 
-	"github.com/gpupool/gpupool/bench/internal/benchproc"
 	"github.com/gpupool/gpupool/bench/plot"
+	"github.com/gpupool/gpupool/bench/report"
 	"github.com/gpupool/gpupool/broker"
 )
 
@@ -166,33 +164,21 @@ func (r *results) finish(start time.Time) {
 // writeResults writes failover.json, failover.md (also to stdout) and
 // failover.png to dir, creating it.
 func writeResults(dir string, res *results, stdout io.Writer) error {
-	if err := os.MkdirAll(dir, 0o755); err != nil {
-		return err
-	}
-	b, err := json.MarshalIndent(res, "", "  ")
-	if err != nil {
-		return err
-	}
-	if err := os.WriteFile(filepath.Join(dir, "failover.json"), append(b, '\n'), 0o644); err != nil {
-		return err
-	}
 	var md strings.Builder
 	writeMarkdown(&md, res)
-	if err := os.WriteFile(filepath.Join(dir, "failover.md"), []byte(md.String()), 0o644); err != nil {
-		return err
-	}
-	io.WriteString(stdout, md.String())
 	var series []plot.Series
 	for _, c := range res.Curves {
 		if len(c.T) > 0 {
 			series = append(series, plot.Series{Name: fmt.Sprintf("round %d", c.Round), X: c.T, Y: c.Rate, Step: true})
 		}
 	}
-	if len(series) == 0 {
-		return nil
+	var charts []report.Chart
+	if len(series) > 0 {
+		charts = append(charts, report.Chart{Name: "failover", Chart: plot.Chart{Title: "Acquires around a leader SIGKILL (at 0)",
+			XLabel: "seconds since the kill", YLabel: fmt.Sprintf("OK acquires per second (%.0f ms bins)", binSeconds*1000), Series: series}})
 	}
-	return plot.Lines(filepath.Join(dir, "failover.png"), "Acquires around a leader SIGKILL (at 0)",
-		"seconds since the kill", fmt.Sprintf("OK acquires per second (%.0f ms bins)", binSeconds*1000), series...)
+	_, err := report.Write(report.Results{Dir: dir, Name: "failover", JSON: res, Markdown: md.String(), Echo: stdout, Charts: charts})
+	return err
 }
 
 func writeMarkdown(w io.Writer, res *results) {
@@ -247,8 +233,3 @@ func formatCounts[V int | int32](m map[string]V) string {
 	sort.Strings(parts)
 	return strings.Join(parts, ", ")
 }
-
-// progress is the benchmarks' shared progress printer.
-type progress = benchproc.Progress
-
-var newProgress = benchproc.NewProgress

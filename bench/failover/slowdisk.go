@@ -2,9 +2,6 @@ package failover
 
 import (
 	"context"
-	"encoding/json"
-	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"os"
@@ -15,6 +12,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/gpupool/gpupool/bench/report"
 	gpupoolv1 "github.com/gpupool/gpupool/proto/gpupool/v1"
 )
 
@@ -52,49 +50,46 @@ type slowDiskResults struct {
 	Env       environment    `json:"env"`
 }
 
+const slowDiskUsageHead = `Usage: gpupool-bench slowdisk [flags]
+
+Slows one broker's Raft log writes (fsync) by 10ms, 100ms and 1s, a follower's
+then the leader's, under acquire+release load on 3 brokers: grants/s and acquire
+p99 per case beside the unslowed baseline, and whether leadership moved.
+
+Flags:
+`
+
 // RunSlowDisk is 'gpupool-bench slowdisk'.
 func RunSlowDisk(ctx context.Context, args []string, stdout, stderr io.Writer) int {
-	fs := flag.NewFlagSet("slowdisk", flag.ContinueOnError)
-	fs.SetOutput(stdout)
+	fs := report.NewFlags("slowdisk")
 	out := fs.String("out", "bench/results", "directory for slowdisk.{json,md}")
 	tmp := fs.String("tmp", "", "directory for the brokers' data dirs (default: the system's)")
 	dur := fs.Duration("duration", 8*time.Second, "load per case, timed (each case also settles for 2s first)")
 	clients := fs.Int("clients", 8, "concurrent clients, each looping acquire + release")
 	gpupool := fs.String("gpupool", "", "a gpupool binary built with -tags faultinject (default: build one)")
-	fs.Usage = func() {
-		fmt.Fprintf(stdout, "Usage: gpupool-bench slowdisk [flags]\n\nSlows one broker's Raft log writes (fsync) by 10ms, 100ms and 1s, a follower's\nthen the leader's, under acquire+release load on 3 brokers: grants/s and acquire\np99 per case beside the unslowed baseline, and whether leadership moved.\n\nFlags:\n")
-		fs.PrintDefaults()
-	}
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return 0
-		}
-		return 2
+	if err := report.ParseFlags(fs, args, slowDiskUsageHead, stdout); err != nil {
+		return report.UsageExit(stderr, "slowdisk", err)
 	}
 	switch {
 	case *dur < time.Second:
-		fmt.Fprintf(stderr, "bench/slowdisk: --duration %s: must be at least 1s\n", *dur)
-		return 2
+		return report.UsageExit(stderr, "slowdisk", fmt.Errorf("--duration %s: must be at least 1s", *dur))
 	case *clients < 1 || *clients > 256:
-		fmt.Fprintf(stderr, "bench/slowdisk: --clients %d: must be between 1 and 256\n", *clients)
-		return 2
+		return report.UsageExit(stderr, "slowdisk", fmt.Errorf("--clients %d: must be between 1 and 256", *clients))
 	}
-	p := newProgress(stderr)
+	p := report.NewProgress(stderr)
 	res, err := slowDisk(ctx, *tmp, *gpupool, *dur, *clients, p)
 	if res != nil {
 		if werr := writeSlowDisk(*out, res, stdout); werr != nil {
-			fmt.Fprintf(stderr, "bench/slowdisk: %v\n", werr)
-			return 1
+			return report.Fail(stderr, "slowdisk", werr)
 		}
 	}
 	if err != nil {
-		fmt.Fprintf(stderr, "bench/slowdisk: %v\n", err)
-		return 1
+		return report.Fail(stderr, "slowdisk", err)
 	}
 	return 0
 }
 
-func slowDisk(ctx context.Context, tmp, bin string, dur time.Duration, clients int, p *progress) (*slowDiskResults, error) {
+func slowDisk(ctx context.Context, tmp, bin string, dur time.Duration, clients int, p *report.Progress) (*slowDiskResults, error) {
 	dir, err := os.MkdirTemp(tmp, "gpupool-slowdisk-bench-")
 	if err != nil {
 		return nil, err
@@ -102,7 +97,7 @@ func slowDisk(ctx context.Context, tmp, bin string, dur time.Duration, clients i
 	defer os.RemoveAll(dir)
 	if bin == "" {
 		p.Logf("building gpupool with -tags faultinject")
-		if bin, err = buildGpupool(ctx, dir, "faultinject"); err != nil {
+		if bin, err = report.BuildGpupool(ctx, dir, "faultinject"); err != nil {
 			return nil, err
 		}
 	}
@@ -204,16 +199,6 @@ func runSlowDiskCase(ctx context.Context, cl *cluster, c *slowDiskCase, leader i
 }
 
 func writeSlowDisk(dir string, res *slowDiskResults, stdout io.Writer) error {
-	if err := os.MkdirAll(dir, 0o755); err != nil {
-		return err
-	}
-	b, err := json.MarshalIndent(res, "", "  ")
-	if err != nil {
-		return err
-	}
-	if err := os.WriteFile(filepath.Join(dir, "slowdisk.json"), append(b, '\n'), 0o644); err != nil {
-		return err
-	}
 	var md strings.Builder
 	fmt.Fprintf(&md, "# Slow disks: one broker's Raft log writes slowed, under acquire+release load\n\n%s, %d clients, %.0fs timed per case after 2s of settling.\n\n", res.Date, res.Clients, res.CaseSecs)
 	md.WriteString("| case | slowed | grants/s | vs baseline | acquire p50 (ms) | acquire p99 (ms) | p99 vs baseline | errors | leadership moved after (s) | leader after |\n|---|---|---:|---:|---:|---:|---:|---:|---:|---|\n")
@@ -231,11 +216,8 @@ func writeSlowDisk(dir string, res *slowDiskResults, stdout io.Writer) error {
 	}
 	fmt.Fprintf(&md, "\nEach broker's data dir has a fault-fsync-delay file (a build with -tags faultinject) that makes every Raft log write sleep first, as a slow fsync would. A leader whose median log write over 5 s exceeds --slow-disk-threshold (default 200ms) hands leadership to a follower, at most once in 30 s; a slow follower is outvoted by the other. The leadership column counts from the start of the case (2 s of settling included). Load average %s (start) / %s (end); %s, %d CPUs.\n",
 		res.LoadStart, res.LoadEnd, res.Env.GoVersion, res.Env.CPUs)
-	if err := os.WriteFile(filepath.Join(dir, "slowdisk.md"), []byte(md.String()), 0o644); err != nil {
-		return err
-	}
-	fmt.Fprint(stdout, md.String())
-	return nil
+	_, err := report.Write(report.Results{Dir: dir, Name: "slowdisk", JSON: res, Markdown: md.String(), Echo: stdout})
+	return err
 }
 
 func ratio(a, b float64) float64 {

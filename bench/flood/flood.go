@@ -7,9 +7,6 @@ package flood
 
 import (
 	"context"
-	"encoding/json"
-	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"log/slog"
@@ -33,6 +30,7 @@ import (
 
 	"github.com/gpupool/gpupool/agent"
 	"github.com/gpupool/gpupool/agent/device"
+	"github.com/gpupool/gpupool/bench/report"
 	"github.com/gpupool/gpupool/broker"
 	"github.com/gpupool/gpupool/client"
 	gpupoolv1 "github.com/gpupool/gpupool/proto/gpupool/v1"
@@ -92,10 +90,20 @@ type results struct {
 	CPUs            int     `json:"cpus"`
 }
 
+const usageHead = `Usage: gpupool-bench flood [flags]
+
+One broker with ACL on and the default limits, two simulated agents, in this
+process. A victim token acquires and releases without a flood, then while a
+flooding token acquires as fast as it can and holds watch streams: the victim's
+acquire p99 in both (goal: within 2x). Then one tenant opens waiting acquires at
+once and cancels them: refusals, heap, and the audit log's first entries.
+
+Flags:
+`
+
 // Run is 'gpupool-bench flood'.
 func Run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
-	fs := flag.NewFlagSet("flood", flag.ContinueOnError)
-	fs.SetOutput(stdout)
+	fs := report.NewFlags("flood")
 	out := fs.String("out", "bench/results", "directory for flood.{json,md}")
 	dur := fs.Duration("duration", 10*time.Second, "how long each phase (without, then with the flood) runs")
 	victims := fs.Int("victims", 4, "the other token's clients, each looping acquire + release")
@@ -107,38 +115,27 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	lim := broker.DefaultLimits()
 	fs.IntVar(&lim.Writes.Seats, broker.FlagWriteSeats, lim.Writes.Seats, "the broker's --"+broker.FlagWriteSeats+" (0: none, to compare)")
 	fs.IntVar(&lim.Writes.Share, broker.FlagTokenWrites, lim.Writes.Share, "the broker's --"+broker.FlagTokenWrites+" (0: none, to compare)")
-	fs.Usage = func() {
-		fmt.Fprintf(stdout, "Usage: gpupool-bench flood [flags]\n\nOne broker with ACL on and the default limits, two simulated agents, in this\nprocess. A victim token acquires and releases without a flood, then while a\nflooding token acquires as fast as it can and holds watch streams: the victim's\nacquire p99 in both (goal: within 2x). Then one tenant opens waiting acquires at\nonce and cancels them: refusals, heap, and the audit log's first entries.\n\nFlags:\n")
-		fs.PrintDefaults()
-	}
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return 0
-		}
-		return 2
+	if err := report.ParseFlags(fs, args, usageHead, stdout); err != nil {
+		return report.UsageExit(stderr, "flood", err)
 	}
 	for _, c := range []struct {
 		name string
 		v    int
 	}{{"victims", *victims}, {"flooders", *flooders}, {"streams", *streams}, {"pending", *pending}} {
 		if c.v < 1 || c.v > 100_000 {
-			fmt.Fprintf(stderr, "bench/flood: --%s %d: must be between 1 and 100000\n", c.name, c.v)
-			return 2
+			return report.UsageExit(stderr, "flood", fmt.Errorf("--%s %d: must be between 1 and 100000", c.name, c.v))
 		}
 	}
 	if err := lim.Validate(); err != nil {
-		fmt.Fprintf(stderr, "bench/flood: %v\n", err)
-		return 2
+		return report.UsageExit(stderr, "flood", err)
 	}
 	if *dur < time.Second {
-		fmt.Fprintf(stderr, "bench/flood: --duration %s: must be at least 1s\n", *dur)
-		return 2
+		return report.UsageExit(stderr, "flood", fmt.Errorf("--duration %s: must be at least 1s", *dur))
 	}
 	res, stop, err := bench(ctx, lim, *dur, *victims, *flooders, *streams, *pending, *profile, *heapProfile, stderr)
 	if res != nil {
 		if werr := write(*out, res, stdout); werr != nil {
-			fmt.Fprintf(stderr, "bench/flood: %v\n", werr)
-			return 1
+			return report.Fail(stderr, "flood", werr)
 		}
 	}
 	if stop != nil {
@@ -153,8 +150,7 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		}
 	}
 	if err != nil {
-		fmt.Fprintf(stderr, "bench/flood: %v\n", err)
-		return 1
+		return report.Fail(stderr, "flood", err)
 	}
 	return 0
 }
@@ -598,16 +594,6 @@ func runReplay(ctx context.Context, e *env, n int, heapProfile string) (replay, 
 }
 
 func write(dir string, res *results, stdout io.Writer) error {
-	if err := os.MkdirAll(dir, 0o755); err != nil {
-		return err
-	}
-	b, err := json.MarshalIndent(res, "", "  ")
-	if err != nil {
-		return err
-	}
-	if err := os.WriteFile(filepath.Join(dir, "flood.json"), append(b, '\n'), 0o644); err != nil {
-		return err
-	}
 	var md strings.Builder
 	fmt.Fprintf(&md, "# A flood from one token, and another token's acquires\n\n%s. One broker (ACL on, default limits; writes shared between tokens: --limit-write-seats %d, --limit-token-writes %d, --limit-token-write-queue %d) and 2 simulated agents in one process; %d victim clients loop acquire + release for %.0fs per phase; the flood is %d clients of another token acquiring as fast as they can and %d watch streams it tries to hold.\n\n",
 		res.Date, res.WriteSeats, res.TokenWrites, res.TokenWriteQueue, res.Victims, res.Seconds, res.Flooders, res.Streams)
@@ -621,11 +607,8 @@ func write(dir string, res *results, stdout io.Writer) error {
 		r.Calls, r.Tokens, counts(r.Refused), r.Waited, counts(r.Other), r.HeapBeforeMiB, r.HeapPeakMiB, r.HeapAfterMiB, r.LiveBeforeMiB, r.LivePeakMiB, r.LiveAfterMiB, r.LeasesBefore, r.LeasesAfter, r.AuditBootstrap, r.AuditTokens)
 	fmt.Fprintf(&md, "Every call had been refused or was waiting in the lease queue %.1f s after they were opened (the write share admits them a few at a time; a minute at most); they were held 2 s more, then cancelled. ", r.SettledSeconds)
 	fmt.Fprintf(&md, "Heap is this process's Go heap (the broker, its agents and the clients) after a GC: in use (HeapInuse, the spans holding objects, with their free room) and live (HeapAlloc, the objects themselves). Load average %s (start) / %s (end); %s, %d CPUs.\n", res.LoadStart, res.LoadEnd, res.GoVersion, res.CPUs)
-	if err := os.WriteFile(filepath.Join(dir, "flood.md"), []byte(md.String()), 0o644); err != nil {
-		return err
-	}
-	fmt.Fprint(stdout, md.String())
-	return nil
+	_, err := report.Write(report.Results{Dir: dir, Name: "flood", JSON: res, Markdown: md.String(), Echo: stdout})
+	return err
 }
 
 func counts(m map[string]int) string {

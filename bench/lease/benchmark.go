@@ -11,6 +11,9 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	"github.com/gpupool/gpupool/bench/report"
+	"github.com/gpupool/gpupool/internal/proc"
 )
 
 // The simulated pool both systems serve, and the workload's slice. The
@@ -151,7 +154,7 @@ const fsyncProbe = time.Second
 
 // benchmark starts both clusters, runs every level on each, and stops
 // them.
-func benchmark(ctx context.Context, opts options, p *progress) (_ *results, err error) {
+func benchmark(ctx context.Context, opts options, p *report.Progress) (_ *results, err error) {
 	began := time.Now()
 	res := &results{
 		Benchmark: "lease",
@@ -192,7 +195,7 @@ func benchmark(ctx context.Context, opts options, p *progress) (_ *results, err 
 	}
 	if opts.gpupool == "" {
 		p.Logf("building gpupool")
-		if opts.gpupool, err = buildGpupool(ctx, dir); err != nil {
+		if opts.gpupool, err = report.BuildGpupool(ctx, dir); err != nil {
 			return nil, err
 		}
 		res.Config.GpupoolBinary = "built from this tree"
@@ -260,7 +263,7 @@ func benchmark(ctx context.Context, opts options, p *progress) (_ *results, err 
 
 // measure runs one level of clients on sys, waits for it to be idle
 // again, and checks that none of its servers died.
-func measure(ctx context.Context, p *progress, opts options, name string, clients int, sys system, servers []*child) (figures, error) {
+func measure(ctx context.Context, p *report.Progress, opts options, name string, clients int, sys system, servers []*proc.Proc) (figures, error) {
 	p.Logf("%s, %d clients: %s warm-up, then %s timed", name, clients, opts.warmup, opts.duration)
 	f := runLevel(ctx, sys, clients, opts.warmup, opts.duration)
 	if ctx.Err() != nil {
@@ -343,7 +346,7 @@ func loadAvg() string {
 
 // runBurst starts a fresh gpupool cluster and measures one client's burst
 // beside opts.others clients on it.
-func runBurst(ctx context.Context, p *progress, opts options, dir string, sl slice) (*burstFigures, error) {
+func runBurst(ctx context.Context, p *report.Progress, opts options, dir string, sl slice) (*burstFigures, error) {
 	gdir := filepath.Join(dir, "gpupool-burst")
 	if err := os.Mkdir(gdir, 0o755); err != nil {
 		return nil, err

@@ -10,6 +10,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/gpupool/gpupool/internal/proc"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
 )
@@ -34,7 +35,7 @@ func etcdVersion(ctx context.Context, bin string) (string, error) {
 // etcdCluster is three etcd members, as child processes, and a client of
 // them.
 type etcdCluster struct {
-	children []*child
+	children []*proc.Proc
 	cli      *clientv3.Client
 }
 
@@ -76,9 +77,9 @@ func startEtcd(ctx context.Context, dir, bin string) (*etcdCluster, error) {
 		cl.stop()
 		return nil, fmt.Errorf("etcd client: %w", err)
 	}
-	err = poll(ctx, readyTimeout, func(ctx context.Context) error {
+	err = proc.Poll(ctx, readyTimeout, func(ctx context.Context) error {
 		if err := diedError(cl.children); err != nil {
-			return errors.Join(errStopped, err)
+			return proc.GiveUp{Err: errors.Join(errStopped, err)}
 		}
 		for _, ep := range endpoints {
 			st, err := cl.cli.Status(ctx, ep)
@@ -105,7 +106,7 @@ func (cl *etcdCluster) stop() {
 		cl.cli.Close()
 	}
 	for _, c := range cl.children {
-		c.stop()
+		c.Stop(stopTimeout)
 	}
 }
 

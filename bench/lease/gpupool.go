@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"time"
@@ -12,26 +11,17 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/gpupool/gpupool/client"
+	"github.com/gpupool/gpupool/internal/proc"
 	gpupoolv1 "github.com/gpupool/gpupool/proto/gpupool/v1"
 )
 
 // readyTimeout bounds how long a cluster has to come up.
 const readyTimeout = 60 * time.Second
 
-// buildGpupool builds ./cmd/gpupool into dir and returns the binary.
-func buildGpupool(ctx context.Context, dir string) (string, error) {
-	bin := filepath.Join(dir, "gpupool")
-	out, err := exec.CommandContext(ctx, "go", "build", "-o", bin, "github.com/gpupool/gpupool/cmd/gpupool").CombinedOutput()
-	if err != nil {
-		return "", fmt.Errorf("build gpupool (run from inside the repository, or pass --gpupool): %v\n%s", err, out)
-	}
-	return bin, nil
-}
-
 // gpupoolCluster is three brokers and the simulated agents, as child
 // processes, and a client of the brokers.
 type gpupoolCluster struct {
-	children []*child
+	children []*proc.Proc
 	c        *client.Client
 	pprof    map[string]string // broker name -> --pprof-bind address; nil without profiles
 	metrics  map[string]string // broker name -> --metrics-bind address; nil without profiles
@@ -73,7 +63,7 @@ func startGpupool(ctx context.Context, dir, bin string, hosts int, pprof bool) (
 			"--bind", addrs[i], "--raft-bind", raftAddrs[i], "--bootstrap-expect", "3", "--join", strings.Join(join, ","),
 			"--log-level", "warn"}
 		if pprof {
-			pa, err := freeAddr("127.0.0.1")
+			pa, err := proc.FreeAddr("127.0.0.1")
 			if err != nil {
 				cl.stop()
 				return nil, err
@@ -82,7 +72,7 @@ func startGpupool(ctx context.Context, dir, bin string, hosts int, pprof bool) (
 				cl.pprof = map[string]string{}
 			}
 			cl.pprof[id] = pa
-			ma, err := freeAddr("127.0.0.1")
+			ma, err := proc.FreeAddr("127.0.0.1")
 			if err != nil {
 				cl.stop()
 				return nil, err
@@ -121,9 +111,9 @@ func startGpupool(ctx context.Context, dir, bin string, hosts int, pprof bool) (
 
 // waitReady waits until hosts hosts are ready and a leader answers.
 func (cl *gpupoolCluster) waitReady(ctx context.Context, hosts int) error {
-	return poll(ctx, readyTimeout, func(ctx context.Context) error {
+	return proc.Poll(ctx, readyTimeout, func(ctx context.Context) error {
 		if err := diedError(cl.children); err != nil {
-			return errors.Join(errStopped, err) // no use waiting
+			return proc.GiveUp{Err: errors.Join(errStopped, err)} // no use waiting
 		}
 		st, err := cl.c.Pool.Status(ctx, &gpupoolv1.StatusRequest{})
 		if err != nil {
@@ -142,7 +132,7 @@ func (cl *gpupoolCluster) stop() {
 		cl.c.Close()
 	}
 	for i := len(cl.children) - 1; i >= 0; i-- {
-		cl.children[i].stop()
+		cl.children[i].Stop(stopTimeout)
 	}
 }
 
@@ -176,7 +166,7 @@ func (s *gpupoolSystem) acquire(ctx context.Context) (func(context.Context) erro
 // brokers show nothing allocated, and every host is ready (a host whose
 // heartbeats were late under load is down until its next one).
 func (s *gpupoolSystem) idle(ctx context.Context) error {
-	return poll(ctx, readyTimeout, func(ctx context.Context) error {
+	return proc.Poll(ctx, readyTimeout, func(ctx context.Context) error {
 		st, err := s.cl.c.Pool.Status(ctx, &gpupoolv1.StatusRequest{})
 		if err != nil {
 			return err
@@ -193,28 +183,3 @@ func (s *gpupoolSystem) idle(ctx context.Context) error {
 }
 
 func (s *gpupoolSystem) retries() int64 { return 0 }
-
-// pollInterval is how often poll tries again.
-const pollInterval = 100 * time.Millisecond
-
-// poll calls f until it returns nil, an error wrapping errStopped, or
-// timeout passes; then it returns f's last error.
-func poll(ctx context.Context, timeout time.Duration, f func(context.Context) error) error {
-	deadline := time.Now().Add(timeout)
-	for {
-		cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-		err := f(cctx)
-		cancel()
-		switch {
-		case err == nil:
-			return nil
-		case errors.Is(err, errStopped):
-			return err
-		case ctx.Err() != nil:
-			return fmt.Errorf("%w: %v", errStopped, err)
-		case time.Now().After(deadline):
-			return fmt.Errorf("not within %s: %w", timeout, err)
-		}
-		sleep(ctx, pollInterval)
-	}
-}

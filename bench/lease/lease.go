@@ -11,13 +11,14 @@ package leasebench
 import (
 	"context"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"slices"
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/gpupool/gpupool/bench/report"
 )
 
 const usageHead = `Usage: gpupool-bench lease [flags]
@@ -78,22 +79,16 @@ type options struct {
 // stderr, the results table to stdout.
 func Run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	opts, err := parseFlags(args, stdout)
-	if errors.Is(err, flag.ErrHelp) {
-		return 0
-	}
 	if err != nil {
-		fmt.Fprintf(stderr, "bench/lease: %v\nRun with --help for the usage.\n", err)
-		return 2
+		return report.UsageExit(stderr, "lease", err)
 	}
-	res, err := benchmark(ctx, opts, newProgress(stderr))
+	res, err := benchmark(ctx, opts, report.NewProgress(stderr))
 	if err != nil {
-		fmt.Fprintf(stderr, "bench/lease: %v\n", err)
-		return 1
+		return report.Fail(stderr, "lease", err)
 	}
 	writeTable(stdout, res)
 	if err := writeResults(opts.out, res); err != nil {
-		fmt.Fprintf(stderr, "bench/lease: %v\n", err)
-		return 1
+		return report.Fail(stderr, "lease", err)
 	}
 	fmt.Fprintf(stderr, "results written to %s/lease.{json,md,png}\n", opts.out)
 	return 0
@@ -102,9 +97,7 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 // parseFlags parses and validates args. On --help it writes the usage to
 // help and returns flag.ErrHelp.
 func parseFlags(args []string, help io.Writer) (options, error) {
-	fs := flag.NewFlagSet("bench/lease", flag.ContinueOnError)
-	// Errors are returned, not printed: Run prints them once.
-	fs.SetOutput(io.Discard)
+	fs := report.NewFlags("lease")
 	clients := fs.String("clients", "1,16,64,256", "concurrency `levels`, comma-separated, each between 1 and "+strconv.Itoa(maxClients))
 	duration := fs.Duration("duration", 10*time.Second, "how long each level is timed, per system")
 	warmup := fs.Duration("warmup", 2*time.Second, "untimed run before each level's timed run, per system")
@@ -116,14 +109,8 @@ func parseFlags(args []string, help io.Writer) (options, error) {
 	others := fs.Int("burst-clients", 16, "how many other clients loop acquire + release during the burst, between 1 and "+strconv.Itoa(maxClients))
 	tmp := fs.String("tmpdir", "", "`dir`ectory for both clusters' data dirs, on a disk that honours fsync, not tmpfs (default $TMPDIR or /tmp)")
 
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			printUsage(help, fs)
-		}
+	if err := report.ParseFlags(fs, args, usageHead, help); err != nil {
 		return options{}, err
-	}
-	if fs.NArg() > 0 {
-		return options{}, fmt.Errorf("unexpected argument %q: this command takes only flags", fs.Arg(0))
 	}
 	levels, err := parseLevels(*clients)
 	if err != nil {
@@ -166,18 +153,4 @@ func parseLevels(s string) ([]int, error) {
 		levels = append(levels, n)
 	}
 	return levels, nil
-}
-
-// printUsage writes the usage, spelling flags with two dashes as the
-// examples do (one dash works too).
-func printUsage(w io.Writer, fs *flag.FlagSet) {
-	fmt.Fprint(w, usageHead)
-	fs.VisitAll(func(f *flag.Flag) {
-		arg, usage := flag.UnquoteUsage(f)
-		def := ""
-		if f.DefValue != "" {
-			def = fmt.Sprintf(" (default %s)", f.DefValue)
-		}
-		fmt.Fprintf(w, "  --%s %s\n    \t%s%s\n", f.Name, arg, usage, def)
-	})
 }

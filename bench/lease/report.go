@@ -2,15 +2,13 @@ package leasebench
 
 import (
 	"bytes"
-	"encoding/json"
 	"fmt"
 	"io"
-	"os"
-	"path/filepath"
 	"strings"
 	"time"
 
 	"github.com/gpupool/gpupool/bench/plot"
+	"github.com/gpupool/gpupool/bench/report"
 )
 
 // writeTable writes res as markdown: both systems per level, the ratios,
@@ -79,35 +77,24 @@ func writeTable(w io.Writer, res *results) {
 // writeResults writes res to dir as lease.json, lease.md and lease.png,
 // creating dir.
 func writeResults(dir string, res *results) error {
-	if err := os.MkdirAll(dir, 0o755); err != nil {
-		return err
-	}
-	b, err := json.MarshalIndent(res, "", "  ")
-	if err != nil {
-		return err
-	}
-	if err := os.WriteFile(filepath.Join(dir, "lease.json"), append(b, '\n'), 0o644); err != nil {
-		return err
-	}
 	var md bytes.Buffer
 	fmt.Fprintf(&md, "# gpupool vs an allocator on etcd: acquire + release a fractional slice\n\n%s, on %s.\n\n", res.Date, res.Machine.Hostname)
 	writeTable(&md, res)
-	if err := os.WriteFile(filepath.Join(dir, "lease.md"), md.Bytes(), 0o644); err != nil {
-		return err
-	}
 	var x, g, e []float64
 	for _, l := range res.Levels {
 		x = append(x, float64(l.Clients))
 		g = append(g, l.Gpupool.CyclesPerSec)
 		e = append(e, l.Etcd.CyclesPerSec)
 	}
-	return plot.Chart{
+	chart := plot.Chart{
 		Title:  "Acquire + release cycles per second",
 		XLabel: "concurrent clients",
 		YLabel: "cycles/s",
 		ZeroY:  true,
 		Series: []plot.Series{{Name: "gpupool (3 brokers)", X: x, Y: g}, {Name: "etcd allocator (3 members)", X: x, Y: e}},
-	}.Save(filepath.Join(dir, "lease.png"))
+	}
+	_, err := report.Write(report.Results{Dir: dir, Name: "lease", JSON: res, Markdown: md.String(), Charts: []report.Chart{{Name: "lease", Chart: chart}}})
+	return err
 }
 
 // over is a/b, or 0 when b is 0.

@@ -1,7 +1,6 @@
 package placement
 
 import (
-	"encoding/json"
 	"fmt"
 	"math"
 	"path/filepath"
@@ -9,9 +8,10 @@ import (
 	"strings"
 	"time"
 
+	benchreport "github.com/gpupool/gpupool/bench/report"
+
 	"github.com/gpupool/gpupool/bench/plot"
 	"github.com/gpupool/gpupool/broker/placement"
-	"github.com/gpupool/gpupool/internal/atomicfile"
 )
 
 // published is the FGD paper's unallocated GPU % at 100 % arrived (mean, sd over seeds
@@ -192,18 +192,7 @@ func summarise(policy string, os []*outcome, inflate float64) *policyReport {
 // write writes placement.json, placement.md, a placement-TRACE.png per trace and
 // placement-scale.png to dir and returns their paths.
 func (r *report) write(dir string) ([]string, error) {
-	stem := filepath.Join(dir, "placement")
-	js, err := json.MarshalIndent(r, "", "  ")
-	if err != nil {
-		return nil, err
-	}
-	if err := atomicfile.WriteMode(stem+".json", append(js, '\n'), 0o644); err != nil {
-		return nil, err
-	}
-	if err := atomicfile.WriteMode(stem+".md", []byte(r.markdown()), 0o644); err != nil {
-		return nil, err
-	}
-	paths := []string{stem + ".json", stem + ".md"}
+	var charts []benchreport.Chart
 	for _, tr := range r.Traces {
 		chart := plot.Chart{
 			Title:  fmt.Sprintf("openb %s: unallocated GPU vs arrived GPU request (mean of %d seeds)", tr.Trace, len(r.Config.Seeds)),
@@ -212,11 +201,7 @@ func (r *report) write(dir string) ([]string, error) {
 		for _, p := range tr.Policies {
 			chart.Series = append(chart.Series, plot.Series{Name: p.Policy, X: p.CurveArrived, Y: p.CurveUnalloc})
 		}
-		path := stem + "-" + tr.Trace + ".png"
-		if err := chart.Save(path); err != nil {
-			return nil, err
-		}
-		paths = append(paths, path)
+		charts = append(charts, benchreport.Chart{Name: "placement-" + tr.Trace, Chart: chart})
 	}
 	if len(r.Scale) > 0 {
 		chart := plot.Chart{
@@ -235,12 +220,9 @@ func (r *report) write(dir string) ([]string, error) {
 			}
 		}
 		chart.Series = append(chart.Series, plot.Series{Name: "fgd", X: xs, Y: ys})
-		if err := chart.Save(stem + "-scale.png"); err != nil {
-			return nil, err
-		}
-		paths = append(paths, stem+"-scale.png")
+		charts = append(charts, benchreport.Chart{Name: "placement-scale", Chart: chart})
 	}
-	return paths, nil
+	return benchreport.Write(benchreport.Results{Dir: dir, Name: "placement", JSON: r, Markdown: r.markdown(), Charts: charts})
 }
 
 // markdown renders the results tables.

@@ -12,7 +12,6 @@ import (
 	"bytes"
 	"context"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"os"
@@ -23,6 +22,8 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	benchreport "github.com/gpupool/gpupool/bench/report"
 
 	"github.com/gpupool/gpupool/broker/placement"
 )
@@ -99,25 +100,18 @@ type config struct {
 // to stderr and a summary to stdout. It returns 0 on success, 1 on failure and 2 on a usage
 // error.
 func Run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
-	cfg, err := parseFlags(args, stderr)
-	if errors.Is(err, flag.ErrHelp) {
-		return 0
-	}
+	cfg, err := parseFlags(args, stdout)
 	if err != nil {
-		fmt.Fprintf(stderr, "placement: %v\n", err)
-		return 2
+		return benchreport.UsageExit(stderr, "placement", err)
 	}
 	if err := run(ctx, cfg, stdout, stderr); err != nil {
-		fmt.Fprintf(stderr, "placement: %v\n", err)
-		return 1
+		return benchreport.Fail(stderr, "placement", err)
 	}
 	return 0
 }
 
-func parseFlags(args []string, stderr io.Writer) (*config, error) {
-	fs := flag.NewFlagSet("placement", flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	fs.Usage = func() { fmt.Fprint(stderr, usage); fs.PrintDefaults() }
+func parseFlags(args []string, help io.Writer) (*config, error) {
+	fs := benchreport.NewFlags("placement")
 	cfg := &config{}
 	var seeds int
 	var policy string
@@ -135,12 +129,10 @@ func parseFlags(args []string, stderr io.Writer) (*config, error) {
 	fs.StringVar(&cfg.Reuse, "reuse", "", "an earlier placement.json of the same --seeds and --inflate: read the outcomes of --reuse-policies from it rather than replay them")
 	reuse := fs.String("reuse-policies", "", "with --reuse: comma-separated policies whose outcomes are read from --reuse (those whose placements have not changed since)")
 	scale := fs.String("scale-hosts", "1000,3000,10000,30000,100000", "pool sizes (hosts × 8 GPUs) of the scale curve of the default policy, comma-separated; empty skips it")
-	if err := fs.Parse(args); err != nil {
+	if err := benchreport.ParseFlags(fs, args, usage, help); err != nil {
 		return nil, err
 	}
 	switch {
-	case fs.NArg() > 0:
-		return nil, fmt.Errorf("unexpected argument %q: placement takes flags only", fs.Arg(0))
 	case seeds < 1:
 		return nil, fmt.Errorf("--seeds %d: must be at least 1", seeds)
 	case !(cfg.Inflate >= 0.75 && cfg.Inflate <= 10):

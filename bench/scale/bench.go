@@ -19,7 +19,9 @@ import (
 
 	"google.golang.org/grpc"
 
+	"github.com/gpupool/gpupool/bench/report"
 	"github.com/gpupool/gpupool/client"
+	"github.com/gpupool/gpupool/internal/proc"
 	gpupoolv1 "github.com/gpupool/gpupool/proto/gpupool/v1"
 )
 
@@ -51,8 +53,8 @@ var (
 // broker-1, the one the benchmark measures and restarts; others are the
 // rest of a cluster of more than one.
 type broker struct {
-	proc   *proc
-	others []*proc
+	proc   *proc.Proc
+	others []*proc.Proc
 	addr   string
 	c      *client.Client
 }
@@ -64,17 +66,17 @@ func startBroker(ctx context.Context, bin, dir string, n int, extra ...string) (
 	raftAddrs := make([]string, n)
 	for i := range n {
 		var err error
-		if addrs[i], err = freeAddr("127.0.0.1"); err != nil {
+		if addrs[i], err = proc.FreeAddr("127.0.0.1"); err != nil {
 			return nil, err
 		}
-		if raftAddrs[i], err = freeAddr("127.0.0.1"); err != nil {
+		if raftAddrs[i], err = proc.FreeAddr("127.0.0.1"); err != nil {
 			return nil, err
 		}
 	}
 	b := &broker{addr: addrs[0]}
 	for i := range n {
 		id := fmt.Sprintf("broker-%d", i+1)
-		p := &proc{Name: id, Bin: bin, Log: filepath.Join(dir, id+".log"), Args: []string{
+		p := &proc.Proc{Name: id, Bin: bin, OwnGroup: true, Log: filepath.Join(dir, id+".log"), Args: []string{
 			"broker", "--insecure", "--node-id", id, "--data-dir", filepath.Join(dir, id), "--bind", addrs[i], "--raft-bind", raftAddrs[i],
 			"--bootstrap-expect", strconv.Itoa(n), "--heartbeat-ttl", heartbeatTTL.String(), "--log-level", "warn",
 		}}
@@ -101,7 +103,7 @@ func startBroker(ctx context.Context, bin, dir string, n int, extra ...string) (
 	return b, nil
 }
 
-func (b *broker) all() []*proc { return append([]*proc{b.proc}, b.others...) }
+func (b *broker) all() []*proc.Proc { return append([]*proc.Proc{b.proc}, b.others...) }
 
 func (b *broker) stop() {
 	for _, p := range b.all() {
@@ -111,7 +113,7 @@ func (b *broker) stop() {
 }
 
 // byID returns the broker process named id, or nil.
-func (b *broker) byID(id string) *proc {
+func (b *broker) byID(id string) *proc.Proc {
 	for _, p := range b.all() {
 		if p.Name == id {
 			return p
@@ -124,10 +126,10 @@ func (b *broker) byID(id string) *proc {
 // elected (a cluster), and returns the leader's id.
 func (b *broker) waitLeader(ctx context.Context) (string, error) {
 	var leader string
-	err := poll(ctx, 120*time.Second, func(ctx context.Context) error {
+	err := proc.Poll(ctx, 120*time.Second, func(ctx context.Context) error {
 		for _, p := range b.all() {
 			if !p.Running() {
-				return backoffStop{Err: fmt.Errorf("%s exited: %s\n---- %s, last 2 KiB ----\n%s", p.Name, p.Cmd.ProcessState, p.Log, p.LogTail(2048))}
+				return proc.GiveUp{Err: fmt.Errorf("%s exited: %s\n---- %s, last 2 KiB ----\n%s", p.Name, p.ProcessState(), p.Log, p.LogTail(2048))}
 			}
 		}
 		r, err := b.c.Operator.RaftPeers(ctx, &gpupoolv1.RaftPeersRequest{})
@@ -145,7 +147,7 @@ func (b *broker) waitLeader(ctx context.Context) (string, error) {
 
 // benchmark runs the whole benchmark in a temporary directory under
 // opts.tmp, which it removes.
-func benchmark(ctx context.Context, o options, p *progress) (*results, error) {
+func benchmark(ctx context.Context, o options, p *report.Progress) (*results, error) {
 	start := time.Now()
 	dir, err := os.MkdirTemp(o.tmp, "gpupool-scale-bench-")
 	if err != nil {
@@ -156,7 +158,7 @@ func benchmark(ctx context.Context, o options, p *progress) (*results, error) {
 	bin := o.gpupool
 	if bin == "" {
 		p.Logf("building gpupool")
-		if bin, err = buildGpupool(ctx, dir); err != nil {
+		if bin, err = report.BuildGpupool(ctx, dir); err != nil {
 			return nil, err
 		}
 	}
@@ -183,7 +185,7 @@ func benchmark(ctx context.Context, o options, p *progress) (*results, error) {
 	}
 	m := &res.Metrics
 
-	rssStart, _ := readMemory(leader.Cmd.Process.Pid)
+	rssStart, _ := readMemory(leader.Pid())
 	m.RSSEmptyMiB = rssStart.RSSMiB
 
 	// Hosts.
@@ -229,7 +231,7 @@ func benchmark(ctx context.Context, o options, p *progress) (*results, error) {
 	p.Logf("pool: %d ready hosts, %d GPUs, %d granted leases, applied index %d", st.HostsReady, st.Gpus, granted, st.AppliedIndex)
 
 	runtime.GC()
-	mem, err := readMemory(leader.Cmd.Process.Pid)
+	mem, err := readMemory(leader.Pid())
 	if err != nil {
 		return fail("read the broker's memory", err)
 	}
@@ -247,7 +249,7 @@ func benchmark(ctx context.Context, o options, p *progress) (*results, error) {
 	snapDir := filepath.Join(dir, leaderID, "raft", "snapshots")
 	if o.snapshotWait > 0 {
 		p.Logf("waiting up to %s for a Raft snapshot at index %d or later", o.snapshotWait, st.AppliedIndex-2048)
-		_ = poll(ctx, o.snapshotWait, func(context.Context) error {
+		_ = proc.Poll(ctx, o.snapshotWait, func(context.Context) error {
 			s, err := newestSnapshot(snapDir)
 			if err == nil && s.Index+2048 < st.AppliedIndex {
 				err = fmt.Errorf("newest at index %d", s.Index)
@@ -278,9 +280,9 @@ func benchmark(ctx context.Context, o options, p *progress) (*results, error) {
 		return fail("restart", err)
 	}
 	probe := ids[0]
-	err = poll(ctx, 10*time.Minute, func(ctx context.Context) error {
+	err = proc.Poll(ctx, 10*time.Minute, func(ctx context.Context) error {
 		if !b.proc.Running() {
-			return backoffStop{Err: fmt.Errorf("exited: %s", b.proc.Cmd.ProcessState)}
+			return proc.GiveUp{Err: fmt.Errorf("exited: %s", b.proc.ProcessState())}
 		}
 		_, err := b.c.Lease.Get(ctx, &gpupoolv1.GetLeaseRequest{LeaseId: probe})
 		return err
@@ -308,7 +310,7 @@ func benchmark(ctx context.Context, o options, p *progress) (*results, error) {
 	if len(list.Leases) != granted+1 {
 		return fail("restart: list", fmt.Errorf("%d leases after the restart, want %d", len(list.Leases), granted+1))
 	}
-	if mem, err := readMemory(b.proc.Cmd.Process.Pid); err == nil {
+	if mem, err := readMemory(b.proc.Pid()); err == nil {
 		m.RSSRestartedMiB = mem.RSSMiB
 	}
 	p.Logf("consistent List of %d leases in %.2fs", len(list.Leases), m.ListSeconds)
@@ -353,7 +355,7 @@ func leaseRequest(seed uint64, i int) *gpupoolv1.LeaseRequest {
 // were made, and the wall time. It stops at the first error and, with a
 // budget above 0, makes no call once the budget is spent: the calls made
 // are then those for i in [0, made).
-func parallel(ctx context.Context, n, workers int, budget time.Duration, p *progress, what string, f func(context.Context, int) error) ([]float64, int, time.Duration, error) {
+func parallel(ctx context.Context, n, workers int, budget time.Duration, p *report.Progress, what string, f func(context.Context, int) error) ([]float64, int, time.Duration, error) {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	var (

@@ -3,9 +3,7 @@ package scale
 import (
 	"bufio"
 	"context"
-	"encoding/json"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"math"
@@ -23,6 +21,8 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/gpupool/gpupool/bench/report"
+	"github.com/gpupool/gpupool/internal/proc"
 	gpupoolv1 "github.com/gpupool/gpupool/proto/gpupool/v1"
 )
 
@@ -75,30 +75,23 @@ type churnOptions struct {
 // and returns the exit code, as Run does.
 func RunChurn(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	o, err := parseChurnFlags(args, stdout)
-	if errors.Is(err, flag.ErrHelp) {
-		return 0
-	}
 	if err != nil {
-		fmt.Fprintf(stderr, "bench/churn: %v\nRun with --help for the usage.\n", err)
-		return 2
+		return report.UsageExit(stderr, "churn", err)
 	}
-	p := newProgress(stderr)
+	p := report.NewProgress(stderr)
 	res, err := churn(ctx, o, p)
 	if err != nil {
-		fmt.Fprintf(stderr, "bench/churn: %v\n", err)
-		return 1
+		return report.Fail(stderr, "churn", err)
 	}
 	if err := writeChurnResults(o.out, res, stdout); err != nil {
-		fmt.Fprintf(stderr, "bench/churn: %v\n", err)
-		return 1
+		return report.Fail(stderr, "churn", err)
 	}
 	p.Logf("results written to %s", filepath.Join(o.out, "churn.{json,md}"))
 	return 0
 }
 
 func parseChurnFlags(args []string, help io.Writer) (churnOptions, error) {
-	fs := flag.NewFlagSet("bench/churn", flag.ContinueOnError)
-	fs.SetOutput(io.Discard)
+	fs := report.NewFlags("churn")
 	var o churnOptions
 	fs.IntVar(&o.hosts, "hosts", 10000, "`number` of hosts to register")
 	fs.IntVar(&o.gpusPerHost, "gpus-per-host", 8, "`number` of GPUs per host")
@@ -114,18 +107,8 @@ func parseChurnFlags(args []string, help io.Writer) (churnOptions, error) {
 	fs.StringVar(&o.out, "out", "bench/results", "`dir`ectory for churn.json and churn.md; created if missing")
 	fs.StringVar(&o.gpupool, "gpupool", "", "`path` of a built gpupool binary (default: go build ./cmd/gpupool into the run's directory)")
 	fs.StringVar(&o.tmp, "tmpdir", "", "`dir`ectory for the run's data dir and log (default $TMPDIR or /tmp)")
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			fmt.Fprint(help, churnUsageHead)
-			fs.VisitAll(func(f *flag.Flag) {
-				arg, usage := flag.UnquoteUsage(f)
-				fmt.Fprintf(help, "  --%s %s\n    \t%s (default %s)\n", f.Name, arg, usage, f.DefValue)
-			})
-		}
+	if err := report.ParseFlags(fs, args, churnUsageHead, help); err != nil {
 		return o, err
-	}
-	if fs.NArg() > 0 {
-		return o, fmt.Errorf("unexpected argument %q: this command takes only flags", fs.Arg(0))
 	}
 	o.brokerFlags = strings.Fields(o.flagText)
 	for _, s := range strings.Split(o.stepsText, ",") {
@@ -207,7 +190,7 @@ type churnPoint struct {
 	AtS     float64 `json:"at_seconds"`
 }
 
-func churn(ctx context.Context, o churnOptions, p *progress) (*churnResults, error) {
+func churn(ctx context.Context, o churnOptions, p *report.Progress) (*churnResults, error) {
 	start := time.Now()
 	dir, err := os.MkdirTemp(o.tmp, "gpupool-churn-bench-")
 	if err != nil {
@@ -217,11 +200,11 @@ func churn(ctx context.Context, o churnOptions, p *progress) (*churnResults, err
 	bin := o.gpupool
 	if bin == "" {
 		p.Logf("building gpupool")
-		if bin, err = buildGpupool(ctx, dir); err != nil {
+		if bin, err = report.BuildGpupool(ctx, dir); err != nil {
 			return nil, err
 		}
 	}
-	metricsAddr, err := freeAddr("127.0.0.1")
+	metricsAddr, err := proc.FreeAddr("127.0.0.1")
 	if err != nil {
 		return nil, err
 	}
@@ -242,7 +225,7 @@ func churn(ctx context.Context, o churnOptions, p *progress) (*churnResults, err
 	res.Config.BrokerFlags, res.Config.Seed = o.brokerFlags, o.seed
 	var granted, cycles atomic.Int64
 	point := func(label string) (churnPoint, error) {
-		mem, err := readMemory(b.proc.Cmd.Process.Pid)
+		mem, err := readMemory(b.proc.Pid())
 		if err != nil {
 			return churnPoint{}, err
 		}
@@ -471,19 +454,8 @@ func scrapeGauge(ctx context.Context, addr, name string) float64 {
 }
 
 func writeChurnResults(dir string, res *churnResults, stdout io.Writer) error {
-	if err := os.MkdirAll(dir, 0o755); err != nil {
-		return err
-	}
-	b, err := json.MarshalIndent(res, "", "  ")
-	if err != nil {
-		return err
-	}
-	if err := os.WriteFile(filepath.Join(dir, "churn.json"), append(b, '\n'), 0o644); err != nil {
-		return err
-	}
-	md := churnMarkdown(res)
-	fmt.Fprint(stdout, md)
-	return os.WriteFile(filepath.Join(dir, "churn.md"), []byte(md), 0o644)
+	_, err := report.Write(report.Results{Dir: dir, Name: "churn", JSON: res, Markdown: churnMarkdown(res), Echo: stdout})
+	return err
 }
 
 func churnMarkdown(res *churnResults) string {

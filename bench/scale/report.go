@@ -1,15 +1,12 @@
 package scale
 
 import (
-	"encoding/json"
 	"fmt"
 	"io"
-	"os"
-	"path/filepath"
 	"strings"
 	"time"
 
-	"github.com/gpupool/gpupool/bench/internal/benchproc"
+	"github.com/gpupool/gpupool/bench/report"
 )
 
 // results is what a run measured; it is written as JSON as is.
@@ -75,23 +72,9 @@ type metrics struct {
 // writeResults writes scale.json and scale.md (also to stdout) to dir,
 // creating it.
 func writeResults(dir string, res *results, stdout io.Writer) error {
-	if err := os.MkdirAll(dir, 0o755); err != nil {
-		return err
-	}
-	b, err := json.MarshalIndent(res, "", "  ")
-	if err != nil {
-		return err
-	}
-	name := resultsName(res.Config.Brokers)
-	if err := os.WriteFile(filepath.Join(dir, name+".json"), append(b, '\n'), 0o644); err != nil {
-		return err
-	}
 	var md strings.Builder
 	writeMarkdown(&md, res)
-	if err := os.WriteFile(filepath.Join(dir, name+".md"), []byte(md.String()), 0o644); err != nil {
-		return err
-	}
-	_, err = io.WriteString(stdout, md.String())
+	_, err := report.Write(report.Results{Dir: dir, Name: resultsName(res.Config.Brokers), JSON: res, Markdown: md.String(), Echo: stdout})
 	return err
 }
 
@@ -150,8 +133,3 @@ func resultsName(brokers int) string {
 }
 
 func mib(b int64) string { return fmt.Sprintf("%.1f MiB", float64(b)/(1<<20)) }
-
-// progress is the benchmarks' shared progress printer.
-type progress = benchproc.Progress
-
-var newProgress = benchproc.NewProgress

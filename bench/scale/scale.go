@@ -9,12 +9,13 @@ package scale
 import (
 	"context"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"os"
 	"path/filepath"
 	"time"
+
+	"github.com/gpupool/gpupool/bench/report"
 )
 
 const usageHead = `Usage: scale [flags]
@@ -77,22 +78,16 @@ const (
 // run and the broker it started.
 func Run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	opts, err := parseFlags(args, stdout)
-	if errors.Is(err, flag.ErrHelp) {
-		return 0
-	}
 	if err != nil {
-		fmt.Fprintf(stderr, "bench/scale: %v\nRun with --help for the usage.\n", err)
-		return 2
+		return report.UsageExit(stderr, "scale", err)
 	}
-	p := newProgress(stderr)
+	p := report.NewProgress(stderr)
 	res, err := benchmark(ctx, opts, p)
 	if err != nil {
-		fmt.Fprintf(stderr, "bench/scale: %v\n", err)
-		return 1
+		return report.Fail(stderr, "scale", err)
 	}
 	if err := writeResults(opts.out, res, stdout); err != nil {
-		fmt.Fprintf(stderr, "bench/scale: %v\n", err)
-		return 1
+		return report.Fail(stderr, "scale", err)
 	}
 	p.Logf("results written to %s", filepath.Join(opts.out, resultsName(opts.brokers)+".{json,md}"))
 	return 0
@@ -101,8 +96,7 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 // parseFlags parses and validates args. On --help it writes the usage to
 // help and returns flag.ErrHelp.
 func parseFlags(args []string, help io.Writer) (options, error) {
-	fs := flag.NewFlagSet("bench/scale", flag.ContinueOnError)
-	fs.SetOutput(io.Discard)
+	fs := report.NewFlags("scale")
 	var o options
 	fs.IntVar(&o.hosts, "hosts", 10000, "`number` of hosts to register")
 	fs.IntVar(&o.brokers, "brokers", 1, "`number` of brokers: 1, or a cluster of 3 or 5 (the restart is measured on 1 only); results go to scale.{json,md} for 1 broker and scale-Nbrokers.{json,md} for N")
@@ -115,14 +109,8 @@ func parseFlags(args []string, help io.Writer) (options, error) {
 	fs.StringVar(&o.out, "out", "bench/results", "`dir`ectory for scale.json and scale.md; created if missing")
 	fs.StringVar(&o.gpupool, "gpupool", "", "`path` of a built gpupool binary (default: go build ./cmd/gpupool into the run's directory)")
 	fs.StringVar(&o.tmp, "tmpdir", "", "`dir`ectory for the run's data dir and log (default $TMPDIR or /tmp)")
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			printUsage(help, fs)
-		}
+	if err := report.ParseFlags(fs, args, usageHead, help); err != nil {
 		return options{}, err
-	}
-	if fs.NArg() > 0 {
-		return options{}, fmt.Errorf("unexpected argument %q: this command takes only flags", fs.Arg(0))
 	}
 	return o, o.validate()
 }
@@ -154,12 +142,4 @@ func (o options) validate() error {
 		}
 	}
 	return nil
-}
-
-func printUsage(w io.Writer, fs *flag.FlagSet) {
-	fmt.Fprint(w, usageHead)
-	fs.VisitAll(func(f *flag.Flag) {
-		arg, usage := flag.UnquoteUsage(f)
-		fmt.Fprintf(w, "  --%s %s\n    \t%s (default %s)\n", f.Name, arg, usage, f.DefValue)
-	})
 }

@@ -13,7 +13,7 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/gpupool/gpupool/client"
-	"github.com/gpupool/gpupool/k8s"
+	"github.com/gpupool/gpupool/k8s/controller"
 	gpupoolv1 "github.com/gpupool/gpupool/proto/gpupool/v1"
 	"github.com/gpupool/gpupool/protocol"
 )
@@ -102,13 +102,13 @@ until SIGINT or SIGTERM; exits with code 1 when it loses leadership.`,
 	}
 	f := cmd.Flags()
 	f.StringVar(&o.kubeconfig, "kubeconfig", "", "kubeconfig file (default: in-cluster, else $KUBECONFIG or ~/.kube/config)")
-	f.StringVar(&o.tenant, "tenant", k8s.DefaultTenant, "broker tenant of the leases taken for claims; other tenants' leases are taken off the published capacity. One tenant per cluster: the controller releases leases of its tenant that no claim of its cluster holds")
+	f.StringVar(&o.tenant, "tenant", controller.DefaultTenant, "broker tenant of the leases taken for claims; other tenants' leases are taken off the published capacity. One tenant per cluster: the controller releases leases of its tenant that no claim of its cluster holds")
 	f.StringVar(&o.clusterID, "cluster-id", "", "identity of this cluster in the brokers' claim on --tenant (default: the UID of namespace kube-system); a second cluster with the same --tenant is refused")
 	f.BoolVar(&o.takeOver, "take-over-tenant", false, "take --tenant over from the cluster that claimed it: only when that cluster is gone, or both would release each other's leases")
-	f.StringVar(&o.nodeSelector, "node-selector", k8s.DefaultNodeSelectorLabel+"=true", "labels of the nodes that can reach the pool hosts, as KEY=VALUE[,KEY=VALUE]; empty means every node")
-	f.BoolVar(&o.leaderElect, "leader-elect", true, "act only while holding the Lease "+k8s.LeaderLeaseName+", so that replicas can stand by")
+	f.StringVar(&o.nodeSelector, "node-selector", controller.DefaultNodeSelectorLabel+"=true", "labels of the nodes that can reach the pool hosts, as KEY=VALUE[,KEY=VALUE]; empty means every node")
+	f.BoolVar(&o.leaderElect, "leader-elect", true, "act only while holding the Lease "+controller.LeaderLeaseName+", so that replicas can stand by")
 	f.StringVar(&o.namespace, "leader-elect-namespace", "", "namespace of the leader election Lease (default: the pod's own, else default)")
-	f.DurationVar(&o.leaseTTL, "lease-ttl", k8s.DefaultLeaseTTL, "TTL of the leases taken for claims (renewed by the controller and the node plugin); longer than a leader failover (~15s)")
+	f.DurationVar(&o.leaseTTL, "lease-ttl", controller.DefaultLeaseTTL, "TTL of the leases taken for claims (renewed by the controller and the node plugin); longer than a leader failover (~15s)")
 	f.StringVar(&o.metrics, "metrics-bind", "", "serve Prometheus metrics at http://ADDR/metrics; empty serves none")
 	f.StringVar(&o.logLevel, "log-level", "info", "log level: debug, info, warn or error")
 	f.Float32Var(&o.qps, "kube-api-qps", 50, "requests per second to the apiserver (each bound claim takes one status write)")
@@ -130,7 +130,7 @@ func runK8sController(cmd *cobra.Command, o controllerOpts) error {
 	}
 	// A new leader takes over the leases of claims still being bound; they
 	// must outlive the old leader's lock and the takeover.
-	if min := k8s.MinLeaseTTLWithLeaderElection; o.leaderElect && o.leaseTTL < min {
+	if min := controller.MinLeaseTTLWithLeaderElection; o.leaderElect && o.leaseTTL < min {
 		return usagef("--lease-ttl %s: must be at least %s with --leader-elect, so that leases outlive a leader failover", o.leaseTTL, min)
 	}
 	selector, err := parseNodeSelector(o.nodeSelector)
@@ -167,7 +167,7 @@ func runK8sController(cmd *cobra.Command, o controllerOpts) error {
 	if err := serveMetrics(cmd.Context(), o.metrics, reg, nil, logger); err != nil {
 		return err
 	}
-	err = k8s.Run(cmd.Context(), k8s.Config{
+	err = controller.Run(cmd.Context(), controller.Config{
 		Brokers:        addrs,
 		Token:          globalToken(),
 		TLS:            tc,
@@ -181,7 +181,7 @@ func runK8sController(cmd *cobra.Command, o controllerOpts) error {
 		Namespace:      o.namespace,
 		Logger:         logger,
 	})
-	if errors.Is(err, k8s.ErrLostLeadership) {
+	if errors.Is(err, controller.ErrLostLeadership) {
 		return fmt.Errorf("%w: another replica took over; exiting so that this one restarts as a standby", err)
 	}
 	return err
@@ -194,7 +194,7 @@ func checkTenantAndTTL(tenant string, ttl time.Duration) error {
 		return usagef("--lease-ttl %s: must be between %s and %s", ttl, protocol.MinTTL, protocol.MaxTTL)
 	}
 	if tenant == "" {
-		return usagef("--tenant is empty: give the broker tenant of the controller's leases, e.g. %s", k8s.DefaultTenant)
+		return usagef("--tenant is empty: give the broker tenant of the controller's leases, e.g. %s", controller.DefaultTenant)
 	}
 	err := protocol.Validate(&gpupoolv1.LeaseRequest{Count: 1, Exclusive: true, TtlMs: ttl.Milliseconds(), Tenant: tenant})
 	if err != nil {
@@ -213,7 +213,7 @@ func parseNodeSelector(s string) (map[string]string, error) {
 	for _, p := range strings.Split(s, ",") {
 		k, v, ok := strings.Cut(strings.TrimSpace(p), "=")
 		if !ok || k == "" {
-			return nil, usagef("--node-selector %q: want KEY=VALUE[,KEY=VALUE], e.g. %s=true", s, k8s.DefaultNodeSelectorLabel)
+			return nil, usagef("--node-selector %q: want KEY=VALUE[,KEY=VALUE], e.g. %s=true", s, controller.DefaultNodeSelectorLabel)
 		}
 		if errs := validation.IsQualifiedName(k); len(errs) > 0 {
 			return nil, usagef("--node-selector %q: label key %q: %s", s, k, strings.Join(errs, "; "))

@@ -10,7 +10,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 
 	"github.com/gpupool/gpupool/client"
-	"github.com/gpupool/gpupool/internal/k8sinit"
+	"github.com/gpupool/gpupool/k8s/initjobs"
 	gpupoolv1 "github.com/gpupool/gpupool/proto/gpupool/v1"
 )
 
@@ -61,7 +61,7 @@ func orDefault(v, prefix, suffix string) string {
 func newK8sTLSInitCmd() *cobra.Command {
 	var (
 		f     k8sInitFlags
-		cfg   k8sinit.TLSConfig
+		cfg   initjobs.TLSConfig
 		hosts string
 		days  int
 	)
@@ -98,7 +98,7 @@ It needs get, create and update on Secrets of the namespace.`,
 			}
 			ctx, cancel := context.WithTimeout(cmd.Context(), global.timeout)
 			defer cancel()
-			if err := k8sinit.TLSInit(ctx, kube, cfg, cmd.OutOrStdout()); err != nil {
+			if err := initjobs.TLSInit(ctx, kube, cfg, cmd.OutOrStdout()); err != nil {
 				return err
 			}
 			fmt.Fprintf(cmd.OutOrStdout(), "TLS Secrets ready in namespace %s: %s, %s, %s\n", cfg.Namespace, cfg.BrokerSecret, cfg.AgentSecret, cfg.ClientSecret)
@@ -119,7 +119,7 @@ It needs get, create and update on Secrets of the namespace.`,
 func newK8sACLInitCmd() *cobra.Command {
 	var (
 		f     k8sInitFlags
-		cfg   k8sinit.ACLConfig
+		cfg   initjobs.ACLConfig
 		hosts string
 		wait  time.Duration
 	)
@@ -168,10 +168,10 @@ Nodes.`,
 			defer c.Close()
 			ctx, cancel := context.WithTimeout(cmd.Context(), wait)
 			defer cancel()
-			if err := k8sinit.WaitForLeader(ctx, c, cmd.ErrOrStderr()); err != nil {
+			if err := initjobs.WaitForLeader(ctx, c, cmd.ErrOrStderr()); err != nil {
 				return err
 			}
-			if err := k8sinit.ACLInit(ctx, kube, gpupoolv1.NewAclServiceClient(c.Conn()), cfg, cmd.OutOrStdout()); err != nil {
+			if err := initjobs.ACLInit(ctx, kube, gpupoolv1.NewAclServiceClient(c.Conn()), cfg, cmd.OutOrStdout()); err != nil {
 				return err
 			}
 			fmt.Fprintf(cmd.OutOrStdout(), "ACL tokens ready in namespace %s: %s, %s\n", cfg.Namespace, cfg.TokensSecret, cfg.AgentTokensSecret)

@@ -10,7 +10,7 @@ import (
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 
-	"github.com/gpupool/gpupool/k8s"
+	"github.com/gpupool/gpupool/k8s/nodeplugin"
 )
 
 type nodePluginOpts struct {
@@ -81,10 +81,10 @@ token, --token or $GPUPOOL_TOKEN: a client token for the controller's tenant
 	f := cmd.Flags()
 	f.StringVar(&o.nodeName, "node-name", os.Getenv("NODE_NAME"), "name of this node (default $NODE_NAME)")
 	f.StringVar(&o.kubeconfig, "kubeconfig", "", "kubeconfig file (default: in-cluster, else $KUBECONFIG or ~/.kube/config)")
-	f.StringVar(&o.stateDir, "state-dir", k8s.DefaultNodeStateDir, "directory of the prepared claims' token files, bind-mounted into their containers")
-	f.StringVar(&o.cdiDir, "cdi-dir", k8s.DefaultCDIDir, "directory the container runtime reads CDI specs from")
-	f.StringVar(&o.pluginDir, "plugin-dir", k8s.DefaultPluginDir, "directory of the plugin's dra.sock, which the kubelet dials")
-	f.StringVar(&o.registrarDir, "registrar-dir", k8s.DefaultRegistrarDir, "the kubelet's plugin registration directory (must exist)")
+	f.StringVar(&o.stateDir, "state-dir", nodeplugin.DefaultNodeStateDir, "directory of the prepared claims' token files, bind-mounted into their containers")
+	f.StringVar(&o.cdiDir, "cdi-dir", nodeplugin.DefaultCDIDir, "directory the container runtime reads CDI specs from")
+	f.StringVar(&o.pluginDir, "plugin-dir", nodeplugin.DefaultPluginDir, "directory of the plugin's dra.sock, which the kubelet dials")
+	f.StringVar(&o.registrarDir, "registrar-dir", nodeplugin.DefaultRegistrarDir, "the kubelet's plugin registration directory (must exist)")
 	f.StringVar(&o.cudaShim, "cuda-shim", "", "gpupool's CUDA shim, libcuda.so.1, to give every claim's containers with a CUDA socket (default none: no remote CUDA in pods)")
 	f.StringVar(&o.logLevel, "log-level", "info", "log level: debug, info, warn or error")
 	return cmd
@@ -129,10 +129,10 @@ func runNodePlugin(cmd *cobra.Command, o nodePluginOpts) error {
 	}
 
 	ctx := cmd.Context()
-	p, err := k8s.StartNodePlugin(ctx, k8s.NodePluginConfig{
+	p, err := nodeplugin.Start(ctx, nodeplugin.Config{
 		NodeName:     o.nodeName,
 		KubeClient:   kube,
-		Brokers:      k8s.ClientAttacher(c),
+		Brokers:      nodeplugin.ClientAttacher(c),
 		StateDir:     o.stateDir,
 		CDIDir:       o.cdiDir,
 		PluginDir:    o.pluginDir,

@@ -116,3 +116,4 @@ func (c *Fake) Advance(d time.Duration) {
 		t.f()
 	}
 }
+

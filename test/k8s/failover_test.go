@@ -22,7 +22,7 @@ const (
 	// --node-selector.
 	foNodeLabel = "failover.gpupool.dev/node"
 	// foLeaderLease is the coordination.k8s.io Lease the controllers elect
-	// their leader with (k8s.LeaderLeaseName).
+	// their leader with (controller.LeaderLeaseName in k8s/controller).
 	foLeaderLease = "gpupool-k8s-controller"
 	// foLeaseTTL is the controllers' --lease-ttl: the brokers' leases for
 	// claims must outlive the failover.

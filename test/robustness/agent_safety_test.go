@@ -11,6 +11,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/gpupool/gpupool/internal/clock"
+	"github.com/gpupool/gpupool/internal/proc"
 	gpupoolv1 "github.com/gpupool/gpupool/proto/gpupool/v1"
 )
 
@@ -23,6 +25,10 @@ type holderProcess struct {
 	exited chan struct{}
 	at     time.Time // when it exited; valid once exited is closed
 }
+
+// errEndedBeforeTaken ends the wait for the agent to take a lease that
+// ended first.
+var errEndedBeforeTaken = errors.New("the lease ended before the agent took it")
 
 func startHolderProcess(t *testing.T, leaseID string) *holderProcess {
 	t.Helper()
@@ -169,20 +175,20 @@ func runDoubleHolderTrial(t *testing.T, cl *Cluster, nw Network, tr doubleHolder
 		if err != nil {
 			t.Fatal(err)
 		}
-		err = poll(ctx, 30*time.Second, func(ctx context.Context) error {
+		err = proc.Poll(ctx, 30*time.Second, func(ctx context.Context) error {
 			if _, err := os.Stat(filepath.Join(cl.opts.Dir, agent.Node, "leases", resp.Lease.Id+".json")); err == nil {
 				return nil
 			}
 			r, err := cl.Client.Lease.Get(ctx, &gpupoolv1.GetLeaseRequest{LeaseId: resp.Lease.Id})
 			if err == nil && r.Lease.State != gpupoolv1.LeaseState_LEASE_STATE_GRANTED {
-				return errStopPoll
+				return proc.GiveUp{Err: errEndedBeforeTaken}
 			}
 			return fmt.Errorf("the agent has not taken lease %s yet", resp.Lease.Id)
 		})
 		switch {
 		case err == nil:
 			l1 = resp.Lease
-		case errors.Is(err, errStopPoll):
+		case errors.Is(err, errEndedBeforeTaken):
 			t.Logf("lease %s ended before the agent took it (the host went down meanwhile); taking another", resp.Lease.Id)
 		default:
 			t.Fatal(err)
@@ -193,7 +199,7 @@ func runDoubleHolderTrial(t *testing.T, cl *Cluster, nw Network, tr doubleHolder
 	renewCtx, stopRenew := context.WithCancel(ctx)
 	defer stopRenew()
 	go func() {
-		for sleepCtx(renewCtx, 300*time.Millisecond) {
+		for clock.Sleep(renewCtx, clock.Real, 300*time.Millisecond) {
 			if r, err := keepAliveOnce(renewCtx, cl.Client, l1.Id); err == nil && r.Error != "" {
 				return
 			}
@@ -208,7 +214,7 @@ func runDoubleHolderTrial(t *testing.T, cl *Cluster, nw Network, tr doubleHolder
 			}
 		}
 	}
-	if err := poll(ctx, 60*time.Second, func(ctx context.Context) error {
+	if err := proc.Poll(ctx, 60*time.Second, func(ctx context.Context) error {
 		r, err := cl.Client.Lease.Get(ctx, &gpupoolv1.GetLeaseRequest{LeaseId: l1.Id})
 		if err != nil {
 			return err
@@ -249,7 +255,7 @@ func runDoubleHolderTrial(t *testing.T, cl *Cluster, nw Network, tr doubleHolder
 			}
 			// 10ms between attempts: the resolution of the measurement,
 			// without a flood of acquires that slows the leader down.
-			sleepCtx(ctx, 10*time.Millisecond)
+			clock.Sleep(ctx, clock.Real, 10*time.Millisecond)
 		}
 	}()
 	healed := time.Since(cut)

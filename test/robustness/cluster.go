@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"net"
-	"os"
 	"os/exec"
 	"path/filepath"
 	"strconv"
@@ -14,6 +13,7 @@ import (
 	"time"
 
 	"github.com/gpupool/gpupool/client"
+	"github.com/gpupool/gpupool/internal/proc"
 	gpupoolv1 "github.com/gpupool/gpupool/proto/gpupool/v1"
 )
 
@@ -91,88 +91,15 @@ func launchArgs(s procSpec) []string {
 	}
 }
 
-// Proc is one gpupool process on a node; its output is appended to a log
-// file across restarts.
+// stopGrace is how long a process has to exit on SIGTERM before SIGKILL.
+const stopGrace = 20 * time.Second
+
+// Proc is one gpupool process on a node of the cluster's Network; its
+// output is appended to a log file across restarts.
 type Proc struct {
+	*proc.Proc
 	Node    string
-	Log     string
 	DataDir string
-	args    []string
-	bin     string
-	net     Network
-
-	cmd  *exec.Cmd
-	done chan struct{} // closed when cmd has exited
-}
-
-// Start starts the process in its node's network. It dies with the test
-// process (SIGKILL on the parent's death).
-func (p *Proc) Start() error {
-	f, err := os.OpenFile(p.Log, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
-	if err != nil {
-		return err
-	}
-	fmt.Fprintf(f, "==== %s start %s\n", time.Now().Format(time.RFC3339Nano), strings.Join(p.args, " "))
-	cmd := exec.Command(p.bin, p.args...)
-	cmd.Stdout, cmd.Stderr = f, f
-	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-	cmd = p.net.Command(p.Node, cmd)
-	if err := cmd.Start(); err != nil {
-		f.Close()
-		return fmt.Errorf("start %s: %w", p.Node, err)
-	}
-	p.cmd, p.done = cmd, make(chan struct{})
-	go func(done chan struct{}) {
-		cmd.Wait()
-		f.Close()
-		close(done)
-	}(p.done)
-	return nil
-}
-
-// Running reports whether the process was started and has not exited.
-func (p *Proc) Running() bool {
-	if p.done == nil {
-		return false
-	}
-	select {
-	case <-p.done:
-		return false
-	default:
-		return true
-	}
-}
-
-// Signal sends sig; for SIGKILL and SIGTERM it waits until the process
-// is gone (SIGTERM: at most 20s, then SIGKILL).
-func (p *Proc) Signal(sig syscall.Signal) {
-	if !p.Running() {
-		return
-	}
-	p.cmd.Process.Signal(sig)
-	switch sig {
-	case syscall.SIGKILL:
-		<-p.done
-	case syscall.SIGTERM:
-		select {
-		case <-p.done:
-		case <-time.After(20 * time.Second):
-			p.cmd.Process.Signal(syscall.SIGKILL)
-			<-p.done
-		}
-	}
-}
-
-// LogTail is the last n bytes of the process's log.
-func (p *Proc) LogTail(n int) string {
-	b, err := os.ReadFile(p.Log)
-	if err != nil {
-		return fmt.Sprintf("(no log: %v)", err)
-	}
-	if len(b) > n {
-		b = b[len(b)-n:]
-	}
-	return string(b)
 }
 
 // ClusterOptions size a cluster.
@@ -199,16 +126,10 @@ type Cluster struct {
 	diskErr error
 }
 
-// BuildGpupool builds cmd/gpupool into dir.
+// BuildGpupool builds cmd/gpupool into dir, with the faultinject tag: a
+// broker's data dir can slow its Raft log writes (FaultSlowDisk*).
 func BuildGpupool(dir string) (string, error) {
-	bin := filepath.Join(dir, "gpupool")
-	// faultinject: a broker's data dir can slow its Raft log writes
-	// (FaultSlowDisk*).
-	out, err := exec.Command("go", "build", "-tags", "faultinject", "-o", bin, "github.com/gpupool/gpupool/cmd/gpupool").CombinedOutput()
-	if err != nil {
-		return "", fmt.Errorf("go build -tags faultinject ./cmd/gpupool: %v\n%s", err, out)
-	}
-	return bin, nil
+	return proc.GoBuild(context.Background(), dir, "github.com/gpupool/gpupool/cmd/gpupool", "faultinject")
 }
 
 // StartCluster starts the brokers and agents and waits until every host
@@ -291,7 +212,9 @@ func (cl *Cluster) AddAgent() (*Proc, error) {
 
 func (cl *Cluster) proc(s procSpec) *Proc {
 	s.dataDir = filepath.Join(cl.opts.Dir, s.node)
-	return &Proc{Node: s.node, Log: filepath.Join(cl.opts.Dir, s.node+".log"), DataDir: s.dataDir, args: launchArgs(s), bin: cl.opts.Bin, net: cl.opts.Net}
+	return &Proc{Node: s.node, DataDir: s.dataDir, Proc: &proc.Proc{Name: s.node, Bin: cl.opts.Bin, Args: launchArgs(s),
+		Log:  filepath.Join(cl.opts.Dir, s.node+".log"),
+		Wrap: func(cmd *exec.Cmd) *exec.Cmd { return cl.opts.Net.Command(s.node, cmd) }}}
 }
 
 func brokerNode(i int) string { return fmt.Sprintf("broker-%d", i+1) }
@@ -321,8 +244,8 @@ func (cl *Cluster) Stop() {
 	}
 	for _, p := range append(append([]*Proc(nil), cl.Agents...), cl.Brokers...) {
 		if p.Running() {
-			p.cmd.Process.Signal(syscall.SIGCONT) // a paused process dies too
-			p.Signal(syscall.SIGKILL)
+			p.Signal(syscall.SIGCONT) // a paused process dies too
+			p.Kill()
 		}
 	}
 	unmountDataDirs(cl)
@@ -347,7 +270,7 @@ func (cl *Cluster) Leader(ctx context.Context) (int, error) {
 // WaitLeader polls until a running broker leads.
 func (cl *Cluster) WaitLeader(ctx context.Context, timeout time.Duration) (int, error) {
 	idx := -1
-	err := poll(ctx, timeout, func(ctx context.Context) error {
+	err := proc.Poll(ctx, timeout, func(ctx context.Context) error {
 		i, err := cl.Leader(ctx)
 		if err != nil {
 			return err
@@ -363,7 +286,7 @@ func (cl *Cluster) WaitLeader(ctx context.Context, timeout time.Duration) (int, 
 
 // WaitHosts polls until at least n hosts are ready.
 func (cl *Cluster) WaitHosts(ctx context.Context, n int, timeout time.Duration) error {
-	return poll(ctx, timeout, func(ctx context.Context) error {
+	return proc.Poll(ctx, timeout, func(ctx context.Context) error {
 		st, err := cl.Client.Pool.Status(ctx, &gpupoolv1.StatusRequest{})
 		if err != nil {
 			return err
@@ -373,30 +296,4 @@ func (cl *Cluster) WaitHosts(ctx context.Context, n int, timeout time.Duration) 
 		}
 		return nil
 	})
-}
-
-// errStopPoll, returned by poll's function, ends the poll at once.
-var errStopPoll = errors.New("stop polling")
-
-// poll calls f (each call bounded by 5s) every 50ms until it returns nil
-// or errStopPoll, or timeout passes, and returns f's last error.
-func poll(ctx context.Context, timeout time.Duration, f func(context.Context) error) error {
-	ctx, cancel := context.WithTimeout(ctx, timeout)
-	defer cancel()
-	for {
-		cctx, ccancel := context.WithTimeout(ctx, 5*time.Second)
-		err := f(cctx)
-		ccancel()
-		if err == nil || errors.Is(err, errStopPoll) {
-			return err
-		}
-		select {
-		case <-ctx.Done():
-			if errors.Is(ctx.Err(), context.DeadlineExceeded) {
-				return fmt.Errorf("after %s: %w", timeout, err)
-			}
-			return ctx.Err()
-		case <-time.After(50 * time.Millisecond):
-		}
-	}
 }

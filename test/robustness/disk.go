@@ -9,13 +9,14 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"time"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/gpupool/gpupool/internal/clock"
 	"github.com/gpupool/gpupool/internal/loopfs"
+	"github.com/gpupool/gpupool/internal/proc"
 	gpupoolv1 "github.com/gpupool/gpupool/proto/gpupool/v1"
 )
 
@@ -99,7 +100,7 @@ func unmountDataDirs(cl *Cluster) {
 // injectMore applies one of MoreFaultKinds; see Faults.inject.
 func (f *Faults) injectMore(ctx context.Context, kind string, hold time.Duration, target, leader int) error {
 	cl := f.Cluster
-	holdFor := func() { sleepCtx(ctx, hold) }
+	holdFor := func() { clock.Sleep(ctx, clock.Real, hold) }
 	switch kind {
 	case FaultSlowDiskFollower, FaultSlowDiskLeader:
 		i, delay := leader, time.Second
@@ -119,7 +120,7 @@ func (f *Faults) injectMore(ctx context.Context, kind string, hold time.Duration
 			// unless it did so less than 30 s ago (its cooldown) or no
 			// follower could take it: wait for it, at most a minute, and
 			// say which.
-			err := poll(ctx, time.Minute, func(ctx context.Context) error {
+			err := proc.Poll(ctx, time.Minute, func(ctx context.Context) error {
 				if l, err := cl.Leader(ctx); err != nil || l == i {
 					return fmt.Errorf("%s still leads with a slow disk", brokerNode(i))
 				}
@@ -152,7 +153,7 @@ func (f *Faults) injectMore(ctx context.Context, kind string, hold time.Duration
 		}
 		moved := ""
 		if i == leader {
-			err := poll(ctx, time.Minute, func(ctx context.Context) error {
+			err := proc.Poll(ctx, time.Minute, func(ctx context.Context) error {
 				if l, err := cl.Leader(ctx); err != nil || l == i {
 					return fmt.Errorf("%s still leads with a full disk", brokerNode(i))
 				}
@@ -182,7 +183,7 @@ func (f *Faults) injectMore(ctx context.Context, kind string, hold time.Duration
 	case FaultAgentRestart:
 		p := cl.Agents[target%len(cl.Agents)]
 		f.Logf("fault: %s: %s", kind, p.Node)
-		p.Signal(syscall.SIGTERM)
+		p.Stop(stopGrace)
 		f.count(kind, nil, p.Node)
 		holdFor()
 		return p.Start()
@@ -215,7 +216,7 @@ func (f *Faults) flood(ctx context.Context, hold time.Duration) (int, error) {
 			}
 		})
 	}
-	sleepCtx(ctx, hold)
+	clock.Sleep(ctx, clock.Real, hold)
 	cancel()
 	wg.Wait()
 	return int(refused.Load()), nil

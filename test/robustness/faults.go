@@ -8,6 +8,8 @@ import (
 	"sync"
 	"syscall"
 	"time"
+
+	"github.com/gpupool/gpupool/internal/clock"
 )
 
 // Fault kinds, in the summary's order.
@@ -88,7 +90,7 @@ func (f *Faults) Run(ctx context.Context) error {
 	f.mu.Unlock()
 	rng := rand.New(rand.NewPCG(f.Seed, 0xfa))
 	for n := 0; ; n++ {
-		if !sleepCtx(ctx, time.Duration(1000+rng.IntN(2000))*time.Millisecond) {
+		if !clock.Sleep(ctx, clock.Real, time.Duration(1000+rng.IntN(2000))*time.Millisecond) {
 			return nil
 		}
 		kind := FaultKinds[rng.IntN(len(FaultKinds))]
@@ -126,7 +128,7 @@ func (f *Faults) inject(ctx context.Context, kind string, hold time.Duration, ta
 		}
 		return out
 	}
-	holdFor := func() { sleepCtx(ctx, hold) }
+	holdFor := func() { clock.Sleep(ctx, clock.Real, hold) }
 	switch kind {
 	case FaultKillLeader, FaultKillFollower, FaultRestart:
 		i := leader
@@ -137,12 +139,12 @@ func (f *Faults) inject(ctx context.Context, kind string, hold time.Duration, ta
 				i = target % len(cl.Brokers)
 			}
 		}
-		sig := syscall.SIGKILL
-		if kind == FaultRestart {
-			sig = syscall.SIGTERM
-		}
 		f.Logf("fault: %s: %s", kind, brokerNode(i))
-		cl.Brokers[i].Signal(sig)
+		if kind == FaultRestart {
+			cl.Brokers[i].Stop(stopGrace)
+		} else {
+			cl.Brokers[i].Kill()
+		}
 		f.count(kind, nil, brokerNode(i))
 		holdFor()
 		return cl.Brokers[i].Start()
@@ -200,10 +202,10 @@ func (f *Faults) inject(ctx context.Context, kind string, hold time.Duration, ta
 func (f *Faults) pause(ctx context.Context, leader int, hold time.Duration) error {
 	p := f.Cluster.Brokers[leader]
 	f.Logf("fault: %s: %s", FaultPause, p.Node)
-	p.cmd.Process.Signal(syscall.SIGSTOP)
+	p.Signal(syscall.SIGSTOP)
 	f.count(FaultPause, nil, p.Node)
-	sleepCtx(ctx, hold)
-	return p.cmd.Process.Signal(syscall.SIGCONT)
+	clock.Sleep(ctx, clock.Real, hold)
+	return p.Signal(syscall.SIGCONT)
 }
 
 // recover heals the network, restarts whatever is down, and waits for a
@@ -223,16 +225,4 @@ func (f *Faults) recover(ctx context.Context) error {
 		return err
 	}
 	return f.Cluster.WaitHosts(ctx, len(f.Cluster.Agents), 60*time.Second)
-}
-
-// sleepCtx waits d or until ctx ends; it reports whether d passed.
-func sleepCtx(ctx context.Context, d time.Duration) bool {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return false
-	case <-t.C:
-		return true
-	}
 }

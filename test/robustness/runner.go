@@ -15,6 +15,8 @@ import (
 	"github.com/anishathalye/porcupine"
 	"google.golang.org/grpc"
 
+	"github.com/gpupool/gpupool/internal/clock"
+	"github.com/gpupool/gpupool/internal/proc"
 	gpupoolv1 "github.com/gpupool/gpupool/proto/gpupool/v1"
 )
 
@@ -168,7 +170,7 @@ func finalLeases(ctx context.Context, cl *Cluster) ([]*gpupoolv1.Lease, error) {
 	seen := map[string]bool{}
 	var out []*gpupoolv1.Lease
 	for _, a := range cl.Agents {
-		err := poll(ctx, 3*time.Minute, func(context.Context) error {
+		err := proc.Poll(ctx, 3*time.Minute, func(context.Context) error {
 			cctx, cancel := context.WithTimeout(ctx, time.Minute)
 			defer cancel()
 			resp, err := cl.Client.Lease.List(cctx, &gpupoolv1.ListLeasesRequest{Host: a.Node, IncludeEnded: true}, grpc.MaxCallRecvMsgSize(1<<30))
@@ -193,7 +195,7 @@ func finalLeases(ctx context.Context, cl *Cluster) ([]*gpupoolv1.Lease, error) {
 // watchLeader counts leader changes until ctx ends.
 func watchLeader(ctx context.Context, cl *Cluster) int {
 	changes, last := 0, -1
-	for sleepCtx(ctx, 200*time.Millisecond) {
+	for clock.Sleep(ctx, clock.Real, 200*time.Millisecond) {
 		i, err := cl.Leader(ctx)
 		if err != nil {
 			continue
@@ -211,7 +213,7 @@ func watchLeader(ctx context.Context, cl *Cluster) int {
 func probe(ctx context.Context, cl *Cluster) (int, []string) {
 	n := 0
 	var errs []string
-	for sleepCtx(ctx, time.Second) {
+	for clock.Sleep(ctx, clock.Real, time.Second) {
 		cctx, cancel := context.WithTimeout(ctx, 3*time.Second)
 		ls, err := cl.Client.Lease.List(cctx, &gpupoolv1.ListLeasesRequest{})
 		var ds *gpupoolv1.ListDevicesResponse

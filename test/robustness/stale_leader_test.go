@@ -10,6 +10,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 
+	"github.com/gpupool/gpupool/internal/proc"
 	gpupoolv1 "github.com/gpupool/gpupool/proto/gpupool/v1"
 )
 
@@ -113,7 +114,7 @@ func TestPartitionedLeaderRenewsNothing(t *testing.T) {
 	if err := nw.Heal(); err != nil {
 		t.Fatal(err)
 	}
-	if err := poll(ctx, 60*time.Second, func(ctx context.Context) error {
+	if err := proc.Poll(ctx, 60*time.Second, func(ctx context.Context) error {
 		r, err := keepAliveOnce(ctx, cl.Client, id)
 		switch {
 		case err != nil:

@@ -13,6 +13,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/gpupool/gpupool/client"
+	"github.com/gpupool/gpupool/internal/clock"
 	gpupoolv1 "github.com/gpupool/gpupool/proto/gpupool/v1"
 )
 
@@ -193,7 +194,7 @@ func (wk *worker) acquire(ctx context.Context) {
 	}
 	wk.w.record(r)
 	if r.Outcome == "refused" {
-		sleepCtx(ctx, 100*time.Millisecond) // back off as a real client would
+		clock.Sleep(ctx, clock.Real, 100*time.Millisecond) // back off as a real client would
 	}
 }
 

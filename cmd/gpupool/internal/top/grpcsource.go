@@ -7,6 +7,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/gpupool/gpupool/internal/clock"
 	gpupoolv1 "github.com/gpupool/gpupool/proto/gpupool/v1"
 )
 
@@ -54,18 +55,6 @@ func send(ctx context.Context, out chan<- Update, u Update) bool {
 	}
 }
 
-// sleep waits d or until ctx is done, and says whether to go on.
-func sleep(ctx context.Context, d time.Duration) bool {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-t.C:
-		return true
-	case <-ctx.Done():
-		return false
-	}
-}
-
 func (s *GRPCSource) poll(ctx context.Context, out chan<- Update) {
 	interval := s.Interval
 	if interval <= 0 {
@@ -102,7 +91,7 @@ func (s *GRPCSource) poll(ctx context.Context, out chan<- Update) {
 		if err == nil && !send(ctx, out, QueueUpdate{Pending: q.Leases}) {
 			return
 		}
-		if !(ok && result("queue", err)) || !sleep(ctx, interval) {
+		if !(ok && result("queue", err)) || !clock.Sleep(ctx, clock.Real, interval) {
 			return
 		}
 	}
@@ -191,7 +180,7 @@ func resubscribe(ctx context.Context, out chan<- Update, what, ended string, fol
 		if errors.Is(err, io.EOF) {
 			err = errors.New(ended)
 		}
-		if !send(ctx, out, ErrorUpdate{What: what, Err: err}) || !sleep(ctx, b.next()) {
+		if !send(ctx, out, ErrorUpdate{What: what, Err: err}) || !clock.Sleep(ctx, clock.Real, b.next()) {
 			return
 		}
 	}

@@ -1,4 +1,4 @@
-package benchproc
+package report
 
 import (
 	"fmt"

@@ -1,4 +1,4 @@
-package k8sinit
+package initjobs
 
 import (
 	"context"

@@ -1,4 +1,4 @@
-package k8s
+package controller
 
 import (
 	"context"
@@ -25,6 +25,8 @@ import (
 	"k8s.io/client-go/tools/cache"
 
 	"github.com/gpupool/gpupool/client"
+	"github.com/gpupool/gpupool/k8s/driver"
+	"github.com/gpupool/gpupool/k8s/internal/k8stest"
 	gpupoolv1 "github.com/gpupool/gpupool/proto/gpupool/v1"
 	"github.com/gpupool/gpupool/protocol"
 )
@@ -309,7 +311,7 @@ func startBinder(t *testing.T, broker Broker, objs ...runtime.Object) *binderEnv
 }
 
 func newBinderEnv(broker Broker, objs ...runtime.Object) *binderEnv {
-	res := BuildResources([]*gpupoolv1.Host{readyHost("h1", 4)}, nil, PublisherConfig{NodeSelector: DefaultNodeSelector()})
+	res := BuildResources([]*gpupoolv1.Host{k8stest.ReadyHost("h1", 4)}, nil, PublisherConfig{NodeSelector: DefaultNodeSelector()})
 	return &binderEnv{kube: newFakeKube(append(sliceObjects(res), objs...)...), broker: broker, rec: &recorder{}}
 }
 
@@ -349,14 +351,14 @@ func allocatedClaim(name, uid string, shares []testShare, pods ...string) *resou
 func setAllocation(c *resourceapi.ResourceClaim, shares []testShare) {
 	c.Status.Allocation = &resourceapi.AllocationResult{}
 	for _, s := range shares {
-		r := resourceapi.DeviceRequestAllocationResult{Request: "gpu", Driver: DriverName, Pool: "h1", Device: s.device,
-			BindingConditions: []string{ConditionLeased}, BindingFailureConditions: []string{ConditionLeaseFailed}}
+		r := resourceapi.DeviceRequestAllocationResult{Request: "gpu", Driver: driver.Name, Pool: "h1", Device: s.device,
+			BindingConditions: []string{driver.ConditionLeased}, BindingFailureConditions: []string{driver.ConditionLeaseFailed}}
 		if s.shareID != "" {
 			r.ShareID = (*types.UID)(&s.shareID)
 		}
 		if s.memory != "" {
 			r.ConsumedCapacity = map[resourceapi.QualifiedName]resource.Quantity{
-				CapacityMemory: resource.MustParse(s.memory), CapacityCompute: resource.MustParse(s.compute)}
+				driver.CapacityMemory: resource.MustParse(s.memory), driver.CapacityCompute: resource.MustParse(s.compute)}
 		}
 		c.Status.Allocation.Devices.Results = append(c.Status.Allocation.Devices.Results, r)
 	}
@@ -394,7 +396,7 @@ func (e *binderEnv) claimStatus(name string) (*resourceapi.ResourceClaim, string
 func (e *binderEnv) waitDevice(t *testing.T, name, device, cond string) resourceapi.AllocatedDeviceStatus {
 	t.Helper()
 	var got resourceapi.AllocatedDeviceStatus
-	eventually(t, fmt.Sprintf("claim %s device %s %s=True", name, device, cond), func() (bool, string) {
+	k8stest.Eventually(t, fmt.Sprintf("claim %s device %s %s=True", name, device, cond), func() (bool, string) {
 		c, desc := e.claimStatus(name)
 		if c == nil {
 			return false, desc
@@ -415,33 +417,33 @@ func TestBinderLeasesExactlyTheAllocatedDevice(t *testing.T) {
 		name string
 		s    testShare
 		want *gpupoolv1.LeaseRequest // Count, Tenant, TtlMs and Holder are checked for all
-		data DeviceStatusData
+		data driver.DeviceStatusData
 	}{
 		{"a fractional share asks for its memory and compute on that GPU",
 			testShare{device: "gpu-h1-2", shareID: shareA, memory: "20Gi", compute: "25"},
 			&gpupoolv1.LeaseRequest{MemoryMib: 20480, ComputePercent: 25, RequestId: claimUID + "/" + shareA,
 				Constraints: &gpupoolv1.Constraints{Host: "h1", Devices: []string{"GPU-h1-2"}}},
-			DeviceStatusData{Host: "h1", AgentAddress: "10.0.0.1:7650", CertSHA256: "c3a1", MemoryMiB: 20480, ComputePercent: 25}},
+			driver.DeviceStatusData{Host: "h1", AgentAddress: "10.0.0.1:7650", CertSHA256: "c3a1", MemoryMiB: 20480, ComputePercent: 25}},
 		{"memory that is not whole MiB is rounded up",
 			testShare{device: "gpu-h1-0", shareID: shareA, memory: "1500000", compute: "1"},
 			&gpupoolv1.LeaseRequest{MemoryMib: 2, ComputePercent: 1, RequestId: claimUID + "/" + shareA,
 				Constraints: &gpupoolv1.Constraints{Host: "h1", Devices: []string{"GPU-h1-0"}}},
-			DeviceStatusData{Host: "h1", AgentAddress: "10.0.0.1:7650", CertSHA256: "c3a1", MemoryMiB: 2, ComputePercent: 1}},
+			driver.DeviceStatusData{Host: "h1", AgentAddress: "10.0.0.1:7650", CertSHA256: "c3a1", MemoryMiB: 2, ComputePercent: 1}},
 		{"a share of the whole GPU is exclusive",
 			testShare{device: "gpu-h1-1", shareID: shareA, memory: "80Gi", compute: "100"},
 			&gpupoolv1.LeaseRequest{Exclusive: true, RequestId: claimUID + "/" + shareA,
 				Constraints: &gpupoolv1.Constraints{Host: "h1", Devices: []string{"GPU-h1-1"}}},
-			DeviceStatusData{Host: "h1", AgentAddress: "10.0.0.1:7650", CertSHA256: "c3a1", MemoryMiB: 81920, ComputePercent: 100}},
+			driver.DeviceStatusData{Host: "h1", AgentAddress: "10.0.0.1:7650", CertSHA256: "c3a1", MemoryMiB: 81920, ComputePercent: 100}},
 		{"a device without shareID or consumed capacity is whole, named by its pool and device",
 			testShare{device: "gpu-h1-3"},
 			&gpupoolv1.LeaseRequest{Exclusive: true, RequestId: claimUID + "/h1/gpu-h1-3",
 				Constraints: &gpupoolv1.Constraints{Host: "h1", Devices: []string{"GPU-h1-3"}}},
-			DeviceStatusData{Host: "h1", AgentAddress: "10.0.0.1:7650", CertSHA256: "c3a1", MemoryMiB: 81920, ComputePercent: 100}},
+			driver.DeviceStatusData{Host: "h1", AgentAddress: "10.0.0.1:7650", CertSHA256: "c3a1", MemoryMiB: 81920, ComputePercent: 100}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			b := newFakeBroker(4)
 			e := startBinder(t, b, allocatedClaim("train", claimUID, []testShare{tc.s}))
-			ds := e.waitDevice(t, "train", tc.s.device, ConditionLeased)
+			ds := e.waitDevice(t, "train", tc.s.device, driver.ConditionLeased)
 
 			reqs, _, _ := b.snapshot()
 			want := proto.CloneOf(tc.want)
@@ -449,7 +451,7 @@ func TestBinderLeasesExactlyTheAllocatedDevice(t *testing.T) {
 			if len(reqs) == 0 || !proto.Equal(reqs[0], want) {
 				t.Fatalf("broker got %v, want %v", reqs, want)
 			}
-			var data DeviceStatusData
+			var data driver.DeviceStatusData
 			if err := json.Unmarshal(ds.Data.Raw, &data); err != nil {
 				t.Fatalf("status data %s: %v", ds.Data.Raw, err)
 			}
@@ -457,7 +459,7 @@ func TestBinderLeasesExactlyTheAllocatedDevice(t *testing.T) {
 			if data != tc.data {
 				t.Errorf("status data %+v, want %+v", data, tc.data)
 			}
-			if meta.FindStatusCondition(ds.Conditions, ConditionLeaseFailed) != nil || (tc.s.shareID != "" && (ds.ShareID == nil || *ds.ShareID != tc.s.shareID)) {
+			if meta.FindStatusCondition(ds.Conditions, driver.ConditionLeaseFailed) != nil || (tc.s.shareID != "" && (ds.ShareID == nil || *ds.ShareID != tc.s.shareID)) {
 				t.Errorf("device status %+v: want Leased only, for share %q", ds, tc.s.shareID)
 			}
 			if b.state("l-1") != granted {
@@ -474,11 +476,11 @@ func TestBinderRetriesWithTheSameRequestIDAndOnePerShare(t *testing.T) {
 		{device: "gpu-h1-0", shareID: shareA, memory: "20Gi", compute: "25"},
 		{device: "gpu-h1-0", shareID: shareB, memory: "20Gi", compute: "25"},
 	}))
-	eventually(t, "both shares leased", func() (bool, string) {
+	k8stest.Eventually(t, "both shares leased", func() (bool, string) {
 		c, desc := e.claimStatus("two")
 		return c != nil && len(c.Status.Devices) == 2 &&
-			meta.IsStatusConditionTrue(c.Status.Devices[0].Conditions, ConditionLeased) &&
-			meta.IsStatusConditionTrue(c.Status.Devices[1].Conditions, ConditionLeased), desc
+			meta.IsStatusConditionTrue(c.Status.Devices[0].Conditions, driver.ConditionLeased) &&
+			meta.IsStatusConditionTrue(c.Status.Devices[1].Conditions, driver.ConditionLeased), desc
 	})
 	reqs, _, _ := b.snapshot()
 	var ids []string
@@ -541,12 +543,12 @@ func TestBinderReportsRefusalsAsLeaseFailed(t *testing.T) {
 				tc.prep(b)
 			}
 			e := startBinder(t, b, allocatedClaim("c", claimUID, []testShare{tc.s}, "pod-1"))
-			ds := e.waitDevice(t, "c", tc.s.device, ConditionLeaseFailed)
-			failed := meta.FindStatusCondition(ds.Conditions, ConditionLeaseFailed)
+			ds := e.waitDevice(t, "c", tc.s.device, driver.ConditionLeaseFailed)
+			failed := meta.FindStatusCondition(ds.Conditions, driver.ConditionLeaseFailed)
 			if failed.Reason != tc.wantReason || failed.Message != tc.wantMessage {
 				t.Errorf("LeaseFailed %s: %q, want %s: %q", failed.Reason, failed.Message, tc.wantReason, tc.wantMessage)
 			}
-			if meta.IsStatusConditionTrue(ds.Conditions, ConditionLeased) {
+			if meta.IsStatusConditionTrue(ds.Conditions, driver.ConditionLeased) {
 				t.Errorf("Leased is true next to LeaseFailed: %+v", ds.Conditions)
 			}
 			if evs := e.rec.all(); len(evs) != 0 {
@@ -571,10 +573,10 @@ func TestBinderRetriesUnavailableBrokersWithoutFailingTheClaim(t *testing.T) {
 		return false, nil, nil
 	})
 	e.start(t)
-	e.waitDevice(t, "c", "gpu-h1-0", ConditionLeased)
+	e.waitDevice(t, "c", "gpu-h1-0", driver.ConditionLeased)
 	close(kubeWrites)
 	for w := range kubeWrites {
-		if w == ConditionLeaseFailed+"=True" {
+		if w == driver.ConditionLeaseFailed+"=True" {
 			t.Errorf("the binder wrote %s while the brokers were unavailable", w)
 		}
 	}
@@ -600,12 +602,12 @@ func TestBinderReleasesWhenTheClaimIsDeallocatedOrDeleted(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			b := newFakeBroker(1)
 			e := startBinder(t, b, allocatedClaim("c", claimUID, []testShare{{device: "gpu-h1-0", shareID: shareA, memory: "1Gi", compute: "10"}}))
-			e.waitDevice(t, "c", "gpu-h1-0", ConditionLeased)
+			e.waitDevice(t, "c", "gpu-h1-0", driver.ConditionLeased)
 			c, _ := e.claimStatus("c")
 			if err := tc.end(e, c); err != nil {
 				t.Fatal(err)
 			}
-			eventually(t, "lease l-1 released", func() (bool, string) {
+			k8stest.Eventually(t, "lease l-1 released", func() (bool, string) {
 				return b.state("l-1") == gpupoolv1.LeaseState_LEASE_STATE_RELEASED, b.state("l-1").String()
 			})
 		})
@@ -616,7 +618,7 @@ func TestBinderHandlesANewAllocationAfresh(t *testing.T) {
 	b := newFakeBroker(2)
 	b.add(&gpupoolv1.Lease{Id: "l-ml", Tenant: "ml", Slices: []*gpupoolv1.Slice{{Host: "h1", Device: "GPU-h1-0", MemoryMib: 81920, ComputePercent: 100, Exclusive: true}}})
 	e := startBinder(t, b, allocatedClaim("c", claimUID, []testShare{{device: "gpu-h1-0", shareID: shareA, memory: "20Gi", compute: "25"}}))
-	e.waitDevice(t, "c", "gpu-h1-0", ConditionLeaseFailed)
+	e.waitDevice(t, "c", "gpu-h1-0", driver.ConditionLeaseFailed)
 
 	// The scheduler gives the allocation up and allocates another GPU.
 	c, _ := e.claimStatus("c")
@@ -629,7 +631,7 @@ func TestBinderHandlesANewAllocationAfresh(t *testing.T) {
 	if _, err := e.kube.ResourceV1().ResourceClaims(testNS).UpdateStatus(context.Background(), c, metav1.UpdateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	ds := e.waitDevice(t, "c", "gpu-h1-1", ConditionLeased)
+	ds := e.waitDevice(t, "c", "gpu-h1-1", driver.ConditionLeased)
 	if *ds.ShareID != shareB {
 		t.Errorf("status for share %s, want %s", *ds.ShareID, shareB)
 	}
@@ -641,15 +643,15 @@ func TestBinderHandlesANewAllocationAfresh(t *testing.T) {
 func TestBinderReportsALeaseEndingUnderARunningPod(t *testing.T) {
 	b := newFakeBroker(1)
 	e := startBinder(t, b, allocatedClaim("c", claimUID, []testShare{{device: "gpu-h1-0", shareID: shareA, memory: "20Gi", compute: "25"}}, "web-0", "web-1"))
-	e.waitDevice(t, "c", "gpu-h1-0", ConditionLeased)
+	e.waitDevice(t, "c", "gpu-h1-0", driver.ConditionLeased)
 
 	b.revoke("l-1", "revoked by an operator")
-	ds := e.waitDevice(t, "c", "gpu-h1-0", ConditionLeaseFailed)
-	leased := meta.FindStatusCondition(ds.Conditions, ConditionLeased)
+	ds := e.waitDevice(t, "c", "gpu-h1-0", driver.ConditionLeaseFailed)
+	leased := meta.FindStatusCondition(ds.Conditions, driver.ConditionLeased)
 	if leased.Status != metav1.ConditionFalse || leased.Reason != ReasonLeaseEnded || !strings.Contains(leased.Message, "revoked by an operator") {
 		t.Errorf("Leased %s %s %q, want False %s with the reason", leased.Status, leased.Reason, leased.Message, ReasonLeaseEnded)
 	}
-	eventually(t, "an event on each pod", func() (bool, string) {
+	k8stest.Eventually(t, "an event on each pod", func() (bool, string) {
 		evs := e.rec.all()
 		return len(evs) == 2, fmt.Sprint(evs)
 	})
@@ -687,9 +689,9 @@ func TestBinderTakesOverAndReleasesOrphansAtStart(t *testing.T) {
 	b.add(&gpupoolv1.Lease{Id: "l-other", Tenant: "ml", RequestId: goneUID + "/" + shareA, Slices: slice})
 
 	e := startBinder(t, b, allocatedClaim("c", claimUID, []testShare{{device: "gpu-h1-0", shareID: shareA, memory: "1Gi", compute: "10"}}))
-	ds := e.waitDevice(t, "c", "gpu-h1-0", ConditionLeased)
+	ds := e.waitDevice(t, "c", "gpu-h1-0", driver.ConditionLeased)
 
-	var data DeviceStatusData
+	var data driver.DeviceStatusData
 	if err := json.Unmarshal(ds.Data.Raw, &data); err != nil || data.LeaseID != "l-live" {
 		t.Errorf("status data %s, want the taken-over lease l-live", ds.Data.Raw)
 	}
@@ -720,15 +722,15 @@ func (f *fakeBroker) dropHandles(id string) {
 func TestBinderRenewsAgainALeaseItLostTouchWith(t *testing.T) {
 	b := newFakeBroker(1)
 	e := startBinder(t, b, allocatedClaim("c", claimUID, []testShare{{device: "gpu-h1-0", shareID: shareA, memory: "20Gi", compute: "25"}}, "web-0"))
-	e.waitDevice(t, "c", "gpu-h1-0", ConditionLeased)
+	e.waitDevice(t, "c", "gpu-h1-0", driver.ConditionLeased)
 
 	b.dropHandles("l-1")
-	eventually(t, "the binder to attach to l-1 again", func() (bool, string) {
+	k8stest.Eventually(t, "the binder to attach to l-1 again", func() (bool, string) {
 		_, attached, _ := b.snapshot()
 		return fmt.Sprint(attached) == "[l-1]", fmt.Sprint(attached)
 	})
-	ds := e.waitDevice(t, "c", "gpu-h1-0", ConditionLeased)
-	if meta.FindStatusCondition(ds.Conditions, ConditionLeaseFailed) != nil || len(e.rec.all()) != 0 {
+	ds := e.waitDevice(t, "c", "gpu-h1-0", driver.ConditionLeased)
+	if meta.FindStatusCondition(ds.Conditions, driver.ConditionLeaseFailed) != nil || len(e.rec.all()) != 0 {
 		t.Errorf("conditions %+v, events %q: want Leased alone and no event, the lease never ended", ds.Conditions, e.rec.all())
 	}
 	if reqs, _, _ := b.snapshot(); len(reqs) != 1 || b.state("l-1") != granted {
@@ -755,10 +757,10 @@ func TestHolderFitsTheBrokersLimit(t *testing.T) {
 }
 
 func TestBinderLeasesFromARealBroker(t *testing.T) {
-	c := startBroker(t)
+	c := k8stest.StartBroker(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	h := readyHost("h1", 4)
+	h := k8stest.ReadyHost("h1", 4)
 	h.Address = "127.0.0.1:1"
 	if _, err := c.Agent.Register(ctx, &gpupoolv1.RegisterRequest{Host: h}); err != nil {
 		t.Fatal(err)
@@ -767,8 +769,8 @@ func TestBinderLeasesFromARealBroker(t *testing.T) {
 		allocatedClaim("frac", claimUID, []testShare{{device: "gpu-h1-2", shareID: shareA, memory: "20Gi", compute: "25"}}),
 		allocatedClaim("huge", "3c2b1a09-8f7e-4d6c-9b5a-4e3d2c1b0a99", []testShare{{device: "gpu-h1-3", shareID: shareB, memory: "100Gi", compute: "25"}}))
 
-	ds := e.waitDevice(t, "frac", "gpu-h1-2", ConditionLeased)
-	var data DeviceStatusData
+	ds := e.waitDevice(t, "frac", "gpu-h1-2", driver.ConditionLeased)
+	var data driver.DeviceStatusData
 	if err := json.Unmarshal(ds.Data.Raw, &data); err != nil {
 		t.Fatal(err)
 	}
@@ -782,15 +784,15 @@ func TestBinderLeasesFromARealBroker(t *testing.T) {
 		t.Errorf("lease %v with data %+v: want 20480 MiB and 25%% of GPU-h1-2 for tenant k8s and request %s/%s", l, data, claimUID, shareA)
 	}
 
-	ds = e.waitDevice(t, "huge", "gpu-h1-3", ConditionLeaseFailed)
-	if f := meta.FindStatusCondition(ds.Conditions, ConditionLeaseFailed); f.Reason != "FailedPrecondition" || !strings.Contains(f.Message, "102400 MiB") {
+	ds = e.waitDevice(t, "huge", "gpu-h1-3", driver.ConditionLeaseFailed)
+	if f := meta.FindStatusCondition(ds.Conditions, driver.ConditionLeaseFailed); f.Reason != "FailedPrecondition" || !strings.Contains(f.Message, "102400 MiB") {
 		t.Errorf("LeaseFailed %s: %q, want the brokers' reason for 100Gi on an 80Gi GPU", f.Reason, f.Message)
 	}
 
 	if err := e.kube.ResourceV1().ResourceClaims(testNS).Delete(ctx, "frac", metav1.DeleteOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, "the lease released", func() (bool, string) {
+	k8stest.Eventually(t, "the lease released", func() (bool, string) {
 		got, err := c.Lease.Get(ctx, &gpupoolv1.GetLeaseRequest{LeaseId: data.LeaseID})
 		return err == nil && got.Lease.State != granted, fmt.Sprint(got.GetLease().GetState(), err)
 	})
@@ -806,14 +808,14 @@ func TestBinderListsAFailedShareOfAGPUBeforeALeasedOne(t *testing.T) {
 		{device: "gpu-h1-0", shareID: shareA, memory: "20Gi", compute: "25"},
 		{device: "gpu-h1-0", shareID: shareB, memory: "20Gi", compute: "25"},
 	}, "pod-1"))
-	e.waitDevice(t, "c", "gpu-h1-0", ConditionLeaseFailed)
-	eventually(t, "both shares reported", func() (bool, string) {
+	e.waitDevice(t, "c", "gpu-h1-0", driver.ConditionLeaseFailed)
+	k8stest.Eventually(t, "both shares reported", func() (bool, string) {
 		c, desc := e.claimStatus("c")
 		return c != nil && len(c.Status.Devices) == 2, desc
 	})
 	c, desc := e.claimStatus("c")
-	if !meta.IsStatusConditionTrue(c.Status.Devices[0].Conditions, ConditionLeaseFailed) ||
-		!meta.IsStatusConditionTrue(c.Status.Devices[1].Conditions, ConditionLeased) {
+	if !meta.IsStatusConditionTrue(c.Status.Devices[0].Conditions, driver.ConditionLeaseFailed) ||
+		!meta.IsStatusConditionTrue(c.Status.Devices[1].Conditions, driver.ConditionLeased) {
 		t.Fatalf("status.devices: %s; want the failed share first, then the leased one", desc)
 	}
 }
@@ -875,11 +877,11 @@ func TestBinderWaitsForEveryShareOfAGPUBeforeLeased(t *testing.T) {
 			}, "pod-1"))
 			writes := e.statusWrites()
 			e.start(t)
-			eventually(t, "both shares leased", func() (bool, string) {
+			k8stest.Eventually(t, "both shares leased", func() (bool, string) {
 				c, desc := e.claimStatus("c")
 				return c != nil && len(c.Status.Devices) == 2 &&
-					meta.IsStatusConditionTrue(c.Status.Devices[0].Conditions, ConditionLeased) &&
-					meta.IsStatusConditionTrue(c.Status.Devices[1].Conditions, ConditionLeased), desc
+					meta.IsStatusConditionTrue(c.Status.Devices[0].Conditions, driver.ConditionLeased) &&
+					meta.IsStatusConditionTrue(c.Status.Devices[1].Conditions, driver.ConditionLeased), desc
 			})
 
 			waited := false
@@ -887,13 +889,13 @@ func TestBinderWaitsForEveryShareOfAGPUBeforeLeased(t *testing.T) {
 				leased, settled := 0, 0
 				for _, d := range devs {
 					switch {
-					case meta.IsStatusConditionTrue(d.Conditions, ConditionLeased):
+					case meta.IsStatusConditionTrue(d.Conditions, driver.ConditionLeased):
 						leased++
 						settled++
-					case meta.IsStatusConditionTrue(d.Conditions, ConditionLeaseFailed):
+					case meta.IsStatusConditionTrue(d.Conditions, driver.ConditionLeaseFailed):
 						settled++
 					}
-					if c := meta.FindStatusCondition(d.Conditions, ConditionLeased); c != nil && c.Reason == ReasonWaitingForOtherShares {
+					if c := meta.FindStatusCondition(d.Conditions, driver.ConditionLeased); c != nil && c.Reason == ReasonWaitingForOtherShares {
 						waited = c.Status == metav1.ConditionFalse || waited
 					}
 				}
@@ -944,15 +946,15 @@ func TestBinderReportsRepeatedBrokerErrorsWithoutFailingTheClaim(t *testing.T) {
 			e := newBinderEnv(b, allocatedClaim("c", claimUID, []testShare{{device: "gpu-h1-0", shareID: shareA, memory: "1Gi", compute: "10"}}, "pod-1"))
 			writes := e.statusWrites()
 			e.start(t)
-			e.waitDevice(t, "c", "gpu-h1-0", ConditionLeased)
+			e.waitDevice(t, "c", "gpu-h1-0", driver.ConditionLeased)
 
 			var got []string
 			for i, devs := range writes() {
 				for _, d := range devs {
-					if meta.FindStatusCondition(d.Conditions, ConditionLeaseFailed) != nil {
+					if meta.FindStatusCondition(d.Conditions, driver.ConditionLeaseFailed) != nil {
 						t.Errorf("write %d: %s: LeaseFailed for an error that is no refusal", i, describeDevices(devs))
 					}
-					if c := meta.FindStatusCondition(d.Conditions, ConditionLeased); c != nil && c.Reason == ReasonBrokerError {
+					if c := meta.FindStatusCondition(d.Conditions, driver.ConditionLeased); c != nil && c.Reason == ReasonBrokerError {
 						if c.Status != metav1.ConditionFalse {
 							t.Errorf("write %d: Leased=%s with reason %s", i, c.Status, c.Reason)
 						}
@@ -1008,13 +1010,13 @@ func TestBinderTakesOverALeaseOfAWholeDevice(t *testing.T) {
 	b.add(&gpupoolv1.Lease{Id: "l-live", Tenant: DefaultTenant, RequestId: claimUID + "/h1/gpu-h1-0", Slices: slice})
 	b.add(&gpupoolv1.Lease{Id: "l-h2", Tenant: DefaultTenant, RequestId: claimUID + "/h2/gpu-h1-0", Slices: slice})
 	e := startBinder(t, b, allocatedClaim("c", claimUID, []testShare{{device: "gpu-h1-0"}}))
-	ds := e.waitDevice(t, "c", "gpu-h1-0", ConditionLeased)
+	ds := e.waitDevice(t, "c", "gpu-h1-0", driver.ConditionLeased)
 
-	var data DeviceStatusData
+	var data driver.DeviceStatusData
 	if err := json.Unmarshal(ds.Data.Raw, &data); err != nil || data.LeaseID != "l-live" {
 		t.Errorf("status data %s, want the taken-over lease l-live", ds.Data.Raw)
 	}
-	eventually(t, "l-h2 released", func() (bool, string) {
+	k8stest.Eventually(t, "l-h2 released", func() (bool, string) {
 		return b.state("l-h2") == gpupoolv1.LeaseState_LEASE_STATE_RELEASED, b.state("l-h2").String()
 	})
 	if reqs, attached, _ := b.snapshot(); len(reqs) != 0 || fmt.Sprint(attached) != "[l-live]" {
@@ -1076,7 +1078,7 @@ func TestBinderCountsUnpublishedDevicesByRequest(t *testing.T) {
 			if len(c.Status.Devices) != 1 {
 				t.Fatalf("status %s, want gpu-9 LeaseFailed", desc)
 			}
-			if f := meta.FindStatusCondition(c.Status.Devices[0].Conditions, ConditionLeaseFailed); f == nil || f.Reason != ReasonDeviceNotPublished {
+			if f := meta.FindStatusCondition(c.Status.Devices[0].Conditions, driver.ConditionLeaseFailed); f == nil || f.Reason != ReasonDeviceNotPublished {
 				t.Errorf("status %s, want LeaseFailed %s", desc, ReasonDeviceNotPublished)
 			}
 		})

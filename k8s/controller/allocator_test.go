@@ -1,4 +1,4 @@
-package k8s
+package controller
 
 import (
 	"context"
@@ -16,6 +16,8 @@ import (
 	"k8s.io/dynamic-resource-allocation/cel"
 	"k8s.io/dynamic-resource-allocation/structured"
 
+	"github.com/gpupool/gpupool/k8s/driver"
+	"github.com/gpupool/gpupool/k8s/internal/k8stest"
 	gpupoolv1 "github.com/gpupool/gpupool/proto/gpupool/v1"
 )
 
@@ -23,9 +25,9 @@ import (
 type classes struct{}
 
 var gpuClass = &resourceapi.DeviceClass{
-	ObjectMeta: metav1.ObjectMeta{Name: DriverName},
+	ObjectMeta: metav1.ObjectMeta{Name: driver.Name},
 	Spec: resourceapi.DeviceClassSpec{Selectors: []resourceapi.DeviceSelector{{
-		CEL: &resourceapi.CELDeviceSelector{Expression: `device.driver == "` + DriverName + `"`},
+		CEL: &resourceapi.CELDeviceSelector{Expression: `device.driver == "` + driver.Name + `"`},
 	}}},
 }
 
@@ -33,7 +35,7 @@ func (classes) List() ([]*resourceapi.DeviceClass, error) {
 	return []*resourceapi.DeviceClass{gpuClass}, nil
 }
 func (classes) Get(name string) (*resourceapi.DeviceClass, error) {
-	if name != DriverName {
+	if name != driver.Name {
 		return nil, apierrors.NewNotFound(resourceapi.Resource("deviceclasses"), name)
 	}
 	return gpuClass, nil
@@ -42,7 +44,7 @@ func (classes) Get(name string) (*resourceapi.DeviceClass, error) {
 // gpuClaim asks for one GPU with capacity requests (none: the defaults).
 func gpuClaim(name string, requests map[string]string) *resourceapi.ResourceClaim {
 	req := resourceapi.DeviceRequest{Name: "gpu", Exactly: &resourceapi.ExactDeviceRequest{
-		DeviceClassName: DriverName, AllocationMode: resourceapi.DeviceAllocationModeExactCount, Count: 1,
+		DeviceClassName: driver.Name, AllocationMode: resourceapi.DeviceAllocationModeExactCount, Count: 1,
 	}}
 	if len(requests) > 0 {
 		req.Exactly.Capacity = &resourceapi.CapacityRequirements{Requests: map[resourceapi.QualifiedName]resource.Quantity{}}
@@ -91,7 +93,7 @@ func allocate(t *testing.T, hosts []*gpupoolv1.Host, leases []*gpupoolv1.Lease, 
 			if d.ShareID == nil || fmt.Sprint(d.BindingConditions) != "[Leased]" || fmt.Sprint(d.BindingFailureConditions) != "[LeaseFailed]" {
 				t.Errorf("result %+v: want a shareID and the binding conditions", d)
 			}
-			mem, compute := d.ConsumedCapacity[CapacityMemory], d.ConsumedCapacity[CapacityCompute]
+			mem, compute := d.ConsumedCapacity[driver.CapacityMemory], d.ConsumedCapacity[driver.CapacityCompute]
 			out = append(out, fmt.Sprintf("%s/%s memory=%s compute=%s", d.Pool, d.Device, mem.String(), compute.String()))
 		}
 	}
@@ -99,7 +101,7 @@ func allocate(t *testing.T, hosts []*gpupoolv1.Host, leases []*gpupoolv1.Lease, 
 }
 
 func TestTheSchedulersAllocatorSharesPublishedGPUs(t *testing.T) {
-	oneGPU := []*gpupoolv1.Host{readyHost("h1", 1)}
+	oneGPU := []*gpupoolv1.Host{k8stest.ReadyHost("h1", 1)}
 	frac := map[string]string{"memory": "20Gi", "compute": "25"}
 	for _, tc := range []struct {
 		name   string
@@ -136,10 +138,10 @@ func TestTheSchedulersAllocatorSharesPublishedGPUs(t *testing.T) {
 			oneGPU, []*gpupoolv1.Lease{lease("ml", granted, "GPU-h1-0", 20480, 25, false)}, []*resourceapi.ResourceClaim{gpuClaim("a", map[string]string{"memory": "60Gi", "compute": "75"})},
 			"h1/gpu-h1-0 memory=60Gi compute=75"},
 		{"a GPU held whole outside Kubernetes is skipped for the next",
-			[]*gpupoolv1.Host{readyHost("h1", 2)}, []*gpupoolv1.Lease{lease("ml", granted, "GPU-h1-0", 81920, 100, true)}, []*resourceapi.ResourceClaim{gpuClaim("a", frac)},
+			[]*gpupoolv1.Host{k8stest.ReadyHost("h1", 2)}, []*gpupoolv1.Lease{lease("ml", granted, "GPU-h1-0", 81920, 100, true)}, []*resourceapi.ResourceClaim{gpuClaim("a", frac)},
 			"h1/gpu-h1-1 memory=20Gi compute=25"},
 		{"a draining host's GPUs are not allocatable",
-			[]*gpupoolv1.Host{withStatus(readyHost("h1", 1), gpupoolv1.HostStatus_HOST_STATUS_DRAINING, "drain requested")}, nil, []*resourceapi.ResourceClaim{gpuClaim("a", frac)},
+			[]*gpupoolv1.Host{withStatus(k8stest.ReadyHost("h1", 1), gpupoolv1.HostStatus_HOST_STATUS_DRAINING, "drain requested")}, nil, []*resourceapi.ResourceClaim{gpuClaim("a", frac)},
 			""},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

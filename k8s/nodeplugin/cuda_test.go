@@ -1,4 +1,4 @@
-package k8s
+package nodeplugin
 
 import (
 	"bytes"
@@ -17,6 +17,7 @@ import (
 	cdispec "tags.cncf.io/container-device-interface/specs-go"
 
 	"github.com/gpupool/gpupool/client"
+	"github.com/gpupool/gpupool/k8s/internal/k8stest"
 )
 
 func TestWithTheShimAClaimsCDIDeviceCarriesItAndItsCUDASocketUntilTheLeaseEnds(t *testing.T) {
@@ -70,7 +71,7 @@ func TestWithTheShimAClaimsCDIDeviceCarriesItAndItsCUDASocketUntilTheLeaseEnds(t
 	n.brokers.waitAttach(t, "l-1")
 	n.brokers.end("l-1", "released by user")
 	n.brokers.lease("l-1").stop(client.ErrLeaseEnded)
-	eventually(t, "prepare to refuse the claim of an ended lease", func() (bool, string) {
+	k8stest.Eventually(t, "prepare to refuse the claim of an ended lease", func() (bool, string) {
 		e := n.prepare(t, claim)[uid1].GetError()
 		return strings.Contains(e, "lease ended: released by user"), "prepare error " + e
 	})

@@ -1,4 +1,4 @@
-package k8s
+package nodeplugin
 
 import (
 	"context"
@@ -30,6 +30,8 @@ import (
 	"tags.cncf.io/container-device-interface/pkg/cdi"
 
 	"github.com/gpupool/gpupool/client"
+	"github.com/gpupool/gpupool/k8s/driver"
+	"github.com/gpupool/gpupool/k8s/internal/k8stest"
 	gpupoolv1 "github.com/gpupool/gpupool/proto/gpupool/v1"
 )
 
@@ -175,10 +177,10 @@ type testDevice struct {
 
 // leasedDevice is a device the binder leased as lease id.
 func leasedDevice(request, pool, device, id string, memMiB int64, compute int32) testDevice {
-	raw, _ := json.Marshal(DeviceStatusData{LeaseID: id, Host: pool, AgentAddress: "10.0.0.7:7650", CertSHA256: "9f86",
+	raw, _ := json.Marshal(driver.DeviceStatusData{LeaseID: id, Host: pool, AgentAddress: "10.0.0.7:7650", CertSHA256: "9f86",
 		MemoryMiB: memMiB, ComputePercent: compute})
-	return testDevice{request, pool, device, &resourceapi.AllocatedDeviceStatus{Driver: DriverName, Pool: pool, Device: device,
-		Conditions: []metav1.Condition{{Type: ConditionLeased, Status: metav1.ConditionTrue, Reason: "LeaseGranted"}},
+	return testDevice{request, pool, device, &resourceapi.AllocatedDeviceStatus{Driver: driver.Name, Pool: pool, Device: device,
+		Conditions: []metav1.Condition{{Type: driver.ConditionLeased, Status: metav1.ConditionTrue, Reason: "LeaseGranted"}},
 		Data:       &runtime.RawExtension{Raw: raw}}}
 }
 
@@ -187,7 +189,7 @@ func newClaim(uid string, devices ...testDevice) *resourceapi.ResourceClaim {
 	c.Status.Allocation = &resourceapi.AllocationResult{}
 	for _, d := range devices {
 		c.Status.Allocation.Devices.Results = append(c.Status.Allocation.Devices.Results,
-			resourceapi.DeviceRequestAllocationResult{Request: d.request, Driver: DriverName, Pool: d.pool, Device: d.device})
+			resourceapi.DeviceRequestAllocationResult{Request: d.request, Driver: driver.Name, Pool: d.pool, Device: d.device})
 		if d.status != nil {
 			c.Status.Devices = append(c.Status.Devices, *d.status)
 		}
@@ -197,8 +199,8 @@ func newClaim(uid string, devices ...testDevice) *resourceapi.ResourceClaim {
 
 // testNode is a node plugin served to a test that plays the kubelet.
 type testNode struct {
-	cfg     NodePluginConfig
-	plugin  *NodePlugin
+	cfg     Config
+	plugin  *Plugin
 	brokers *fakeBrokers
 	dra     drapb.DRAPluginClient
 }
@@ -217,7 +219,7 @@ func shortTempDir(t *testing.T) string {
 
 // newTestConfig configures a plugin with temporary directories and the
 // claims in the API.
-func newTestConfig(t *testing.T, brokers *fakeBrokers, claims ...*resourceapi.ResourceClaim) NodePluginConfig {
+func newTestConfig(t *testing.T, brokers *fakeBrokers, claims ...*resourceapi.ResourceClaim) Config {
 	t.Helper()
 	objs := make([]runtime.Object, len(claims))
 	for i, c := range claims {
@@ -228,7 +230,7 @@ func newTestConfig(t *testing.T, brokers *fakeBrokers, claims ...*resourceapi.Re
 	if err := os.Mkdir(registrar, 0o755); err != nil {
 		t.Fatal(err)
 	}
-	return NodePluginConfig{
+	return Config{
 		NodeName:     "node-1",
 		KubeClient:   fake.NewClientset(objs...),
 		Brokers:      brokers,
@@ -242,9 +244,9 @@ func newTestConfig(t *testing.T, brokers *fakeBrokers, claims ...*resourceapi.Re
 
 // startNode starts a plugin with cfg and connects to its DRA socket as
 // the kubelet does; both stop at the end of the test.
-func startNode(t *testing.T, cfg NodePluginConfig) *testNode {
+func startNode(t *testing.T, cfg Config) *testNode {
 	t.Helper()
-	p, err := StartNodePlugin(t.Context(), cfg)
+	p, err := Start(t.Context(), cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -290,7 +292,7 @@ func (n *testNode) unprepare(t *testing.T, uids ...string) map[string]*drapb.Nod
 }
 
 func (n *testNode) specPath(uid string) string {
-	return filepath.Join(n.cfg.CDIDir, DriverName+"-"+uid+".json")
+	return filepath.Join(n.cfg.CDIDir, driver.Name+"-"+uid+".json")
 }
 
 func (n *testNode) tokenPath(uid string) string {
@@ -327,7 +329,7 @@ const uid1 = "0b6c3c1e-7d2a-4c55-9a1e-4f3f5b0c2d11"
 
 func TestRegistersWithTheKubeletAsADRAPluginV1(t *testing.T) {
 	n := startNode(t, newTestConfig(t, newFakeBrokers()))
-	conn, err := grpc.NewClient("unix://"+filepath.Join(n.cfg.RegistrarDir, DriverName+"-reg.sock"), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	conn, err := grpc.NewClient("unix://"+filepath.Join(n.cfg.RegistrarDir, driver.Name+"-reg.sock"), grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -336,9 +338,9 @@ func TestRegistersWithTheKubeletAsADRAPluginV1(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if info.Name != DriverName || info.Type != registerapi.DRAPlugin || !slices.Contains(info.SupportedVersions, drapb.DRAPluginService) ||
+	if info.Name != driver.Name || info.Type != registerapi.DRAPlugin || !slices.Contains(info.SupportedVersions, drapb.DRAPluginService) ||
 		info.Endpoint != filepath.Join(n.cfg.PluginDir, "dra.sock") {
-		t.Fatalf("registration info %v, want %s as a DRA plugin offering %s at its dra.sock", info, DriverName, drapb.DRAPluginService)
+		t.Fatalf("registration info %v, want %s as a DRA plugin offering %s at its dra.sock", info, driver.Name, drapb.DRAPluginService)
 	}
 }
 
@@ -414,7 +416,7 @@ func TestPrepareHandsTheClaimsLeasesToTheContainerThroughCDI(t *testing.T) {
 	// Each renewal rewrites the token file.
 	for range 2 {
 		tok := n.brokers.lease("l-2").renew()
-		eventually(t, "the token file to hold the renewed token", holdsToken(n.tokenPath(uid1), "l-2", tok))
+		k8stest.Eventually(t, "the token file to hold the renewed token", holdsToken(n.tokenPath(uid1), "l-2", tok))
 	}
 
 	// Preparing again answers the same, without attaching again.
@@ -461,10 +463,10 @@ func TestUnprepareStopsRenewingRemovesTheFilesAndIsIdempotent(t *testing.T) {
 
 func TestPrepareSaysWhyAClaimCannotBePreparedYet(t *testing.T) {
 	failed := leasedDevice("gpu", "h1", "gpu-0", "l-1", 8192, 25)
-	failed.status.Conditions = []metav1.Condition{{Type: ConditionLeaseFailed, Status: metav1.ConditionTrue, Reason: "ResourceExhausted",
+	failed.status.Conditions = []metav1.Condition{{Type: driver.ConditionLeaseFailed, Status: metav1.ConditionTrue, Reason: "ResourceExhausted",
 		Message: "no GPU of host h1 has 8192 MiB free"}}
 	ended := leasedDevice("gpu", "h1", "gpu-0", "l-1", 8192, 25)
-	ended.status.Conditions = []metav1.Condition{{Type: ConditionLeased, Status: metav1.ConditionFalse, Reason: "LeaseEnded",
+	ended.status.Conditions = []metav1.Condition{{Type: driver.ConditionLeased, Status: metav1.ConditionFalse, Reason: "LeaseEnded",
 		Message: "released by admin"}}
 	noData := leasedDevice("gpu", "h1", "gpu-0", "l-1", 8192, 25)
 	noData.status.Data = nil
@@ -527,7 +529,7 @@ func TestPluginResumesRenewingAfterARestart(t *testing.T) {
 	second := startNode(t, cfg)
 	second.brokers.waitAttach(t, "l-1")
 	tok := second.brokers.lease("l-1").renew()
-	eventually(t, "the restarted plugin to rewrite the token file", holdsToken(second.tokenPath(uid1), "l-1", tok))
+	k8stest.Eventually(t, "the restarted plugin to rewrite the token file", holdsToken(second.tokenPath(uid1), "l-1", tok))
 	if again := second.prepare(t, claim)[uid1]; !proto.Equal(again, resp) {
 		t.Fatalf("prepare after the restart: %v, want %v", again, resp)
 	}
@@ -553,7 +555,7 @@ func TestALeaseWhoseRenewalStopsIsAttachedAgainUntilTheBrokerSaysItEnded(t *test
 	// Now it really ends: the next prepare says so, with the broker's reason.
 	n.brokers.end("l-1", "revoked by operator: host h1 drained")
 	n.brokers.lease("l-1").stop(client.ErrLeaseEnded)
-	eventually(t, "prepare to report the end of the lease", func() (bool, string) {
+	k8stest.Eventually(t, "prepare to report the end of the lease", func() (bool, string) {
 		e := n.prepare(t, claim)[uid1].GetError()
 		return strings.Contains(e, "lease l-1: lease ended: revoked by operator: host h1 drained"), "prepare error " + e
 	})
@@ -576,18 +578,18 @@ func TestStartNodePluginSaysWhatIsMissing(t *testing.T) {
 	base := newTestConfig(t, newFakeBrokers())
 	for _, tc := range []struct {
 		name   string
-		modify func(*NodePluginConfig)
+		modify func(*Config)
 		want   string
 	}{
-		{"no node name", func(c *NodePluginConfig) { c.NodeName = "" }, "NodeName: must be set"},
-		{"no kube client", func(c *NodePluginConfig) { c.KubeClient = nil }, "KubeClient: must be set"},
-		{"no brokers", func(c *NodePluginConfig) { c.Brokers = nil }, "Brokers: must be set"},
-		{"no registrar directory", func(c *NodePluginConfig) { c.RegistrarDir = filepath.Join(t.TempDir(), "absent") }, "kubelet's plugins_registry"},
+		{"no node name", func(c *Config) { c.NodeName = "" }, "NodeName: must be set"},
+		{"no kube client", func(c *Config) { c.KubeClient = nil }, "KubeClient: must be set"},
+		{"no brokers", func(c *Config) { c.Brokers = nil }, "Brokers: must be set"},
+		{"no registrar directory", func(c *Config) { c.RegistrarDir = filepath.Join(t.TempDir(), "absent") }, "kubelet's plugins_registry"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			cfg := base
 			tc.modify(&cfg)
-			p, err := StartNodePlugin(t.Context(), cfg)
+			p, err := Start(t.Context(), cfg)
 			if err == nil {
 				p.Stop()
 			}
@@ -599,10 +601,10 @@ func TestStartNodePluginSaysWhatIsMissing(t *testing.T) {
 }
 
 func TestNodePluginFollowsARealBrokerLeaseUntilItEnds(t *testing.T) {
-	c := startBroker(t)
+	c := k8stest.StartBroker(t)
 	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
 	defer cancel()
-	if _, err := c.Agent.Register(ctx, &gpupoolv1.RegisterRequest{Host: readyHost("h1", 1)}); err != nil {
+	if _, err := c.Agent.Register(ctx, &gpupoolv1.RegisterRequest{Host: k8stest.ReadyHost("h1", 1)}); err != nil {
 		t.Fatal(err)
 	}
 	// The binder's lease; a short TTL makes renewals frequent.
@@ -614,7 +616,7 @@ func TestNodePluginFollowsARealBrokerLeaseUntilItEnds(t *testing.T) {
 	claim := newClaim(uid1, leasedDevice("gpu", "h1", "gpu-0", l.ID(), 8192, 25))
 	cfg := newTestConfig(t, nil, claim)
 	cfg.Brokers = ClientAttacher(c)
-	p, err := StartNodePlugin(t.Context(), cfg)
+	p, err := Start(t.Context(), cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -632,7 +634,7 @@ func TestNodePluginFollowsARealBrokerLeaseUntilItEnds(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, "a renewal to rewrite the token file", func() (bool, string) {
+	k8stest.Eventually(t, "a renewal to rewrite the token file", func() (bool, string) {
 		now, err := tokenOf(n.tokenPath(uid1), l.ID())
 		return err == nil && now != first, fmt.Sprintf("token unchanged (%v)", err)
 	})
@@ -640,7 +642,7 @@ func TestNodePluginFollowsARealBrokerLeaseUntilItEnds(t *testing.T) {
 	if err := l.Release(ctx, "test over"); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, "prepare to report the end of the lease", func() (bool, string) {
+	k8stest.Eventually(t, "prepare to report the end of the lease", func() (bool, string) {
 		e := n.prepare(t, claim)[uid1].GetError()
 		return strings.Contains(e, "lease "+l.ID()) && strings.Contains(e, "lease ended"), "prepare error " + e
 	})

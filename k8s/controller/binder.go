@@ -1,4 +1,4 @@
-package k8s
+package controller
 
 import (
 	"context"
@@ -36,6 +36,8 @@ import (
 	"k8s.io/client-go/util/workqueue"
 
 	"github.com/gpupool/gpupool/client"
+	"github.com/gpupool/gpupool/internal/clock"
+	"github.com/gpupool/gpupool/k8s/driver"
 	gpupoolv1 "github.com/gpupool/gpupool/proto/gpupool/v1"
 	"github.com/gpupool/gpupool/protocol"
 )
@@ -63,18 +65,6 @@ const (
 	// The binder keeps trying; the claim is not failed.
 	ReasonBrokerError = "BrokerError"
 )
-
-// DeviceStatusData is the data of a leased device in a claim's
-// status.devices[]: what the node plugin needs to hand the lease to the
-// container.
-type DeviceStatusData struct {
-	LeaseID        string `json:"leaseId"`
-	Host           string `json:"host"`
-	AgentAddress   string `json:"agentAddress"`
-	CertSHA256     string `json:"certSHA256"`
-	MemoryMiB      int64  `json:"memoryMiB"`
-	ComputePercent int32  `json:"computePercent"`
-}
 
 // Broker is what the binder needs of the brokers. BrokerClient adapts a
 // *client.Client; tests use a fake.
@@ -187,7 +177,7 @@ func (c BinderConfig) withDefaults() BinderConfig {
 // ResourceClaim into a broker lease for exactly that GPU and the capacity
 // the claim consumes of it, and reports the outcome in the claim's
 // status.devices[]:
-//   - granted: Leased=True, with DeviceStatusData;
+//   - granted: Leased=True, with driver.DeviceStatusData;
 //   - refused by the brokers (or ended before the claim could use it):
 //     LeaseFailed=True with the brokers' message, so that the scheduler
 //     allocates the claim again;
@@ -227,6 +217,11 @@ type Binder struct {
 	// ended under a claim: a sync that reads the claim before its status
 	// says so neither acquires again nor warns the pods twice.
 	ended map[string]map[string]*endedLease // guarded by mu; by claim key, then request id
+
+	// followers are the goroutines keep starts, one per held lease. Each
+	// ends when its lease stops renewing or the context it was kept under
+	// ends; Run returns only once all have.
+	followers sync.WaitGroup
 }
 
 // failureCounts counts, for one request id, the syncs in a row that failed
@@ -288,12 +283,12 @@ func NewBinder(kube kubernetes.Interface, broker Broker, cfg BinderConfig) *Bind
 	})
 
 	b.sliceFactory = informers.NewSharedInformerFactoryWithOptions(kube, 0, informers.WithTweakListOptions(func(o *metav1.ListOptions) {
-		o.FieldSelector = fields.OneTermEqualSelector(resourceapi.ResourceSliceSelectorDriver, DriverName).String()
+		o.FieldSelector = fields.OneTermEqualSelector(resourceapi.ResourceSliceSelectorDriver, driver.Name).String()
 	}))
 	slices := b.sliceFactory.Resource().V1().ResourceSlices().Informer()
 	_ = slices.AddIndexers(cache.Indexers{poolIndex: func(obj any) ([]string, error) {
 		s, ok := obj.(*resourceapi.ResourceSlice)
-		if !ok || s.Spec.Driver != DriverName {
+		if !ok || s.Spec.Driver != driver.Name {
 			return nil, nil
 		}
 		return []string{s.Spec.Pool.Name}, nil
@@ -318,21 +313,7 @@ func (b *Binder) enqueueIf(obj any, ok bool) {
 // allocated.
 func ours(obj any) bool {
 	c, ok := obj.(*resourceapi.ResourceClaim)
-	return ok && len(ourResults(c)) > 0
-}
-
-// ourResults are the allocation results of claim for this driver.
-func ourResults(claim *resourceapi.ResourceClaim) []resourceapi.DeviceRequestAllocationResult {
-	if claim.Status.Allocation == nil {
-		return nil
-	}
-	var out []resourceapi.DeviceRequestAllocationResult
-	for _, r := range claim.Status.Allocation.Devices.Results {
-		if r.Driver == DriverName {
-			out = append(out, r)
-		}
-	}
-	return out
+	return ok && len(driver.Results(c)) > 0
 }
 
 // RequestID is the request id of the lease for result r of the claim
@@ -373,7 +354,7 @@ func (b *Binder) Run(ctx context.Context) error {
 			break
 		}
 		b.log.Warn("cannot take over the leases of an earlier binder; retrying", "err", err, "retry_in", wait.peek())
-		if !sleep(ctx, wait.next()) {
+		if !clock.Sleep(ctx, clock.Real, wait.next()) {
 			b.closeAll()
 			return nil
 		}
@@ -394,16 +375,18 @@ func (b *Binder) Run(ctx context.Context) error {
 	return nil
 }
 
-// closeAll stops renewing every held lease.
+// closeAll stops renewing every held lease and waits until no goroutine
+// follows one.
 func (b *Binder) closeAll() {
 	b.mu.Lock()
-	defer b.mu.Unlock()
 	for key, cl := range b.held {
 		for _, l := range cl.leases {
 			l.Close()
 		}
 		delete(b.held, key)
 	}
+	b.mu.Unlock()
+	b.followers.Wait()
 }
 
 // adopt goes through the tenant's granted leases once the informers have
@@ -427,7 +410,7 @@ func (b *Binder) adopt(ctx context.Context) error {
 	}
 	allocated := map[string]string{} // request id -> claim key
 	for _, c := range claims {
-		for _, r := range ourResults(c) {
+		for _, r := range driver.Results(c) {
 			allocated[RequestID(c.UID, r)] = c.Namespace + "/" + c.Name
 		}
 	}
@@ -460,7 +443,7 @@ func (b *Binder) adopt(ctx context.Context) error {
 			}
 			continue // an ended one is found by the claim's sync too
 		}
-		b.keep(key, types.UID(uid), l.GetRequestId(), hl)
+		b.keep(ctx, key, types.UID(uid), l.GetRequestId(), hl)
 		b.log.Info("took over lease", "lease", l.GetId(), "claim", key)
 	}
 	return nil
@@ -473,8 +456,10 @@ func (b *Binder) holds(key, requestID string) bool {
 	return cl != nil && cl.leases[requestID] != nil
 }
 
-// keep records l as held for the claim and enqueues the claim when l ends.
-func (b *Binder) keep(key string, uid types.UID, requestID string, l HeldLease) {
+// keep records l as held for the claim and, until l stops renewing or
+// ctx (the binder's lifetime) ends, passes l's events on and enqueues the
+// claim when l ends.
+func (b *Binder) keep(ctx context.Context, key string, uid types.UID, requestID string, l HeldLease) {
 	b.mu.Lock()
 	cl := b.held[key]
 	if cl == nil {
@@ -483,13 +468,21 @@ func (b *Binder) keep(key string, uid types.UID, requestID string, l HeldLease) 
 	}
 	cl.leases[requestID] = l
 	b.mu.Unlock()
-	go func() {
-		for ev := range l.Events() {
-			b.onLeaseEvent(key, l, ev)
+	b.followers.Go(func() {
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case ev, ok := <-l.Events():
+				if !ok {
+					// Renewal stopped: released or closed here, or ended.
+					b.queue.Add(key)
+					return
+				}
+				b.onLeaseEvent(key, l, ev)
+			}
 		}
-		// Renewal stopped: released or closed here, or ended.
-		b.queue.Add(key)
-	}()
+	})
 }
 
 // onLeaseEvent passes what happens to a lease on to the pods that use it.
@@ -692,7 +685,7 @@ func (b *Binder) sync(ctx context.Context, key string) error {
 			return err
 		}
 	}
-	results := ourResults(claim)
+	results := driver.Results(claim)
 	if len(results) == 0 {
 		b.pruneFailures(key, nil)
 		return b.releaseAll(ctx, key, fmt.Sprintf("Kubernetes claim %s was deallocated", key))
@@ -754,7 +747,7 @@ func (b *Binder) ensure(ctx context.Context, key string, claim *resourceapi.Reso
 	if o := b.endedOutcome(key, id); o != nil {
 		return o, nil // it ended under the claim: no other lease for this allocation
 	}
-	if ds := deviceStatus(claim, r); ds != nil && meta.IsStatusConditionTrue(ds.Conditions, ConditionLeaseFailed) {
+	if ds := driver.DeviceStatus(claim, r); ds != nil && meta.IsStatusConditionTrue(ds.Conditions, driver.ConditionLeaseFailed) {
 		return nil, nil // wait for the scheduler to allocate the claim again
 	}
 	req, o := b.leaseRequest(claim, r)
@@ -782,8 +775,8 @@ func (b *Binder) ensure(ctx context.Context, key string, claim *resourceapi.Reso
 		}
 		n := b.countFailure(key, id, brokerFailure)
 		err = fmt.Errorf("acquire lease %s: %w", id, err)
-		ds := deviceStatus(claim, r)
-		if n < brokerErrorReports || (ds != nil && meta.IsStatusConditionTrue(ds.Conditions, ConditionLeased)) {
+		ds := driver.DeviceStatus(claim, r)
+		if n < brokerErrorReports || (ds != nil && meta.IsStatusConditionTrue(ds.Conditions, driver.ConditionLeased)) {
 			// A device already leased keeps saying so: its pod may run
 			// with the lease, which the node plugin renews.
 			return nil, err
@@ -800,7 +793,7 @@ func (b *Binder) ensure(ctx context.Context, key string, claim *resourceapi.Reso
 		b.recordEnded(key, id, o)
 		return &o, nil
 	}
-	b.keep(key, claim.UID, id, l)
+	b.keep(ctx, key, claim.UID, id, l)
 	b.log.Info("lease granted", "claim", key, "device", r.Pool+"/"+r.Device, "lease", l.Info().GetId())
 	return &outcome{lease: l}, nil
 }
@@ -810,13 +803,13 @@ func (b *Binder) ensure(ctx context.Context, key string, claim *resourceapi.Reso
 // while the node plugin kept the lease alive, so only the brokers can say
 // it ended.
 func (b *Binder) reattach(ctx context.Context, key string, uid types.UID, id string, l HeldLease) (*outcome, error) {
-	ctx, cancel := context.WithTimeout(ctx, callTimeout)
+	actx, cancel := context.WithTimeout(ctx, callTimeout)
 	defer cancel()
 	info := l.Info()
-	nl, err := b.broker.Attach(ctx, info.GetId())
+	nl, err := b.broker.Attach(actx, info.GetId())
 	switch {
 	case err == nil:
-		b.keep(key, uid, id, nl)
+		b.keep(ctx, key, uid, id, nl)
 		b.log.Info("renewing lease again", "claim", key, "lease", info.GetId(), "renewal_stopped_by", l.Err())
 		return &outcome{lease: nl}, nil
 	case errors.Is(err, client.ErrLeaseEnded) || status.Code(err) == codes.NotFound:
@@ -879,13 +872,13 @@ func endMessage(l *gpupoolv1.Lease, err error) string {
 // cannot be found among the published ones, why there is none.
 func (b *Binder) leaseRequest(claim *resourceapi.ResourceClaim, r resourceapi.DeviceRequestAllocationResult) (*gpupoolv1.LeaseRequest, *outcome) {
 	dev := b.publishedDevice(r.Pool, r.Device)
-	if dev == nil || dev.Attributes[AttrUUID].StringValue == nil {
+	if dev == nil || dev.Attributes[driver.AttrUUID].StringValue == nil {
 		return nil, &outcome{reason: ReasonDeviceNotPublished,
-			message: fmt.Sprintf("device %s of pool %s is not published by %s any more; its host may have left the pool", r.Device, r.Pool, DriverName)}
+			message: fmt.Sprintf("device %s of pool %s is not published by %s any more; its host may have left the pool", r.Device, r.Pool, driver.Name)}
 	}
 	req := &gpupoolv1.LeaseRequest{
 		Count:       1,
-		Constraints: &gpupoolv1.Constraints{Host: r.Pool, Devices: []string{*dev.Attributes[AttrUUID].StringValue}},
+		Constraints: &gpupoolv1.Constraints{Host: r.Pool, Devices: []string{*dev.Attributes[driver.AttrUUID].StringValue}},
 		TtlMs:       b.cfg.LeaseTTL.Milliseconds(),
 		RequestId:   RequestID(claim.UID, r),
 		Tenant:      b.cfg.Tenant,
@@ -893,8 +886,8 @@ func (b *Binder) leaseRequest(claim *resourceapi.ResourceClaim, r resourceapi.De
 		Topology:    pinnedTopology(claim, r),
 	}
 	whole := wholeMemory(dev)
-	mem, okMem := r.ConsumedCapacity[CapacityMemory]
-	compute, okCompute := r.ConsumedCapacity[CapacityCompute]
+	mem, okMem := r.ConsumedCapacity[driver.CapacityMemory]
+	compute, okCompute := r.ConsumedCapacity[driver.CapacityCompute]
 	if !okMem && !okCompute {
 		req.Exclusive = true // nothing consumed in part: the device was allocated whole
 		return req, nil
@@ -931,9 +924,9 @@ func pinnedTopology(claim *resourceapi.ResourceClaim, r resourceapi.DeviceReques
 			continue
 		}
 		switch string(*c.MatchAttribute) {
-		case string(AttrPCIeRoot):
+		case string(driver.AttrPCIeRoot):
 			return gpupoolv1.Topology_TOPOLOGY_SAME_PCIE_ROOT
-		case DriverName + "/" + string(AttrNVLinkDomain):
+		case driver.Name + "/" + string(driver.AttrNVLinkDomain):
 			return gpupoolv1.Topology_TOPOLOGY_SAME_NVLINK
 		}
 	}
@@ -953,7 +946,7 @@ func holder(claim *resourceapi.ResourceClaim) string {
 // wholeMemory is the memory of the whole device in bytes: the memory
 // policy's default, else its published capacity.
 func wholeMemory(dev *resourceapi.Device) int64 {
-	c := dev.Capacity[CapacityMemory]
+	c := dev.Capacity[driver.CapacityMemory]
 	if c.RequestPolicy != nil && c.RequestPolicy.Default != nil {
 		return c.RequestPolicy.Default.Value()
 	}
@@ -975,23 +968,6 @@ func (b *Binder) publishedDevice(pool, device string) *resourceapi.Device {
 	return nil
 }
 
-// deviceStatus is the status.devices[] entry of result r, or nil.
-func deviceStatus(claim *resourceapi.ResourceClaim, r resourceapi.DeviceRequestAllocationResult) *resourceapi.AllocatedDeviceStatus {
-	for i, d := range claim.Status.Devices {
-		if d.Driver == r.Driver && d.Pool == r.Pool && d.Device == r.Device && sameShare(d.ShareID, r.ShareID) {
-			return &claim.Status.Devices[i]
-		}
-	}
-	return nil
-}
-
-func sameShare(a *string, b *types.UID) bool {
-	if a == nil || b == nil {
-		return a == nil && b == nil
-	}
-	return *a == string(*b)
-}
-
 // errAllocationChanged stops a status update when the claim got another
 // allocation meanwhile: the next sync handles that one.
 var errAllocationChanged = errors.New("the claim's allocation changed; syncing again")
@@ -1008,7 +984,7 @@ func (b *Binder) writeStatus(ctx context.Context, claim *resourceapi.ResourceCla
 			if err != nil {
 				return err
 			}
-			if fresh.UID != claim.UID || !apiequality.Semantic.DeepEqual(ourResults(fresh), ourResults(claim)) {
+			if fresh.UID != claim.UID || !apiequality.Semantic.DeepEqual(driver.Results(fresh), driver.Results(claim)) {
 				return errAllocationChanged
 			}
 			claim = fresh
@@ -1046,12 +1022,12 @@ type endNote struct{ id, msg string }
 func (b *Binder) desiredDevices(claim *resourceapi.ResourceClaim, outcomes map[string]outcome) ([]resourceapi.AllocatedDeviceStatus, []endNote) {
 	var out []resourceapi.AllocatedDeviceStatus
 	for _, d := range claim.Status.Devices {
-		if d.Driver != DriverName {
+		if d.Driver != driver.Name {
 			out = append(out, d)
 		}
 	}
 	others := len(out)
-	results := ourResults(claim)
+	results := driver.Results(claim)
 
 	type poolDevice struct{ pool, device string }
 	waiting := map[poolDevice]bool{} // a share of it has no outcome yet
@@ -1062,8 +1038,8 @@ func (b *Binder) desiredDevices(claim *resourceapi.ResourceClaim, outcomes map[s
 			}
 			continue
 		}
-		if prior := deviceStatus(claim, r); prior == nil || !(meta.IsStatusConditionTrue(prior.Conditions, ConditionLeased) ||
-			meta.IsStatusConditionTrue(prior.Conditions, ConditionLeaseFailed)) {
+		if prior := driver.DeviceStatus(claim, r); prior == nil || !(meta.IsStatusConditionTrue(prior.Conditions, driver.ConditionLeased) ||
+			meta.IsStatusConditionTrue(prior.Conditions, driver.ConditionLeaseFailed)) {
 			waiting[poolDevice{r.Pool, r.Device}] = true
 		}
 	}
@@ -1072,14 +1048,14 @@ func (b *Binder) desiredDevices(claim *resourceapi.ResourceClaim, outcomes map[s
 
 	var ended []endNote
 	for _, r := range results {
-		prior := deviceStatus(claim, r)
+		prior := driver.DeviceStatus(claim, r)
 		o, ok := outcomes[RequestID(claim.UID, r)]
 		if !ok {
 			if prior == nil {
 				continue
 			}
 			ds := *prior.DeepCopy()
-			if waiting[poolDevice{r.Pool, r.Device}] && meta.IsStatusConditionTrue(ds.Conditions, ConditionLeased) {
+			if waiting[poolDevice{r.Pool, r.Device}] && meta.IsStatusConditionTrue(ds.Conditions, driver.ConditionLeased) {
 				b.apply(&ds, wait, claim.Generation)
 			}
 			out = append(out, ds)
@@ -1092,7 +1068,7 @@ func (b *Binder) desiredDevices(claim *resourceapi.ResourceClaim, outcomes map[s
 		if prior != nil {
 			ds = *prior.DeepCopy()
 		}
-		if o.lease == nil && o.reason == ReasonLeaseEnded && (o.held || prior != nil && meta.IsStatusConditionTrue(prior.Conditions, ConditionLeased)) {
+		if o.lease == nil && o.reason == ReasonLeaseEnded && (o.held || prior != nil && meta.IsStatusConditionTrue(prior.Conditions, driver.ConditionLeased)) {
 			ended = append(ended, endNote{RequestID(claim.UID, r), fmt.Sprintf("the gpupool lease for device %s of pool %s in claim %s ended: %s", r.Device, r.Pool, claim.Name, o.message)})
 		}
 		if o.lease != nil && waiting[poolDevice{r.Pool, r.Device}] {
@@ -1102,7 +1078,7 @@ func (b *Binder) desiredDevices(claim *resourceapi.ResourceClaim, outcomes map[s
 		out = append(out, ds)
 	}
 	slices.SortStableFunc(out[others:], func(a, b resourceapi.AllocatedDeviceStatus) int {
-		la, lb := meta.IsStatusConditionTrue(a.Conditions, ConditionLeased), meta.IsStatusConditionTrue(b.Conditions, ConditionLeased)
+		la, lb := meta.IsStatusConditionTrue(a.Conditions, driver.ConditionLeased), meta.IsStatusConditionTrue(b.Conditions, driver.ConditionLeased)
 		switch {
 		case la == lb:
 			return 0
@@ -1117,17 +1093,17 @@ func (b *Binder) desiredDevices(claim *resourceapi.ResourceClaim, outcomes map[s
 // apply sets the conditions and data of ds for o.
 func (b *Binder) apply(ds *resourceapi.AllocatedDeviceStatus, o outcome, generation int64) {
 	if o.lease == nil {
-		meta.SetStatusCondition(&ds.Conditions, metav1.Condition{Type: ConditionLeased, Status: metav1.ConditionFalse,
+		meta.SetStatusCondition(&ds.Conditions, metav1.Condition{Type: driver.ConditionLeased, Status: metav1.ConditionFalse,
 			Reason: o.reason, Message: o.message, ObservedGeneration: generation})
 		if o.waiting {
 			return
 		}
-		meta.SetStatusCondition(&ds.Conditions, metav1.Condition{Type: ConditionLeaseFailed, Status: metav1.ConditionTrue,
+		meta.SetStatusCondition(&ds.Conditions, metav1.Condition{Type: driver.ConditionLeaseFailed, Status: metav1.ConditionTrue,
 			Reason: o.reason, Message: o.message, ObservedGeneration: generation})
 		return
 	}
 	info := o.lease.Info()
-	var data DeviceStatusData
+	var data driver.DeviceStatusData
 	data.LeaseID = info.GetId()
 	if ss := info.GetSlices(); len(ss) > 0 {
 		data.Host, data.MemoryMiB, data.ComputePercent = ss[0].GetHost(), ss[0].GetMemoryMib(), ss[0].GetComputePercent()
@@ -1140,17 +1116,17 @@ func (b *Binder) apply(ds *resourceapi.AllocatedDeviceStatus, o outcome, generat
 		ds.Data = &runtime.RawExtension{Raw: raw}
 	}
 	msg := fmt.Sprintf("lease %s: %d MiB and %d%% compute on host %s", data.LeaseID, data.MemoryMiB, data.ComputePercent, data.Host)
-	meta.SetStatusCondition(&ds.Conditions, metav1.Condition{Type: ConditionLeased, Status: metav1.ConditionTrue,
+	meta.SetStatusCondition(&ds.Conditions, metav1.Condition{Type: driver.ConditionLeased, Status: metav1.ConditionTrue,
 		Reason: ReasonLeaseGranted, Message: msg, ObservedGeneration: generation})
-	meta.RemoveStatusCondition(&ds.Conditions, ConditionLeaseFailed)
+	meta.RemoveStatusCondition(&ds.Conditions, driver.ConditionLeaseFailed)
 }
 
 // sameData reports whether raw holds data, however it is spelled.
-func sameData(raw *runtime.RawExtension, data DeviceStatusData) bool {
+func sameData(raw *runtime.RawExtension, data driver.DeviceStatusData) bool {
 	if raw == nil {
 		return false
 	}
-	var got DeviceStatusData
+	var got driver.DeviceStatusData
 	return json.Unmarshal(raw.Raw, &got) == nil && got == data
 }
 

@@ -1,4 +1,4 @@
-package k8s
+package controller
 
 import (
 	"fmt"
@@ -10,13 +10,15 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/utils/ptr"
 
+	"github.com/gpupool/gpupool/k8s/driver"
+	"github.com/gpupool/gpupool/k8s/internal/k8stest"
 	gpupoolv1 "github.com/gpupool/gpupool/proto/gpupool/v1"
 )
 
 // topoHost is a ready host with n GPUs, perRoot of them in a row on one
 // PCIe root and perLink of them in a row on one NVLink island (0: none).
 func topoHost(id string, n, perRoot, perLink int32) *gpupoolv1.Host {
-	h := readyHost(id, n)
+	h := k8stest.ReadyHost(id, n)
 	for i, d := range h.Devices {
 		d.PcieRoot = fmt.Sprintf("pcie-%d", int32(i)/perRoot)
 		if perLink == 0 {
@@ -49,7 +51,7 @@ func TestBuildResourcesPublishesTopology(t *testing.T) {
 	for pool, p := range res.Pools {
 		for _, d := range p.Slices[0].Devices {
 			var attrs []string
-			for _, n := range []resourceapi.QualifiedName{AttrPCIeRoot, AttrNVLinkDomain} {
+			for _, n := range []resourceapi.QualifiedName{driver.AttrPCIeRoot, driver.AttrNVLinkDomain} {
 				if a, ok := d.Attributes[n]; ok {
 					attrs = append(attrs, string(n)+"="+*a.StringValue)
 				}
@@ -86,8 +88,8 @@ func TestNVLinkDomainsAreIslands(t *testing.T) {
 func TestAReplacedGPUIsPublishedBesideTheOldOne(t *testing.T) {
 	for _, oldFirst := range []bool{true, false} {
 		t.Run(fmt.Sprintf("old device listed first: %t", oldFirst), func(t *testing.T) {
-			h := readyHost("h1", 1)
-			old := gpu("h1", 0)
+			h := k8stest.ReadyHost("h1", 1)
+			old := k8stest.GPU("h1", 0)
 			old.Uuid = "GPU-old"
 			old.Health, old.HealthReason = gpupoolv1.DeviceHealth_DEVICE_HEALTH_UNHEALTHY, "no longer reported by the agent"
 			old.AllocatedMemoryMib, old.AllocatedComputePercent, old.LeaseCount = 20480, 25, 1
@@ -100,7 +102,7 @@ func TestAReplacedGPUIsPublishedBesideTheOldOne(t *testing.T) {
 			checkValid(t, res)
 			var got []string
 			for _, d := range res.Pools["h1"].Slices[0].Devices {
-				got = append(got, fmt.Sprintf("%s uuid=%s index=%d taints=%d", d.Name, *d.Attributes[AttrUUID].StringValue, *d.Attributes[AttrIndex].IntValue, len(d.Taints)))
+				got = append(got, fmt.Sprintf("%s uuid=%s index=%d taints=%d", d.Name, *d.Attributes[driver.AttrUUID].StringValue, *d.Attributes[driver.AttrIndex].IntValue, len(d.Taints)))
 			}
 			want := "[gpu-h1-0 uuid=GPU-h1-0 index=0 taints=0 gpu-old uuid=GPU-old index=0 taints=1]"
 			if fmt.Sprint(got) != want {
@@ -139,8 +141,8 @@ func TestDeviceNames(t *testing.T) {
 // topology: two GPUs on one PCIe root or one NVLink island, never across
 // hosts, and nothing when no host has them.
 func TestTheSchedulersAllocatorAlignsOnTopology(t *testing.T) {
-	pcie := resourceapi.FullyQualifiedName(AttrPCIeRoot)
-	nvlink := resourceapi.FullyQualifiedName(DriverName + "/" + string(AttrNVLinkDomain))
+	pcie := resourceapi.FullyQualifiedName(driver.AttrPCIeRoot)
+	nvlink := resourceapi.FullyQualifiedName(driver.Name + "/" + string(driver.AttrNVLinkDomain))
 	onePerRoot := []*gpupoolv1.Host{topoHost("a", 2, 1, 0), topoHost("b", 2, 1, 0)}
 	for _, tc := range []struct {
 		name  string
@@ -183,10 +185,10 @@ func TestBinderPinsTheTopologyOfAMatchAttributeConstraint(t *testing.T) {
 		want    gpupoolv1.Topology
 	}{
 		{"no constraint", claim(), "gpu", gpupoolv1.Topology_TOPOLOGY_UNSPECIFIED},
-		{"the PCIe root of every request", claim(match(string(AttrPCIeRoot))), "gpu", gpupoolv1.Topology_TOPOLOGY_SAME_PCIE_ROOT},
+		{"the PCIe root of every request", claim(match(string(driver.AttrPCIeRoot))), "gpu", gpupoolv1.Topology_TOPOLOGY_SAME_PCIE_ROOT},
 		{"the NVLink domain of this request", claim(match("gpu.gpupool.dev/nvlinkDomain", "gpu")), "gpu", gpupoolv1.Topology_TOPOLOGY_SAME_NVLINK},
-		{"a subrequest under its parent's constraint", claim(match(string(AttrPCIeRoot), "gpu")), "gpu/a100", gpupoolv1.Topology_TOPOLOGY_SAME_PCIE_ROOT},
-		{"another request's constraint", claim(match(string(AttrPCIeRoot), "nic")), "gpu", gpupoolv1.Topology_TOPOLOGY_UNSPECIFIED},
+		{"a subrequest under its parent's constraint", claim(match(string(driver.AttrPCIeRoot), "gpu")), "gpu/a100", gpupoolv1.Topology_TOPOLOGY_SAME_PCIE_ROOT},
+		{"another request's constraint", claim(match(string(driver.AttrPCIeRoot), "nic")), "gpu", gpupoolv1.Topology_TOPOLOGY_UNSPECIFIED},
 		{"a constraint on another attribute", claim(match("gpu.gpupool.dev/model")), "gpu", gpupoolv1.Topology_TOPOLOGY_UNSPECIFIED},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

@@ -1,4 +1,10 @@
-package k8s
+// Package nodeplugin is the node side of the gpu.gpupool.dev DRA driver,
+// 'gpupool k8s-node-plugin': a kubelet plugin that prepares a claim the
+// controller has leased by writing a CDI spec that mounts the lease's
+// token file (and, with the CUDA shim, its CUDA socket) into the
+// container, and renews the claim's leases until it is unprepared. What it
+// reads of the claim is the contract in k8s/driver.
+package nodeplugin
 
 import (
 	"context"
@@ -26,6 +32,8 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/gpupool/gpupool/client"
+	"github.com/gpupool/gpupool/internal/clock"
+	"github.com/gpupool/gpupool/k8s/driver"
 	gpupoolv1 "github.com/gpupool/gpupool/proto/gpupool/v1"
 )
 
@@ -34,7 +42,7 @@ const (
 	DefaultNodeStateDir = "/var/lib/gpupool/k8s"
 	DefaultCDIDir       = "/var/run/cdi"
 	// DefaultPluginDir is where the kubelet dials the plugin's dra.sock.
-	DefaultPluginDir = kubeletplugin.KubeletPluginsDir + "/" + DriverName
+	DefaultPluginDir = kubeletplugin.KubeletPluginsDir + "/" + driver.Name
 	// DefaultRegistrarDir is where the kubelet finds plugins' registration
 	// sockets.
 	DefaultRegistrarDir = kubeletplugin.KubeletRegistryDir
@@ -89,11 +97,11 @@ func (a clientAttacher) Attach(ctx context.Context, leaseID string) (FollowedLea
 	return l, nil
 }
 
-// NodePluginConfig configures a NodePlugin. The directories are the
+// Config configures a Plugin. The directories are the
 // node's own paths: the kubelet dials the sockets, and the container
 // runtime reads the CDI specs and bind-mounts the claims' directories, by
 // the paths the plugin writes.
-type NodePluginConfig struct {
+type Config struct {
 	// NodeName is the node the plugin serves. Required.
 	NodeName string
 	// KubeClient reads the ResourceClaims the kubelet asks to prepare.
@@ -125,7 +133,7 @@ type NodePluginConfig struct {
 	Logger *slog.Logger
 }
 
-func (c NodePluginConfig) withDefaults() NodePluginConfig {
+func (c Config) withDefaults() Config {
 	for _, d := range []struct {
 		v   *string
 		def string
@@ -140,7 +148,7 @@ func (c NodePluginConfig) withDefaults() NodePluginConfig {
 	return c
 }
 
-// NodePlugin is the kubelet plugin of the driver: it hands the leases the
+// Plugin is the kubelet plugin of the driver: it hands the leases the
 // binder took for a claim to the claim's containers, and keeps them
 // renewed while the claim is prepared on this node.
 //
@@ -151,8 +159,8 @@ func (c NodePluginConfig) withDefaults() NodePluginConfig {
 // for each device. NodeUnprepareResources needs only the claim's UID: it
 // stops renewing and removes both files. Both are idempotent. The leases
 // are never released here: the binder owns them.
-type NodePlugin struct {
-	cfg    NodePluginConfig
+type Plugin struct {
+	cfg    Config
 	log    *slog.Logger
 	specs  *cdiSpecs
 	helper *kubeletplugin.Helper
@@ -167,21 +175,21 @@ type NodePlugin struct {
 	err    error                    // guarded by mu; the fatal error
 }
 
-var _ kubeletplugin.DRAPlugin = (*NodePlugin)(nil)
+var _ kubeletplugin.DRAPlugin = (*Plugin)(nil)
 
-// StartNodePlugin resumes renewing the leases of the claims prepared in
+// Start resumes renewing the leases of the claims prepared in
 // cfg.StateDir, then serves the kubelet: the registration socket in
 // RegistrarDir and the DRA service (v1 and v1beta1) in PluginDir. It
 // returns once both listen. ctx bounds the plugin's life, as Stop does.
-func StartNodePlugin(ctx context.Context, cfg NodePluginConfig) (*NodePlugin, error) {
+func Start(ctx context.Context, cfg Config) (*Plugin, error) {
 	cfg = cfg.withDefaults()
 	switch {
 	case cfg.NodeName == "":
-		return nil, errors.New("k8s: NodePluginConfig.NodeName: must be set")
+		return nil, errors.New("k8s: Config.NodeName: must be set")
 	case cfg.KubeClient == nil:
-		return nil, errors.New("k8s: NodePluginConfig.KubeClient: must be set")
+		return nil, errors.New("k8s: Config.KubeClient: must be set")
 	case cfg.Brokers == nil:
-		return nil, errors.New("k8s: NodePluginConfig.Brokers: must be set")
+		return nil, errors.New("k8s: Config.Brokers: must be set")
 	}
 	if st, err := os.Stat(cfg.RegistrarDir); err != nil || !st.IsDir() {
 		return nil, fmt.Errorf("k8s: registrar directory %s: no such directory; it must be the kubelet's plugins_registry, mounted at the same path", cfg.RegistrarDir)
@@ -213,12 +221,12 @@ func StartNodePlugin(ctx context.Context, cfg NodePluginConfig) (*NodePlugin, er
 		return nil, fmt.Errorf("k8s: %w", err)
 	}
 	pctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
-	p := &NodePlugin{cfg: cfg, log: cfg.Logger, specs: specs, ctx: pctx, cancel: cancel,
+	p := &Plugin{cfg: cfg, log: cfg.Logger, specs: specs, ctx: pctx, cancel: cancel,
 		failed: make(chan struct{}), claims: map[types.UID]*nodeClaim{}}
 	p.resume()
 	kctx := klog.NewContext(ctx, logr.FromSlogHandler(cfg.Logger.Handler()))
 	p.helper, err = kubeletplugin.Start(kctx, p,
-		kubeletplugin.DriverName(DriverName),
+		kubeletplugin.DriverName(driver.Name),
 		kubeletplugin.NodeName(cfg.NodeName),
 		kubeletplugin.KubeClient(cfg.KubeClient),
 		kubeletplugin.PluginDataDirectoryPath(cfg.PluginDir),
@@ -236,7 +244,7 @@ func StartNodePlugin(ctx context.Context, cfg NodePluginConfig) (*NodePlugin, er
 
 // Stop stops serving the kubelet and renewing, and returns when both
 // stopped. The claims' files stay, for the next start to resume from.
-func (p *NodePlugin) Stop() {
+func (p *Plugin) Stop() {
 	p.helper.Stop()
 	p.cancel()
 	p.mu.Lock()
@@ -249,10 +257,10 @@ func (p *NodePlugin) Stop() {
 
 // Failed is closed when the plugin hit an error it cannot recover from,
 // such as its gRPC server failing; Err says which. Stop it then.
-func (p *NodePlugin) Failed() <-chan struct{} { return p.failed }
+func (p *Plugin) Failed() <-chan struct{} { return p.failed }
 
 // Err is the error that closed Failed, or nil.
-func (p *NodePlugin) Err() error {
+func (p *Plugin) Err() error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	return p.err
@@ -260,7 +268,7 @@ func (p *NodePlugin) Err() error {
 
 // HandleError implements kubeletplugin.DRAPlugin: errors kubeletplugin
 // hits in the background. Those not marked recoverable close Failed.
-func (p *NodePlugin) HandleError(_ context.Context, err error, msg string) {
+func (p *Plugin) HandleError(_ context.Context, err error, msg string) {
 	if errors.Is(err, kubeletplugin.ErrRecoverable) {
 		p.log.Warn(msg, "err", err)
 		return
@@ -278,7 +286,7 @@ func (p *NodePlugin) HandleError(_ context.Context, err error, msg string) {
 // NodePrepareResources, with the claims already read. A claim that cannot
 // be prepared yet (no lease granted, a lease ended) gets an error that
 // says why; the kubelet retries.
-func (p *NodePlugin) PrepareResourceClaims(ctx context.Context, claims []*resourceapi.ResourceClaim) (map[types.UID]kubeletplugin.PrepareResult, error) {
+func (p *Plugin) PrepareResourceClaims(ctx context.Context, claims []*resourceapi.ResourceClaim) (map[types.UID]kubeletplugin.PrepareResult, error) {
 	out := make(map[types.UID]kubeletplugin.PrepareResult, len(claims))
 	for _, claim := range claims {
 		devices, err := p.prepare(ctx, claim)
@@ -294,7 +302,7 @@ func (p *NodePlugin) PrepareResourceClaims(ctx context.Context, claims []*resour
 // UnprepareResourceClaims implements kubeletplugin.DRAPlugin: the
 // kubelet's NodeUnprepareResources. A claim that is not prepared here is
 // no error.
-func (p *NodePlugin) UnprepareResourceClaims(_ context.Context, claims []kubeletplugin.NamespacedObject) (map[types.UID]error, error) {
+func (p *Plugin) UnprepareResourceClaims(_ context.Context, claims []kubeletplugin.NamespacedObject) (map[types.UID]error, error) {
 	out := make(map[types.UID]error, len(claims))
 	for _, c := range claims {
 		out[c.UID] = p.unprepare(c.UID)
@@ -308,35 +316,35 @@ func (p *NodePlugin) UnprepareResourceClaims(_ context.Context, claims []kubelet
 // claimDeviceLease is an allocated device of a claim and the lease the
 // binder took for it.
 type claimDeviceLease struct {
-	DeviceStatusData
+	driver.DeviceStatusData
 	result resourceapi.DeviceRequestAllocationResult
 }
 
 // claimLeases reads, for every device of claim allocated to this driver,
 // the lease the binder reported in status.devices[].
 func claimLeases(claim *resourceapi.ResourceClaim) ([]claimDeviceLease, error) {
-	results := ourResults(claim)
+	results := driver.Results(claim)
 	if len(results) == 0 {
-		return nil, fmt.Errorf("no device of %s is allocated to it", DriverName)
+		return nil, fmt.Errorf("no device of %s is allocated to it", driver.Name)
 	}
 	out := make([]claimDeviceLease, 0, len(results))
 	for _, r := range results {
 		what := fmt.Sprintf("device %s of pool %s (request %s)", r.Device, r.Pool, r.Request)
-		ds := deviceStatus(claim, r)
+		ds := driver.DeviceStatus(claim, r)
 		var leased *metav1.Condition
 		if ds != nil {
-			leased = meta.FindStatusCondition(ds.Conditions, ConditionLeased)
+			leased = meta.FindStatusCondition(ds.Conditions, driver.ConditionLeased)
 		}
 		switch {
-		case ds != nil && meta.IsStatusConditionTrue(ds.Conditions, ConditionLeaseFailed):
-			c := meta.FindStatusCondition(ds.Conditions, ConditionLeaseFailed)
+		case ds != nil && meta.IsStatusConditionTrue(ds.Conditions, driver.ConditionLeaseFailed):
+			c := meta.FindStatusCondition(ds.Conditions, driver.ConditionLeaseFailed)
 			return nil, fmt.Errorf("%s: the gpupool lease failed (%s): %s", what, c.Reason, c.Message)
 		case leased != nil && leased.Status != metav1.ConditionTrue:
 			return nil, fmt.Errorf("%s: no gpupool lease (%s): %s", what, leased.Reason, leased.Message)
 		case leased == nil:
-			return nil, fmt.Errorf("%s: not leased yet: status.devices has no %s=True for it (the gpupool controller grants the lease; the kubelet retries)", what, ConditionLeased)
+			return nil, fmt.Errorf("%s: not leased yet: status.devices has no %s=True for it (the gpupool controller grants the lease; the kubelet retries)", what, driver.ConditionLeased)
 		case ds.Data == nil:
-			return nil, fmt.Errorf("%s: %s=True but status.devices has no data for it", what, ConditionLeased)
+			return nil, fmt.Errorf("%s: %s=True but status.devices has no data for it", what, driver.ConditionLeased)
 		}
 		l := claimDeviceLease{result: r}
 		if err := json.Unmarshal(ds.Data.Raw, &l.DeviceStatusData); err != nil {
@@ -351,7 +359,7 @@ func claimLeases(claim *resourceapi.ResourceClaim) ([]claimDeviceLease, error) {
 }
 
 // prepare prepares one claim and returns its devices.
-func (p *NodePlugin) prepare(ctx context.Context, claim *resourceapi.ResourceClaim) ([]kubeletplugin.Device, error) {
+func (p *Plugin) prepare(ctx context.Context, claim *resourceapi.ResourceClaim) ([]kubeletplugin.Device, error) {
 	if err := checkClaimUID(claim.UID); err != nil {
 		return nil, err
 	}
@@ -452,7 +460,7 @@ func (p *NodePlugin) prepare(ctx context.Context, claim *resourceapi.ResourceCla
 
 // unprepare stops renewing the leases of the claim with uid and removes
 // its files, whether this process prepared it or not.
-func (p *NodePlugin) unprepare(uid types.UID) error {
+func (p *Plugin) unprepare(uid types.UID) error {
 	if err := checkClaimUID(uid); err != nil {
 		return err
 	}
@@ -472,7 +480,7 @@ func (p *NodePlugin) unprepare(uid types.UID) error {
 }
 
 // forget stops renewing c's leases and drops it.
-func (p *NodePlugin) forget(c *nodeClaim) {
+func (p *Plugin) forget(c *nodeClaim) {
 	c.stop()
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -483,7 +491,7 @@ func (p *NodePlugin) forget(c *nodeClaim) {
 
 // removeFiles removes the CDI spec and the state directory of the claim
 // with uid; either may be gone already.
-func (p *NodePlugin) removeFiles(uid types.UID) error {
+func (p *Plugin) removeFiles(uid types.UID) error {
 	if err := p.specs.remove(uid); err != nil {
 		return err
 	}
@@ -496,7 +504,7 @@ func (p *NodePlugin) removeFiles(uid types.UID) error {
 // resume renews the leases of the claims prepared in the state directory.
 // A claim whose token file cannot be read is left alone, for its
 // unprepare to remove.
-func (p *NodePlugin) resume() {
+func (p *Plugin) resume() {
 	entries, err := os.ReadDir(claimsDir(p.cfg.StateDir))
 	if err != nil {
 		p.log.Error("cannot resume the prepared claims", "err", err)
@@ -603,7 +611,7 @@ func (c *nodeClaim) writeTokenFile() error {
 
 // start renews c's leases in the background until stop or p.Stop;
 // attached[i] is c.leases[i] already attached, or nil.
-func (c *nodeClaim) start(p *NodePlugin, attached []FollowedLease) {
+func (c *nodeClaim) start(p *Plugin, attached []FollowedLease) {
 	ctx, cancel := context.WithCancel(p.ctx)
 	c.ctx, c.cancel = ctx, cancel
 	for i, l := range c.leases {
@@ -626,7 +634,7 @@ func (c *nodeClaim) stop() {
 // unless it does already. Its error fails the prepare, which the kubelet
 // retries: a container must not start with a CDI spec whose socket
 // nobody serves.
-func (c *nodeClaim) serveCUDA(p *NodePlugin) error {
+func (c *nodeClaim) serveCUDA(p *Plugin) error {
 	if p.specs.shim == "" || len(c.leases) == 0 {
 		return nil
 	}
@@ -648,7 +656,7 @@ func (c *nodeClaim) serveCUDA(p *NodePlugin) error {
 // lease ended. When renewal stops for another reason (the brokers were
 // out of reach for a TTL, say) it attaches again: the binder may have
 // kept the lease alive meanwhile.
-func (c *nodeClaim) follow(ctx context.Context, p *NodePlugin, l *followedLease, held FollowedLease) {
+func (c *nodeClaim) follow(ctx context.Context, p *Plugin, l *followedLease, held FollowedLease) {
 	log := p.log.With("uid", c.uid, "lease", l.id)
 	wait := reattachFirst
 	for {
@@ -669,7 +677,7 @@ func (c *nodeClaim) follow(ctx context.Context, p *NodePlugin, l *followedLease,
 				return
 			case err != nil:
 				log.Warn("cannot attach to the lease; retrying", "err", err, "in", wait)
-				if !sleep(ctx, wait) {
+				if !clock.Sleep(ctx, clock.Real, wait) {
 					return
 				}
 				wait = min(2*wait, reattachMax)
@@ -696,7 +704,7 @@ func (c *nodeClaim) follow(ctx context.Context, p *NodePlugin, l *followedLease,
 		log.Warn("lease renewal stopped; attaching again", "err", held.Err(), "in", wait)
 		held.Close()
 		held = nil
-		if !sleep(ctx, wait) {
+		if !clock.Sleep(ctx, clock.Real, wait) {
 			return
 		}
 	}

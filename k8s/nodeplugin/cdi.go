@@ -1,4 +1,4 @@
-package k8s
+package nodeplugin
 
 import (
 	"fmt"
@@ -11,6 +11,7 @@ import (
 	cdispec "tags.cncf.io/container-device-interface/specs-go"
 
 	"github.com/gpupool/gpupool/client"
+	"github.com/gpupool/gpupool/k8s/driver"
 )
 
 // What the node plugin puts into a container through CDI: one CDI device
@@ -20,7 +21,7 @@ import (
 // directory read-only at ContainerDir, where client.FromEnv finds
 // ContainerTokenFile through client.TokenFileEnv.
 const (
-	CDIKind            = DriverName + "/claim"
+	CDIKind            = driver.Name + "/claim"
 	ContainerDir       = "/var/run/gpupool"
 	ContainerTokenFile = ContainerDir + "/" + tokenFileName
 
@@ -62,7 +63,7 @@ func newCDISpecs(dir, shim string) (*cdiSpecs, error) {
 }
 
 // specFileName is the name of claim uid's spec file.
-func specFileName(uid types.UID) string { return DriverName + "-" + string(uid) + ".json" }
+func specFileName(uid types.UID) string { return driver.Name + "-" + string(uid) + ".json" }
 
 // write replaces the spec of the claim with uid, whose state directory on
 // the node is stateDir and whose leases are leases, atomically.

@@ -1,4 +1,4 @@
-// Package k8sinit makes what a secure gpupool installation in Kubernetes
+// Package initjobs makes what a secure gpupool installation in Kubernetes
 // needs before its components can start: the cluster CA and the TLS
 // certificates of brokers, agents and clients (TLS), and the ACL's
 // bootstrap token and the tokens of the controller, the node plugin, the
@@ -10,7 +10,7 @@
 // certificate is renewed only when it expires within RenewBefore), so
 // running them again, as every 'helm upgrade' does, changes nothing but
 // what is missing. Secrets made by someone else are never overwritten.
-package k8sinit
+package initjobs
 
 import (
 	"context"

@@ -1,4 +1,11 @@
-package k8s
+// Package controller is the cluster side of the gpu.gpupool.dev DRA
+// driver, 'gpupool k8s-controller': the Publisher mirrors each pool host
+// into a ResourceSlice pool, and the Binder turns each allocated device of
+// a ResourceClaim into a broker lease of the controller's tenant and
+// reports it in the claim's status, for the node plugin to read. Run runs
+// both while this replica leads (a coordination.k8s.io Lease); only the
+// leader acts, and leases survive a handover by their request ids.
+package controller
 
 import (
 	"context"

@@ -1,4 +1,4 @@
-package k8s
+package controller
 
 import (
 	"context"
@@ -18,25 +18,10 @@ import (
 	"k8s.io/dynamic-resource-allocation/resourceslice"
 	"k8s.io/utils/ptr"
 
-	"github.com/gpupool/gpupool/broker"
-	"github.com/gpupool/gpupool/client"
+	"github.com/gpupool/gpupool/k8s/driver"
+	"github.com/gpupool/gpupool/k8s/internal/k8stest"
 	gpupoolv1 "github.com/gpupool/gpupool/proto/gpupool/v1"
 )
-
-// gpu is an 80 GiB A100 at index i of host.
-func gpu(host string, i int32) *gpupoolv1.Device {
-	return &gpupoolv1.Device{Uuid: fmt.Sprintf("GPU-%s-%d", host, i), Index: i, Model: "A100-SXM4-80GB", MemoryMib: 81920,
-		HostId: host, Health: gpupoolv1.DeviceHealth_DEVICE_HEALTH_HEALTHY}
-}
-
-// readyHost is a ready host with n GPUs.
-func readyHost(id string, n int32) *gpupoolv1.Host {
-	h := &gpupoolv1.Host{Id: id, Status: gpupoolv1.HostStatus_HOST_STATUS_READY, Eligible: true, Mps: true}
-	for i := range n {
-		h.Devices = append(h.Devices, gpu(id, i))
-	}
-	return h
-}
 
 // allocated sets gpu-0's allocation as the brokers report it: every
 // holding lease of every tenant.
@@ -67,11 +52,11 @@ type published struct {
 }
 
 func describe(d resourceapi.Device) published {
-	p := published{memory: qstr(d.Capacity[CapacityMemory].Value), compute: qstr(d.Capacity[CapacityCompute].Value)}
+	p := published{memory: qstr(d.Capacity[driver.CapacityMemory].Value), compute: qstr(d.Capacity[driver.CapacityCompute].Value)}
 	for _, t := range d.Taints {
 		p.taints = append(p.taints, fmt.Sprintf("%s=%s:%s", t.Key, t.Value, t.Effect))
 	}
-	if pol := d.Capacity[CapacityMemory].RequestPolicy; pol != nil {
+	if pol := d.Capacity[driver.CapacityMemory].RequestPolicy; pol != nil {
 		step := "none"
 		if pol.ValidRange.Step != nil {
 			step = qstr(*pol.ValidRange.Step)
@@ -91,56 +76,56 @@ func TestBuildResourcesPublishesWhatIsLeftForKubernetes(t *testing.T) {
 		want   published // of gpu-0
 	}{
 		{"an idle GPU offers all of itself",
-			readyHost("h1", 1), nil,
+			k8stest.ReadyHost("h1", 1), nil,
 			published{memory: "80Gi", compute: "100", memoryPolicy: "80Gi/1Mi/1Mi"}},
 		{"a lease of another tenant takes its slice off the capacity",
-			readyHost("h1", 1), []*gpupoolv1.Lease{lease("ml", granted, "GPU-h1-0", 20480, 25, false)},
+			k8stest.ReadyHost("h1", 1), []*gpupoolv1.Lease{lease("ml", granted, "GPU-h1-0", 20480, 25, false)},
 			published{memory: "60Gi", compute: "75", memoryPolicy: "80Gi/1Mi/1Mi"}},
 		{"a releasing lease still holds its slice",
-			readyHost("h1", 1), []*gpupoolv1.Lease{lease("ml", gpupoolv1.LeaseState_LEASE_STATE_RELEASING, "GPU-h1-0", 20480, 25, false)},
+			k8stest.ReadyHost("h1", 1), []*gpupoolv1.Lease{lease("ml", gpupoolv1.LeaseState_LEASE_STATE_RELEASING, "GPU-h1-0", 20480, 25, false)},
 			published{memory: "60Gi", compute: "75", memoryPolicy: "80Gi/1Mi/1Mi"}},
 		{"Kubernetes' own leases stay in the capacity: the scheduler counts them",
-			readyHost("h1", 1), []*gpupoolv1.Lease{lease(DefaultTenant, granted, "GPU-h1-0", 20480, 25, false)},
+			k8stest.ReadyHost("h1", 1), []*gpupoolv1.Lease{lease(DefaultTenant, granted, "GPU-h1-0", 20480, 25, false)},
 			published{memory: "80Gi", compute: "100", memoryPolicy: "80Gi/1Mi/1Mi"}},
 		{"ended and pending leases hold nothing",
-			readyHost("h1", 1), []*gpupoolv1.Lease{
+			k8stest.ReadyHost("h1", 1), []*gpupoolv1.Lease{
 				lease("ml", gpupoolv1.LeaseState_LEASE_STATE_RELEASED, "GPU-h1-0", 20480, 25, false),
 				lease("ml", gpupoolv1.LeaseState_LEASE_STATE_PENDING, "GPU-h1-0", 20480, 25, false)},
 			published{memory: "80Gi", compute: "100", memoryPolicy: "80Gi/1Mi/1Mi"}},
 		{"a GPU held whole outside Kubernetes is busy",
-			readyHost("h1", 1), []*gpupoolv1.Lease{lease("ml", granted, "GPU-h1-0", 81920, 100, true)},
-			published{memory: "0", compute: "0", taints: []string{TaintBusy + "=:NoSchedule"}}},
+			k8stest.ReadyHost("h1", 1), []*gpupoolv1.Lease{lease("ml", granted, "GPU-h1-0", 81920, 100, true)},
+			published{memory: "0", compute: "0", taints: []string{driver.TaintBusy + "=:NoSchedule"}}},
 		{"a GPU with its compute all taken is busy",
-			readyHost("h1", 1), []*gpupoolv1.Lease{lease("ml", granted, "GPU-h1-0", 1024, 100, false)},
-			published{memory: "79Gi", compute: "0", memoryPolicy: "80Gi/1Mi/1Mi", taints: []string{TaintBusy + "=:NoSchedule"}}},
+			k8stest.ReadyHost("h1", 1), []*gpupoolv1.Lease{lease("ml", granted, "GPU-h1-0", 1024, 100, false)},
+			published{memory: "79Gi", compute: "0", memoryPolicy: "80Gi/1Mi/1Mi", taints: []string{driver.TaintBusy + "=:NoSchedule"}}},
 		{"1 MiB left takes no step: the apiserver wants min plus a step within the capacity",
-			readyHost("h1", 1), []*gpupoolv1.Lease{lease("ml", granted, "GPU-h1-0", 81919, 50, false)},
+			k8stest.ReadyHost("h1", 1), []*gpupoolv1.Lease{lease("ml", granted, "GPU-h1-0", 81919, 50, false)},
 			published{memory: "1Mi", compute: "50", memoryPolicy: "80Gi/1Mi/none"}},
 		{"with a tenant-scoped token, other tenants' use is the allocation less Kubernetes' own leases",
-			allocated(readyHost("h1", 1), 30720, 40, false), []*gpupoolv1.Lease{lease(DefaultTenant, granted, "GPU-h1-0", 10240, 15, false)},
+			allocated(k8stest.ReadyHost("h1", 1), 30720, 40, false), []*gpupoolv1.Lease{lease(DefaultTenant, granted, "GPU-h1-0", 10240, 15, false)},
 			published{memory: "60Gi", compute: "75", memoryPolicy: "80Gi/1Mi/1Mi"}},
 		{"with a tenant-scoped token, a GPU allocated whole to another tenant is busy",
-			allocated(readyHost("h1", 1), 81920, 100, true), nil,
-			published{memory: "0", compute: "0", taints: []string{TaintBusy + "=:NoSchedule"}}},
+			allocated(k8stest.ReadyHost("h1", 1), 81920, 100, true), nil,
+			published{memory: "0", compute: "0", taints: []string{driver.TaintBusy + "=:NoSchedule"}}},
 		{"a GPU Kubernetes holds whole is not busy for it",
-			allocated(readyHost("h1", 1), 81920, 100, true), []*gpupoolv1.Lease{lease(DefaultTenant, granted, "GPU-h1-0", 81920, 100, true)},
+			allocated(k8stest.ReadyHost("h1", 1), 81920, 100, true), []*gpupoolv1.Lease{lease(DefaultTenant, granted, "GPU-h1-0", 81920, 100, true)},
 			published{memory: "80Gi", compute: "100", memoryPolicy: "80Gi/1Mi/1Mi"}},
 		{"a draining host's GPUs are tainted NoExecute with the reason",
-			withStatus(readyHost("h1", 1), gpupoolv1.HostStatus_HOST_STATUS_DRAINING, "drain requested"), nil,
-			published{memory: "80Gi", compute: "100", memoryPolicy: "80Gi/1Mi/1Mi", taints: []string{TaintDraining + "=drain-requested:NoExecute"}}},
+			withStatus(k8stest.ReadyHost("h1", 1), gpupoolv1.HostStatus_HOST_STATUS_DRAINING, "drain requested"), nil,
+			published{memory: "80Gi", compute: "100", memoryPolicy: "80Gi/1Mi/1Mi", taints: []string{driver.TaintDraining + "=drain-requested:NoExecute"}}},
 		{"a drained host's GPUs are tainted NoExecute",
-			withStatus(readyHost("h1", 1), gpupoolv1.HostStatus_HOST_STATUS_DRAINED, ""), nil,
-			published{memory: "80Gi", compute: "100", memoryPolicy: "80Gi/1Mi/1Mi", taints: []string{TaintDrained + "=:NoExecute"}}},
+			withStatus(k8stest.ReadyHost("h1", 1), gpupoolv1.HostStatus_HOST_STATUS_DRAINED, ""), nil,
+			published{memory: "80Gi", compute: "100", memoryPolicy: "80Gi/1Mi/1Mi", taints: []string{driver.TaintDrained + "=:NoExecute"}}},
 		{"a down host's GPUs are tainted NoExecute with the reason",
-			withStatus(readyHost("h1", 1), gpupoolv1.HostStatus_HOST_STATUS_DOWN, "no heartbeat for 10s"), nil,
-			published{memory: "80Gi", compute: "100", memoryPolicy: "80Gi/1Mi/1Mi", taints: []string{TaintDown + "=no-heartbeat-for-10s:NoExecute"}}},
+			withStatus(k8stest.ReadyHost("h1", 1), gpupoolv1.HostStatus_HOST_STATUS_DOWN, "no heartbeat for 10s"), nil,
+			published{memory: "80Gi", compute: "100", memoryPolicy: "80Gi/1Mi/1Mi", taints: []string{driver.TaintDown + "=no-heartbeat-for-10s:NoExecute"}}},
 		{"an unhealthy GPU is tainted NoExecute with its reason",
 			func() *gpupoolv1.Host {
-				h := readyHost("h1", 1)
+				h := k8stest.ReadyHost("h1", 1)
 				h.Devices[0].Health, h.Devices[0].HealthReason = gpupoolv1.DeviceHealth_DEVICE_HEALTH_UNHEALTHY, "Xid 79"
 				return h
 			}(), nil,
-			published{memory: "80Gi", compute: "100", memoryPolicy: "80Gi/1Mi/1Mi", taints: []string{TaintUnhealthy + "=Xid-79:NoExecute"}}},
+			published{memory: "80Gi", compute: "100", memoryPolicy: "80Gi/1Mi/1Mi", taints: []string{driver.TaintUnhealthy + "=Xid-79:NoExecute"}}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			res := BuildResources([]*gpupoolv1.Host{tc.host}, tc.leases, PublisherConfig{NodeSelector: DefaultNodeSelector()})
@@ -158,7 +143,7 @@ func TestBuildResourcesPublishesWhatIsLeftForKubernetes(t *testing.T) {
 }
 
 func TestBuildResourcesShapesDevicesAsTheContractSays(t *testing.T) {
-	h := readyHost("dgx-1", 2)
+	h := k8stest.ReadyHost("dgx-1", 2)
 	res := BuildResources([]*gpupoolv1.Host{h}, nil, PublisherConfig{NodeSelector: map[string]string{"zone": "a", DefaultNodeSelectorLabel: "true"}})
 	checkValid(t, res)
 	pool := res.Pools["dgx-1"]
@@ -181,16 +166,16 @@ func TestBuildResourcesShapesDevicesAsTheContractSays(t *testing.T) {
 	}
 	for _, c := range []struct{ what, got, want string }{
 		{"name", d.Name, "gpu-dgx-1-1"},
-		{"model", attr(AttrModel), "A100-SXM4-80GB"},
-		{"uuid", attr(AttrUUID), "GPU-dgx-1-1"},
-		{"host", attr(AttrHost), "dgx-1"},
-		{"index", attr(AttrIndex), "1"},
-		{"mps", attr(AttrMPS), "true"},
+		{"model", attr(driver.AttrModel), "A100-SXM4-80GB"},
+		{"uuid", attr(driver.AttrUUID), "GPU-dgx-1-1"},
+		{"host", attr(driver.AttrHost), "dgx-1"},
+		{"index", attr(driver.AttrIndex), "1"},
+		{"mps", attr(driver.AttrMPS), "true"},
 		{"allowMultipleAllocations", fmt.Sprint(*d.AllowMultipleAllocations), "true"},
 		{"bindingConditions", fmt.Sprint(d.BindingConditions), "[Leased]"},
 		{"bindingFailureConditions", fmt.Sprint(d.BindingFailureConditions), "[LeaseFailed]"},
-		{"compute policy", policyString(d.Capacity[CapacityCompute].RequestPolicy), "default 100, 1..100 step 1"},
-		{"memory policy", policyString(d.Capacity[CapacityMemory].RequestPolicy), "default 80Gi, 1Mi.. step 1Mi"},
+		{"compute policy", policyString(d.Capacity[driver.CapacityCompute].RequestPolicy), "default 100, 1..100 step 1"},
+		{"memory policy", policyString(d.Capacity[driver.CapacityMemory].RequestPolicy), "default 80Gi, 1Mi.. step 1Mi"},
 	} {
 		if c.got != c.want {
 			t.Errorf("%s: got %s, want %s", c.what, c.got, c.want)
@@ -220,11 +205,11 @@ func TestBuildResourcesPoolsAndSlices(t *testing.T) {
 		wantPools  string // pool: devices per slice
 		wantAllAll bool
 	}{
-		{"one pool per host, named after it", []*gpupoolv1.Host{readyHost("a", 2), readyHost("b", 1)}, DefaultNodeSelector(), "a:[2] b:[1]", false},
-		{"a host without GPUs still has its pool", []*gpupoolv1.Host{readyHost("a", 0)}, DefaultNodeSelector(), "a:[0]", false},
-		{"a host id that cannot name a pool is left out", []*gpupoolv1.Host{readyHost("GPU_Box", 1), readyHost("ok", 1)}, DefaultNodeSelector(), "ok:[1]", false},
-		{"more than 64 GPUs take more slices", []*gpupoolv1.Host{readyHost("big", 70)}, DefaultNodeSelector(), "big:[64 6]", false},
-		{"no node selector reaches every node", []*gpupoolv1.Host{readyHost("a", 1)}, nil, "a:[1]", true},
+		{"one pool per host, named after it", []*gpupoolv1.Host{k8stest.ReadyHost("a", 2), k8stest.ReadyHost("b", 1)}, DefaultNodeSelector(), "a:[2] b:[1]", false},
+		{"a host without GPUs still has its pool", []*gpupoolv1.Host{k8stest.ReadyHost("a", 0)}, DefaultNodeSelector(), "a:[0]", false},
+		{"a host id that cannot name a pool is left out", []*gpupoolv1.Host{k8stest.ReadyHost("GPU_Box", 1), k8stest.ReadyHost("ok", 1)}, DefaultNodeSelector(), "ok:[1]", false},
+		{"more than 64 GPUs take more slices", []*gpupoolv1.Host{k8stest.ReadyHost("big", 70)}, DefaultNodeSelector(), "big:[64 6]", false},
+		{"no node selector reaches every node", []*gpupoolv1.Host{k8stest.ReadyHost("a", 1)}, nil, "a:[1]", true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			res := BuildResources(tc.hosts, nil, PublisherConfig{NodeSelector: tc.selector})
@@ -255,7 +240,7 @@ func TestBuildResourcesIsValidWhateverIsLeft(t *testing.T) {
 	// Every split of memory and compute between Kubernetes and others.
 	for _, mem := range []int64{0, 1, 2, 3, 1024, 81918, 81919, 81920, 90000} {
 		for _, compute := range []int32{0, 1, 2, 50, 98, 99, 100, 120} {
-			res := BuildResources([]*gpupoolv1.Host{readyHost("h1", 1)},
+			res := BuildResources([]*gpupoolv1.Host{k8stest.ReadyHost("h1", 1)},
 				[]*gpupoolv1.Lease{lease("ml", granted, "GPU-h1-0", mem, compute, false)}, PublisherConfig{})
 			checkValid(t, res)
 		}
@@ -375,9 +360,9 @@ func sliceObjects(res *resourceslice.DriverResources) []runtime.Object {
 	for name, pool := range res.Pools {
 		for i, s := range pool.Slices {
 			rs := &resourceapi.ResourceSlice{
-				ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("%s-%s-%d", DriverName, name, i)},
+				ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("%s-%s-%d", driver.Name, name, i)},
 				Spec: resourceapi.ResourceSliceSpec{
-					Driver:       DriverName,
+					Driver:       driver.Name,
 					Pool:         resourceapi.ResourcePool{Name: name, Generation: 1, ResourceSliceCount: int64(len(pool.Slices))},
 					NodeSelector: pool.NodeSelector,
 					Devices:      s.Devices,
@@ -406,44 +391,8 @@ func newFakeKube(objs ...runtime.Object) *fake.Clientset {
 	return kube
 }
 
-// startBroker runs a one-server broker cluster for the test. Hosts stay
-// up without heartbeats for the length of a test.
-func startBroker(t *testing.T) *client.Client {
-	t.Helper()
-	s, err := broker.New(broker.Config{DataDir: t.TempDir(), BindAddr: "127.0.0.1:0", RaftBindAddr: "127.0.0.1:0", BootstrapExpect: 1,
-		HeartbeatTTL: 10 * time.Minute})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { s.Shutdown() })
-	c, err := client.Dial([]string{s.Addr()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { c.Close() })
-	return c
-}
-
-// eventually polls cond until it holds or 20 s pass.
-func eventually(t *testing.T, what string, cond func() (bool, string)) {
-	t.Helper()
-	deadline := time.Now().Add(60 * time.Second)
-	tick := time.NewTicker(20 * time.Millisecond)
-	defer tick.Stop()
-	var last string
-	for time.Now().Before(deadline) {
-		ok, state := cond()
-		if ok {
-			return
-		}
-		last = state
-		<-tick.C
-	}
-	t.Fatalf("%s: not after 20s; last seen: %s", what, last)
-}
-
 func TestPublisherFollowsTheBroker(t *testing.T) {
-	c := startBroker(t)
+	c := k8stest.StartBroker(t)
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(cancel)
 	register := func(h *gpupoolv1.Host) {
@@ -454,7 +403,7 @@ func TestPublisherFollowsTheBroker(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	h1 := readyHost("h1", 1)
+	h1 := k8stest.ReadyHost("h1", 1)
 	h1.Address = "127.0.0.1:1"
 	register(h1)
 
@@ -478,7 +427,7 @@ func TestPublisherFollowsTheBroker(t *testing.T) {
 		var seen []string
 		for _, s := range list.Items {
 			seen = append(seen, s.Spec.Pool.Name)
-			if s.Spec.Pool.Name != pool || s.Spec.Driver != DriverName {
+			if s.Spec.Pool.Name != pool || s.Spec.Driver != driver.Name {
 				continue
 			}
 			for _, d := range s.Spec.Devices {
@@ -491,7 +440,7 @@ func TestPublisherFollowsTheBroker(t *testing.T) {
 	}
 	want := func(what, pool string, i int, wantDesc string) {
 		t.Helper()
-		eventually(t, what, func() (bool, string) {
+		k8stest.Eventually(t, what, func() (bool, string) {
 			ok, got := device(pool, i)
 			return ok && got == wantDesc, got
 		})
@@ -510,7 +459,7 @@ func TestPublisherFollowsTheBroker(t *testing.T) {
 
 	// A new host appears; a drained one gets tainted (host status has no
 	// watch: the resync finds it).
-	h2 := readyHost("h2", 2)
+	h2 := k8stest.ReadyHost("h2", 2)
 	h2.Address = "127.0.0.1:2"
 	register(h2)
 	want("a new host gets its pool", "h2", 1, "{memory:80Gi compute:100 taints:[] memoryPolicy:80Gi/1Mi/1Mi}")
@@ -518,7 +467,7 @@ func TestPublisherFollowsTheBroker(t *testing.T) {
 		t.Fatal(err)
 	}
 	// h2 holds no lease, so the drain leaves it drained at once.
-	want("a drained host's GPUs are tainted", "h2", 1, "{memory:80Gi compute:100 taints:["+TaintDrained+"=drain-requested:NoExecute] memoryPolicy:80Gi/1Mi/1Mi}")
+	want("a drained host's GPUs are tainted", "h2", 1, "{memory:80Gi compute:100 taints:["+driver.TaintDrained+"=drain-requested:NoExecute] memoryPolicy:80Gi/1Mi/1Mi}")
 }
 
 // The leases are read before and after the hosts: a lease of the

@@ -1,4 +1,4 @@
-package k8s
+package nodeplugin
 
 import (
 	"context"
@@ -16,7 +16,7 @@ import (
 )
 
 // Remote CUDA in a claim's containers. When the node plugin has the CUDA
-// shim (NodePluginConfig.CUDAShim), every claim's CDI device also
+// shim (Config.CUDAShim), every claim's CDI device also
 //
 //   - bind-mounts the shim read-only as libcuda.so.1 into the directories
 //     the dynamic loader searches by default (ShimContainerPaths), so an

@@ -1,4 +1,4 @@
-package k8s
+package controller
 
 import (
 	"context"
@@ -12,6 +12,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 
+	"github.com/gpupool/gpupool/internal/clock"
 	gpupoolv1 "github.com/gpupool/gpupool/proto/gpupool/v1"
 )
 
@@ -55,7 +56,7 @@ func claimTenant(ctx context.Context, leases gpupoolv1.LeaseServiceClient, tenan
 			return fmt.Errorf("claim tenant %s: %s", tenant, status.Convert(err).Message())
 		}
 		log.Warn("cannot claim the tenant at the brokers; retrying", "tenant", tenant, "err", err, "retry_in", retry.peek())
-		if !sleep(ctx, retry.next()) {
+		if !clock.Sleep(ctx, clock.Real, retry.next()) {
 			return ctx.Err()
 		}
 	}

@@ -1,4 +1,4 @@
-package k8s
+package controller
 
 import (
 	"cmp"
@@ -20,53 +20,10 @@ import (
 	"k8s.io/dynamic-resource-allocation/resourceslice"
 	"k8s.io/utils/ptr"
 
+	"github.com/gpupool/gpupool/internal/clock"
+	"github.com/gpupool/gpupool/k8s/driver"
 	gpupoolv1 "github.com/gpupool/gpupool/proto/gpupool/v1"
 )
-
-// DriverName is the DRA driver and DeviceClass name of gpupool.
-const DriverName = "gpu.gpupool.dev"
-
-// The binding conditions of every published device: the scheduler binds a
-// pod once the binder has set Leased on each of its devices, and gives the
-// allocation up when it has set LeaseFailed.
-const (
-	ConditionLeased      = "Leased"
-	ConditionLeaseFailed = "LeaseFailed"
-)
-
-// Device taints. The NoExecute ones keep the scheduler off a device and
-// let the device-taint eviction controller evict the pods that use it; busy
-// (NoSchedule) only keeps new pods off.
-const (
-	TaintUnhealthy = DriverName + "/unhealthy"
-	TaintDraining  = DriverName + "/draining"
-	TaintDrained   = DriverName + "/drained"
-	TaintDown      = DriverName + "/down"
-	TaintBusy      = DriverName + "/busy"
-)
-
-// Device attribute and capacity names, in the driver's domain.
-const (
-	AttrModel resourceapi.QualifiedName = "model"
-	AttrUUID  resourceapi.QualifiedName = "uuid"
-	AttrHost  resourceapi.QualifiedName = "host"
-	AttrIndex resourceapi.QualifiedName = "index"
-	AttrMPS   resourceapi.QualifiedName = "mps"
-	// AttrNVLinkDomain names the NVLink island of a GPU: "<host>/nvlink-<k>",
-	// the same for every GPU of the host that it is linked to, directly or
-	// through others. A GPU without NVLink peers has none.
-	AttrNVLinkDomain resourceapi.QualifiedName = "nvlinkDomain"
-	CapacityMemory   resourceapi.QualifiedName = "memory"
-	CapacityCompute  resourceapi.QualifiedName = "compute"
-)
-
-// AttrPCIeRoot is Kubernetes' standard attribute for the PCIe root
-// complex of a device, outside the driver's domain. Its value is
-// "<host>/<root>" (for example "dgx-1/pcie-0"), not the pci<domain>:<bus>
-// of a local device: a remote GPU never shares a root with a device of
-// the node its pod runs on, and two hosts' roots must not compare
-// equal.
-const AttrPCIeRoot resourceapi.QualifiedName = "resource.kubernetes.io/pcieRoot"
 
 // Defaults of the publisher and binder configuration.
 const (
@@ -330,7 +287,7 @@ func nvlinkDomains(devs []*gpupoolv1.Device) map[string]string {
 // host, qualified by the host so that no two hosts' compare equal; each
 // only when known and short enough to be an attribute.
 func topologyAttributes(dev *resourceapi.Device, host, root, domain string) {
-	for name, v := range map[resourceapi.QualifiedName]string{AttrPCIeRoot: root, AttrNVLinkDomain: domain} {
+	for name, v := range map[resourceapi.QualifiedName]string{driver.AttrPCIeRoot: root, driver.AttrNVLinkDomain: domain} {
 		if v == "" {
 			continue
 		}
@@ -351,33 +308,33 @@ func buildDevice(h *gpupoolv1.Host, d *gpupoolv1.Device, held usage) resourceapi
 	dev := resourceapi.Device{
 		Name: DeviceName(d.GetUuid()),
 		Attributes: map[resourceapi.QualifiedName]resourceapi.DeviceAttribute{
-			AttrModel: {StringValue: ptr.To(truncate(d.GetModel(), resourceapi.DeviceAttributeMaxValueLength))},
-			AttrUUID:  {StringValue: ptr.To(d.GetUuid())},
-			AttrHost:  {StringValue: ptr.To(h.GetId())},
-			AttrIndex: {IntValue: ptr.To(int64(d.GetIndex()))},
-			AttrMPS:   {BoolValue: ptr.To(h.GetMps())},
+			driver.AttrModel: {StringValue: ptr.To(truncate(d.GetModel(), resourceapi.DeviceAttributeMaxValueLength))},
+			driver.AttrUUID:  {StringValue: ptr.To(d.GetUuid())},
+			driver.AttrHost:  {StringValue: ptr.To(h.GetId())},
+			driver.AttrIndex: {IntValue: ptr.To(int64(d.GetIndex()))},
+			driver.AttrMPS:   {BoolValue: ptr.To(h.GetMps())},
 		},
 		Capacity: map[resourceapi.QualifiedName]resourceapi.DeviceCapacity{
 			// Memory in steps of 1 MiB from 1 MiB, by default the whole GPU:
 			// more than is left once anything else holds some of it.
-			CapacityMemory: {
+			driver.CapacityMemory: {
 				Value:         *resource.NewQuantity(memLeft*mib, resource.BinarySI),
 				RequestPolicy: rangePolicy(memLeft*mib, whole, resource.MustParse("1Mi"), resource.MustParse("1Mi"), nil),
 			},
 			// Compute in steps of 1 from 1 to what is left of 100, by
 			// default all of that.
-			CapacityCompute: {
+			driver.CapacityCompute: {
 				Value:         *compute,
 				RequestPolicy: rangePolicy(computeLeft, compute, *resource.NewQuantity(1, resource.DecimalSI), *resource.NewQuantity(1, resource.DecimalSI), compute),
 			},
 		},
 		AllowMultipleAllocations: ptr.To(true),
-		BindingConditions:        []string{ConditionLeased},
-		BindingFailureConditions: []string{ConditionLeaseFailed},
+		BindingConditions:        []string{driver.ConditionLeased},
+		BindingFailureConditions: []string{driver.ConditionLeaseFailed},
 	}
 	if d.GetMemoryMib() < 1 {
 		// Without memory there is no default the policy could accept.
-		dev.Capacity[CapacityMemory] = resourceapi.DeviceCapacity{Value: dev.Capacity[CapacityMemory].Value}
+		dev.Capacity[driver.CapacityMemory] = resourceapi.DeviceCapacity{Value: dev.Capacity[driver.CapacityMemory].Value}
 	}
 	dev.Taints = deviceTaints(h, d, memLeft < 1 || computeLeft < 1)
 	return dev
@@ -404,9 +361,9 @@ func rangePolicy(value int64, def *resource.Quantity, min, step resource.Quantit
 
 // hostTaint is the taint of the devices of a host in each status.
 var hostTaint = map[gpupoolv1.HostStatus]string{
-	gpupoolv1.HostStatus_HOST_STATUS_DRAINING: TaintDraining,
-	gpupoolv1.HostStatus_HOST_STATUS_DRAINED:  TaintDrained,
-	gpupoolv1.HostStatus_HOST_STATUS_DOWN:     TaintDown,
+	gpupoolv1.HostStatus_HOST_STATUS_DRAINING: driver.TaintDraining,
+	gpupoolv1.HostStatus_HOST_STATUS_DRAINED:  driver.TaintDrained,
+	gpupoolv1.HostStatus_HOST_STATUS_DOWN:     driver.TaintDown,
 }
 
 // deviceTaints are the taints of device d of host h; busy says nothing of
@@ -417,10 +374,10 @@ func deviceTaints(h *gpupoolv1.Host, d *gpupoolv1.Device, busy bool) []resourcea
 		out = append(out, resourceapi.DeviceTaint{Key: key, Value: labelValue(h.GetStatusReason()), Effect: resourceapi.DeviceTaintEffectNoExecute})
 	}
 	if d.GetHealth() == gpupoolv1.DeviceHealth_DEVICE_HEALTH_UNHEALTHY {
-		out = append(out, resourceapi.DeviceTaint{Key: TaintUnhealthy, Value: labelValue(d.GetHealthReason()), Effect: resourceapi.DeviceTaintEffectNoExecute})
+		out = append(out, resourceapi.DeviceTaint{Key: driver.TaintUnhealthy, Value: labelValue(d.GetHealthReason()), Effect: resourceapi.DeviceTaintEffectNoExecute})
 	}
 	if busy {
-		out = append(out, resourceapi.DeviceTaint{Key: TaintBusy, Effect: resourceapi.DeviceTaintEffectNoSchedule})
+		out = append(out, resourceapi.DeviceTaint{Key: driver.TaintBusy, Effect: resourceapi.DeviceTaintEffectNoSchedule})
 	}
 	return out
 }
@@ -504,12 +461,12 @@ func (p *Publisher) Run(ctx context.Context) error {
 			break
 		}
 		p.log.Warn("cannot read the pool from the brokers; retrying", "err", err, "retry_in", retry.peek())
-		if !sleep(ctx, retry.next()) {
+		if !clock.Sleep(ctx, clock.Real, retry.next()) {
 			return nil
 		}
 	}
 	ctrl, err := resourceslice.StartController(ctx, resourceslice.Options{
-		DriverName: DriverName,
+		DriverName: driver.Name,
 		KubeClient: p.kube,
 		Resources:  res,
 		ErrorHandler: func(_ context.Context, err error, msg string) {
@@ -532,7 +489,7 @@ func (p *Publisher) Run(ctx context.Context) error {
 			return nil
 		case <-tick.C:
 		case <-changed:
-			if !sleep(ctx, p.cfg.Debounce) {
+			if !clock.Sleep(ctx, clock.Real, p.cfg.Debounce) {
 				return nil
 			}
 			select { // events during the wait are in this read
@@ -628,7 +585,7 @@ func (p *Publisher) watchLeases(ctx context.Context, changed chan<- struct{}) {
 			retry.reset()
 		}
 		p.log.Debug("lease watch broken; watching again", "err", err, "retry_in", retry.peek())
-		sleep(ctx, retry.next())
+		clock.Sleep(ctx, clock.Real, retry.next())
 	}
 }
 
@@ -663,16 +620,4 @@ func (b *backoff) next() time.Duration {
 	d := b.cur
 	b.cur = min(2*b.cur, b.max)
 	return d
-}
-
-// sleep waits d or until ctx ends; it reports whether d passed.
-func sleep(ctx context.Context, d time.Duration) bool {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return false
-	case <-t.C:
-		return true
-	}
 }
