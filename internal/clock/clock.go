@@ -116,4 +116,3 @@ func (c *Fake) Advance(d time.Duration) {
 		t.f()
 	}
 }
-
