@@ -2,10 +2,12 @@ package console_test
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"encoding/base64"
 	"fmt"
 	"io"
+	"log/slog"
 	"net"
 	"net/http"
 	"net/http/cookiejar"
@@ -264,7 +266,10 @@ func events(t *testing.T, c *http.Client, u string, stop func(event, data string
 }
 
 func TestConsoleSignInKeepsOnlyARandomSessionIDInAStrictHttpOnlyCookie(t *testing.T) {
-	e := startEnv(t, true, nil)
+	var logs syncBuffer
+	e := startEnv(t, true, func(c *console.Config) {
+		c.Logger = slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	})
 	_, secret := e.token(t, clientToken("a"))
 	c := e.browser(t)
 	_, page := get(t, c, e.base+"/signin")
@@ -304,6 +309,28 @@ func TestConsoleSignInKeepsOnlyARandomSessionIDInAStrictHttpOnlyCookie(t *testin
 	if other := e.signIn(t, secret); e.sessionID(t, other) == ck.Value {
 		t.Error("two sign-ins with one token got the same session id, want a random one each")
 	}
+	events(t, c, e.base+"/events?page=leases", func(ev, data string) bool { return ev == "parts" })
+	if strings.Contains(logs.String(), secret) {
+		t.Error("the console's log holds the token's secret")
+	}
+}
+
+// syncBuffer is a bytes.Buffer that a logger and the test share.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (b *syncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.b.Write(p)
+}
+
+func (b *syncBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.b.String()
 }
 
 func TestConsoleSignInAndSignOutAcceptOnlyTheConsolesOwnForms(t *testing.T) {
