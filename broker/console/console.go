@@ -2,12 +2,29 @@
 // pages of the pool, hosts, leases, the queue, tenants and the cluster,
 // kept live with server-sent events.
 //
-// The console holds no state of its own and no privilege: every page and
-// every stream is read through the broker's gRPC API with the signed-in
-// user's ACL token, so the API's checks (token valid, right, tenant scope)
-// are the console's checks, and a follower's console gets leader memory
-// (heartbeats, measured usage) from the leader as any API client does. It
-// never writes: it has no form but sign-in and sign-out.
+// The console has no privilege: every page and every stream is read
+// through the broker's gRPC API with the signed-in user's ACL token, so the
+// API's checks (token valid, right, tenant scope) are the console's
+// checks, and a follower's console gets leader memory (heartbeats,
+// measured usage) from the leader as any API client does. It never writes
+// to the pool: its only forms are sign-in and sign-out.
+//
+// Its one state is its sign-in sessions, kept in this broker's memory
+// only: the browser's cookie holds a random session id (256 bits), never
+// the token's secret, which stays in the session on the server. A session
+// ends after Sessions.Idle unused (30m), Sessions.Lifetime after sign-in
+// (12h), at sign-out, when its token expires, and at the first request
+// after the broker refuses its token (revoked); at most Sessions.Max
+// (10000) are kept, and a sign-in at the bound ends the idlest. Sessions
+// are not replicated: a user signs in again on another broker and after a
+// restart. Replicating them would put every signed-in secret in the Raft
+// log and snapshots of every broker, and buy only not typing a token
+// again on a read-only console.
+//
+// Sign-in and sign-out accept only this console's own pages (csrf.go):
+// Sec-Fetch-Site and Origin must say same-origin when sent, and the form
+// must carry its CSRF token, bound to a pre-session cookie for sign-in and
+// to the session for sign-out.
 //
 // Every string from users (holders, labels, reasons, tenants) reaches the
 // page through html/template or template.HTMLEscapeString; the assets are
@@ -30,6 +47,7 @@ import (
 
 	"google.golang.org/grpc"
 
+	"github.com/gpupool/gpupool/internal/clock"
 	gpupoolv1 "github.com/gpupool/gpupool/proto/gpupool/v1"
 )
 
@@ -87,7 +105,11 @@ type Config struct {
 	// event (usage, ages, the audit log); default 2s.
 	LiveInterval time.Duration
 	Timeouts     Timeouts
-	Logger       *slog.Logger
+	// Sessions bounds the sign-in sessions (idle, lifetime, how many).
+	Sessions Sessions
+	// Clock times sessions; default the wall clock.
+	Clock  clock.Clock
+	Logger *slog.Logger
 }
 
 // Server is a running console.
@@ -99,6 +121,9 @@ type Server struct {
 	api     apiClients
 	tpl     *template.Template
 	streams *streamLimiter
+	// sessions are the signed-in browsers; csrf signs their forms.
+	sessions *sessionStore
+	csrf     *csrfKeys
 	// baselines are pages' renders their streams start from.
 	baselines *baselines
 	// ctx ends the live streams when the console closes.
@@ -126,6 +151,10 @@ func New(cfg Config) (*Server, error) {
 		cfg.LiveInterval = 2 * time.Second
 	}
 	cfg.Timeouts.setDefaults()
+	cfg.Sessions.setDefaults()
+	if cfg.Clock == nil {
+		cfg.Clock = clock.Real
+	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
@@ -140,6 +169,8 @@ func New(cfg Config) (*Server, error) {
 			operator: gpupoolv1.NewOperatorServiceClient(cfg.Conn), acl: gpupoolv1.NewAclServiceClient(cfg.Conn),
 		},
 		streams:   newStreamLimiter(cfg.StreamsPerToken),
+		sessions:  newSessionStore(cfg.Sessions, cfg.Clock),
+		csrf:      newCSRFKeys(),
 		baselines: newBaselines(),
 	}
 	s.ctx, s.cancel = context.WithCancel(context.Background())
@@ -223,7 +254,10 @@ func securityHeaders(h http.Handler) http.Handler {
 		hd := w.Header()
 		hd.Set("Content-Security-Policy", "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; connect-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'")
 		hd.Set("X-Content-Type-Options", "nosniff")
-		hd.Set("Referrer-Policy", "no-referrer")
+		// same-origin, not no-referrer: under no-referrer a browser sends
+		// "Origin: null" with the console's own forms, which the CSRF
+		// check must refuse. Other sites still get no referrer.
+		hd.Set("Referrer-Policy", "same-origin")
 		hd.Set("X-Frame-Options", "DENY")
 		if r.Body != nil {
 			r.Body = http.MaxBytesReader(w, r.Body, maxBodyBytes)

@@ -2,13 +2,17 @@ package console_test
 
 import (
 	"bufio"
+	"bytes"
 	"context"
+	"encoding/base64"
 	"fmt"
 	"io"
+	"log/slog"
 	"net"
 	"net/http"
 	"net/http/cookiejar"
 	"net/url"
+	"regexp"
 	"strings"
 	"sync"
 	"testing"
@@ -20,6 +24,7 @@ import (
 
 	"github.com/gpupool/gpupool/broker"
 	"github.com/gpupool/gpupool/broker/console"
+	"github.com/gpupool/gpupool/internal/clock"
 	"github.com/gpupool/gpupool/internal/limits"
 	gpupoolv1 "github.com/gpupool/gpupool/proto/gpupool/v1"
 )
@@ -139,15 +144,73 @@ func (e *env) browser(t *testing.T) *http.Client {
 func (e *env) signIn(t *testing.T, secret string) *http.Client {
 	t.Helper()
 	c := e.browser(t)
-	resp, err := c.PostForm(e.base+"/signin", url.Values{"token": {secret}, "next": {"/leases"}})
+	if code, body := e.submitSignIn(t, c, secret); code != http.StatusSeeOther {
+		t.Fatalf("sign in: got %d %s, want 303", code, body)
+	}
+	return c
+}
+
+// submitSignIn signs in as a browser does: it opens the sign-in page and
+// sends its form, from the console's own origin.
+func (e *env) submitSignIn(t *testing.T, c *http.Client, secret string) (int, string) {
+	t.Helper()
+	_, page := get(t, c, e.base+"/signin")
+	return e.post(t, c, "/signin", url.Values{"token": {secret}, "next": {"/leases"}, "csrf": {csrfOf(t, page)}}, e.sameOrigin())
+}
+
+// sameOrigin is what a browser sends with a form of the console's own page.
+func (e *env) sameOrigin() http.Header {
+	return http.Header{"Origin": {e.base}, "Sec-Fetch-Site": {"same-origin"}}
+}
+
+// post sends a form with the given headers.
+func (e *env) post(t *testing.T, c *http.Client, path string, form url.Values, hdr http.Header) (int, string) {
+	t.Helper()
+	req, _ := http.NewRequestWithContext(ctx(t), http.MethodPost, e.base+path, strings.NewReader(form.Encode()))
+	req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
+	for k, v := range hdr {
+		req.Header[k] = v
+	}
+	resp, err := c.Do(req)
 	if err != nil {
 		t.Fatal(err)
 	}
-	body, _ := io.ReadAll(resp.Body)
-	resp.Body.Close()
-	if resp.StatusCode != http.StatusSeeOther {
-		t.Fatalf("sign in: got %d %s, want 303", resp.StatusCode, body)
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(b)
+}
+
+var csrfInput = regexp.MustCompile(`name="csrf" value="([^"]+)"`)
+
+// csrfOf is the CSRF token of the (first) form on a page.
+func csrfOf(t *testing.T, page string) string {
+	t.Helper()
+	m := csrfInput.FindStringSubmatch(page)
+	if m == nil {
+		t.Fatalf("no CSRF token on the page: %s", excerpt(page, "<form"))
 	}
+	return m[1]
+}
+
+// sessionID is the session cookie c holds for the console.
+func (e *env) sessionID(t *testing.T, c *http.Client) string {
+	t.Helper()
+	u, _ := url.Parse(e.base)
+	for _, k := range c.Jar.Cookies(u) {
+		if k.Name == "gpupool_console_session" {
+			return k.Value
+		}
+	}
+	t.Fatal("no session cookie")
+	return ""
+}
+
+// withSession is a new browser that holds only the session cookie id
+// (a stolen or forged one).
+func (e *env) withSession(t *testing.T, id string) *http.Client {
+	c := e.browser(t)
+	u, _ := url.Parse(e.base)
+	c.Jar.SetCookies(u, []*http.Cookie{{Name: "gpupool_console_session", Value: id}})
 	return c
 }
 
@@ -202,24 +265,295 @@ func events(t *testing.T, c *http.Client, u string, stop func(event, data string
 	}
 }
 
-func TestConsoleSignInKeepsTheTokenInAStrictHttpOnlyCookie(t *testing.T) {
-	e := startEnv(t, true, nil)
+func TestConsoleSignInKeepsOnlyARandomSessionIDInAStrictHttpOnlyCookie(t *testing.T) {
+	var logs syncBuffer
+	e := startEnv(t, true, func(c *console.Config) {
+		c.Logger = slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	})
 	_, secret := e.token(t, clientToken("a"))
 	c := e.browser(t)
-	resp, err := c.PostForm(e.base+"/signin", url.Values{"token": {secret}})
+	_, page := get(t, c, e.base+"/signin")
+	req, _ := http.NewRequestWithContext(ctx(t), http.MethodPost, e.base+"/signin", strings.NewReader(url.Values{"token": {secret}, "csrf": {csrfOf(t, page)}}.Encode()))
+	req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
+	req.Header.Set("Origin", e.base)
+	resp, err := c.Do(req)
 	if err != nil {
 		t.Fatal(err)
 	}
 	resp.Body.Close()
 	var ck *http.Cookie
 	for _, k := range resp.Cookies() {
-		ck = k
+		if k.Name == "gpupool_console_session" {
+			ck = k
+		}
 	}
-	if ck == nil || !ck.HttpOnly || ck.SameSite != http.SameSiteStrictMode || ck.Value != secret {
-		t.Fatalf("cookie: got %+v, want the secret, HttpOnly, SameSite=Strict", ck)
+	if ck == nil || !ck.HttpOnly || ck.SameSite != http.SameSiteStrictMode || ck.Path != "/" {
+		t.Fatalf("session cookie: got %+v, want HttpOnly, SameSite=Strict, Path=/", ck)
 	}
-	if code, body := get(t, c, e.base+"/"); code != 200 || !strings.Contains(body, "signed in as t-a (client, tenants a)") || !strings.Contains(body, `id="live"`) {
-		t.Errorf("pool page after sign-in: got %d, want 200 naming the user and saying read-only", code)
+	raw, err := base64.RawURLEncoding.DecodeString(ck.Value)
+	if err != nil || len(raw) < 16 {
+		t.Errorf("session id %q: got %d random bytes (%v), want at least 16 (128 bits)", ck.Value, len(raw), err)
+	}
+	if ck.Value == secret || strings.Contains(ck.Value, secret) || strings.Contains(secret, ck.Value) {
+		t.Errorf("session cookie %q holds the token's secret", ck.Value)
+	}
+	for _, path := range []string{"/", "/leases", "/cluster", "/signin"} {
+		code, body := get(t, c, e.base+path)
+		if strings.Contains(body, secret) {
+			t.Errorf("%s: the page shows the token's secret", path)
+		}
+		if path == "/" && (code != 200 || !strings.Contains(body, "signed in as t-a (client, tenants a)") || !strings.Contains(body, `id="live"`)) {
+			t.Errorf("pool page after sign-in: got %d, want 200 naming the user", code)
+		}
+	}
+	if other := e.signIn(t, secret); e.sessionID(t, other) == ck.Value {
+		t.Error("two sign-ins with one token got the same session id, want a random one each")
+	}
+	events(t, c, e.base+"/events?page=leases", func(ev, data string) bool { return ev == "parts" })
+	if strings.Contains(logs.String(), secret) {
+		t.Error("the console's log holds the token's secret")
+	}
+}
+
+// syncBuffer is a bytes.Buffer that a logger and the test share.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (b *syncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.b.Write(p)
+}
+
+func (b *syncBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.b.String()
+}
+
+func TestConsoleSignInAndSignOutAcceptOnlyTheConsolesOwnForms(t *testing.T) {
+	e := startEnv(t, true, nil)
+	_, secret := e.token(t, clientToken("a"))
+	port := e.base[strings.LastIndex(e.base, ":")+1:]
+	otherPort := "http://127.0.0.1:1"
+	if port == "1" {
+		otherPort = "http://127.0.0.1:2"
+	}
+	for _, tc := range []struct {
+		name string
+		hdr  http.Header
+		// csrf makes the form's CSRF token from the browser's sign-in page.
+		csrf     func(page string) string
+		code     int
+		wantBody string
+	}{
+		{"a same-origin form signs in", e.sameOrigin(), func(p string) string { return csrfOf(t, p) }, http.StatusSeeOther, ""},
+		{"a form without Origin or Sec-Fetch-Site (curl) and with its CSRF token signs in", nil, func(p string) string { return csrfOf(t, p) }, http.StatusSeeOther, ""},
+		{"a form with Origin of another site is refused", http.Header{"Origin": {"https://evil.example"}}, func(p string) string { return csrfOf(t, p) }, http.StatusForbidden, `Origin is "https://evil.example"`},
+		{"a form with Sec-Fetch-Site cross-site is refused", http.Header{"Sec-Fetch-Site": {"cross-site"}}, func(p string) string { return csrfOf(t, p) }, http.StatusForbidden, `Sec-Fetch-Site is "cross-site"`},
+		{"a form from the same site but another origin is refused", http.Header{"Origin": {otherPort}, "Sec-Fetch-Site": {"same-site"}}, func(p string) string { return csrfOf(t, p) }, http.StatusForbidden, `Sec-Fetch-Site is "same-site"`},
+		{"a form from another port of the host is refused", http.Header{"Origin": {otherPort}}, func(p string) string { return csrfOf(t, p) }, http.StatusForbidden, "Origin is"},
+		{"a form from an opaque origin is refused", http.Header{"Origin": {"null"}}, func(p string) string { return csrfOf(t, p) }, http.StatusForbidden, `Origin is "null"`},
+		{"a same-origin form without a CSRF token is refused", e.sameOrigin(), func(string) string { return "" }, http.StatusForbidden, "no CSRF token"},
+		{"a same-origin form with a wrong CSRF token is refused", e.sameOrigin(), func(string) string { return "AAAA" }, http.StatusForbidden, "does not match"},
+		{"a form with another browser's CSRF token is refused", nil, func(string) string {
+			_, p := get(t, e.browser(t), e.base+"/signin")
+			return csrfOf(t, p)
+		}, http.StatusForbidden, "does not match"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := e.browser(t)
+			_, page := get(t, c, e.base+"/signin")
+			code, body := e.post(t, c, "/signin", url.Values{"token": {secret}, "csrf": {tc.csrf(page)}}, tc.hdr)
+			if code != tc.code || !strings.Contains(body, tc.wantBody) {
+				t.Fatalf("got %d %q, want %d saying %q", code, excerpt(body, "refused"), tc.code, tc.wantBody)
+			}
+			signedIn, _ := get(t, c, e.base+"/leases")
+			if want := tc.code == http.StatusSeeOther; (signedIn == 200) != want {
+				t.Errorf("signed in after the form: got %v (%d), want %v", signedIn == 200, signedIn, want)
+			}
+		})
+	}
+	t.Run("a sign-in without the pre-session cookie is refused", func(t *testing.T) {
+		_, page := get(t, e.browser(t), e.base+"/signin")
+		code, body := e.post(t, e.browser(t), "/signin", url.Values{"token": {secret}, "csrf": {csrfOf(t, page)}}, e.sameOrigin())
+		if code != http.StatusForbidden || !strings.Contains(body, "no gpupool_console_signin cookie") {
+			t.Errorf("got %d %q, want 403 naming the missing cookie", code, excerpt(body, "refused"))
+		}
+	})
+
+	for _, tc := range []struct {
+		name     string
+		hdr      http.Header
+		csrf     func(page string) string
+		wantBody string
+	}{
+		{"a cross-site sign-out is refused", http.Header{"Origin": {"https://evil.example"}, "Sec-Fetch-Site": {"cross-site"}}, func(p string) string { return csrfOf(t, p) }, "Sec-Fetch-Site"},
+		{"a same-site sign-out from another origin is refused", http.Header{"Origin": {otherPort}}, func(p string) string { return csrfOf(t, p) }, "Origin is"},
+		{"a sign-out without a CSRF token is refused", e.sameOrigin(), func(string) string { return "" }, "no CSRF token"},
+		{"a sign-out with the sign-in form's CSRF token is refused", nil, func(string) string {
+			c := e.browser(t)
+			_, p := get(t, c, e.base+"/signin")
+			return csrfOf(t, p)
+		}, "does not match"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := e.signIn(t, secret)
+			_, page := get(t, c, e.base+"/")
+			code, body := e.post(t, c, "/signout", url.Values{"csrf": {tc.csrf(page)}}, tc.hdr)
+			if code != http.StatusForbidden || !strings.Contains(body, tc.wantBody) {
+				t.Errorf("got %d %q, want 403 saying %q", code, body, tc.wantBody)
+			}
+			if code, _ := get(t, c, e.base+"/leases"); code != 200 {
+				t.Errorf("after the refused sign-out: got %d, want 200 (still signed in)", code)
+			}
+		})
+	}
+}
+
+func TestConsoleSignOutEndsTheSessionOnTheServer(t *testing.T) {
+	e := startEnv(t, true, nil)
+	_, secret := e.token(t, clientToken("a"))
+	c := e.signIn(t, secret)
+	id := e.sessionID(t, c)
+	_, page := get(t, c, e.base+"/")
+	if code, body := e.post(t, c, "/signout", url.Values{"csrf": {csrfOf(t, page)}}, e.sameOrigin()); code != 200 || !strings.Contains(body, "You are signed out") {
+		t.Fatalf("sign out: got %d %q, want 200 saying so", code, excerpt(body, "reason"))
+	}
+	replay := e.withSession(t, id)
+	if code, body := get(t, replay, e.base+"/leases"); code != http.StatusUnauthorized || !strings.Contains(body, "not known to this broker") {
+		t.Errorf("the old cookie after sign-out: got %d %q, want 401, an unknown session", code, excerpt(body, "reason"))
+	}
+	events(t, replay, e.base+"/events?page=leases", func(ev, data string) bool {
+		if ev != "signout" {
+			t.Errorf("the old cookie's stream: got %s %q, want signout", ev, data)
+		}
+		return true
+	})
+}
+
+func TestConsoleEndsTheStreamsOfASignedOutSession(t *testing.T) {
+	e := startEnv(t, true, nil)
+	_, secret := e.token(t, clientToken("a"))
+	c := e.signIn(t, secret)
+	_, page := get(t, c, e.base+"/")
+	var once sync.Once
+	var got string
+	events(t, c, e.base+"/events?page=leases", func(ev, data string) bool {
+		if ev == "parts" {
+			once.Do(func() {
+				if code, body := e.post(t, c, "/signout", url.Values{"csrf": {csrfOf(t, page)}}, e.sameOrigin()); code != 200 {
+					t.Errorf("sign out in another tab: got %d %q, want 200", code, body)
+				}
+			})
+		}
+		got = ev + ": " + data
+		return ev == "signout"
+	})
+	if !strings.Contains(got, "not known") {
+		t.Errorf("last event: got %q, want a signout saying the session is gone", got)
+	}
+}
+
+func TestConsoleRefusesForgedAndStolenSessionIDs(t *testing.T) {
+	e := startEnv(t, true, nil)
+	tok, secret := e.token(t, clientToken("a"))
+	victim := e.signIn(t, secret)
+	stolen := e.sessionID(t, victim)
+	if _, err := e.acl.RevokeToken(e.as(t, e.mgmt), &gpupoolv1.RevokeAclTokenRequest{AccessorId: tok.AccessorId}); err != nil {
+		t.Fatal(err)
+	}
+	_, other := e.token(t, clientToken("b"))
+	for _, tc := range []struct{ name, cookie, want string }{
+		{"a random id", base64.RawURLEncoding.EncodeToString([]byte("0123456789abcdef0123456789abcdef")), "not known"},
+		{"the token's secret as the cookie", other, "not known"},
+		{"an empty-looking id", "x", "not known"},
+		{"a stolen id whose token was revoked", stolen, "revoked"},
+		{"the stolen id once more: its session has ended", stolen, "not known"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			code, body := get(t, e.withSession(t, tc.cookie), e.base+"/leases")
+			if code != http.StatusUnauthorized || !strings.Contains(body, tc.want) {
+				t.Errorf("got %d %q, want 401 saying %q", code, excerpt(body, "reason"), tc.want)
+			}
+		})
+	}
+}
+
+func TestConsoleEndsSessionsOnItsClock(t *testing.T) {
+	const idle, lifetime = 30 * time.Minute, 2 * time.Hour
+	for _, tc := range []struct {
+		name string
+		// uses are the gaps between sign-in and each use of the session.
+		uses []time.Duration
+		want string // "": still signed in after the last use
+	}{
+		{"a session used within its idle timeout lives on", []time.Duration{29 * time.Minute, 29 * time.Minute}, ""},
+		{"a session unused for its idle timeout ends", []time.Duration{10 * time.Minute, idle}, "30m without use"},
+		{"a session in use ends at its lifetime", []time.Duration{25 * time.Minute, 25 * time.Minute, 25 * time.Minute, 25 * time.Minute, 20 * time.Minute}, "2h after sign-in"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			clk := clock.NewFake(time.Unix(1_800_000_000, 0))
+			e := startEnv(t, true, func(c *console.Config) {
+				c.Clock = clk
+				c.Sessions = console.Sessions{Idle: idle, Lifetime: lifetime}
+			})
+			_, secret := e.token(t, clientToken("a"))
+			c := e.signIn(t, secret)
+			for i, d := range tc.uses {
+				clk.Advance(d)
+				code, body := get(t, c, e.base+"/leases")
+				last := i == len(tc.uses)-1
+				switch {
+				case !last || tc.want == "":
+					if code != 200 {
+						t.Fatalf("use %d after %v: got %d %q, want 200", i, d, code, excerpt(body, "reason"))
+					}
+				case code != http.StatusUnauthorized || !strings.Contains(body, tc.want):
+					t.Fatalf("last use after %v: got %d %q, want 401 saying %q", d, code, excerpt(body, "reason"), tc.want)
+				}
+			}
+		})
+	}
+}
+
+func TestConsoleBoundsItsSessions(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		max    int
+		tokens int // sign-ins go round these tokens
+		signIn int
+	}{
+		{"a sign-in at the bound ends the idlest session", 3, 4, 4},
+		{"a token's 65th session ends its idlest", 0, 1, 65},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			clk := clock.NewFake(time.Unix(1_800_000_000, 0))
+			e := startEnv(t, true, func(c *console.Config) {
+				c.Clock = clk
+				c.Sessions.Max = tc.max
+			})
+			var secrets []string
+			for i := range tc.tokens {
+				_, s := e.token(t, clientToken(fmt.Sprintf("t%d", i)))
+				secrets = append(secrets, s)
+			}
+			var browsers []*http.Client
+			for i := range tc.signIn {
+				clk.Advance(time.Second)
+				browsers = append(browsers, e.signIn(t, secrets[i%len(secrets)]))
+			}
+			if code, body := get(t, browsers[0], e.base+"/leases"); code != http.StatusUnauthorized || !strings.Contains(body, "not known") {
+				t.Errorf("the idlest session: got %d %q, want 401, ended", code, excerpt(body, "reason"))
+			}
+			for i, c := range browsers[1:] {
+				if code, _ := get(t, c, e.base+"/leases"); code != 200 {
+					t.Errorf("session %d of %d: got %d, want 200 (only the idlest ends)", i+2, len(browsers), code)
+				}
+			}
+		})
 	}
 }
 
@@ -260,14 +594,9 @@ func TestConsoleSendsMissingUnknownRevokedAndExpiredTokensToSignIn(t *testing.T)
 		})
 	}
 	t.Run("an unknown token", func(t *testing.T) {
-		resp, err := e.browser(t).PostForm(e.base+"/signin", url.Values{"token": {"not-a-token"}})
-		if err != nil {
-			t.Fatal(err)
-		}
-		b, _ := io.ReadAll(resp.Body)
-		resp.Body.Close()
-		if resp.StatusCode != http.StatusUnauthorized || !strings.Contains(string(b), "not recognised") {
-			t.Errorf("got %d %q, want 401 saying the token is not recognised", resp.StatusCode, excerpt(string(b), "reason"))
+		code, b := e.submitSignIn(t, e.browser(t), "not-a-token")
+		if code != http.StatusUnauthorized || !strings.Contains(b, "not recognised") {
+			t.Errorf("got %d %q, want 401 saying the token is not recognised", code, excerpt(b, "reason"))
 		}
 	})
 }
@@ -575,12 +904,7 @@ func TestATokenOverTheBrokersRateLimitIsToldSoAndStaysSignedIn(t *testing.T) {
 	// token's streams exhaust theirs.
 	e := startEnvLimited(t, true, &broker.Limits{TokenRate: limits.Rate{PerSecond: 0.001, Burst: 30}}, nil)
 	_, secret := e.token(t, clientToken("a"))
-	c := e.browser(t)
-	base, err := url.Parse(e.base)
-	if err != nil {
-		t.Fatal(err)
-	}
-	c.Jar.SetCookies(base, []*http.Cookie{{Name: "gpupool_console_token", Value: secret}})
+	c := e.signIn(t, secret)
 	for i := range 100 {
 		req, _ := http.NewRequestWithContext(ctx(t), http.MethodGet, e.base+"/events?page=cluster", nil)
 		resp, err := c.Do(req)

@@ -21,7 +21,8 @@ import (
 //
 //   - "parts": JSON [{id, html}]: replace the element with that id (the
 //     whole live region has id "live");
-//   - "signout": the token is no longer valid (data: why); the stream ends;
+//   - "signout": the session ended or its token is no longer valid (data:
+//     why); the stream ends;
 //   - "fail": the stream cannot go on (data: why), e.g. too many streams.
 //
 // The stream re-renders the page's live region whenever one of the
@@ -293,7 +294,7 @@ func (lv *liveStream) run(ctx context.Context, out *sse, base *baseline) {
 		case ctx.Err() != nil:
 			return
 		case status.Code(err) == codes.Unauthenticated:
-			out.send("signout", "Your token was refused: "+status.Convert(err).Message())
+			lv.refused(out, status.Convert(err).Message())
 			return
 		case err != nil:
 			if out.send("stale", "live updates paused: "+status.Convert(err).Message()) != nil {
@@ -351,17 +352,23 @@ func (lv *liveStream) wait(ctx context.Context, out *sse, tick *time.Ticker) boo
 		case <-s.ctx.Done():
 			return false
 		case why := <-lv.authErr:
-			out.send("signout", "Your token was refused: "+why)
+			lv.refused(out, why)
 			return false
 		case <-lv.trig:
 		case <-tick.C:
 			if out.keepAlive() != nil {
 				return false
 			}
-			if lv.sess.secret != "" {
+			if lv.sess.id != "" {
+				// An open page is use of its session; a session that
+				// ended (signed out, too old) ends its streams.
+				if live, why := s.sessions.use(lv.sess.id); live == nil {
+					out.send("signout", why)
+					return false
+				}
 				_, err := s.api.acl.WhoAmI(lv.sess.outgoing(ctx), &gpupoolv1.WhoAmIRequest{})
 				if status.Code(err) == codes.Unauthenticated {
-					out.send("signout", "Your token was refused: "+status.Convert(err).Message())
+					lv.refused(out, status.Convert(err).Message())
 					return false
 				}
 			}
@@ -376,6 +383,13 @@ func (lv *liveStream) wait(ctx context.Context, out *sse, tick *time.Ticker) boo
 			return true
 		}
 	}
+}
+
+// refused ends the stream's session, whose token the broker refused for
+// why, and tells the page.
+func (lv *liveStream) refused(out *sse, why string) {
+	lv.s.endSession(lv.sess)
+	out.send("signout", "Your token was refused: "+why)
 }
 
 func (lv *liveStream) render(ctx context.Context) (liveDoc, error) {

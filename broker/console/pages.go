@@ -42,9 +42,11 @@ type liveDoc struct {
 
 // layoutData is what the page layout shows around the live region.
 type layoutData struct {
-	Title    string
-	Page     string
-	Session  *session
+	Title   string
+	Page    string
+	Session *session
+	// CSRF is the sign-out form's CSRF token.
+	CSRF     string
 	ACL      bool
 	ServerID string
 	Error    string
@@ -59,11 +61,14 @@ func (s *Server) page(k pageKind) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		sess, fail := s.authenticate(r)
 		if sess == nil {
-			s.renderSignIn(w, fail.status(), fail.why, r.URL.RequestURI())
+			s.renderSignIn(w, r, fail.status(), fail.why, r.URL.RequestURI())
 			return
 		}
 		spec := pages[k]
 		data := layoutData{Title: spec.title, Page: spec.name, Session: sess, ACL: s.cfg.ACL, ServerID: s.cfg.ServerID, NowMs: time.Now().UnixMilli()}
+		if sess.id != "" {
+			data.CSRF = s.csrf.token(csrfSignOut, sess.id)
+		}
 		f, err := parseFilters(k, r.URL.Query(), r.PathValue("id"))
 		if err != nil {
 			data.Error = err.Error()
@@ -74,7 +79,8 @@ func (s *Server) page(k pageKind) http.Handler {
 		if err != nil {
 			st := status.Convert(err)
 			if st.Code() == codes.Unauthenticated {
-				s.renderSignIn(w, http.StatusUnauthorized, "Your token was refused: "+st.Message(), r.URL.RequestURI())
+				s.endSession(sess)
+				s.renderSignIn(w, r, http.StatusUnauthorized, "Your token was refused: "+st.Message(), r.URL.RequestURI())
 				return
 			}
 			data.Error = st.Message()

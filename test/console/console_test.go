@@ -17,11 +17,17 @@ import (
 	"crypto/tls"
 	"encoding/json"
 	"fmt"
+	"html"
+	"io"
 	"net"
 	"net/http"
+	"net/http/cookiejar"
+	"net/http/httptest"
+	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"sync"
 	"syscall"
@@ -360,6 +366,7 @@ func TestConsoleInABrowser(t *testing.T) {
 		t.Errorf("without a token: got %q, want the sign-in page's reason", reason)
 	}
 	screenshot(t, ctx, shots, "signin")
+	checkCrossSiteSignIn(t, ctx, p, base)
 	signIn(t, ctx, base, p.mgmt)
 
 	// A lease granted from the CLI appears on the pool page without a reload.
@@ -444,15 +451,73 @@ func TestConsoleInABrowser(t *testing.T) {
 	t.Logf("screenshots in %s", shots)
 }
 
+// checkCrossSiteSignIn submits a sign-in form with an attacker's token
+// from a page of another site (login CSRF): the console refuses it, and
+// the browser stays signed out.
+func checkCrossSiteSignIn(t *testing.T, ctx context.Context, p *pool, base string) {
+	t.Helper()
+	attacker := p.token("operator", "acl", "token", "create", "--kind", "client", "--tenant", "team-x", "--token", p.mgmt)
+	evil := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "text/html; charset=utf-8")
+		fmt.Fprintf(w, `<!doctype html><form method="post" action="%ssignin"><input type="hidden" name="token" value="%s"><button id="go">win a prize</button></form>`,
+			base, html.EscapeString(attacker.Secret))
+	}))
+	t.Cleanup(evil.Close)
+	run(t, ctx, "a sign-in form on another site", chromedp.Navigate(evil.URL), chromedp.Click(chromedp.ID(`go`)))
+	until(t, ctx, "the console to refuse the other site's sign-in", `document.body.innerText.includes("sign-in refused")`)
+	run(t, ctx, "the console after the other site's form", chromedp.Navigate(base), chromedp.WaitVisible(chromedp.ID(`token`)))
+	if who, _ := chromedp.Run(ctx, chromedp.Evaluate[bool](`document.getElementById("who") !== null`)); who {
+		t.Error("another site's form signed the browser in, want it refused")
+	}
+}
+
+// signInHTTP signs hc in as the console's own sign-in form does, and
+// checks the session cookie over TLS: Secure, __Host-, not the secret.
+func signInHTTP(t *testing.T, ctx context.Context, hc *http.Client, base, secret string) {
+	t.Helper()
+	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, base+"signin", nil)
+	resp, err := hc.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	page, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	m := regexp.MustCompile(`name="csrf" value="([^"]+)"`).FindSubmatch(page)
+	if m == nil {
+		t.Fatalf("the sign-in page has no CSRF token: %.300s", page)
+	}
+	form := url.Values{"token": {secret}, "csrf": {string(m[1])}}
+	req, _ = http.NewRequestWithContext(ctx, http.MethodPost, base+"signin", strings.NewReader(form.Encode()))
+	req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
+	req.Header.Set("Origin", strings.TrimSuffix(base, "/"))
+	req.Header.Set("Sec-Fetch-Site", "same-origin")
+	hc.CheckRedirect = func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }
+	resp, err = hc.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	var session *http.Cookie
+	for _, c := range resp.Cookies() {
+		if c.Name == "__Host-gpupool_console_session" {
+			session = c
+		}
+	}
+	if resp.StatusCode != http.StatusSeeOther || session == nil || !session.Secure || !session.HttpOnly || strings.Contains(session.Value, secret) {
+		t.Fatalf("sign-in over TLS: got %d and session cookie %+v, want 303 and a Secure, HttpOnly __Host- cookie without the secret", resp.StatusCode, session)
+	}
+}
+
 // checkStream reads team-a's live leases stream while team-b and team-a
 // each take a lease: team-a's shows up, team-b's never does.
 func checkStream(t *testing.T, p *pool, base, secretA, otherID string) {
 	t.Helper()
-	hc := &http.Client{Transport: &http.Transport{TLSClientConfig: &tls.Config{InsecureSkipVerify: true}}}
+	jar, _ := cookiejar.New(nil)
+	hc := &http.Client{Jar: jar, Transport: &http.Transport{TLSClientConfig: &tls.Config{InsecureSkipVerify: true}}}
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
+	signInHTTP(t, ctx, hc, base, secretA)
 	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, base+"events?page=leases", nil)
-	req.AddCookie(&http.Cookie{Name: "gpupool_console_token", Value: secretA})
 	resp, err := hc.Do(req)
 	if err != nil {
 		t.Fatal(err)
