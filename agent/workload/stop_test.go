@@ -18,6 +18,11 @@ var stopModes = []struct {
 	{"proc polling", stopper{procRoot: "/proc", noPidfd: true}},
 }
 
+// termGrace is the killAfter of the cases that check the child caught
+// SIGTERM before SIGKILL came: long enough for a loaded machine to run
+// the child's handler, which 20 ms was not.
+const termGrace = 2 * time.Second
+
 func TestStop(t *testing.T) {
 	sleeper := func(t *testing.T) *child { return startChild(t, "", "sleep", "60") }
 	tests := []struct {
@@ -50,7 +55,7 @@ func TestStop(t *testing.T) {
 		name:       "a process that survives SIGTERM is killed after killAfter",
 		start:      startTermReporter,
 		prepare:    reaped,
-		killAfter:  20 * time.Millisecond,
+		killAfter:  termGrace,
 		want:       StopResult{Killed: 1},
 		wantSignal: syscall.SIGKILL,
 		wantTerm:   true,
@@ -58,7 +63,7 @@ func TestStop(t *testing.T) {
 		name:       "a process that survives SIGTERM and is left a zombie is killed",
 		start:      startTermReporter,
 		prepare:    unreaped,
-		killAfter:  20 * time.Millisecond,
+		killAfter:  termGrace,
 		want:       StopResult{Killed: 1},
 		wantSignal: syscall.SIGKILL,
 		wantTerm:   true,
