@@ -273,3 +273,74 @@ func TestTheDefaultLimitsStopAProbeOfTwentyThousandStreamsAt1024(t *testing.T) {
 		t.Errorf("streams made: got %d, want %d", made, DefaultSessionLimits().Streams)
 	}
 }
+
+// The driver destroys a context's streams, events and modules with it
+// (and a primary context's on reset): so do their slots.
+func TestDestroyingAContextFreesTheSlotsOfWhatItHeld(t *testing.T) {
+	for _, tt := range []struct {
+		name    string
+		context func(t *testing.T, tc *testClient) uint64
+		destroy func(t *testing.T, tc *testClient, ctx uint64)
+	}{
+		{"a created context, destroyed", func(t *testing.T, tc *testClient) uint64 {
+			r, d := tc.call(opCuCtxCreateV2, uint32(0), int32(0))
+			return created(t, "cuCtxCreate", r, d.U64())
+		}, func(t *testing.T, tc *testClient, ctx uint64) {
+			tc.ctx = 0
+			if r, _ := tc.call(opCuCtxDestroyV2, ctx); r != Success {
+				t.Fatalf("cuCtxDestroy: got %v, want success", r)
+			}
+		}},
+		{"a primary context, reset", func(t *testing.T, tc *testClient) uint64 {
+			r, d := tc.call(opCuDevicePrimaryCtxRetain, int32(0))
+			return created(t, "cuDevicePrimaryCtxRetain", r, d.U64())
+		}, func(t *testing.T, tc *testClient, _ uint64) {
+			if r, _ := tc.call(opCuDevicePrimaryCtxResetV2, int32(0)); r != Success {
+				t.Fatalf("cuDevicePrimaryCtxReset: got %v, want success", r)
+			}
+		}},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			lim := SessionLimits{Contexts: 2, Streams: 1, Events: 1, Modules: 1, Functions: 1}
+			srv, _ := newLimitedServer(t, lim)
+			tc := dial(t, srv)
+			ptx := testPTX(t)
+			if r, _ := tc.call(opCuInit, uint32(0)); r != Success {
+				t.Fatalf("cuInit: got %v, want success", r)
+			}
+			fill := func() []Result {
+				var rs []Result
+				for _, c := range []struct {
+					op   uint16
+					args []any
+				}{
+					{opCuStreamCreate, []any{uint32(0)}},
+					{opCuEventCreate, []any{uint32(0)}},
+					{opCuModuleLoadData, []any{ptx}},
+				} {
+					r, d := tc.call(c.op, c.args...)
+					rs = append(rs, r)
+					if c.op == opCuModuleLoadData && r == Success {
+						r, _ = tc.call(opCuModuleGetFunction, d.U64(), "vecadd")
+						rs = append(rs, r)
+					}
+				}
+				return rs
+			}
+			ctx := tt.context(t, tc)
+			tc.ctx = ctx
+			for i, r := range fill() {
+				if r != Success {
+					t.Fatalf("object %d in the first context: got %v, want success", i+1, r)
+				}
+			}
+			tt.destroy(t, tc, ctx)
+			tc.ctx = tt.context(t, tc)
+			for i, r := range fill() {
+				if r != Success {
+					t.Errorf("object %d in a fresh context: got %v, want success", i+1, r)
+				}
+			}
+		})
+	}
+}

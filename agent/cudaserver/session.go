@@ -59,8 +59,9 @@ type session struct {
 	refusals    int
 	held        [numLimits]int  // the handles each limit counts
 	limitLogged [numLimits]bool // whether the limit has refused (and logged it)
-	// owner is the module or library each function, kernel and library
-	// module came from: unloading it frees theirs.
+	// owner is what each object came from: the context of a stream,
+	// event, module or library, the module or library of a function,
+	// kernel or library module. Destroying or unloading it frees theirs.
 	owner map[uint64]uint64
 	// sticky is the failure of an asynchronous call (opAsync): the shim
 	// did not wait for its answer, so, as with CUDA's sticky errors, every
@@ -454,6 +455,7 @@ func (s *session) CuCtxDestroyV2(ctx uint64) Result {
 		return r
 	}
 	s.dropContextMemory(ctx)
+	s.dropOwned(ctx)
 	if s.bound == ctx {
 		s.bound = 0
 		s.Backend.Bind(0)
@@ -494,6 +496,7 @@ func (s *session) CuDevicePrimaryCtxResetV2(dev int32) Result {
 	r := s.Backend.CuDevicePrimaryCtxResetV2(dev)
 	if ctx, ok := s.primary[s.outDevice(dev)]; ok && r == Success {
 		s.dropContextMemory(ctx)
+		s.dropOwned(ctx)
 	}
 	return r
 }
@@ -508,6 +511,40 @@ func (s *session) CuDeviceGetByPCIBusId(id string) (int32, Result) {
 		return 0, s.refuse(ErrorInvalidDevice, "PCI bus id %s is not one of the lease's devices", id)
 	}
 	return bd, Success
+}
+
+// ownedByContext remembers that h, if r is success, is the bound
+// context's.
+func (s *session) ownedByContext(h uint64, r Result) (uint64, Result) {
+	if r == Success {
+		s.owner[h] = s.bound
+	}
+	return h, r
+}
+
+// CuStreamCreate remembers the stream's context.
+func (s *session) CuStreamCreate(flags uint32) (uint64, Result) {
+	return s.ownedByContext(s.Backend.CuStreamCreate(flags))
+}
+
+// CuStreamCreateWithPriority remembers the stream's context.
+func (s *session) CuStreamCreateWithPriority(flags uint32, priority int32) (uint64, Result) {
+	return s.ownedByContext(s.Backend.CuStreamCreateWithPriority(flags, priority))
+}
+
+// CuEventCreate remembers the event's context.
+func (s *session) CuEventCreate(flags uint32) (uint64, Result) {
+	return s.ownedByContext(s.Backend.CuEventCreate(flags))
+}
+
+// CuModuleLoadData remembers the module's context.
+func (s *session) CuModuleLoadData(image []byte) (uint64, Result) {
+	return s.ownedByContext(s.Backend.CuModuleLoadData(image))
+}
+
+// GpupoolLibraryLoadData remembers the library's context.
+func (s *session) GpupoolLibraryLoadData(code []byte) (uint64, Result) {
+	return s.ownedByContext(s.Backend.GpupoolLibraryLoadData(code))
 }
 
 // CuModuleGetFunction remembers the function's module.
