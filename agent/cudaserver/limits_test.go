@@ -5,6 +5,8 @@ import (
 	"os"
 	"strings"
 	"testing"
+
+	"github.com/gpupool/gpupool/cuda/wire"
 )
 
 // newLimitedServer is a server whose sessions hold at most lim, logging
@@ -342,5 +344,47 @@ func TestDestroyingAContextFreesTheSlotsOfWhatItHeld(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// A loop that creates and destroys objects holds nothing more in the
+// session than one object does.
+func TestCreatingAndDestroyingInALoopLeavesTheSessionHoldingNothingMore(t *testing.T) {
+	srv, _ := newLimitedServer(t, DefaultSessionLimits())
+	s := newSession(srv, NewSimBackend([]SimDevice{DefaultSimDevice([16]byte{1})}, nil), slog.New(slog.DiscardHandler))
+	t.Cleanup(s.close)
+	var ctx uint64
+	call := func(op uint16, args ...uint64) uint64 {
+		t.Helper()
+		var in, out wire.Encoder
+		for _, a := range args {
+			in.U64(a)
+		}
+		if op == opCuInit || op == opCuStreamCreate || op == opCuEventCreate {
+			in.U32(0)
+		}
+		if op == opCuCtxCreateV2 {
+			in.U32(0)
+			in.I32(0)
+		}
+		r, err := s.call(wire.Header{Op: op, Word: ctx}, in.B, &out)
+		if err != nil || r != Success {
+			t.Fatalf("%s: got %v, %v; want success", opNames[op], r, err)
+		}
+		if len(out.B) >= 8 {
+			return wire.NewDecoder(out.B).U64()
+		}
+		return 0
+	}
+	call(opCuInit)
+	ctx = call(opCuCtxCreateV2)
+	handles, owners := len(s.handles), len(s.owner)
+	for range 1000 {
+		call(opCuStreamDestroyV2, call(opCuStreamCreate))
+		call(opCuEventDestroyV2, call(opCuEventCreate))
+	}
+	if len(s.handles) != handles || len(s.owner) != owners || s.held != [numLimits]int{limitContexts: 1} {
+		t.Errorf("after 1000 streams and events made and destroyed: %d handles, %d owners, held %v; want %d, %d and one context",
+			len(s.handles), len(s.owner), s.held, handles, owners)
 	}
 }

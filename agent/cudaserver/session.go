@@ -233,6 +233,7 @@ func (s *session) dropHandle(kind HandleKind, h uint64) {
 	if got, ok := s.handles[h]; ok && got == kind {
 		s.uncount(got, h)
 		delete(s.handles, h)
+		delete(s.owner, h)
 	}
 }
 
