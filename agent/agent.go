@@ -34,6 +34,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/gpupool/gpupool/agent/cudaserver"
 	"github.com/gpupool/gpupool/agent/device"
 	"github.com/gpupool/gpupool/agent/sandbox"
 	"github.com/gpupool/gpupool/agent/workload"
@@ -125,6 +126,9 @@ type Config struct {
 	// DataLimits bounds what one client may make the data plane do; nil is
 	// dataplane.DefaultLimits.
 	DataLimits *dataplane.Limits
+	// CudaLimits bounds the driver objects each process of a lease may
+	// hold in its CUDA server; nil is cudaserver.DefaultSessionLimits.
+	CudaLimits *cudaserver.SessionLimits
 }
 
 // validHostID is what a host id may look like: it shows up in CLI tables,

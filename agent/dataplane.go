@@ -71,7 +71,7 @@ func (a *Agent) cudaServerCommand(leaseID string) ([]string, error) {
 	if a.cfg.Backend.Name() == "simulated" {
 		backend = cudaserver.BackendSimulated
 	}
-	arg, err := cudaserver.LeaseServer{Lease: lease, HostID: a.cfg.HostID, Inventory: a.byIndex, Backend: backend}.Arg()
+	arg, err := cudaserver.LeaseServer{Lease: lease, HostID: a.cfg.HostID, Inventory: a.byIndex, Backend: backend, Limits: a.cfg.CudaLimits}.Arg()
 	if err != nil {
 		return nil, err
 	}

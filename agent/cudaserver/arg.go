@@ -19,6 +19,7 @@ type leaseServerArg struct {
 	Inventory  []json.RawMessage `json:"inventory"`
 	Backend    string            `json:"backend"`
 	DriverPath string            `json:"driver_path,omitempty"`
+	Limits     *SessionLimits    `json:"limits,omitempty"`
 }
 
 // Arg encodes ls, all but its Logger, as one command-line argument that
@@ -28,7 +29,7 @@ func (ls LeaseServer) Arg() (string, error) {
 	if err != nil {
 		return "", fmt.Errorf("cudaserver: lease: %w", err)
 	}
-	a := leaseServerArg{Lease: lease, HostID: ls.HostID, Backend: ls.Backend, DriverPath: ls.DriverPath}
+	a := leaseServerArg{Lease: lease, HostID: ls.HostID, Backend: ls.Backend, DriverPath: ls.DriverPath, Limits: ls.Limits}
 	for _, d := range ls.Inventory {
 		b, err := protojson.Marshal(d)
 		if err != nil {
@@ -46,7 +47,7 @@ func ParseArg(s string) (LeaseServer, error) {
 	if err := json.Unmarshal([]byte(s), &a); err != nil {
 		return LeaseServer{}, fmt.Errorf("cudaserver: the lease's description: %w", err)
 	}
-	ls := LeaseServer{Lease: &gpupoolv1.Lease{}, HostID: a.HostID, Backend: a.Backend, DriverPath: a.DriverPath}
+	ls := LeaseServer{Lease: &gpupoolv1.Lease{}, HostID: a.HostID, Backend: a.Backend, DriverPath: a.DriverPath, Limits: a.Limits}
 	if err := protojson.Unmarshal(a.Lease, ls.Lease); err != nil {
 		return LeaseServer{}, fmt.Errorf("cudaserver: the lease's description: lease: %w", err)
 	}
@@ -62,6 +63,11 @@ func ParseArg(s string) (LeaseServer, error) {
 	}
 	if ls.Backend != BackendReal && ls.Backend != BackendSimulated {
 		return LeaseServer{}, fmt.Errorf("cudaserver: backend %q: must be %q or %q", ls.Backend, BackendReal, BackendSimulated)
+	}
+	if ls.Limits != nil {
+		if err := ls.Limits.Validate(); err != nil {
+			return LeaseServer{}, err
+		}
 	}
 	return ls, nil
 }

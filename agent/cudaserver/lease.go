@@ -120,6 +120,8 @@ type LeaseServer struct {
 	Backend    string
 	DriverPath string
 	Logger     *slog.Logger
+	// Limits is Config.Limits: what each session may hold.
+	Limits *SessionLimits
 	// OnSessions is Config.OnSessions.
 	OnSessions func(open int)
 }
@@ -130,7 +132,7 @@ func (ls LeaseServer) NewServer() (*Server, error) {
 	if err != nil {
 		return nil, err
 	}
-	cfg := Config{Devices: devs, Logger: ls.Logger, OnSessions: ls.OnSessions}
+	cfg := Config{Devices: devs, Logger: ls.Logger, Limits: ls.Limits, OnSessions: ls.OnSessions}
 	switch ls.Backend {
 	case BackendReal:
 		if cfg.Devices, err = driverOrdinals(ls.Lease, ls.HostID, devs, os.Getenv("CUDA_VISIBLE_DEVICES")); err != nil {

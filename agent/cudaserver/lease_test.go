@@ -109,6 +109,7 @@ func TestALeaseServerSurvivesItsCommandLine(t *testing.T) {
 		HostID:    "h1",
 		Inventory: inv,
 		Backend:   BackendSimulated,
+		Limits:    &SessionLimits{Contexts: 2, Streams: 3, Events: 4, Modules: 5, Functions: 6},
 	}
 	arg, err := ls.Arg()
 	if err != nil {
@@ -121,10 +122,14 @@ func TestALeaseServerSurvivesItsCommandLine(t *testing.T) {
 	if got.Lease.GetSlices()[0].GetMemoryMib() != 8192 || got.HostID != "h1" || got.Backend != BackendSimulated || got.Inventory[0].GetSmCount() != 108 {
 		t.Errorf("got %+v, want %+v", got, ls)
 	}
+	if got.Limits == nil || *got.Limits != *ls.Limits {
+		t.Errorf("limits: got %+v, want %+v", got.Limits, *ls.Limits)
+	}
 	for _, tc := range []struct{ name, arg, want string }{
 		{"not JSON", "{", "the lease's description"},
 		{"an unknown backend", `{"lease":{"id":"l","slices":[{"host":"h1","device":"GPU-00000000-0000-0000-0000-000000000001","memoryMib":1}]},"host_id":"h1","inventory":[{"uuid":"GPU-00000000-0000-0000-0000-000000000001"}],"backend":"gpu"}`, `backend "gpu"`},
 		{"a slice of another host's device", `{"lease":{"id":"l","slices":[{"host":"h1","device":"GPU-x","memoryMib":1}]},"host_id":"h1","inventory":[],"backend":"simulated"}`, "is not on host h1"},
+		{"a session limit out of range", `{"lease":{"id":"l","slices":[{"host":"h1","device":"GPU-00000000-0000-0000-0000-000000000001","memoryMib":1}]},"host_id":"h1","inventory":[{"uuid":"GPU-00000000-0000-0000-0000-000000000001"}],"backend":"simulated","limits":{"contexts":16,"streams":0,"events":1,"modules":1,"functions":1}}`, "--" + FlagSessionStreams + " 0"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			if _, err := ParseArg(tc.arg); err == nil || !strings.Contains(err.Error(), tc.want) {

@@ -47,6 +47,9 @@ type Config struct {
 	NewBackend func() (Backend, error)
 	// Logger gets session starts, ends and refusals; nil discards them.
 	Logger *slog.Logger
+	// Limits bound what each session may hold; nil is
+	// DefaultSessionLimits.
+	Limits *SessionLimits
 	// OnSessions, when set, hears how many sessions are open each time
 	// that changes, in order (the cuda-server command sizes GOMAXPROCS
 	// with it). It runs under the server's lock: it must not call back.
@@ -56,8 +59,9 @@ type Config struct {
 // Server serves the CUDA calls of one lease. Its methods are safe for
 // concurrent use.
 type Server struct {
-	cfg Config
-	log *slog.Logger
+	cfg    Config
+	log    *slog.Logger
+	limits [numLimits]int // cfg.Limits, by kind
 
 	mu       sync.Mutex
 	used     map[int32]uint64         // guarded by mu; bytes allocated per client device, over all sessions
@@ -86,11 +90,18 @@ func New(cfg Config) (*Server, error) {
 	if cfg.NewBackend == nil {
 		return nil, errors.New("cudaserver: NewBackend: required")
 	}
+	lim := DefaultSessionLimits()
+	if cfg.Limits != nil {
+		lim = *cfg.Limits
+	}
+	if err := lim.Validate(); err != nil {
+		return nil, err
+	}
 	log := cfg.Logger
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	return &Server{cfg: cfg, log: log, used: map[int32]uint64{}, conns: map[net.Conn]struct{}{}, queues: map[net.Conn]*replyQueue{}}, nil
+	return &Server{cfg: cfg, log: log, limits: lim.byKind(), used: map[int32]uint64{}, conns: map[net.Conn]struct{}{}, queues: map[net.Conn]*replyQueue{}}, nil
 }
 
 // Serve accepts connections on l and serves each in its own session until

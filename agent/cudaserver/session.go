@@ -24,9 +24,10 @@ const (
 
 // What one session may hold, so that the server's own memory stays
 // bounded whatever a client does: contexts, modules, functions, streams,
-// events and libraries together, and allocations.
+// events and libraries together, and allocations. SessionLimits bound
+// each kind on its own, within maxHandles.
 var (
-	maxHandles     = 1 << 16
+	maxHandles     = MaxSessionLimit
 	maxAllocations = 1 << 16
 )
 
@@ -56,6 +57,12 @@ type session struct {
 	mem         spans[allocation]
 	nextID      uint64
 	refusals    int
+	held        [numLimits]int  // the handles each limit counts
+	limitLogged [numLimits]bool // whether the limit has refused (and logged it)
+	// owner is what each object came from: the context of a stream,
+	// event, module or library, the module or library of a function,
+	// kernel or library module. Destroying or unloading it frees theirs.
+	owner map[uint64]uint64
 	// sticky is the failure of an asynchronous call (opAsync): the shim
 	// did not wait for its answer, so, as with CUDA's sticky errors, every
 	// later call returns it and runs nothing. Success while there is none.
@@ -66,6 +73,7 @@ func newSession(srv *Server, b Backend, log *slog.Logger) *session {
 	return &session{
 		Backend: b, srv: srv, log: log,
 		handles: map[uint64]HandleKind{},
+		owner:   map[uint64]uint64{},
 		primary: map[int32]uint64{},
 		retains: map[int32]int{},
 		devices: make([]int32, len(srv.cfg.Devices)),
@@ -127,6 +135,9 @@ func (s *session) run(h wire.Header, p []byte, e *wire.Encoder) (Result, error) 
 	}
 	if opCreates[h.Op] && len(s.handles) >= maxHandles {
 		return s.refuse(ErrorOutOfMemory, "%d handles: a session may hold at most %d", len(s.handles), maxHandles), nil
+	}
+	if s.overLimit(h.Op) {
+		return ErrorOutOfMemory, nil
 	}
 	if h.Word != 0 && s.handles[h.Word] != HandleContext {
 		return s.refuse(ErrorInvalidContext, "context %#x is not this session's", h.Word), nil
@@ -205,15 +216,44 @@ func (s *session) outHandle(kind HandleKind, h uint64) {
 	if h == 0 {
 		return
 	}
-	if got, ok := s.handles[h]; ok && isFunction(got) && isFunction(kind) {
+	got, ok := s.handles[h]
+	if ok && isFunction(got) && isFunction(kind) {
 		return
 	}
+	if ok {
+		s.uncount(got, h)
+	}
 	s.handles[h] = kind
+	if k, ok := s.limitOf(kind, h); ok {
+		s.held[k]++
+	}
 }
 
 func (s *session) dropHandle(kind HandleKind, h uint64) {
-	if s.handles[h] == kind {
+	if got, ok := s.handles[h]; ok && got == kind {
+		s.uncount(got, h)
 		delete(s.handles, h)
+		delete(s.owner, h)
+	}
+}
+
+// uncount takes h, of kind, off its limit's count.
+func (s *session) uncount(kind HandleKind, h uint64) {
+	if k, ok := s.limitOf(kind, h); ok {
+		s.held[k]--
+	}
+}
+
+// dropOwned forgets what came from parent, a module or library the
+// backend has unloaded, and what came from that in turn.
+func (s *session) dropOwned(parent uint64) {
+	for h, p := range s.owner {
+		if p != parent {
+			continue
+		}
+		delete(s.owner, h)
+		s.dropOwned(h)
+		s.dropHandle(s.handles[h], h)
 	}
 }
 
@@ -416,6 +456,7 @@ func (s *session) CuCtxDestroyV2(ctx uint64) Result {
 		return r
 	}
 	s.dropContextMemory(ctx)
+	s.dropOwned(ctx)
 	if s.bound == ctx {
 		s.bound = 0
 		s.Backend.Bind(0)
@@ -456,6 +497,7 @@ func (s *session) CuDevicePrimaryCtxResetV2(dev int32) Result {
 	r := s.Backend.CuDevicePrimaryCtxResetV2(dev)
 	if ctx, ok := s.primary[s.outDevice(dev)]; ok && r == Success {
 		s.dropContextMemory(ctx)
+		s.dropOwned(ctx)
 	}
 	return r
 }
@@ -470,4 +512,93 @@ func (s *session) CuDeviceGetByPCIBusId(id string) (int32, Result) {
 		return 0, s.refuse(ErrorInvalidDevice, "PCI bus id %s is not one of the lease's devices", id)
 	}
 	return bd, Success
+}
+
+// ownedByContext remembers that h, if r is success, is the bound
+// context's.
+func (s *session) ownedByContext(h uint64, r Result) (uint64, Result) {
+	if r == Success {
+		s.owner[h] = s.bound
+	}
+	return h, r
+}
+
+// CuStreamCreate remembers the stream's context.
+func (s *session) CuStreamCreate(flags uint32) (uint64, Result) {
+	return s.ownedByContext(s.Backend.CuStreamCreate(flags))
+}
+
+// CuStreamCreateWithPriority remembers the stream's context.
+func (s *session) CuStreamCreateWithPriority(flags uint32, priority int32) (uint64, Result) {
+	return s.ownedByContext(s.Backend.CuStreamCreateWithPriority(flags, priority))
+}
+
+// CuEventCreate remembers the event's context.
+func (s *session) CuEventCreate(flags uint32) (uint64, Result) {
+	return s.ownedByContext(s.Backend.CuEventCreate(flags))
+}
+
+// CuModuleLoadData remembers the module's context.
+func (s *session) CuModuleLoadData(image []byte) (uint64, Result) {
+	return s.ownedByContext(s.Backend.CuModuleLoadData(image))
+}
+
+// GpupoolLibraryLoadData remembers the library's context.
+func (s *session) GpupoolLibraryLoadData(code []byte) (uint64, Result) {
+	return s.ownedByContext(s.Backend.GpupoolLibraryLoadData(code))
+}
+
+// CuModuleGetFunction remembers the function's module.
+func (s *session) CuModuleGetFunction(hmod uint64, name string) (uint64, Result) {
+	f, r := s.Backend.CuModuleGetFunction(hmod, name)
+	if r == Success {
+		s.owner[f] = hmod
+	}
+	return f, r
+}
+
+// CuLibraryGetKernel remembers the kernel's library.
+func (s *session) CuLibraryGetKernel(library uint64, name string) (uint64, Result) {
+	k, r := s.Backend.CuLibraryGetKernel(library, name)
+	if r == Success {
+		s.owner[k] = library
+	}
+	return k, r
+}
+
+// CuLibraryGetModule remembers the module's library.
+func (s *session) CuLibraryGetModule(library uint64) (uint64, Result) {
+	m, r := s.Backend.CuLibraryGetModule(library)
+	if r == Success {
+		s.owner[m] = library
+	}
+	return m, r
+}
+
+// CuKernelGetFunction remembers the function's library, the kernel's.
+func (s *session) CuKernelGetFunction(kernel uint64) (uint64, Result) {
+	f, r := s.Backend.CuKernelGetFunction(kernel)
+	if r == Success && f != kernel {
+		s.owner[f] = s.owner[kernel]
+	}
+	return f, r
+}
+
+// CuModuleUnload frees the slots of the module's functions.
+func (s *session) CuModuleUnload(hmod uint64) Result {
+	r := s.Backend.CuModuleUnload(hmod)
+	if r == Success {
+		s.dropOwned(hmod)
+	}
+	return r
+}
+
+// CuLibraryUnload frees the slots of the library's kernels, functions and
+// module.
+func (s *session) CuLibraryUnload(library uint64) Result {
+	r := s.Backend.CuLibraryUnload(library)
+	if r == Success {
+		s.dropOwned(library)
+	}
+	return r
 }

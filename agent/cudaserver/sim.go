@@ -123,12 +123,22 @@ func (m *simMemory) fill(p uint64, pattern []byte, count uint64) Result {
 	return Success
 }
 
+// floats reads n floats at p. It checks [p, p+4n) against the allocation
+// before it allocates anything, so that what a launch makes the server
+// hold is bounded by the allocation it reads, never by its grid.
 func (m *simMemory) floats(p, n uint64) ([]float32, Result) {
-	b := make([]byte, 4*n)
-	if r := m.read(b, p); r != Success {
+	if n > math.MaxUint64/4 {
+		return nil, ErrorIllegalAddress
+	}
+	s, off, r := m.at(p, 4*n)
+	if r != Success {
 		return nil, r
 	}
 	f := make([]float32, n)
+	if s.v.data == nil {
+		return f, Success
+	}
+	b := s.v.data[off:]
 	for i := range f {
 		f[i] = math.Float32frombits(binary.LittleEndian.Uint32(b[4*i:]))
 	}
@@ -865,7 +875,7 @@ func (b *simBackend) GpupoolLaunchKernel(f uint64, gx, gy, gz, bx, by, bz, share
 		return r
 	}
 	if gx == 0 || gy == 0 || gz == 0 || bx == 0 || by == 0 || bz == 0 ||
-		uint64(bx)*uint64(by)*uint64(bz) > simMaxThreadsPerBlock || bz > 64 || gy > 65535 || gz > 65535 {
+		uint64(bx)*uint64(by)*uint64(bz) > simMaxThreadsPerBlock || bz > 64 || gx > math.MaxInt32 || gy > 65535 || gz > 65535 {
 		return ErrorInvalidValue
 	}
 	if shared > uint32(max(simSharedPerBlock, fn.attrs[8])) {

@@ -16,6 +16,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/gpupool/gpupool/agent"
+	"github.com/gpupool/gpupool/agent/cudaserver"
 	"github.com/gpupool/gpupool/agent/device"
 	"github.com/gpupool/gpupool/agent/mps"
 	"github.com/gpupool/gpupool/client"
@@ -31,6 +32,7 @@ type agentOpts struct {
 	tokenFile       string
 	dataBind        string
 	dataLimits      dataplane.Limits
+	cudaLimits      cudaserver.SessionLimits
 	dataDir         string
 	mps             string
 	simControl      string
@@ -148,6 +150,19 @@ else the hostname.`,
 	f.IntVar(&o.dataLimits.ClientConnRate.Burst, dataplane.FlagClientConnBurst, o.dataLimits.ClientConnRate.Burst, "how many new data-plane connections over --"+dataplane.FlagClientConnRate+" one client address may open in a burst (at least 1)")
 	f.IntVar(&o.dataLimits.ClientConns, dataplane.FlagClientConns, o.dataLimits.ClientConns, "data-plane connections one client address may hold open at once; 0: no limit")
 	f.IntVar(&o.dataLimits.LeaseStreams, dataplane.FlagLeaseStreams, o.dataLimits.LeaseStreams, "data-plane streams (exec, put, get, forward, usage, cuda) one lease token may hold open at once; over it a stream is refused with RESOURCE_EXHAUSTED; 0: no limit")
+	o.cudaLimits = cudaserver.DefaultSessionLimits()
+	for _, l := range []struct {
+		v          *int
+		flag, what string
+	}{
+		{&o.cudaLimits.Contexts, cudaserver.FlagSessionContexts, "contexts (cuCtxCreate; primary contexts are not counted)"},
+		{&o.cudaLimits.Streams, cudaserver.FlagSessionStreams, "streams"},
+		{&o.cudaLimits.Events, cudaserver.FlagSessionEvents, "events"},
+		{&o.cudaLimits.Modules, cudaserver.FlagSessionModules, "modules and libraries loaded"},
+		{&o.cudaLimits.Functions, cudaserver.FlagSessionFunctions, "functions and kernels resolved in them"},
+	} {
+		f.IntVar(l.v, l.flag, *l.v, "remote CUDA: "+l.what+" one process of a lease may hold at once, 1 to 65536; one more fails with CUDA_ERROR_OUT_OF_MEMORY")
+	}
 	f.StringArrayVar(&o.labels, "label", nil, "host label as key=value; repeat for more")
 	f.Int64Var(&o.cpu, "cpu", -1, "host CPU offered to workloads, in millicores (default: all of this machine's; 0 offers none)")
 	f.Int64Var(&o.hostMemory, "host-memory", -1, "host memory offered to workloads, in MiB (default: all of this machine's; 0 offers none)")
@@ -189,6 +204,9 @@ func runAgent(cmd *cobra.Command, o agentOpts) error {
 		return usagef("--broker is empty: give one or more broker addresses, e.g. 127.0.0.1:7641")
 	}
 	if err := o.dataLimits.Validate(); err != nil {
+		return usagef("%v", err)
+	}
+	if err := o.cudaLimits.Validate(); err != nil {
 		return usagef("%v", err)
 	}
 	labels, err := parseLabelFlag("label", o.labels)
@@ -332,6 +350,7 @@ func runAgent(cmd *cobra.Command, o agentOpts) error {
 		CgroupParent:          o.cgroupParent,
 		CudaServer:            cudaServerCommand(),
 		DataLimits:            &o.dataLimits,
+		CudaLimits:            &o.cudaLimits,
 
 		DCGMJobMappingDir: o.dcgmJobMappingDir,
 	})

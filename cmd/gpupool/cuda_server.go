@@ -36,7 +36,7 @@ func newAgentCudaServerCmd() *cobra.Command {
 			if err != nil {
 				return usagef("stdin must be a listening unix socket, as the agent passes it: %v", err)
 			}
-			ls.Logger = slog.New(slog.NewTextHandler(cmd.ErrOrStderr(), &slog.HandlerOptions{Level: slog.LevelInfo}))
+			ls.Logger = slog.New(slog.NewTextHandler(cmd.ErrOrStderr(), &slog.HandlerOptions{Level: slog.LevelInfo})).With("lease", ls.Lease.GetId())
 			// A processor for each open session (at least one, at most
 			// the runtime's own choice, which heeds the sandbox's CPU
 			// limit): a session waits for its requests, and for the
