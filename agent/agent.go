@@ -70,6 +70,11 @@ type Config struct {
 	// CPUMillicores and MemoryMiB are the host CPU and memory offered to
 	// workloads the data plane starts; 0 offers none.
 	CPUMillicores, MemoryMiB int64
+	// DefaultCPUFloor (millicores) and DefaultMemoryFloorMiB are the
+	// least a lease that names no host CPU or memory is capped at (see
+	// defaultCaps); 0 means DefaultCPUFloorMillicores and
+	// DefaultMemoryFloorMiB.
+	DefaultCPUFloor, DefaultMemoryFloorMiB int64
 	// Backend discovers the GPUs. The caller closes it after Run returns.
 	Backend device.Backend
 	// Version is the agent version reported to the broker.
@@ -152,6 +157,10 @@ func (c *Config) validate() error {
 		return fmt.Errorf("agent: host CPU %d millicores: must be 0 or more", c.CPUMillicores)
 	case c.MemoryMiB < 0:
 		return fmt.Errorf("agent: host memory %d MiB: must be 0 or more", c.MemoryMiB)
+	case c.DefaultCPUFloor < 0:
+		return fmt.Errorf("agent: default CPU floor %d millicores: must be 0 or more", c.DefaultCPUFloor)
+	case c.DefaultMemoryFloorMiB < 0:
+		return fmt.Errorf("agent: default memory floor %d MiB: must be 0 or more", c.DefaultMemoryFloorMiB)
 	case c.DataDir == "":
 		return errors.New("agent: no data dir: the agent keeps a state file per lease there")
 	}

@@ -15,13 +15,16 @@ import (
 // with an MPS slice runs as the sandbox's shared MPS user: an MPS daemon
 // serves one user at a time, so per-lease users would make fractional
 // leases of one GPU wait for each other; the lease's namespaces and
-// cgroup still keep it apart from the others.
+// cgroup still keep it apart from the others. The cgroup is capped at
+// hostCaps: a lease that asked for no host CPU or memory gets its default
+// share.
 func (a *Agent) prepareSandbox(as *gpupoolv1.Assignment) error {
 	dir := a.leaseDirPath(as.LeaseId)
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return fmt.Errorf("lease dir: %w", err)
 	}
-	spec := sandbox.Spec{Lease: as.LeaseId, Dir: dir, CPUMillicores: as.GetHostCpuMillicores(), MemoryMiB: as.GetHostMemoryMib()}
+	spec := sandbox.Spec{Lease: as.LeaseId, Dir: dir}
+	spec.CPUMillicores, spec.MemoryMiB = a.hostCaps(as)
 	if slices.ContainsFunc(as.Slices, func(s *gpupoolv1.Slice) bool { return s.Isolation == gpupoolv1.Isolation_ISOLATION_MPS }) {
 		spec.User = a.box.SharedUser()
 	}

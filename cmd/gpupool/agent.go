@@ -45,6 +45,8 @@ type agentOpts struct {
 	labels          []string
 	cpu             int64
 	hostMemory      int64
+	cpuFloor        int64
+	memoryFloor     int64
 	logLevel        string
 	insecure        bool
 	users           string
@@ -92,7 +94,12 @@ mount namespace in which the data dir is hidden and only the lease's
 directory is writable, a PID namespace with its own /proc, and a cgroup
 per lease (v2, or v1 on hybrid hosts) that caps the host CPU and memory the
 lease asked for and holds all its processes: that cgroup, not the
-environment, is how the watchdog and teardown find them. The agent needs
+environment, is how the watchdog and teardown find them. A lease that asks
+for no host CPU (or memory) is capped at its share of the host's GPUs (the
+sum of its slices' compute percentages over 100, a whole GPU counting 1,
+divided by the host's GPUs) times --cpu (--host-memory), and at least
+--default-cpu-floor (--default-memory-floor). The brokers do not count these
+default caps: only explicit requests are accounted. The agent needs
 root for this. Where a mechanism is missing it says so at start and exec is
 refused, unless --allow-reduced-isolation runs workloads as the agent's
 user. Forward reaches only a port a process of the lease listens on.
@@ -151,6 +158,8 @@ else the hostname.`,
 	f.StringArrayVar(&o.labels, "label", nil, "host label as key=value; repeat for more")
 	f.Int64Var(&o.cpu, "cpu", -1, "host CPU offered to workloads, in millicores (default: all of this machine's; 0 offers none)")
 	f.Int64Var(&o.hostMemory, "host-memory", -1, "host memory offered to workloads, in MiB (default: all of this machine's; 0 offers none)")
+	f.Int64Var(&o.cpuFloor, "default-cpu-floor", agent.DefaultCPUFloorMillicores, "the least CPU, in millicores, a lease that names no --host-cpu is capped at; above that its cap is its share of this host's GPUs times --cpu")
+	f.Int64Var(&o.memoryFloor, "default-memory-floor", agent.DefaultMemoryFloorMiB, "the least memory, in MiB, a lease that names no --host-memory is capped at; above that its cap is its share of this host's GPUs times --host-memory")
 	f.StringVar(&o.logLevel, "log-level", "info", "log level: debug, info, warn or error")
 	f.StringVar(&o.metrics, "metrics-bind", "", "serve Prometheus metrics at http://ADDR/metrics; empty serves none")
 	f.StringVar(&o.dataDir, "data-dir", "/var/lib/gpupool/agent", "directory for the per-lease state files")
@@ -228,6 +237,22 @@ func runAgent(cmd *cobra.Command, o agentOpts) error {
 	}
 	if o.hostMemory == -1 {
 		o.hostMemory = machineMemoryMiB()
+	}
+	for _, fl := range []struct {
+		name, unit, offerFlag string
+		v, least, offer       int64
+	}{
+		{"default-cpu-floor", "millicores", "cpu", o.cpuFloor, minCPUFloor, o.cpu},
+		{"default-memory-floor", "MiB", "host-memory", o.memoryFloor, minMemoryFloor, o.hostMemory},
+	} {
+		// Left at its default, a floor above the offer is cut to it.
+		over := cmd.Flags().Changed(fl.name) && fl.offer > 0 && fl.v > fl.offer
+		switch {
+		case (fl.v < fl.least || over) && fl.offer > 0:
+			return usagef("--%s %d: must be between %d and %d %s (--%s)", fl.name, fl.v, fl.least, fl.offer, fl.unit, fl.offerFlag)
+		case fl.v < fl.least:
+			return usagef("--%s %d: must be %d %s or more", fl.name, fl.v, fl.least, fl.unit)
+		}
 	}
 
 	for _, d := range []struct {
@@ -317,6 +342,8 @@ func runAgent(cmd *cobra.Command, o agentOpts) error {
 		Labels:                labels,
 		CPUMillicores:         o.cpu,
 		MemoryMiB:             o.hostMemory,
+		DefaultCPUFloor:       o.cpuFloor,
+		DefaultMemoryFloorMiB: o.memoryFloor,
 		Backend:               backend,
 		Version:               agentVersion(),
 		Logger:                logger,
@@ -388,6 +415,14 @@ func defaultHostID() (string, error) {
 
 // agentVersion is the version the binary was built as (see 'gpupool version').
 func agentVersion() string { return version.Get().Version }
+
+// The least a default floor may be: a CFS quota under 10 millicores is
+// refused by the kernel (1 ms of a 100 ms period), and a memory cap under
+// 64 MiB leaves no room for the sandbox's init.
+const (
+	minCPUFloor    = 10
+	minMemoryFloor = 64
+)
 
 // machineMemoryMiB reads MemTotal from /proc/meminfo; 0 if it cannot.
 func machineMemoryMiB() int64 {
