@@ -436,9 +436,11 @@ func (a *Agent) Run(ctx context.Context) error {
 }
 
 // resume loads the leases of the data dir and enforces them again, until
-// the brokers say otherwise. Files that cannot be read are quarantined;
-// leases on GPUs this host no longer has are dropped, and refused when the
-// brokers list them.
+// the brokers say otherwise: their processes, still in their cgroups, are
+// adopted with them. Files that cannot be read are quarantined; leases on
+// GPUs this host no longer has are dropped, and refused when the brokers
+// list them. The processes of every other lease cgroup under the agent's
+// parent are killed (see reapOrphans).
 func (a *Agent) resume(ctx context.Context) error {
 	recs, bad, err := a.files.load()
 	if err != nil {
@@ -460,6 +462,7 @@ func (a *Agent) resume(ctx context.Context) error {
 		a.log.Info("resumed lease from the data dir", "lease", rec.Assignment.LeaseId,
 			"expires", rec.Deadline.Format(time.RFC3339), "slices", describeSlices(rec.Assignment.Slices))
 	}
+	a.reapOrphans()
 	a.syncJobMap() // also clears what a crash left
 	return nil
 }

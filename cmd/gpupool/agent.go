@@ -105,7 +105,9 @@ refused, unless --allow-reduced-isolation runs workloads as the agent's
 user. Forward reaches only a port a process of the lease listens on.
 
 Safety. The agent keeps one state file per lease in --data-dir and resumes
-enforcing after a restart. While the brokers are unreachable, a lease's
+enforcing after a restart, adopting the leases' running processes; at start
+it kills what runs in every lease cgroup under --cgroup-parent whose lease it
+no longer holds. While the brokers are unreachable, a lease's
 processes run until the lease's expiry plus --expiry-grace, then are stopped.
 A GPU with an Xid error (except the application Xids 13, 31, 43, 45, 68, 109),
 a double-bit ECC error or lost from the bus is reported unhealthy and takes no
