@@ -176,7 +176,7 @@ else the hostname.`,
 	f.BoolVar(&o.insecure, "insecure", false, insecureUsage)
 	f.StringVar(&o.dcgmJobMappingDir, "dcgm-job-mapping-dir", "", "write each lease's id into DCGM's HPC job mapping files here (one file per GPU index; dcgm-exporter --hpc-job-mapping-dir), so DCGM's per-GPU metrics carry the lease; empty writes none")
 	f.StringVar(&o.users, "sandbox-users", sandbox.DefaultRange.String(), "user ids leases run as, FIRST-LAST; each lease takes one (the first is shared by leases with MPS slices); give each agent on one machine its own range")
-	f.StringVar(&o.cgroupParent, "cgroup-parent", "", "where the leases' cgroups go under each cgroup hierarchy's root (default gpupool/HOST_ID)")
+	f.StringVar(&o.cgroupParent, "cgroup-parent", "", "where the leases' cgroups go under each cgroup hierarchy's root (default gpupool/HOST_ID); give each agent on one machine its own: a starting agent kills what runs in the lease cgroups under it whose lease it does not hold")
 	f.BoolVar(&o.metricsTLS, "metrics-tls", false, "serve --metrics-bind over mutual TLS with the agent's certificate: scrapers need a certificate of the cluster CA")
 	f.BoolVar(&o.metricsLeaseIDs, "metrics-lease-ids", false, "label per-lease metrics with the lease id; by default the label is a pseudonym (h-<hash>) that names no lease")
 	f.BoolVar(&o.allowReduced, "allow-reduced-isolation", false, "run lease workloads even where this host cannot sandbox them (not root, no cgroups): they then run as the agent's user and can reach what it can (gpupool dev sets it)")
