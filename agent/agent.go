@@ -71,6 +71,11 @@ type Config struct {
 	// CPUMillicores and MemoryMiB are the host CPU and memory offered to
 	// workloads the data plane starts; 0 offers none.
 	CPUMillicores, MemoryMiB int64
+	// DefaultCPUFloor (millicores) and DefaultMemoryFloorMiB are the
+	// least a lease that names no host CPU or memory is capped at (see
+	// defaultCaps); 0 means DefaultCPUFloorMillicores and
+	// DefaultMemoryFloorMiB.
+	DefaultCPUFloor, DefaultMemoryFloorMiB int64
 	// Backend discovers the GPUs. The caller closes it after Run returns.
 	Backend device.Backend
 	// Version is the agent version reported to the broker.
@@ -156,6 +161,10 @@ func (c *Config) validate() error {
 		return fmt.Errorf("agent: host CPU %d millicores: must be 0 or more", c.CPUMillicores)
 	case c.MemoryMiB < 0:
 		return fmt.Errorf("agent: host memory %d MiB: must be 0 or more", c.MemoryMiB)
+	case c.DefaultCPUFloor < 0:
+		return fmt.Errorf("agent: default CPU floor %d millicores: must be 0 or more", c.DefaultCPUFloor)
+	case c.DefaultMemoryFloorMiB < 0:
+		return fmt.Errorf("agent: default memory floor %d MiB: must be 0 or more", c.DefaultMemoryFloorMiB)
 	case c.DataDir == "":
 		return errors.New("agent: no data dir: the agent keeps a state file per lease there")
 	}
@@ -431,9 +440,11 @@ func (a *Agent) Run(ctx context.Context) error {
 }
 
 // resume loads the leases of the data dir and enforces them again, until
-// the brokers say otherwise. Files that cannot be read are quarantined;
-// leases on GPUs this host no longer has are dropped, and refused when the
-// brokers list them.
+// the brokers say otherwise: their processes, still in their cgroups, are
+// adopted with them. Files that cannot be read are quarantined; leases on
+// GPUs this host no longer has are dropped, and refused when the brokers
+// list them. The processes of every other lease cgroup under the agent's
+// parent are killed (see reapOrphans).
 func (a *Agent) resume(ctx context.Context) error {
 	recs, bad, err := a.files.load()
 	if err != nil {
@@ -455,6 +466,7 @@ func (a *Agent) resume(ctx context.Context) error {
 		a.log.Info("resumed lease from the data dir", "lease", rec.Assignment.LeaseId,
 			"expires", rec.Deadline.Format(time.RFC3339), "slices", describeSlices(rec.Assignment.Slices))
 	}
+	a.reapOrphans()
 	a.syncJobMap() // also clears what a crash left
 	return nil
 }

@@ -726,3 +726,39 @@ func TestATeardownSurvivesTheHeartbeatStreamBreaking(t *testing.T) {
 		return len(f.heartbeats) > since && slices.Equal(f.heartbeats[len(f.heartbeats)-1].TornDown, []string{"L1"})
 	})
 }
+
+func TestARestartedAgentKillsTheProcessesOfALeaseItNoLongerHolds(t *testing.T) {
+	if !testBox().HasCgroups() {
+		t.Skip("no cgroups on this host: leases' processes are found by their environment")
+	}
+	// An earlier agent was killed with SIGKILL: its data dir still holds
+	// L-held, and nothing of L-gone (released meanwhile, or its data dir
+	// lost), whose process still runs in its cgroup.
+	cfg := testConfig(t, "127.0.0.1:1") // no broker answers
+	files, err := openLeaseFiles(cfg.DataDir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	held := assignmentsOf([]string{"L-held"})[0]
+	if err := files.put(leaseRecord{Assignment: held, Deadline: time.Now().Add(time.Hour)}); err != nil {
+		t.Fatal(err)
+	}
+	kept, orphan := startWorkload(t, "L-held"), startWorkload(t, "L-gone")
+
+	a := startAgent(t, cfg)
+	orphan.waitExit(t, "the restarted agent kills what runs in the cgroup of a lease it does not hold")
+	waitUntil(t, "the orphan's cgroup is removed", func() bool {
+		ids, err := a.box.Leases()
+		return err == nil && !slices.Contains(ids, "L-gone")
+	})
+	if !kept.running() {
+		t.Fatal("the process of L-held, which the agent resumed, was killed")
+	}
+	pids, err := a.box.Procs("L-held")
+	if err != nil || !slices.Contains(pids, kept.pid) {
+		t.Errorf("L-held's cgroup: got processes %v (%v), want the adopted %d in it", pids, err, kept.pid)
+	}
+	if got := leaseIDs(a.Assignments()); !slices.Equal(got, []string{"L-held"}) {
+		t.Errorf("enforced leases: got %v, want [L-held]", got)
+	}
+}

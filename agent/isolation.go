@@ -15,13 +15,16 @@ import (
 // with an MPS slice runs as the sandbox's shared MPS user: an MPS daemon
 // serves one user at a time, so per-lease users would make fractional
 // leases of one GPU wait for each other; the lease's namespaces and
-// cgroup still keep it apart from the others.
+// cgroup still keep it apart from the others. The cgroup is capped at
+// hostCaps: a lease that asked for no host CPU or memory gets its default
+// share.
 func (a *Agent) prepareSandbox(as *gpupoolv1.Assignment) error {
 	dir := a.leaseDirPath(as.LeaseId)
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return fmt.Errorf("lease dir: %w", err)
 	}
-	spec := sandbox.Spec{Lease: as.LeaseId, Dir: dir, CPUMillicores: as.GetHostCpuMillicores(), MemoryMiB: as.GetHostMemoryMib()}
+	spec := sandbox.Spec{Lease: as.LeaseId, Dir: dir}
+	spec.CPUMillicores, spec.MemoryMiB = a.hostCaps(as)
 	if slices.ContainsFunc(as.Slices, func(s *gpupoolv1.Slice) bool { return s.Isolation == gpupoolv1.Isolation_ISOLATION_MPS }) {
 		spec.User = a.box.SharedUser()
 	}
@@ -29,6 +32,36 @@ func (a *Agent) prepareSandbox(as *gpupoolv1.Assignment) error {
 		return err
 	}
 	return nil
+}
+
+// reapOrphans kills the processes of every lease cgroup under the
+// agent's cgroup parent whose lease the agent does not hold: an agent
+// before it (killed with SIGKILL, or whose data dir was lost) left them
+// running, and no teardown would ever reach them. It removes their
+// cgroups and lease directories through the sandbox's teardown path.
+// Called once the data dir's leases are resumed: those, and those being
+// torn down, are left to the lease table.
+func (a *Agent) reapOrphans() {
+	ids, err := a.box.Leases()
+	if err != nil {
+		a.log.Error("listing the lease cgroups left by an earlier agent failed; their processes keep running", "err", err)
+		return
+	}
+	for _, id := range ids {
+		if a.leases.has(id) {
+			continue
+		}
+		pids, _ := a.box.Procs(id)
+		a.log.Warn("killing the processes of a lease this agent does not hold, left in its cgroup by an earlier agent",
+			"lease", id, "processes", len(pids))
+		if err := a.box.Remove(id); err != nil {
+			a.log.Error("killing an orphaned lease's processes failed", "lease", id, "err", err)
+			continue
+		}
+		if err := os.RemoveAll(a.leaseDirPath(id)); err != nil {
+			a.log.Error("removing an orphaned lease's directory failed", "lease", id, "err", err)
+		}
+	}
 }
 
 func (a *Agent) leaseDirPath(id string) string { return filepath.Join(a.cfg.DataDir, "work", id) }

@@ -255,6 +255,14 @@ func (t *leaseTable) startTeardown(a *gpupoolv1.Assignment) {
 	t.entries[a.LeaseId] = &leaseEntry{a: a, phase: tearingDown}
 }
 
+// has reports whether the table holds lease id, in any phase.
+func (t *leaseTable) has(id string) bool {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	_, ok := t.entries[id]
+	return ok
+}
+
 // reject records that the agent refuses a lease, for the broker to
 // revoke it.
 func (t *leaseTable) reject(id, reason string) {

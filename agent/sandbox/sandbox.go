@@ -561,10 +561,21 @@ func (m *Manager) Join(lease string, pid int) error {
 	return nil
 }
 
+// Leases lists the leases that have a cgroup under this manager's parent:
+// those it prepared, and those the processes of an agent before it (on
+// the same parent) still run in. Without cgroups it lists none.
+func (m *Manager) Leases() ([]string, error) {
+	if m.cg == nil {
+		return nil, nil
+	}
+	return m.cg.leases()
+}
+
 // Purge removes every lease cgroup under this manager's parent, killing
 // what runs in them, then the parent itself: for tests, and for a host
 // taken out of the pool. The agent never purges by itself: a lease's
-// processes outlive an agent restart.
+// processes outlive an agent restart, and a restarted agent removes (see
+// Remove) only the cgroups of leases it no longer holds.
 func (m *Manager) Purge() error {
 	if m.cg == nil {
 		return nil

@@ -47,6 +47,8 @@ type agentOpts struct {
 	labels          []string
 	cpu             int64
 	hostMemory      int64
+	cpuFloor        int64
+	memoryFloor     int64
 	logLevel        string
 	insecure        bool
 	users           string
@@ -94,13 +96,20 @@ mount namespace in which the data dir is hidden and only the lease's
 directory is writable, a PID namespace with its own /proc, and a cgroup
 per lease (v2, or v1 on hybrid hosts) that caps the host CPU and memory the
 lease asked for and holds all its processes: that cgroup, not the
-environment, is how the watchdog and teardown find them. The agent needs
+environment, is how the watchdog and teardown find them. A lease that asks
+for no host CPU (or memory) is capped at its share of the host's GPUs (the
+sum of its slices' compute percentages over 100, a whole GPU counting 1,
+divided by the host's GPUs) times --cpu (--host-memory), and at least
+--default-cpu-floor (--default-memory-floor). The brokers do not count these
+default caps: only explicit requests are accounted. The agent needs
 root for this. Where a mechanism is missing it says so at start and exec is
 refused, unless --allow-reduced-isolation runs workloads as the agent's
 user. Forward reaches only a port a process of the lease listens on.
 
 Safety. The agent keeps one state file per lease in --data-dir and resumes
-enforcing after a restart. While the brokers are unreachable, a lease's
+enforcing after a restart, adopting the leases' running processes; at start
+it kills what runs in every lease cgroup under --cgroup-parent whose lease it
+no longer holds. While the brokers are unreachable, a lease's
 processes run until the lease's expiry plus --expiry-grace, then are stopped.
 A GPU with an Xid error (except the application Xids 13, 31, 43, 45, 68, 109),
 a double-bit ECC error or lost from the bus is reported unhealthy and takes no
@@ -166,6 +175,8 @@ else the hostname.`,
 	f.StringArrayVar(&o.labels, "label", nil, "host label as key=value; repeat for more")
 	f.Int64Var(&o.cpu, "cpu", -1, "host CPU offered to workloads, in millicores (default: all of this machine's; 0 offers none)")
 	f.Int64Var(&o.hostMemory, "host-memory", -1, "host memory offered to workloads, in MiB (default: all of this machine's; 0 offers none)")
+	f.Int64Var(&o.cpuFloor, "default-cpu-floor", agent.DefaultCPUFloorMillicores, "the least CPU, in millicores, a lease that names no --host-cpu is capped at; above that its cap is its share of this host's GPUs times --cpu")
+	f.Int64Var(&o.memoryFloor, "default-memory-floor", agent.DefaultMemoryFloorMiB, "the least memory, in MiB, a lease that names no --host-memory is capped at; above that its cap is its share of this host's GPUs times --host-memory")
 	f.StringVar(&o.logLevel, "log-level", "info", "log level: debug, info, warn or error")
 	f.StringVar(&o.metrics, "metrics-bind", "", "serve Prometheus metrics at http://ADDR/metrics; empty serves none")
 	f.StringVar(&o.dataDir, "data-dir", "/var/lib/gpupool/agent", "directory for the per-lease state files")
@@ -180,7 +191,7 @@ else the hostname.`,
 	f.BoolVar(&o.insecure, "insecure", false, insecureUsage)
 	f.StringVar(&o.dcgmJobMappingDir, "dcgm-job-mapping-dir", "", "write each lease's id into DCGM's HPC job mapping files here (one file per GPU index; dcgm-exporter --hpc-job-mapping-dir), so DCGM's per-GPU metrics carry the lease; empty writes none")
 	f.StringVar(&o.users, "sandbox-users", sandbox.DefaultRange.String(), "user ids leases run as, FIRST-LAST; each lease takes one (the first is shared by leases with MPS slices); give each agent on one machine its own range")
-	f.StringVar(&o.cgroupParent, "cgroup-parent", "", "where the leases' cgroups go under each cgroup hierarchy's root (default gpupool/HOST_ID)")
+	f.StringVar(&o.cgroupParent, "cgroup-parent", "", "where the leases' cgroups go under each cgroup hierarchy's root (default gpupool/HOST_ID); give each agent on one machine its own: a starting agent kills what runs in the lease cgroups under it whose lease it does not hold")
 	f.BoolVar(&o.metricsTLS, "metrics-tls", false, "serve --metrics-bind over mutual TLS with the agent's certificate: scrapers need a certificate of the cluster CA")
 	f.BoolVar(&o.metricsLeaseIDs, "metrics-lease-ids", false, "label per-lease metrics with the lease id; by default the label is a pseudonym (h-<hash>) that names no lease")
 	f.BoolVar(&o.allowReduced, "allow-reduced-isolation", false, "run lease workloads even where this host cannot sandbox them (not root, no cgroups): they then run as the agent's user and can reach what it can (gpupool dev sets it)")
@@ -246,6 +257,22 @@ func runAgent(cmd *cobra.Command, o agentOpts) error {
 	}
 	if o.hostMemory == -1 {
 		o.hostMemory = machineMemoryMiB()
+	}
+	for _, fl := range []struct {
+		name, unit, offerFlag string
+		v, least, offer       int64
+	}{
+		{"default-cpu-floor", "millicores", "cpu", o.cpuFloor, minCPUFloor, o.cpu},
+		{"default-memory-floor", "MiB", "host-memory", o.memoryFloor, minMemoryFloor, o.hostMemory},
+	} {
+		// Left at its default, a floor above the offer is cut to it.
+		over := cmd.Flags().Changed(fl.name) && fl.offer > 0 && fl.v > fl.offer
+		switch {
+		case (fl.v < fl.least || over) && fl.offer > 0:
+			return usagef("--%s %d: must be between %d and %d %s (--%s)", fl.name, fl.v, fl.least, fl.offer, fl.unit, fl.offerFlag)
+		case fl.v < fl.least:
+			return usagef("--%s %d: must be %d %s or more", fl.name, fl.v, fl.least, fl.unit)
+		}
 	}
 
 	for _, d := range []struct {
@@ -335,6 +362,8 @@ func runAgent(cmd *cobra.Command, o agentOpts) error {
 		Labels:                labels,
 		CPUMillicores:         o.cpu,
 		MemoryMiB:             o.hostMemory,
+		DefaultCPUFloor:       o.cpuFloor,
+		DefaultMemoryFloorMiB: o.memoryFloor,
 		Backend:               backend,
 		Version:               agentVersion(),
 		Logger:                logger,
@@ -407,6 +436,14 @@ func defaultHostID() (string, error) {
 
 // agentVersion is the version the binary was built as (see 'gpupool version').
 func agentVersion() string { return version.Get().Version }
+
+// The least a default floor may be: a CFS quota under 10 millicores is
+// refused by the kernel (1 ms of a 100 ms period), and a memory cap under
+// 64 MiB leaves no room for the sandbox's init.
+const (
+	minCPUFloor    = 10
+	minMemoryFloor = 64
+)
 
 // machineMemoryMiB reads MemTotal from /proc/meminfo; 0 if it cannot.
 func machineMemoryMiB() int64 {

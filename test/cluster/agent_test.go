@@ -222,6 +222,43 @@ func TestAgentEnforcesALeaseThroughARestartAndReportsTheViolation(t *testing.T) 
 	}
 }
 
+func TestAKilledAgentsReleasedLeaseHasNoProcessesAfterItsRestart(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts real processes")
+	}
+	cl := newCluster(t, 1)
+	acq, err := cl.c.Lease.Acquire(ctxFor(t, 10*time.Second), fractional(1024, 10, "orphan-1"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	l := acq.Lease
+	w := startLeaseWorkload(t, cl, "host-1", l.Id)
+
+	// kill -9 the agent: the lease's processes outlive it, as they must
+	// for a restart to resume the lease.
+	cl.agents[0].signal(t, syscall.SIGKILL)
+	select {
+	case <-w.exited:
+		t.Fatal("the lease's process died with its agent; a restart could not have resumed it")
+	default:
+	}
+	// While it is down, the lease is released and the agent's data dir
+	// loses the lease's state file: nothing the restarted agent reads
+	// names the lease any more.
+	if _, err := cl.c.Lease.Release(ctxFor(t, 10*time.Second), &gpupoolv1.ReleaseRequest{LeaseId: l.Id}); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Remove(filepath.Join(cl.agentDir(0), "leases", l.Id+".json")); err != nil {
+		t.Fatal(err)
+	}
+	// Nor can a broker's teardown list tell it: the brokers are gone too.
+	for _, b := range cl.brokers {
+		b.signal(t, syscall.SIGKILL)
+	}
+	cl.agents[0].start(t)
+	w.wait(t, 20*time.Second, "the restarted agent kills what runs in the cgroup of a lease it does not hold")
+}
+
 func TestXidMakesAGPUUnhealthyAndNewLeasesAvoidIt(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts real processes")
