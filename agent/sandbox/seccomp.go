@@ -35,8 +35,8 @@ import (
 //     past the mount namespace, and fanotify_init;
 //   - personality, but for the harmless personas moby allows too (not
 //     ADDR_NO_RANDOMIZE, for one);
-//   - the old and x86-only calls of archDeniedSyscalls (iopl, ioperm,
-//     modify_ldt, uselib, ...).
+//   - nfsservctl and vhangup, and the old and x86-only calls of
+//     archDeniedSyscalls (iopl, ioperm, modify_ldt, uselib, ...).
 //
 // clone3 returns ENOSYS: its flags are behind a pointer a filter cannot
 // read, and libc falls back to clone, whose flags it can.
