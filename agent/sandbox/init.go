@@ -80,14 +80,23 @@ func runInit(s initSpec, argv []string) int {
 			return fail("setting the domain name: %v", err)
 		}
 	}
-	// no_new_privs is a property of one thread, which its forks inherit:
-	// the thread that sets it must be the one ForkExec forks from. Go
-	// moves a goroutine between threads unless it is locked to one, and
-	// then the workload was forked from a thread without it, where a
-	// setuid program ran as root.
+	// no_new_privs, like the capability sets, the securebits and the
+	// seccomp filter, is a property of one thread, which its forks
+	// inherit: the thread that sets it must be the one ForkExec forks
+	// from. Go moves a goroutine between threads unless it is locked to
+	// one, and then the workload was forked from a thread without it,
+	// where a setuid program ran as root.
 	runtime.LockOSThread()
 	if err := unix.Prctl(unix.PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0); err != nil {
 		return fail("no new privileges: %v", err)
+	}
+	if err := dropCapabilities(); err != nil {
+		return fail("%v", err)
+	}
+	// Last, as the filter applies to this thread too: all it does from
+	// here is catch signals, fork, become the lease's user, exec and wait.
+	if err := applySeccomp(); err != nil {
+		return fail("%v", err)
 	}
 	// Signals sent to the process group reach the workload directly; the
 	// init only must not die of them (a caught signal's handler is reset

@@ -24,7 +24,12 @@
 //     controllers) that holds all of its processes, caps the host CPU and
 //     memory the lease asked for, and is how the agent finds them. A
 //     process cannot leave it: the cgroup files belong to root;
-//   - no new privileges: setuid programs do not raise them.
+//   - no new privileges and no capabilities: setuid programs do not
+//     raise them, the bounding, ambient and inheritable sets are empty,
+//     and locked securebits keep even a root uid from holding any;
+//   - a seccomp filter (see leaseFilter) under which the calls that make
+//     namespaces, mount, load kernel code or reach the kernel's keyring,
+//     clocks and other host state return EPERM.
 //
 // The agent re-executes its own binary as a small init (see Init) that
 // joins the cgroup, sets up the mounts, and then runs the workload as

@@ -16,6 +16,9 @@ import (
 
 func TestMain(m *testing.M) {
 	Init()
+	if filepath.Base(os.Args[0]) == probeArg0 {
+		os.Exit(probeSyscalls())
+	}
 	os.Exit(m.Run())
 }
 
@@ -132,6 +135,8 @@ func TestASandboxedProcessSeesOnlyItsOwnLease(t *testing.T) {
 		{"its /tmp is its own", "cat " + hostTmp + " 2>/dev/null || echo hidden", "hidden\n", 0},
 		{"it can gain no privileges", "grep NoNewPrivs /proc/self/status", "NoNewPrivs:\t1\n", 0},
 		{"a setuid-root program runs as the lease's user", setuid + " -u", fmt.Sprintf("%d\n", uidB), 0},
+		{"it holds no capability and can gain none", "grep ^Cap /proc/self/status", "CapInh:\t0000000000000000\nCapPrm:\t0000000000000000\nCapEff:\t0000000000000000\nCapBnd:\t0000000000000000\nCapAmb:\t0000000000000000\n", 0},
+		{"root's securebits are locked on", "setpriv --dump | grep -o 'noroot,noroot_locked,no_setuid_fixup_locked,keep_caps_locked'", "noroot,noroot_locked,no_setuid_fixup_locked,keep_caps_locked\n", 0},
 		{"its exit code is the workload's", "exit 7", "", 7},
 		{"a signal that kills it is its exit code", "kill -TERM $$", "", 128 + int(syscall.SIGTERM)},
 	}
