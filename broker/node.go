@@ -26,6 +26,9 @@ type node struct {
 	ctx    context.Context
 	cancel context.CancelCauseFunc
 	wg     sync.WaitGroup
+
+	goMu   sync.Mutex
+	closed bool // guarded by goMu; set by closeAndWait, after which goFunc tracks nothing
 }
 
 func newNode(cfg Config) *node {
@@ -40,13 +43,32 @@ func newNode(cfg Config) *node {
 }
 
 // goFunc runs f on a goroutine that Shutdown waits for. f must return
-// once nd.ctx is done.
+// once nd.ctx is done. Once Shutdown has begun waiting, f still runs
+// (callers may wait for it to close a channel) but untracked: an RPC
+// handler that grpc.Stop did not wait for may still call goFunc, and
+// adding to the WaitGroup then would race Shutdown's Wait. nd.ctx is done
+// by then, so f returns at once.
 func (nd *node) goFunc(f func()) {
+	nd.goMu.Lock()
+	defer nd.goMu.Unlock()
+	if nd.closed {
+		go f()
+		return
+	}
 	nd.wg.Add(1)
 	go func() {
 		defer nd.wg.Done()
 		f()
 	}()
+}
+
+// closeAndWait stops goFunc from starting goroutines and waits for those
+// it started.
+func (nd *node) closeAndWait() {
+	nd.goMu.Lock()
+	nd.closed = true
+	nd.goMu.Unlock()
+	nd.wg.Wait()
 }
 
 // nowMs is the server's clock now, as a command's NowMs.

@@ -443,7 +443,7 @@ func (s *Server) Shutdown() error {
 		s.stopUI()
 		s.grpc.Stop()
 		err = s.raft.Shutdown().Error()
-		s.wg.Wait()
+		s.closeAndWait()
 		s.membership.closeConns()
 		s.closeStores()
 	})

@@ -68,15 +68,14 @@ func WithPendingProgress(fn func(*gpupoolv1.Lease)) AcquireOption {
 // background until Release or Close; ctx bounds the request only (with
 // WithWait, the wait too).
 //
-// A request without a request_id gets a fresh one, set on req itself
-// before the first attempt: a retried Acquire never grants twice, and the
-// caller can name the request afterwards, also when the call failed or
-// was interrupted (to say which request left the queue, or to find a
-// lease granted as the call ended). RequestId is the only field Acquire
-// writes, and it keeps no reference to req once it returns; req must not
-// be used by another call meanwhile. A request is one lease: calling
-// Acquire again with the same req asks for the same lease again (and gets
-// it back while it lives), so build a new request for another lease.
+// A request without a request_id is sent with a fresh one, on a copy, so
+// that a retried attempt never grants twice: Acquire never writes req, so
+// one request may serve as the template of many leases. A caller that
+// must name the request afterwards, also when the call failed or was
+// interrupted (to say which request left the queue, or to find a lease
+// granted as the call ended), sets RequestId itself; calling Acquire again
+// with that id asks for the same lease again (and gets it back while it
+// lives).
 func (c *Client) Acquire(ctx context.Context, req *gpupoolv1.LeaseRequest, opts ...AcquireOption) (*Lease, error) {
 	resp, err := c.Grant(ctx, req, opts...)
 	if err != nil {
@@ -85,16 +84,17 @@ func (c *Client) Acquire(ctx context.Context, req *gpupoolv1.LeaseRequest, opts 
 	return c.follow(resp.Lease, resp.Tokens), nil
 }
 
-// Grant asks the brokers for a lease as Acquire does, setting an empty
-// req.RequestId as Acquire does, and returns their answer, but does not
-// renew the lease: it lives for its TTL unless someone renews it ('gpupool
-// lease keepalive', Attach).
+// Grant asks the brokers for a lease as Acquire does, giving a request
+// without a request_id a fresh one on a copy as Acquire does, and returns
+// their answer, but does not renew the lease: it lives for its TTL unless
+// someone renews it ('gpupool lease keepalive', Attach).
 func (c *Client) Grant(ctx context.Context, req *gpupoolv1.LeaseRequest, opts ...AcquireOption) (*gpupoolv1.AcquireResponse, error) {
 	var o acquireOptions
 	for _, opt := range opts {
 		opt(&o)
 	}
 	if req != nil && req.RequestId == "" {
+		req = proto.Clone(req).(*gpupoolv1.LeaseRequest)
 		req.RequestId = uuid.NewString()
 	}
 	areq := &gpupoolv1.AcquireRequest{Request: req}

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -11,6 +12,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/spf13/cobra"
 
 	"github.com/gpupool/gpupool/client"
@@ -160,7 +162,7 @@ func (f *acquireFlags) leaseRequest() (*gpupoolv1.LeaseRequest, error) {
 		Exclusive:   f.exclusive,
 		Constraints: &gpupoolv1.Constraints{Model: f.model, Host: f.host},
 		TtlMs:       f.ttl.Milliseconds(),
-		RequestId:   f.requestID,
+		RequestId:   cmp.Or(f.requestID, uuid.NewString()), // ours, to name the request when interrupted
 		Tenant:      f.tenant,
 		Holder:      f.holder,
 		Priority:    f.priority,

@@ -12,6 +12,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/spf13/cobra"
 
 	"github.com/gpupool/gpupool/client"
@@ -139,6 +140,11 @@ func runRemote(cmd *cobra.Command, c *client.Client, req *gpupoolv1.LeaseRequest
 // brokers may have granted all the same.
 func acquireForCommand(cmd *cobra.Command, c *client.Client, req *gpupoolv1.LeaseRequest, wait time.Duration, opts []client.AcquireOption) (*client.Lease, error) {
 	stderr := cmd.ErrOrStderr()
+	if req.RequestId == "" {
+		// Ours, so that an interrupted acquire can find the lease the
+		// brokers granted all the same (releaseAbandoned).
+		req.RequestId = uuid.NewString()
+	}
 	acqCtx, cancel := context.WithTimeout(cmd.Context(), global.timeout+wait)
 	l, err := c.Acquire(acqCtx, req, opts...)
 	cancel()
