@@ -1,7 +1,6 @@
 package main
 
 import (
-	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -162,7 +161,7 @@ func (f *acquireFlags) leaseRequest() (*gpupoolv1.LeaseRequest, error) {
 		Exclusive:   f.exclusive,
 		Constraints: &gpupoolv1.Constraints{Model: f.model, Host: f.host},
 		TtlMs:       f.ttl.Milliseconds(),
-		RequestId:   cmp.Or(f.requestID, uuid.NewString()), // ours, to name the request when interrupted
+		RequestId:   f.requestID,
 		Tenant:      f.tenant,
 		Holder:      f.holder,
 		Priority:    f.priority,
@@ -373,6 +372,11 @@ that does not fit now, or not within --wait (exit 1); a malformed one exits 2.`,
 			// queue comes on top.
 			ctx, cancel := context.WithTimeout(cmd.Context(), global.timeout+f.wait)
 			defer cancel()
+			if req.RequestId == "" {
+				// Ours, not the SDK's (which never writes req): an
+				// interrupted wait names the request that left the queue.
+				req.RequestId = uuid.NewString()
+			}
 			resp, err := c.Grant(ctx, req, f.acquireOptions(cmd.ErrOrStderr())...)
 			if err != nil {
 				if f.wait > 0 && cmd.Context().Err() != nil {
