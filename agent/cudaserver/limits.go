@@ -26,6 +26,8 @@ type SessionLimits struct {
 	// Events are the events cuEventCreate made.
 	Events int `json:"events"`
 	// Modules are the modules and libraries loaded, and not unloaded.
+	// Libraries belong to no context: destroying or resetting the
+	// context they were loaded under frees no slot.
 	Modules int `json:"modules"`
 	// Functions are the functions and kernels resolved in them; unloading
 	// their module or library frees theirs.
