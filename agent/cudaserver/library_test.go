@@ -101,3 +101,19 @@ func TestLoadingLibrariesInContextsThatEndStillHitsTheModulesLimit(t *testing.T)
 		})
 	}
 }
+
+// cuLibraryGetModule returns the module that is the library's: it takes
+// no modules slot of its own.
+func TestALibrarysModuleTakesNoModulesSlot(t *testing.T) {
+	srv, _ := newLimitedServer(t, SessionLimits{Contexts: 1, Streams: 1, Events: 1, Modules: 2, Functions: 1})
+	tc := dial(t, srv)
+	tc.session()
+	ptx := testPTX(t)
+	r, d := tc.call(opGpupoolLibraryLoadData, ptx)
+	lib := created(t, "cuLibraryLoadData", r, d.U64())
+	r, d = tc.call(opCuLibraryGetModule, lib)
+	created(t, "cuLibraryGetModule", r, d.U64())
+	if r, _ := tc.call(opCuModuleLoadData, ptx); r != Success {
+		t.Errorf("cuModuleLoadData with a library and its module held under a limit of 2: got %v, want success", r)
+	}
+}

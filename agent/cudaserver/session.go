@@ -257,9 +257,9 @@ func (s *session) dropOwned(parent uint64) {
 		if p != parent {
 			continue
 		}
-		delete(s.owner, h)
 		s.dropOwned(h)
-		s.dropHandle(s.handles[h], h)
+		s.dropHandle(s.handles[h], h) // uncounts h while its owner is known
+		delete(s.owner, h)
 	}
 }
 
@@ -567,7 +567,8 @@ func (s *session) CuLibraryGetKernel(library uint64, name string) (uint64, Resul
 	return k, r
 }
 
-// CuLibraryGetModule remembers the module's library.
+// CuLibraryGetModule remembers the module's library, whose Modules slot
+// it shares: it is not counted on its own.
 func (s *session) CuLibraryGetModule(library uint64) (uint64, Result) {
 	m, r := s.Backend.CuLibraryGetModule(library)
 	if r == Success {
