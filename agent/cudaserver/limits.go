@@ -25,7 +25,10 @@ type SessionLimits struct {
 	Streams int `json:"streams"`
 	// Events are the events cuEventCreate made.
 	Events int `json:"events"`
-	// Modules are the modules and libraries loaded, and not unloaded.
+	// Modules are the modules and libraries loaded, and not unloaded. A
+	// library's module (cuLibraryGetModule) is the library's and is not
+	// counted again. Libraries belong to no context: destroying or resetting the
+	// context they were loaded under frees no slot.
 	Modules int `json:"modules"`
 	// Functions are the functions and kernels resolved in them; unloading
 	// their module or library frees theirs.
@@ -109,7 +112,10 @@ func (s *session) limitOf(kind HandleKind, h uint64) (limitKind, bool) {
 		return limitStreams, true
 	case HandleEvent:
 		return limitEvents, true
-	case HandleModule, HandleLibrary:
+	case HandleModule:
+		// A library's module is the library's: its slot is the library's.
+		return limitModules, s.handles[s.owner[h]] != HandleLibrary
+	case HandleLibrary:
 		return limitModules, true
 	case HandleFunction, HandleKernel:
 		return limitFunctions, true

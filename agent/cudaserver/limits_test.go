@@ -279,29 +279,7 @@ func TestTheDefaultLimitsStopAProbeOfTwentyThousandStreamsAt1024(t *testing.T) {
 // The driver destroys a context's streams, events and modules with it
 // (and a primary context's on reset): so do their slots.
 func TestDestroyingAContextFreesTheSlotsOfWhatItHeld(t *testing.T) {
-	for _, tt := range []struct {
-		name    string
-		context func(t *testing.T, tc *testClient) uint64
-		destroy func(t *testing.T, tc *testClient, ctx uint64)
-	}{
-		{"a created context, destroyed", func(t *testing.T, tc *testClient) uint64 {
-			r, d := tc.call(opCuCtxCreateV2, uint32(0), int32(0))
-			return created(t, "cuCtxCreate", r, d.U64())
-		}, func(t *testing.T, tc *testClient, ctx uint64) {
-			tc.ctx = 0
-			if r, _ := tc.call(opCuCtxDestroyV2, ctx); r != Success {
-				t.Fatalf("cuCtxDestroy: got %v, want success", r)
-			}
-		}},
-		{"a primary context, reset", func(t *testing.T, tc *testClient) uint64 {
-			r, d := tc.call(opCuDevicePrimaryCtxRetain, int32(0))
-			return created(t, "cuDevicePrimaryCtxRetain", r, d.U64())
-		}, func(t *testing.T, tc *testClient, _ uint64) {
-			if r, _ := tc.call(opCuDevicePrimaryCtxResetV2, int32(0)); r != Success {
-				t.Fatalf("cuDevicePrimaryCtxReset: got %v, want success", r)
-			}
-		}},
-	} {
+	for _, tt := range contextEnds {
 		t.Run(tt.name, func(t *testing.T) {
 			lim := SessionLimits{Contexts: 2, Streams: 1, Events: 1, Modules: 1, Functions: 1}
 			srv, _ := newLimitedServer(t, lim)
@@ -336,7 +314,7 @@ func TestDestroyingAContextFreesTheSlotsOfWhatItHeld(t *testing.T) {
 					t.Fatalf("object %d in the first context: got %v, want success", i+1, r)
 				}
 			}
-			tt.destroy(t, tc, ctx)
+			tt.end(t, tc, ctx)
 			tc.ctx = tt.context(t, tc)
 			for i, r := range fill() {
 				if r != Success {

@@ -7,9 +7,11 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"maps"
 	"net"
 	"os"
 	"runtime"
+	"slices"
 	"sync"
 	"syscall"
 	"time"
@@ -54,7 +56,15 @@ type Config struct {
 	// that changes, in order (the cuda-server command sizes GOMAXPROCS
 	// with it). It runs under the server's lock: it must not call back.
 	OnSessions func(open int)
+	// CloseWait is how long Close waits for the sessions to end once it
+	// has closed their connections; 0 is DefaultCloseWait.
+	CloseWait time.Duration
 }
+
+// DefaultCloseWait is Config.CloseWait's default: a session that ends
+// takes milliseconds to free its backend, so one still running after it
+// is stuck in a driver call.
+const DefaultCloseWait = 5 * time.Second
 
 // Server serves the CUDA calls of one lease. Its methods are safe for
 // concurrent use.
@@ -69,6 +79,7 @@ type Server struct {
 	queues   map[net.Conn]*replyQueue // guarded by mu; the answers of the sessions past their handshake
 	closed   bool                     // guarded by mu
 	sessions int                      // guarded by mu; sessions started, for log ids
+	live     map[int]struct{}         // guarded by mu; the ids of the sessions not yet ended
 	// running counts the sessions and Serve's goroutines that start
 	// them; Add only under mu while closed is false, so that Close's Wait
 	// sees every one.
@@ -101,7 +112,13 @@ func New(cfg Config) (*Server, error) {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	return &Server{cfg: cfg, log: log, limits: lim.byKind(), used: map[int32]uint64{}, conns: map[net.Conn]struct{}{}, queues: map[net.Conn]*replyQueue{}}, nil
+	if cfg.CloseWait < 0 {
+		return nil, fmt.Errorf("cudaserver: CloseWait %v: must not be negative (0 is %v)", cfg.CloseWait, DefaultCloseWait)
+	}
+	if cfg.CloseWait == 0 {
+		cfg.CloseWait = DefaultCloseWait
+	}
+	return &Server{cfg: cfg, log: log, limits: lim.byKind(), used: map[int32]uint64{}, conns: map[net.Conn]struct{}{}, queues: map[net.Conn]*replyQueue{}, live: map[int]struct{}{}}, nil
 }
 
 // Serve accepts connections on l and serves each in its own session until
@@ -133,11 +150,13 @@ func (s *Server) Serve(l net.Listener) error {
 	}
 }
 
-// Close ends every session and returns once they all ended and freed
-// their backends: their clients' next calls fail with
-// CUDA_ERROR_DEVICE_UNAVAILABLE. Sessions that start after Close are
-// refused. Close must not be called from a session (a Backend or
-// OnSessions).
+// Close ends every session: their clients' next calls fail with
+// CUDA_ERROR_DEVICE_UNAVAILABLE. It returns once they all ended and freed
+// their backends, or after Config.CloseWait, logging the sessions still
+// running: those are stuck in a backend call, which closing their
+// connections cannot interrupt, and end when it returns (or with the
+// process). Sessions that start after Close are refused. Close must not
+// be called from a session (a Backend or OnSessions).
 func (s *Server) Close() {
 	s.mu.Lock()
 	s.closed = true
@@ -148,7 +167,22 @@ func (s *Server) Close() {
 	for c := range conns {
 		_ = c.Close()
 	}
-	s.running.Wait()
+	ended := make(chan struct{})
+	go func() {
+		s.running.Wait()
+		close(ended)
+	}()
+	wait := time.NewTimer(s.cfg.CloseWait)
+	defer wait.Stop()
+	select {
+	case <-ended:
+	case <-wait.C:
+		s.mu.Lock()
+		stuck := slices.Sorted(maps.Keys(s.live))
+		s.mu.Unlock()
+		s.log.Warn("cuda server closed with sessions still running, stuck in a backend call: each ends when its call returns",
+			"sessions", stuck, "waited", s.cfg.CloseWait)
+	}
 }
 
 // opened tells OnSessions how many sessions are open. s.mu is held.
@@ -175,10 +209,12 @@ func (s *Server) ServeConn(c net.Conn) error {
 	s.conns[c] = struct{}{}
 	s.sessions++
 	id := s.sessions
+	s.live[id] = struct{}{}
 	s.opened()
 	s.mu.Unlock()
 	defer func() {
 		s.mu.Lock()
+		delete(s.live, id)
 		if _, ok := s.conns[c]; ok {
 			delete(s.conns, c)
 			s.opened()

@@ -150,6 +150,7 @@ func TestNewRefusesBadConfigs(t *testing.T) {
 		{"a negative device", Config{Devices: []Device{{Index: -1}}, NewBackend: sim}, "Devices[0].Index -1"},
 		{"a device twice", Config{Devices: []Device{{Index: 0}, {Index: 0}}, NewBackend: sim}, "Devices[1].Index 0: want distinct"},
 		{"no backend", Config{Devices: []Device{{Index: 0}}}, "NewBackend: required"},
+		{"a negative close wait", Config{Devices: []Device{{Index: 0}}, NewBackend: sim, CloseWait: -time.Second}, "CloseWait -1s: must not be negative"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			if _, err := New(tc.cfg); err == nil || !strings.Contains(err.Error(), tc.want) {
@@ -788,5 +789,59 @@ func waitLogged(t *testing.T, logs *syncBuffer, msg string) {
 		case <-deadline:
 			t.Fatalf("nothing logged %q; logs:\n%s", msg, logs.String())
 		}
+	}
+}
+
+// stuckBackend is a backend whose cuCtxSynchronize never returns while
+// the test runs, as a driver call on a hung GPU.
+type stuckBackend struct {
+	Backend
+	entered chan struct{} // closed when the call starts
+	release chan struct{} // closed when the test ends
+}
+
+func (b *stuckBackend) CuCtxSynchronize() Result {
+	close(b.entered)
+	<-b.release
+	return ErrorDeviceUnavailable
+}
+
+func TestCloseReturnsAfterCloseWaitNamingTheSessionsStuckInABackendCall(t *testing.T) {
+	stuck := &stuckBackend{entered: make(chan struct{}), release: make(chan struct{})}
+	t.Cleanup(func() { close(stuck.release) })
+	var logs syncBuffer
+	srv, err := New(Config{
+		Devices: []Device{{Index: 0, MemoryBytes: testLimit}},
+		NewBackend: func() (Backend, error) {
+			stuck.Backend = NewSimBackend([]SimDevice{DefaultSimDevice([16]byte{1})}, nil)
+			return stuck, nil
+		},
+		Logger:    slog.New(slog.NewTextHandler(&logs, nil)),
+		CloseWait: time.Millisecond,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	tc := handshake(t, serveUnix(t, srv))
+	ctx := tc.session()
+	// The call never answers, so the client does not wait for its reply.
+	frame := wire.AppendFrame(nil, wire.Header{Op: opCuCtxSynchronize, Seq: tc.seq + 1, Word: ctx}, nil)
+	if _, err := tc.c.Write(frame); err != nil {
+		t.Fatal(err)
+	}
+	<-stuck.entered
+
+	closed := make(chan struct{})
+	go func() {
+		srv.Close()
+		close(closed)
+	}()
+	select {
+	case <-closed:
+	case <-time.After(time.Minute):
+		t.Fatal("Close did not return while a session was stuck in a backend call")
+	}
+	if got := logs.String(); !strings.Contains(got, "cuda server closed with sessions still running") || !strings.Contains(got, "sessions=[1]") {
+		t.Errorf("Close logged:\n%s\nwant a warning naming session 1", got)
 	}
 }

@@ -60,8 +60,11 @@ type session struct {
 	held        [numLimits]int  // the handles each limit counts
 	limitLogged [numLimits]bool // whether the limit has refused (and logged it)
 	// owner is what each object came from: the context of a stream,
-	// event, module or library, the module or library of a function,
-	// kernel or library module. Destroying or unloading it frees theirs.
+	// event or module, the module or library of a function, kernel or
+	// library module. Destroying or unloading it frees theirs. A library
+	// has no owner: as in CUDA 12, it belongs to no context and survives
+	// cuCtxDestroy and cuDevicePrimaryCtxReset, until cuLibraryUnload or
+	// the session's end.
 	owner map[uint64]uint64
 	// sticky is the failure of an asynchronous call (opAsync): the shim
 	// did not wait for its answer, so, as with CUDA's sticky errors, every
@@ -81,13 +84,16 @@ func newSession(srv *Server, b Backend, log *slog.Logger) *session {
 	}
 }
 
-// close destroys the contexts the session made, releases the primary
-// contexts it retained, returns its memory to the lease and closes the
-// backend.
+// close destroys the contexts the session made, unloads its libraries,
+// releases the primary contexts it retained, returns its memory to the
+// lease and closes the backend.
 func (s *session) close() {
 	for h, k := range s.handles {
-		if k == HandleContext && !s.isPrimary(h) {
+		switch {
+		case k == HandleContext && !s.isPrimary(h):
 			s.Backend.CuCtxDestroyV2(h)
+		case k == HandleLibrary:
+			s.Backend.CuLibraryUnload(h)
 		}
 	}
 	for dev, n := range s.retains {
@@ -251,9 +257,9 @@ func (s *session) dropOwned(parent uint64) {
 		if p != parent {
 			continue
 		}
-		delete(s.owner, h)
 		s.dropOwned(h)
-		s.dropHandle(s.handles[h], h)
+		s.dropHandle(s.handles[h], h) // uncounts h while its owner is known
+		delete(s.owner, h)
 	}
 }
 
@@ -543,11 +549,6 @@ func (s *session) CuModuleLoadData(image []byte) (uint64, Result) {
 	return s.ownedByContext(s.Backend.CuModuleLoadData(image))
 }
 
-// GpupoolLibraryLoadData remembers the library's context.
-func (s *session) GpupoolLibraryLoadData(code []byte) (uint64, Result) {
-	return s.ownedByContext(s.Backend.GpupoolLibraryLoadData(code))
-}
-
 // CuModuleGetFunction remembers the function's module.
 func (s *session) CuModuleGetFunction(hmod uint64, name string) (uint64, Result) {
 	f, r := s.Backend.CuModuleGetFunction(hmod, name)
@@ -566,7 +567,8 @@ func (s *session) CuLibraryGetKernel(library uint64, name string) (uint64, Resul
 	return k, r
 }
 
-// CuLibraryGetModule remembers the module's library.
+// CuLibraryGetModule remembers the module's library, whose Modules slot
+// it shares: it is not counted on its own.
 func (s *session) CuLibraryGetModule(library uint64) (uint64, Result) {
 	m, r := s.Backend.CuLibraryGetModule(library)
 	if r == Success {

@@ -58,17 +58,18 @@ type simMemory struct {
 }
 
 type simBlock struct {
-	ctx  *simCtx
+	ctx  *simCtx // nil for a library's global, which no context owns
+	dev  int32
 	data []byte // nil until written
 }
 
-func (m *simMemory) alloc(ctx *simCtx, n uint64) uint64 {
+func (m *simMemory) alloc(ctx *simCtx, dev int32, n uint64) uint64 {
 	if m.next == 0 {
 		m.next = simBase
 	}
 	p := m.next
 	m.next += (n + 2*simAlign - 1) &^ (simAlign - 1) // a gap between allocations
-	m.spans.add(p, n, &simBlock{ctx: ctx})
+	m.spans.add(p, n, &simBlock{ctx: ctx, dev: dev})
 	return p
 }
 
@@ -156,7 +157,7 @@ func (m *simMemory) putFloats(p uint64, f []float32) Result {
 func (m *simMemory) usedOn(dev int32) uint64 {
 	var n uint64
 	for _, s := range m.spans.s {
-		if s.v.ctx.dev == dev {
+		if s.v.dev == dev {
 			n += s.size
 		}
 	}
@@ -174,7 +175,11 @@ type simCtx struct {
 }
 
 type simModule struct {
+	// ctx is the context a module was loaded in, which frees it; nil for
+	// a library, which, as in CUDA 12, belongs to no context and lives
+	// until it is unloaded.
 	ctx     *simCtx
+	dev     int32
 	ptx     *ptxModule
 	globals map[string]uint64 // name -> device address
 }
@@ -435,17 +440,13 @@ func (b *simBackend) CuCtxCreateV2(flags uint32, dev int32) (uint64, Result) {
 	return c.id, Success
 }
 
-// freeCtx frees everything created in c.
+// freeCtx frees everything created in c. Libraries, their kernels and
+// globals belong to no context and stay.
 func (b *simBackend) freeCtx(c *simCtx) {
 	b.mem.spans.removeIf(func(s span[*simBlock]) bool { return s.v.ctx == c })
 	for id, m := range b.modules {
 		if m.ctx == c {
 			delete(b.modules, id)
-		}
-	}
-	for id, m := range b.libraries {
-		if m.ctx == c {
-			delete(b.libraries, id)
 		}
 	}
 	for id, f := range b.funcs {
@@ -555,7 +556,7 @@ func (b *simBackend) CuMemAllocV2(bytesize uint64) (uint64, Result) {
 	if bytesize > d.MemoryBytes-min(d.MemoryBytes, b.mem.usedOn(b.cur.dev)) {
 		return 0, ErrorOutOfMemory
 	}
-	return b.mem.alloc(b.cur, bytesize), Success
+	return b.mem.alloc(b.cur, b.cur.dev, bytesize), Success
 }
 
 func (b *simBackend) CuMemFreeV2(p uint64) Result {
@@ -675,9 +676,10 @@ func (b *simBackend) CuMemsetD32Async(dst uint64, v uint32, n uint64, s uint64) 
 
 // --- modules, libraries, functions
 
-// load reads a module image. Only PTX is understood: a cubin or fatbin
+// load reads a module image onto the current context's device, for owner
+// to free (nil for a library). Only PTX is understood: a cubin or fatbin
 // needs the real driver.
-func (b *simBackend) load(image []byte) (*simModule, Result) {
+func (b *simBackend) load(image []byte, owner *simCtx) (*simModule, Result) {
 	if b.cur == nil {
 		return nil, ErrorInvalidContext
 	}
@@ -688,20 +690,20 @@ func (b *simBackend) load(image []byte) (*simModule, Result) {
 	if err != nil {
 		return nil, r
 	}
-	m := &simModule{ctx: b.cur, ptx: ptx, globals: map[string]uint64{}}
+	m := &simModule{ctx: owner, dev: b.cur.dev, ptx: ptx, globals: map[string]uint64{}}
 	names := make([]string, 0, len(ptx.globals))
 	for name := range ptx.globals {
 		names = append(names, name)
 	}
 	slices.Sort(names)
 	for _, name := range names {
-		m.globals[name] = b.mem.alloc(b.cur, ptx.globals[name])
+		m.globals[name] = b.mem.alloc(owner, m.dev, ptx.globals[name])
 	}
 	return m, Success
 }
 
 func (b *simBackend) CuModuleLoadData(image []byte) (uint64, Result) {
-	m, r := b.load(image)
+	m, r := b.load(image, b.cur)
 	if r != Success {
 		return 0, r
 	}
@@ -778,7 +780,7 @@ func (b *simBackend) CuModuleGetGlobalV2(h uint64, name string) (uint64, uint64,
 }
 
 func (b *simBackend) GpupoolLibraryLoadData(code []byte) (uint64, Result) {
-	m, r := b.load(code)
+	m, r := b.load(code, nil)
 	if r != Success {
 		return 0, r
 	}
@@ -899,7 +901,7 @@ func (b *simBackend) CuFuncGetAttribute(attrib uint32, f uint64) (int32, Result)
 	if v, ok := fn.attrs[attrib]; ok {
 		return v, Success
 	}
-	d := b.devs[fn.module.ctx.dev]
+	d := b.devs[fn.module.dev]
 	switch attrib {
 	case 0:
 		return simMaxThreadsPerBlock, Success
@@ -984,7 +986,7 @@ func (b *simBackend) GpupoolOccupancyMaxPotentialBlockSize(f uint64, smem uint64
 	if block == 0 {
 		return 0, 0, ErrorInvalidValue
 	}
-	return blocksPerSM(block, smem) * b.devs[fn.module.ctx.dev].SMs, block, Success
+	return blocksPerSM(block, smem) * b.devs[fn.module.dev].SMs, block, Success
 }
 
 func (b *simBackend) CuOccupancyAvailableDynamicSMemPerBlock(f uint64, numBlocks, blockSize int32) (uint64, Result) {
