@@ -114,6 +114,47 @@ func TestALeaseWithoutHostCapsGetsItsGPUShareOfTheOffer(t *testing.T) {
 	}
 }
 
+func TestAResumedLeaseKeepsTheCapsItsRunningCgroupHas(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("cgroups need root")
+	}
+	devs, err := simBackend(t, "8xA100-80GB", "host-a").Devices()
+	if err != nil {
+		t.Fatal(err)
+	}
+	as := &gpupoolv1.Assignment{LeaseId: "caps-resume", Slices: []*gpupoolv1.Slice{{Device: devs[0].Uuid, MemoryMib: 1024, ComputePercent: 5}}}
+	agentWithFloors := func(cpuFloor, memFloor int64) *Agent {
+		t.Helper()
+		cfg := testConfig(t, "127.0.0.1:1")
+		cfg.DefaultCPUFloor, cfg.DefaultMemoryFloorMiB = cpuFloor, memFloor
+		a, err := New(cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return a
+	}
+	// The earlier agent capped the lease at its floors, 3000 millicores
+	// and 6000 MiB, and the lease's process runs in its cgroup.
+	before := agentWithFloors(3000, 6000)
+	if err := before.prepareSandbox(as); err != nil {
+		t.Fatalf("prepareSandbox: %v", err)
+	}
+	t.Cleanup(func() { _ = before.box.Remove(as.LeaseId) })
+	w := startWorkload(t, as.LeaseId)
+
+	// The restarted agent's defaults would cap it lower.
+	after := agentWithFloors(100, 256)
+	if err := after.prepareSandbox(as); err != nil {
+		t.Fatalf("prepareSandbox of the resumed lease: %v", err)
+	}
+	if cpu, mem := cgroupCaps(t, as.LeaseId); cpu != 3000 || mem != 6000 {
+		t.Errorf("cgroup caps after the resume: got %d millicores and %d MiB, want the running lease's 3000 and 6000", cpu, mem)
+	}
+	if !w.running() {
+		t.Error("the resumed lease's process was killed")
+	}
+}
+
 func TestADefaultShareNeverExceedsTheOffer(t *testing.T) {
 	for _, tc := range []struct {
 		name                 string

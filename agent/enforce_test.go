@@ -732,8 +732,13 @@ func TestARestartedAgentKillsTheProcessesOfALeaseItNoLongerHolds(t *testing.T) {
 		t.Skip("no cgroups on this host: leases' processes are found by their environment")
 	}
 	// An earlier agent was killed with SIGKILL: its data dir still holds
-	// L-held, and nothing of L-gone (released meanwhile, or its data dir
-	// lost), whose process still runs in its cgroup.
+	// L-held, and nothing of l-00000000000000ff (released meanwhile, or
+	// its data dir lost), whose process still runs in its cgroup. Beside
+	// them under the cgroup parent run a process in a cgroup named like a
+	// systemd unit and one in a cgroup named like no broker's lease id:
+	// neither is a lease's. Their names sort before the orphan's, so the
+	// reap, which goes through the cgroups in name order, has passed them
+	// once the orphan is gone.
 	cfg := testConfig(t, "127.0.0.1:1") // no broker answers
 	files, err := openLeaseFiles(cfg.DataDir)
 	if err != nil {
@@ -743,14 +748,20 @@ func TestARestartedAgentKillsTheProcessesOfALeaseItNoLongerHolds(t *testing.T) {
 	if err := files.put(leaseRecord{Assignment: held, Deadline: time.Now().Add(time.Hour)}); err != nil {
 		t.Fatal(err)
 	}
-	kept, orphan := startWorkload(t, "L-held"), startWorkload(t, "L-gone")
+	kept, orphan := startWorkload(t, "L-held"), startWorkload(t, "l-00000000000000ff")
+	others := []*testProc{startWorkload(t, "init.scope"), startWorkload(t, "L-other")}
 
 	a := startAgent(t, cfg)
 	orphan.waitExit(t, "the restarted agent kills what runs in the cgroup of a lease it does not hold")
 	waitUntil(t, "the orphan's cgroup is removed", func() bool {
 		ids, err := a.box.Leases()
-		return err == nil && !slices.Contains(ids, "L-gone")
+		return err == nil && !slices.Contains(ids, "l-00000000000000ff")
 	})
+	for i, name := range []string{"init.scope", "L-other"} {
+		if pids, err := a.box.Procs(name); err != nil || !slices.Contains(pids, others[i].pid) || !others[i].running() {
+			t.Errorf("cgroup %s, which is no lease's: got processes %v (%v), want %d still running in it", name, pids, err, others[i].pid)
+		}
+	}
 	if !kept.running() {
 		t.Fatal("the process of L-held, which the agent resumed, was killed")
 	}

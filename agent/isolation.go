@@ -5,6 +5,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"slices"
 
 	"github.com/gpupool/gpupool/agent/sandbox"
@@ -34,6 +35,11 @@ func (a *Agent) prepareSandbox(as *gpupoolv1.Assignment) error {
 	return nil
 }
 
+// brokerLeaseID is the form of every lease id a broker grants (its
+// newLeaseID): "l-" and 16 hex digits. Only a cgroup so named is a
+// lease's, whatever else sits under the cgroup parent.
+var brokerLeaseID = regexp.MustCompile(`^l-[0-9a-f]{16}$`)
+
 // reapOrphans kills the processes of every lease cgroup under the
 // agent's cgroup parent whose lease the agent does not hold: an agent
 // before it (killed with SIGKILL, or whose data dir was lost) left them
@@ -41,14 +47,26 @@ func (a *Agent) prepareSandbox(as *gpupoolv1.Assignment) error {
 // cgroups and lease directories through the sandbox's teardown path.
 // Called once the data dir's leases are resumed: those, and those being
 // torn down, are left to the lease table.
+//
+// A lease cgroup is one named by a broker's lease id, never the agent's
+// own: a --cgroup-parent that holds other cgroups (system.slice, with
+// its services, the agent's among them) loses none of them.
 func (a *Agent) reapOrphans() {
 	ids, err := a.box.Leases()
 	if err != nil {
 		a.log.Error("listing the lease cgroups left by an earlier agent failed; their processes keep running", "err", err)
 		return
 	}
+	var own string
+	if b, err := os.ReadFile("/proc/self/cgroup"); err == nil {
+		own = a.box.LeaseOf(b)
+	}
 	for _, id := range ids {
 		if a.leases.has(id) {
+			continue
+		}
+		if !brokerLeaseID.MatchString(id) || id == own {
+			a.log.Debug("leaving a cgroup under the cgroup parent that is no lease's", "cgroup", id)
 			continue
 		}
 		pids, _ := a.box.Procs(id)

@@ -255,8 +255,13 @@ func setupMounts(s initSpec) error {
 			return fmt.Errorf("mounting %s back: %w", b.path, err)
 		}
 		// A bind mount has the flags of the mount it came from, which is
-		// read-only now: the lease's directory is made writable again.
-		flags := uintptr(unix.MS_BIND | unix.MS_REMOUNT | unix.MS_NOSUID | unix.MS_NODEV)
+		// read-only now: the lease's directory is made writable again,
+		// keeping that mount's noexec and atime flags.
+		kept, err := mountFlags(b.path)
+		if err != nil {
+			return fmt.Errorf("mounting %s back: %w", b.path, err)
+		}
+		flags := kept | unix.MS_BIND | unix.MS_REMOUNT | unix.MS_NOSUID | unix.MS_NODEV
 		if b.ro {
 			flags |= unix.MS_RDONLY
 		}
@@ -377,6 +382,22 @@ func readOnlyHost(writable []string) error {
 		}
 	}
 	return nil
+}
+
+// mountFlags returns the keptFlags of the mount path is on. It uses
+// statfs, which follows symlinks in path as the bind mount did: the
+// lease's directory is a mount of the sandbox's own, no automount point.
+// Linux gives statfs's ST_ flags the values of the MS_ ones.
+func mountFlags(path string) (uintptr, error) {
+	var st unix.Statfs_t
+	if err := unix.Statfs(path, &st); err != nil {
+		return 0, err
+	}
+	var flags uintptr
+	for _, f := range keptFlags {
+		flags |= uintptr(st.Flags) & f
+	}
+	return flags, nil
 }
 
 // unescapeMountinfo undoes the octal escapes (\040 for a space) of a path

@@ -247,7 +247,9 @@ func (m *Manager) SharedUser() int { return m.cfg.Users.First }
 
 // Prepare makes the sandbox of a lease, or returns the existing one: it
 // gives the lease a user, hands it the lease's directory, and makes its
-// cgroup with the caps of spec. It returns the user id.
+// cgroup with the caps of spec. A cgroup that already holds processes (a
+// lease resumed after an agent restart) keeps the caps it has. It
+// returns the user id.
 func (m *Manager) Prepare(spec Spec) (int, error) {
 	if !validLease.MatchString(spec.Lease) {
 		return 0, fmt.Errorf("sandbox: lease id %q: not a valid lease id", spec.Lease)
@@ -271,6 +273,14 @@ func (m *Manager) Prepare(spec Spec) (int, error) {
 		}
 	}
 	if m.cg != nil {
+		if pids, err := m.cg.procs(spec.Lease); err == nil && len(pids) > 0 {
+			// A running lease an earlier agent prepared: its caps stay.
+			// A memory cap below its usage would OOM-kill it (v2) or
+			// fail with EBUSY (v1).
+			m.log.Debug("keeping the caps of a lease's cgroup that already has processes",
+				"lease", spec.Lease, "processes", len(pids))
+			return uid, nil
+		}
 		if err := m.cg.create(spec.Lease, spec.CPUMillicores, spec.MemoryMiB); err != nil {
 			return 0, fmt.Errorf("sandbox: cgroup of lease %s: %w", spec.Lease, err)
 		}

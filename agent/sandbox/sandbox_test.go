@@ -7,11 +7,14 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 func TestMain(m *testing.M) {
@@ -609,5 +612,28 @@ func TestOnlyLeasesOfTheSharedMPSUserKeepTheHostsIPC(t *testing.T) {
 				t.Fatalf("got %q (IPC namespace, /dev/shm device, writable); the host's are %s and %d: want the host's %v", got, hostIPC, shm.Dev, tt.wantHost)
 			}
 		})
+	}
+}
+
+func TestALeaseDirectoryKeepsTheNoexecAndAtimeFlagsOfItsMount(t *testing.T) {
+	m, hidden := newManager(t)
+	work := filepath.Join(hidden, "work")
+	if err := os.MkdirAll(work, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.Mount("tmpfs", work, "tmpfs", unix.MS_NOEXEC|unix.MS_NOATIME|unix.MS_NOSUID|unix.MS_NODEV, "size=1m"); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { unix.Unmount(work, unix.MNT_DETACH) })
+	dir, _ := prepare(t, m, hidden, "L-noexec", 0, 0)
+	out, code := run(t, m, "L-noexec", dir, `awk -v d="$PWD" '$5 == d { print $6 }' /proc/self/mountinfo | tail -n 1`)
+	if code != 0 {
+		t.Fatalf("reading the lease's mounts: exit %d: %s", code, out)
+	}
+	opts := strings.Split(strings.TrimSpace(out), ",")
+	for _, want := range []string{"rw", "noexec", "noatime"} {
+		if !slices.Contains(opts, want) {
+			t.Errorf("the lease directory's mount options: got %q, want %s among them", opts, want)
+		}
 	}
 }

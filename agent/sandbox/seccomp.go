@@ -97,6 +97,11 @@ func leaseFilter() []bpf.Instruction {
 		bpf.JumpIf{Cond: bpf.JumpEqual, Val: nativeArch, SkipTrue: 1},
 		bpf.RetConstant{Val: retKill},
 		bpf.LoadAbsolute{Off: offNr, Size: 4},
+		// Number -1 is a tracer's way to skip a call (strace --inject,
+		// rr, PRoot): ENOSYS, as the kernel answers it, before its x32
+		// bit reads as another ABI's call.
+		bpf.JumpIf{Cond: bpf.JumpEqual, Val: 0xffffffff, SkipFalse: 1},
+		bpf.RetConstant{Val: retNoSys},
 	}
 	if archSyscallBit != 0 {
 		// The same arch with another ABI's numbering (x32 on x86_64).

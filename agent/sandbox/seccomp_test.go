@@ -65,6 +65,7 @@ func TestTheLeaseFilterDeniesWhatItShouldAndNothingElse(t *testing.T) {
 		{"personality's query is allowed", nativeArch, unix.SYS_PERSONALITY, 0xffffffff, retAllow},
 		{"the Linux personality is allowed", nativeArch, unix.SYS_PERSONALITY, 0, retAllow},
 		{"ADDR_NO_RANDOMIZE is denied", nativeArch, unix.SYS_PERSONALITY, 0x0040000, retEPERM},
+		{"number -1 (a tracer skipping a call) is ENOSYS", nativeArch, 0xffffffff, 0, retNoSys},
 		{"a call of another arch kills", foreign, unix.SYS_READ, 0, retKill},
 	}
 	for _, f := range []uint32{unix.CLONE_NEWNS, unix.CLONE_NEWCGROUP, unix.CLONE_NEWUTS, unix.CLONE_NEWIPC, unix.CLONE_NEWUSER, unix.CLONE_NEWPID, unix.CLONE_NEWNET} {
