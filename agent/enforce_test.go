@@ -652,14 +652,17 @@ func TestHealthEventsReachTheBrokerInHeartbeats(t *testing.T) {
 				if err := simulator(t, cfg.Backend).InjectXid(7, 94); err != nil {
 					t.Fatal(err)
 				}
-				f.waitFor(t, "the marker Xid on GPU 7", func() bool { n, _ := sick(lastDevices(f)); return n > 0 })
-				if n, reasons := sick(lastDevices(f)); n != 1 || reasons[0] != "Xid 94" {
+				// Read under waitFor's lock: the agent keeps heartbeating.
+				var last []*gpupoolv1.DeviceReport
+				f.waitFor(t, "the marker Xid on GPU 7", func() bool { last = lastDevices(f); n, _ := sick(last); return n > 0 })
+				if n, reasons := sick(last); n != 1 || reasons[0] != "Xid 94" {
 					t.Fatalf("unhealthy: %d %v, want only the marker GPU 7", n, reasons)
 				}
 				return
 			}
-			f.waitFor(t, "unhealthy GPUs in a heartbeat", func() bool { n, _ := sick(lastDevices(f)); return n == tc.wantSick })
-			if _, reasons := sick(lastDevices(f)); tc.wantReasons != nil && !slices.Equal(reasons, tc.wantReasons) {
+			var last []*gpupoolv1.DeviceReport
+			f.waitFor(t, "unhealthy GPUs in a heartbeat", func() bool { last = lastDevices(f); n, _ := sick(last); return n == tc.wantSick })
+			if _, reasons := sick(last); tc.wantReasons != nil && !slices.Equal(reasons, tc.wantReasons) {
 				t.Fatalf("reasons %v, want %v", reasons, tc.wantReasons)
 			}
 		})
